@@ -1,0 +1,272 @@
+//! An open device: `struct ibv_context`.
+//!
+//! See `ibv_open_device(3)`, `ibv_query_device(3)`, `ibv_query_device_ex(3)`,
+//! `ibv_query_port(3)`, `ibv_query_gid(3)`, `ibv_query_gid_ex(3)`.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::device::{device_by_name, Device, DeviceListInner, Guid};
+use crate::error::{check_errno_ret, check_minus_one, check_ptr, Error, Result};
+use crate::ffi;
+use crate::gid::{Gid, GidEntry};
+use crate::port::PortAttr;
+use crate::DeviceAttr;
+
+pub(crate) struct ContextInner {
+    ctx: NonNull<ffi::ibv_context>,
+    name: String,
+    port_count: u8,
+    // Dropped after the context is closed (field order): keeps the device
+    // struct the context points at alive.
+    _list: Arc<DeviceListInner>,
+}
+
+// SAFETY: libibverbs contexts are thread-safe: every verb on a context may be
+// called from any thread, concurrently (libibverbs' thread-safety guarantee).
+unsafe impl Send for ContextInner {}
+// SAFETY: as above; the Rust side holds no interior mutability.
+unsafe impl Sync for ContextInner {}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        // SAFETY: `ctx` came from ibv_open_device, every child holds an Arc to
+        // this inner value, so nothing built on the context is left; closed once.
+        let rc = unsafe { ffi::ibv_close_device(self.ctx.as_ptr()) };
+        if rc != 0 {
+            log::error!("ibv_close_device({}) failed: rc {rc}", self.name);
+            debug_assert_eq!(rc, 0, "ibv_close_device failed");
+        }
+    }
+}
+
+/// An open RDMA device (`struct ibv_context`).
+///
+/// `Context` is a cheap handle: cloning it clones an `Arc`, and every object
+/// created from it keeps it open, so the device is closed when the last of them
+/// is dropped.
+#[derive(Clone)]
+pub struct Context {
+    inner: Arc<ContextInner>,
+}
+
+impl Context {
+    /// Opens the device called `name` (`rxe0`, `mlx5_0`, ...).
+    ///
+    /// # Errors
+    /// [`Error::DeviceNotFound`] naming the devices that exist, or the errors of
+    /// [`crate::devices`] and [`Device::open`].
+    pub fn open(name: &str) -> Result<Context> {
+        device_by_name(name)?.open()
+    }
+
+    pub(crate) fn from_device(device: &Device) -> Result<Context> {
+        let name = device.name().to_string();
+        // SAFETY: the device belongs to a live device list.
+        let ctx = unsafe { ffi::ibv_open_device(device.as_raw()) };
+        let ctx = check_ptr("ibv_open_device", || name.clone().into(), ctx)?;
+        let mut attr = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
+        // SAFETY: valid context and out-pointer.
+        let rc = unsafe { ffi::ibv_query_device(ctx.as_ptr(), attr.as_mut_ptr()) };
+        if let Err(e) = check_errno_ret("ibv_query_device", || name.clone().into(), rc) {
+            // SAFETY: opened above, closed once on this error path.
+            unsafe { ffi::ibv_close_device(ctx.as_ptr()) };
+            return Err(e);
+        }
+        // SAFETY: ibv_query_device succeeded and filled the struct (zeroed first).
+        let port_count = unsafe { attr.assume_init() }.phys_port_cnt;
+        Ok(Context {
+            inner: Arc::new(ContextInner {
+                ctx,
+                name,
+                port_count,
+                _list: Arc::clone(device.list()),
+            }),
+        })
+    }
+
+    /// The device's kernel name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The raw `ibv_context`, valid while this handle (or a clone) lives.
+    pub fn as_raw(&self) -> *mut ffi::ibv_context {
+        self.inner.ctx.as_ptr()
+    }
+
+    /// The number of physical ports; valid port numbers are `1..=port_count`.
+    pub fn port_count(&self) -> u8 {
+        self.inner.port_count
+    }
+
+    /// The number of completion vectors (`num_comp_vectors`).
+    pub fn num_comp_vectors(&self) -> u32 {
+        // SAFETY: reads a field of a live context.
+        let n = unsafe { (*self.as_raw()).num_comp_vectors };
+        u32::try_from(n).unwrap_or(0)
+    }
+
+    fn ctx_str(&self, what: String) -> Cow<'static, str> {
+        Cow::Owned(format!("{} {what}", self.inner.name))
+    }
+
+    /// The device's attributes (`ibv_query_device_ex(3)`, which falls back to
+    /// `ibv_query_device` for providers without the extended verb).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_query_device_ex`.
+    pub fn query_device(&self) -> Result<DeviceAttr> {
+        let mut attr = ffi::ibv_device_attr_ex::default();
+        // SAFETY: valid context; NULL input is allowed; `attr` is writable.
+        let rc = unsafe { ffi::ibv_query_device_ex(self.as_raw(), std::ptr::null(), &mut attr) };
+        check_errno_ret("ibv_query_device_ex", || self.inner.name.clone().into(), rc)?;
+        Ok(DeviceAttr::from_raw(attr))
+    }
+
+    pub(crate) fn check_port(&self, port: u32) -> Result<u8> {
+        match u8::try_from(port) {
+            Ok(p) if p >= 1 && p <= self.inner.port_count => Ok(p),
+            _ => Err(Error::InvalidPort {
+                device: self.inner.name.clone(),
+                port,
+                port_count: u32::from(self.inner.port_count),
+            }),
+        }
+    }
+
+    /// The attributes of `port` (`ibv_query_port(3)`: the header macro, so the
+    /// extended fields `link_layer`, `flags` and `port_cap_flags2` are set).
+    ///
+    /// # Errors
+    /// [`Error::InvalidPort`] for a port the device does not have, otherwise
+    /// [`Error::Verb`] naming `ibv_query_port`.
+    pub fn query_port(&self, port: u32) -> Result<PortAttr> {
+        let p = self.check_port(port)?;
+        let mut attr = ffi::ibv_port_attr::default();
+        // SAFETY: valid context, checked port, writable out-struct of the size
+        // the header macro expects.
+        let rc = unsafe { ffi::ibv_query_port(self.as_raw(), p, &mut attr) };
+        check_errno_ret(
+            "ibv_query_port",
+            || self.ctx_str(format!("port {port}")),
+            rc,
+        )?;
+        Ok(PortAttr::from_raw(attr))
+    }
+
+    fn check_gid_index(&self, port: u32, index: u32) -> Result<u8> {
+        let p = self.check_port(port)?;
+        let len = self.query_port(port)?.gid_tbl_len;
+        if index >= len {
+            return Err(Error::InvalidGidIndex {
+                device: self.inner.name.clone(),
+                port,
+                index,
+                table_len: len,
+            });
+        }
+        Ok(p)
+    }
+
+    /// The GID at `index` of `port`'s table (`ibv_query_gid(3)`). An empty
+    /// entry reads as the zero GID; [`Context::query_gid_ex`] tells them apart.
+    ///
+    /// # Errors
+    /// [`Error::InvalidPort`], [`Error::InvalidGidIndex`] (index past
+    /// `gid_tbl_len`), or [`Error::Verb`] naming `ibv_query_gid`.
+    pub fn query_gid(&self, port: u32, index: u32) -> Result<Gid> {
+        let p = self.check_gid_index(port, index)?;
+        let mut gid = ffi::ibv_gid::default();
+        let idx = std::ffi::c_int::try_from(index).unwrap_or(std::ffi::c_int::MAX);
+        // SAFETY: valid context, checked port and index, writable out-union.
+        let rc = unsafe { ffi::ibv_query_gid(self.as_raw(), p, idx, &mut gid) };
+        check_minus_one(
+            "ibv_query_gid",
+            || self.ctx_str(format!("port {port} index {index}")),
+            rc,
+        )?;
+        // SAFETY: every bit pattern of the union is a valid `[u8; 16]`.
+        Ok(Gid::from_raw(unsafe { gid.raw }))
+    }
+
+    /// The GID table entry at `index` of `port`, with its type and netdev
+    /// (`ibv_query_gid_ex(3)`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidPort`], [`Error::InvalidGidIndex`], [`Error::EmptyGid`]
+    /// for an unused entry, or [`Error::Verb`] naming `ibv_query_gid_ex`.
+    pub fn query_gid_ex(&self, port: u32, index: u32) -> Result<GidEntry> {
+        self.check_gid_index(port, index)?;
+        let mut entry = ffi::ibv_gid_entry::default();
+        // SAFETY: valid context, checked port and index, writable out-struct.
+        let rc = unsafe { ffi::ibv_query_gid_ex(self.as_raw(), port, index, &mut entry, 0) };
+        if rc == libc::ENODATA || rc == -libc::ENODATA {
+            return Err(Error::EmptyGid {
+                device: self.inner.name.clone(),
+                port,
+                index,
+            });
+        }
+        check_errno_ret(
+            "ibv_query_gid_ex",
+            || self.ctx_str(format!("port {port} index {index}")),
+            rc,
+        )?;
+        Ok(GidEntry::from_raw(&entry))
+    }
+
+    /// Every valid entry of every port's GID table (`ibv_query_gid_table(3)`),
+    /// ordered by port, then index. Empty entries are left out.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_query_gid_table` or `ibv_query_port`.
+    pub fn query_gid_table(&self) -> Result<Vec<GidEntry>> {
+        let mut total = 0usize;
+        for port in 1..=u32::from(self.inner.port_count) {
+            total += self.query_port(port)?.gid_tbl_len as usize;
+        }
+        let mut entries = vec![ffi::ibv_gid_entry::default(); total.max(1)];
+        // SAFETY: valid context; `entries` has room for `entries.len()` entries.
+        let n = unsafe {
+            ffi::ibv_query_gid_table(self.as_raw(), entries.as_mut_ptr(), entries.len(), 0)
+        };
+        let n = usize::try_from(n).map_err(|_| {
+            // Returns a negated errno on failure.
+            let errno = i32::try_from(-n).unwrap_or(libc::EIO);
+            Error::verb_errno("ibv_query_gid_table", self.inner.name.clone(), errno)
+        })?;
+        let mut out: Vec<GidEntry> = entries[..n].iter().map(GidEntry::from_raw).collect();
+        out.sort_by_key(|e| (e.port, e.index));
+        Ok(out)
+    }
+
+    /// The raw `ibv_port_attr` for callers that need a field this crate does
+    /// not expose yet.
+    ///
+    /// # Errors
+    /// As [`Context::query_port`].
+    pub fn query_port_raw(&self, port: u32) -> Result<ffi::ibv_port_attr> {
+        self.query_port(port).map(|p| p.raw)
+    }
+
+    /// The node GUID as the device reports it in `query_device`.
+    ///
+    /// # Errors
+    /// As [`Context::query_device`].
+    pub fn node_guid(&self) -> Result<Guid> {
+        Ok(self.query_device()?.node_guid())
+    }
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("name", &self.inner.name)
+            .field("ctx", &self.inner.ctx)
+            .finish()
+    }
+}

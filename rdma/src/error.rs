@@ -1,0 +1,260 @@
+//! The crate's error type and the three C return conventions.
+
+use std::borrow::Cow;
+use std::ffi::c_int;
+use std::io;
+
+/// `Result` with [`enum@Error`] as the default error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Every failure of the safe API.
+///
+/// Verb failures name the C function that failed and carry the OS error it
+/// reported ([`Error::errno`]). Invalid arguments caught before calling into
+/// C say what was wrong and what would have been valid.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A verb failed.
+    #[error("{verb} failed{}: {source}", context_suffix(.context))]
+    Verb {
+        /// The C function, e.g. `ibv_alloc_pd`.
+        verb: &'static str,
+        /// What it was called on or with (device, port, index), may be empty.
+        context: Cow<'static, str>,
+        /// The OS error it reported.
+        #[source]
+        source: io::Error,
+    },
+    /// No RDMA device of that name.
+    #[error("no RDMA device named {name:?} (devices present: {available})")]
+    DeviceNotFound {
+        /// The name asked for.
+        name: String,
+        /// The devices that exist, comma-separated, or "none".
+        available: String,
+    },
+    /// A port number outside the device's ports.
+    #[error("port {port} does not exist on {device}: valid ports are 1..={port_count}")]
+    InvalidPort {
+        /// The device.
+        device: String,
+        /// The port asked for.
+        port: u32,
+        /// The number of physical ports.
+        port_count: u32,
+    },
+    /// A GID index past the end of the port's GID table.
+    #[error(
+        "GID index {index} is out of range for {device} port {port}: the table has {table_len} entries"
+    )]
+    InvalidGidIndex {
+        /// The device.
+        device: String,
+        /// The port.
+        port: u32,
+        /// The index asked for.
+        index: u32,
+        /// `gid_tbl_len` of the port.
+        table_len: u32,
+    },
+    /// A GID table entry that exists but holds no GID.
+    #[error("GID index {index} of {device} port {port} is empty")]
+    EmptyGid {
+        /// The device.
+        device: String,
+        /// The port.
+        port: u32,
+        /// The index asked for.
+        index: u32,
+    },
+    /// The device or its provider does not implement the operation.
+    #[error("{what} is not supported by {device}{}", source_suffix(.source.as_ref()))]
+    Unsupported {
+        /// The operation.
+        what: Cow<'static, str>,
+        /// The device.
+        device: String,
+        /// The error the provider returned, if it returned one.
+        #[source]
+        source: Option<io::Error>,
+    },
+    /// An argument the verb would reject, caught before calling it.
+    #[error("invalid argument to {verb}: {reason}")]
+    InvalidArgument {
+        /// The verb that would have been called.
+        verb: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+fn context_suffix(context: &str) -> String {
+    if context.is_empty() {
+        String::new()
+    } else {
+        format!(" ({context})")
+    }
+}
+
+fn source_suffix(source: Option<&io::Error>) -> String {
+    source.map(|e| format!(": {e}")).unwrap_or_default()
+}
+
+impl Error {
+    /// The OS error number behind the failure, if there is one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Verb { source, .. } => source.raw_os_error(),
+            Error::Unsupported { source, .. } => source
+                .as_ref()
+                .and_then(io::Error::raw_os_error)
+                .or(Some(libc::EOPNOTSUPP)),
+            Error::DeviceNotFound { .. } => Some(libc::ENODEV),
+            Error::EmptyGid { .. } => Some(libc::ENODATA),
+            Error::InvalidPort { .. }
+            | Error::InvalidGidIndex { .. }
+            | Error::InvalidArgument { .. } => Some(libc::EINVAL),
+        }
+    }
+
+    /// The verb that failed, for [`Error::Verb`].
+    pub fn verb(&self) -> Option<&'static str> {
+        match self {
+            Error::Verb { verb, .. } | Error::InvalidArgument { verb, .. } => Some(verb),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn verb_errno(
+        verb: &'static str,
+        context: impl Into<Cow<'static, str>>,
+        errno: i32,
+    ) -> Self {
+        Error::Verb {
+            verb,
+            context: context.into(),
+            source: io::Error::from_raw_os_error(errno),
+        }
+    }
+}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> io::Error {
+        let kind = match &e {
+            Error::Verb { source, .. } => source.kind(),
+            Error::DeviceNotFound { .. } => io::ErrorKind::NotFound,
+            Error::Unsupported { .. } => io::ErrorKind::Unsupported,
+            _ => io::ErrorKind::InvalidInput,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// The value of `errno` now. Call it right after the failing C call.
+pub(crate) fn last_errno() -> i32 {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// `ibv_*` verbs that return 0 or the errno value itself (`ibv_modify_qp`,
+/// `ibv_dealloc_pd`, `ibv_post_*`, `ibv_destroy_*`, ...).
+///
+/// A few providers return `-1` with `errno` set, or a negated errno; both are
+/// mapped too.
+pub(crate) fn check_errno_ret(
+    verb: &'static str,
+    context: impl FnOnce() -> Cow<'static, str>,
+    rc: c_int,
+) -> Result<()> {
+    match rc {
+        0 => Ok(()),
+        -1 => Err(Error::verb_errno(verb, context(), last_errno())),
+        rc if rc < 0 => Err(Error::verb_errno(verb, context(), -rc)),
+        rc => Err(Error::verb_errno(verb, context(), rc)),
+    }
+}
+
+/// Verbs that return -1 (or any negative value) and set `errno`: every
+/// `rdma_*` call, and `ibv_query_gid`, `ibv_get_cq_event`, ...
+pub(crate) fn check_minus_one(
+    verb: &'static str,
+    context: impl FnOnce() -> Cow<'static, str>,
+    rc: c_int,
+) -> Result<c_int> {
+    if rc < 0 {
+        Err(Error::verb_errno(verb, context(), last_errno()))
+    } else {
+        Ok(rc)
+    }
+}
+
+/// Constructors that return NULL and set `errno` (`ibv_alloc_pd`,
+/// `ibv_reg_mr`, `ibv_create_cq`, ...).
+pub(crate) fn check_ptr<T>(
+    verb: &'static str,
+    context: impl FnOnce() -> Cow<'static, str>,
+    ptr: *mut T,
+) -> Result<std::ptr::NonNull<T>> {
+    std::ptr::NonNull::new(ptr).ok_or_else(|| {
+        // Some providers return NULL without setting errno.
+        let errno = match last_errno() {
+            0 => libc::EIO,
+            e => e,
+        };
+        Error::verb_errno(verb, context(), errno)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn none() -> Cow<'static, str> {
+        Cow::Borrowed("")
+    }
+
+    #[test]
+    fn errno_return_convention() {
+        assert!(check_errno_ret("ibv_x", none, 0).is_ok());
+        let e = check_errno_ret("ibv_modify_qp", || "qp 7".into(), libc::EINVAL).unwrap_err();
+        assert_eq!(e.errno(), Some(libc::EINVAL));
+        assert_eq!(e.verb(), Some("ibv_modify_qp"));
+        let text = e.to_string();
+        assert!(text.starts_with("ibv_modify_qp failed (qp 7): "), "{text}");
+        let e = check_errno_ret("ibv_x", none, -libc::ENOMEM).unwrap_err();
+        assert_eq!(e.errno(), Some(libc::ENOMEM));
+    }
+
+    #[test]
+    fn minus_one_convention_reads_errno() {
+        // SAFETY: __errno_location returns this thread's errno slot.
+        unsafe { *libc::__errno_location() = libc::ETIMEDOUT };
+        let e = check_minus_one("rdma_connect", none, -1).unwrap_err();
+        assert_eq!(e.errno(), Some(libc::ETIMEDOUT));
+        assert_eq!(check_minus_one("rdma_connect", none, 3).unwrap(), 3);
+    }
+
+    #[test]
+    fn null_convention_reads_errno() {
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = libc::ENOMEM };
+        let e = check_ptr::<u8>("ibv_alloc_pd", none, std::ptr::null_mut()).unwrap_err();
+        assert_eq!(e.errno(), Some(libc::ENOMEM));
+        let mut x = 0u8;
+        assert!(check_ptr("ibv_alloc_pd", none, &mut x as *mut u8).is_ok());
+    }
+
+    #[test]
+    fn into_io_error_keeps_kind() {
+        let e: io::Error = Error::verb_errno("ibv_x", "", libc::EAGAIN).into();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        let e: io::Error = Error::DeviceNotFound {
+            name: "x".into(),
+            available: "none".into(),
+        }
+        .into();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
+}
