@@ -22,11 +22,7 @@ const MIN_IBVERBS: &str = "1.14.44";
 const MIN_RDMACM: &str = "1.3.44";
 
 /// The headers whose `static inline` functions must all be callable.
-const INLINE_HEADERS: &[&str] = &[
-    "infiniband/verbs.h",
-    "rdma/rdma_cma.h",
-    "rdma/rdma_verbs.h",
-];
+const INLINE_HEADERS: &[&str] = &["infiniband/verbs.h", "rdma/rdma_cma.h", "rdma/rdma_verbs.h"];
 
 /// `static inline` functions that exist only under a configuration we do not
 /// build with (`RDMA_STATIC_PROVIDERS`, static linking of providers).
@@ -151,7 +147,10 @@ fn find_libs() -> Libs {
 
 /// Where a header really is: the include dirs first, then the compiler's defaults.
 fn locate_header(libs: &Libs, rel: &str) -> PathBuf {
-    let defaults = [PathBuf::from("/usr/local/include"), PathBuf::from("/usr/include")];
+    let defaults = [
+        PathBuf::from("/usr/local/include"),
+        PathBuf::from("/usr/include"),
+    ];
     libs.include_dirs
         .iter()
         .chain(defaults.iter())

@@ -58,7 +58,10 @@ fn macro_named_functions_are_not_the_compat_exports() {
     let ours = [
         (c"ibv_query_port", rdma_sys::ibv_query_port as *const c_void),
         (c"ibv_reg_mr", rdma_sys::ibv_reg_mr as *const c_void),
-        (c"ibv_reg_mr_iova", rdma_sys::ibv_reg_mr_iova as *const c_void),
+        (
+            c"ibv_reg_mr_iova",
+            rdma_sys::ibv_reg_mr_iova as *const c_void,
+        ),
     ];
     for (name, addr) in ours {
         let compat = exported(name);
@@ -115,7 +118,11 @@ fn docs_snapshot_is_current() {
         return;
     }
     let committed = std::fs::read_to_string(path).unwrap();
-    let committed_header: String = committed.lines().take(2).map(|l| format!("{l}\n")).collect();
+    let committed_header: String = committed
+        .lines()
+        .take(2)
+        .map(|l| format!("{l}\n"))
+        .collect();
     if committed_header != header {
         // Generated from another rdma-core release than the one installed:
         // the comparison would say nothing. CI installs the snapshot's release.
