@@ -45,7 +45,7 @@ pub fn devices() -> Result<Vec<Device>> {
     let Some(list) = NonNull::new(list) else {
         let errno = last_errno();
         let context = if errno == libc::ENOSYS {
-            "the kernel has no RDMA support (is ib_uverbs loaded?)"
+            "no RDMA support in this kernel; is ib_uverbs loaded?"
         } else {
             ""
         };

@@ -1,0 +1,247 @@
+//! Prints the RDMA devices and their ports, like rdma-core's `ibv_devinfo`.
+//!
+//! ```text
+//! devinfo [-d DEVICE] [-i PORT] [-l] [-v]
+//!   -d, --ib-dev=DEVICE   only this device
+//!   -i, --ib-port=PORT    only this port
+//!   -l, --list            only list the device names
+//!   -v, --verbose         every attribute, and the GID table
+//! ```
+
+use std::process::ExitCode;
+
+use rdma::{Context, Device};
+
+struct Args {
+    device: Option<String>,
+    port: Option<u32>,
+    list: bool,
+    verbose: bool,
+}
+
+fn usage() -> ExitCode {
+    eprintln!("usage: devinfo [-d DEVICE] [-i PORT] [-l] [-v]");
+    ExitCode::from(2)
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        device: None,
+        port: None,
+        list: false,
+        verbose: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) => (f.to_string(), Some(v.to_string())),
+            None => (a.clone(), None),
+        };
+        let mut value = |name: &str| {
+            inline
+                .clone()
+                .or_else(|| it.next())
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match flag.as_str() {
+            "-d" | "--ib-dev" => args.device = Some(value("-d")?),
+            "-i" | "--ib-port" => {
+                let v = value("-i")?;
+                args.port = Some(v.parse().map_err(|_| format!("bad port {v:?}"))?);
+            }
+            "-l" | "--list" => args.list = true,
+            "-v" | "--verbose" => args.verbose = true,
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    Ok(args)
+}
+
+fn print_device(dev: &Device, args: &Args) -> rdma::Result<()> {
+    let ctx = dev.open()?;
+    let attr = ctx.query_device()?;
+    println!("hca_id:\t{}", dev.name());
+    println!(
+        "\ttransport:\t\t\t{} ({})",
+        dev.transport_type(),
+        dev.transport_type().to_raw()
+    );
+    println!("\tfw_ver:\t\t\t\t{}", attr.fw_ver());
+    println!("\tnode_guid:\t\t\t{}", attr.node_guid());
+    println!("\tsys_image_guid:\t\t\t{}", attr.sys_image_guid());
+    println!("\tvendor_id:\t\t\t0x{:04x}", attr.vendor_id());
+    println!("\tvendor_part_id:\t\t\t{}", attr.vendor_part_id());
+    println!("\thw_ver:\t\t\t\t0x{:X}", attr.hw_ver());
+    println!("\tphys_port_cnt:\t\t\t{}", attr.phys_port_cnt());
+    if args.verbose {
+        println!("\tmax_mr_size:\t\t\t0x{:x}", attr.max_mr_size());
+        println!("\tpage_size_cap:\t\t\t0x{:x}", attr.page_size_cap());
+        for (name, v) in [
+            ("max_qp", attr.max_qp()),
+            ("max_qp_wr", attr.max_qp_wr()),
+            ("max_sge", attr.max_sge()),
+            ("max_sge_rd", attr.max_sge_rd()),
+            ("max_cq", attr.max_cq()),
+            ("max_cqe", attr.max_cqe()),
+            ("max_mr", attr.max_mr()),
+            ("max_pd", attr.max_pd()),
+            ("max_qp_rd_atom", attr.max_qp_rd_atom()),
+            ("max_qp_init_rd_atom", attr.max_qp_init_rd_atom()),
+            ("max_res_rd_atom", attr.max_res_rd_atom()),
+            ("max_mw", attr.max_mw()),
+            ("max_mcast_grp", attr.max_mcast_grp()),
+            ("max_mcast_qp_attach", attr.max_mcast_qp_attach()),
+            (
+                "max_total_mcast_qp_attach",
+                attr.max_total_mcast_qp_attach(),
+            ),
+            ("max_ah", attr.max_ah()),
+            ("max_srq", attr.max_srq()),
+            ("max_srq_wr", attr.max_srq_wr()),
+            ("max_srq_sge", attr.max_srq_sge()),
+        ] {
+            println!("\t{name}:{}{v}", tabs(name));
+        }
+        println!(
+            "\tdevice_cap_flags:\t\t0x{:08x} {:?}",
+            attr.device_cap_flags().bits(),
+            attr.device_cap_flags()
+        );
+        println!(
+            "\tatomic_cap:\t\t\t{:?} ({})",
+            attr.atomic_cap(),
+            attr.atomic_cap().to_raw()
+        );
+        println!("\tmax_pkeys:\t\t\t{}", attr.max_pkeys());
+        println!("\tlocal_ca_ack_delay:\t\t{}", attr.local_ca_ack_delay());
+        println!("\tnum_comp_vectors:\t\t{}", ctx.num_comp_vectors());
+    }
+    for port in 1..=u32::from(ctx.port_count()) {
+        if args.port.is_some_and(|p| p != port) {
+            continue;
+        }
+        print_port(&ctx, port, args.verbose)?;
+    }
+    if let Some(p) = args.port {
+        // An explicit bad port gets the crate's error, as ibv_devinfo fails too.
+        ctx.query_port(p)?;
+    }
+    Ok(())
+}
+
+fn tabs(name: &str) -> &'static str {
+    match name.len() + 2 {
+        0..=7 => "\t\t\t\t",
+        8..=15 => "\t\t\t",
+        16..=23 => "\t\t",
+        _ => "\t",
+    }
+}
+
+fn print_port(ctx: &Context, port: u32, verbose: bool) -> rdma::Result<()> {
+    let p = ctx.query_port(port)?;
+    let mtu = |m: rdma::Mtu| {
+        m.bytes().map_or_else(
+            || format!("unknown ({})", m.to_raw()),
+            |b| format!("{b} ({})", m.to_raw()),
+        )
+    };
+    println!("\t\tport:\t{port}");
+    println!("\t\t\tstate:\t\t\t{} ({})", p.state, p.state.to_raw());
+    println!("\t\t\tmax_mtu:\t\t{}", mtu(p.max_mtu));
+    println!("\t\t\tactive_mtu:\t\t{}", mtu(p.active_mtu));
+    println!("\t\t\tsm_lid:\t\t\t{}", p.sm_lid);
+    println!("\t\t\tport_lid:\t\t{}", p.lid);
+    println!("\t\t\tport_lmc:\t\t0x{:02x}", p.lmc);
+    println!("\t\t\tlink_layer:\t\t{}", p.link_layer);
+    if verbose {
+        println!("\t\t\tmax_msg_sz:\t\t0x{:x}", p.max_msg_sz);
+        println!("\t\t\tport_cap_flags:\t\t0x{:08x}", p.port_cap_flags.bits());
+        println!("\t\t\tport_cap_flags2:\t0x{:04x}", p.port_cap_flags2);
+        println!("\t\t\tmax_vl_num:\t\t{}", p.max_vl_num);
+        println!("\t\t\tbad_pkey_cntr:\t\t0x{:x}", p.bad_pkey_cntr);
+        println!("\t\t\tqkey_viol_cntr:\t\t0x{:x}", p.qkey_viol_cntr);
+        println!("\t\t\tsm_sl:\t\t\t{}", p.sm_sl);
+        println!("\t\t\tpkey_tbl_len:\t\t{}", p.pkey_tbl_len);
+        println!("\t\t\tgid_tbl_len:\t\t{}", p.gid_tbl_len);
+        match (p.width_lanes(), p.lane_speed()) {
+            (Some(w), Some((_, name))) => {
+                println!("\t\t\tactive_width:\t\t{w}X ({})", p.active_width);
+                println!("\t\t\tactive_speed:\t\t{name} ({})", p.active_speed);
+            }
+            _ => {
+                println!("\t\t\tactive_width:\t\tinvalid ({})", p.active_width);
+                println!("\t\t\tactive_speed:\t\tinvalid ({})", p.active_speed);
+            }
+        }
+        if let Some(rate) = p.rate_gbps() {
+            println!("\t\t\trate:\t\t\t{rate} Gb/sec");
+        }
+        println!("\t\t\tphys_state:\t\t{}", p.phys_state);
+        for e in ctx.query_gid_table()?.iter().filter(|e| e.port == port) {
+            println!(
+                "\t\t\tGID[{:3}]:\t\t{}, {}{}",
+                e.index,
+                e.gid,
+                e.gid_type,
+                e.netdev_name()
+                    .map(|n| format!(", {n}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    println!();
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("devinfo: {e}");
+            return usage();
+        }
+    };
+    let devices = match rdma::devices() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("devinfo: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.list {
+        println!(
+            "{} HCA{} found:",
+            devices.len(),
+            if devices.len() == 1 { "" } else { "s" }
+        );
+        for d in &devices {
+            println!("\t{}", d.name());
+        }
+        return ExitCode::SUCCESS;
+    }
+    let selected: Vec<&Device> = match &args.device {
+        Some(name) => match devices.iter().find(|d| d.name() == name) {
+            Some(d) => vec![d],
+            None => {
+                match rdma::device_by_name(name) {
+                    Err(e) => eprintln!("devinfo: {e}"),
+                    Ok(_) => eprintln!("devinfo: device {name} vanished"),
+                }
+                return ExitCode::FAILURE;
+            }
+        },
+        None => devices.iter().collect(),
+    };
+    if selected.is_empty() {
+        println!("No IB devices found");
+    }
+    let mut status = ExitCode::SUCCESS;
+    for d in selected {
+        if let Err(e) = print_device(d, &args) {
+            eprintln!("devinfo: {}: {e}", d.name());
+            status = ExitCode::FAILURE;
+        }
+    }
+    status
+}
