@@ -44,6 +44,7 @@ mod device_attr;
 mod error;
 mod gid;
 mod port;
+pub mod sysfs;
 
 pub use context::Context;
 pub use device::{device_by_name, devices, Device, Guid, NodeType, TransportType};

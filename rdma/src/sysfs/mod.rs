@@ -1,0 +1,1 @@
+//! Device and port discovery from `/sys/class/infiniband` (work in progress).
