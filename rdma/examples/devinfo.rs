@@ -1,15 +1,18 @@
 //! Prints the RDMA devices and their ports, like rdma-core's `ibv_devinfo`.
 //!
 //! ```text
-//! devinfo [-d DEVICE] [-i PORT] [-l] [-v]
+//! devinfo [-d DEVICE] [-i PORT] [-l] [-v] [--sysfs]
 //!   -d, --ib-dev=DEVICE   only this device
 //!   -i, --ib-port=PORT    only this port
 //!   -l, --list            only list the device names
 //!   -v, --verbose         every attribute, and the GID table
+//!       --sysfs           read /sys/class/infiniband only, without opening
+//!                         a verbs context (rdma::sysfs)
 //! ```
 
 use std::process::ExitCode;
 
+use rdma::sysfs::{RdmaDevice, Sysfs};
 use rdma::{Context, Device};
 
 struct Args {
@@ -17,10 +20,11 @@ struct Args {
     port: Option<u32>,
     list: bool,
     verbose: bool,
+    sysfs: bool,
 }
 
 fn usage() -> ExitCode {
-    eprintln!("usage: devinfo [-d DEVICE] [-i PORT] [-l] [-v]");
+    eprintln!("usage: devinfo [-d DEVICE] [-i PORT] [-l] [-v] [--sysfs]");
     ExitCode::from(2)
 }
 
@@ -30,6 +34,7 @@ fn parse_args() -> Result<Args, String> {
         port: None,
         list: false,
         verbose: false,
+        sysfs: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -51,6 +56,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "-l" | "--list" => args.list = true,
             "-v" | "--verbose" => args.verbose = true,
+            "--sysfs" => args.sysfs = true,
             other => return Err(format!("unknown option {other}")),
         }
     }
@@ -194,6 +200,136 @@ fn print_port(ctx: &Context, port: u32, verbose: bool) -> rdma::Result<()> {
     Ok(())
 }
 
+fn print_sysfs_device(dev: &RdmaDevice, args: &Args) -> rdma::Result<()> {
+    let transport = dev.transport_type()?;
+    println!("hca_id:\t{}", dev.name());
+    println!("\ttransport:\t\t\t{transport} ({})", transport.to_raw());
+    let fw = dev.fw_ver()?;
+    println!("\tfw_ver:\t\t\t\t{}", fw.as_deref().unwrap_or("(none)"));
+    println!("\tnode_guid:\t\t\t{}", dev.node_guid()?);
+    println!("\tsys_image_guid:\t\t\t{}", dev.sys_image_guid()?);
+    for (name, value) in [
+        ("hw_rev", dev.hw_rev()?),
+        ("hca_type", dev.hca_type()?),
+        ("board_id", dev.board_id()?),
+    ] {
+        if let Some(v) = value {
+            println!("\t{name}:{}{v}", tabs(name));
+        }
+    }
+    println!("\tphys_port_cnt:\t\t\t{}", dev.phys_port_count()?);
+    if args.verbose {
+        println!("\tnode_type:\t\t\t{}", dev.node_type()?);
+        println!("\tnode_desc:\t\t\t{}", dev.node_desc()?);
+    }
+    let ports = dev.end_ports()?;
+    if let Some(p) = args.port {
+        // An explicit bad port is an error naming the ports that exist.
+        dev.end_port(p)?;
+    }
+    for port in ports {
+        if args.port.is_some_and(|p| p != port.port_num()) {
+            continue;
+        }
+        print_sysfs_port(&port, args.verbose)?;
+    }
+    Ok(())
+}
+
+fn print_sysfs_port(port: &rdma::sysfs::EndPort, verbose: bool) -> rdma::Result<()> {
+    let state = port.state()?;
+    println!("\t\tport:\t{}", port.port_num());
+    println!("\t\t\tstate:\t\t\t{state} ({})", state.to_raw());
+    // LIDs exist on InfiniBand-transport ports only (not iWARP).
+    if let Some(sm_lid) = port.sm_lid()? {
+        println!("\t\t\tsm_lid:\t\t\t{sm_lid}");
+    }
+    if let Some(lid) = port.lid()? {
+        println!("\t\t\tport_lid:\t\t{lid}");
+    }
+    if let Some(lmc) = port.lmc()? {
+        println!("\t\t\tport_lmc:\t\t0x{lmc:02x}");
+    }
+    println!("\t\t\tlink_layer:\t\t{}", port.link_layer()?);
+    if verbose {
+        println!("\t\t\tport_cap_flags:\t\t0x{:08x}", port.cap_mask()?.bits());
+        if let Some(sm_sl) = port.sm_sl()? {
+            println!("\t\t\tsm_sl:\t\t\t{sm_sl}");
+        }
+        if let Some(t) = port.subnet_timeout()? {
+            println!("\t\t\tsubnet_timeout:\t\t{t}");
+        }
+        if let Some(guid) = port.port_guid()? {
+            println!("\t\t\tport_guid:\t\t{guid}");
+        }
+        println!("\t\t\tgid_tbl_len:\t\t{}", port.gids().len()?);
+        if let Some(pkeys) = port.pkeys()? {
+            println!("\t\t\tpkey_tbl_len:\t\t{}", pkeys.len()?);
+        }
+        println!("\t\t\trate:\t\t\t{}", port.rate()?);
+        let phys = port.phys_state()?;
+        println!("\t\t\tphys_state:\t\t{phys} ({})", phys.to_raw());
+        for entry in port.gids().iter() {
+            let (index, gid) = entry?;
+            let gid_type = port
+                .gid_type(index)?
+                .map(|t| format!(", {t}"))
+                .unwrap_or_default();
+            let netdev = port
+                .gid_netdev(index)?
+                .map(|n| format!(", {n}"))
+                .unwrap_or_default();
+            println!("\t\t\tGID[{index:3}]:\t\t{gid}{gid_type}{netdev}");
+        }
+        if let Some(pkeys) = port.pkeys()? {
+            for entry in pkeys.iter() {
+                let (index, pkey) = entry?;
+                println!("\t\t\tPKey[{index:3}]:\t\t0x{pkey:04x}");
+            }
+        }
+    }
+    println!();
+    Ok(())
+}
+
+/// `--sysfs`: the same report from `/sys/class/infiniband` alone.
+fn main_sysfs(args: &Args) -> ExitCode {
+    let sysfs = Sysfs::system();
+    let devices = match &args.device {
+        Some(name) => sysfs.device(name).map(|d| vec![d]),
+        None => sysfs.devices(),
+    };
+    let devices = match devices {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("devinfo: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.list {
+        println!(
+            "{} HCA{} found:",
+            devices.len(),
+            if devices.len() == 1 { "" } else { "s" }
+        );
+        for d in &devices {
+            println!("\t{}", d.name());
+        }
+        return ExitCode::SUCCESS;
+    }
+    if devices.is_empty() {
+        println!("No IB devices found");
+    }
+    let mut status = ExitCode::SUCCESS;
+    for d in &devices {
+        if let Err(e) = print_sysfs_device(d, args) {
+            eprintln!("devinfo: {}: {e}", d.name());
+            status = ExitCode::FAILURE;
+        }
+    }
+    status
+}
+
 fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
@@ -202,6 +338,9 @@ fn main() -> ExitCode {
             return usage();
         }
     };
+    if args.sysfs {
+        return main_sysfs(&args);
+    }
     let devices = match rdma::devices() {
         Ok(d) => d,
         Err(e) => {

@@ -79,6 +79,20 @@ pub enum Error {
         #[source]
         source: Option<io::Error>,
     },
+    /// A work request completed with an error status.
+    #[error(
+        "work request {wr_id:#x} on QP {qp_num} failed: {status} (vendor error {vendor_err:#x})"
+    )]
+    Completion {
+        /// The work request id.
+        wr_id: u64,
+        /// The QP number.
+        qp_num: u32,
+        /// The status.
+        status: crate::WcStatus,
+        /// The vendor syndrome.
+        vendor_err: u32,
+    },
     /// An argument the verb would reject, caught before calling it.
     #[error("invalid argument to {verb}: {reason}")]
     InvalidArgument {
@@ -86,6 +100,25 @@ pub enum Error {
         verb: &'static str,
         /// What was wrong.
         reason: String,
+    },
+    /// A sysfs attribute (`rdma::sysfs`) that is missing, unreadable or malformed.
+    #[error("sysfs {}: {problem}{}", .path.display(), source_suffix(.source.as_ref()))]
+    Sysfs {
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// What was wrong with it.
+        problem: Cow<'static, str>,
+        /// The OS error, when reading failed.
+        #[source]
+        source: Option<io::Error>,
+    },
+    /// A discovery lookup (`rdma::sysfs`) that matched nothing.
+    #[error("no {what} ({available})")]
+    NotFound {
+        /// What was looked for, e.g. `RDMA port with port GUID 0002:c903:0010:abcd`.
+        what: String,
+        /// What exists, e.g. `ports: mlx4_0/1, rxe0/1`.
+        available: String,
     },
 }
 
@@ -112,9 +145,15 @@ impl Error {
                 .or(Some(libc::EOPNOTSUPP)),
             Error::DeviceNotFound { .. } => Some(libc::ENODEV),
             Error::EmptyGid { .. } => Some(libc::ENODATA),
+            Error::Completion { .. } => Some(libc::EIO),
             Error::InvalidPort { .. }
             | Error::InvalidGidIndex { .. }
             | Error::InvalidArgument { .. } => Some(libc::EINVAL),
+            Error::Sysfs { source, .. } => source
+                .as_ref()
+                .and_then(io::Error::raw_os_error)
+                .or(Some(libc::EINVAL)),
+            Error::NotFound { .. } => Some(libc::ENODEV),
         }
     }
 
@@ -145,6 +184,12 @@ impl From<Error> for io::Error {
             Error::Verb { source, .. } => source.kind(),
             Error::DeviceNotFound { .. } => io::ErrorKind::NotFound,
             Error::Unsupported { .. } => io::ErrorKind::Unsupported,
+            Error::Sysfs {
+                source: Some(source),
+                ..
+            } => source.kind(),
+            Error::Sysfs { source: None, .. } => io::ErrorKind::InvalidData,
+            Error::NotFound { .. } => io::ErrorKind::NotFound,
             _ => io::ErrorKind::InvalidInput,
         };
         io::Error::new(kind, e)

@@ -38,20 +38,37 @@ pub use rdma_sys as ffi;
 
 mod macros;
 
+mod ah;
 mod context;
+mod cq;
 mod device;
 mod device_attr;
 mod error;
 mod gid;
+mod mr;
+mod pd;
 mod port;
+mod qp;
 pub mod sysfs;
+mod track;
+mod wc;
+mod wr;
 
+pub use ah::{AddressHandle, AhAttr, GlobalRoute};
 pub use context::Context;
+pub use cq::{CompletionChannel, CompletionQueue, CqEvent};
 pub use device::{device_by_name, devices, Device, Guid, NodeType, TransportType};
 pub use device_attr::{AtomicCap, DeviceAttr, DeviceCapFlags};
 pub use error::{Error, Result};
 pub use gid::{Gid, GidEntry, GidType};
+pub use mr::{AccessFlags, MemoryRegion, RemoteMemory};
+pub use pd::ProtectionDomain;
 pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortState};
+pub use qp::{
+    InitAttr, QpAttr, QpCaps, QpState, QpType, QueuePair, QueuePairBuilder, RtrAttr, RtsAttr,
+};
+pub use wc::{Completion, WcFlags, WcOpcode, WcStatus, WrBuffers};
+pub use wr::{InlineSend, PostError, SendFlags, SendOp, SendWr, UdDest};
 
 #[cfg(test)]
 mod auto_traits {
@@ -60,6 +77,13 @@ mod auto_traits {
     #[test]
     fn handles_are_send_and_sync() {
         send_sync::<crate::Context>();
+        send_sync::<crate::ProtectionDomain>();
+        send_sync::<crate::MemoryRegion>();
+        send_sync::<crate::CompletionQueue>();
+        send_sync::<crate::CompletionChannel>();
+        send_sync::<crate::QueuePair>();
+        send_sync::<crate::AddressHandle>();
+        send_sync::<crate::Completion>();
         send_sync::<crate::Device>();
         send_sync::<crate::Error>();
     }

@@ -94,3 +94,89 @@ pub fn num(s: &str) -> u64 {
     }
     .unwrap_or_else(|e| panic!("not a number: {s:?}: {e}"))
 }
+
+/// Protection domain, CQ and two QPs of `qp_type` connected to each other on
+/// the test device (RC/UC: INIT → RTR → RTS against each other; UD: ready to
+/// send, Q_Key 0x11111111). Path MTU is the port's active MTU.
+pub struct Pair {
+    pub ctx: Context,
+    pub pd: rdma::ProtectionDomain,
+    pub cq: rdma::CompletionQueue,
+    pub a: rdma::QueuePair,
+    pub b: rdma::QueuePair,
+    pub gid_index: u8,
+}
+
+pub const QKEY: u32 = 0x1111_1111;
+
+pub fn pair_with(
+    qp_type: rdma::QpType,
+    access: rdma::AccessFlags,
+    tune: impl Fn(&mut rdma::QueuePairBuilder),
+) -> Pair {
+    let ctx = open(&device_name());
+    let pd = ctx.alloc_pd().expect("alloc_pd");
+    let cq = ctx.create_cq(256, None, 0).expect("create_cq");
+    let mut builder = pd.qp_builder(qp_type, &cq, &cq);
+    tune(&mut builder);
+    let a = builder.build().expect("create QP a");
+    let b = builder.build().expect("create QP b");
+    let gid_index = u8::try_from(gid_index()).unwrap();
+    let port = ctx.query_port(1).unwrap();
+    let gid = ctx.query_gid(1, u32::from(gid_index)).unwrap();
+    let mut init = rdma::InitAttr::new(1);
+    init.access = access;
+    init.qkey = QKEY;
+    for (me, peer) in [(&a, &b), (&b, &a)] {
+        me.to_init(&init).expect("to_init");
+        if qp_type == rdma::QpType::Ud {
+            me.to_rtr(None).expect("to_rtr");
+        } else {
+            let ah = rdma::AhAttr::global(1, gid, gid_index);
+            let rtr = rdma::RtrAttr::new(ah, port.active_mtu, peer.qp_num(), 0);
+            me.to_rtr(Some(&rtr)).expect("to_rtr");
+        }
+        me.to_rts(&rdma::RtsAttr::new(0)).expect("to_rts");
+    }
+    Pair {
+        ctx,
+        pd,
+        cq,
+        a,
+        b,
+        gid_index,
+    }
+}
+
+pub fn pair(qp_type: rdma::QpType, access: rdma::AccessFlags) -> Pair {
+    pair_with(qp_type, access, |_| {})
+}
+
+/// Polls until `n` completions arrived; a lost completion fails after 10 s
+/// instead of hanging.
+pub fn wait(cq: &rdma::CompletionQueue, n: usize) -> Vec<rdma::Completion> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut out = Vec::new();
+    while out.len() < n {
+        let want = n - out.len();
+        cq.poll(&mut out, want).expect("poll_cq");
+        if out.len() < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "lost completion: got {} of {n}: {out:?}",
+                out.len()
+            );
+            std::thread::yield_now();
+        }
+    }
+    out
+}
+
+/// Takes the completion with `wr_id` out of `v`.
+pub fn take(v: &mut Vec<rdma::Completion>, wr_id: u64) -> rdma::Completion {
+    let i = v
+        .iter()
+        .position(|c| c.wr_id == wr_id)
+        .unwrap_or_else(|| panic!("no completion {wr_id} in {v:?}"));
+    v.remove(i)
+}

@@ -1,0 +1,408 @@
+//! Completion queues and completion channels (`ibv_create_cq(3)`,
+//! `ibv_poll_cq(3)`, `ibv_req_notify_cq(3)`, `ibv_get_cq_event(3)`).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, Weak};
+
+use crate::error::{check_errno_ret, check_minus_one, check_ptr, last_errno, Error, Result};
+use crate::track::Registry;
+use crate::wc::Completion;
+use crate::{ffi, Context};
+
+// ---------------------------------------------------------------------------
+// Completion channel
+
+pub(crate) struct ChannelInner {
+    ch: NonNull<ffi::ibv_comp_channel>,
+    /// CQs attached to the channel, by `ibv_cq` address, to map events back.
+    cqs: Mutex<HashMap<usize, Weak<CqInner>>>,
+    // Dropped after the channel is destroyed (field order).
+    ctx: Context,
+}
+
+// SAFETY: a comp channel is a file descriptor; ibv_get_cq_event and friends
+// may be called from any thread.
+unsafe impl Send for ChannelInner {}
+// SAFETY: as above; the CQ map is behind a Mutex.
+unsafe impl Sync for ChannelInner {}
+
+impl Drop for ChannelInner {
+    fn drop(&mut self) {
+        // SAFETY: every CQ using the channel holds an Arc to it, so none is
+        // left; destroyed once.
+        let rc = unsafe { ffi::ibv_destroy_comp_channel(self.ch.as_ptr()) };
+        if rc != 0 {
+            log::error!(
+                "ibv_destroy_comp_channel on {} failed: {}",
+                self.ctx.name(),
+                std::io::Error::from_raw_os_error(last_errno())
+            );
+            debug_assert_eq!(rc, 0, "ibv_destroy_comp_channel failed");
+        }
+    }
+}
+
+/// A completion event channel (`struct ibv_comp_channel`): a file descriptor
+/// that becomes readable when an armed CQ gets a completion.
+///
+/// Use: [`CompletionQueue::req_notify`] (arm), poll the CQ dry, then
+/// [`CompletionChannel::get_event`] (wait). Arm before draining, or a
+/// completion that lands in between is never signalled.
+#[derive(Clone)]
+pub struct CompletionChannel {
+    inner: Arc<ChannelInner>,
+}
+
+impl Context {
+    /// Creates a completion channel (`ibv_create_comp_channel(3)`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_create_comp_channel`.
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
+        // SAFETY: valid context.
+        let ch = unsafe { ffi::ibv_create_comp_channel(self.as_raw()) };
+        let ch = check_ptr(
+            "ibv_create_comp_channel",
+            || self.name().to_string().into(),
+            ch,
+        )?;
+        Ok(CompletionChannel {
+            inner: Arc::new(ChannelInner {
+                ch,
+                cqs: Mutex::new(HashMap::new()),
+                ctx: self.clone(),
+            }),
+        })
+    }
+}
+
+/// A completion event: the CQ that fired. Acknowledged when dropped
+/// (`ibv_ack_cq_events`); it keeps its CQ alive until then, because
+/// destroying a CQ waits for all its events to be acknowledged.
+pub struct CqEvent {
+    cq: CompletionQueue,
+}
+
+impl CqEvent {
+    /// The CQ that has new completions.
+    pub fn cq(&self) -> &CompletionQueue {
+        &self.cq
+    }
+}
+
+impl Drop for CqEvent {
+    fn drop(&mut self) {
+        // SAFETY: the event was returned by ibv_get_cq_event for this CQ and
+        // is acknowledged exactly once.
+        unsafe { ffi::ibv_ack_cq_events(self.cq.as_raw(), 1) };
+    }
+}
+
+impl fmt::Debug for CqEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CqEvent").field("cq", &self.cq).finish()
+    }
+}
+
+impl CompletionChannel {
+    /// The raw channel, valid while this handle lives.
+    pub fn as_raw(&self) -> *mut ffi::ibv_comp_channel {
+        self.inner.ch.as_ptr()
+    }
+
+    /// Switches the channel's descriptor to non-blocking mode, so
+    /// [`CompletionChannel::get_event`] returns `EAGAIN` instead of waiting.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `fcntl`.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
+        let fd = self.as_raw_fd();
+        // SAFETY: fcntl on a descriptor we own.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        check_minus_one("fcntl", || "F_GETFL on a completion channel".into(), flags)?;
+        let flags = if nonblocking {
+            flags | libc::O_NONBLOCK
+        } else {
+            flags & !libc::O_NONBLOCK
+        };
+        // SAFETY: as above.
+        let rc = unsafe { libc::fcntl(fd, libc::F_SETFL, flags) };
+        check_minus_one("fcntl", || "F_SETFL on a completion channel".into(), rc)?;
+        Ok(())
+    }
+
+    /// Waits for the next completion event (`ibv_get_cq_event(3)`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_get_cq_event`; `EAGAIN` (see
+    /// [`Error::errno`]) when non-blocking and no event is pending.
+    pub fn get_event(&self) -> Result<CqEvent> {
+        loop {
+            let mut cq: *mut ffi::ibv_cq = std::ptr::null_mut();
+            let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
+            // SAFETY: valid channel and out-pointers.
+            let rc = unsafe { ffi::ibv_get_cq_event(self.as_raw(), &mut cq, &mut ctx) };
+            check_minus_one("ibv_get_cq_event", || "".into(), rc)?;
+            let found = self
+                .inner
+                .cqs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&(cq as usize))
+                .and_then(Weak::upgrade);
+            match found {
+                Some(inner) => {
+                    return Ok(CqEvent {
+                        cq: CompletionQueue { inner },
+                    })
+                }
+                None => {
+                    // The CQ is being destroyed and waits for this ack.
+                    // SAFETY: the event came from ibv_get_cq_event for `cq`,
+                    // which cannot be freed before this ack.
+                    unsafe { ffi::ibv_ack_cq_events(cq, 1) };
+                }
+            }
+        }
+    }
+}
+
+impl AsFd for CompletionChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the descriptor stays open while the channel lives.
+        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
+    }
+}
+
+impl AsRawFd for CompletionChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        // SAFETY: reads a field of a live channel.
+        unsafe { (*self.as_raw()).fd }
+    }
+}
+
+impl fmt::Debug for CompletionChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompletionChannel")
+            .field("fd", &self.as_raw_fd())
+            .finish()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Completion queue
+
+pub(crate) struct CqInner {
+    cq: NonNull<ffi::ibv_cq>,
+    pub(crate) registry: Registry,
+    // Dropped after the CQ is destroyed (field order).
+    channel: Option<CompletionChannel>,
+    ctx: Context,
+}
+
+// SAFETY: ibv_poll_cq, ibv_req_notify_cq and ibv_resize_cq are thread-safe
+// for CQs not created single-threaded (this crate never does).
+unsafe impl Send for CqInner {}
+// SAFETY: as above; the registry is behind a Mutex.
+unsafe impl Sync for CqInner {}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        if let Some(ch) = &self.channel {
+            ch.inner
+                .cqs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&(self.cq.as_ptr() as usize));
+        }
+        // SAFETY: every QP using the CQ holds an Arc, and every unacked event
+        // holds one too, so no QP is attached and all events are acked.
+        let rc = unsafe { ffi::ibv_destroy_cq(self.cq.as_ptr()) };
+        if rc != 0 {
+            log::error!("ibv_destroy_cq on {} failed: errno {rc}", self.ctx.name());
+            debug_assert_eq!(rc, 0, "ibv_destroy_cq failed");
+        }
+    }
+}
+
+/// A completion queue (`struct ibv_cq`). A cheap `Clone` handle; QPs that
+/// use it keep it alive.
+#[derive(Clone)]
+pub struct CompletionQueue {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+impl Context {
+    /// Creates a completion queue of at least `cqe` entries
+    /// (`ibv_create_cq(3)`), optionally signalling `channel`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for `cqe == 0` or past the device's
+    /// `max_cqe`; [`Error::Verb`] naming `ibv_create_cq`.
+    pub fn create_cq(
+        &self,
+        cqe: u32,
+        channel: Option<&CompletionChannel>,
+        comp_vector: u32,
+    ) -> Result<CompletionQueue> {
+        let max = self.query_device()?.max_cqe();
+        if cqe == 0 || cqe > max {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_create_cq",
+                reason: format!("cqe {cqe} is outside 1..={max} (the device's max_cqe)"),
+            });
+        }
+        let ch = channel.map_or(std::ptr::null_mut(), CompletionChannel::as_raw);
+        let n = std::ffi::c_int::try_from(cqe).unwrap_or(std::ffi::c_int::MAX);
+        let vector = std::ffi::c_int::try_from(comp_vector).unwrap_or(std::ffi::c_int::MAX);
+        // SAFETY: valid context; channel (if any) belongs to it and is kept
+        // alive by the CQ.
+        let cq = unsafe { ffi::ibv_create_cq(self.as_raw(), n, std::ptr::null_mut(), ch, vector) };
+        let cq = check_ptr(
+            "ibv_create_cq",
+            || format!("{} cqe {cqe} comp_vector {comp_vector}", self.name()).into(),
+            cq,
+        )?;
+        let inner = Arc::new(CqInner {
+            cq,
+            registry: Registry::default(),
+            channel: channel.cloned(),
+            ctx: self.clone(),
+        });
+        if let Some(ch) = channel {
+            ch.inner
+                .cqs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(cq.as_ptr() as usize, Arc::downgrade(&inner));
+        }
+        Ok(CompletionQueue { inner })
+    }
+}
+
+/// How many completions one `ibv_poll_cq` call fetches at most.
+const POLL_BATCH: usize = 16;
+
+impl CompletionQueue {
+    /// The raw CQ, valid while this handle lives.
+    pub fn as_raw(&self) -> *mut ffi::ibv_cq {
+        self.inner.cq.as_ptr()
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    /// The number of entries (may exceed what was asked for).
+    pub fn cqe(&self) -> u32 {
+        // SAFETY: reads a field of a live CQ.
+        u32::try_from(unsafe { (*self.as_raw()).cqe }).unwrap_or(0)
+    }
+
+    /// Polls up to `max` completions into `out` (appending), returning how
+    /// many were added (`ibv_poll_cq(3)`). Memory of safe posts comes back in
+    /// each [`Completion`].
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_poll_cq` (a CQ overrun).
+    pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
+        let mut total = 0;
+        let mut wcs = [ffi::ibv_wc::default(); POLL_BATCH];
+        while total < max {
+            let want = (max - total).min(POLL_BATCH);
+            // SAFETY: `wcs` has room for `want` entries.
+            let n = unsafe {
+                ffi::ibv_poll_cq(self.as_raw(), want as std::ffi::c_int, wcs.as_mut_ptr())
+            };
+            if n < 0 {
+                // Providers return a negative value without a usable errno.
+                return Err(Error::verb_errno(
+                    "ibv_poll_cq",
+                    format!(
+                        "{}: returned {n} (CQ overrun or device error)",
+                        self.inner.ctx.name()
+                    ),
+                    libc::EIO,
+                ));
+            }
+            let n = n as usize;
+            let start = out.len();
+            out.extend(wcs[..n].iter().map(Completion::from_raw));
+            self.inner.registry.resolve(&mut out[start..]);
+            total += n;
+            if n < want {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    /// Polls one completion.
+    ///
+    /// # Errors
+    /// As [`CompletionQueue::poll`].
+    pub fn poll_one(&self) -> Result<Option<Completion>> {
+        let mut v = Vec::with_capacity(1);
+        self.poll(&mut v, 1)?;
+        Ok(v.pop())
+    }
+
+    /// Arms the CQ: the next completion (or next solicited one) signals its
+    /// channel (`ibv_req_notify_cq(3)`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_req_notify_cq`; [`Error::InvalidArgument`]
+    /// when the CQ has no channel.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        if self.inner.channel.is_none() {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_req_notify_cq",
+                reason: "the CQ was created without a completion channel".into(),
+            });
+        }
+        // SAFETY: valid CQ.
+        let rc = unsafe { ffi::ibv_req_notify_cq(self.as_raw(), i32::from(solicited_only)) };
+        check_errno_ret("ibv_req_notify_cq", || "".into(), rc)
+    }
+
+    /// The channel the CQ signals, if any.
+    pub fn channel(&self) -> Option<&CompletionChannel> {
+        self.inner.channel.as_ref()
+    }
+
+    /// Resizes the CQ to at least `cqe` entries (`ibv_resize_cq(3)`).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the provider cannot resize;
+    /// [`Error::Verb`] naming `ibv_resize_cq` (e.g. `EINVAL` below the number
+    /// of completions it holds).
+    pub fn resize(&self, cqe: u32) -> Result<()> {
+        let n = std::ffi::c_int::try_from(cqe).map_err(|_| Error::InvalidArgument {
+            verb: "ibv_resize_cq",
+            reason: format!("cqe {cqe} does not fit a C int"),
+        })?;
+        // SAFETY: valid CQ.
+        let rc = unsafe { ffi::ibv_resize_cq(self.as_raw(), n) };
+        if rc == libc::EOPNOTSUPP || rc == libc::ENOSYS {
+            return Err(Error::Unsupported {
+                what: "ibv_resize_cq".into(),
+                device: self.inner.ctx.name().to_string(),
+                source: Some(std::io::Error::from_raw_os_error(rc)),
+            });
+        }
+        check_errno_ret("ibv_resize_cq", || format!("to {cqe} entries").into(), rc)
+    }
+}
+
+impl fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompletionQueue")
+            .field("device", &self.inner.ctx.name())
+            .field("cqe", &self.cqe())
+            .finish()
+    }
+}

@@ -1,0 +1,77 @@
+//! Protection domains (`ibv_alloc_pd(3)`).
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::error::{check_ptr, Result};
+use crate::{ffi, Context};
+
+pub(crate) struct PdInner {
+    pd: NonNull<ffi::ibv_pd>,
+    // Dropped after the PD is deallocated (field order).
+    ctx: Context,
+}
+
+// SAFETY: a PD is a kernel object handle; verbs on it are thread-safe.
+unsafe impl Send for PdInner {}
+// SAFETY: as above; no interior mutability on the Rust side.
+unsafe impl Sync for PdInner {}
+
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        // SAFETY: every MR, QP, AH, MW and SRQ of this PD holds an Arc to it,
+        // so none is left; deallocated once.
+        let rc = unsafe { ffi::ibv_dealloc_pd(self.pd.as_ptr()) };
+        if rc != 0 {
+            log::error!("ibv_dealloc_pd on {} failed: errno {rc}", self.ctx.name());
+            debug_assert_eq!(rc, 0, "ibv_dealloc_pd failed");
+        }
+    }
+}
+
+/// A protection domain (`struct ibv_pd`). A cheap `Clone` handle; memory
+/// regions, queue pairs and address handles created in it keep it alive.
+#[derive(Clone)]
+pub struct ProtectionDomain {
+    pub(crate) inner: Arc<PdInner>,
+}
+
+impl Context {
+    /// Allocates a protection domain (`ibv_alloc_pd(3)`).
+    ///
+    /// # Errors
+    /// [`crate::Error::Verb`] naming `ibv_alloc_pd` (e.g. `ENOMEM`).
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        // SAFETY: valid context.
+        let pd = unsafe { ffi::ibv_alloc_pd(self.as_raw()) };
+        let pd = check_ptr("ibv_alloc_pd", || self.name().to_string().into(), pd)?;
+        Ok(ProtectionDomain {
+            inner: Arc::new(PdInner {
+                pd,
+                ctx: self.clone(),
+            }),
+        })
+    }
+}
+
+impl ProtectionDomain {
+    /// The raw `ibv_pd`, valid while this handle (or a clone) lives.
+    pub fn as_raw(&self) -> *mut ffi::ibv_pd {
+        self.inner.pd.as_ptr()
+    }
+
+    /// The context the PD belongs to.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+}
+
+impl fmt::Debug for ProtectionDomain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProtectionDomain")
+            .field("device", &self.inner.ctx.name())
+            .field("pd", &self.inner.pd)
+            .finish()
+    }
+}

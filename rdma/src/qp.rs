@@ -1,0 +1,1203 @@
+//! Queue pairs (`ibv_create_qp(3)`, `ibv_modify_qp(3)`, `ibv_query_qp(3)`,
+//! `ibv_post_send(3)`, `ibv_post_recv(3)`).
+
+use std::borrow::Cow;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::ah::AhAttr;
+use crate::error::{check_errno_ret, check_ptr, Error, Result};
+use crate::macros::c_enum;
+use crate::mr::AccessFlags;
+use crate::track::{self, Pending, Tracker};
+use crate::wc::WrBuffers;
+use crate::wr::{InlineSend, PostError, SendFlags, SendOp, SendWr, UdDest};
+use crate::{ffi, CompletionQueue, Mtu, ProtectionDomain};
+
+c_enum! {
+    /// `enum ibv_qp_type`.
+    pub enum QpType: u32 {
+        /// Reliable connected.
+        Rc = ffi::IBV_QPT_RC,
+        /// Unreliable connected.
+        Uc = ffi::IBV_QPT_UC,
+        /// Unreliable datagram.
+        Ud = ffi::IBV_QPT_UD,
+        /// Raw packet.
+        RawPacket = ffi::IBV_QPT_RAW_PACKET,
+        /// XRC initiator.
+        XrcSend = ffi::IBV_QPT_XRC_SEND,
+        /// XRC target.
+        XrcRecv = ffi::IBV_QPT_XRC_RECV,
+        /// Driver-specific.
+        Driver = ffi::IBV_QPT_DRIVER,
+    }
+}
+
+c_enum! {
+    /// `enum ibv_qp_state`.
+    pub enum QpState: u32 {
+        /// Reset.
+        Reset = ffi::IBV_QPS_RESET,
+        /// Initialised.
+        Init = ffi::IBV_QPS_INIT,
+        /// Ready to receive.
+        Rtr = ffi::IBV_QPS_RTR,
+        /// Ready to send.
+        Rts = ffi::IBV_QPS_RTS,
+        /// Send queue drained.
+        Sqd = ffi::IBV_QPS_SQD,
+        /// Send queue error.
+        Sqe = ffi::IBV_QPS_SQE,
+        /// Error.
+        Err = ffi::IBV_QPS_ERR,
+    }
+}
+
+/// Queue sizes (`struct ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Scatter/gather entries per send request.
+    pub max_send_sge: u32,
+    /// Scatter/gather entries per receive request.
+    pub max_recv_sge: u32,
+    /// Largest inline send, bytes.
+    pub max_inline_data: u32,
+}
+
+impl QpCaps {
+    fn to_raw(self) -> ffi::ibv_qp_cap {
+        ffi::ibv_qp_cap {
+            max_send_wr: self.max_send_wr,
+            max_recv_wr: self.max_recv_wr,
+            max_send_sge: self.max_send_sge,
+            max_recv_sge: self.max_recv_sge,
+            max_inline_data: self.max_inline_data,
+        }
+    }
+
+    fn from_raw(c: &ffi::ibv_qp_cap) -> Self {
+        QpCaps {
+            max_send_wr: c.max_send_wr,
+            max_recv_wr: c.max_recv_wr,
+            max_send_sge: c.max_send_sge,
+            max_recv_sge: c.max_recv_sge,
+            max_inline_data: c.max_inline_data,
+        }
+    }
+}
+
+/// Builds a queue pair; see [`ProtectionDomain::qp_builder`].
+#[derive(Debug, Clone)]
+pub struct QueuePairBuilder {
+    pd: ProtectionDomain,
+    qp_type: QpType,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    caps: QpCaps,
+    sq_sig_all: bool,
+}
+
+impl ProtectionDomain {
+    /// Starts building a QP of `qp_type` that reports to the given CQs (they
+    /// may be the same). Defaults: 64 send and receive requests, 1 SGE each,
+    /// no inline data, completions only for signaled sends.
+    pub fn qp_builder(
+        &self,
+        qp_type: QpType,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+    ) -> QueuePairBuilder {
+        QueuePairBuilder {
+            pd: self.clone(),
+            qp_type,
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            caps: QpCaps {
+                max_send_wr: 64,
+                max_recv_wr: 64,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        }
+    }
+}
+
+impl QueuePairBuilder {
+    /// Send queue depth.
+    pub fn max_send_wr(&mut self, n: u32) -> &mut Self {
+        self.caps.max_send_wr = n;
+        self
+    }
+
+    /// Receive queue depth.
+    pub fn max_recv_wr(&mut self, n: u32) -> &mut Self {
+        self.caps.max_recv_wr = n;
+        self
+    }
+
+    /// Scatter/gather entries per send request.
+    pub fn max_send_sge(&mut self, n: u32) -> &mut Self {
+        self.caps.max_send_sge = n;
+        self
+    }
+
+    /// Scatter/gather entries per receive request.
+    pub fn max_recv_sge(&mut self, n: u32) -> &mut Self {
+        self.caps.max_recv_sge = n;
+        self
+    }
+
+    /// Largest inline send.
+    pub fn max_inline_data(&mut self, n: u32) -> &mut Self {
+        self.caps.max_inline_data = n;
+        self
+    }
+
+    /// Every send generates a completion, whatever its flags.
+    pub fn sq_sig_all(&mut self, yes: bool) -> &mut Self {
+        self.sq_sig_all = yes;
+        self
+    }
+
+    /// Creates the QP (`ibv_create_qp(3)`), in the RESET state.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for queue sizes past the device limits
+    /// (`max_qp_wr`, `max_sge`); [`Error::Unsupported`] for a QP type the
+    /// provider lacks; [`Error::Verb`] naming `ibv_create_qp` otherwise.
+    pub fn build(&self) -> Result<QueuePair> {
+        let ctx = self.pd.context();
+        let dev = ctx.query_device()?;
+        let c = self.caps;
+        for (what, v, max, limit) in [
+            ("max_send_wr", c.max_send_wr, dev.max_qp_wr(), "max_qp_wr"),
+            ("max_recv_wr", c.max_recv_wr, dev.max_qp_wr(), "max_qp_wr"),
+            ("max_send_sge", c.max_send_sge, dev.max_sge(), "max_sge"),
+            ("max_recv_sge", c.max_recv_sge, dev.max_sge(), "max_sge"),
+        ] {
+            if v > max {
+                return Err(Error::InvalidArgument {
+                    verb: "ibv_create_qp",
+                    reason: format!(
+                        "{what} {v} exceeds the device's {limit} {max} on {}",
+                        ctx.name()
+                    ),
+                });
+            }
+        }
+        let mut attr = ffi::ibv_qp_init_attr {
+            send_cq: self.send_cq.as_raw(),
+            recv_cq: self.recv_cq.as_raw(),
+            cap: c.to_raw(),
+            qp_type: self.qp_type.to_raw(),
+            sq_sig_all: i32::from(self.sq_sig_all),
+            ..Default::default()
+        };
+        // SAFETY: valid PD and CQs of the same context (kept alive by the QP).
+        let qp = unsafe { ffi::ibv_create_qp(self.pd.as_raw(), &mut attr) };
+        let qp = check_ptr(
+            "ibv_create_qp",
+            || format!("{:?} QP on {} with {:?}", self.qp_type, ctx.name(), c).into(),
+            qp,
+        )
+        .map_err(|e| match e.errno() {
+            Some(libc::EOPNOTSUPP) | Some(libc::EPROTONOSUPPORT) => Error::Unsupported {
+                what: format!("{:?} queue pairs", self.qp_type).into(),
+                device: ctx.name().to_string(),
+                source: e.errno().map(std::io::Error::from_raw_os_error),
+            },
+            _ => e,
+        })?;
+        let tracker = Tracker::new();
+        self.send_cq.inner.registry.register(&tracker);
+        self.recv_cq.inner.registry.register(&tracker);
+        Ok(QueuePair {
+            qp,
+            qp_type: self.qp_type,
+            caps: QpCaps::from_raw(&attr.cap),
+            tracker,
+            send_cq: self.send_cq.clone(),
+            recv_cq: self.recv_cq.clone(),
+            pd: self.pd.clone(),
+        })
+    }
+}
+
+/// QP attributes for [`QueuePair::modify`], with the attribute mask computed
+/// from the setters called (`struct ibv_qp_attr` + `ibv_qp_attr_mask`).
+#[derive(Clone, Copy, Default)]
+pub struct QpAttr {
+    raw: ffi::ibv_qp_attr,
+    mask: u32,
+}
+
+macro_rules! qp_attr_setters {
+    ($( $(#[$m:meta])* $name:ident: $ty:ty => $field:ident, $bit:expr; )*) => {
+        $(
+            $(#[$m])*
+            pub fn $name(&mut self, v: $ty) -> &mut Self {
+                self.raw.$field = v.into();
+                self.mask |= $bit;
+                self
+            }
+        )*
+    };
+}
+
+impl QpAttr {
+    /// No attributes (empty mask).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The mask the setters have built.
+    pub fn mask(&self) -> u32 {
+        self.mask
+    }
+
+    /// The raw struct.
+    pub fn as_raw(&self) -> &ffi::ibv_qp_attr {
+        &self.raw
+    }
+
+    /// Target state.
+    pub fn state(&mut self, s: QpState) -> &mut Self {
+        self.raw.qp_state = s.to_raw();
+        self.mask |= ffi::IBV_QP_STATE;
+        self
+    }
+
+    /// Assumed current state.
+    pub fn cur_state(&mut self, s: QpState) -> &mut Self {
+        self.raw.cur_qp_state = s.to_raw();
+        self.mask |= ffi::IBV_QP_CUR_STATE;
+        self
+    }
+
+    /// Remote access rights granted to incoming RDMA/atomics.
+    pub fn access_flags(&mut self, a: AccessFlags) -> &mut Self {
+        self.raw.qp_access_flags = a.bits();
+        self.mask |= ffi::IBV_QP_ACCESS_FLAGS;
+        self
+    }
+
+    /// Path MTU.
+    pub fn path_mtu(&mut self, m: Mtu) -> &mut Self {
+        self.raw.path_mtu = m.to_raw();
+        self.mask |= ffi::IBV_QP_PATH_MTU;
+        self
+    }
+
+    /// The primary path's address vector.
+    pub fn ah_attr(&mut self, ah: &AhAttr) -> &mut Self {
+        self.raw.ah_attr = ah.to_raw();
+        self.mask |= ffi::IBV_QP_AV;
+        self
+    }
+
+    /// Queue sizes (resize, where supported).
+    pub fn cap(&mut self, c: QpCaps) -> &mut Self {
+        self.raw.cap = c.to_raw();
+        self.mask |= ffi::IBV_QP_CAP;
+        self
+    }
+
+    qp_attr_setters! {
+        /// P_Key index.
+        pkey_index: u16 => pkey_index, ffi::IBV_QP_PKEY_INDEX;
+        /// Port.
+        port: u8 => port_num, ffi::IBV_QP_PORT;
+        /// Q_Key (UD).
+        qkey: u32 => qkey, ffi::IBV_QP_QKEY;
+        /// Local ACK timeout (4.096 µs × 2^timeout).
+        timeout: u8 => timeout, ffi::IBV_QP_TIMEOUT;
+        /// Transport retries.
+        retry_cnt: u8 => retry_cnt, ffi::IBV_QP_RETRY_CNT;
+        /// RNR retries (7: infinite).
+        rnr_retry: u8 => rnr_retry, ffi::IBV_QP_RNR_RETRY;
+        /// Receive PSN.
+        rq_psn: u32 => rq_psn, ffi::IBV_QP_RQ_PSN;
+        /// Outstanding RDMA READ/atomics as initiator.
+        max_rd_atomic: u8 => max_rd_atomic, ffi::IBV_QP_MAX_QP_RD_ATOMIC;
+        /// Minimum RNR NAK timer.
+        min_rnr_timer: u8 => min_rnr_timer, ffi::IBV_QP_MIN_RNR_TIMER;
+        /// Send PSN.
+        sq_psn: u32 => sq_psn, ffi::IBV_QP_SQ_PSN;
+        /// Outstanding RDMA READ/atomics as target.
+        max_dest_rd_atomic: u8 => max_dest_rd_atomic, ffi::IBV_QP_MAX_DEST_RD_ATOMIC;
+        /// Remote QP number.
+        dest_qp_num: u32 => dest_qp_num, ffi::IBV_QP_DEST_QPN;
+        /// Rate limit, kbps.
+        rate_limit: u32 => rate_limit, ffi::IBV_QP_RATE_LIMIT;
+    }
+
+    /// Target (or queried) state.
+    pub fn get_state(&self) -> QpState {
+        QpState::from_raw(self.raw.qp_state)
+    }
+
+    /// Queried access flags.
+    pub fn get_access_flags(&self) -> AccessFlags {
+        AccessFlags::from_bits_retain(self.raw.qp_access_flags)
+    }
+
+    /// Queried path MTU.
+    pub fn get_path_mtu(&self) -> Mtu {
+        Mtu::from_raw(self.raw.path_mtu)
+    }
+
+    /// Queried address vector.
+    pub fn get_ah_attr(&self) -> AhAttr {
+        AhAttr::from_raw(&self.raw.ah_attr)
+    }
+
+    /// Queried queue sizes.
+    pub fn get_cap(&self) -> QpCaps {
+        QpCaps::from_raw(&self.raw.cap)
+    }
+}
+
+impl fmt::Debug for QpAttr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = &self.raw;
+        f.debug_struct("QpAttr")
+            .field("mask", &format_args!("{:#x}", self.mask))
+            .field("qp_state", &QpState::from_raw(r.qp_state))
+            .field("path_mtu", &Mtu::from_raw(r.path_mtu))
+            .field("qkey", &r.qkey)
+            .field("rq_psn", &r.rq_psn)
+            .field("sq_psn", &r.sq_psn)
+            .field("dest_qp_num", &r.dest_qp_num)
+            .field(
+                "qp_access_flags",
+                &AccessFlags::from_bits_retain(r.qp_access_flags),
+            )
+            .field("port_num", &r.port_num)
+            .field("pkey_index", &r.pkey_index)
+            .field("max_rd_atomic", &r.max_rd_atomic)
+            .field("max_dest_rd_atomic", &r.max_dest_rd_atomic)
+            .field("min_rnr_timer", &r.min_rnr_timer)
+            .field("timeout", &r.timeout)
+            .field("retry_cnt", &r.retry_cnt)
+            .field("rnr_retry", &r.rnr_retry)
+            .finish_non_exhaustive()
+    }
+}
+
+/// RESET → INIT parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct InitAttr {
+    /// Port.
+    pub port: u8,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// RC/UC: remote access granted to the peer.
+    pub access: AccessFlags,
+    /// UD: the Q_Key.
+    pub qkey: u32,
+}
+
+impl InitAttr {
+    /// Port `port`, P_Key index 0, no remote access, Q_Key 0x11111111.
+    pub fn new(port: u8) -> Self {
+        InitAttr {
+            port,
+            pkey_index: 0,
+            access: AccessFlags::empty(),
+            qkey: 0x1111_1111,
+        }
+    }
+}
+
+/// INIT → RTR parameters (RC/UC; UD needs none).
+#[derive(Debug, Clone, Copy)]
+pub struct RtrAttr {
+    /// The peer's address.
+    pub ah: AhAttr,
+    /// Path MTU: take it from the port's `active_mtu`; a larger one can hang.
+    pub path_mtu: Mtu,
+    /// The peer's QP number.
+    pub dest_qp_num: u32,
+    /// The peer's initial send PSN.
+    pub rq_psn: u32,
+    /// RC: outstanding READ/atomics the peer may send us.
+    pub max_dest_rd_atomic: u8,
+    /// RC: RNR NAK timer.
+    pub min_rnr_timer: u8,
+}
+
+impl RtrAttr {
+    /// Defaults rdma-core's pingpong examples use: 1 READ/atomic, RNR timer 12.
+    pub fn new(ah: AhAttr, path_mtu: Mtu, dest_qp_num: u32, rq_psn: u32) -> Self {
+        RtrAttr {
+            ah,
+            path_mtu,
+            dest_qp_num,
+            rq_psn,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+        }
+    }
+}
+
+/// RTR → RTS parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct RtsAttr {
+    /// Our initial send PSN.
+    pub sq_psn: u32,
+    /// RC: ACK timeout exponent.
+    pub timeout: u8,
+    /// RC: transport retries.
+    pub retry_cnt: u8,
+    /// RC: RNR retries (7: infinite).
+    pub rnr_retry: u8,
+    /// RC: outstanding READ/atomics we may send.
+    pub max_rd_atomic: u8,
+}
+
+impl RtsAttr {
+    /// Defaults of rdma-core's pingpong examples: timeout 14, 7 retries,
+    /// 7 RNR retries, 1 READ/atomic.
+    pub fn new(sq_psn: u32) -> Self {
+        RtsAttr {
+            sq_psn,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+        }
+    }
+}
+
+/// A queue pair (`struct ibv_qp`). Unique owner: not `Clone`.
+///
+/// Dropping it moves the QP to the error state, destroys it, and only then
+/// releases the memory of the work requests still in flight.
+pub struct QueuePair {
+    qp: NonNull<ffi::ibv_qp>,
+    qp_type: QpType,
+    caps: QpCaps,
+    tracker: Arc<Tracker>,
+    // Parents: released after the QP is destroyed (Drop runs first).
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    pd: ProtectionDomain,
+}
+
+// SAFETY: a QP may be used from any thread; posting needs `&mut self`, the
+// tracker is behind Mutexes.
+unsafe impl Send for QueuePair {}
+// SAFETY: `&self` methods (query, modify) are thread-safe verbs.
+unsafe impl Sync for QueuePair {}
+
+impl QueuePair {
+    /// The raw QP, valid while this handle lives.
+    pub fn as_raw(&self) -> *mut ffi::ibv_qp {
+        self.qp.as_ptr()
+    }
+
+    /// The QP number.
+    pub fn qp_num(&self) -> u32 {
+        // SAFETY: reads a field of a live QP.
+        unsafe { (*self.as_raw()).qp_num }
+    }
+
+    /// The QP type.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    /// The queue sizes the provider actually gave.
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.pd
+    }
+
+    /// The send CQ.
+    pub fn send_cq(&self) -> &CompletionQueue {
+        &self.send_cq
+    }
+
+    /// The receive CQ.
+    pub fn recv_cq(&self) -> &CompletionQueue {
+        &self.recv_cq
+    }
+
+    /// Work requests posted through the safe API and not completed yet
+    /// (send queue, receive queue).
+    pub fn in_flight(&self) -> (usize, usize) {
+        self.tracker.in_flight()
+    }
+
+    fn ctx_str(&self, what: impl fmt::Display) -> Cow<'static, str> {
+        Cow::Owned(format!(
+            "QP {} on {}: {what}",
+            self.qp_num(),
+            self.pd.context().name()
+        ))
+    }
+
+    /// Modifies the QP (`ibv_modify_qp(3)`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_modify_qp`, with the attribute mask; `EINVAL`
+    /// for a transition or attribute the state machine does not allow.
+    pub fn modify(&self, attr: &QpAttr) -> Result<()> {
+        let mut raw = attr.raw;
+        let mask = std::ffi::c_int::try_from(attr.mask).unwrap_or(std::ffi::c_int::MAX);
+        // SAFETY: valid QP and attribute struct.
+        let rc = unsafe { ffi::ibv_modify_qp(self.as_raw(), &mut raw, mask) };
+        check_errno_ret(
+            "ibv_modify_qp",
+            || {
+                self.ctx_str(format_args!(
+                    "to {:?} with mask {:#x}",
+                    QpState::from_raw(attr.raw.qp_state),
+                    attr.mask
+                ))
+            },
+            rc,
+        )
+    }
+
+    /// Queries every attribute (`ibv_query_qp(3)`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_query_qp`.
+    pub fn query(&self) -> Result<QpAttr> {
+        let mut attr = ffi::ibv_qp_attr::default();
+        let mut init = ffi::ibv_qp_init_attr::default();
+        let mask = 0x3ff_ffff; // every IBV_QP_* bit up to RATE_LIMIT
+                               // SAFETY: valid QP and out-structs.
+        let rc = unsafe { ffi::ibv_query_qp(self.as_raw(), &mut attr, mask, &mut init) };
+        check_errno_ret("ibv_query_qp", || self.ctx_str("query"), rc)?;
+        Ok(QpAttr {
+            raw: attr,
+            mask: mask as u32,
+        })
+    }
+
+    /// The current state (`ibv_query_qp(3)`).
+    ///
+    /// # Errors
+    /// As [`QueuePair::query`].
+    pub fn state(&self) -> Result<QpState> {
+        Ok(self.query()?.get_state())
+    }
+
+    /// RESET → INIT. RC/UC grant `attr.access`; UD sets `attr.qkey`.
+    ///
+    /// # Errors
+    /// As [`QueuePair::modify`].
+    pub fn to_init(&self, attr: &InitAttr) -> Result<()> {
+        let mut a = QpAttr::new();
+        a.state(QpState::Init)
+            .pkey_index(attr.pkey_index)
+            .port(attr.port);
+        match self.qp_type {
+            QpType::Ud => a.qkey(attr.qkey),
+            _ => a.access_flags(attr.access),
+        };
+        self.modify(&a)
+    }
+
+    /// INIT → RTR. UD ignores `attr` (pass `None`); RC and UC need it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for RC/UC without `attr`; as
+    /// [`QueuePair::modify`].
+    pub fn to_rtr(&self, attr: Option<&RtrAttr>) -> Result<()> {
+        let mut a = QpAttr::new();
+        a.state(QpState::Rtr);
+        if self.qp_type != QpType::Ud {
+            let r = attr.ok_or_else(|| Error::InvalidArgument {
+                verb: "ibv_modify_qp",
+                reason: format!(
+                    "a {:?} QP needs the peer's address to reach RTR",
+                    self.qp_type
+                ),
+            })?;
+            a.ah_attr(&r.ah)
+                .path_mtu(r.path_mtu)
+                .dest_qp_num(r.dest_qp_num)
+                .rq_psn(r.rq_psn);
+            if self.qp_type == QpType::Rc {
+                a.max_dest_rd_atomic(r.max_dest_rd_atomic)
+                    .min_rnr_timer(r.min_rnr_timer);
+            }
+        }
+        self.modify(&a)
+    }
+
+    /// RTR → RTS.
+    ///
+    /// # Errors
+    /// As [`QueuePair::modify`].
+    pub fn to_rts(&self, attr: &RtsAttr) -> Result<()> {
+        let mut a = QpAttr::new();
+        a.state(QpState::Rts).sq_psn(attr.sq_psn);
+        if self.qp_type == QpType::Rc {
+            a.timeout(attr.timeout)
+                .retry_cnt(attr.retry_cnt)
+                .rnr_retry(attr.rnr_retry)
+                .max_rd_atomic(attr.max_rd_atomic);
+        }
+        self.modify(&a)
+    }
+
+    /// Moves the QP to the error state: outstanding work completes with
+    /// `WR_FLUSH_ERR`.
+    ///
+    /// # Errors
+    /// As [`QueuePair::modify`].
+    pub fn to_error(&self) -> Result<()> {
+        self.modify(QpAttr::new().state(QpState::Err))
+    }
+
+    fn invalid(&self, reason: String) -> Error {
+        let _ = self;
+        Error::InvalidArgument {
+            verb: "ibv_post_send",
+            reason,
+        }
+    }
+
+    fn check_buffers(
+        &self,
+        bufs: &WrBuffers,
+        max_sge: u32,
+        local_write: bool,
+        verb: &'static str,
+    ) -> Result<()> {
+        if bufs.len() > max_sge as usize {
+            return Err(Error::InvalidArgument {
+                verb,
+                reason: format!(
+                    "{} scatter/gather entries, but QP {} allows {max_sge}",
+                    bufs.len(),
+                    self.qp_num()
+                ),
+            });
+        }
+        let mut err = None;
+        bufs.for_each(|m| {
+            if err.is_some() {
+                return;
+            }
+            if !Arc::ptr_eq(&m.pd().inner, &self.pd.inner) {
+                err = Some(format!(
+                    "a memory region ({m:?}) belongs to another protection domain"
+                ));
+            } else if u32::try_from(m.len()).is_err() {
+                err = Some(format!(
+                    "a memory region of {} bytes is longer than one SGE can be",
+                    m.len()
+                ));
+            } else if local_write && !m.access().contains(AccessFlags::LOCAL_WRITE) {
+                err = Some(format!(
+                    "the device must write into a region registered without LOCAL_WRITE ({m:?})"
+                ));
+            }
+        });
+        match err {
+            Some(reason) => Err(Error::InvalidArgument { verb, reason }),
+            None => Ok(()),
+        }
+    }
+
+    fn total_len(bufs: &WrBuffers) -> u64 {
+        let mut n = 0u64;
+        bufs.for_each(|m| n += m.len() as u64);
+        n
+    }
+
+    fn check_send(&self, op: &SendOp, len: u64, ud: &Option<UdDest>) -> Result<()> {
+        if let Some(remote) = op.remote() {
+            if op.is_atomic() {
+                if len != 8 {
+                    return Err(self.invalid(format!(
+                        "an atomic operation needs one 8-byte local buffer, got {len} bytes"
+                    )));
+                }
+                if remote.addr % 8 != 0 {
+                    return Err(self.invalid(format!(
+                        "atomic target address {:#x} is not 8-byte aligned",
+                        remote.addr
+                    )));
+                }
+                if remote.len < 8 {
+                    return Err(self.invalid(format!("atomic target of {} bytes", remote.len)));
+                }
+            } else if len > remote.len {
+                return Err(self.invalid(format!(
+                    "{len} bytes do not fit the remote range of {} bytes",
+                    remote.len
+                )));
+            }
+        }
+        match (self.qp_type, ud) {
+            (QpType::Ud, None) => {
+                Err(self.invalid("a UD send needs a destination (SendWr::ud)".into()))
+            }
+            (QpType::Ud, Some(_)) if op.remote().is_some() => {
+                Err(self.invalid("UD QPs only support SEND".into()))
+            }
+            (t, Some(_)) if t != QpType::Ud => {
+                Err(self.invalid(format!("a {t:?} QP does not take a UD destination")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn fill_send(raw: &mut ffi::ibv_send_wr, op: &SendOp, ud: &Option<UdDest>) {
+        raw.opcode = op.opcode();
+        if let Some(imm) = op.imm() {
+            raw.__bindgen_anon_1.imm_data = imm.to_be();
+        }
+        match *op {
+            SendOp::Write(r) | SendOp::WriteWithImm(r, _) | SendOp::Read(r) => {
+                raw.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                    remote_addr: r.addr,
+                    rkey: r.rkey,
+                };
+            }
+            SendOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            } => {
+                raw.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                    remote_addr: remote.addr,
+                    compare_add: compare,
+                    swap,
+                    rkey: remote.rkey,
+                };
+            }
+            SendOp::FetchAdd { remote, add } => {
+                raw.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                    remote_addr: remote.addr,
+                    compare_add: add,
+                    swap: 0,
+                    rkey: remote.rkey,
+                };
+            }
+            SendOp::Send | SendOp::SendWithImm(_) => {}
+        }
+        if let Some(d) = ud {
+            raw.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                ah: d.ah.as_raw(),
+                remote_qpn: d.remote_qpn,
+                remote_qkey: d.remote_qkey,
+            };
+        }
+    }
+
+    /// Posts one send request (`ibv_post_send(3)`). Its memory is held until
+    /// its completion (or, if unsignaled, a later one) is polled.
+    ///
+    /// # Errors
+    /// The error and the request's memory: [`Error::InvalidArgument`] for a
+    /// request the QP cannot take (too many SGEs, wrong PD, misaligned
+    /// atomic, missing `LOCAL_WRITE`, ...), [`Error::Verb`] naming
+    /// `ibv_post_send` (e.g. `EINVAL` in a state that cannot send, `ENOMEM`
+    /// when the send queue is full).
+    pub fn post_send(&mut self, wr: SendWr) -> std::result::Result<(), PostError> {
+        self.post_send_batch(std::iter::once(wr))
+    }
+
+    /// Posts several send requests with one doorbell.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_send`]; requests not posted come back in
+    /// [`PostError::returned`], in order.
+    pub fn post_send_batch(
+        &mut self,
+        wrs: impl IntoIterator<Item = SendWr>,
+    ) -> std::result::Result<(), PostError> {
+        let wrs: Vec<SendWr> = wrs.into_iter().collect();
+        let give_back = |wrs: Vec<SendWr>, error| PostError {
+            error,
+            returned: wrs.into_iter().map(|w| (w.wr_id, w.buffers)).collect(),
+        };
+        for w in &wrs {
+            let check = self
+                .check_buffers(
+                    &w.buffers,
+                    self.caps.max_send_sge,
+                    w.op.writes_local(),
+                    "ibv_post_send",
+                )
+                .and_then(|()| self.check_send(&w.op, Self::total_len(&w.buffers), &w.ud));
+            if let Err(e) = check {
+                return Err(give_back(wrs, e));
+            }
+        }
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        // Build the C chain: SGEs first (stable Vec), then the WRs.
+        let mut sges: Vec<ffi::ibv_sge> = Vec::new();
+        let mut sge_at = Vec::with_capacity(wrs.len());
+        for w in &wrs {
+            sge_at.push((sges.len(), w.buffers.len()));
+            w.buffers.for_each(|m| sges.push(m.sge()));
+        }
+        let serial = self.tracker.serial;
+        let mut ring = self.tracker.ring(false);
+        let first_seq = ring.next_seq;
+        let mut raw: Vec<ffi::ibv_send_wr> = Vec::with_capacity(wrs.len());
+        for (i, w) in wrs.iter().enumerate() {
+            let (at, n) = sge_at[i];
+            let mut r = ffi::ibv_send_wr {
+                wr_id: track::encode(serial, false, first_seq.wrapping_add(i as u32)),
+                sg_list: if n == 0 {
+                    std::ptr::null_mut()
+                } else {
+                    sges[at..].as_mut_ptr()
+                },
+                num_sge: n as std::ffi::c_int,
+                send_flags: w.flags.bits(),
+                ..Default::default()
+            };
+            Self::fill_send(&mut r, &w.op, &w.ud);
+            raw.push(r);
+        }
+        let base = raw.as_mut_ptr();
+        for i in 1..raw.len() {
+            // SAFETY: `i` and `i - 1` are in bounds of `raw`, which is not
+            // reallocated from here on.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        }
+        let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: a well-formed chain whose SGEs point into memory held by
+        // `wrs` (moved into the tracker below, before any completion can be
+        // resolved: the ring lock is held across the post).
+        let rc = unsafe { ffi::ibv_post_send(self.as_raw(), base, &mut bad) };
+        let posted = if rc == 0 {
+            wrs.len()
+        } else if bad.is_null() {
+            0
+        } else {
+            // SAFETY: `bad` points into `raw`.
+            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+        };
+        let mut rest = wrs;
+        let unposted = rest.split_off(posted);
+        for (i, w) in rest.into_iter().enumerate() {
+            ring.pending.push_back(Pending {
+                seq: first_seq.wrapping_add(i as u32),
+                wr_id: w.wr_id,
+                buffers: w.buffers,
+                _ah: w.ud.map(|d| d.ah),
+            });
+        }
+        ring.next_seq = first_seq.wrapping_add(posted as u32);
+        drop(ring);
+        if rc == 0 {
+            return Ok(());
+        }
+        let qpn = self.qp_num();
+        let err = check_errno_ret(
+            "ibv_post_send",
+            || {
+                format!(
+                    "QP {qpn}: {} of {} requests not posted",
+                    unposted.len(),
+                    posted + unposted.len()
+                )
+                .into()
+            },
+            rc,
+        )
+        .expect_err("rc != 0");
+        Err(give_back(unposted, err))
+    }
+
+    /// Posts a send whose data is copied at post time (`IBV_SEND_INLINE`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the data exceeds `max_inline_data`,
+    /// [`Error::Verb`] naming `ibv_post_send`.
+    pub fn post_send_inline(&mut self, wr: InlineSend<'_>) -> Result<()> {
+        if wr.data.len() > self.caps.max_inline_data as usize {
+            return Err(self.invalid(format!(
+                "{} bytes of inline data, but QP {} allows {}",
+                wr.data.len(),
+                self.qp_num(),
+                self.caps.max_inline_data
+            )));
+        }
+        if matches!(
+            wr.op,
+            SendOp::Read(_) | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+        ) {
+            return Err(self.invalid("only SEND and RDMA WRITE can be inline".into()));
+        }
+        self.check_send(&wr.op, wr.data.len() as u64, &wr.ud)?;
+        let mut sge = ffi::ibv_sge {
+            addr: wr.data.as_ptr() as u64,
+            length: wr.data.len() as u32,
+            lkey: 0,
+        };
+        let serial = self.tracker.serial;
+        let mut ring = self.tracker.ring(false);
+        let seq = ring.next_seq;
+        let mut raw = ffi::ibv_send_wr {
+            wr_id: track::encode(serial, false, seq),
+            sg_list: &mut sge,
+            num_sge: i32::from(!wr.data.is_empty()),
+            send_flags: (wr.flags | SendFlags::INLINE).bits(),
+            ..Default::default()
+        };
+        Self::fill_send(&mut raw, &wr.op, &wr.ud);
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the data is copied by the provider during this call.
+        let rc = unsafe { ffi::ibv_post_send(self.as_raw(), &mut raw, &mut bad) };
+        if rc == 0 {
+            ring.pending.push_back(Pending {
+                seq,
+                wr_id: wr.wr_id,
+                buffers: WrBuffers::None,
+                _ah: wr.ud.map(|d| d.ah),
+            });
+            ring.next_seq = seq.wrapping_add(1);
+        }
+        drop(ring);
+        check_errno_ret("ibv_post_send", || self.ctx_str("inline send"), rc)
+    }
+
+    /// Posts one receive request (`ibv_post_recv(3)`); its memory comes back
+    /// with the receive completion.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_recv_batch`].
+    pub fn post_recv(
+        &mut self,
+        wr_id: u64,
+        buffers: impl Into<WrBuffers>,
+    ) -> std::result::Result<(), PostError> {
+        self.post_recv_batch(std::iter::once((wr_id, buffers.into())))
+    }
+
+    /// Posts several receive requests with one doorbell.
+    ///
+    /// # Errors
+    /// The error and the memory of the requests not posted:
+    /// [`Error::InvalidArgument`] (too many SGEs, wrong PD, no `LOCAL_WRITE`),
+    /// [`Error::Verb`] naming `ibv_post_recv` (e.g. `ENOMEM`: queue full).
+    pub fn post_recv_batch(
+        &mut self,
+        wrs: impl IntoIterator<Item = (u64, WrBuffers)>,
+    ) -> std::result::Result<(), PostError> {
+        let wrs: Vec<(u64, WrBuffers)> = wrs.into_iter().collect();
+        for (_, b) in &wrs {
+            if let Err(error) = self.check_buffers(b, self.caps.max_recv_sge, true, "ibv_post_recv")
+            {
+                return Err(PostError {
+                    error,
+                    returned: wrs,
+                });
+            }
+        }
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let mut sges: Vec<ffi::ibv_sge> = Vec::new();
+        let mut sge_at = Vec::with_capacity(wrs.len());
+        for (_, b) in &wrs {
+            sge_at.push((sges.len(), b.len()));
+            b.for_each(|m| sges.push(m.sge()));
+        }
+        let serial = self.tracker.serial;
+        let mut ring = self.tracker.ring(true);
+        let first_seq = ring.next_seq;
+        let mut raw: Vec<ffi::ibv_recv_wr> = (0..wrs.len())
+            .map(|i| {
+                let (at, n) = sge_at[i];
+                ffi::ibv_recv_wr {
+                    wr_id: track::encode(serial, true, first_seq.wrapping_add(i as u32)),
+                    next: std::ptr::null_mut(),
+                    sg_list: if n == 0 {
+                        std::ptr::null_mut()
+                    } else {
+                        sges[at..].as_mut_ptr()
+                    },
+                    num_sge: n as std::ffi::c_int,
+                }
+            })
+            .collect();
+        let base = raw.as_mut_ptr();
+        for i in 1..raw.len() {
+            // SAFETY: in bounds; `raw` is not reallocated.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        }
+        let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: a well-formed chain over memory held by `wrs`, parked in the
+        // tracker below while the ring lock is held.
+        let rc = unsafe { ffi::ibv_post_recv(self.as_raw(), base, &mut bad) };
+        let posted = if rc == 0 {
+            wrs.len()
+        } else if bad.is_null() {
+            0
+        } else {
+            // SAFETY: `bad` points into `raw`.
+            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+        };
+        let mut rest = wrs;
+        let unposted = rest.split_off(posted);
+        for (i, (wr_id, buffers)) in rest.into_iter().enumerate() {
+            ring.pending.push_back(Pending {
+                seq: first_seq.wrapping_add(i as u32),
+                wr_id,
+                buffers,
+                _ah: None,
+            });
+        }
+        ring.next_seq = first_seq.wrapping_add(posted as u32);
+        drop(ring);
+        if rc == 0 {
+            return Ok(());
+        }
+        let qpn = self.qp_num();
+        let error = check_errno_ret(
+            "ibv_post_recv",
+            || format!("QP {qpn}: {} requests not posted", unposted.len()).into(),
+            rc,
+        )
+        .expect_err("rc != 0");
+        Err(PostError {
+            error,
+            returned: unposted,
+        })
+    }
+
+    /// Posts a raw chain of send requests (`ibv_post_send(3)`), untracked.
+    ///
+    /// # Safety
+    /// - `wr` is a valid, NULL-terminated chain of `ibv_send_wr`.
+    /// - Every byte that a request's SGEs, inline data or atomic result refers
+    ///   to stays valid (and, for memory the device writes, unaliased by any
+    ///   Rust reference) until the request's completion is polled, or until
+    ///   the QP is dropped; the MRs and AHs it names stay alive as long.
+    /// - No `wr_id` in the chain has bit 63 set (that bit marks the safe
+    ///   path's own ids; this is checked and rejected).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a `wr_id` with bit 63 set;
+    /// [`Error::Verb`] naming `ibv_post_send`, with the index of the first
+    /// request that was not posted in the context.
+    pub unsafe fn post_send_raw(&mut self, wr: *mut ffi::ibv_send_wr) -> Result<()> {
+        let mut p = wr;
+        while !p.is_null() {
+            // SAFETY: the caller guarantees a valid chain.
+            let w = unsafe { &*p };
+            if w.wr_id & track::TAG != 0 {
+                return Err(self.invalid(format!("raw wr_id {:#x} has bit 63 set", w.wr_id)));
+            }
+            p = w.next;
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the caller upholds the chain and memory contract.
+        let rc = unsafe { ffi::ibv_post_send(self.as_raw(), wr, &mut bad) };
+        check_errno_ret("ibv_post_send", || self.ctx_str("raw post"), rc)
+    }
+
+    /// Posts a raw chain of receive requests (`ibv_post_recv(3)`), untracked.
+    ///
+    /// # Safety
+    /// As [`QueuePair::post_send_raw`], for receive requests: the memory stays
+    /// valid and unaliased until the receive completion is polled or the QP
+    /// is dropped.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_send_raw`].
+    pub unsafe fn post_recv_raw(&mut self, wr: *mut ffi::ibv_recv_wr) -> Result<()> {
+        let mut p = wr;
+        while !p.is_null() {
+            // SAFETY: the caller guarantees a valid chain.
+            let w = unsafe { &*p };
+            if w.wr_id & track::TAG != 0 {
+                return Err(Error::InvalidArgument {
+                    verb: "ibv_post_recv",
+                    reason: format!("raw wr_id {:#x} has bit 63 set", w.wr_id),
+                });
+            }
+            p = w.next;
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the caller upholds the chain and memory contract.
+        let rc = unsafe { ffi::ibv_post_recv(self.as_raw(), wr, &mut bad) };
+        check_errno_ret("ibv_post_recv", || self.ctx_str("raw post"), rc)
+    }
+
+    fn teardown(&mut self) -> Result<()> {
+        // Flush first, so completions of the work in flight reach the CQs of
+        // any other consumer; then destroy, after which the device no longer
+        // touches the QP's memory.
+        let _ = self.to_error();
+        // SAFETY: valid QP, destroyed once (callers forget or drop `self`).
+        let rc = unsafe { ffi::ibv_destroy_qp(self.as_raw()) };
+        check_errno_ret("ibv_destroy_qp", || self.ctx_str("destroy"), rc)?;
+        self.send_cq.inner.registry.unregister(self.tracker.serial);
+        self.recv_cq.inner.registry.unregister(self.tracker.serial);
+        // Memory of requests still in flight goes back (is dropped) only now.
+        drop(self.tracker.drain());
+        Ok(())
+    }
+
+    /// Destroys the QP now, reporting failure (`ibv_destroy_qp(3)`).
+    ///
+    /// # Errors
+    /// Gives the QP back with the error; its memory stays held.
+    #[allow(clippy::result_large_err)] // the rusqlite-style `close` signature, rarely taken
+    pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
+        let mut this = std::mem::ManuallyDrop::new(self);
+        match this.teardown() {
+            Ok(()) => {
+                // SAFETY: the QP is destroyed; the remaining fields are each
+                // dropped exactly once here and `this` is never used again.
+                unsafe {
+                    std::ptr::drop_in_place(&mut this.tracker);
+                    std::ptr::drop_in_place(&mut this.send_cq);
+                    std::ptr::drop_in_place(&mut this.recv_cq);
+                    std::ptr::drop_in_place(&mut this.pd);
+                }
+                Ok(())
+            }
+            Err(e) => Err((std::mem::ManuallyDrop::into_inner(this), e)),
+        }
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        if let Err(e) = self.teardown() {
+            log::error!("{e}; leaking the QP and the memory of its work in flight");
+            debug_assert!(false, "{e}");
+            // The device may still use the memory: never free it.
+            std::mem::forget(self.tracker.drain());
+        }
+    }
+}
+
+impl fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qp_num", &self.qp_num())
+            .field("qp_type", &self.qp_type)
+            .field("caps", &self.caps)
+            .finish()
+    }
+}

@@ -1,0 +1,253 @@
+//! Bookkeeping of the memory held by work requests in flight.
+//!
+//! Every work request posted through the safe API gets a `wr_id` of its own
+//! (bit 63 set, bit 62 for the receive queue, a 30-bit QP serial and a 32-bit
+//! sequence number), and its memory is parked in the QP's [`Tracker`] until
+//! the completion with that id is polled. The caller's own `wr_id` is kept
+//! beside the memory and put back into the [`Completion`].
+//!
+//! Send completions arrive in posting order per send queue, so a completion
+//! also releases the unsignaled requests posted before it. Completions whose
+//! QP is gone, or whose serial belongs to an older QP that had the same QP
+//! number, find no tracker and are passed through without memory (the QP's
+//! drop already destroyed the QP, then released the memory).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use crate::wc::{Completion, WrBuffers};
+use crate::AddressHandle;
+
+pub(crate) const TAG: u64 = 1 << 63;
+const RECV: u64 = 1 << 62;
+const SERIAL_BITS: u32 = 30;
+const SERIAL_MASK: u32 = (1 << SERIAL_BITS) - 1;
+
+static NEXT_SERIAL: AtomicU32 = AtomicU32::new(1);
+
+pub(crate) fn next_serial() -> u32 {
+    NEXT_SERIAL.fetch_add(1, Ordering::Relaxed) & SERIAL_MASK
+}
+
+pub(crate) fn encode(serial: u32, recv: bool, seq: u32) -> u64 {
+    TAG | if recv { RECV } else { 0 } | (u64::from(serial & SERIAL_MASK) << 32) | u64::from(seq)
+}
+
+pub(crate) fn decode(wr_id: u64) -> Option<(u32, bool, u32)> {
+    if wr_id & TAG == 0 {
+        return None;
+    }
+    let serial = ((wr_id >> 32) as u32) & SERIAL_MASK;
+    Some((serial, wr_id & RECV != 0, wr_id as u32))
+}
+
+/// One work request in flight.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub seq: u32,
+    pub wr_id: u64,
+    pub buffers: WrBuffers,
+    /// Keeps a UD destination alive until the send completes.
+    pub _ah: Option<AddressHandle>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Ring {
+    pub next_seq: u32,
+    pub pending: VecDeque<Pending>,
+}
+
+/// The in-flight work of one QP (send and receive queue).
+#[derive(Debug)]
+pub(crate) struct Tracker {
+    pub serial: u32,
+    sq: Mutex<Ring>,
+    rq: Mutex<Ring>,
+}
+
+fn lock(m: &Mutex<Ring>) -> MutexGuard<'_, Ring> {
+    // A panic while holding the lock cannot leave the ring inconsistent in a
+    // way that matters for memory safety (entries only move out), so recover.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Tracker {
+    pub fn new() -> Arc<Tracker> {
+        Arc::new(Tracker {
+            serial: next_serial(),
+            sq: Mutex::new(Ring::default()),
+            rq: Mutex::new(Ring::default()),
+        })
+    }
+
+    pub fn ring(&self, recv: bool) -> MutexGuard<'_, Ring> {
+        lock(if recv { &self.rq } else { &self.sq })
+    }
+
+    /// Number of requests in flight on (send, receive) queue.
+    pub fn in_flight(&self) -> (usize, usize) {
+        (
+            self.ring(false).pending.len(),
+            self.ring(true).pending.len(),
+        )
+    }
+
+    /// Removes and returns everything in flight (after the QP is destroyed).
+    pub fn drain(&self) -> Vec<Pending> {
+        let mut all: Vec<Pending> = self.ring(false).pending.drain(..).collect();
+        all.extend(self.ring(true).pending.drain(..));
+        all
+    }
+
+    /// Fills `c` (whose `wr_id` is our encoded id) from the matching entry.
+    fn complete(&self, recv: bool, seq: u32, c: &mut Completion) {
+        let mut ring = self.ring(recv);
+        let Some(pos) = ring.pending.iter().position(|p| p.seq == seq) else {
+            // Not ours (already released): leave the completion bare.
+            return;
+        };
+        if recv {
+            // Receive queues complete in order, but only this entry is known
+            // to be done: take exactly it.
+            if let Some(p) = ring.pending.remove(pos) {
+                c.wr_id = p.wr_id;
+                c.buffers = p.buffers;
+            }
+            return;
+        }
+        // Send queues complete in order: everything before `pos` is done too.
+        for _ in 0..pos {
+            if let Some(p) = ring.pending.pop_front() {
+                c.unsignaled.push((p.wr_id, p.buffers));
+            }
+        }
+        if let Some(p) = ring.pending.pop_front() {
+            c.wr_id = p.wr_id;
+            c.buffers = p.buffers;
+        }
+    }
+}
+
+/// QPs whose completions a CQ may report, by serial.
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    map: Mutex<HashMap<u32, Weak<Tracker>>>,
+}
+
+impl Registry {
+    fn map(&self) -> MutexGuard<'_, HashMap<u32, Weak<Tracker>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn register(&self, t: &Arc<Tracker>) {
+        self.map().insert(t.serial, Arc::downgrade(t));
+    }
+
+    pub fn unregister(&self, serial: u32) {
+        self.map().remove(&serial);
+    }
+
+    /// Resolves the completions of a poll batch: ids of safe posts are
+    /// replaced by the caller's, and their memory is attached.
+    pub fn resolve(&self, completions: &mut [Completion]) {
+        let mut cached: Option<Arc<Tracker>> = None;
+        for c in completions {
+            let Some((serial, recv, seq)) = decode(c.wr_id) else {
+                continue;
+            };
+            if cached.as_ref().is_none_or(|t| t.serial != serial) {
+                cached = self.map().get(&serial).and_then(Weak::upgrade);
+            }
+            match &cached {
+                Some(t) => t.complete(recv, seq, c),
+                // The QP is gone: its memory was released after it was destroyed.
+                None => c.wr_id &= !(TAG | RECV),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi;
+
+    fn pending(ring: &mut Ring, wr_id: u64) -> u32 {
+        let seq = ring.next_seq;
+        ring.next_seq = ring.next_seq.wrapping_add(1);
+        ring.pending.push_back(Pending {
+            seq,
+            wr_id,
+            buffers: WrBuffers::None,
+            _ah: None,
+        });
+        seq
+    }
+
+    fn completion(id: u64) -> Completion {
+        Completion::from_raw(&ffi::ibv_wc {
+            wr_id: id,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn ids_round_trip() {
+        let id = encode(0x2abc_def1, true, 0xffff_fffe);
+        assert_eq!(decode(id), Some((0x2abc_def1, true, 0xffff_fffe)));
+        assert_eq!(decode(encode(5, false, 0)), Some((5, false, 0)));
+        assert_eq!(decode(42), None);
+    }
+
+    #[test]
+    fn send_completion_releases_earlier_unsignaled_requests() {
+        let t = Tracker::new();
+        let reg = Registry::default();
+        reg.register(&t);
+        let (a, b, c) = {
+            let mut ring = t.ring(false);
+            (
+                pending(&mut ring, 10),
+                pending(&mut ring, 11),
+                pending(&mut ring, 12),
+            )
+        };
+        let _ = (a, b);
+        let mut done = [completion(encode(t.serial, false, c))];
+        reg.resolve(&mut done);
+        assert_eq!(done[0].wr_id, 12);
+        let ids: Vec<u64> = done[0].unsignaled.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, [10, 11]);
+        assert_eq!(t.in_flight(), (0, 0));
+    }
+
+    #[test]
+    fn receive_completion_takes_only_its_entry() {
+        let t = Tracker::new();
+        let reg = Registry::default();
+        reg.register(&t);
+        let (_, second) = {
+            let mut ring = t.ring(true);
+            (pending(&mut ring, 1), pending(&mut ring, 2))
+        };
+        let mut done = [completion(encode(t.serial, true, second))];
+        reg.resolve(&mut done);
+        assert_eq!(done[0].wr_id, 2);
+        assert_eq!(t.in_flight(), (0, 1));
+    }
+
+    #[test]
+    fn completions_of_a_dropped_qp_pass_through_bare() {
+        let t = Tracker::new();
+        let reg = Registry::default();
+        reg.register(&t);
+        let seq = pending(&mut t.ring(false), 7);
+        let id = encode(t.serial, false, seq);
+        drop(t);
+        let mut done = [completion(id)];
+        reg.resolve(&mut done);
+        assert!(done[0].buffers.is_empty());
+        assert_eq!(decode(done[0].wr_id), None);
+    }
+}

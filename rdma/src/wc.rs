@@ -1,0 +1,315 @@
+//! Work completions (`struct ibv_wc`).
+
+use std::fmt;
+
+use crate::ffi;
+use crate::macros::c_enum;
+use crate::MemoryRegion;
+
+c_enum! {
+    /// `enum ibv_wc_status`. A failed completion is a value, not an error.
+    pub enum WcStatus: u32 {
+        /// Success.
+        Success = ffi::IBV_WC_SUCCESS,
+        /// Local length error (e.g. a receive buffer too small).
+        LocLenErr = ffi::IBV_WC_LOC_LEN_ERR,
+        /// Local QP operation error.
+        LocQpOpErr = ffi::IBV_WC_LOC_QP_OP_ERR,
+        /// Local EE context operation error.
+        LocEecOpErr = ffi::IBV_WC_LOC_EEC_OP_ERR,
+        /// Local protection error (bad lkey, MR access).
+        LocProtErr = ffi::IBV_WC_LOC_PROT_ERR,
+        /// Flushed: the QP went to the error state.
+        WrFlushErr = ffi::IBV_WC_WR_FLUSH_ERR,
+        /// Memory window bind error.
+        MwBindErr = ffi::IBV_WC_MW_BIND_ERR,
+        /// Bad response error.
+        BadRespErr = ffi::IBV_WC_BAD_RESP_ERR,
+        /// Local access error.
+        LocAccessErr = ffi::IBV_WC_LOC_ACCESS_ERR,
+        /// Remote invalid request error.
+        RemInvReqErr = ffi::IBV_WC_REM_INV_REQ_ERR,
+        /// Remote access error (bad rkey, no remote access right).
+        RemAccessErr = ffi::IBV_WC_REM_ACCESS_ERR,
+        /// Remote operation error.
+        RemOpErr = ffi::IBV_WC_REM_OP_ERR,
+        /// Transport retry counter exceeded.
+        RetryExcErr = ffi::IBV_WC_RETRY_EXC_ERR,
+        /// RNR retry counter exceeded.
+        RnrRetryExcErr = ffi::IBV_WC_RNR_RETRY_EXC_ERR,
+        /// Local RDD violation.
+        LocRddViolErr = ffi::IBV_WC_LOC_RDD_VIOL_ERR,
+        /// Remote invalid RD request.
+        RemInvRdReqErr = ffi::IBV_WC_REM_INV_RD_REQ_ERR,
+        /// Remote aborted.
+        RemAbortErr = ffi::IBV_WC_REM_ABORT_ERR,
+        /// Invalid EE context number.
+        InvEecnErr = ffi::IBV_WC_INV_EECN_ERR,
+        /// Invalid EE context state.
+        InvEecStateErr = ffi::IBV_WC_INV_EEC_STATE_ERR,
+        /// Fatal error.
+        FatalErr = ffi::IBV_WC_FATAL_ERR,
+        /// Response timeout.
+        RespTimeoutErr = ffi::IBV_WC_RESP_TIMEOUT_ERR,
+        /// General error.
+        GeneralErr = ffi::IBV_WC_GENERAL_ERR,
+        /// Tag matching error.
+        TmErr = ffi::IBV_WC_TM_ERR,
+        /// Tag matching rendezvous incomplete.
+        TmRndvIncomplete = ffi::IBV_WC_TM_RNDV_INCOMPLETE,
+    }
+}
+
+impl fmt::Display for WcStatus {
+    /// The text of `ibv_wc_status_str(3)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // SAFETY: ibv_wc_status_str returns a static string for any value.
+        let s = unsafe { std::ffi::CStr::from_ptr(ffi::ibv_wc_status_str(self.to_raw())) };
+        f.write_str(&s.to_string_lossy())
+    }
+}
+
+c_enum! {
+    /// `enum ibv_wc_opcode`. Only meaningful for successful completions.
+    pub enum WcOpcode: u32 {
+        /// Send.
+        Send = ffi::IBV_WC_SEND,
+        /// RDMA write.
+        RdmaWrite = ffi::IBV_WC_RDMA_WRITE,
+        /// RDMA read.
+        RdmaRead = ffi::IBV_WC_RDMA_READ,
+        /// Compare and swap.
+        CompSwap = ffi::IBV_WC_COMP_SWAP,
+        /// Fetch and add.
+        FetchAdd = ffi::IBV_WC_FETCH_ADD,
+        /// Memory window bind.
+        BindMw = ffi::IBV_WC_BIND_MW,
+        /// Local invalidate.
+        LocalInv = ffi::IBV_WC_LOCAL_INV,
+        /// TSO send.
+        Tso = ffi::IBV_WC_TSO,
+        /// Atomic write.
+        AtomicWrite = ffi::IBV_WC_ATOMIC_WRITE,
+        /// Receive.
+        Recv = ffi::IBV_WC_RECV,
+        /// Receive of an RDMA write with immediate.
+        RecvRdmaWithImm = ffi::IBV_WC_RECV_RDMA_WITH_IMM,
+    }
+}
+
+bitflags::bitflags! {
+    /// `enum ibv_wc_flags`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct WcFlags: u32 {
+        /// A GRH is present in the first 40 bytes of the receive buffer (UD).
+        const GRH = ffi::IBV_WC_GRH;
+        /// Immediate data is valid.
+        const WITH_IMM = ffi::IBV_WC_WITH_IMM;
+        /// IP checksum verified.
+        const IP_CSUM_OK = ffi::IBV_WC_IP_CSUM_OK;
+        /// An rkey was invalidated.
+        const WITH_INV = ffi::IBV_WC_WITH_INV;
+        const _ = !0;
+    }
+}
+
+/// The memory a work request used, given back with its completion.
+#[derive(Debug, Default)]
+pub enum WrBuffers {
+    /// None (inline data, or a zero-length operation).
+    #[default]
+    None,
+    /// One region (one scatter/gather entry).
+    One(MemoryRegion),
+    /// Several regions, in scatter/gather order.
+    Many(Vec<MemoryRegion>),
+}
+
+impl WrBuffers {
+    /// The regions as a `Vec`, in scatter/gather order.
+    pub fn into_vec(self) -> Vec<MemoryRegion> {
+        match self {
+            WrBuffers::None => Vec::new(),
+            WrBuffers::One(m) => vec![m],
+            WrBuffers::Many(v) => v,
+        }
+    }
+
+    /// The only region, if there is exactly one.
+    pub fn into_one(self) -> Option<MemoryRegion> {
+        match self {
+            WrBuffers::One(m) => Some(m),
+            WrBuffers::Many(mut v) if v.len() == 1 => v.pop(),
+            _ => None,
+        }
+    }
+
+    /// The number of regions.
+    pub fn len(&self) -> usize {
+        match self {
+            WrBuffers::None => 0,
+            WrBuffers::One(_) => 1,
+            WrBuffers::Many(v) => v.len(),
+        }
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&MemoryRegion)) {
+        match self {
+            WrBuffers::None => {}
+            WrBuffers::One(m) => f(m),
+            WrBuffers::Many(v) => v.iter().for_each(f),
+        }
+    }
+}
+
+impl From<MemoryRegion> for WrBuffers {
+    fn from(m: MemoryRegion) -> Self {
+        WrBuffers::One(m)
+    }
+}
+
+impl From<Vec<MemoryRegion>> for WrBuffers {
+    fn from(v: Vec<MemoryRegion>) -> Self {
+        if v.is_empty() {
+            WrBuffers::None
+        } else {
+            WrBuffers::Many(v)
+        }
+    }
+}
+
+/// A polled work completion.
+///
+/// For work posted through the safe API, `wr_id` is the id the caller gave,
+/// and [`Completion::buffers`] holds the memory the request used; the
+/// memory of unsignaled requests completed before it (same send queue) comes
+/// with it in [`Completion::unsignaled`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Completion {
+    /// The caller's work request id.
+    pub wr_id: u64,
+    /// Success or the reason of the failure.
+    pub status: WcStatus,
+    /// The operation (valid when `status` is `Success`).
+    pub opcode: WcOpcode,
+    /// Vendor error syndrome (for failures).
+    pub vendor_err: u32,
+    /// Bytes transferred (receives, RDMA READ, atomics).
+    pub byte_len: u32,
+    /// Immediate data (host byte order) or the invalidated rkey, per `wc_flags`.
+    pub imm_data: u32,
+    /// The local QP number.
+    pub qp_num: u32,
+    /// The source QP number (UD receives).
+    pub src_qp: u32,
+    /// Flags.
+    pub wc_flags: WcFlags,
+    /// P_Key index (GSI QPs).
+    pub pkey_index: u16,
+    /// Source LID (UD receives, InfiniBand).
+    pub slid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Destination LID path bits.
+    pub dlid_path_bits: u8,
+    /// The memory of this work request (safe post only).
+    pub buffers: WrBuffers,
+    /// `(wr_id, memory)` of unsignaled send requests this completion implies
+    /// finished, oldest first (safe post only).
+    pub unsignaled: Vec<(u64, WrBuffers)>,
+}
+
+impl Completion {
+    pub(crate) fn from_raw(wc: &ffi::ibv_wc) -> Self {
+        let wc_flags = WcFlags::from_bits_retain(wc.wc_flags);
+        // SAFETY: both union members are u32; reading either is defined.
+        let imm = unsafe { wc.__bindgen_anon_1.imm_data };
+        let imm_data = if wc_flags.contains(WcFlags::WITH_IMM) {
+            u32::from_be(imm)
+        } else {
+            imm
+        };
+        Completion {
+            wr_id: wc.wr_id,
+            status: WcStatus::from_raw(wc.status),
+            opcode: WcOpcode::from_raw(wc.opcode),
+            vendor_err: wc.vendor_err,
+            byte_len: wc.byte_len,
+            imm_data,
+            qp_num: wc.qp_num,
+            src_qp: wc.src_qp,
+            wc_flags,
+            pkey_index: wc.pkey_index,
+            slid: wc.slid,
+            sl: wc.sl,
+            dlid_path_bits: wc.dlid_path_bits,
+            buffers: WrBuffers::None,
+            unsignaled: Vec::new(),
+        }
+    }
+
+    /// True when the work request succeeded.
+    pub fn is_success(&self) -> bool {
+        self.status == WcStatus::Success
+    }
+
+    /// The immediate data, if the completion carries one.
+    pub fn imm(&self) -> Option<u32> {
+        self.wc_flags
+            .contains(WcFlags::WITH_IMM)
+            .then_some(self.imm_data)
+    }
+
+    /// Takes the memory of this work request.
+    pub fn take_buffers(&mut self) -> WrBuffers {
+        std::mem::take(&mut self.buffers)
+    }
+
+    /// `Ok(self)` when successful, else an error describing the failure.
+    ///
+    /// # Errors
+    /// [`crate::Error::Completion`] with the status and vendor error.
+    pub fn ok(self) -> crate::Result<Self> {
+        if self.is_success() {
+            Ok(self)
+        } else {
+            Err(crate::Error::Completion {
+                wr_id: self.wr_id,
+                qp_num: self.qp_num,
+                status: self.status,
+                vendor_err: self.vendor_err,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_text_comes_from_libibverbs() {
+        assert_eq!(WcStatus::Success.to_string(), "success");
+        assert_eq!(WcStatus::RemAccessErr.to_string(), "remote access error");
+        assert_eq!(WcStatus::from_raw(999), WcStatus::Unknown(999));
+    }
+
+    #[test]
+    fn immediate_data_is_host_order() {
+        let mut wc = ffi::ibv_wc {
+            wc_flags: ffi::IBV_WC_WITH_IMM,
+            ..Default::default()
+        };
+        wc.__bindgen_anon_1.imm_data = 0x1234_5678u32.to_be();
+        let c = Completion::from_raw(&wc);
+        assert_eq!(c.imm(), Some(0x1234_5678));
+        let c = Completion::from_raw(&ffi::ibv_wc::default());
+        assert_eq!(c.imm(), None);
+    }
+}

@@ -1,0 +1,298 @@
+//! Work requests for the safe post path.
+
+use crate::mr::RemoteMemory;
+use crate::wc::WrBuffers;
+use crate::{ffi, AddressHandle, MemoryRegion};
+
+bitflags::bitflags! {
+    /// `enum ibv_send_flags`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct SendFlags: u32 {
+        /// Wait for earlier RDMA READ/atomics to finish first.
+        const FENCE = ffi::IBV_SEND_FENCE;
+        /// Generate a completion.
+        const SIGNALED = ffi::IBV_SEND_SIGNALED;
+        /// Solicited event at the receiver.
+        const SOLICITED = ffi::IBV_SEND_SOLICITED;
+        /// Data is inline (set by the inline post methods).
+        const INLINE = ffi::IBV_SEND_INLINE;
+        /// IP checksum offload.
+        const IP_CSUM = ffi::IBV_SEND_IP_CSUM;
+        const _ = !0;
+    }
+}
+
+/// The operation of a send work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SendOp {
+    /// SEND.
+    Send,
+    /// SEND with immediate data.
+    SendWithImm(u32),
+    /// RDMA WRITE to remote memory.
+    Write(RemoteMemory),
+    /// RDMA WRITE with immediate data (consumes a receive at the peer).
+    WriteWithImm(RemoteMemory, u32),
+    /// RDMA READ from remote memory into the local buffers.
+    Read(RemoteMemory),
+    /// 64-bit compare and swap; the old value lands in the 8-byte local buffer.
+    CompareSwap {
+        /// Remote 8-byte, 8-aligned word.
+        remote: RemoteMemory,
+        /// Expected value.
+        compare: u64,
+        /// New value.
+        swap: u64,
+    },
+    /// 64-bit fetch and add; the old value lands in the 8-byte local buffer.
+    FetchAdd {
+        /// Remote 8-byte, 8-aligned word.
+        remote: RemoteMemory,
+        /// Value to add.
+        add: u64,
+    },
+}
+
+impl SendOp {
+    pub(crate) fn opcode(&self) -> ffi::ibv_wr_opcode {
+        match self {
+            SendOp::Send => ffi::IBV_WR_SEND,
+            SendOp::SendWithImm(_) => ffi::IBV_WR_SEND_WITH_IMM,
+            SendOp::Write(_) => ffi::IBV_WR_RDMA_WRITE,
+            SendOp::WriteWithImm(..) => ffi::IBV_WR_RDMA_WRITE_WITH_IMM,
+            SendOp::Read(_) => ffi::IBV_WR_RDMA_READ,
+            SendOp::CompareSwap { .. } => ffi::IBV_WR_ATOMIC_CMP_AND_SWP,
+            SendOp::FetchAdd { .. } => ffi::IBV_WR_ATOMIC_FETCH_AND_ADD,
+        }
+    }
+
+    /// The device writes into the local buffers.
+    pub(crate) fn writes_local(&self) -> bool {
+        matches!(
+            self,
+            SendOp::Read(_) | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+        )
+    }
+
+    pub(crate) fn remote(&self) -> Option<RemoteMemory> {
+        match *self {
+            SendOp::Write(r)
+            | SendOp::WriteWithImm(r, _)
+            | SendOp::Read(r)
+            | SendOp::CompareSwap { remote: r, .. }
+            | SendOp::FetchAdd { remote: r, .. } => Some(r),
+            SendOp::Send | SendOp::SendWithImm(_) => None,
+        }
+    }
+
+    pub(crate) fn imm(&self) -> Option<u32> {
+        match *self {
+            SendOp::SendWithImm(i) | SendOp::WriteWithImm(_, i) => Some(i),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn is_atomic(&self) -> bool {
+        matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+    }
+}
+
+/// Where a UD send goes.
+#[derive(Debug, Clone)]
+pub struct UdDest {
+    /// The address handle (kept alive until the send completes).
+    pub ah: AddressHandle,
+    /// The remote QP number.
+    pub remote_qpn: u32,
+    /// The remote Q_Key.
+    pub remote_qkey: u32,
+}
+
+/// A send work request whose memory moves into the queue with it.
+#[derive(Debug)]
+pub struct SendWr {
+    pub(crate) wr_id: u64,
+    pub(crate) op: SendOp,
+    pub(crate) buffers: WrBuffers,
+    pub(crate) flags: SendFlags,
+    pub(crate) ud: Option<UdDest>,
+}
+
+impl SendWr {
+    /// A request of `op` over `buffers` (scatter/gather order), signaled.
+    pub fn new(wr_id: u64, op: SendOp, buffers: impl Into<WrBuffers>) -> Self {
+        SendWr {
+            wr_id,
+            op,
+            buffers: buffers.into(),
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        }
+    }
+
+    /// SEND of `buffers`.
+    pub fn send(wr_id: u64, buffers: impl Into<WrBuffers>) -> Self {
+        Self::new(wr_id, SendOp::Send, buffers)
+    }
+
+    /// RDMA WRITE of `buffers` to `remote`.
+    pub fn write(wr_id: u64, buffers: impl Into<WrBuffers>, remote: RemoteMemory) -> Self {
+        Self::new(wr_id, SendOp::Write(remote), buffers)
+    }
+
+    /// RDMA READ of `remote` into `buffers`.
+    pub fn read(wr_id: u64, buffers: impl Into<WrBuffers>, remote: RemoteMemory) -> Self {
+        Self::new(wr_id, SendOp::Read(remote), buffers)
+    }
+
+    /// Compare-and-swap on `remote`; the old value lands in `result` (8 bytes).
+    pub fn compare_swap(
+        wr_id: u64,
+        result: MemoryRegion,
+        remote: RemoteMemory,
+        compare: u64,
+        swap: u64,
+    ) -> Self {
+        Self::new(
+            wr_id,
+            SendOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            },
+            result,
+        )
+    }
+
+    /// Fetch-and-add on `remote`; the old value lands in `result` (8 bytes).
+    pub fn fetch_add(wr_id: u64, result: MemoryRegion, remote: RemoteMemory, add: u64) -> Self {
+        Self::new(wr_id, SendOp::FetchAdd { remote, add }, result)
+    }
+
+    /// Adds immediate data: SEND becomes SEND_WITH_IMM, WRITE becomes
+    /// WRITE_WITH_IMM; other operations are left unchanged.
+    pub fn with_imm(mut self, imm: u32) -> Self {
+        self.op = match self.op {
+            SendOp::Send | SendOp::SendWithImm(_) => SendOp::SendWithImm(imm),
+            SendOp::Write(r) | SendOp::WriteWithImm(r, _) => SendOp::WriteWithImm(r, imm),
+            other => other,
+        };
+        self
+    }
+
+    /// Whether the request generates a completion (default: yes). The memory
+    /// of an unsignaled request comes back with the next signaled completion
+    /// of the same send queue ([`crate::Completion::unsignaled`]).
+    pub fn signaled(mut self, yes: bool) -> Self {
+        self.flags.set(SendFlags::SIGNALED, yes);
+        self
+    }
+
+    /// Sets the fence flag.
+    pub fn fence(mut self) -> Self {
+        self.flags |= SendFlags::FENCE;
+        self
+    }
+
+    /// Sets the solicited-event flag.
+    pub fn solicited(mut self) -> Self {
+        self.flags |= SendFlags::SOLICITED;
+        self
+    }
+
+    /// The destination of a UD send.
+    pub fn ud(mut self, ah: &AddressHandle, remote_qpn: u32, remote_qkey: u32) -> Self {
+        self.ud = Some(UdDest {
+            ah: ah.clone(),
+            remote_qpn,
+            remote_qkey,
+        });
+        self
+    }
+
+    /// The caller's id.
+    pub fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+
+    /// Takes the request apart (to reuse its memory).
+    pub fn into_buffers(self) -> WrBuffers {
+        self.buffers
+    }
+}
+
+/// A send whose data is copied at post time (`IBV_SEND_INLINE`): no memory
+/// region needed, at most `max_inline_data` bytes.
+#[derive(Debug, Clone)]
+pub struct InlineSend<'a> {
+    pub(crate) wr_id: u64,
+    pub(crate) op: SendOp,
+    pub(crate) data: &'a [u8],
+    pub(crate) flags: SendFlags,
+    pub(crate) ud: Option<UdDest>,
+}
+
+impl<'a> InlineSend<'a> {
+    /// A SEND of `data`, signaled.
+    pub fn send(wr_id: u64, data: &'a [u8]) -> Self {
+        InlineSend {
+            wr_id,
+            op: SendOp::Send,
+            data,
+            flags: SendFlags::SIGNALED | SendFlags::INLINE,
+            ud: None,
+        }
+    }
+
+    /// An RDMA WRITE of `data` to `remote`, signaled.
+    pub fn write(wr_id: u64, data: &'a [u8], remote: RemoteMemory) -> Self {
+        InlineSend {
+            op: SendOp::Write(remote),
+            ..Self::send(wr_id, data)
+        }
+    }
+
+    /// Adds immediate data (SEND_WITH_IMM / WRITE_WITH_IMM).
+    pub fn with_imm(mut self, imm: u32) -> Self {
+        self.op = match self.op {
+            SendOp::Write(r) | SendOp::WriteWithImm(r, _) => SendOp::WriteWithImm(r, imm),
+            _ => SendOp::SendWithImm(imm),
+        };
+        self
+    }
+
+    /// Whether the request generates a completion (default: yes).
+    pub fn signaled(mut self, yes: bool) -> Self {
+        self.flags.set(SendFlags::SIGNALED, yes);
+        self
+    }
+
+    /// The destination of a UD send.
+    pub fn ud(mut self, ah: &AddressHandle, remote_qpn: u32, remote_qkey: u32) -> Self {
+        self.ud = Some(UdDest {
+            ah: ah.clone(),
+            remote_qpn,
+            remote_qkey,
+        });
+        self
+    }
+}
+
+/// A failed post: the error, and the memory of every request that was not
+/// posted, as `(wr_id, memory)`, so nothing is lost.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct PostError {
+    /// What went wrong.
+    #[source]
+    pub error: crate::Error,
+    /// The requests that were not posted, with their memory.
+    pub returned: Vec<(u64, WrBuffers)>,
+}
+
+impl From<PostError> for crate::Error {
+    fn from(e: PostError) -> crate::Error {
+        e.error
+    }
+}

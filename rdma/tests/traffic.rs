@@ -1,0 +1,303 @@
+//! Traffic over the safe post path: every operation and QP type, data checked
+//! byte for byte. Modelled on rdma-core's tests/test_qp.py, test_qpex.py and
+//! test_atomic.py; two QPs on the test device talk to each other.
+
+mod common;
+
+use common::{pair, take, wait};
+use rdma::{AccessFlags, AhAttr, Error, InlineSend, QpType, SendWr, WcOpcode, WcStatus};
+
+const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rc_send_receive_returns_memory_with_the_data() {
+    let mut p = pair(QpType::Rc, AccessFlags::empty());
+    let data = pattern(4096, 7);
+    let recv = p.pd.alloc_mr(4096, LW).unwrap();
+    let send = p.pd.reg_mr(data.clone(), AccessFlags::empty()).unwrap();
+    p.b.post_recv(11, recv).unwrap();
+    p.a.post_send(SendWr::send(22, send)).unwrap();
+    assert_eq!(p.a.in_flight(), (1, 0));
+    assert_eq!(p.b.in_flight(), (0, 1));
+    let mut done = wait(&p.cq, 2);
+    let mut r = take(&mut done, 11);
+    let mut s = take(&mut done, 22);
+    assert_eq!(r.status, WcStatus::Success, "{r:?}");
+    assert_eq!(s.status, WcStatus::Success, "{s:?}");
+    assert_eq!(r.opcode, WcOpcode::Recv);
+    assert_eq!(s.opcode, WcOpcode::Send);
+    assert_eq!(r.byte_len, 4096);
+    assert_eq!(r.qp_num, p.b.qp_num());
+    let got = r
+        .take_buffers()
+        .into_one()
+        .expect("the receive buffer comes back");
+    assert_eq!(got.as_slice().unwrap(), &data[..]);
+    let sent = s
+        .take_buffers()
+        .into_one()
+        .expect("the send buffer comes back");
+    assert_eq!(sent.as_slice().unwrap(), &data[..]);
+    assert_eq!(p.a.in_flight(), (0, 0));
+    assert_eq!(p.b.in_flight(), (0, 0));
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn send_with_immediate_and_zero_length() {
+    let mut p = pair(QpType::Rc, AccessFlags::empty());
+    p.b.post_recv(1, p.pd.alloc_mr(64, LW).unwrap()).unwrap();
+    p.b.post_recv(2, p.pd.alloc_mr(64, LW).unwrap()).unwrap();
+    let msg =
+        p.pd.reg_mr(b"hello".to_vec(), AccessFlags::empty())
+            .unwrap();
+    p.a.post_send(SendWr::send(3, msg).with_imm(0xdead_beef))
+        .unwrap();
+    p.a.post_send(SendWr::send(4, Vec::new())).unwrap();
+    let mut done = wait(&p.cq, 4);
+    let r1 = take(&mut done, 1);
+    assert_eq!(r1.imm(), Some(0xdead_beef));
+    assert_eq!(r1.byte_len, 5);
+    let r2 = take(&mut done, 2);
+    assert_eq!(
+        (r2.status, r2.byte_len, r2.imm()),
+        (WcStatus::Success, 0, None)
+    );
+    assert!(done.iter().all(|c| c.is_success()), "{done:?}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rdma_write_read_and_write_with_immediate() {
+    let remote_access =
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let mut p = pair(QpType::Rc, remote_access);
+    let target = p.pd.alloc_mr(8192, remote_access).unwrap();
+    let remote = target.remote();
+    let data = pattern(8192, 3);
+    let src = p.pd.reg_mr(data.clone(), AccessFlags::empty()).unwrap();
+    p.a.post_send(SendWr::write(1, src, remote)).unwrap();
+    let c = wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+    assert_eq!(c.opcode, WcOpcode::RdmaWrite);
+    // The target grants remote write: no safe slice, but a copy works.
+    assert!(target.as_slice().is_err());
+    assert_eq!(target.to_vec(), data);
+
+    // READ it back into a fresh buffer.
+    let dst = p.pd.alloc_mr(8192, LW).unwrap();
+    p.a.post_send(SendWr::read(2, dst, remote)).unwrap();
+    let mut c = wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+    assert_eq!(c.opcode, WcOpcode::RdmaRead);
+    assert_eq!(
+        c.take_buffers().into_one().unwrap().as_slice().unwrap(),
+        &data[..]
+    );
+
+    // WRITE_WITH_IMM consumes a receive at the target QP.
+    p.b.post_recv(3, Vec::new()).unwrap();
+    let small = p.pd.reg_mr(vec![0xab; 16], AccessFlags::empty()).unwrap();
+    p.a.post_send(SendWr::write(4, small, remote.slice(100, 16).unwrap()).with_imm(77))
+        .unwrap();
+    let mut done = wait(&p.cq, 2);
+    let r = take(&mut done, 3);
+    assert_eq!(r.opcode, WcOpcode::RecvRdmaWithImm);
+    assert_eq!(r.imm(), Some(77));
+    let mut now = vec![0; 16];
+    target.read_at(100, &mut now).unwrap();
+    assert_eq!(now, [0xab; 16]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn atomics_compare_swap_and_fetch_add() {
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC;
+    let mut p = pair(QpType::Rc, access);
+    let mut word = p.pd.alloc_mr(8, access).unwrap();
+    word.write_at(0, &5u64.to_ne_bytes()).unwrap();
+    let remote = word.remote();
+    let result = p.pd.alloc_mr(8, LW).unwrap();
+    p.a.post_send(SendWr::fetch_add(1, result, remote, 10))
+        .unwrap();
+    let mut c = wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+    assert_eq!(c.opcode, WcOpcode::FetchAdd);
+    let result = c.take_buffers().into_one().unwrap();
+    assert_eq!(result.as_slice().unwrap(), &5u64.to_ne_bytes());
+    let mut now = [0; 8];
+    word.read_at(0, &mut now).unwrap();
+    assert_eq!(u64::from_ne_bytes(now), 15);
+
+    p.a.post_send(SendWr::compare_swap(2, result, remote, 15, 99))
+        .unwrap();
+    let mut c = wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+    assert_eq!(c.opcode, WcOpcode::CompSwap);
+    let result = c.take_buffers().into_one().unwrap();
+    assert_eq!(result.as_slice().unwrap(), &15u64.to_ne_bytes());
+    word.read_at(0, &mut now).unwrap();
+    assert_eq!(u64::from_ne_bytes(now), 99);
+    // A compare that does not match leaves the word alone.
+    p.a.post_send(SendWr::compare_swap(3, result, remote, 1, 2))
+        .unwrap();
+    let mut c = wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+    assert_eq!(
+        c.take_buffers().into_one().unwrap().as_slice().unwrap(),
+        &99u64.to_ne_bytes()
+    );
+    word.read_at(0, &mut now).unwrap();
+    assert_eq!(u64::from_ne_bytes(now), 99);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn multi_sge_batch_and_unsignaled_sends() {
+    let mut p = common::pair_with(QpType::Rc, AccessFlags::empty(), |b| {
+        b.max_send_sge(3).max_recv_sge(3);
+    });
+    // Three receive pieces cut from one registration, gathered into one WR.
+    let recv = p.pd.alloc_mr(300, LW).unwrap().chunks(100).unwrap();
+    p.b.post_recv(1, recv).unwrap();
+    let parts: Vec<_> = [pattern(50, 1), pattern(120, 2), pattern(130, 3)]
+        .into_iter()
+        .map(|d| p.pd.reg_mr(d, AccessFlags::empty()).unwrap())
+        .collect();
+    let expected: Vec<u8> = parts.iter().flat_map(|m| m.to_vec()).collect();
+    p.a.post_send(SendWr::send(2, parts)).unwrap();
+    let mut done = wait(&p.cq, 2);
+    let mut r = take(&mut done, 1);
+    assert_eq!(r.byte_len, 300);
+    let pieces = r.take_buffers().into_vec();
+    assert_eq!(pieces.len(), 3);
+    let got: Vec<u8> = pieces.iter().flat_map(|m| m.to_vec()).collect();
+    assert_eq!(got, expected);
+
+    // A batch of 8 sends with one doorbell, only the last one signaled.
+    let recvs = p.pd.alloc_mr(8 * 64, LW).unwrap().chunks(64).unwrap();
+    p.b.post_recv_batch(
+        recvs
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| (100 + i as u64, m.into())),
+    )
+    .unwrap();
+    let sends: Vec<SendWr> = (0..8u64)
+        .map(|i| {
+            let m =
+                p.pd.reg_mr(vec![i as u8; 64], AccessFlags::empty())
+                    .unwrap();
+            SendWr::send(200 + i, m).signaled(i == 7)
+        })
+        .collect();
+    p.a.post_send_batch(sends).unwrap();
+    let mut done = wait(&p.cq, 9);
+    let last = take(&mut done, 207);
+    let ids: Vec<u64> = last.unsignaled.iter().map(|(id, _)| *id).collect();
+    assert_eq!(
+        ids,
+        (200..207).collect::<Vec<_>>(),
+        "unsignaled memory comes back in order"
+    );
+    assert!(last.unsignaled.iter().all(|(_, b)| b.len() == 1));
+    for i in 0..8u64 {
+        let mut r = take(&mut done, 100 + i);
+        assert_eq!(
+            r.take_buffers().into_one().unwrap().as_slice().unwrap(),
+            &[i as u8; 64][..]
+        );
+    }
+    assert_eq!(p.a.in_flight(), (0, 0));
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn inline_send_copies_at_post_time() {
+    let mut p = common::pair_with(QpType::Rc, AccessFlags::empty(), |b| {
+        b.max_inline_data(64);
+    });
+    assert!(p.a.caps().max_inline_data >= 64);
+    p.b.post_recv(1, p.pd.alloc_mr(64, LW).unwrap()).unwrap();
+    let mut data = pattern(48, 9);
+    p.a.post_send_inline(InlineSend::send(2, &data)).unwrap();
+    data.fill(0); // the provider already copied it
+    let mut done = wait(&p.cq, 2);
+    let mut r = take(&mut done, 1);
+    assert_eq!(r.byte_len, 48);
+    assert_eq!(
+        &r.take_buffers().into_one().unwrap().as_slice().unwrap()[..48],
+        &pattern(48, 9)[..]
+    );
+    let too_big = vec![0u8; p.a.caps().max_inline_data as usize + 1];
+    let err =
+        p.a.post_send_inline(InlineSend::send(3, &too_big))
+            .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+    assert!(err.to_string().contains("inline"), "{err}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn uc_send_and_write() {
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let mut p = pair(QpType::Uc, access);
+    p.b.post_recv(1, p.pd.alloc_mr(256, LW).unwrap()).unwrap();
+    p.a.post_send(SendWr::send(
+        2,
+        p.pd.reg_mr(pattern(256, 4), AccessFlags::empty()).unwrap(),
+    ))
+    .unwrap();
+    let mut done = wait(&p.cq, 2);
+    let mut r = take(&mut done, 1).ok().unwrap();
+    assert_eq!(
+        r.take_buffers().into_one().unwrap().to_vec(),
+        pattern(256, 4)
+    );
+    let target = p.pd.alloc_mr(256, access).unwrap();
+    p.a.post_send(SendWr::write(
+        3,
+        p.pd.reg_mr(pattern(256, 5), AccessFlags::empty()).unwrap(),
+        target.remote(),
+    ))
+    .unwrap();
+    wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+    assert_eq!(target.to_vec(), pattern(256, 5));
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn ud_send_with_grh_and_reply_address() {
+    let mut p = pair(QpType::Ud, AccessFlags::empty());
+    let gid = p.ctx.query_gid(1, u32::from(p.gid_index)).unwrap();
+    let ah =
+        p.pd.create_ah(&AhAttr::global(1, gid, p.gid_index))
+            .unwrap();
+    // UD receives get the 40-byte GRH first.
+    p.b.post_recv(1, p.pd.alloc_mr(40 + 512, LW).unwrap())
+        .unwrap();
+    let msg = p.pd.reg_mr(pattern(512, 6), AccessFlags::empty()).unwrap();
+    p.a.post_send(SendWr::send(2, msg).ud(&ah, p.b.qp_num(), common::QKEY))
+        .unwrap();
+    drop(ah); // the send in flight keeps the AH alive
+    let mut done = wait(&p.cq, 2);
+    let mut r = take(&mut done, 1).ok().unwrap();
+    assert_eq!(r.byte_len, 40 + 512);
+    assert_eq!(r.src_qp, p.a.qp_num());
+    assert!(r.wc_flags.contains(rdma::WcFlags::GRH));
+    let buf = r.take_buffers().into_one().unwrap();
+    let bytes = buf.as_slice().unwrap();
+    assert_eq!(&bytes[40..], &pattern(512, 6)[..]);
+    // An AH built from the completion answers the sender.
+    let grh: [u8; 40] = bytes[..40].try_into().unwrap();
+    let back = p.pd.create_ah_from_wc(1, &r, &grh).unwrap();
+    p.a.post_recv(3, p.pd.alloc_mr(40 + 8, LW).unwrap())
+        .unwrap();
+    let reply = p.pd.reg_mr(vec![1u8; 8], AccessFlags::empty()).unwrap();
+    p.b.post_send(SendWr::send(4, reply).ud(&back, r.src_qp, common::QKEY))
+        .unwrap();
+    let mut done = wait(&p.cq, 2);
+    assert_eq!(take(&mut done, 3).ok().unwrap().byte_len, 48);
+}
