@@ -579,8 +579,10 @@ impl QueuePair {
     pub fn query(&self) -> Result<QpAttr> {
         let mut attr = ffi::ibv_qp_attr::default();
         let mut init = ffi::ibv_qp_init_attr::default();
-        let mask = 0x3ff_ffff; // every IBV_QP_* bit up to RATE_LIMIT
-                               // SAFETY: valid QP and out-structs.
+        // Every attribute of ibv_query_qp(3) up to DEST_QPN (RATE_LIMIT is
+        // modify-only: providers reject it in a query).
+        let mask = 0x1f_ffff;
+        // SAFETY: valid QP and out-structs.
         let rc = unsafe { ffi::ibv_query_qp(self.as_raw(), &mut attr, mask, &mut init) };
         check_errno_ret("ibv_query_qp", || self.ctx_str("query"), rc)?;
         Ok(QpAttr {
