@@ -39,6 +39,7 @@ pub use rdma_sys as ffi;
 mod macros;
 
 mod ah;
+mod async_event;
 mod context;
 mod cq;
 mod device;
@@ -49,12 +50,14 @@ mod mr;
 mod pd;
 mod port;
 mod qp;
+mod srq;
 pub mod sysfs;
 mod track;
 mod wc;
 mod wr;
 
 pub use ah::{AddressHandle, AhAttr, GlobalRoute};
+pub use async_event::{AsyncEvent, AsyncEventElement, AsyncEventType, AsyncFd};
 pub use context::Context;
 pub use cq::{CompletionChannel, CompletionQueue, CqEvent};
 pub use device::{device_by_name, devices, Device, Guid, NodeType, TransportType};
@@ -67,6 +70,7 @@ pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortState};
 pub use qp::{
     InitAttr, QpAttr, QpCaps, QpState, QpType, QueuePair, QueuePairBuilder, RtrAttr, RtsAttr,
 };
+pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use wc::{Completion, WcFlags, WcOpcode, WcStatus, WrBuffers};
 pub use wr::{InlineSend, PostError, SendFlags, SendOp, SendWr, UdDest};
 
@@ -84,6 +88,7 @@ mod auto_traits {
         send_sync::<crate::QueuePair>();
         send_sync::<crate::AddressHandle>();
         send_sync::<crate::Completion>();
+        send_sync::<crate::SharedReceiveQueue>();
         send_sync::<crate::Device>();
         send_sync::<crate::Error>();
     }

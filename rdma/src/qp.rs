@@ -101,6 +101,7 @@ pub struct QueuePairBuilder {
     recv_cq: CompletionQueue,
     caps: QpCaps,
     sq_sig_all: bool,
+    srq: Option<crate::SharedReceiveQueue>,
 }
 
 impl ProtectionDomain {
@@ -126,6 +127,7 @@ impl ProtectionDomain {
                 max_inline_data: 0,
             },
             sq_sig_all: false,
+            srq: None,
         }
     }
 }
@@ -167,6 +169,12 @@ impl QueuePairBuilder {
         self
     }
 
+    /// Takes receive requests from `srq` instead of a receive queue of its own.
+    pub fn srq(&mut self, srq: &crate::SharedReceiveQueue) -> &mut Self {
+        self.srq = Some(srq.clone());
+        self
+    }
+
     /// Creates the QP (`ibv_create_qp(3)`), in the RESET state.
     ///
     /// # Errors
@@ -199,6 +207,10 @@ impl QueuePairBuilder {
             cap: c.to_raw(),
             qp_type: self.qp_type.to_raw(),
             sq_sig_all: i32::from(self.sq_sig_all),
+            srq: self
+                .srq
+                .as_ref()
+                .map_or(std::ptr::null_mut(), crate::SharedReceiveQueue::as_raw),
             ..Default::default()
         };
         // SAFETY: valid PD and CQs of the same context (kept alive by the QP).
@@ -219,6 +231,9 @@ impl QueuePairBuilder {
         let tracker = Tracker::new();
         self.send_cq.inner.registry.register(&tracker);
         self.recv_cq.inner.registry.register(&tracker);
+        if let Some(srq) = &self.srq {
+            srq.attach_cq(&self.recv_cq.inner);
+        }
         Ok(QueuePair {
             qp,
             qp_type: self.qp_type,
@@ -226,6 +241,7 @@ impl QueuePairBuilder {
             tracker,
             send_cq: self.send_cq.clone(),
             recv_cq: self.recv_cq.clone(),
+            srq: self.srq.clone(),
             pd: self.pd.clone(),
         })
     }
@@ -489,6 +505,7 @@ pub struct QueuePair {
     // Parents: released after the QP is destroyed (Drop runs first).
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
+    srq: Option<crate::SharedReceiveQueue>,
     pd: ProtectionDomain,
 }
 
@@ -533,6 +550,11 @@ impl QueuePair {
     /// The receive CQ.
     pub fn recv_cq(&self) -> &CompletionQueue {
         &self.recv_cq
+    }
+
+    /// The shared receive queue, if the QP uses one.
+    pub fn srq(&self) -> Option<&crate::SharedReceiveQueue> {
+        self.srq.as_ref()
     }
 
     /// Work requests posted through the safe API and not completed yet
@@ -1004,6 +1026,18 @@ impl QueuePair {
         wrs: impl IntoIterator<Item = (u64, WrBuffers)>,
     ) -> std::result::Result<(), PostError> {
         let wrs: Vec<(u64, WrBuffers)> = wrs.into_iter().collect();
+        if self.srq.is_some() {
+            return Err(PostError {
+                error: Error::InvalidArgument {
+                    verb: "ibv_post_recv",
+                    reason: format!(
+                        "QP {} takes its receives from an SRQ: post them there",
+                        self.qp_num()
+                    ),
+                },
+                returned: wrs,
+            });
+        }
         for (_, b) in &wrs {
             if let Err(error) = self.check_buffers(b, self.caps.max_recv_sge, true, "ibv_post_recv")
             {
@@ -1174,6 +1208,7 @@ impl QueuePair {
                     std::ptr::drop_in_place(&mut this.tracker);
                     std::ptr::drop_in_place(&mut this.send_cq);
                     std::ptr::drop_in_place(&mut this.recv_cq);
+                    std::ptr::drop_in_place(&mut this.srq);
                     std::ptr::drop_in_place(&mut this.pd);
                 }
                 Ok(())
