@@ -68,7 +68,8 @@ pub use mr::{AccessFlags, MemoryRegion, RemoteMemory};
 pub use pd::ProtectionDomain;
 pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortState};
 pub use qp::{
-    InitAttr, QpAttr, QpCaps, QpState, QpType, QueuePair, QueuePairBuilder, RtrAttr, RtsAttr,
+    InitAttr, PostPath, QpAttr, QpCaps, QpState, QpType, QueuePair, QueuePairBuilder, RtrAttr,
+    RtsAttr,
 };
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use wc::{Completion, WcFlags, WcOpcode, WcStatus, WrBuffers};

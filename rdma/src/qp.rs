@@ -92,6 +92,25 @@ impl QpCaps {
     }
 }
 
+/// Which send path a QP uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PostPath {
+    /// The extended `ibv_wr_*` API when the provider has it, else legacy.
+    ///
+    /// Requests with more than one scatter/gather entry, and inline sends, use
+    /// `ibv_post_send` even then: rdma-core's rxe provider before release 51
+    /// computes their length wrong in `ibv_wr_set_sge_list` and
+    /// `ibv_wr_set_inline_data` (rdma-core pull request 1744 and its
+    /// predecessor). Both calls post to the same send queue, one after the
+    /// other (`&mut self`).
+    #[default]
+    Auto,
+    /// `ibv_post_send` with `struct ibv_send_wr` chains.
+    Legacy,
+    /// `ibv_wr_start` / `ibv_wr_*` / `ibv_wr_complete` (`ibv_create_qp_ex`).
+    Extended,
+}
+
 /// Builds a queue pair; see [`ProtectionDomain::qp_builder`].
 #[derive(Debug, Clone)]
 pub struct QueuePairBuilder {
@@ -102,6 +121,7 @@ pub struct QueuePairBuilder {
     caps: QpCaps,
     sq_sig_all: bool,
     srq: Option<crate::SharedReceiveQueue>,
+    post_path: PostPath,
 }
 
 impl ProtectionDomain {
@@ -128,6 +148,7 @@ impl ProtectionDomain {
             },
             sq_sig_all: false,
             srq: None,
+            post_path: PostPath::Auto,
         }
     }
 }
@@ -169,10 +190,121 @@ impl QueuePairBuilder {
         self
     }
 
+    /// Chooses the send path (default [`PostPath::Auto`]).
+    pub fn post_path(&mut self, path: PostPath) -> &mut Self {
+        self.post_path = path;
+        self
+    }
+
     /// Takes receive requests from `srq` instead of a receive queue of its own.
     pub fn srq(&mut self, srq: &crate::SharedReceiveQueue) -> &mut Self {
         self.srq = Some(srq.clone());
         self
+    }
+
+    fn create_error(&self, verb: &'static str, e: Error) -> Error {
+        let ctx = self.pd.context();
+        match e.errno() {
+            Some(libc::EOPNOTSUPP) | Some(libc::EPROTONOSUPPORT) | Some(libc::ENOSYS) => {
+                Error::Unsupported {
+                    what: format!("{:?} queue pairs through {verb}", self.qp_type).into(),
+                    device: ctx.name().to_string(),
+                    source: e.errno().map(std::io::Error::from_raw_os_error),
+                }
+            }
+            _ => e,
+        }
+    }
+
+    fn create_legacy(&self, attr: &mut ffi::ibv_qp_init_attr) -> Result<NonNull<ffi::ibv_qp>> {
+        // SAFETY: valid PD and CQs of the same context (kept alive by the QP).
+        let qp = unsafe { ffi::ibv_create_qp(self.pd.as_raw(), attr) };
+        check_ptr(
+            "ibv_create_qp",
+            || {
+                format!(
+                    "{:?} QP on {} with {:?}",
+                    self.qp_type,
+                    self.pd.context().name(),
+                    self.caps
+                )
+                .into()
+            },
+            qp,
+        )
+        .map_err(|e| self.create_error("ibv_create_qp", e))
+    }
+
+    /// `ibv_create_qp_ex` with the send operations of the QP type enabled.
+    fn create_extended(
+        &self,
+        attr: &ffi::ibv_qp_init_attr,
+    ) -> Result<(
+        NonNull<ffi::ibv_qp>,
+        NonNull<ffi::ibv_qp_ex>,
+        ffi::ibv_qp_cap,
+    )> {
+        let ops = match self.qp_type {
+            QpType::Rc => {
+                ffi::IBV_QP_EX_WITH_SEND
+                    | ffi::IBV_QP_EX_WITH_SEND_WITH_IMM
+                    | ffi::IBV_QP_EX_WITH_RDMA_WRITE
+                    | ffi::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+                    | ffi::IBV_QP_EX_WITH_RDMA_READ
+                    | ffi::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+                    | ffi::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+            }
+            QpType::Uc => {
+                ffi::IBV_QP_EX_WITH_SEND
+                    | ffi::IBV_QP_EX_WITH_SEND_WITH_IMM
+                    | ffi::IBV_QP_EX_WITH_RDMA_WRITE
+                    | ffi::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+            }
+            _ => ffi::IBV_QP_EX_WITH_SEND | ffi::IBV_QP_EX_WITH_SEND_WITH_IMM,
+        };
+        let mut ex = ffi::ibv_qp_init_attr_ex {
+            send_cq: attr.send_cq,
+            recv_cq: attr.recv_cq,
+            srq: attr.srq,
+            cap: attr.cap,
+            qp_type: attr.qp_type,
+            sq_sig_all: attr.sq_sig_all,
+            comp_mask: ffi::IBV_QP_INIT_ATTR_PD | ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+            pd: self.pd.as_raw(),
+            send_ops_flags: u64::from(ops),
+            ..Default::default()
+        };
+        // SAFETY: valid context, PD and CQs (kept alive by the QP).
+        let qp = unsafe { ffi::ibv_create_qp_ex(self.pd.context().as_raw(), &mut ex) };
+        let qp = check_ptr(
+            "ibv_create_qp_ex",
+            || {
+                format!(
+                    "{:?} QP on {} with {:?}",
+                    self.qp_type,
+                    self.pd.context().name(),
+                    self.caps
+                )
+                .into()
+            },
+            qp,
+        )
+        .map_err(|e| self.create_error("ibv_create_qp_ex", e))?;
+        // SAFETY: the QP was created with send_ops_flags, so it has an
+        // extended view.
+        let qpx = unsafe { ffi::ibv_qp_to_qp_ex(qp.as_ptr()) };
+        match NonNull::new(qpx) {
+            Some(qpx) => Ok((qp, qpx, ex.cap)),
+            None => {
+                // SAFETY: created above, destroyed once on this error path.
+                unsafe { ffi::ibv_destroy_qp(qp.as_ptr()) };
+                Err(Error::Unsupported {
+                    what: "the ibv_wr_* post API".into(),
+                    device: self.pd.context().name().to_string(),
+                    source: None,
+                })
+            }
+        }
     }
 
     /// Creates the QP (`ibv_create_qp(3)`), in the RESET state.
@@ -213,21 +345,16 @@ impl QueuePairBuilder {
                 .map_or(std::ptr::null_mut(), crate::SharedReceiveQueue::as_raw),
             ..Default::default()
         };
-        // SAFETY: valid PD and CQs of the same context (kept alive by the QP).
-        let qp = unsafe { ffi::ibv_create_qp(self.pd.as_raw(), &mut attr) };
-        let qp = check_ptr(
-            "ibv_create_qp",
-            || format!("{:?} QP on {} with {:?}", self.qp_type, ctx.name(), c).into(),
-            qp,
-        )
-        .map_err(|e| match e.errno() {
-            Some(libc::EOPNOTSUPP) | Some(libc::EPROTONOSUPPORT) => Error::Unsupported {
-                what: format!("{:?} queue pairs", self.qp_type).into(),
-                device: ctx.name().to_string(),
-                source: e.errno().map(std::io::Error::from_raw_os_error),
+        let (qp, qpx, cap) = match self.post_path {
+            PostPath::Legacy => (self.create_legacy(&mut attr)?, None, attr.cap),
+            path => match self.create_extended(&attr) {
+                Ok((qp, qpx, cap)) => (qp, Some(qpx), cap),
+                Err(e) if path == PostPath::Auto && e.errno() == Some(libc::EOPNOTSUPP) => {
+                    (self.create_legacy(&mut attr)?, None, attr.cap)
+                }
+                Err(e) => return Err(e),
             },
-            _ => e,
-        })?;
+        };
         let tracker = Tracker::new();
         self.send_cq.inner.registry.register(&tracker);
         self.recv_cq.inner.registry.register(&tracker);
@@ -236,8 +363,10 @@ impl QueuePairBuilder {
         }
         Ok(QueuePair {
             qp,
+            qpx,
+            auto_path: self.post_path == PostPath::Auto,
             qp_type: self.qp_type,
-            caps: QpCaps::from_raw(&attr.cap),
+            caps: QpCaps::from_raw(&cap),
             tracker,
             send_cq: self.send_cq.clone(),
             recv_cq: self.recv_cq.clone(),
@@ -499,6 +628,11 @@ impl RtsAttr {
 /// releases the memory of the work requests still in flight.
 pub struct QueuePair {
     qp: NonNull<ffi::ibv_qp>,
+    /// The extended view, when the QP was created for the `ibv_wr_*` path.
+    qpx: Option<NonNull<ffi::ibv_qp_ex>>,
+    /// Chosen by [`PostPath::Auto`]: scatter lists and inline data go through
+    /// `ibv_post_send` (see [`PostPath::Auto`]).
+    auto_path: bool,
     qp_type: QpType,
     caps: QpCaps,
     tracker: Arc<Tracker>,
@@ -525,6 +659,15 @@ impl QueuePair {
     pub fn qp_num(&self) -> u32 {
         // SAFETY: reads a field of a live QP.
         unsafe { (*self.as_raw()).qp_num }
+    }
+
+    /// The send path in use.
+    pub fn post_path(&self) -> PostPath {
+        if self.qpx.is_some() {
+            PostPath::Extended
+        } else {
+            PostPath::Legacy
+        }
     }
 
     /// The QP type.
@@ -881,41 +1024,12 @@ impl QueuePair {
         let serial = self.tracker.serial;
         let mut ring = self.tracker.ring(false);
         let first_seq = ring.next_seq;
-        let mut raw: Vec<ffi::ibv_send_wr> = Vec::with_capacity(wrs.len());
-        for (i, w) in wrs.iter().enumerate() {
-            let (at, n) = sge_at[i];
-            let mut r = ffi::ibv_send_wr {
-                wr_id: track::encode(serial, false, first_seq.wrapping_add(i as u32)),
-                sg_list: if n == 0 {
-                    std::ptr::null_mut()
-                } else {
-                    sges[at..].as_mut_ptr()
-                },
-                num_sge: n as std::ffi::c_int,
-                send_flags: w.flags.bits(),
-                ..Default::default()
-            };
-            Self::fill_send(&mut r, &w.op, &w.ud);
-            raw.push(r);
-        }
-        let base = raw.as_mut_ptr();
-        for i in 1..raw.len() {
-            // SAFETY: `i` and `i - 1` are in bounds of `raw`, which is not
-            // reallocated from here on.
-            unsafe { (*base.add(i - 1)).next = base.add(i) };
-        }
-        let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: a well-formed chain whose SGEs point into memory held by
-        // `wrs` (moved into the tracker below, before any completion can be
-        // resolved: the ring lock is held across the post).
-        let rc = unsafe { ffi::ibv_post_send(self.as_raw(), base, &mut bad) };
-        let posted = if rc == 0 {
-            wrs.len()
-        } else if bad.is_null() {
-            0
-        } else {
-            // SAFETY: `bad` points into `raw`.
-            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+        let scatter = self.auto_path && wrs.iter().any(|w| w.buffers.len() > 1);
+        let (rc, posted) = match self.qpx {
+            Some(qpx) if !scatter => {
+                Self::post_extended(qpx, &wrs, &mut sges, &sge_at, serial, first_seq)
+            }
+            _ => self.post_legacy(&wrs, &mut sges, &sge_at, serial, first_seq),
         };
         let mut rest = wrs;
         let unposted = rest.split_off(posted);
@@ -947,6 +1061,118 @@ impl QueuePair {
         )
         .expect_err("rc != 0");
         Err(give_back(unposted, err))
+    }
+
+    /// `ibv_post_send` over a chain built from `wrs`; returns the errno and
+    /// how many requests were posted.
+    fn post_legacy(
+        &self,
+        wrs: &[SendWr],
+        sges: &mut [ffi::ibv_sge],
+        sge_at: &[(usize, usize)],
+        serial: u32,
+        first_seq: u32,
+    ) -> (std::ffi::c_int, usize) {
+        let mut raw: Vec<ffi::ibv_send_wr> = Vec::with_capacity(wrs.len());
+        for (i, w) in wrs.iter().enumerate() {
+            let (at, n) = sge_at[i];
+            let mut r = ffi::ibv_send_wr {
+                wr_id: track::encode(serial, false, first_seq.wrapping_add(i as u32)),
+                sg_list: if n == 0 {
+                    std::ptr::null_mut()
+                } else {
+                    sges[at..].as_mut_ptr()
+                },
+                num_sge: n as std::ffi::c_int,
+                send_flags: w.flags.bits(),
+                ..Default::default()
+            };
+            Self::fill_send(&mut r, &w.op, &w.ud);
+            raw.push(r);
+        }
+        let base = raw.as_mut_ptr();
+        for i in 1..raw.len() {
+            // SAFETY: `i` and `i - 1` are in bounds of `raw`, which is not
+            // reallocated from here on.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        }
+        let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: a well-formed chain whose SGEs point into memory held by
+        // `wrs` (the caller parks it in the tracker while holding the ring
+        // lock, so no completion is resolved before it is there).
+        let rc = unsafe { ffi::ibv_post_send(self.as_raw(), base, &mut bad) };
+        let posted = if rc == 0 {
+            wrs.len()
+        } else if bad.is_null() {
+            0
+        } else {
+            // SAFETY: `bad` points into `raw`.
+            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+        };
+        (rc, posted)
+    }
+
+    /// Emits the `ibv_wr_*` call of `op` (and the UD address) on an open batch.
+    ///
+    /// # Safety
+    /// `q` is a live extended QP between `ibv_wr_start` and `ibv_wr_complete`,
+    /// with `wr_id` and `wr_flags` already set.
+    unsafe fn emit_op(q: *mut ffi::ibv_qp_ex, op: &SendOp, ud: &Option<UdDest>) {
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            match *op {
+                SendOp::Send => ffi::ibv_wr_send(q),
+                SendOp::SendWithImm(imm) => ffi::ibv_wr_send_imm(q, imm.to_be()),
+                SendOp::Write(r) => ffi::ibv_wr_rdma_write(q, r.rkey, r.addr),
+                SendOp::WriteWithImm(r, imm) => {
+                    ffi::ibv_wr_rdma_write_imm(q, r.rkey, r.addr, imm.to_be())
+                }
+                SendOp::Read(r) => ffi::ibv_wr_rdma_read(q, r.rkey, r.addr),
+                SendOp::CompareSwap {
+                    remote,
+                    compare,
+                    swap,
+                } => ffi::ibv_wr_atomic_cmp_swp(q, remote.rkey, remote.addr, compare, swap),
+                SendOp::FetchAdd { remote, add } => {
+                    ffi::ibv_wr_atomic_fetch_add(q, remote.rkey, remote.addr, add)
+                }
+            }
+            if let Some(d) = ud {
+                ffi::ibv_wr_set_ud_addr(q, d.ah.as_raw(), d.remote_qpn, d.remote_qkey);
+            }
+        }
+    }
+
+    /// The `ibv_wr_*` post path: all requests or none.
+    fn post_extended(
+        qpx: NonNull<ffi::ibv_qp_ex>,
+        wrs: &[SendWr],
+        sges: &mut [ffi::ibv_sge],
+        sge_at: &[(usize, usize)],
+        serial: u32,
+        first_seq: u32,
+    ) -> (std::ffi::c_int, usize) {
+        let q = qpx.as_ptr();
+        // SAFETY: `q` is the extended view of this live QP; the batch is
+        // started, filled and completed within this call (`&mut self`), and
+        // every SGE points into memory held by `wrs` (parked by the caller).
+        unsafe {
+            ffi::ibv_wr_start(q);
+            for (i, w) in wrs.iter().enumerate() {
+                (*q).wr_id = track::encode(serial, false, first_seq.wrapping_add(i as u32));
+                (*q).wr_flags = w.flags.bits();
+                Self::emit_op(q, &w.op, &w.ud);
+                let (at, n) = sge_at[i];
+                let list = if n == 0 {
+                    std::ptr::null()
+                } else {
+                    sges[at..].as_ptr()
+                };
+                ffi::ibv_wr_set_sge_list(q, n, list);
+            }
+            let rc = ffi::ibv_wr_complete(q);
+            (rc, if rc == 0 { wrs.len() } else { 0 })
+        }
     }
 
     /// Posts a send whose data is copied at post time (`IBV_SEND_INLINE`).
@@ -985,10 +1211,31 @@ impl QueuePair {
             send_flags: (wr.flags | SendFlags::INLINE).bits(),
             ..Default::default()
         };
-        Self::fill_send(&mut raw, &wr.op, &wr.ud);
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: the data is copied by the provider during this call.
-        let rc = unsafe { ffi::ibv_post_send(self.as_raw(), &mut raw, &mut bad) };
+        let rc = match self.qpx {
+            Some(qpx) if !self.auto_path => {
+                let q = qpx.as_ptr();
+                // SAFETY: a one-request batch on the live extended QP; the
+                // data is copied by ibv_wr_set_inline_data.
+                unsafe {
+                    ffi::ibv_wr_start(q);
+                    (*q).wr_id = raw.wr_id;
+                    (*q).wr_flags = wr.flags.bits() & !ffi::IBV_SEND_INLINE;
+                    Self::emit_op(q, &wr.op, &wr.ud);
+                    ffi::ibv_wr_set_inline_data(
+                        q,
+                        wr.data.as_ptr().cast_mut().cast(),
+                        wr.data.len(),
+                    );
+                    ffi::ibv_wr_complete(q)
+                }
+            }
+            _ => {
+                Self::fill_send(&mut raw, &wr.op, &wr.ud);
+                let mut bad = std::ptr::null_mut();
+                // SAFETY: the data is copied by the provider during this call.
+                unsafe { ffi::ibv_post_send(self.as_raw(), &mut raw, &mut bad) }
+            }
+        };
         if rc == 0 {
             ring.pending.push_back(Pending {
                 seq,

@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::{pair, take, wait};
-use rdma::{AccessFlags, AhAttr, Error, InlineSend, QpType, SendWr, WcOpcode, WcStatus};
+use common::{take, wait};
+use rdma::{AccessFlags, AhAttr, Error, InlineSend, PostPath, QpType, SendWr, WcOpcode, WcStatus};
 
 const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
 
@@ -15,10 +15,10 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-#[test]
-#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
-fn rc_send_receive_returns_memory_with_the_data() {
-    let mut p = pair(QpType::Rc, AccessFlags::empty());
+fn rc_send_receive_returns_memory_with_the_data(path: PostPath) {
+    let mut p = common::pair_with(QpType::Rc, AccessFlags::empty(), |b| {
+        b.post_path(path);
+    });
     let data = pattern(4096, 7);
     let recv = p.pd.alloc_mr(4096, LW).unwrap();
     let send = p.pd.reg_mr(data.clone(), AccessFlags::empty()).unwrap();
@@ -49,10 +49,10 @@ fn rc_send_receive_returns_memory_with_the_data() {
     assert_eq!(p.b.in_flight(), (0, 0));
 }
 
-#[test]
-#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
-fn send_with_immediate_and_zero_length() {
-    let mut p = pair(QpType::Rc, AccessFlags::empty());
+fn send_with_immediate_and_zero_length(path: PostPath) {
+    let mut p = common::pair_with(QpType::Rc, AccessFlags::empty(), |b| {
+        b.post_path(path);
+    });
     p.b.post_recv(1, p.pd.alloc_mr(64, LW).unwrap()).unwrap();
     p.b.post_recv(2, p.pd.alloc_mr(64, LW).unwrap()).unwrap();
     let msg =
@@ -73,12 +73,12 @@ fn send_with_immediate_and_zero_length() {
     assert!(done.iter().all(|c| c.is_success()), "{done:?}");
 }
 
-#[test]
-#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
-fn rdma_write_read_and_write_with_immediate() {
+fn rdma_write_read_and_write_with_immediate(path: PostPath) {
     let remote_access =
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-    let mut p = pair(QpType::Rc, remote_access);
+    let mut p = common::pair_with(QpType::Rc, remote_access, |b| {
+        b.post_path(path);
+    });
     let target = p.pd.alloc_mr(8192, remote_access).unwrap();
     let remote = target.remote();
     let data = pattern(8192, 3);
@@ -114,11 +114,11 @@ fn rdma_write_read_and_write_with_immediate() {
     assert_eq!(now, [0xab; 16]);
 }
 
-#[test]
-#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
-fn atomics_compare_swap_and_fetch_add() {
+fn atomics_compare_swap_and_fetch_add(path: PostPath) {
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC;
-    let mut p = pair(QpType::Rc, access);
+    let mut p = common::pair_with(QpType::Rc, access, |b| {
+        b.post_path(path);
+    });
     let mut word = p.pd.alloc_mr(8, access).unwrap();
     word.write_at(0, &5u64.to_ne_bytes()).unwrap();
     let remote = word.remote();
@@ -153,11 +153,9 @@ fn atomics_compare_swap_and_fetch_add() {
     assert_eq!(u64::from_ne_bytes(now), 99);
 }
 
-#[test]
-#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
-fn multi_sge_batch_and_unsignaled_sends() {
+fn multi_sge_batch_and_unsignaled_sends(path: PostPath) {
     let mut p = common::pair_with(QpType::Rc, AccessFlags::empty(), |b| {
-        b.max_send_sge(3).max_recv_sge(3);
+        b.post_path(path).max_send_sge(3).max_recv_sge(3);
     });
     // Three receive pieces cut from one registration, gathered into one WR.
     let recv = p.pd.alloc_mr(300, LW).unwrap().chunks(100).unwrap();
@@ -213,11 +211,9 @@ fn multi_sge_batch_and_unsignaled_sends() {
     assert_eq!(p.a.in_flight(), (0, 0));
 }
 
-#[test]
-#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
-fn inline_send_copies_at_post_time() {
+fn inline_send_copies_at_post_time(path: PostPath) {
     let mut p = common::pair_with(QpType::Rc, AccessFlags::empty(), |b| {
-        b.max_inline_data(64);
+        b.post_path(path).max_inline_data(64);
     });
     assert!(p.a.caps().max_inline_data >= 64);
     p.b.post_recv(1, p.pd.alloc_mr(64, LW).unwrap()).unwrap();
@@ -239,11 +235,11 @@ fn inline_send_copies_at_post_time() {
     assert!(err.to_string().contains("inline"), "{err}");
 }
 
-#[test]
-#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
-fn uc_send_and_write() {
+fn uc_send_and_write(path: PostPath) {
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    let mut p = pair(QpType::Uc, access);
+    let mut p = common::pair_with(QpType::Uc, access, |b| {
+        b.post_path(path);
+    });
     p.b.post_recv(1, p.pd.alloc_mr(256, LW).unwrap()).unwrap();
     p.a.post_send(SendWr::send(
         2,
@@ -267,10 +263,10 @@ fn uc_send_and_write() {
     assert_eq!(target.to_vec(), pattern(256, 5));
 }
 
-#[test]
-#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
-fn ud_send_with_grh_and_reply_address() {
-    let mut p = pair(QpType::Ud, AccessFlags::empty());
+fn ud_send_with_grh_and_reply_address(path: PostPath) {
+    let mut p = common::pair_with(QpType::Ud, AccessFlags::empty(), |b| {
+        b.post_path(path);
+    });
     let gid = p.ctx.query_gid(1, u32::from(p.gid_index)).unwrap();
     let ah =
         p.pd.create_ah(&AhAttr::global(1, gid, p.gid_index))
@@ -300,4 +296,80 @@ fn ud_send_with_grh_and_reply_address() {
         .unwrap();
     let mut done = wait(&p.cq, 2);
     assert_eq!(take(&mut done, 3).ok().unwrap().byte_len, 48);
+}
+
+/// Runs a traffic test over both send paths: `NAME::legacy` uses
+/// `ibv_post_send`, `NAME::extended` the `ibv_wr_*` API.
+macro_rules! both_paths {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+                fn legacy() {
+                    super::$name(rdma::PostPath::Legacy);
+                }
+
+                #[test]
+                #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+                fn extended() {
+                    super::$name(rdma::PostPath::Extended);
+                }
+
+                #[test]
+                #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+                fn auto() {
+                    super::$name(rdma::PostPath::Auto);
+                }
+            }
+        )*
+    };
+}
+
+/// Like `both_paths!` for requests that rdma-core 44's rxe provider gets
+/// wrong on the `ibv_wr_*` path (scatter lists, inline data): legacy and
+/// auto (which routes them through `ibv_post_send`).
+macro_rules! legacy_and_auto {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+                fn legacy() {
+                    super::$name(rdma::PostPath::Legacy);
+                }
+
+                #[test]
+                #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+                fn auto() {
+                    super::$name(rdma::PostPath::Auto);
+                }
+            }
+        )*
+    };
+}
+
+legacy_and_auto!(
+    multi_sge_batch_and_unsignaled_sends,
+    inline_send_copies_at_post_time
+);
+
+both_paths!(
+    rc_send_receive_returns_memory_with_the_data,
+    send_with_immediate_and_zero_length,
+    rdma_write_read_and_write_with_immediate,
+    atomics_compare_swap_and_fetch_add,
+    uc_send_and_write,
+    ud_send_with_grh_and_reply_address
+);
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn auto_path_picks_the_extended_api_on_rxe() {
+    let p = common::pair(QpType::Rc, AccessFlags::empty());
+    assert_eq!(p.a.post_path(), PostPath::Extended);
+    let p = common::pair_with(QpType::Rc, AccessFlags::empty(), |b| {
+        b.post_path(PostPath::Legacy);
+    });
+    assert_eq!(p.a.post_path(), PostPath::Legacy);
 }

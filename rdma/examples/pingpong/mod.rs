@@ -1,0 +1,1126 @@
+//! Code shared by the pingpong examples (`rc_pingpong`, `uc_pingpong`,
+//! `ud_pingpong`): flag parsing, the TCP handshake of rdma-core's
+//! `ibv_*_pingpong` tools, and the ping-pong loop itself.
+//!
+//! # Handshake (rdma-core `libibverbs/examples/pingpong.c`)
+//! Each side describes itself in one 52-byte message: the text
+//! `LLLL:QQQQQQ:PPPPPP:GGGG...` (LID, QP number and initial PSN in lower-case
+//! hex, zero-padded to 4, 6 and 6 digits, then the GID as 32 hex digits, the
+//! 16 raw bytes in wire order) followed by NUL bytes up to 52.
+//!
+//! 1. The client connects and sends its message.
+//! 2. The server reads it, moves its QP to RTR/RTS towards the client, and
+//!    sends its own message.
+//! 3. The client reads it and answers with the 5 bytes `"done\0"`.
+//!
+//! The client connects its QP after the exchange and sends the first ping.
+//!
+//! # Traffic
+//! Both sides keep `rx_depth` receives posted and refill them when only one
+//! is left. A side sends its next message once its previous send has
+//! completed *and* a message has arrived; the client sends first. Each side
+//! sends and receives `iters` messages of `size` bytes.
+#![allow(dead_code)] // every example uses a different subset
+
+use std::fmt::Display;
+use std::hash::{BuildHasher, Hasher};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, Ipv6Addr, TcpListener, TcpStream, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use rdma::{
+    AccessFlags, AhAttr, CompletionChannel, CompletionQueue, Context, Gid, GlobalRoute, InlineSend,
+    LinkLayer, MemoryRegion, Mtu, PortAttr, ProtectionDomain, QueuePair, SendWr, UdDest, WcStatus,
+    WrBuffers,
+};
+
+/// `wr_id` of every receive.
+pub const RECV_WRID: u64 = 1;
+/// `wr_id` of every send.
+pub const SEND_WRID: u64 = 2;
+/// The Q_Key both UD tools use.
+pub const UD_QKEY: u32 = 0x1111_1111;
+/// The Global Routing Header at the start of every UD receive buffer.
+pub const GRH_LEN: usize = 40;
+/// The TCP port of the handshake, unless `-p` says otherwise.
+pub const DEFAULT_TCP_PORT: u16 = 18515;
+
+/// Failures are messages: every example prints `NAME: message` and exits 1.
+pub type Res<T> = Result<T, String>;
+
+/// Adds what was being done to an error.
+pub trait OrFail<T> {
+    /// `Err(e)` becomes `Err("{what}: {e}")`.
+    fn or_fail(self, what: &str) -> Res<T>;
+}
+
+impl<T, E: Display> OrFail<T> for Result<T, E> {
+    fn or_fail(self, what: &str) -> Res<T> {
+        self.map_err(|e| format!("{what}: {e}"))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Flags
+
+/// What distinguishes one example's command line from another's.
+#[derive(Debug)]
+pub struct Tool {
+    /// The example's name.
+    pub name: &'static str,
+    /// The rdma-core tool it mirrors.
+    pub twin: &'static str,
+    /// `-s` default.
+    pub default_size: usize,
+    /// Whether `-m/--mtu` exists (not for UD, whose messages fit one packet).
+    pub has_mtu: bool,
+    /// Whether `-o/--odp` exists (RC only, as in rdma-core).
+    pub has_odp: bool,
+    /// Flags of the C tool that this port recognises but cannot honour.
+    pub unsupported: &'static [Unsupported],
+}
+
+/// A flag of the C tool that this port does not implement, and why.
+#[derive(Debug)]
+pub struct Unsupported {
+    /// Short form.
+    pub short: char,
+    /// Long form.
+    pub long: &'static str,
+    /// Why it is missing.
+    pub why: &'static str,
+}
+
+/// The parsed command line.
+#[derive(Debug, Clone)]
+pub struct Opts {
+    /// TCP port of the handshake.
+    pub tcp_port: u16,
+    /// The device (`None`: the first one).
+    pub ib_dev: Option<String>,
+    /// The device's port.
+    pub ib_port: u8,
+    /// Message size in bytes.
+    pub size: usize,
+    /// Path MTU (`None`: the port's active MTU).
+    pub mtu: Option<Mtu>,
+    /// Receives kept posted.
+    pub rx_depth: u32,
+    /// Messages each way.
+    pub iters: u32,
+    /// Service level.
+    pub sl: u8,
+    /// Wait on a completion channel instead of busy polling.
+    pub events: bool,
+    /// Local GID index (`None`: no GID, InfiniBand LID routing).
+    pub gid_idx: Option<u32>,
+    /// Check every received message.
+    pub chk: bool,
+    /// Register memory with on-demand paging.
+    pub odp: bool,
+    /// The server to connect to (`None`: be the server).
+    pub host: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Port,
+    IbDev,
+    IbPort,
+    Size,
+    Mtu,
+    RxDepth,
+    Iters,
+    Sl,
+    Events,
+    GidIdx,
+    Chk,
+    Odp,
+    Help,
+    Unsupported(usize),
+}
+
+#[derive(Debug)]
+struct Flag {
+    short: char,
+    long: &'static str,
+    takes_value: bool,
+    key: Key,
+}
+
+fn flags(tool: &Tool) -> Vec<Flag> {
+    let f = |short, long, takes_value, key| Flag {
+        short,
+        long,
+        takes_value,
+        key,
+    };
+    let mut v = vec![
+        f('p', "port", true, Key::Port),
+        f('d', "ib-dev", true, Key::IbDev),
+        f('i', "ib-port", true, Key::IbPort),
+        f('s', "size", true, Key::Size),
+        f('r', "rx-depth", true, Key::RxDepth),
+        f('n', "iters", true, Key::Iters),
+        f('l', "sl", true, Key::Sl),
+        f('e', "events", false, Key::Events),
+        f('g', "gid-idx", true, Key::GidIdx),
+        f('c', "chk", false, Key::Chk),
+        f('h', "help", false, Key::Help),
+    ];
+    if tool.has_mtu {
+        v.push(f('m', "mtu", true, Key::Mtu));
+    }
+    if tool.has_odp {
+        v.push(f('o', "odp", false, Key::Odp));
+    }
+    for (i, u) in tool.unsupported.iter().enumerate() {
+        v.push(f(u.short, u.long, false, Key::Unsupported(i)));
+    }
+    v
+}
+
+/// The help text.
+pub fn usage(tool: &Tool) -> String {
+    let mut s = format!(
+        "Usage:\n  {n} [options]          be the server: wait for a client\n  \
+         {n} [options] <host>   be the client of the server on <host>\n\n\
+         Speaks the handshake of rdma-core's {t}, so either side may be the C tool.\n\n\
+         Options:\n",
+        n = tool.name,
+        t = tool.twin
+    );
+    let mut line = |flags: &str, text: &str| s.push_str(&format!("  {flags:<26}{text}\n"));
+    line(
+        "-p, --port=<port>",
+        &format!("TCP port of the handshake (default {DEFAULT_TCP_PORT})"),
+    );
+    line("-d, --ib-dev=<dev>", "RDMA device (default: the first one)");
+    line("-i, --ib-port=<port>", "port of the device (default 1)");
+    line(
+        "-s, --size=<bytes>",
+        &format!("bytes per message (default {})", tool.default_size),
+    );
+    if tool.has_mtu {
+        line(
+            "-m, --mtu=<bytes>",
+            "path MTU: 256, 512, 1024, 2048 or 4096 (default: the port's active MTU)",
+        );
+    }
+    line("-r, --rx-depth=<n>", "receives kept posted (default 500)");
+    line("-n, --iters=<n>", "messages each way (default 1000)");
+    line("-l, --sl=<sl>", "service level, 0 to 15 (default 0)");
+    line(
+        "-e, --events",
+        "sleep on a completion channel instead of busy polling",
+    );
+    line(
+        "-g, --gid-idx=<index>",
+        "local GID index, needed on RoCE (default: none)",
+    );
+    line(
+        "-c, --chk",
+        "check the contents of every message received (the pattern of the C tool)",
+    );
+    if tool.has_odp {
+        line("-o, --odp", "register the buffers with on-demand paging");
+    }
+    line("-h, --help", "print this text");
+    for u in tool.unsupported {
+        line(
+            &format!("-{}, --{}", u.short, u.long),
+            &format!("not supported: {}", u.why),
+        );
+    }
+    s
+}
+
+/// Why the command line was not accepted.
+#[derive(Debug)]
+pub enum ArgError {
+    /// `-h`/`--help`.
+    Help,
+    /// A bad flag or value, with what was wrong.
+    Bad(String),
+}
+
+/// Parses a number as C's `strtoul(s, NULL, 0)` would accept it: decimal,
+/// `0x` hexadecimal or `0` octal; unlike `strtoul`, trailing junk is an error.
+fn parse_c_number(s: &str) -> Option<u64> {
+    let s = s.trim();
+    if let Some(hex) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        u64::from_str_radix(hex, 16).ok()
+    } else if s.len() > 1 && s.starts_with('0') {
+        u64::from_str_radix(&s[1..], 8).ok()
+    } else {
+        s.parse().ok()
+    }
+}
+
+fn number<T: TryFrom<u64>>(flag: &str, value: &str, range: &str) -> Result<T, ArgError> {
+    parse_c_number(value)
+        .and_then(|n| T::try_from(n).ok())
+        .ok_or_else(|| ArgError::Bad(format!("invalid value {value:?} for {flag}: {range}")))
+}
+
+fn apply(tool: &Tool, opts: &mut Opts, key: Key, name: &str, v: &str) -> Result<(), ArgError> {
+    match key {
+        Key::Port => opts.tcp_port = number(name, v, "expected a TCP port, 0 to 65535")?,
+        Key::IbDev => opts.ib_dev = Some(v.to_string()),
+        Key::IbPort => {
+            opts.ib_port = number(name, v, "expected a port number, 1 to 255")?;
+            if opts.ib_port == 0 {
+                return Err(ArgError::Bad(format!("{name}: ports are numbered from 1")));
+            }
+        }
+        Key::Size => {
+            opts.size = number(name, v, "expected a size in bytes")?;
+            if opts.size == 0 {
+                return Err(ArgError::Bad(format!(
+                    "{name}: the size must be at least 1"
+                )));
+            }
+        }
+        Key::Mtu => {
+            let bytes: u32 = number(name, v, "expected 256, 512, 1024, 2048 or 4096")?;
+            opts.mtu = Some(Mtu::from_bytes(bytes).ok_or_else(|| {
+                ArgError::Bad(format!(
+                    "invalid value {v:?} for {name}: expected 256, 512, 1024, 2048 or 4096"
+                ))
+            })?);
+        }
+        Key::RxDepth => {
+            opts.rx_depth = number(name, v, "expected a count")?;
+            if opts.rx_depth == 0 {
+                return Err(ArgError::Bad(format!(
+                    "{name}: at least one receive must be posted"
+                )));
+            }
+        }
+        Key::Iters => {
+            opts.iters = number(name, v, "expected a count")?;
+            if opts.iters == 0 {
+                return Err(ArgError::Bad(format!("{name}: at least one iteration")));
+            }
+        }
+        Key::Sl => {
+            opts.sl = number(name, v, "expected a service level, 0 to 15")?;
+            if opts.sl > 15 {
+                return Err(ArgError::Bad(format!(
+                    "invalid value {v:?} for {name}: expected a service level, 0 to 15"
+                )));
+            }
+        }
+        Key::GidIdx => {
+            // As in the C tools, a negative index means "no GID".
+            opts.gid_idx = if v.trim().starts_with('-') {
+                None
+            } else {
+                Some(number(name, v, "expected a GID table index")?)
+            };
+        }
+        Key::Events => opts.events = true,
+        Key::Chk => opts.chk = true,
+        Key::Odp => opts.odp = true,
+        Key::Help => return Err(ArgError::Help),
+        Key::Unsupported(i) => {
+            let u = &tool.unsupported[i];
+            return Err(ArgError::Bad(format!(
+                "-{}/--{} of {} is not supported by this port: {}",
+                u.short, u.long, tool.twin, u.why
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Parses `args` (without the program name) the way `getopt_long` does for
+/// the C tools: clustered short flags (`-ec`), attached or separate values
+/// (`-n50`, `-n 50`), `--long=value` or `--long value`, unique prefixes of
+/// long names, `--` to end the flags, and the host anywhere.
+///
+/// # Errors
+/// [`ArgError::Help`] for `-h`, [`ArgError::Bad`] for anything not accepted.
+pub fn parse_args(tool: &Tool, args: impl IntoIterator<Item = String>) -> Result<Opts, ArgError> {
+    let table = flags(tool);
+    let mut opts = Opts {
+        tcp_port: DEFAULT_TCP_PORT,
+        ib_dev: None,
+        ib_port: 1,
+        size: tool.default_size,
+        mtu: None,
+        rx_depth: 500,
+        iters: 1000,
+        sl: 0,
+        events: false,
+        gid_idx: None,
+        chk: false,
+        odp: false,
+        host: None,
+    };
+    let mut positional = Vec::new();
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        if arg == "--" {
+            positional.extend(args.by_ref());
+            break;
+        }
+        if let Some(long) = arg.strip_prefix("--") {
+            let (name, inline) = match long.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (long, None),
+            };
+            let exact = table.iter().find(|f| f.long == name);
+            let prefixed: Vec<&Flag> = table.iter().filter(|f| f.long.starts_with(name)).collect();
+            let flag = match (exact, prefixed.as_slice()) {
+                (Some(f), _) => f,
+                (None, [f]) if !name.is_empty() => *f,
+                (None, []) | (None, [_]) => {
+                    return Err(ArgError::Bad(format!("unrecognized option '--{name}'")))
+                }
+                (None, _) => return Err(ArgError::Bad(format!("option '--{name}' is ambiguous"))),
+            };
+            let shown = format!("--{}", flag.long);
+            let value = match (flag.takes_value, inline) {
+                (true, Some(v)) => v,
+                (true, None) => args.next().ok_or_else(|| {
+                    ArgError::Bad(format!("option '{shown}' requires an argument"))
+                })?,
+                (false, Some(_)) => {
+                    return Err(ArgError::Bad(format!(
+                        "option '{shown}' doesn't allow an argument"
+                    )))
+                }
+                (false, None) => String::new(),
+            };
+            apply(tool, &mut opts, flag.key, &shown, &value)?;
+        } else if let Some(cluster) = arg.strip_prefix('-').filter(|c| !c.is_empty()) {
+            for (at, c) in cluster.char_indices() {
+                let flag = table
+                    .iter()
+                    .find(|f| f.short == c)
+                    .ok_or_else(|| ArgError::Bad(format!("invalid option -- '{c}'")))?;
+                let shown = format!("-{c}");
+                if flag.takes_value {
+                    let rest = &cluster[at + c.len_utf8()..];
+                    let value = if rest.is_empty() {
+                        args.next().ok_or_else(|| {
+                            ArgError::Bad(format!("option requires an argument -- '{c}'"))
+                        })?
+                    } else {
+                        rest.to_string()
+                    };
+                    apply(tool, &mut opts, flag.key, &shown, &value)?;
+                    break;
+                }
+                apply(tool, &mut opts, flag.key, &shown, "")?;
+            }
+        } else {
+            positional.push(arg);
+        }
+    }
+    match positional.len() {
+        0 => {}
+        1 => opts.host = positional.pop(),
+        _ => {
+            return Err(ArgError::Bad(format!(
+                "one server host at most, got {}",
+                positional.join(" ")
+            )))
+        }
+    }
+    Ok(opts)
+}
+
+/// Parses the command line and runs `run`; prints errors as `NAME: message`.
+/// Exit status: 0 on success, 1 on any failure (as the C tools).
+pub fn main(tool: &Tool, run: impl FnOnce(&Opts) -> Res<()>) -> ExitCode {
+    let opts = match parse_args(tool, std::env::args().skip(1)) {
+        Ok(o) => o,
+        Err(ArgError::Help) => {
+            print!("{}", usage(tool));
+            return ExitCode::SUCCESS;
+        }
+        Err(ArgError::Bad(msg)) => {
+            eprintln!("{}: {msg}", tool.name);
+            eprint!("{}", usage(tool));
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(&opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("{}: {msg}", tool.name);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Device
+
+/// Opens `-d` (or the first device) and queries `-i`.
+///
+/// # Errors
+/// No such device, no device at all, or no such port, said plainly.
+pub fn open_device(opts: &Opts) -> Res<(Context, PortAttr)> {
+    let ctx = match &opts.ib_dev {
+        Some(name) => Context::open(name).map_err(|e| e.to_string())?,
+        None => {
+            let devices = rdma::devices().or_fail("Failed to get the RDMA device list")?;
+            let first = devices.first().ok_or("No RDMA devices found")?;
+            first
+                .open()
+                .or_fail(&format!("Couldn't open {}", first.name()))?
+        }
+    };
+    let port = ctx
+        .query_port(u32::from(opts.ib_port))
+        .or_fail("Couldn't get port info")?;
+    Ok((ctx, port))
+}
+
+/// The page size, which the `-c` pattern is laid out on.
+pub fn page_size() -> usize {
+    // The safe crate has no page-size query (its own is private).
+    // SAFETY: sysconf has no preconditions and touches no memory of ours.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+}
+
+// ---------------------------------------------------------------------------
+// Handshake
+
+/// The size of a handshake message: `"0000:000000:000000:"`, 32 GID digits,
+/// and a NUL, as the C tools' `sizeof` of their template string.
+pub const MSG_LEN: usize = 52;
+
+/// One side's address, as exchanged in the handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dest {
+    /// LID (0 on RoCE).
+    pub lid: u16,
+    /// QP number (24 bits).
+    pub qpn: u32,
+    /// Initial packet sequence number (24 bits).
+    pub psn: u32,
+    /// GID (all zero when no `-g` was given).
+    pub gid: Gid,
+}
+
+/// The GID as the C tools put it on the wire: 32 lower-case hex digits of the
+/// 16 bytes in order (pingpong.c's `gid_to_wire_gid` prints each 4-byte group
+/// converted to network order, which is the same thing).
+pub fn gid_to_wire(gid: &Gid) -> String {
+    gid.raw().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The inverse of [`gid_to_wire`].
+///
+/// # Errors
+/// Anything but 32 hex digits.
+pub fn gid_from_wire(s: &str) -> Res<Gid> {
+    if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("bad GID {s:?}: expected 32 hex digits"));
+    }
+    let mut raw = [0u8; 16];
+    for (i, byte) in raw.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+    }
+    Ok(Gid::from_raw(raw))
+}
+
+impl Dest {
+    /// The 52-byte handshake message.
+    pub fn to_wire(self) -> [u8; MSG_LEN] {
+        let text = format!(
+            "{:04x}:{:06x}:{:06x}:{}",
+            self.lid,
+            self.qpn,
+            self.psn,
+            gid_to_wire(&self.gid)
+        );
+        let mut msg = [0u8; MSG_LEN];
+        msg[..text.len()].copy_from_slice(text.as_bytes());
+        msg
+    }
+
+    /// Parses a handshake message.
+    ///
+    /// # Errors
+    /// A message that is not `lid:qpn:psn:gid` in hex.
+    pub fn from_wire(msg: &[u8]) -> Res<Dest> {
+        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
+        let text = std::str::from_utf8(&msg[..end])
+            .map_err(|_| "the peer's address is not text".to_string())?;
+        let bad = |why: &str| format!("bad address from the peer ({why}): {text:?}");
+        let fields: Vec<&str> = text.split(':').collect();
+        let [lid, qpn, psn, gid] = fields[..] else {
+            return Err(bad("expected lid:qpn:psn:gid"));
+        };
+        let hex = |s: &str, max: u32, what: &str| {
+            u32::from_str_radix(s, 16)
+                .ok()
+                .filter(|&v| v <= max)
+                .ok_or_else(|| bad(what))
+        };
+        Ok(Dest {
+            lid: hex(lid, 0xffff, "LID")? as u16,
+            qpn: hex(qpn, 0xff_ffff, "QPN")?,
+            psn: hex(psn, 0xff_ffff, "PSN")?,
+            gid: gid_from_wire(gid).map_err(|e| bad(&e))?,
+        })
+    }
+
+    /// Prints the address line the C tools print (`label` is `local` or `remote`).
+    pub fn print(&self, label: &str) {
+        let label = format!("{label} address:");
+        println!(
+            "  {label:<16}LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+            self.lid,
+            self.qpn,
+            self.psn,
+            Ipv6Addr::from(self.gid.raw())
+        );
+    }
+}
+
+/// A random 24-bit PSN (std's hasher keys are random per process).
+pub fn random_psn() -> u32 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    (h.finish() as u32) & 0xff_ffff
+}
+
+/// This side's address: the port's LID, the `-g` GID, a random PSN.
+///
+/// # Errors
+/// InfiniBand without a LID (`check_lid`), or a GID index that cannot be read.
+pub fn local_dest(
+    ctx: &Context,
+    port: &PortAttr,
+    opts: &Opts,
+    qpn: u32,
+    check_lid: bool,
+) -> Res<Dest> {
+    if check_lid && port.link_layer != LinkLayer::Ethernet && port.lid == 0 {
+        return Err("Couldn't get local LID (is the subnet manager running?)".into());
+    }
+    let gid = match opts.gid_idx {
+        Some(i) => ctx
+            .query_gid(u32::from(opts.ib_port), i)
+            .or_fail(&format!("can't read sgid of index {i}"))?,
+        None => Gid::default(),
+    };
+    Ok(Dest {
+        lid: port.lid,
+        qpn,
+        psn: random_psn(),
+        gid,
+    })
+}
+
+/// The address vector towards `peer`: by LID, plus a GRH from `-g` when the
+/// peer sent a GID (RoCE always does), as the C tools decide it.
+///
+/// # Errors
+/// The peer sent a GID but this side has no `-g`.
+pub fn peer_ah(opts: &Opts, peer: &Dest) -> Res<AhAttr> {
+    let mut ah = AhAttr::local(opts.ib_port, peer.lid);
+    ah.sl = opts.sl;
+    if peer.gid.interface_id() != 0 {
+        let index = opts.gid_idx.ok_or_else(|| {
+            format!(
+                "the peer sent GID {}, so this side needs a local GID index: pass -g",
+                Ipv6Addr::from(peer.gid.raw())
+            )
+        })?;
+        let sgid_index = u8::try_from(index)
+            .map_err(|_| format!("GID index {index} does not fit an address vector"))?;
+        ah.grh = Some(GlobalRoute {
+            dgid: peer.gid,
+            flow_label: 0,
+            sgid_index,
+            hop_limit: 1,
+            traffic_class: 0,
+        });
+    }
+    Ok(ah)
+}
+
+fn listen(port: u16) -> Res<TcpListener> {
+    // Like getaddrinfo(NULL, AI_PASSIVE): the IPv6 wildcard (dual stack on
+    // Linux) and, where IPv6 is off, the IPv4 one. std sets SO_REUSEADDR.
+    TcpListener::bind((Ipv6Addr::UNSPECIFIED, port))
+        .or_else(|_| TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)))
+        .or_fail(&format!("Couldn't listen to port {port}"))
+}
+
+/// The server's half: waits for one client, reads its address, runs
+/// `connect` with it (RTR/RTS), then answers with `me`.
+///
+/// # Errors
+/// Socket errors, a malformed message, or `connect`'s error.
+pub fn server_exchange(port: u16, me: &Dest, connect: impl FnOnce(&Dest) -> Res<()>) -> Res<Dest> {
+    let listener = listen(port)?;
+    let (mut sock, _) = listener.accept().or_fail("accept() failed")?;
+    drop(listener);
+    let mut msg = [0u8; MSG_LEN];
+    sock.read_exact(&mut msg)
+        .or_fail("Couldn't read remote address")?;
+    let peer = Dest::from_wire(&msg)?;
+    connect(&peer).map_err(|e| format!("Couldn't connect to remote QP: {e}"))?;
+    sock.write_all(&me.to_wire())
+        .or_fail("Couldn't send local address")?;
+    let mut done = [0u8; 5];
+    sock.read_exact(&mut done)
+        .or_fail("Couldn't read the client's \"done\"")?;
+    if &done != b"done\0" {
+        return Err(format!("expected \"done\" from the client, got {done:?}"));
+    }
+    Ok(peer)
+}
+
+/// The client's half: connects to `host:port`, sends `me`, reads the
+/// server's address and says `"done"`.
+///
+/// # Errors
+/// Name resolution, connection and socket errors; a malformed message.
+pub fn client_exchange(host: &str, port: u16, me: &Dest) -> Res<Dest> {
+    let addrs = (host, port)
+        .to_socket_addrs()
+        .or_fail(&format!("Couldn't resolve {host}:{port}"))?;
+    let mut last = None;
+    let mut sock = None;
+    for addr in addrs {
+        match TcpStream::connect(addr) {
+            Ok(s) => {
+                sock = Some(s);
+                break;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    let mut sock = sock.ok_or_else(|| match last {
+        Some(e) => format!("Couldn't connect to {host}:{port}: {e}"),
+        None => format!("Couldn't connect to {host}:{port}: no address"),
+    })?;
+    sock.write_all(&me.to_wire())
+        .or_fail("Couldn't send local address")?;
+    let mut msg = [0u8; MSG_LEN];
+    sock.read_exact(&mut msg)
+        .or_fail("Couldn't read remote address")?;
+    sock.write_all(b"done\0")
+        .or_fail("Couldn't send \"done\"")?;
+    Dest::from_wire(&msg)
+}
+
+/// Runs the handshake for the side `opts` says, connecting the QP with
+/// `connect`: the server inside the exchange, the client right after it.
+///
+/// # Errors
+/// As [`server_exchange`] and [`client_exchange`].
+pub fn exchange(opts: &Opts, me: &Dest, connect: impl FnOnce(&Dest) -> Res<()>) -> Res<Dest> {
+    match &opts.host {
+        Some(host) => {
+            let peer = client_exchange(host, opts.tcp_port, me)?;
+            connect(&peer)?;
+            Ok(peer)
+        }
+        None => server_exchange(opts.tcp_port, me, connect),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Traffic
+
+/// The bytes every message carries. With `-c`: 0x7b with a 0 at the start of
+/// every page, which is what the C tools' client writes (their check looks at
+/// the first byte of each page); without: 0x7b, the C tools' fill byte.
+pub fn message_pattern(len: usize, chk: bool, page: usize) -> Res<Vec<u8>> {
+    let mut v = filled(len, 0x7b)?;
+    if chk {
+        v.iter_mut().step_by(page.max(1)).for_each(|b| *b = 0);
+    }
+    Ok(v)
+}
+
+/// `len` bytes of `byte`, failing (instead of aborting) when memory is short.
+fn filled(len: usize, byte: u8) -> Res<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len)
+        .map_err(|_| format!("Couldn't allocate {len} bytes of buffers"))?;
+    v.resize(len, byte);
+    Ok(v)
+}
+
+#[derive(Debug)]
+enum SendBuf {
+    /// Copied into the work request at post time (`IBV_SEND_INLINE`).
+    Inline(Vec<u8>),
+    /// A registered buffer: `None` while the send is in flight.
+    Region(Option<MemoryRegion>),
+}
+
+#[derive(Debug)]
+struct BadMessage {
+    index: u32,
+    byte_len: u32,
+    pages: Vec<usize>,
+}
+
+/// The buffers and counters of a ping-pong run.
+#[derive(Debug)]
+pub struct Traffic {
+    size: usize,
+    /// Bytes before the payload in a receive buffer (the UD GRH).
+    headroom: usize,
+    rx_depth: u32,
+    /// Receive buffers not posted: each receive completion gives its buffer
+    /// back, and the refill posts them again.
+    free: Vec<MemoryRegion>,
+    /// Receives posted and not completed.
+    routs: u32,
+    send: SendBuf,
+    /// With `-c`: what every payload must be.
+    expect: Option<Vec<u8>>,
+    page: usize,
+    bad: Vec<BadMessage>,
+}
+
+impl Traffic {
+    /// Registers `rx_depth` receive buffers of `headroom + size` bytes (one
+    /// registration cut into pieces) and the send buffer (`inline`: none,
+    /// the data is copied at post time).
+    ///
+    /// # Errors
+    /// Allocation or registration failures.
+    pub fn new(
+        pd: &ProtectionDomain,
+        opts: &Opts,
+        headroom: usize,
+        access: AccessFlags,
+        inline: bool,
+    ) -> Res<Traffic> {
+        let page = page_size();
+        let data = message_pattern(opts.size, opts.chk, page)?;
+        let piece = opts.size + headroom;
+        let total = piece
+            .checked_mul(opts.rx_depth as usize)
+            .ok_or("the receive buffers (size × rx-depth) do not fit in memory")?;
+        let recv = pd
+            .reg_mr(filled(total, 0x7b)?, access | AccessFlags::LOCAL_WRITE)
+            .or_fail(&format!(
+                "Couldn't register {total} bytes of receive buffers"
+            ))?;
+        let free = recv
+            .chunks(piece)
+            .or_fail("Couldn't cut the receive buffers")?;
+        let send = if inline {
+            SendBuf::Inline(data.clone())
+        } else {
+            SendBuf::Region(Some(
+                pd.reg_mr(data.clone(), access)
+                    .or_fail("Couldn't register the send buffer")?,
+            ))
+        };
+        Ok(Traffic {
+            size: opts.size,
+            headroom,
+            rx_depth: opts.rx_depth,
+            free,
+            routs: 0,
+            send,
+            expect: opts.chk.then_some(data),
+            page,
+            bad: Vec::new(),
+        })
+    }
+
+    /// Posts receives until `rx_depth` are outstanding.
+    ///
+    /// # Errors
+    /// `Couldn't post receive (N)` when fewer than `rx_depth` are posted.
+    pub fn refill(&mut self, qp: &mut QueuePair) -> Res<()> {
+        let want = (self.rx_depth - self.routs) as usize;
+        let n = want.min(self.free.len());
+        let batch = self
+            .free
+            .split_off(self.free.len() - n)
+            .into_iter()
+            .map(|m| (RECV_WRID, WrBuffers::from(m)));
+        let mut error = None;
+        let mut posted = n as u32;
+        if let Err(e) = qp.post_recv_batch(batch) {
+            posted -= e.returned.len() as u32;
+            for (_, b) in e.returned {
+                self.free.extend(b.into_vec());
+            }
+            error = Some(e.error);
+        }
+        self.routs += posted;
+        if self.routs < self.rx_depth {
+            return Err(match error {
+                Some(e) => format!("Couldn't post receive ({}): {e}", self.routs),
+                None => format!(
+                    "Couldn't post receive ({}): only {} buffers are free",
+                    self.routs, n
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn post_send(&mut self, qp: &mut QueuePair, ud: Option<&UdDest>) -> Res<()> {
+        match &mut self.send {
+            SendBuf::Inline(data) => {
+                let mut wr = InlineSend::send(SEND_WRID, data);
+                if let Some(d) = ud {
+                    wr = wr.ud(&d.ah, d.remote_qpn, d.remote_qkey);
+                }
+                qp.post_send_inline(wr).or_fail("Couldn't post send")
+            }
+            SendBuf::Region(slot) => {
+                let mr = slot
+                    .take()
+                    .ok_or("Couldn't post send: the previous send has not completed")?;
+                let mut wr = SendWr::send(SEND_WRID, mr);
+                if let Some(d) = ud {
+                    wr = wr.ud(&d.ah, d.remote_qpn, d.remote_qkey);
+                }
+                qp.post_send(wr).map_err(|e| {
+                    *slot = e
+                        .returned
+                        .into_iter()
+                        .next()
+                        .and_then(|(_, b)| b.into_one());
+                    format!("Couldn't post send: {}", e.error)
+                })
+            }
+        }
+    }
+
+    fn check(&mut self, mr: &MemoryRegion, byte_len: u32, index: u32) -> Res<()> {
+        let Some(expect) = &self.expect else {
+            return Ok(());
+        };
+        let bytes = mr.as_slice().or_fail("Couldn't read a receive buffer")?;
+        let payload = &bytes[self.headroom..];
+        let len_ok = byte_len as usize == self.headroom + self.size;
+        if len_ok && payload == &expect[..] {
+            return Ok(());
+        }
+        let pages = payload
+            .chunks(self.page)
+            .zip(expect.chunks(self.page))
+            .enumerate()
+            .filter(|(_, (got, want))| got != want)
+            .map(|(i, _)| i)
+            .collect();
+        self.bad.push(BadMessage {
+            index,
+            byte_len,
+            pages,
+        });
+        Ok(())
+    }
+
+    /// Runs the ping-pong: `iters` sends and receives on this side, the client
+    /// (`opts.host`) sending first. With a channel, waits for events (the CQ
+    /// must have been armed before the peer could send), re-arms, then drains
+    /// the CQ; without, busy-polls. Returns the time from the first send on.
+    ///
+    /// # Errors
+    /// A failed completion, post or poll, as the C tools report them.
+    pub fn run(
+        &mut self,
+        qp: &mut QueuePair,
+        cq: &CompletionQueue,
+        channel: Option<&CompletionChannel>,
+        ud: Option<&UdDest>,
+        opts: &Opts,
+    ) -> Res<Duration> {
+        let iters = opts.iters;
+        let mut pending = RECV_WRID;
+        if opts.host.is_some() {
+            self.post_send(qp, ud)?;
+            pending |= SEND_WRID;
+        }
+        let start = Instant::now();
+        let (mut rcnt, mut scnt) = (0u32, 0u32);
+        let mut wcs = Vec::with_capacity(16);
+        while rcnt < iters || scnt < iters {
+            match channel {
+                Some(ch) => {
+                    let event = ch.get_event().or_fail("Failed to get cq_event")?;
+                    if event.cq().as_raw() != cq.as_raw() {
+                        return Err("CQ event for unknown CQ".into());
+                    }
+                    drop(event); // acknowledges it
+                    cq.req_notify(false)
+                        .or_fail("Couldn't request CQ notification")?;
+                    while cq.poll(&mut wcs, 16).or_fail("poll CQ failed")? > 0 {}
+                }
+                None => {
+                    while wcs.is_empty() {
+                        cq.poll(&mut wcs, 2).or_fail("poll CQ failed")?;
+                    }
+                }
+            }
+            for mut wc in wcs.drain(..) {
+                if wc.status != WcStatus::Success {
+                    return Err(format!(
+                        "Failed status {} ({}) for wr_id {}",
+                        wc.status,
+                        wc.status.to_raw(),
+                        wc.wr_id
+                    ));
+                }
+                match wc.wr_id {
+                    SEND_WRID => {
+                        scnt += 1;
+                        if let SendBuf::Region(slot) = &mut self.send {
+                            *slot =
+                                Some(wc.take_buffers().into_one().ok_or(
+                                    "the send buffer did not come back with its completion",
+                                )?);
+                        }
+                    }
+                    RECV_WRID => {
+                        let mr = wc
+                            .take_buffers()
+                            .into_one()
+                            .ok_or("a receive buffer did not come back with its completion")?;
+                        self.check(&mr, wc.byte_len, rcnt)?;
+                        self.free.push(mr);
+                        self.routs -= 1;
+                        if self.routs <= 1 {
+                            self.refill(qp)?;
+                        }
+                        rcnt += 1;
+                    }
+                    other => return Err(format!("Completion for unknown wr_id {other}")),
+                }
+                pending &= !wc.wr_id;
+                if scnt < iters && pending == 0 {
+                    self.post_send(qp, ud)?;
+                    pending = RECV_WRID | SEND_WRID;
+                }
+            }
+        }
+        Ok(start.elapsed())
+    }
+
+    /// Prints the C tools' two result lines and, with `-c`, what was wrong.
+    ///
+    /// # Errors
+    /// With `-c`, when any received message differed from the pattern.
+    pub fn report(&self, opts: &Opts, elapsed: Duration) -> Res<()> {
+        let usec = elapsed.as_secs_f64() * 1e6;
+        let bytes = opts.size as u64 * u64::from(opts.iters) * 2;
+        println!(
+            "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
+            usec / 1e6,
+            bytes as f64 * 8.0 / usec
+        );
+        println!(
+            "{} iters in {:.2} seconds = {:.2} usec/iter",
+            opts.iters,
+            usec / 1e6,
+            usec / f64::from(opts.iters)
+        );
+        let Some(first) = self.bad.first() else {
+            return Ok(());
+        };
+        for page in &first.pages {
+            println!("invalid data in page {page}");
+        }
+        Err(format!(
+            "{} of {} messages received had invalid data (the first: message {}, {} bytes \
+             received, {} expected)",
+            self.bad.len(),
+            opts.iters,
+            first.index,
+            first.byte_len,
+            self.headroom + self.size
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RC: Tool = Tool {
+        name: "rc_pingpong",
+        twin: "ibv_rc_pingpong",
+        default_size: 4096,
+        has_mtu: true,
+        has_odp: true,
+        unsupported: &[Unsupported {
+            short: 't',
+            long: "ts",
+            why: "no extended CQ",
+        }],
+    };
+
+    fn parse(args: &[&str]) -> Result<Opts, ArgError> {
+        parse_args(&RC, args.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn wire_format_matches_the_c_tools() {
+        // What ibv_rc_pingpong sends for QPN 0x11, PSN 0x4c5d1e, GID ::ffff:10.8.0.1.
+        let c = b"0000:000011:4c5d1e:00000000000000000000ffff0a080001\0";
+        assert_eq!(c.len(), MSG_LEN);
+        let d = Dest::from_wire(c).unwrap();
+        assert_eq!((d.lid, d.qpn, d.psn), (0, 0x11, 0x4c_5d1e));
+        assert_eq!(d.gid, Gid::from(Ipv4Addr::new(10, 8, 0, 1)));
+        assert_eq!(&d.to_wire(), c);
+        assert!(Dest::from_wire(b"0000:000011:4c5d1e:0000\0").is_err());
+        assert!(Dest::from_wire(b"zz:1:2:00000000000000000000ffff0a080001\0").is_err());
+    }
+
+    #[test]
+    fn flags_parse_like_getopt_long() {
+        let o = parse(&["-n50", "-ec", "--size=64", "--rx", "8", "-g", "1", "host"]).unwrap();
+        assert_eq!(
+            (o.iters, o.size, o.rx_depth, o.gid_idx),
+            (50, 64, 8, Some(1))
+        );
+        assert!(o.events && o.chk);
+        assert_eq!(o.host.as_deref(), Some("host"));
+        let o = parse(&["-p", "0x4853", "-m", "2048", "-g", "-1"]).unwrap();
+        assert_eq!(
+            (o.tcp_port, o.mtu, o.gid_idx),
+            (0x4853, Some(Mtu::Mtu2048), None)
+        );
+        for bad in [
+            &["-x"][..],
+            &["--bogus"],
+            &["-m", "1000"],
+            &["-p", "70000"],
+            &["-n"],
+            &["-s", "0"],
+            &["a", "b"],
+            &["-t"],
+            &["--e=1"],
+        ] {
+            assert!(matches!(parse(bad), Err(ArgError::Bad(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn chk_pattern_marks_page_starts() {
+        let p = message_pattern(10, true, 4).unwrap();
+        assert_eq!(p, [0, 0x7b, 0x7b, 0x7b, 0, 0x7b, 0x7b, 0x7b, 0, 0x7b]);
+        assert!(message_pattern(5, false, 4)
+            .unwrap()
+            .iter()
+            .all(|&b| b == 0x7b));
+    }
+}

@@ -1,0 +1,136 @@
+//! Ping-pong over a reliable connected (RC) queue pair: a port of rdma-core's
+//! `ibv_rc_pingpong` that speaks its handshake, so either side can be the C
+//! tool.
+//!
+//! ```text
+//! rc_pingpong [-d DEV] [-g GID-INDEX] [options]          # server
+//! rc_pingpong [-d DEV] [-g GID-INDEX] [options] HOST     # client
+//! ```
+//! Run with `--help` for the options. On RoCE (e.g. soft-RoCE `rxe0`) both
+//! sides need `-g` with a GID index of the port.
+//!
+//! Unlike the C tool, whose receives all land in one buffer, every receive
+//! here owns its buffer: the memory moves into the work request and comes
+//! back with its completion (`rdma`'s safe post path).
+
+mod pingpong;
+
+use std::process::ExitCode;
+
+use pingpong::{Dest, Opts, OrFail, Res, Tool, Traffic, Unsupported};
+use rdma::ffi;
+use rdma::{AccessFlags, Context, InitAttr, QpType, RtrAttr, RtsAttr};
+
+const TOOL: Tool = Tool {
+    name: "rc_pingpong",
+    twin: "ibv_rc_pingpong",
+    default_size: 4096,
+    has_mtu: true,
+    has_odp: true,
+    unsupported: &[
+        Unsupported {
+            short: 'O',
+            long: "iodp",
+            why: "implicit ODP registers the whole address space (ibv_reg_mr(NULL, SIZE_MAX)), \
+                  which the safe API cannot express",
+        },
+        Unsupported {
+            short: 'P',
+            long: "prefetch",
+            why: "ibv_advise_mr is not wrapped",
+        },
+        Unsupported {
+            short: 't',
+            long: "ts",
+            why: "completion timestamps need ibv_create_cq_ex, which is not wrapped",
+        },
+        Unsupported {
+            short: 'j',
+            long: "dm",
+            why: "device memory (ibv_alloc_dm) is not wrapped",
+        },
+        Unsupported {
+            short: 'N',
+            long: "new_send",
+            why: "the ibv_qp_ex work request API is not wrapped",
+        },
+    ],
+};
+
+fn main() -> ExitCode {
+    pingpong::main(&TOOL, run)
+}
+
+/// `-o`: the device must page RC sends and receives on demand.
+fn odp_access(ctx: &Context) -> Res<AccessFlags> {
+    let attr = ctx
+        .query_device()
+        .or_fail("Couldn't query device for its features")?;
+    let rc = attr.as_raw().odp_caps.per_transport_caps.rc_odp_caps;
+    let need = ffi::IBV_ODP_SUPPORT_SEND | ffi::IBV_ODP_SUPPORT_RECV;
+    if attr.odp_general_caps() & u64::from(ffi::IBV_ODP_SUPPORT) == 0 || rc & need != need {
+        return Err(format!(
+            "{} does not support on-demand paging of RC sends and receives",
+            ctx.name()
+        ));
+    }
+    Ok(AccessFlags::ON_DEMAND)
+}
+
+fn run(opts: &Opts) -> Res<()> {
+    let (ctx, port) = pingpong::open_device(opts)?;
+    let access = if opts.odp {
+        odp_access(&ctx)?
+    } else {
+        AccessFlags::empty()
+    };
+    let channel = if opts.events {
+        Some(
+            ctx.create_comp_channel()
+                .or_fail("Couldn't create completion channel")?,
+        )
+    } else {
+        None
+    };
+    let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
+    let cq = ctx
+        .create_cq(opts.rx_depth + 1, channel.as_ref(), 0)
+        .or_fail("Couldn't create CQ")?;
+    // One send in flight at a time; rx_depth receives.
+    let mut qp = pd
+        .qp_builder(QpType::Rc, &cq, &cq)
+        .max_send_wr(1)
+        .max_recv_wr(opts.rx_depth)
+        .build()
+        .or_fail("Couldn't create QP")?;
+    // As the C tool: inline when the provider's inline limit allows it.
+    let inline = qp.caps().max_inline_data as usize >= opts.size;
+    let mut traffic = Traffic::new(&pd, opts, 0, access, inline)?;
+    // No remote access: the peer only SENDs.
+    qp.to_init(&InitAttr::new(opts.ib_port))
+        .or_fail("Failed to modify QP to INIT")?;
+    traffic.refill(&mut qp)?;
+    if channel.is_some() {
+        // Armed before the peer learns our address, so no completion is missed.
+        cq.req_notify(false)
+            .or_fail("Couldn't request CQ notification")?;
+    }
+
+    let me = pingpong::local_dest(&ctx, &port, opts, qp.qp_num(), true)?;
+    me.print("local");
+    let mtu = opts.mtu.unwrap_or(port.active_mtu);
+    let connect = |peer: &Dest| -> Res<()> {
+        let ah = pingpong::peer_ah(opts, peer)?;
+        // Defaults of the C tool: 1 outstanding READ/atomic, RNR timer 12;
+        // timeout 14, 7 retries, 7 RNR retries.
+        qp.to_rtr(Some(&RtrAttr::new(ah, mtu, peer.qpn, peer.psn)))
+            .or_fail("Failed to modify QP to RTR")?;
+        qp.to_rts(&RtsAttr::new(me.psn))
+            .or_fail("Failed to modify QP to RTS")
+    };
+    let peer = pingpong::exchange(opts, &me, connect)?;
+    peer.print("remote");
+
+    let elapsed = traffic.run(&mut qp, &cq, channel.as_ref(), None, opts)?;
+    traffic.report(opts, elapsed)
+}

@@ -1,0 +1,79 @@
+//! Ping-pong over an unreliable connected (UC) queue pair: a port of
+//! rdma-core's `ibv_uc_pingpong` that speaks its handshake, so either side can
+//! be the C tool.
+//!
+//! ```text
+//! uc_pingpong [-d DEV] [-g GID-INDEX] [options]          # server
+//! uc_pingpong [-d DEV] [-g GID-INDEX] [options] HOST     # client
+//! ```
+//! Run with `--help` for the options. UC has no acknowledgements and no
+//! retries: a lost message stalls the run, as with the C tool.
+
+mod pingpong;
+
+use std::process::ExitCode;
+
+use pingpong::{Dest, Opts, OrFail, Res, Tool, Traffic};
+use rdma::{AccessFlags, InitAttr, QpType, RtrAttr, RtsAttr};
+
+const TOOL: Tool = Tool {
+    name: "uc_pingpong",
+    twin: "ibv_uc_pingpong",
+    default_size: 4096,
+    has_mtu: true,
+    has_odp: false,
+    unsupported: &[],
+};
+
+fn main() -> ExitCode {
+    pingpong::main(&TOOL, run)
+}
+
+fn run(opts: &Opts) -> Res<()> {
+    let (ctx, port) = pingpong::open_device(opts)?;
+    let channel = if opts.events {
+        Some(
+            ctx.create_comp_channel()
+                .or_fail("Couldn't create completion channel")?,
+        )
+    } else {
+        None
+    };
+    let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
+    let cq = ctx
+        .create_cq(opts.rx_depth + 1, channel.as_ref(), 0)
+        .or_fail("Couldn't create CQ")?;
+    let mut qp = pd
+        .qp_builder(QpType::Uc, &cq, &cq)
+        .max_send_wr(1)
+        .max_recv_wr(opts.rx_depth)
+        .build()
+        .or_fail("Couldn't create QP")?;
+    let inline = qp.caps().max_inline_data as usize >= opts.size;
+    let mut traffic = Traffic::new(&pd, opts, 0, AccessFlags::empty(), inline)?;
+    qp.to_init(&InitAttr::new(opts.ib_port))
+        .or_fail("Failed to modify QP to INIT")?;
+    traffic.refill(&mut qp)?;
+    if channel.is_some() {
+        cq.req_notify(false)
+            .or_fail("Couldn't request CQ notification")?;
+    }
+
+    let me = pingpong::local_dest(&ctx, &port, opts, qp.qp_num(), true)?;
+    me.print("local");
+    let mtu = opts.mtu.unwrap_or(port.active_mtu);
+    let connect = |peer: &Dest| -> Res<()> {
+        // UC takes the address, MTU, peer QPN and PSN to reach RTR and only
+        // the send PSN for RTS (no acknowledgements, so no timeouts).
+        let ah = pingpong::peer_ah(opts, peer)?;
+        qp.to_rtr(Some(&RtrAttr::new(ah, mtu, peer.qpn, peer.psn)))
+            .or_fail("Failed to modify QP to RTR")?;
+        qp.to_rts(&RtsAttr::new(me.psn))
+            .or_fail("Failed to modify QP to RTS")
+    };
+    let peer = pingpong::exchange(opts, &me, connect)?;
+    peer.print("remote");
+
+    let elapsed = traffic.run(&mut qp, &cq, channel.as_ref(), None, opts)?;
+    traffic.report(opts, elapsed)
+}
