@@ -197,6 +197,12 @@ impl fmt::Debug for CompletionChannel {
 
 pub(crate) struct CqInner {
     cq: NonNull<ffi::ibv_cq>,
+    /// The extended view, for CQs made with `create_cq_ex`.
+    ex: Option<NonNull<ffi::ibv_cq_ex>>,
+    /// `wc_flags` the extended CQ was created with.
+    ex_flags: u64,
+    /// Held by an open [`PollCursor`]: one start/next/end sequence at a time.
+    poll_lock: Mutex<()>,
     pub(crate) registry: Registry,
     // Dropped after the CQ is destroyed (field order).
     channel: Option<CompletionChannel>,
@@ -266,8 +272,21 @@ impl Context {
             || format!("{} cqe {cqe} comp_vector {comp_vector}", self.name()).into(),
             cq,
         )?;
+        Ok(self.wrap_cq(cq, None, 0, channel))
+    }
+
+    fn wrap_cq(
+        &self,
+        cq: NonNull<ffi::ibv_cq>,
+        ex: Option<NonNull<ffi::ibv_cq_ex>>,
+        ex_flags: u64,
+        channel: Option<&CompletionChannel>,
+    ) -> CompletionQueue {
         let inner = Arc::new(CqInner {
             cq,
+            ex,
+            ex_flags,
+            poll_lock: Mutex::new(()),
             registry: Registry::default(),
             channel: channel.cloned(),
             ctx: self.clone(),
@@ -279,7 +298,62 @@ impl Context {
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(cq.as_ptr() as usize, Arc::downgrade(&inner));
         }
-        Ok(CompletionQueue { inner })
+        CompletionQueue { inner }
+    }
+
+    /// Creates an extended completion queue (`ibv_create_cq_ex(3)`), polled
+    /// with [`CompletionQueue::start_poll`] (or [`CompletionQueue::poll`]).
+    /// The standard fields are always available; `timestamps` adds the
+    /// completion timestamp where the device has one.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the provider has no extended CQs (siw);
+    /// otherwise as [`Context::create_cq`].
+    pub fn create_cq_ex(
+        &self,
+        cqe: u32,
+        channel: Option<&CompletionChannel>,
+        comp_vector: u32,
+        timestamps: bool,
+    ) -> Result<CompletionQueue> {
+        let max = self.query_device()?.max_cqe();
+        if cqe == 0 || cqe > max {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_create_cq_ex",
+                reason: format!("cqe {cqe} is outside 1..={max} (the device's max_cqe)"),
+            });
+        }
+        let mut wc_flags = u64::from(ffi::IBV_WC_STANDARD_FLAGS);
+        if timestamps {
+            wc_flags |= u64::from(ffi::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP);
+        }
+        let mut attr = ffi::ibv_cq_init_attr_ex {
+            cqe,
+            channel: channel.map_or(std::ptr::null_mut(), CompletionChannel::as_raw),
+            comp_vector,
+            wc_flags,
+            ..Default::default()
+        };
+        // SAFETY: valid context and attribute struct; the channel is kept
+        // alive by the CQ.
+        let cq = unsafe { ffi::ibv_create_cq_ex(self.as_raw(), &mut attr) };
+        let cq = check_ptr(
+            "ibv_create_cq_ex",
+            || format!("{} cqe {cqe} wc_flags {wc_flags:#x}", self.name()).into(),
+            cq,
+        )
+        .map_err(|e| match e.errno() {
+            Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Error::Unsupported {
+                what: "extended completion queues".into(),
+                device: self.name().to_string(),
+                source: e.errno().map(std::io::Error::from_raw_os_error),
+            },
+            _ => e,
+        })?;
+        // SAFETY: `cq` is a live extended CQ.
+        let base = unsafe { ffi::ibv_cq_ex_to_cq(cq.as_ptr()) };
+        let base = NonNull::new(base).expect("ibv_cq_ex_to_cq of a live CQ");
+        Ok(self.wrap_cq(base, Some(cq), wc_flags, channel))
     }
 }
 
@@ -310,6 +384,16 @@ impl CompletionQueue {
     /// # Errors
     /// [`Error::Verb`] naming `ibv_poll_cq` (a CQ overrun).
     pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
+        // An extended CQ must not be polled while a cursor is open on it.
+        let _guard = match self.inner.ex {
+            Some(_) => Some(
+                self.inner
+                    .poll_lock
+                    .try_lock()
+                    .map_err(|_| self.cursor_open())?,
+            ),
+            None => None,
+        };
         let mut total = 0;
         let mut wcs = [ffi::ibv_wc::default(); POLL_BATCH];
         while total < max {
@@ -339,6 +423,71 @@ impl CompletionQueue {
             }
         }
         Ok(total)
+    }
+
+    fn cursor_open(&self) -> Error {
+        Error::verb_errno(
+            "ibv_poll_cq",
+            "a poll cursor is open on this CQ (drop it first)",
+            libc::EBUSY,
+        )
+    }
+
+    /// True for CQs made with [`Context::create_cq_ex`].
+    pub fn is_extended(&self) -> bool {
+        self.inner.ex.is_some()
+    }
+
+    /// Starts an extended poll (`ibv_start_poll(3)`): `None` when the CQ is
+    /// empty, otherwise a cursor on the first completion. The cursor lends
+    /// each completion; [`PollCursor::next`] moves on, and dropping the
+    /// cursor ends the poll (`ibv_end_poll`).
+    ///
+    /// ```compile_fail
+    /// # fn f(cq: &rdma::CompletionQueue) -> rdma::Result<()> {
+    /// let mut cursor = cq.start_poll()?.unwrap();
+    /// let first = cursor.completion();
+    /// cursor.next()?; // the completion borrowed above would dangle
+    /// println!("{}", first.wr_id);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for a CQ not made with `create_cq_ex`;
+    /// `EBUSY` when another cursor is open on it; [`Error::Verb`] naming
+    /// `ibv_start_poll`.
+    pub fn start_poll(&self) -> Result<Option<PollCursor<'_>>> {
+        let Some(ex) = self.inner.ex else {
+            return Err(Error::Unsupported {
+                what: "ibv_start_poll on a CQ made with ibv_create_cq".into(),
+                device: self.inner.ctx.name().to_string(),
+                source: None,
+            });
+        };
+        let guard = self.inner.poll_lock.try_lock().map_err(|_| {
+            Error::verb_errno(
+                "ibv_start_poll",
+                "a poll cursor is already open on this CQ",
+                libc::EBUSY,
+            )
+        })?;
+        let mut attr = ffi::ibv_poll_cq_attr { comp_mask: 0 };
+        // SAFETY: live extended CQ; the lock makes this the only sequence.
+        let rc = unsafe { ffi::ibv_start_poll(ex.as_ptr(), &mut attr) };
+        match rc {
+            0 => {
+                let mut cursor = PollCursor {
+                    cq: self,
+                    ex,
+                    current: None,
+                    _guard: guard,
+                };
+                cursor.load();
+                Ok(Some(cursor))
+            }
+            libc::ENOENT => Ok(None),
+            rc => check_errno_ret("ibv_start_poll", || "".into(), rc).map(|()| None),
+        }
     }
 
     /// Polls one completion.
@@ -395,6 +544,108 @@ impl CompletionQueue {
             });
         }
         check_errno_ret("ibv_resize_cq", || format!("to {cqe} entries").into(), rc)
+    }
+}
+
+/// An open extended poll of a CQ (`ibv_start_poll` ... `ibv_end_poll`).
+/// See [`CompletionQueue::start_poll`].
+pub struct PollCursor<'cq> {
+    cq: &'cq CompletionQueue,
+    ex: NonNull<ffi::ibv_cq_ex>,
+    current: Option<Completion>,
+    _guard: std::sync::MutexGuard<'cq, ()>,
+}
+
+impl PollCursor<'_> {
+    /// Reads the current completion's fields and resolves its memory.
+    fn load(&mut self) {
+        let q = self.ex.as_ptr();
+        // SAFETY: the poll is open and positioned on a completion; the read
+        // functions are those of the flags the CQ was created with
+        // (IBV_WC_STANDARD_FLAGS).
+        let wc = unsafe {
+            let mut wc = ffi::ibv_wc {
+                wr_id: (*q).wr_id,
+                status: (*q).status,
+                opcode: ffi::ibv_wc_read_opcode(q),
+                vendor_err: ffi::ibv_wc_read_vendor_err(q),
+                byte_len: ffi::ibv_wc_read_byte_len(q),
+                qp_num: ffi::ibv_wc_read_qp_num(q),
+                src_qp: ffi::ibv_wc_read_src_qp(q),
+                wc_flags: ffi::ibv_wc_read_wc_flags(q),
+                slid: ffi::ibv_wc_read_slid(q) as u16,
+                sl: ffi::ibv_wc_read_sl(q),
+                dlid_path_bits: ffi::ibv_wc_read_dlid_path_bits(q),
+                ..Default::default()
+            };
+            if wc.wc_flags & ffi::IBV_WC_WITH_IMM != 0 {
+                wc.__bindgen_anon_1.imm_data = ffi::ibv_wc_read_imm_data(q);
+            } else if wc.wc_flags & ffi::IBV_WC_WITH_INV != 0 {
+                wc.__bindgen_anon_1.invalidated_rkey = ffi::ibv_wc_read_invalidated_rkey(q);
+            }
+            wc
+        };
+        let mut c = [Completion::from_raw(&wc)];
+        self.cq.inner.registry.resolve(&mut c);
+        let [c] = c;
+        self.current = Some(c);
+    }
+
+    /// The current completion.
+    pub fn completion(&self) -> &Completion {
+        self.current
+            .as_ref()
+            .expect("a cursor always has a current completion until taken")
+    }
+
+    /// Takes the current completion (with its memory) out of the cursor.
+    /// Calling it again before [`PollCursor::next`] returns `None`.
+    pub fn take(&mut self) -> Option<Completion> {
+        self.current.take()
+    }
+
+    /// The completion timestamp of the current completion, in device clock
+    /// ticks, when the CQ was created with timestamps.
+    pub fn completion_ts(&self) -> Option<u64> {
+        (self.cq.inner.ex_flags & u64::from(ffi::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) != 0)
+            // SAFETY: the CQ was created with the timestamp flag and the poll
+            // is positioned on a completion.
+            .then(|| unsafe { ffi::ibv_wc_read_completion_ts(self.ex.as_ptr()) })
+    }
+
+    /// Moves to the next completion (`ibv_next_poll(3)`): `false` when there
+    /// is none. A completion not taken is dropped, its memory with it.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_next_poll`.
+    #[allow(clippy::should_implement_trait)] // a lending cursor, not an Iterator
+    pub fn next(&mut self) -> Result<bool> {
+        self.current = None;
+        // SAFETY: the poll is open (started by start_poll, not yet ended).
+        let rc = unsafe { ffi::ibv_next_poll(self.ex.as_ptr()) };
+        match rc {
+            0 => {
+                self.load();
+                Ok(true)
+            }
+            libc::ENOENT => Ok(false),
+            rc => check_errno_ret("ibv_next_poll", || "".into(), rc).map(|()| false),
+        }
+    }
+}
+
+impl Drop for PollCursor<'_> {
+    fn drop(&mut self) {
+        // SAFETY: ends the poll started by start_poll, exactly once.
+        unsafe { ffi::ibv_end_poll(self.ex.as_ptr()) };
+    }
+}
+
+impl fmt::Debug for PollCursor<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PollCursor")
+            .field("current", &self.current)
+            .finish()
     }
 }
 

@@ -59,7 +59,7 @@ mod wr;
 pub use ah::{AddressHandle, AhAttr, GlobalRoute};
 pub use async_event::{AsyncEvent, AsyncEventElement, AsyncEventType, AsyncFd};
 pub use context::Context;
-pub use cq::{CompletionChannel, CompletionQueue, CqEvent};
+pub use cq::{CompletionChannel, CompletionQueue, CqEvent, PollCursor};
 pub use device::{device_by_name, devices, Device, Guid, NodeType, TransportType};
 pub use device_attr::{AtomicCap, DeviceAttr, DeviceCapFlags};
 pub use error::{Error, Result};

@@ -14,25 +14,19 @@ fn channel_pair() -> (common::Pair, rdma::CompletionChannel) {
         .create_cq(64, Some(&channel), 0)
         .expect("create_cq with channel");
     let pd = ctx.alloc_pd().unwrap();
-    let mut p = common::pair(QpType::Rc, AccessFlags::empty());
-    // Rebuild the pair on the channel's CQ and the same context.
     let a = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
     let b = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
-    let gid_index = p.gid_index;
-    let gid = ctx.query_gid(1, u32::from(gid_index)).unwrap();
-    let mtu = ctx.query_port(1).unwrap().active_mtu;
-    for (me, peer) in [(&a, &b), (&b, &a)] {
-        me.to_init(&rdma::InitAttr::new(1)).unwrap();
-        let ah = rdma::AhAttr::global(1, gid, gid_index);
-        me.to_rtr(Some(&rdma::RtrAttr::new(ah, mtu, peer.qp_num(), 0)))
-            .unwrap();
-        me.to_rts(&rdma::RtsAttr::new(0)).unwrap();
-    }
-    p.ctx = ctx;
-    p.pd = pd;
-    p.cq = cq;
-    p.a = a;
-    p.b = b;
+    let gid_index = common::gid_index() as u8;
+    common::connect(&ctx, &a, &b, gid_index);
+    common::connect(&ctx, &b, &a, gid_index);
+    let p = common::Pair {
+        ctx,
+        pd,
+        cq,
+        a,
+        b,
+        gid_index,
+    };
     (p, channel)
 }
 

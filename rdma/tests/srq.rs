@@ -7,16 +7,6 @@ use rdma::{AccessFlags, AsyncEventType, QpType, SendWr, SrqAttr};
 
 const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
 
-fn connect(ctx: &rdma::Context, me: &rdma::QueuePair, peer: &rdma::QueuePair, gid_index: u8) {
-    let gid = ctx.query_gid(1, u32::from(gid_index)).unwrap();
-    let mtu = ctx.query_port(1).unwrap().active_mtu;
-    me.to_init(&rdma::InitAttr::new(1)).unwrap();
-    let ah = rdma::AhAttr::global(1, gid, gid_index);
-    me.to_rtr(Some(&rdma::RtrAttr::new(ah, mtu, peer.qp_num(), 0)))
-        .unwrap();
-    me.to_rts(&rdma::RtsAttr::new(0)).unwrap();
-}
-
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn several_qps_share_one_receive_pool() {
@@ -46,8 +36,8 @@ fn several_qps_share_one_receive_pool() {
         .map(|_| pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap())
         .collect();
     for (r, s) in receivers.iter().zip(&senders) {
-        connect(&ctx, r, s, gid_index);
-        connect(&ctx, s, r, gid_index);
+        common::connect(&ctx, r, s, gid_index);
+        common::connect(&ctx, s, r, gid_index);
     }
     let bufs = pd.alloc_mr(12 * 128, LW).unwrap().chunks(128).unwrap();
     srq.post_recv_batch(
@@ -112,8 +102,8 @@ fn limit_reached_event() {
         .build()
         .unwrap();
     let mut s = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
-    connect(&ctx, &r, &s, gid_index);
-    connect(&ctx, &s, &r, gid_index);
+    common::connect(&ctx, &r, &s, gid_index);
+    common::connect(&ctx, &s, &r, gid_index);
     let bufs = pd.alloc_mr(8 * 64, LW).unwrap().chunks(64).unwrap();
     srq.post_recv_batch(
         bufs.into_iter()

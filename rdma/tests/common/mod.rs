@@ -148,6 +148,18 @@ pub fn pair_with(
     }
 }
 
+/// Connects RC/UC `me` to `peer` on port 1 of `ctx` (INIT → RTR → RTS),
+/// path MTU from the port's active MTU.
+pub fn connect(ctx: &Context, me: &rdma::QueuePair, peer: &rdma::QueuePair, gid_index: u8) {
+    let gid = ctx.query_gid(1, u32::from(gid_index)).unwrap();
+    let mtu = ctx.query_port(1).unwrap().active_mtu;
+    me.to_init(&rdma::InitAttr::new(1)).unwrap();
+    let ah = rdma::AhAttr::global(1, gid, gid_index);
+    me.to_rtr(Some(&rdma::RtrAttr::new(ah, mtu, peer.qp_num(), 0)))
+        .unwrap();
+    me.to_rts(&rdma::RtsAttr::new(0)).unwrap();
+}
+
 pub fn pair(qp_type: rdma::QpType, access: rdma::AccessFlags) -> Pair {
     pair_with(qp_type, access, |_| {})
 }
