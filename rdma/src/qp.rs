@@ -974,6 +974,24 @@ impl QueuePair {
     /// Posts one send request (`ibv_post_send(3)`). Its memory is held until
     /// its completion (or, if unsignaled, a later one) is polled.
     ///
+    /// The memory moves into the queue: it cannot be touched until the
+    /// completion gives it back.
+    ///
+    /// ```compile_fail
+    /// # fn f(qp: &mut rdma::QueuePair, mr: rdma::MemoryRegion) {
+    /// qp.post_send(rdma::SendWr::send(1, mr)).unwrap();
+    /// let _ = mr.as_slice(); // moved into the send queue
+    /// # }
+    /// ```
+    ///
+    /// Posting needs the QP exclusively:
+    ///
+    /// ```compile_fail
+    /// # fn f(qp: &rdma::QueuePair, mr: rdma::MemoryRegion) {
+    /// qp.post_send(rdma::SendWr::send(1, mr)).unwrap(); // needs &mut QueuePair
+    /// # }
+    /// ```
+    ///
     /// # Errors
     /// The error and the request's memory: [`Error::InvalidArgument`] for a
     /// request the QP cannot take (too many SGEs, wrong PD, misaligned
