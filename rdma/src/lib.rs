@@ -47,6 +47,7 @@ mod device_attr;
 mod error;
 mod gid;
 mod mr;
+mod mw;
 mod pd;
 mod port;
 mod qp;
@@ -65,6 +66,7 @@ pub use device_attr::{AtomicCap, DeviceAttr, DeviceCapFlags};
 pub use error::{Error, Result};
 pub use gid::{Gid, GidEntry, GidType};
 pub use mr::{AccessFlags, MemoryRegion, RemoteMemory};
+pub use mw::{MemoryWindow, MwType};
 pub use pd::ProtectionDomain;
 pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortState};
 pub use qp::{

@@ -306,6 +306,11 @@ impl MemoryRegion {
         }
     }
 
+    /// The registration, to keep it alive (memory windows bound to it).
+    pub(crate) fn registration(&self) -> Arc<MrInner> {
+        Arc::clone(&self.inner)
+    }
+
     pub(crate) fn same_registration(&self, other: &MemoryRegion) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use crate::ah::AhAttr;
 use crate::error::{check_errno_ret, check_ptr, Error, Result};
 use crate::macros::c_enum;
-use crate::mr::AccessFlags;
+use crate::mr::{AccessFlags, RemoteMemory};
 use crate::track::{self, Pending, Tracker};
 use crate::wc::WrBuffers;
 use crate::wr::{InlineSend, PostError, SendFlags, SendOp, SendWr, UdDest};
-use crate::{ffi, CompletionQueue, Mtu, ProtectionDomain};
+use crate::{ffi, CompletionQueue, MemoryRegion, Mtu, ProtectionDomain};
 
 c_enum! {
     /// `enum ibv_qp_type`.
@@ -253,6 +253,9 @@ impl QueuePairBuilder {
                     | ffi::IBV_QP_EX_WITH_RDMA_READ
                     | ffi::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
                     | ffi::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+                    | ffi::IBV_QP_EX_WITH_LOCAL_INV
+                    | ffi::IBV_QP_EX_WITH_BIND_MW
+                    | ffi::IBV_QP_EX_WITH_SEND_WITH_INV
             }
             QpType::Uc => {
                 ffi::IBV_QP_EX_WITH_SEND
@@ -933,6 +936,9 @@ impl QueuePair {
         if let Some(imm) = op.imm() {
             raw.__bindgen_anon_1.imm_data = imm.to_be();
         }
+        if let Some(rkey) = op.invalidate() {
+            raw.__bindgen_anon_1.invalidate_rkey = rkey;
+        }
         match *op {
             SendOp::Write(r) | SendOp::WriteWithImm(r, _) | SendOp::Read(r) => {
                 raw.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
@@ -960,7 +966,10 @@ impl QueuePair {
                     rkey: remote.rkey,
                 };
             }
-            SendOp::Send | SendOp::SendWithImm(_) => {}
+            SendOp::Send
+            | SendOp::SendWithImm(_)
+            | SendOp::SendWithInvalidate(_)
+            | SendOp::LocalInvalidate(_) => {}
         }
         if let Some(d) = ud {
             raw.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
@@ -1057,6 +1066,7 @@ impl QueuePair {
                 wr_id: w.wr_id,
                 buffers: w.buffers,
                 _ah: w.ud.map(|d| d.ah),
+                _mw: None,
             });
         }
         ring.next_seq = first_seq.wrapping_add(posted as u32);
@@ -1154,6 +1164,8 @@ impl QueuePair {
                 SendOp::FetchAdd { remote, add } => {
                     ffi::ibv_wr_atomic_fetch_add(q, remote.rkey, remote.addr, add)
                 }
+                SendOp::SendWithInvalidate(rkey) => ffi::ibv_wr_send_inv(q, rkey),
+                SendOp::LocalInvalidate(rkey) => ffi::ibv_wr_local_inv(q, rkey),
             }
             if let Some(d) = ud {
                 ffi::ibv_wr_set_ud_addr(q, d.ah.as_raw(), d.remote_qpn, d.remote_qkey);
@@ -1260,6 +1272,7 @@ impl QueuePair {
                 wr_id: wr.wr_id,
                 buffers: WrBuffers::None,
                 _ah: wr.ud.map(|d| d.ah),
+                _mw: None,
             });
             ring.next_seq = seq.wrapping_add(1);
         }
@@ -1364,6 +1377,7 @@ impl QueuePair {
                 wr_id,
                 buffers,
                 _ah: None,
+                _mw: None,
             });
         }
         ring.next_seq = first_seq.wrapping_add(posted as u32);
@@ -1381,6 +1395,109 @@ impl QueuePair {
         Err(PostError {
             error,
             returned: unposted,
+        })
+    }
+
+    /// Binds `mw` to `offset..offset + len` of `mr` with `access`, and returns
+    /// what a peer needs to use the window. Type 1 windows use
+    /// `ibv_bind_mw(3)`; type 2 windows post an `IBV_WR_BIND_MW` request with
+    /// the next rkey (`ibv_inc_rkey`). Either way a completion with `wr_id`
+    /// follows (opcode `BindMw`); the window and the region's registration
+    /// stay alive until then, and the registration for as long as the window
+    /// is bound.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `mr` lacks `MW_BIND`, the range does not
+    /// fit, or the PDs differ; [`Error::Verb`] naming `ibv_bind_mw` or
+    /// `ibv_post_send`.
+    pub fn bind_mw(
+        &mut self,
+        wr_id: u64,
+        mw: &mut crate::MemoryWindow,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<RemoteMemory> {
+        let type2 = mw.mw_type() == crate::MwType::Type2;
+        let next_rkey = if type2 {
+            // SAFETY: a pure function of its argument.
+            unsafe { ffi::ibv_inc_rkey(mw.rkey()) }
+        } else {
+            0
+        };
+        let (info, _) = mw.bind_info(mr, offset, len, access, next_rkey)?;
+        let serial = self.tracker.serial;
+        let mut ring = self.tracker.ring(false);
+        let seq = ring.next_seq;
+        let id = track::encode(serial, false, seq);
+        let rc = if !type2 {
+            let mut bind = ffi::ibv_mw_bind {
+                wr_id: id,
+                send_flags: ffi::IBV_SEND_SIGNALED,
+                bind_info: info,
+            };
+            // SAFETY: live QP, window and region; the bind request is copied.
+            unsafe { ffi::ibv_bind_mw(self.as_raw(), mw.as_raw(), &mut bind) }
+        } else if let Some(qpx) = self.qpx {
+            let q = qpx.as_ptr();
+            // SAFETY: a one-request batch on the live extended QP.
+            unsafe {
+                ffi::ibv_wr_start(q);
+                (*q).wr_id = id;
+                (*q).wr_flags = ffi::IBV_SEND_SIGNALED;
+                ffi::ibv_wr_bind_mw(q, mw.as_raw(), next_rkey, &info);
+                ffi::ibv_wr_complete(q)
+            }
+        } else {
+            let mut raw = ffi::ibv_send_wr {
+                wr_id: id,
+                opcode: ffi::IBV_WR_BIND_MW,
+                send_flags: ffi::IBV_SEND_SIGNALED,
+                ..Default::default()
+            };
+            raw.__bindgen_anon_2.bind_mw = ffi::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
+                mw: mw.as_raw(),
+                rkey: next_rkey,
+                bind_info: info,
+            };
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: a single well-formed request on a live QP.
+            unsafe { ffi::ibv_post_send(self.as_raw(), &mut raw, &mut bad) }
+        };
+        if rc == 0 {
+            mw.hold(mr);
+            ring.pending.push_back(Pending {
+                seq,
+                wr_id,
+                buffers: WrBuffers::None,
+                _ah: None,
+                _mw: Some(Arc::clone(&mw.inner)),
+            });
+            ring.next_seq = seq.wrapping_add(1);
+        }
+        drop(ring);
+        let verb = if type2 {
+            "ibv_post_send"
+        } else {
+            "ibv_bind_mw"
+        };
+        check_errno_ret(
+            verb,
+            || self.ctx_str(format_args!("bind {:?}", mw.mw_type())),
+            rc,
+        )?;
+        let rkey = if type2 {
+            next_rkey
+        } else {
+            // SAFETY: ibv_bind_mw stored the new rkey in the window.
+            unsafe { (*mw.as_raw()).rkey }
+        };
+        mw.set_rkey(rkey);
+        Ok(RemoteMemory {
+            addr: info.addr,
+            len: info.length,
+            rkey,
         })
     }
 

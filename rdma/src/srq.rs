@@ -296,6 +296,7 @@ impl SharedReceiveQueue {
                 wr_id,
                 buffers,
                 _ah: None,
+                _mw: None,
             });
         }
         ring.next_seq = first.wrapping_add(posted as u32);

@@ -50,6 +50,8 @@ pub(crate) struct Pending {
     pub buffers: WrBuffers,
     /// Keeps a UD destination alive until the send completes.
     pub _ah: Option<AddressHandle>,
+    /// Keeps a memory window alive until its bind completes.
+    pub _mw: Option<Arc<crate::mw::MwInner>>,
 }
 
 #[derive(Debug, Default)]
@@ -181,6 +183,7 @@ mod tests {
             wr_id,
             buffers: WrBuffers::None,
             _ah: None,
+            _mw: None,
         });
         seq
     }

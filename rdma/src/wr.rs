@@ -45,6 +45,11 @@ pub enum SendOp {
         /// New value.
         swap: u64,
     },
+    /// SEND that also invalidates an rkey at the peer (a type 2 window or an
+    /// MR with remote invalidation).
+    SendWithInvalidate(u32),
+    /// Invalidates a local rkey (a type 2 memory window bound by this QP).
+    LocalInvalidate(u32),
     /// 64-bit fetch and add; the old value lands in the 8-byte local buffer.
     FetchAdd {
         /// Remote 8-byte, 8-aligned word.
@@ -64,6 +69,8 @@ impl SendOp {
             SendOp::Read(_) => ffi::IBV_WR_RDMA_READ,
             SendOp::CompareSwap { .. } => ffi::IBV_WR_ATOMIC_CMP_AND_SWP,
             SendOp::FetchAdd { .. } => ffi::IBV_WR_ATOMIC_FETCH_AND_ADD,
+            SendOp::SendWithInvalidate(_) => ffi::IBV_WR_SEND_WITH_INV,
+            SendOp::LocalInvalidate(_) => ffi::IBV_WR_LOCAL_INV,
         }
     }
 
@@ -82,13 +89,23 @@ impl SendOp {
             | SendOp::Read(r)
             | SendOp::CompareSwap { remote: r, .. }
             | SendOp::FetchAdd { remote: r, .. } => Some(r),
-            SendOp::Send | SendOp::SendWithImm(_) => None,
+            SendOp::Send
+            | SendOp::SendWithImm(_)
+            | SendOp::SendWithInvalidate(_)
+            | SendOp::LocalInvalidate(_) => None,
         }
     }
 
     pub(crate) fn imm(&self) -> Option<u32> {
         match *self {
             SendOp::SendWithImm(i) | SendOp::WriteWithImm(_, i) => Some(i),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn invalidate(&self) -> Option<u32> {
+        match *self {
+            SendOp::SendWithInvalidate(k) | SendOp::LocalInvalidate(k) => Some(k),
             _ => None,
         }
     }
@@ -168,6 +185,16 @@ impl SendWr {
     /// Fetch-and-add on `remote`; the old value lands in `result` (8 bytes).
     pub fn fetch_add(wr_id: u64, result: MemoryRegion, remote: RemoteMemory, add: u64) -> Self {
         Self::new(wr_id, SendOp::FetchAdd { remote, add }, result)
+    }
+
+    /// Invalidates local `rkey` (`IBV_WR_LOCAL_INV`), e.g. a type 2 window.
+    pub fn local_invalidate(wr_id: u64, rkey: u32) -> Self {
+        Self::new(wr_id, SendOp::LocalInvalidate(rkey), WrBuffers::None)
+    }
+
+    /// SEND of `buffers` that invalidates `rkey` at the peer.
+    pub fn send_with_invalidate(wr_id: u64, buffers: impl Into<WrBuffers>, rkey: u32) -> Self {
+        Self::new(wr_id, SendOp::SendWithInvalidate(rkey), buffers)
     }
 
     /// Adds immediate data: SEND becomes SEND_WITH_IMM, WRITE becomes

@@ -1,0 +1,149 @@
+//! Memory windows, type 1 and 2: bind, remote access through the window,
+//! invalidate (rdma-core's tests/test_mr.py memory-window cases).
+
+mod common;
+
+use rdma::{AccessFlags, MwType, PostPath, QpType, SendWr, WcOpcode, WcStatus};
+
+const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
+
+fn pair(path: PostPath) -> common::Pair {
+    let access = LW | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::MW_BIND;
+    common::pair_with(QpType::Rc, access, |b| {
+        b.post_path(path);
+    })
+}
+
+fn window_traffic(mw_type: MwType, path: PostPath) {
+    let mut p = pair(path);
+    let mr = p.pd.alloc_mr(4096, LW | AccessFlags::MW_BIND).unwrap();
+    let mut mw = p.pd.alloc_mw(mw_type).unwrap();
+    assert_eq!(mw.mw_type(), mw_type);
+    let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let remote = p.b.bind_mw(7, &mut mw, &mr, 1024, 512, access).unwrap();
+    assert_eq!(remote.addr, mr.addr() + 1024);
+    assert_eq!(remote.len, 512);
+    assert_eq!(remote.rkey, mw.rkey());
+    let bind = common::wait(&p.cq, 1).pop().unwrap();
+    assert_eq!(
+        (bind.wr_id, bind.status, bind.opcode),
+        (7, WcStatus::Success, WcOpcode::BindMw),
+        "{bind:?}"
+    );
+
+    // RDMA WRITE through the window lands in the region.
+    let src = p.pd.reg_mr(vec![0x5a; 512], AccessFlags::empty()).unwrap();
+    p.a.post_send(SendWr::write(1, src, remote)).unwrap();
+    common::wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+    let mut got = vec![0; 512];
+    mr.read_at(1024, &mut got).unwrap();
+    assert_eq!(got, vec![0x5a; 512]);
+    assert!(
+        mr.as_slice().is_err(),
+        "a window-bindable region has no safe view"
+    );
+
+    // (Accesses outside the window are the device's to refuse; rxe on Linux
+    // 6.1 checks them against the region only. The crate never exposes a
+    // window-bindable region as a safe slice, whatever the device enforces.)
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn type1_window_grants_exactly_its_range() {
+    window_traffic(MwType::Type1, PostPath::Legacy);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn type2_window_grants_exactly_its_range_legacy() {
+    window_traffic(MwType::Type2, PostPath::Legacy);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn type2_window_grants_exactly_its_range_extended() {
+    window_traffic(MwType::Type2, PostPath::Extended);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn type2_window_local_invalidate() {
+    let mut p = pair(PostPath::Auto);
+    let mr = p.pd.alloc_mr(256, LW | AccessFlags::MW_BIND).unwrap();
+    let mut mw = p.pd.alloc_mw(MwType::Type2).unwrap();
+    let remote =
+        p.b.bind_mw(1, &mut mw, &mr, 0, 256, AccessFlags::REMOTE_WRITE)
+            .unwrap();
+    common::wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+    p.b.post_send(SendWr::local_invalidate(2, remote.rkey))
+        .unwrap();
+    let c = common::wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+    assert_eq!(c.opcode, WcOpcode::LocalInv);
+    let src = p.pd.reg_mr(vec![3; 16], AccessFlags::empty()).unwrap();
+    p.a.post_send(SendWr::write(3, src, remote.slice(0, 16).unwrap()))
+        .unwrap();
+    let c = common::wait(&p.cq, 1).pop().unwrap();
+    assert_eq!(
+        c.status,
+        WcStatus::RemAccessErr,
+        "an invalidated window: {c:?}"
+    );
+    assert_eq!(mr.to_vec(), vec![0; 256]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn bind_input_is_checked() {
+    let mut p = pair(PostPath::Auto);
+    let mut mw = p.pd.alloc_mw(MwType::Type1).unwrap();
+    let plain = p.pd.alloc_mr(64, LW).unwrap();
+    let err =
+        p.b.bind_mw(1, &mut mw, &plain, 0, 64, AccessFlags::REMOTE_READ)
+            .unwrap_err();
+    assert!(err.to_string().contains("MW_BIND"), "{err}");
+    let mr = p.pd.alloc_mr(64, LW | AccessFlags::MW_BIND).unwrap();
+    let err =
+        p.b.bind_mw(1, &mut mw, &mr, 32, 64, AccessFlags::REMOTE_READ)
+            .unwrap_err();
+    assert!(err.to_string().contains("outside the region"), "{err}");
+    let other_pd = p.ctx.alloc_pd().unwrap();
+    let foreign = other_pd.alloc_mr(64, LW | AccessFlags::MW_BIND).unwrap();
+    let err =
+        p.b.bind_mw(1, &mut mw, &foreign, 0, 64, AccessFlags::REMOTE_READ)
+            .unwrap_err();
+    assert!(
+        err.to_string().contains("another protection domain"),
+        "{err}"
+    );
+    assert_eq!(p.b.in_flight(), (0, 0));
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn a_bound_window_keeps_its_region_registered() {
+    let mut p = pair(PostPath::Auto);
+    let mr = p.pd.alloc_mr(128, LW | AccessFlags::MW_BIND).unwrap();
+    let mut mw = p.pd.alloc_mw(MwType::Type1).unwrap();
+    let remote =
+        p.b.bind_mw(1, &mut mw, &mr, 0, 128, AccessFlags::REMOTE_WRITE)
+            .unwrap();
+    common::wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+    drop(mr); // the window holds the registration and its memory
+    let src = p.pd.reg_mr(vec![9; 128], AccessFlags::empty()).unwrap();
+    p.a.post_send(SendWr::write(2, src, remote)).unwrap();
+    common::wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+    drop(mw);
+}
+
+#[test]
+#[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
+fn iwarp_memory_windows_are_typed_unsupported() {
+    let ctx = common::open(&common::iwarp_device_name());
+    let pd = ctx.alloc_pd().unwrap();
+    match pd.alloc_mw(MwType::Type1) {
+        Err(rdma::Error::Unsupported { .. }) => {}
+        Err(e) => panic!("expected Unsupported, got {e:?}"),
+        Ok(_) => panic!("siw has no memory windows"),
+    }
+}
