@@ -56,6 +56,7 @@ pub mod sysfs;
 mod track;
 mod wc;
 mod wr;
+mod xrc;
 
 pub use ah::{AddressHandle, AhAttr, GlobalRoute};
 pub use async_event::{AsyncEvent, AsyncEventElement, AsyncEventType, AsyncFd};
@@ -76,6 +77,7 @@ pub use qp::{
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use wc::{Completion, WcFlags, WcOpcode, WcStatus, WrBuffers};
 pub use wr::{InlineSend, PostError, SendFlags, SendOp, SendWr, UdDest};
+pub use xrc::XrcDomain;
 
 #[cfg(test)]
 mod auto_traits {

@@ -479,6 +479,61 @@ impl MemoryRegion {
         }
     }
 
+    /// Changes the access flags of the registration in place
+    /// (`ibv_rereg_mr(3)` with `IBV_REREG_MR_CHANGE_ACCESS`). Only the sole
+    /// piece of a registration, with no work in flight, can do this.
+    ///
+    /// # Errors
+    /// `EBUSY` when other pieces or work requests hold the registration;
+    /// [`Error::Unsupported`] when the provider cannot re-register (rxe,
+    /// siw); [`Error::Verb`] naming `ibv_rereg_mr` otherwise (the region is
+    /// then unchanged).
+    pub fn rereg_access(&mut self, access: AccessFlags) -> Result<()> {
+        let device = self.inner.pd.context().name().to_string();
+        let Some(inner) = Arc::get_mut(&mut self.inner) else {
+            return Err(Error::verb_errno(
+                "ibv_rereg_mr",
+                "other pieces of the registration or in-flight work requests hold it",
+                libc::EBUSY,
+            ));
+        };
+        let flags =
+            std::ffi::c_int::try_from(access.bits()).map_err(|_| Error::InvalidArgument {
+                verb: "ibv_rereg_mr",
+                reason: format!("access flags {access:?} do not fit a C int"),
+            })?;
+        // SAFETY: the only reference to a live registration; only the access
+        // flags change, the memory stays the same.
+        let rc = unsafe {
+            ffi::ibv_rereg_mr(
+                inner.mr.as_ptr(),
+                ffi::IBV_REREG_MR_CHANGE_ACCESS as std::ffi::c_int,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+                flags,
+            )
+        };
+        if rc != 0 {
+            // Returns a negative `ibv_rereg_mr_err_code` and sets errno.
+            let errno = crate::error::last_errno();
+            if errno == libc::EOPNOTSUPP || errno == libc::ENOSYS {
+                return Err(Error::Unsupported {
+                    what: "ibv_rereg_mr".into(),
+                    device,
+                    source: Some(std::io::Error::from_raw_os_error(errno)),
+                });
+            }
+            return Err(Error::verb_errno(
+                "ibv_rereg_mr",
+                format!("to {access:?} (code {rc})"),
+                errno,
+            ));
+        }
+        inner.access = access;
+        Ok(())
+    }
+
     /// Deregisters now when this is the last piece, reporting failure.
     ///
     /// # Errors

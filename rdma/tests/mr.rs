@@ -1,0 +1,161 @@
+//! Memory regions (rdma-core's tests/test_mr.py): every access-flag
+//! combination, pieces, copies, bounds, re-registration, and XRC domains.
+
+mod common;
+
+use rdma::{AccessFlags, Error};
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn every_access_flag_combination() {
+    let ctx = common::open(&common::device_name());
+    let pd = ctx.alloc_pd().unwrap();
+    let flags = [
+        AccessFlags::LOCAL_WRITE,
+        AccessFlags::REMOTE_WRITE,
+        AccessFlags::REMOTE_READ,
+        AccessFlags::REMOTE_ATOMIC,
+        AccessFlags::MW_BIND,
+    ];
+    for bits in 0u32..(1 << flags.len()) {
+        let access = flags
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| bits & (1 << i) != 0)
+            .fold(AccessFlags::empty(), |a, (_, f)| a | *f);
+        // The IB spec: remote write or atomic access needs local write.
+        let valid = access.contains(AccessFlags::LOCAL_WRITE)
+            || !access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
+        match pd.alloc_mr(4096, access) {
+            Ok(mut mr) => {
+                assert!(valid, "{access:?} registered but is invalid");
+                assert_eq!(mr.access(), access);
+                assert_ne!(mr.lkey(), 0);
+                // A safe view exists exactly when no peer can write.
+                assert_eq!(
+                    mr.as_slice().is_ok(),
+                    !access.remotely_writable(),
+                    "{access:?}"
+                );
+                assert_eq!(mr.as_mut_slice().is_ok(), !access.remotely_writable());
+                mr.write_at(10, b"abc").unwrap();
+                let mut out = [0; 3];
+                mr.read_at(10, &mut out).unwrap();
+                assert_eq!(&out, b"abc");
+            }
+            Err(e) => {
+                assert!(!valid, "{access:?} should register: {e}");
+                assert_eq!(e.errno(), Some(libc::EINVAL), "{e}");
+                assert_eq!(e.verb(), Some("ibv_reg_mr"));
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn pieces_copies_and_bounds() {
+    let ctx = common::open(&common::device_name());
+    let pd = ctx.alloc_pd().unwrap();
+    let mut mr = pd
+        .reg_mr((0..=255u8).collect::<Vec<_>>(), AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let lkey = mr.lkey();
+    let base = mr.addr();
+    let tail = mr.split_off(100).unwrap();
+    assert_eq!((mr.len(), tail.len()), (100, 156));
+    assert_eq!(tail.addr(), base + 100);
+    assert_eq!(tail.lkey(), lkey, "pieces share the registration");
+    assert_eq!(tail.as_slice().unwrap()[0], 100);
+    assert!(mr.split_off(0).is_err());
+    assert!(mr.split_off(100).is_err());
+    let err = mr.write_at(98, b"xyz").unwrap_err();
+    assert!(err.to_string().contains("outside the region"), "{err}");
+    assert!(mr.read_at(usize::MAX, &mut [0; 2]).is_err());
+    let chunks = tail.chunks(50).unwrap();
+    assert_eq!(
+        chunks.iter().map(|c| c.len()).collect::<Vec<_>>(),
+        [50, 50, 50, 6]
+    );
+    let mut it = chunks.into_iter();
+    let mut first = it.next().unwrap();
+    let second = it.next().unwrap();
+    let fourth_back = {
+        let third = it.next().unwrap();
+        let fourth = it.next().unwrap();
+        // Not adjacent to `first`: given back.
+        let fourth = first.unsplit(fourth).unwrap_err();
+        drop(third);
+        fourth
+    };
+    first.unsplit(second).unwrap();
+    assert_eq!(first.len(), 100);
+    assert_eq!(first.as_slice().unwrap()[99], 199);
+    assert_eq!(fourth_back.to_vec(), (250..=255u8).collect::<Vec<_>>());
+    assert!(pd
+        .alloc_mr(8, AccessFlags::empty())
+        .unwrap()
+        .chunks(0)
+        .is_err());
+    let remote = first.remote();
+    assert!(remote.slice(90, 10).is_some());
+    assert!(remote.slice(90, 11).is_none());
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn foreign_memory_registration() {
+    let ctx = common::open(&common::device_name());
+    let pd = ctx.alloc_pd().unwrap();
+    let mut backing = vec![7u8; 64];
+    // SAFETY: `backing` outlives the region and is not touched while it lives.
+    let mr = unsafe {
+        pd.reg_mr_raw(
+            backing.as_mut_ptr(),
+            backing.len(),
+            AccessFlags::LOCAL_WRITE,
+        )
+    }
+    .unwrap();
+    assert_eq!(mr.to_vec(), vec![7u8; 64]);
+    drop(mr);
+    assert_eq!(backing[0], 7);
+    // SAFETY: a null pointer is rejected before anything is registered.
+    let err = unsafe { pd.reg_mr_raw(std::ptr::null_mut(), 8, AccessFlags::empty()) }.unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rereg_and_xrc_are_typed_unsupported_on_rxe() {
+    let ctx = common::open(&common::device_name());
+    let pd = ctx.alloc_pd().unwrap();
+    let mut mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    match mr.rereg_access(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ) {
+        Err(Error::Unsupported { what, .. }) => assert_eq!(what, "ibv_rereg_mr"),
+        other => panic!("rxe has no rereg_mr: {other:?}"),
+    }
+    assert_eq!(
+        mr.access(),
+        AccessFlags::LOCAL_WRITE,
+        "unchanged on failure"
+    );
+    let _tail = mr.split_off(32).unwrap();
+    let err = mr.rereg_access(AccessFlags::LOCAL_WRITE).unwrap_err();
+    assert_eq!(err.errno(), Some(libc::EBUSY), "{err}");
+    match ctx.open_xrcd() {
+        Err(Error::Unsupported { what, .. }) => assert_eq!(what, "XRC domains"),
+        other => panic!("rxe has no XRC: {other:?}"),
+    }
+}
+
+#[test]
+#[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
+fn iwarp_registers_memory_and_has_no_xrc() {
+    let ctx = common::open(&common::iwarp_device_name());
+    let pd = ctx.alloc_pd().unwrap();
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let mr = pd.alloc_mr(4096, access).unwrap();
+    assert_ne!(mr.rkey(), 0);
+    assert!(matches!(ctx.open_xrcd(), Err(Error::Unsupported { .. })));
+}
