@@ -39,6 +39,7 @@ pub use rdma_sys as ffi;
 mod macros;
 
 mod ah;
+pub mod cm;
 mod async_event;
 mod context;
 mod cq;

@@ -1,0 +1,1 @@
+//! RDMA connection manager (librdmacm): work in progress.
