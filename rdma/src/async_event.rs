@@ -137,6 +137,22 @@ impl AsyncEvent {
         }
     }
 
+    /// True for the port events after which cached port attributes (LID,
+    /// P_Keys, SM, GIDs, state) must be read again.
+    pub fn changes_port(&self) -> bool {
+        use AsyncEventType as T;
+        matches!(
+            self.event_type,
+            T::LidChange
+                | T::PkeyChange
+                | T::SmChange
+                | T::ClientReregister
+                | T::GidChange
+                | T::PortActive
+                | T::PortErr
+        )
+    }
+
     /// The port, for port events.
     pub fn port(&self) -> Option<u8> {
         match self.element {
@@ -216,6 +232,7 @@ impl Context {
         let event = AsyncEvent::from_raw(&ev);
         // SAFETY: the event came from ibv_get_async_event; acked exactly once.
         unsafe { ffi::ibv_ack_async_event(&mut ev) };
+        self.run_event_hooks(&event);
         Ok(event)
     }
 

@@ -16,10 +16,14 @@ use crate::gid::{Gid, GidEntry};
 use crate::port::PortAttr;
 use crate::DeviceAttr;
 
+/// Called with every asynchronous event the context reads.
+pub(crate) type EventHook = Box<dyn Fn(&crate::AsyncEvent) + Send + Sync>;
+
 pub(crate) struct ContextInner {
     ctx: NonNull<ffi::ibv_context>,
     name: String,
     port_count: u8,
+    event_hooks: std::sync::Mutex<Vec<EventHook>>,
     // Dropped after the context is closed (field order): keeps the device
     // struct the context points at alive.
     _list: Arc<DeviceListInner>,
@@ -83,9 +87,32 @@ impl Context {
                 ctx,
                 name,
                 port_count,
+                event_hooks: std::sync::Mutex::new(Vec::new()),
                 _list: Arc::clone(device.list()),
             }),
         })
+    }
+
+    /// Registers a hook run for every asynchronous event read through
+    /// [`Context::get_async_event`] (used by [`crate::sysfs`] caches).
+    pub(crate) fn add_event_hook(&self, hook: EventHook) {
+        self.inner
+            .event_hooks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(hook);
+    }
+
+    pub(crate) fn run_event_hooks(&self, event: &crate::AsyncEvent) {
+        for hook in self
+            .inner
+            .event_hooks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            hook(event);
+        }
     }
 
     /// The device's kernel name.

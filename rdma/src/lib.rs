@@ -39,8 +39,8 @@ pub use rdma_sys as ffi;
 mod macros;
 
 mod ah;
-pub mod cm;
 mod async_event;
+pub mod cm;
 mod context;
 mod cq;
 mod device;

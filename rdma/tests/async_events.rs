@@ -72,6 +72,28 @@ fn port_down_and_up_events() {
 }
 
 #[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn port_events_drop_the_sysfs_port_cache() {
+    let name = common::device_name();
+    let netdev = common::netdev().expect("RDMA_TEST_NETDEV names the netdev to toggle");
+    let dev = rdma::sysfs::Sysfs::system()
+        .device(&name)
+        .expect("sysfs device");
+    let ctx = dev.open().expect("open through sysfs watches the context");
+    let port = dev.end_port(1).unwrap();
+    assert_eq!(port.state().unwrap(), PortState::Active);
+    ip_link(&netdev, "down");
+    let ev = wait_port_event(&ctx, AsyncEventType::PortErr);
+    assert!(ev.changes_port());
+    // The cached ACTIVE was dropped by the event: sysfs is read again.
+    let state = port.state().unwrap();
+    ip_link(&netdev, "up");
+    assert_ne!(state, PortState::Active, "stale cached state after {ev}");
+    wait_port_event(&ctx, AsyncEventType::PortActive);
+    assert_eq!(port.state().unwrap(), PortState::Active);
+}
+
+#[test]
 fn event_names_come_from_libibverbs() {
     assert_eq!(AsyncEventType::PortActive.to_string(), "port active");
     assert_eq!(

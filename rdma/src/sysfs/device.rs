@@ -263,7 +263,31 @@ impl RdmaDevice {
     /// # Errors
     /// As [`Context::open`].
     pub fn open(&self) -> Result<Context> {
-        Context::open(self.name())
+        let ctx = Context::open(self.name())?;
+        self.watch(&ctx);
+        Ok(ctx)
+    }
+
+    /// Keeps this device's port caches in step with `ctx`: every port event
+    /// read through [`Context::get_async_event`] (LID, P_Key, SM, GID change,
+    /// client reregister, port active or error) drops the cache of its port.
+    /// [`RdmaDevice::open`] does this for the context it returns.
+    pub fn watch(&self, ctx: &Context) {
+        let weak = Arc::downgrade(&self.inner);
+        ctx.add_event_hook(Box::new(move |ev| {
+            if let (true, Some(port), Some(inner)) = (ev.changes_port(), ev.port(), weak.upgrade())
+            {
+                RdmaDevice { inner }.invalidate_port(u32::from(port));
+            }
+        }));
+    }
+
+    /// Applies an asynchronous event by hand: drops the cache of the port a
+    /// port-changing event names (see [`RdmaDevice::watch`]).
+    pub fn apply_event(&self, ev: &crate::AsyncEvent) {
+        if let (true, Some(port)) = (ev.changes_port(), ev.port()) {
+            self.invalidate_port(u32::from(port));
+        }
     }
 
     /// Drops every cached value of the device and of each of its ports; the
