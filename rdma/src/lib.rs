@@ -3,32 +3,68 @@
 //!
 //! # Object graph
 //! ```text
-//! devices() -> Device --open--> Context --+--> query_device / query_port / query_gid
+//! devices() -> Device --open--> Context
+//!                                 |-- alloc_pd --> ProtectionDomain
+//!                                 |                  |-- alloc_mr / reg_mr --> MemoryRegion (pieces)
+//!                                 |                  |-- alloc_mw ----------> MemoryWindow
+//!                                 |                  |-- create_ah ---------> AddressHandle
+//!                                 |                  |-- create_srq --------> SharedReceiveQueue
+//!                                 |                  '-- qp_builder(..).build() -> QueuePair
+//!                                 |-- create_comp_channel --> CompletionChannel
+//!                                 |-- create_cq / create_cq_ex --> CompletionQueue
+//!                                 '-- get_async_event --> AsyncEvent
+//! sysfs::Sysfs --> RdmaDevice --> EndPort      (discovery without opening a device)
 //! ```
-//! Objects created from a [`Context`] keep it open: handles hold an `Arc` of
-//! their parent, so they can be stored together in one struct, moved between
-//! threads and dropped in any order; the last drop closes the device.
+//! Every object holds an `Arc` of its parents (a QP holds its PD, CQs and
+//! SRQ; an MR its PD; a PD or CQ its context), so objects can be kept together
+//! in one struct, moved between threads and dropped in any order: the last
+//! drop tears down in the order the verbs require. `Context`,
+//! `ProtectionDomain`, `CompletionQueue`, `CompletionChannel`,
+//! `SharedReceiveQueue` and `AddressHandle` are cheap `Clone` handles;
+//! `QueuePair`, `MemoryRegion` and `MemoryWindow` are unique owners.
+//!
+//! # Safe posting
+//! Work requests take [`MemoryRegion`]s by value; the completion polled from
+//! the CQ gives them back, with the caller's `wr_id`. Memory the device may
+//! still touch is never freed: a dropped QP is moved to the error state and
+//! destroyed before the memory of its work in flight is released, and a
+//! forgotten handle keeps its registration alive. Regions a peer may write
+//! (`REMOTE_WRITE`, `REMOTE_ATOMIC`, `MW_BIND`) are never exposed as
+//! `&[u8]`. [`QueuePair::post_send_raw`] remains as `unsafe` for experts.
+//!
+//! ```no_run
+//! # fn main() -> rdma::Result<()> {
+//! use rdma::{AccessFlags, QpType, SendWr};
+//! let ctx = rdma::Context::open("rxe0")?;
+//! let pd = ctx.alloc_pd()?;
+//! let cq = ctx.create_cq(64, None, 0)?;
+//! let mut qp = pd.qp_builder(QpType::Rc, &cq, &cq).build()?;
+//! // ... to_init / to_rtr / to_rts against a peer ...
+//! let msg = pd.reg_mr(b"hello".to_vec(), AccessFlags::empty())?;
+//! qp.post_send(SendWr::send(1, msg))?;
+//! let mut done = Vec::new();
+//! while cq.poll(&mut done, 1)? == 0 {}
+//! let mut c = done.pop().unwrap().ok()?;
+//! let msg = c.take_buffers().into_one().unwrap(); // the memory is back
+//! # let _ = msg;
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! # Errors
-//! Every fallible call returns [`Result`]; [`enum@Error`] names the verb that failed
-//! and carries its errno ([`Error::errno`]).
+//! Every fallible call returns [`Result`]; [`enum@Error`] names the verb that failed,
+//! what it was called on, and carries its errno ([`Error::errno`]). Failed
+//! completions are values ([`Completion::status`]).
+//!
+//! # Threads
+//! Handles are `Send + Sync` (libibverbs verbs are thread-safe); posting
+//! needs `&mut QueuePair`; an extended-CQ [`PollCursor`] is `!Send` and
+//! excludes other polls of its CQ while it lives.
 //!
 //! # Fork
 //! A process that forks while it has registered memory must call
 //! `ibv_fork_init()` (or set `RDMAV_FORK_SAFE=1`) before it creates any RDMA
 //! resource; this crate does not do it for you.
-//!
-//! # Example
-//! ```no_run
-//! # fn main() -> rdma::Result<()> {
-//! for device in rdma::devices()? {
-//!     let ctx = device.open()?;
-//!     let port = ctx.query_port(1)?;
-//!     println!("{}: {} {}", device.name(), port.state, port.link_layer);
-//! }
-//! # Ok(())
-//! # }
-//! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
