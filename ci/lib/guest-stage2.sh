@@ -18,9 +18,9 @@ IP=10.8.0.1
 PEER_IP=10.8.0.2
 NETDEV=veth0
 IB=/sys/class/infiniband
-# siw0 sits on veth0 by default.  rdma_cm maps an address to the first RDMA
-# device on its netdev, which is rxe0 there; with RDMA_VM_SIW_NETDEV=veth1,
-# 10.8.0.2 reaches siw0 unambiguously.
+# siw0 sits on veth1 (10.8.0.2) by default: rdma_cm maps an address to the
+# first RDMA device on its netdev, so on veth0 beside rxe0 (RDMA_VM_SIW_NETDEV=
+# veth0) it could never be reached through rdma_cm.
 SIW_IP=$IP
 [[ $VM_SIW_NETDEV == veth1 ]] && SIW_IP=$PEER_IP
 

@@ -187,17 +187,16 @@ siw_build() {
   mm=$(echo "$upstream" | cut -d. -f1-2)
   srcpkg=linux-source-$mm
   hpkg=linux-headers-$KVER
-  # Prefer the exact same source version, then the same upstream release.
   # Prefer the kernel's exact version, then the same upstream release, then
   # the newest one apt has (madison lists newest first).
-  srcver=$(apt-cache madison "$srcpkg" 2>/dev/null | awk -F'|' '{gsub(/ /, "", $2); print $2}' |
+  srcver=$( { apt-cache madison "$srcpkg" 2>/dev/null || true; } | awk -F'|' '{gsub(/ /, "", $2); print $2}' |
     awk -v v="$KPKGVER" -v u="$upstream" '
       NR == 1 { newest = $0 }
       $0 == v { exact = $0 }
       index($0, u "-") == 1 && same == "" { same = $0 }
       END { print (exact != "" ? exact : (same != "" ? same : newest)) }')
   if [[ -z $srcver ]]; then SIW_REASON="apt has no $srcpkg"; return 0; fi
-  deps=$(apt-cache show "$hpkg=$KPKGVER" 2>/dev/null | sed -n 's/^Depends: //p' | head -n 1)
+  deps=$( { apt-cache show "$hpkg=$KPKGVER" 2>/dev/null || true; } | sed -n 's/^Depends: //p' | head -n 1)
   common=$(grep -o 'linux-headers-[^ ,]*-common' <<< "$deps" | head -n 1 || true)
   kbuild=$(grep -o 'linux-kbuild-[^ ,]*' <<< "$deps" | head -n 1 || true)
   if [[ -z $deps || -z $common || -z $kbuild ]]; then
@@ -245,6 +244,7 @@ siw_build() {
   else
     cp "$src/siw.ko" "$out.tmp" && mv "$out.tmp" "$out"
     SIW_KO=$out
+    rm -rf "$hdr" "$src" # ~100 MB, only needed again for a new kernel
   fi
   [[ -f $fail ]] && SIW_REASON=$(cat "$fail")
   return 0
