@@ -25,8 +25,19 @@ pub(crate) struct ContextInner {
     port_count: u8,
     event_hooks: std::sync::Mutex<Vec<EventHook>>,
     // Dropped after the context is closed (field order): keeps the device
-    // struct the context points at alive.
-    _list: Arc<DeviceListInner>,
+    // struct the context points at alive, or the borrowed context's owner.
+    owner: ContextOwner,
+}
+
+/// Who closes the `ibv_context`.
+enum ContextOwner {
+    /// Opened by this crate with `ibv_open_device`: closed on drop. The list
+    /// keeps the device struct alive.
+    Opened(#[allow(dead_code)] Arc<DeviceListInner>),
+    /// Belongs to librdmacm (`cm_id->verbs`, `rdma_get_devices`): never
+    /// closed by us; the value keeps its owner (the id, the device list)
+    /// alive as long as the context is used.
+    Borrowed(#[allow(dead_code)] Arc<dyn Send + Sync>),
 }
 
 // SAFETY: libibverbs contexts are thread-safe: every verb on a context may be
@@ -37,6 +48,9 @@ unsafe impl Sync for ContextInner {}
 
 impl Drop for ContextInner {
     fn drop(&mut self) {
+        if matches!(self.owner, ContextOwner::Borrowed(_)) {
+            return;
+        }
         // SAFETY: `ctx` came from ibv_open_device, every child holds an Arc to
         // this inner value, so nothing built on the context is left; closed once.
         let rc = unsafe { ffi::ibv_close_device(self.ctx.as_ptr()) };
@@ -88,9 +102,47 @@ impl Context {
                 name,
                 port_count,
                 event_hooks: std::sync::Mutex::new(Vec::new()),
-                _list: Arc::clone(device.list()),
+                owner: ContextOwner::Opened(Arc::clone(device.list())),
             }),
         })
+    }
+
+    /// Wraps a context this crate does not own (librdmacm's `cm_id->verbs`
+    /// or an entry of `rdma_get_devices`); it is never closed by us.
+    ///
+    /// # Safety
+    /// `ctx` must be an open context that stays open while `keep` lives.
+    pub(crate) unsafe fn borrowed(
+        ctx: NonNull<ffi::ibv_context>,
+        keep: Arc<dyn Send + Sync>,
+    ) -> Result<Context> {
+        // SAFETY: the caller guarantees an open context; its device and the
+        // device's name live as long as it.
+        let name =
+            unsafe { std::ffi::CStr::from_ptr(ffi::ibv_get_device_name((*ctx.as_ptr()).device)) }
+                .to_string_lossy()
+                .into_owned();
+        let mut attr = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
+        // SAFETY: valid context and out-pointer.
+        let rc = unsafe { ffi::ibv_query_device(ctx.as_ptr(), attr.as_mut_ptr()) };
+        check_errno_ret("ibv_query_device", || name.clone().into(), rc)?;
+        // SAFETY: ibv_query_device succeeded and filled the struct (zeroed first).
+        let port_count = unsafe { attr.assume_init() }.phys_port_cnt;
+        Ok(Context {
+            inner: Arc::new(ContextInner {
+                ctx,
+                name,
+                port_count,
+                event_hooks: std::sync::Mutex::new(Vec::new()),
+                owner: ContextOwner::Borrowed(keep),
+            }),
+        })
+    }
+
+    /// True for a context that belongs to librdmacm (see [`crate::cm`]): this
+    /// crate never closes it.
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self.inner.owner, ContextOwner::Borrowed(_))
     }
 
     /// Registers a hook run for every asynchronous event read through

@@ -120,6 +120,29 @@ pub enum Error {
         /// What exists, e.g. `ports: mlx4_0/1, rxe0/1`.
         available: String,
     },
+    /// The connection manager answered an operation with a failure event
+    /// (`REJECTED`, `UNREACHABLE`, `ADDR_ERROR`, `ROUTE_ERROR`, ...), or with
+    /// an event other than the one waited for.
+    #[error("{operation}: {event} (status {status}){}", private_data_suffix(.private_data))]
+    CmEvent {
+        /// What was waited for, e.g. `rdma_connect`.
+        operation: &'static str,
+        /// The event that arrived instead of the expected one.
+        event: crate::cm::CmEventType,
+        /// The event's status: a negated errno, or for `REJECTED` the
+        /// transport's reject reason.
+        status: i32,
+        /// The private data the event carried (a reject's reason, ...).
+        private_data: Vec<u8>,
+    },
+}
+
+fn private_data_suffix(data: &[u8]) -> String {
+    if data.is_empty() {
+        String::new()
+    } else {
+        format!(", {} bytes of private data", data.len())
+    }
 }
 
 fn context_suffix(context: &str) -> String {
@@ -154,6 +177,7 @@ impl Error {
                 .and_then(io::Error::raw_os_error)
                 .or(Some(libc::EINVAL)),
             Error::NotFound { .. } => Some(libc::ENODEV),
+            Error::CmEvent { event, status, .. } => Some(crate::cm::event_errno(*event, *status)),
         }
     }
 
@@ -190,6 +214,9 @@ impl From<Error> for io::Error {
             } => source.kind(),
             Error::Sysfs { source: None, .. } => io::ErrorKind::InvalidData,
             Error::NotFound { .. } => io::ErrorKind::NotFound,
+            Error::CmEvent { .. } => {
+                io::Error::from_raw_os_error(e.errno().unwrap_or(libc::EIO)).kind()
+            }
             _ => io::ErrorKind::InvalidInput,
         };
         io::Error::new(kind, e)

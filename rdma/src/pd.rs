@@ -9,7 +9,10 @@ use crate::{ffi, Context};
 
 pub(crate) struct PdInner {
     pd: NonNull<ffi::ibv_pd>,
-    // Dropped after the PD is deallocated (field order).
+    /// librdmacm's PD of a device (`cm_id->pd`): never deallocated by us.
+    borrowed: bool,
+    // Dropped after the PD is deallocated (field order). For a borrowed PD
+    // this is the borrowed context, which keeps the PD's owner alive.
     ctx: Context,
 }
 
@@ -20,6 +23,9 @@ unsafe impl Sync for PdInner {}
 
 impl Drop for PdInner {
     fn drop(&mut self) {
+        if self.borrowed {
+            return;
+        }
         // SAFETY: every MR, QP, AH, MW and SRQ of this PD holds an Arc to it,
         // so none is left; deallocated once.
         let rc = unsafe { ffi::ibv_dealloc_pd(self.pd.as_ptr()) };
@@ -49,9 +55,25 @@ impl Context {
         Ok(ProtectionDomain {
             inner: Arc::new(PdInner {
                 pd,
+                borrowed: false,
                 ctx: self.clone(),
             }),
         })
+    }
+
+    /// Wraps a PD this crate does not own (librdmacm's `cm_id->pd`).
+    ///
+    /// # Safety
+    /// `pd` belongs to this (borrowed) context and stays allocated while the
+    /// context's owner lives.
+    pub(crate) unsafe fn borrowed_pd(&self, pd: NonNull<ffi::ibv_pd>) -> ProtectionDomain {
+        ProtectionDomain {
+            inner: Arc::new(PdInner {
+                pd,
+                borrowed: true,
+                ctx: self.clone(),
+            }),
+        }
     }
 }
 

@@ -244,39 +244,7 @@ impl QueuePairBuilder {
         NonNull<ffi::ibv_qp_ex>,
         ffi::ibv_qp_cap,
     )> {
-        let ops = match self.qp_type {
-            QpType::Rc => {
-                ffi::IBV_QP_EX_WITH_SEND
-                    | ffi::IBV_QP_EX_WITH_SEND_WITH_IMM
-                    | ffi::IBV_QP_EX_WITH_RDMA_WRITE
-                    | ffi::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
-                    | ffi::IBV_QP_EX_WITH_RDMA_READ
-                    | ffi::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
-                    | ffi::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
-                    | ffi::IBV_QP_EX_WITH_LOCAL_INV
-                    | ffi::IBV_QP_EX_WITH_BIND_MW
-                    | ffi::IBV_QP_EX_WITH_SEND_WITH_INV
-            }
-            QpType::Uc => {
-                ffi::IBV_QP_EX_WITH_SEND
-                    | ffi::IBV_QP_EX_WITH_SEND_WITH_IMM
-                    | ffi::IBV_QP_EX_WITH_RDMA_WRITE
-                    | ffi::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
-            }
-            _ => ffi::IBV_QP_EX_WITH_SEND | ffi::IBV_QP_EX_WITH_SEND_WITH_IMM,
-        };
-        let mut ex = ffi::ibv_qp_init_attr_ex {
-            send_cq: attr.send_cq,
-            recv_cq: attr.recv_cq,
-            srq: attr.srq,
-            cap: attr.cap,
-            qp_type: attr.qp_type,
-            sq_sig_all: attr.sq_sig_all,
-            comp_mask: ffi::IBV_QP_INIT_ATTR_PD | ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-            pd: self.pd.as_raw(),
-            send_ops_flags: u64::from(ops),
-            ..Default::default()
-        };
+        let mut ex = self.init_attr_ex(attr, false);
         // SAFETY: valid context, PD and CQs (kept alive by the QP).
         let qp = unsafe { ffi::ibv_create_qp_ex(self.pd.context().as_raw(), &mut ex) };
         let qp = check_ptr(
@@ -310,6 +278,31 @@ impl QueuePairBuilder {
         }
     }
 
+    /// The `ibv_wr_*` operations the QP type can post.
+    fn send_ops(&self) -> u32 {
+        match self.qp_type {
+            QpType::Rc => {
+                ffi::IBV_QP_EX_WITH_SEND
+                    | ffi::IBV_QP_EX_WITH_SEND_WITH_IMM
+                    | ffi::IBV_QP_EX_WITH_RDMA_WRITE
+                    | ffi::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+                    | ffi::IBV_QP_EX_WITH_RDMA_READ
+                    | ffi::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+                    | ffi::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+                    | ffi::IBV_QP_EX_WITH_LOCAL_INV
+                    | ffi::IBV_QP_EX_WITH_BIND_MW
+                    | ffi::IBV_QP_EX_WITH_SEND_WITH_INV
+            }
+            QpType::Uc => {
+                ffi::IBV_QP_EX_WITH_SEND
+                    | ffi::IBV_QP_EX_WITH_SEND_WITH_IMM
+                    | ffi::IBV_QP_EX_WITH_RDMA_WRITE
+                    | ffi::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+            }
+            _ => ffi::IBV_QP_EX_WITH_SEND | ffi::IBV_QP_EX_WITH_SEND_WITH_IMM,
+        }
+    }
+
     /// Creates the QP (`ibv_create_qp(3)`), in the RESET state.
     ///
     /// # Errors
@@ -317,6 +310,27 @@ impl QueuePairBuilder {
     /// (`max_qp_wr`, `max_sge`); [`Error::Unsupported`] for a QP type the
     /// provider lacks; [`Error::Verb`] naming `ibv_create_qp` otherwise.
     pub fn build(&self) -> Result<QueuePair> {
+        let mut attr = self.checked_init_attr()?;
+        let (qp, qpx, cap) = match self.post_path {
+            PostPath::Legacy => (self.create_legacy(&mut attr)?, None, attr.cap),
+            path => match self.create_extended(&attr) {
+                Ok((qp, qpx, cap)) => (qp, Some(qpx), cap),
+                Err(e) if path == PostPath::Auto && e.errno() == Some(libc::EOPNOTSUPP) => {
+                    (self.create_legacy(&mut attr)?, None, attr.cap)
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        Ok(self.finish(qp, qpx, cap, None))
+    }
+
+    /// The raw PD the QP will be created in.
+    pub(crate) fn pd_raw(&self) -> *mut ffi::ibv_pd {
+        self.pd.as_raw()
+    }
+
+    /// The init attributes, after checking the queue sizes against the device.
+    pub(crate) fn checked_init_attr(&self) -> Result<ffi::ibv_qp_init_attr> {
         let ctx = self.pd.context();
         let dev = ctx.query_device()?;
         let c = self.caps;
@@ -336,7 +350,7 @@ impl QueuePairBuilder {
                 });
             }
         }
-        let mut attr = ffi::ibv_qp_init_attr {
+        Ok(ffi::ibv_qp_init_attr {
             send_cq: self.send_cq.as_raw(),
             recv_cq: self.recv_cq.as_raw(),
             cap: c.to_raw(),
@@ -347,24 +361,75 @@ impl QueuePairBuilder {
                 .as_ref()
                 .map_or(std::ptr::null_mut(), crate::SharedReceiveQueue::as_raw),
             ..Default::default()
+        })
+    }
+
+    /// The extended init attributes: the PD, and the send operations of the
+    /// QP type unless `legacy`.
+    pub(crate) fn init_attr_ex(
+        &self,
+        attr: &ffi::ibv_qp_init_attr,
+        legacy: bool,
+    ) -> ffi::ibv_qp_init_attr_ex {
+        let mut ex = ffi::ibv_qp_init_attr_ex {
+            send_cq: attr.send_cq,
+            recv_cq: attr.recv_cq,
+            srq: attr.srq,
+            cap: attr.cap,
+            qp_type: attr.qp_type,
+            sq_sig_all: attr.sq_sig_all,
+            comp_mask: ffi::IBV_QP_INIT_ATTR_PD,
+            pd: self.pd.as_raw(),
+            ..Default::default()
         };
-        let (qp, qpx, cap) = match self.post_path {
-            PostPath::Legacy => (self.create_legacy(&mut attr)?, None, attr.cap),
-            path => match self.create_extended(&attr) {
-                Ok((qp, qpx, cap)) => (qp, Some(qpx), cap),
-                Err(e) if path == PostPath::Auto && e.errno() == Some(libc::EOPNOTSUPP) => {
-                    (self.create_legacy(&mut attr)?, None, attr.cap)
-                }
-                Err(e) => return Err(e),
-            },
+        if !legacy {
+            ex.comp_mask |= ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+            ex.send_ops_flags = u64::from(self.send_ops());
+        }
+        ex
+    }
+
+    /// Creates the QP through `create` (the connection manager's
+    /// `rdma_create_qp_ex`); `owner` destroys it.
+    pub(crate) fn build_with(
+        &self,
+        create: &mut dyn FnMut(&mut ffi::ibv_qp_init_attr_ex) -> Result<NonNull<ffi::ibv_qp>>,
+        owner: Arc<dyn QpOwner>,
+    ) -> Result<QueuePair> {
+        let attr = self.checked_init_attr()?;
+        let legacy = self.post_path == PostPath::Legacy;
+        let mut ex = self.init_attr_ex(&attr, legacy);
+        let qp = match create(&mut ex) {
+            Err(e) if self.post_path == PostPath::Auto && e.errno() == Some(libc::EOPNOTSUPP) => {
+                ex = self.init_attr_ex(&attr, true);
+                create(&mut ex)?
+            }
+            r => r.map_err(|e| self.create_error("rdma_create_qp_ex", e))?,
         };
+        let qpx = if ex.comp_mask & ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
+            // SAFETY: the QP was created with send_ops_flags.
+            NonNull::new(unsafe { ffi::ibv_qp_to_qp_ex(qp.as_ptr()) })
+        } else {
+            None
+        };
+        Ok(self.finish(qp, qpx, ex.cap, Some(owner)))
+    }
+
+    /// Wraps a created QP: registers its tracker with the CQs.
+    pub(crate) fn finish(
+        &self,
+        qp: NonNull<ffi::ibv_qp>,
+        qpx: Option<NonNull<ffi::ibv_qp_ex>>,
+        cap: ffi::ibv_qp_cap,
+        owner: Option<Arc<dyn QpOwner>>,
+    ) -> QueuePair {
         let tracker = Tracker::new();
         self.send_cq.inner.registry.register(&tracker);
         self.recv_cq.inner.registry.register(&tracker);
         if let Some(srq) = &self.srq {
             srq.attach_cq(&self.recv_cq.inner);
         }
-        Ok(QueuePair {
+        QueuePair {
             qp,
             qpx,
             auto_path: self.post_path == PostPath::Auto,
@@ -375,8 +440,16 @@ impl QueuePairBuilder {
             recv_cq: self.recv_cq.clone(),
             srq: self.srq.clone(),
             pd: self.pd.clone(),
-        })
+            owner,
+        }
     }
+}
+
+/// Destroys a QP that another library created and owns (the connection
+/// manager's `rdma_create_qp`): `ibv_destroy_qp` and the owner's bookkeeping.
+pub(crate) trait QpOwner: Send + Sync {
+    /// Destroys `qp`; returns 0 or an errno value.
+    fn destroy_qp(&self, qp: *mut ffi::ibv_qp) -> std::ffi::c_int;
 }
 
 /// QP attributes for [`QueuePair::modify`], with the attribute mask computed
@@ -404,6 +477,11 @@ impl QpAttr {
     /// No attributes (empty mask).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Attributes and mask as a verb returned them (`rdma_init_qp_attr`).
+    pub(crate) fn from_raw(raw: ffi::ibv_qp_attr, mask: u32) -> Self {
+        QpAttr { raw, mask }
     }
 
     /// The mask the setters have built.
@@ -644,6 +722,9 @@ pub struct QueuePair {
     recv_cq: CompletionQueue,
     srq: Option<crate::SharedReceiveQueue>,
     pd: ProtectionDomain,
+    /// For a QP the connection manager created: destroys it, and keeps the
+    /// `rdma_cm_id` alive until then.
+    owner: Option<Arc<dyn QpOwner>>,
 }
 
 // SAFETY: a QP may be used from any thread; posting needs `&mut self`, the
@@ -866,7 +947,7 @@ impl QueuePair {
             if err.is_some() {
                 return;
             }
-            if !Arc::ptr_eq(&m.pd().inner, &self.pd.inner) {
+            if m.pd().as_raw() != self.pd.as_raw() {
                 err = Some(format!(
                     "a memory region ({m:?}) belongs to another protection domain"
                 ));
@@ -1565,8 +1646,11 @@ impl QueuePair {
         // any other consumer; then destroy, after which the device no longer
         // touches the QP's memory.
         let _ = self.to_error();
-        // SAFETY: valid QP, destroyed once (callers forget or drop `self`).
-        let rc = unsafe { ffi::ibv_destroy_qp(self.as_raw()) };
+        let rc = match &self.owner {
+            Some(owner) => owner.destroy_qp(self.as_raw()),
+            // SAFETY: valid QP, destroyed once (callers forget or drop `self`).
+            None => unsafe { ffi::ibv_destroy_qp(self.as_raw()) },
+        };
         check_errno_ret("ibv_destroy_qp", || self.ctx_str("destroy"), rc)?;
         self.send_cq.inner.registry.unregister(self.tracker.serial);
         self.recv_cq.inner.registry.unregister(self.tracker.serial);
@@ -1592,6 +1676,7 @@ impl QueuePair {
                     std::ptr::drop_in_place(&mut this.recv_cq);
                     std::ptr::drop_in_place(&mut this.srq);
                     std::ptr::drop_in_place(&mut this.pd);
+                    std::ptr::drop_in_place(&mut this.owner);
                 }
                 Ok(())
             }

@@ -1,0 +1,318 @@
+//! Connect and accept in one call, returning a connected QP with its CQ.
+//!
+//! Built on the non-blocking layer: every connection has an
+//! [`EventChannel`] of its own (accepted ids are migrated off the
+//! listener's), a borrowed context from its id, and a crate [`QueuePair`]
+//! moved through INIT/RTR/RTS by [`CmId::connect_qp`],
+//! [`CmId::establish_qp`] and [`CmId::accept_qp`]. Every wait is bounded by
+//! [`ConnectOptions::timeout`].
+//!
+//! ```no_run
+//! use rdma::cm::blocking::{Connection, ConnectOptions, Listener};
+//! # fn main() -> rdma::Result<()> {
+//! let opts = ConnectOptions::default();
+//! let listener = Listener::bind("10.8.0.1:0".parse().unwrap(), 8)?;
+//! let addr = listener.local_addr().expect("bound");
+//! let server = std::thread::spawn(move || listener.accept(&opts));
+//! let client = Connection::connect(addr, &ConnectOptions::default())?;
+//! let server = server.join().unwrap()?;
+//! # drop((client, server));
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::{CmEvent, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
+use crate::error::{Error, Result};
+use crate::{CompletionQueue, ProtectionDomain, QpType, QueuePair};
+
+/// Options of [`Connection::connect`] and [`Listener::accept`].
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Bound of every wait (address, route, connection, disconnection).
+    pub timeout: Duration,
+    /// What is sent with the request or the accept (private data, depths).
+    pub conn_param: ConnParam,
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Scatter/gather entries per request.
+    pub max_sge: u32,
+    /// Completion queue size (one CQ for both queues).
+    pub cqe: u32,
+    /// Source address for connecting (`None`: chosen by the route).
+    pub src: Option<SocketAddr>,
+}
+
+impl Default for ConnectOptions {
+    /// 5 s timeout, 64 requests per queue, 1 SGE, 256 CQ entries.
+    fn default() -> Self {
+        ConnectOptions {
+            timeout: Duration::from_secs(5),
+            conn_param: ConnParam::default(),
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            max_sge: 1,
+            cqe: 256,
+            src: None,
+        }
+    }
+}
+
+/// A connected RC queue pair with its CQ, PD and connection manager id.
+///
+/// Field order is teardown order: the QP is destroyed before its CQ and PD,
+/// and the id after them.
+pub struct Connection {
+    qp: QueuePair,
+    cq: CompletionQueue,
+    pd: ProtectionDomain,
+    private_data: Vec<u8>,
+    timeout: Duration,
+    id: CmId,
+    channel: EventChannel,
+}
+
+fn resources(
+    id: &CmId,
+    opts: &ConnectOptions,
+) -> Result<(ProtectionDomain, CompletionQueue, QueuePair)> {
+    let ctx = id.context()?;
+    let pd = ctx.alloc_pd()?;
+    let cq = ctx.create_cq(opts.cqe, None, 0)?;
+    let qp = pd
+        .qp_builder(QpType::Rc, &cq, &cq)
+        .max_send_wr(opts.max_send_wr)
+        .max_recv_wr(opts.max_recv_wr)
+        .max_send_sge(opts.max_sge)
+        .max_recv_sge(opts.max_sge)
+        .build()?;
+    Ok((pd, cq, qp))
+}
+
+impl Connection {
+    /// Connects to `dst` (TCP port space): resolves the address and route,
+    /// creates the PD, CQ and QP on the device the route uses, and connects.
+    ///
+    /// # Errors
+    /// [`Error::CmEvent`] when the peer rejects (with its private data) or is
+    /// unreachable, or resolution fails; `ETIMEDOUT` when an event does not
+    /// come within the timeout; the errors of the calls on the way.
+    pub fn connect(dst: SocketAddr, opts: &ConnectOptions) -> Result<Connection> {
+        let channel = EventChannel::new()?;
+        let id = channel.create_id(PortSpace::Tcp)?;
+        let t = opts.timeout;
+        id.resolve_addr(opts.src, dst, t)?;
+        drop(channel.wait_for(&id, &[CmEventType::AddrResolved], "rdma_resolve_addr", t)?);
+        id.resolve_route(t)?;
+        drop(channel.wait_for(&id, &[CmEventType::RouteResolved], "rdma_resolve_route", t)?);
+        let (pd, cq, qp) = resources(&id, opts)?;
+        id.connect_qp(&qp, &opts.conn_param)?;
+        let event = channel.wait_for(
+            &id,
+            &[CmEventType::ConnectResponse, CmEventType::Established],
+            "rdma_connect",
+            t,
+        )?;
+        let private_data = event.private_data().to_vec();
+        let response = event.event_type() == CmEventType::ConnectResponse;
+        drop(event);
+        if response {
+            id.establish_qp(&qp)?;
+        }
+        Ok(Connection {
+            qp,
+            cq,
+            pd,
+            private_data,
+            timeout: t,
+            id,
+            channel,
+        })
+    }
+
+    /// The queue pair (post with [`QueuePair::post_send`] and friends).
+    pub fn qp(&mut self) -> &mut QueuePair {
+        &mut self.qp
+    }
+
+    /// The completion queue of both queues.
+    pub fn cq(&self) -> &CompletionQueue {
+        &self.cq
+    }
+
+    /// The protection domain (register memory here).
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.pd
+    }
+
+    /// The connection manager id.
+    pub fn id(&self) -> &CmId {
+        &self.id
+    }
+
+    /// The connection's own event channel.
+    pub fn channel(&self) -> &EventChannel {
+        &self.channel
+    }
+
+    /// The private data the peer sent with its request or accept.
+    pub fn peer_private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+
+    /// The next event of the connection within `timeout` (e.g.
+    /// `DISCONNECTED` when the peer disconnects).
+    ///
+    /// # Errors
+    /// As [`EventChannel::get_event_timeout`].
+    pub fn next_event(&self, timeout: Duration) -> Result<Option<CmEvent>> {
+        self.channel.get_event_timeout(timeout)
+    }
+
+    /// Waits until the peer disconnects (`DISCONNECTED`), then completes
+    /// the disconnection from this side (on InfiniBand/RoCE that answers the
+    /// peer's request, which it waits for).
+    ///
+    /// # Errors
+    /// `ETIMEDOUT` when it does not within the timeout; [`Error::CmEvent`]
+    /// for another event.
+    pub fn wait_disconnected(&self) -> Result<()> {
+        drop(self.channel.wait_for(
+            &self.id,
+            &[CmEventType::Disconnected],
+            "wait for DISCONNECTED",
+            self.timeout,
+        )?);
+        // Already disconnected locally (iWARP) is fine.
+        let _ = self.id.disconnect();
+        Ok(())
+    }
+
+    /// Disconnects (`rdma_disconnect(3)`) and waits for `DISCONNECTED`.
+    ///
+    /// # Errors
+    /// As [`CmId::disconnect`] and [`Connection::wait_disconnected`].
+    pub fn disconnect(&self) -> Result<()> {
+        self.id.disconnect()?;
+        drop(self.channel.wait_for(
+            &self.id,
+            &[CmEventType::Disconnected],
+            "rdma_disconnect",
+            self.timeout,
+        )?);
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Connection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connection")
+            .field("qp", &self.qp)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A listening id with its own event channel.
+pub struct Listener {
+    id: CmId,
+    channel: EventChannel,
+}
+
+impl Listener {
+    /// Binds to `addr` (port 0: any free port) and listens (TCP port space).
+    ///
+    /// # Errors
+    /// As [`CmId::bind_addr`] and [`CmId::listen`].
+    pub fn bind(addr: SocketAddr, backlog: i32) -> Result<Listener> {
+        let channel = EventChannel::new()?;
+        let id = channel.create_id(PortSpace::Tcp)?;
+        id.bind_addr(addr)?;
+        id.listen(backlog)?;
+        Ok(Listener { id, channel })
+    }
+
+    /// The bound address, with the port that was picked.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        let mut a = self.id.local_addr()?;
+        a.set_port(self.id.src_port());
+        Some(a)
+    }
+
+    /// The listening id.
+    pub fn id(&self) -> &CmId {
+        &self.id
+    }
+
+    /// Waits (at most `timeout`) for the next connection request.
+    ///
+    /// # Errors
+    /// `ETIMEDOUT` when none comes; [`Error::CmEvent`] for another event.
+    pub fn get_request(&self, timeout: Duration) -> Result<CmEvent> {
+        self.channel.wait_for(
+            &self.id,
+            &[CmEventType::ConnectRequest],
+            "rdma_listen",
+            timeout,
+        )
+    }
+
+    /// Waits for a connection request, accepts it with a new QP, and waits
+    /// for `ESTABLISHED`. The connection gets an event channel of its own, so
+    /// it outlives the listener.
+    ///
+    /// # Errors
+    /// `ETIMEDOUT` when no request or no `ESTABLISHED` comes within the
+    /// timeout; the errors of the calls on the way.
+    pub fn accept(&self, opts: &ConnectOptions) -> Result<Connection> {
+        let t = opts.timeout;
+        let deadline = std::time::Instant::now() + t;
+        let request = loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let Some(event) = self.channel.get_event_timeout(left)? else {
+                return Err(Error::verb_errno(
+                    "rdma_get_cm_event",
+                    format!("no connection request within {t:?}"),
+                    libc::ETIMEDOUT,
+                ));
+            };
+            if event.event_type() == CmEventType::ConnectRequest {
+                break event;
+            }
+        };
+        let id = request.id().clone();
+        let private_data = request.private_data().to_vec();
+        drop(request);
+        let channel = EventChannel::new()?;
+        id.migrate_id(Some(&channel))?;
+        let (pd, cq, qp) = resources(&id, opts)?;
+        if let Err(e) = id.accept_qp(&qp, &opts.conn_param) {
+            let _ = id.reject(&[]);
+            return Err(e);
+        }
+        drop(channel.wait_for(&id, &[CmEventType::Established], "rdma_accept", t)?);
+        Ok(Connection {
+            qp,
+            cq,
+            pd,
+            private_data,
+            timeout: t,
+            id,
+            channel,
+        })
+    }
+}
+
+impl fmt::Debug for Listener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Listener")
+            .field("id", &self.id)
+            .field("addr", &self.local_addr())
+            .finish()
+    }
+}

@@ -1,0 +1,263 @@
+//! Event channels (`rdma_create_event_channel(3)`, `rdma_get_cm_event(3)`).
+
+use std::fmt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::event::CmEvent;
+use super::id::{self, IdInner};
+use super::CmEventType;
+use crate::error::{check_minus_one, check_ptr, last_errno, Error, Result};
+use crate::ffi;
+
+pub(crate) struct ChannelInner {
+    ch: NonNull<ffi::rdma_event_channel>,
+    /// Held while librdmacm may update ids of this channel: around
+    /// `rdma_get_cm_event` and around every operation on one of its ids.
+    lock: Mutex<()>,
+    /// Whether [`EventChannel::get_event`] returns `EAGAIN` instead of waiting.
+    nonblocking: AtomicBool,
+}
+
+// SAFETY: the channel is a file descriptor; librdmacm's calls on it may come
+// from any thread, and this crate serialises them with `lock`.
+unsafe impl Send for ChannelInner {}
+// SAFETY: as above.
+unsafe impl Sync for ChannelInner {}
+
+impl Drop for ChannelInner {
+    fn drop(&mut self) {
+        // SAFETY: every id on the channel holds an Arc to it, and every event
+        // holds its id, so no id and no unacknowledged event is left;
+        // destroyed once.
+        unsafe { ffi::rdma_destroy_event_channel(self.ch.as_ptr()) };
+    }
+}
+
+impl ChannelInner {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, ()> {
+        self.lock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// An event channel (`struct rdma_event_channel`): reports the events of the
+/// ids created on it (or migrated to it).
+///
+/// A cheap `Clone` handle. Its descriptor is always non-blocking underneath;
+/// [`EventChannel::get_event`] waits with `poll(2)` unless
+/// [`EventChannel::set_nonblocking`] asked it not to, so the descriptor can be
+/// handed to any poller ([`AsFd`]). With an edge-triggered poller, call
+/// [`EventChannel::try_get_event`] until it returns `Ok(None)`.
+#[derive(Clone)]
+pub struct EventChannel {
+    pub(crate) inner: Arc<ChannelInner>,
+}
+
+impl EventChannel {
+    /// Opens an event channel (`rdma_create_event_channel(3)`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `rdma_create_event_channel` (`ENODEV` when the
+    /// kernel has no RDMA CM, ...).
+    pub fn new() -> Result<EventChannel> {
+        // SAFETY: no preconditions.
+        let ch = unsafe { ffi::rdma_create_event_channel() };
+        let ch = check_ptr("rdma_create_event_channel", || "".into(), ch)?;
+        let channel = EventChannel {
+            inner: Arc::new(ChannelInner {
+                ch,
+                lock: Mutex::new(()),
+                nonblocking: AtomicBool::new(false),
+            }),
+        };
+        channel.set_fd_nonblocking()?;
+        Ok(channel)
+    }
+
+    fn set_fd_nonblocking(&self) -> Result<()> {
+        let fd = self.as_raw_fd();
+        // SAFETY: fcntl on the channel's open descriptor.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        check_minus_one("fcntl", || "F_GETFL on an event channel".into(), flags)?;
+        // SAFETY: as above.
+        let rc = unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) };
+        check_minus_one("fcntl", || "F_SETFL on an event channel".into(), rc)?;
+        Ok(())
+    }
+
+    /// The raw channel, valid while this handle (or a clone) lives.
+    pub fn as_raw(&self) -> *mut ffi::rdma_event_channel {
+        self.inner.ch.as_ptr()
+    }
+
+    /// Makes [`EventChannel::get_event`] return `EAGAIN` instead of waiting
+    /// when no event is pending (the descriptor itself is always
+    /// non-blocking).
+    pub fn set_nonblocking(&self, nonblocking: bool) {
+        self.inner.nonblocking.store(nonblocking, Ordering::Relaxed);
+    }
+
+    /// Whether [`EventChannel::get_event`] waits.
+    pub fn is_nonblocking(&self) -> bool {
+        self.inner.nonblocking.load(Ordering::Relaxed)
+    }
+
+    /// Waits for the next event (`rdma_get_cm_event(3)`).
+    ///
+    /// # Errors
+    /// `EAGAIN` (see [`Error::errno`]) in non-blocking mode when nothing is
+    /// pending; [`Error::Verb`] naming `rdma_get_cm_event` or `poll`.
+    pub fn get_event(&self) -> Result<CmEvent> {
+        loop {
+            if let Some(event) = self.try_get_event()? {
+                return Ok(event);
+            }
+            if self.is_nonblocking() {
+                return Err(Error::verb_errno(
+                    "rdma_get_cm_event",
+                    "non-blocking channel, no event pending",
+                    libc::EAGAIN,
+                ));
+            }
+            self.wait_readable(None)?;
+        }
+    }
+
+    /// Waits at most `timeout` for the next event; `Ok(None)` when none came.
+    ///
+    /// # Errors
+    /// As [`EventChannel::get_event`].
+    pub fn get_event_timeout(&self, timeout: Duration) -> Result<Option<CmEvent>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(event) = self.try_get_event()? {
+                return Ok(Some(event));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            self.wait_readable(Some(left))?;
+        }
+    }
+
+    /// Waits for an event of `id` (for a listener: a connect request to it)
+    /// of one of `wanted` types, at most `timeout`; events of other ids on
+    /// the channel are dropped (acknowledged).
+    ///
+    /// # Errors
+    /// [`Error::CmEvent`] for another event of the id (a failure event,
+    /// typically), `ETIMEDOUT` when none came in time, or the errors of
+    /// [`EventChannel::get_event`].
+    pub fn wait_for(
+        &self,
+        id: &super::CmId,
+        wanted: &[CmEventType],
+        operation: &'static str,
+        timeout: Duration,
+    ) -> Result<CmEvent> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some(event) = self.get_event_timeout(left)? else {
+                return Err(Error::verb_errno(
+                    "rdma_get_cm_event",
+                    format!("{operation}: none of {wanted:?} within {timeout:?}"),
+                    libc::ETIMEDOUT,
+                ));
+            };
+            // A connect request names the new id; it is about the listener.
+            let about = event.listen_id().unwrap_or(event.id());
+            if !about.same_id(id) {
+                continue;
+            }
+            if wanted.contains(&event.event_type()) && event.status() == 0 {
+                return Ok(event);
+            }
+            return Err(event.into_error(operation));
+        }
+    }
+
+    /// Returns the next event if one is pending, without waiting.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `rdma_get_cm_event`.
+    pub fn try_get_event(&self) -> Result<Option<CmEvent>> {
+        loop {
+            // Ids to release after the channel lock is dropped: releasing an
+            // id destroys it, which takes the lock.
+            let mut release: Vec<Arc<IdInner>> = Vec::new();
+            let outcome = {
+                let _guard = self.inner.lock();
+                let mut raw: *mut ffi::rdma_cm_event = std::ptr::null_mut();
+                // SAFETY: valid channel (non-blocking descriptor) and out-pointer.
+                let rc = unsafe { ffi::rdma_get_cm_event(self.as_raw(), &mut raw) };
+                if rc < 0 {
+                    let errno = last_errno();
+                    if errno == libc::EAGAIN || errno == libc::EWOULDBLOCK {
+                        return Ok(None);
+                    }
+                    return Err(Error::verb_errno("rdma_get_cm_event", "", errno));
+                }
+                match NonNull::new(raw) {
+                    // SAFETY: a fresh event from rdma_get_cm_event on this
+                    // channel, not acknowledged yet; the channel lock is held.
+                    Some(raw) => unsafe { id::wrap_event(raw, self, &mut release) },
+                    None => None,
+                }
+            };
+            drop(release);
+            if let Some(event) = outcome {
+                return Ok(Some(event));
+            }
+        }
+    }
+
+    /// Waits until the descriptor is readable or `timeout` passes.
+    fn wait_readable(&self, timeout: Option<Duration>) -> Result<()> {
+        let mut pfd = libc::pollfd {
+            fd: self.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.map_or(-1, |t| {
+            std::ffi::c_int::try_from(t.as_millis().max(1)).unwrap_or(std::ffi::c_int::MAX)
+        });
+        // SAFETY: one valid pollfd.
+        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if rc < 0 && last_errno() != libc::EINTR {
+            return Err(Error::verb_errno("poll", "event channel", last_errno()));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn same_channel(&self, other: &EventChannel) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl AsFd for EventChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the descriptor stays open while the channel lives.
+        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
+    }
+}
+
+impl AsRawFd for EventChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        // SAFETY: reads a field of a live channel.
+        unsafe { (*self.as_raw()).fd }
+    }
+}
+
+impl fmt::Debug for EventChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventChannel")
+            .field("fd", &self.as_raw_fd())
+            .field("nonblocking", &self.is_nonblocking())
+            .finish()
+    }
+}
