@@ -1406,63 +1406,12 @@ impl QueuePair {
                 });
             }
         }
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        let mut sges: Vec<ffi::ibv_sge> = Vec::new();
-        let mut sge_at = Vec::with_capacity(wrs.len());
-        for (_, b) in &wrs {
-            sge_at.push((sges.len(), b.len()));
-            b.for_each(|m| sges.push(m.sge()));
-        }
-        let serial = self.tracker.serial;
-        let mut ring = self.tracker.ring(true);
-        let first_seq = ring.next_seq;
-        let mut raw: Vec<ffi::ibv_recv_wr> = (0..wrs.len())
-            .map(|i| {
-                let (at, n) = sge_at[i];
-                ffi::ibv_recv_wr {
-                    wr_id: track::encode(serial, true, first_seq.wrapping_add(i as u32)),
-                    next: std::ptr::null_mut(),
-                    sg_list: if n == 0 {
-                        std::ptr::null_mut()
-                    } else {
-                        sges[at..].as_mut_ptr()
-                    },
-                    num_sge: n as std::ffi::c_int,
-                }
-            })
-            .collect();
-        let base = raw.as_mut_ptr();
-        for i in 1..raw.len() {
-            // SAFETY: in bounds; `raw` is not reallocated.
-            unsafe { (*base.add(i - 1)).next = base.add(i) };
-        }
-        let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: a well-formed chain over memory held by `wrs`, parked in the
-        // tracker below while the ring lock is held.
-        let rc = unsafe { ffi::ibv_post_recv(self.as_raw(), base, &mut bad) };
-        let posted = if rc == 0 {
-            wrs.len()
-        } else if bad.is_null() {
-            0
-        } else {
-            // SAFETY: `bad` points into `raw`.
-            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
-        };
-        let mut rest = wrs;
-        let unposted = rest.split_off(posted);
-        for (i, (wr_id, buffers)) in rest.into_iter().enumerate() {
-            ring.pending.push_back(Pending {
-                seq: first_seq.wrapping_add(i as u32),
-                wr_id,
-                buffers,
-                _ah: None,
-                _mw: None,
-            });
-        }
-        ring.next_seq = first_seq.wrapping_add(posted as u32);
-        drop(ring);
+        let qp = self.as_raw();
+        // SAFETY: `post_recvs` hands over a well-formed chain whose memory it
+        // parks in the tracker; the QP is live.
+        let (rc, unposted) = track::post_recvs(&self.tracker, wrs, |chain, bad| unsafe {
+            ffi::ibv_post_recv(qp, chain, bad)
+        });
         if rc == 0 {
             return Ok(());
         }

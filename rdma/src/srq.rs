@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 use crate::cq::CqInner;
 use crate::error::{check_errno_ret, check_ptr, Error, Result};
 use crate::mr::AccessFlags;
-use crate::track::{self, Pending, Tracker};
+use crate::track::{self, Tracker};
 use crate::wc::WrBuffers;
 use crate::wr::PostError;
 use crate::{ffi, ProtectionDomain};
@@ -245,62 +245,12 @@ impl SharedReceiveQueue {
                 });
             }
         }
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        let mut sges: Vec<ffi::ibv_sge> = Vec::new();
-        let mut at = Vec::with_capacity(wrs.len());
-        for (_, b) in &wrs {
-            at.push((sges.len(), b.len()));
-            b.for_each(|m| sges.push(m.sge()));
-        }
-        let tracker = &self.inner.tracker;
-        let mut ring = tracker.ring(true);
-        let first = ring.next_seq;
-        let mut raw: Vec<ffi::ibv_recv_wr> = at
-            .iter()
-            .enumerate()
-            .map(|(i, &(s, n))| ffi::ibv_recv_wr {
-                wr_id: track::encode(tracker.serial, true, first.wrapping_add(i as u32)),
-                next: std::ptr::null_mut(),
-                sg_list: if n == 0 {
-                    std::ptr::null_mut()
-                } else {
-                    sges[s..].as_mut_ptr()
-                },
-                num_sge: n as std::ffi::c_int,
-            })
-            .collect();
-        let base = raw.as_mut_ptr();
-        for i in 1..raw.len() {
-            // SAFETY: in bounds; `raw` is not reallocated.
-            unsafe { (*base.add(i - 1)).next = base.add(i) };
-        }
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: a well-formed chain over memory held by `wrs`, parked in the
-        // tracker while the ring lock is held.
-        let rc = unsafe { ffi::ibv_post_srq_recv(self.as_raw(), base, &mut bad) };
-        let posted = if rc == 0 {
-            wrs.len()
-        } else if bad.is_null() {
-            0
-        } else {
-            // SAFETY: `bad` points into `raw`.
-            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
-        };
-        let mut rest = wrs;
-        let unposted = rest.split_off(posted);
-        for (i, (wr_id, buffers)) in rest.into_iter().enumerate() {
-            ring.pending.push_back(Pending {
-                seq: first.wrapping_add(i as u32),
-                wr_id,
-                buffers,
-                _ah: None,
-                _mw: None,
-            });
-        }
-        ring.next_seq = first.wrapping_add(posted as u32);
-        drop(ring);
+        let srq = self.as_raw();
+        // SAFETY: `post_recvs` hands over a well-formed chain whose memory it
+        // parks in the tracker; the SRQ is live.
+        let (rc, unposted) = track::post_recvs(&self.inner.tracker, wrs, |chain, bad| unsafe {
+            ffi::ibv_post_srq_recv(srq, chain, bad)
+        });
         if rc == 0 {
             return Ok(());
         }

@@ -16,6 +16,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
+use crate::ffi;
 use crate::wc::{Completion, WrBuffers};
 use crate::AddressHandle;
 
@@ -131,6 +132,72 @@ impl Tracker {
     }
 }
 
+/// Posts receive requests with `post` (`ibv_post_recv` on a QP or
+/// `ibv_post_srq_recv` on an SRQ, given the chain and the bad-request
+/// out-pointer) and parks the memory of those posted in `tracker`'s receive
+/// ring. Returns the provider's return code and the requests not posted.
+pub(crate) fn post_recvs(
+    tracker: &Tracker,
+    wrs: Vec<(u64, WrBuffers)>,
+    post: impl FnOnce(*mut ffi::ibv_recv_wr, *mut *mut ffi::ibv_recv_wr) -> std::ffi::c_int,
+) -> (std::ffi::c_int, Vec<(u64, WrBuffers)>) {
+    if wrs.is_empty() {
+        return (0, wrs);
+    }
+    let mut sges: Vec<ffi::ibv_sge> = Vec::new();
+    let mut sge_at = Vec::with_capacity(wrs.len());
+    for (_, b) in &wrs {
+        sge_at.push((sges.len(), b.len()));
+        b.for_each(|m| sges.push(m.sge()));
+    }
+    let mut ring = tracker.ring(true);
+    let first = ring.next_seq;
+    let mut raw: Vec<ffi::ibv_recv_wr> = sge_at
+        .iter()
+        .enumerate()
+        .map(|(i, &(at, n))| ffi::ibv_recv_wr {
+            wr_id: encode(tracker.serial, true, first.wrapping_add(i as u32)),
+            next: std::ptr::null_mut(),
+            sg_list: if n == 0 {
+                std::ptr::null_mut()
+            } else {
+                sges[at..].as_mut_ptr()
+            },
+            num_sge: n as std::ffi::c_int,
+        })
+        .collect();
+    let base = raw.as_mut_ptr();
+    for i in 1..raw.len() {
+        // SAFETY: `i` and `i - 1` are in bounds; `raw` is not reallocated.
+        unsafe { (*base.add(i - 1)).next = base.add(i) };
+    }
+    let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
+    // The chain's SGEs point into memory held by `wrs`, which is parked below
+    // while the ring lock is held, before any completion can be resolved.
+    let rc = post(base, &mut bad);
+    let posted = if rc == 0 {
+        wrs.len()
+    } else if bad.is_null() {
+        0
+    } else {
+        // SAFETY: the provider points `bad` into the chain it was given.
+        usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+    };
+    let mut rest = wrs;
+    let unposted = rest.split_off(posted);
+    for (i, (wr_id, buffers)) in rest.into_iter().enumerate() {
+        ring.pending.push_back(Pending {
+            seq: first.wrapping_add(i as u32),
+            wr_id,
+            buffers,
+            _ah: None,
+            _mw: None,
+        });
+    }
+    ring.next_seq = first.wrapping_add(posted as u32);
+    (rc, unposted)
+}
+
 /// QPs whose completions a CQ may report, by serial.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
@@ -173,7 +240,6 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi;
 
     fn pending(ring: &mut Ring, wr_id: u64) -> u32 {
         let seq = ring.next_seq;
