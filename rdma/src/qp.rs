@@ -435,6 +435,7 @@ impl QueuePairBuilder {
             auto_path: self.post_path == PostPath::Auto,
             qp_type: self.qp_type,
             caps: QpCaps::from_raw(&cap),
+            max_msg: std::sync::atomic::AtomicU32::new(0),
             tracker,
             send_cq: self.send_cq.clone(),
             recv_cq: self.recv_cq.clone(),
@@ -716,6 +717,9 @@ pub struct QueuePair {
     auto_path: bool,
     qp_type: QpType,
     caps: QpCaps,
+    /// The largest message the QP may send, learnt at `to_init` from the
+    /// port (`max_msg_sz`; the active MTU for UD); 0 until then.
+    max_msg: std::sync::atomic::AtomicU32,
     tracker: Arc<Tracker>,
     // Parents: released after the QP is destroyed (Drop runs first).
     send_cq: CompletionQueue,
@@ -861,7 +865,22 @@ impl QueuePair {
             QpType::Ud => a.qkey(attr.qkey),
             _ => a.access_flags(attr.access),
         };
-        self.modify(&a)
+        self.modify(&a)?;
+        self.learn_max_msg(attr.port);
+        Ok(())
+    }
+
+    /// Remembers the port's message limit, so oversized requests get a clear
+    /// error instead of whatever the device does with them.
+    fn learn_max_msg(&self, port: u8) {
+        if let Ok(p) = self.pd.context().query_port(u32::from(port)) {
+            let limit = match self.qp_type {
+                QpType::Ud => p.active_mtu.bytes().unwrap_or(0),
+                _ => p.max_msg_sz,
+            };
+            self.max_msg
+                .store(limit, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// INIT → RTR. UD ignores `attr` (pass `None`); RC and UC need it.
@@ -975,6 +994,17 @@ impl QueuePair {
     }
 
     fn check_send(&self, op: &SendOp, len: u64, ud: &Option<UdDest>) -> Result<()> {
+        let max = u64::from(self.max_msg.load(std::sync::atomic::Ordering::Relaxed));
+        if max != 0 && len > max {
+            return Err(self.invalid(format!(
+                "a {len}-byte message exceeds the port's limit of {max} bytes{}",
+                if self.qp_type == QpType::Ud {
+                    " (a UD message must fit the path MTU)"
+                } else {
+                    " (max_msg_sz)"
+                }
+            )));
+        }
         if let Some(remote) = op.remote() {
             if op.is_atomic() {
                 if len != 8 {

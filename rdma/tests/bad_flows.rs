@@ -282,3 +282,53 @@ fn full_receive_queue_returns_the_rest() {
     );
     assert!(err.returned.iter().all(|(_, b)| b.len() == 1));
 }
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn posting_sends_in_init_is_refused() {
+    let ctx = common::open(&common::device_name());
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None, 0).unwrap();
+    let mut qp = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
+    qp.to_init(&rdma::InitAttr::new(1)).unwrap();
+    assert_eq!(qp.state().unwrap(), QpState::Init);
+    let buf = pd.reg_mr(vec![1u8; 8], AccessFlags::empty()).unwrap();
+    let err = qp.post_send(SendWr::send(1, buf)).unwrap_err();
+    assert!(err.error.errno().is_some(), "{}", err.error);
+    assert_eq!(err.returned.len(), 1, "the memory comes back");
+    // Receives may be posted from INIT on.
+    qp.post_recv(2, pd.alloc_mr(8, LW).unwrap()).unwrap();
+    assert_eq!(qp.in_flight(), (0, 1));
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn message_longer_than_the_port_allows_is_refused() {
+    let mut p = pair(QpType::Rc, LW | AccessFlags::REMOTE_WRITE);
+    let max = p.ctx.query_port(1).unwrap().max_msg_sz as usize;
+    let target =
+        p.pd.alloc_mr(max + 4096, LW | AccessFlags::REMOTE_WRITE)
+            .unwrap();
+    let src = p.pd.alloc_mr(max + 1, AccessFlags::empty()).unwrap();
+    let err =
+        p.a.post_send(SendWr::write(1, src, target.remote()))
+            .unwrap_err();
+    assert!(
+        err.error.to_string().contains("max_msg_sz"),
+        "{}",
+        err.error
+    );
+    assert_eq!(err.returned.len(), 1, "the memory comes back");
+    // UD: a message must fit the path MTU.
+    let mut u = pair(QpType::Ud, AccessFlags::empty());
+    let mtu = u.ctx.query_port(1).unwrap().active_mtu.bytes().unwrap() as usize;
+    let gid = u.ctx.query_gid(1, u32::from(u.gid_index)).unwrap();
+    let ah =
+        u.pd.create_ah(&rdma::AhAttr::global(1, gid, u.gid_index))
+            .unwrap();
+    let big = u.pd.alloc_mr(mtu + 1, AccessFlags::empty()).unwrap();
+    let err =
+        u.a.post_send(SendWr::send(2, big).ud(&ah, u.b.qp_num(), common::QKEY))
+            .unwrap_err();
+    assert!(err.error.to_string().contains("path MTU"), "{}", err.error);
+}
