@@ -19,14 +19,14 @@ use std::process::ExitCode;
 
 use pingpong::{Dest, Opts, OrFail, Res, Tool, Traffic, Unsupported};
 use rdma::ffi;
-use rdma::{AccessFlags, Context, InitAttr, QpType, RtrAttr, RtsAttr};
+use rdma::{AccessFlags, Context, InitAttr, PostPath, QpType, RtrAttr, RtsAttr};
 
 const TOOL: Tool = Tool {
     name: "rc_pingpong",
     twin: "ibv_rc_pingpong",
     default_size: 4096,
     has_mtu: true,
-    has_odp: true,
+    rc_flags: true,
     unsupported: &[
         Unsupported {
             short: 'O',
@@ -40,19 +40,9 @@ const TOOL: Tool = Tool {
             why: "ibv_advise_mr is not wrapped",
         },
         Unsupported {
-            short: 't',
-            long: "ts",
-            why: "completion timestamps need ibv_create_cq_ex, which is not wrapped",
-        },
-        Unsupported {
             short: 'j',
             long: "dm",
             why: "device memory (ibv_alloc_dm) is not wrapped",
-        },
-        Unsupported {
-            short: 'N',
-            long: "new_send",
-            why: "the ibv_qp_ex work request API is not wrapped",
         },
     ],
 };
@@ -92,20 +82,49 @@ fn run(opts: &Opts) -> Res<()> {
     } else {
         None
     };
+    let ts_mask = if opts.ts {
+        let mask = ctx
+            .query_device()
+            .or_fail("Couldn't query device for its features")?
+            .completion_timestamp_mask();
+        if mask == 0 {
+            return Err(format!(
+                "{} isn't completion timestamp capable (-t)",
+                ctx.name()
+            ));
+        }
+        Some(mask)
+    } else {
+        None
+    };
     let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
-    let cq = ctx
-        .create_cq(opts.rx_depth + 1, channel.as_ref(), 0)
-        .or_fail("Couldn't create CQ")?;
-    // One send in flight at a time; rx_depth receives.
+    let cq = if opts.ts {
+        ctx.create_cq_ex(opts.rx_depth + 1, channel.as_ref(), 0, true)
+    } else {
+        ctx.create_cq(opts.rx_depth + 1, channel.as_ref(), 0)
+    }
+    .or_fail("Couldn't create CQ")?;
+    // One send in flight at a time; rx_depth receives. The send path is the
+    // C tool's: ibv_post_send, or the ibv_wr_* API with -N.
     let mut qp = pd
         .qp_builder(QpType::Rc, &cq, &cq)
         .max_send_wr(1)
         .max_recv_wr(opts.rx_depth)
+        .post_path(if opts.new_send {
+            PostPath::Extended
+        } else {
+            PostPath::Legacy
+        })
         .build()
         .or_fail("Couldn't create QP")?;
-    // As the C tool: inline when the provider's inline limit allows it.
-    let inline = qp.caps().max_inline_data as usize >= opts.size;
+    // As the C tool: inline when the provider's inline limit allows it. With
+    // -N the C tool hands the buffer over with ibv_wr_set_sge; so does this
+    // port (ibv_wr_set_inline_data miscounts on rdma-core 44's rxe).
+    let inline = !opts.new_send && qp.caps().max_inline_data as usize >= opts.size;
     let mut traffic = Traffic::new(&pd, opts, 0, access, inline)?;
+    if let Some(mask) = ts_mask {
+        traffic.with_timestamps(mask);
+    }
     // No remote access: the peer only SENDs.
     qp.to_init(&InitAttr::new(opts.ib_port))
         .or_fail("Failed to modify QP to INIT")?;
@@ -120,7 +139,7 @@ fn run(opts: &Opts) -> Res<()> {
     me.print("local");
     let mtu = opts.mtu.unwrap_or(port.active_mtu);
     let connect = |peer: &Dest| -> Res<()> {
-        let ah = pingpong::peer_ah(opts, peer)?;
+        let ah = pingpong::peer_ah(opts, &port, peer)?;
         // Defaults of the C tool: 1 outstanding READ/atomic, RNR timer 12;
         // timeout 14, 7 retries, 7 RNR retries.
         qp.to_rtr(Some(&RtrAttr::new(ah, mtu, peer.qpn, peer.psn)))

@@ -21,7 +21,7 @@ const TOOL: Tool = Tool {
     twin: "ibv_uc_pingpong",
     default_size: 4096,
     has_mtu: true,
-    has_odp: false,
+    rc_flags: false,
     unsupported: &[],
 };
 
@@ -65,7 +65,7 @@ fn run(opts: &Opts) -> Res<()> {
     let connect = |peer: &Dest| -> Res<()> {
         // UC takes the address, MTU, peer QPN and PSN to reach RTR and only
         // the send PSN for RTS (no acknowledgements, so no timeouts).
-        let ah = pingpong::peer_ah(opts, peer)?;
+        let ah = pingpong::peer_ah(opts, &port, peer)?;
         qp.to_rtr(Some(&RtrAttr::new(ah, mtu, peer.qpn, peer.psn)))
             .or_fail("Failed to modify QP to RTR")?;
         qp.to_rts(&RtsAttr::new(me.psn))

@@ -20,9 +20,9 @@ use rdma::{AccessFlags, InitAttr, QpType, RtsAttr, UdDest};
 const TOOL: Tool = Tool {
     name: "ud_pingpong",
     twin: "ibv_ud_pingpong",
-    default_size: 2048,
+    default_size: 1024,
     has_mtu: false,
-    has_odp: false,
+    rc_flags: false,
     unsupported: &[],
 };
 
@@ -80,7 +80,7 @@ fn run(opts: &Opts) -> Res<()> {
         qp.to_rtr(None).or_fail("Failed to modify QP to RTR")?;
         qp.to_rts(&RtsAttr::new(me.psn))
             .or_fail("Failed to modify QP to RTS")?;
-        let attr = pingpong::peer_ah(opts, peer)?;
+        let attr = pingpong::peer_ah(opts, &port, peer)?;
         ah = Some(pd.create_ah(&attr).or_fail("Failed to create AH")?);
         Ok(())
     };

@@ -30,9 +30,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use rdma::{
-    AccessFlags, AhAttr, CompletionChannel, CompletionQueue, Context, Gid, GlobalRoute, InlineSend,
-    LinkLayer, MemoryRegion, Mtu, PortAttr, ProtectionDomain, QueuePair, SendWr, UdDest, WcStatus,
-    WrBuffers,
+    AccessFlags, AhAttr, Completion, CompletionChannel, CompletionQueue, Context, Gid, GlobalRoute,
+    InlineSend, LinkLayer, MemoryRegion, Mtu, PortAttr, ProtectionDomain, QueuePair, SendWr,
+    UdDest, WcStatus, WrBuffers,
 };
 
 /// `wr_id` of every receive.
@@ -75,8 +75,9 @@ pub struct Tool {
     pub default_size: usize,
     /// Whether `-m/--mtu` exists (not for UD, whose messages fit one packet).
     pub has_mtu: bool,
-    /// Whether `-o/--odp` exists (RC only, as in rdma-core).
-    pub has_odp: bool,
+    /// Whether `-o/--odp`, `-t/--ts` and `-N/--new_send` exist (rdma-core
+    /// has them in `ibv_rc_pingpong` only).
+    pub rc_flags: bool,
     /// Flags of the C tool that this port recognises but cannot honour.
     pub unsupported: &'static [Unsupported],
 }
@@ -119,6 +120,10 @@ pub struct Opts {
     pub chk: bool,
     /// Register memory with on-demand paging.
     pub odp: bool,
+    /// Completion timestamps (an extended CQ).
+    pub ts: bool,
+    /// Post sends with the `ibv_wr_*` API (an extended QP).
+    pub new_send: bool,
     /// The server to connect to (`None`: be the server).
     pub host: Option<String>,
 }
@@ -137,6 +142,8 @@ enum Key {
     GidIdx,
     Chk,
     Odp,
+    Ts,
+    NewSend,
     Help,
     Unsupported(usize),
 }
@@ -172,8 +179,10 @@ fn flags(tool: &Tool) -> Vec<Flag> {
     if tool.has_mtu {
         v.push(f('m', "mtu", true, Key::Mtu));
     }
-    if tool.has_odp {
+    if tool.rc_flags {
         v.push(f('o', "odp", false, Key::Odp));
+        v.push(f('t', "ts", false, Key::Ts));
+        v.push(f('N', "new_send", false, Key::NewSend));
     }
     for (i, u) in tool.unsupported.iter().enumerate() {
         v.push(f(u.short, u.long, false, Key::Unsupported(i)));
@@ -223,8 +232,16 @@ pub fn usage(tool: &Tool) -> String {
         "-c, --chk",
         "check the contents of every message received (the pattern of the C tool)",
     );
-    if tool.has_odp {
+    if tool.rc_flags {
         line("-o, --odp", "register the buffers with on-demand paging");
+        line(
+            "-t, --ts",
+            "read completion timestamps (extended CQ) and print receive intervals",
+        );
+        line(
+            "-N, --new_send",
+            "post sends with the ibv_wr_* API (extended QP) instead of ibv_post_send",
+        );
     }
     line("-h, --help", "print this text");
     for u in tool.unsupported {
@@ -323,6 +340,8 @@ fn apply(tool: &Tool, opts: &mut Opts, key: Key, name: &str, v: &str) -> Result<
         Key::Events => opts.events = true,
         Key::Chk => opts.chk = true,
         Key::Odp => opts.odp = true,
+        Key::Ts => opts.ts = true,
+        Key::NewSend => opts.new_send = true,
         Key::Help => return Err(ArgError::Help),
         Key::Unsupported(i) => {
             let u = &tool.unsupported[i];
@@ -357,6 +376,8 @@ pub fn parse_args(tool: &Tool, args: impl IntoIterator<Item = String>) -> Result
         gid_idx: None,
         chk: false,
         odp: false,
+        ts: false,
+        new_send: false,
         host: None,
     };
     let mut positional = Vec::new();
@@ -628,8 +649,16 @@ pub fn local_dest(
 /// peer sent a GID (RoCE always does), as the C tools decide it.
 ///
 /// # Errors
-/// The peer sent a GID but this side has no `-g`.
-pub fn peer_ah(opts: &Opts, peer: &Dest) -> Res<AhAttr> {
+/// The peer sent a GID but this side has no `-g`, or the port is Ethernet
+/// (RoCE) and the peer sent no GID.
+pub fn peer_ah(opts: &Opts, port: &PortAttr, peer: &Dest) -> Res<AhAttr> {
+    if peer.gid.is_zero() && port.link_layer == LinkLayer::Ethernet {
+        return Err(
+            "the peer sent no GID, but on an Ethernet (RoCE) port packets are addressed by \
+             GID: run both sides with -g"
+                .into(),
+        );
+    }
     let mut ah = AhAttr::local(opts.ib_port, peer.lid);
     ah.sl = opts.sl;
     if peer.gid.interface_id() != 0 {
@@ -652,6 +681,21 @@ pub fn peer_ah(opts: &Opts, peer: &Dest) -> Res<AhAttr> {
     Ok(ah)
 }
 
+/// Reads exactly `buf.len()` bytes; a peer that hangs up early (typically
+/// because it could not connect its QP to us) is said so.
+fn read_exactly(sock: &mut TcpStream, buf: &mut [u8], what: &str) -> Res<()> {
+    sock.read_exact(buf).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            format!(
+                "{what}: the peer closed the connection (it may have refused our address: \
+                 see its output)"
+            )
+        } else {
+            format!("{what}: {e}")
+        }
+    })
+}
+
 fn listen(port: u16) -> Res<TcpListener> {
     // Like getaddrinfo(NULL, AI_PASSIVE): the IPv6 wildcard (dual stack on
     // Linux) and, where IPv6 is off, the IPv4 one. std sets SO_REUSEADDR.
@@ -670,15 +714,13 @@ pub fn server_exchange(port: u16, me: &Dest, connect: impl FnOnce(&Dest) -> Res<
     let (mut sock, _) = listener.accept().or_fail("accept() failed")?;
     drop(listener);
     let mut msg = [0u8; MSG_LEN];
-    sock.read_exact(&mut msg)
-        .or_fail("Couldn't read remote address")?;
+    read_exactly(&mut sock, &mut msg, "Couldn't read remote address")?;
     let peer = Dest::from_wire(&msg)?;
     connect(&peer).map_err(|e| format!("Couldn't connect to remote QP: {e}"))?;
     sock.write_all(&me.to_wire())
         .or_fail("Couldn't send local address")?;
     let mut done = [0u8; 5];
-    sock.read_exact(&mut done)
-        .or_fail("Couldn't read the client's \"done\"")?;
+    read_exactly(&mut sock, &mut done, "Couldn't read the client's \"done\"")?;
     if &done != b"done\0" {
         return Err(format!("expected \"done\" from the client, got {done:?}"));
     }
@@ -712,8 +754,7 @@ pub fn client_exchange(host: &str, port: u16, me: &Dest) -> Res<Dest> {
     sock.write_all(&me.to_wire())
         .or_fail("Couldn't send local address")?;
     let mut msg = [0u8; MSG_LEN];
-    sock.read_exact(&mut msg)
-        .or_fail("Couldn't read remote address")?;
+    read_exactly(&mut sock, &mut msg, "Couldn't read remote address")?;
     sock.write_all(b"done\0")
         .or_fail("Couldn't send \"done\"")?;
     Dest::from_wire(&msg)
@@ -766,6 +807,40 @@ enum SendBuf {
     Region(Option<MemoryRegion>),
 }
 
+/// Intervals between receive completions, in device clock ticks (`-t`).
+#[derive(Debug)]
+struct Timestamps {
+    /// The device's `completion_timestamp_mask`: where its clock wraps.
+    mask: u64,
+    prev: Option<u64>,
+    max: u64,
+    min: u64,
+    total: u64,
+    count: u32,
+}
+
+impl Timestamps {
+    fn receive(&mut self, ts: Option<u64>) {
+        let Some(ts) = ts else {
+            self.prev = None;
+            return;
+        };
+        if let Some(prev) = self.prev {
+            let delta = if ts >= prev {
+                ts - prev
+            } else {
+                // The clock wrapped at `mask`.
+                self.mask - prev + ts + 1
+            };
+            self.max = self.max.max(delta);
+            self.min = self.min.min(delta);
+            self.total += delta;
+            self.count += 1;
+        }
+        self.prev = Some(ts);
+    }
+}
+
 #[derive(Debug)]
 struct BadMessage {
     index: u32,
@@ -790,6 +865,8 @@ pub struct Traffic {
     expect: Option<Vec<u8>>,
     page: usize,
     bad: Vec<BadMessage>,
+    /// With `-t`: poll with the extended CQ's cursor and keep statistics.
+    timestamps: Option<Timestamps>,
 }
 
 impl Traffic {
@@ -838,7 +915,51 @@ impl Traffic {
             expect: opts.chk.then_some(data),
             page,
             bad: Vec::new(),
+            timestamps: None,
         })
+    }
+
+    /// Reads completion timestamps: the CQ must come from
+    /// `create_cq_ex(.., timestamps: true)`; `mask` is the device's
+    /// `completion_timestamp_mask`.
+    pub fn with_timestamps(&mut self, mask: u64) {
+        self.timestamps = Some(Timestamps {
+            mask,
+            prev: None,
+            max: 0,
+            min: u64::from(u32::MAX),
+            total: 0,
+            count: 0,
+        });
+    }
+
+    /// Appends up to `max` completions, with their timestamps under `-t`.
+    fn poll(
+        &self,
+        cq: &CompletionQueue,
+        out: &mut Vec<(Completion, Option<u64>)>,
+        max: usize,
+    ) -> Res<usize> {
+        if self.timestamps.is_none() {
+            let mut wcs = Vec::with_capacity(max);
+            let n = cq.poll(&mut wcs, max).or_fail("poll CQ failed")?;
+            out.extend(wcs.into_iter().map(|c| (c, None)));
+            return Ok(n);
+        }
+        let Some(mut cursor) = cq.start_poll().or_fail("poll CQ failed")? else {
+            return Ok(0);
+        };
+        let mut n = 0;
+        loop {
+            let ts = cursor.completion_ts();
+            if let Some(c) = cursor.take() {
+                out.push((c, ts));
+                n += 1;
+            }
+            if n >= max || !cursor.next().or_fail("poll CQ failed")? {
+                return Ok(n);
+            }
+        }
     }
 
     /// Posts receives until `rx_depth` are outstanding.
@@ -963,15 +1084,15 @@ impl Traffic {
                     drop(event); // acknowledges it
                     cq.req_notify(false)
                         .or_fail("Couldn't request CQ notification")?;
-                    while cq.poll(&mut wcs, 16).or_fail("poll CQ failed")? > 0 {}
+                    while self.poll(cq, &mut wcs, 16)? > 0 {}
                 }
                 None => {
                     while wcs.is_empty() {
-                        cq.poll(&mut wcs, 2).or_fail("poll CQ failed")?;
+                        self.poll(cq, &mut wcs, 2)?;
                     }
                 }
             }
-            for mut wc in wcs.drain(..) {
+            for (mut wc, ts) in wcs.drain(..) {
                 if wc.status != WcStatus::Success {
                     return Err(format!(
                         "Failed status {} ({}) for wr_id {}",
@@ -996,6 +1117,9 @@ impl Traffic {
                             .into_one()
                             .ok_or("a receive buffer did not come back with its completion")?;
                         self.check(&mr, wc.byte_len, rcnt)?;
+                        if let Some(t) = &mut self.timestamps {
+                            t.receive(ts);
+                        }
                         self.free.push(mr);
                         self.routs -= 1;
                         if self.routs <= 1 {
@@ -1033,6 +1157,14 @@ impl Traffic {
             usec / 1e6,
             usec / f64::from(opts.iters)
         );
+        if let Some(t) = self.timestamps.as_ref().filter(|t| t.count > 0) {
+            println!("Max receive completion clock cycles = {}", t.max);
+            println!("Min receive completion clock cycles = {}", t.min);
+            println!(
+                "Average receive completion clock cycles = {:.6}",
+                t.total as f64 / f64::from(t.count)
+            );
+        }
         let Some(first) = self.bad.first() else {
             return Ok(());
         };
@@ -1060,11 +1192,11 @@ mod tests {
         twin: "ibv_rc_pingpong",
         default_size: 4096,
         has_mtu: true,
-        has_odp: true,
+        rc_flags: true,
         unsupported: &[Unsupported {
-            short: 't',
-            long: "ts",
-            why: "no extended CQ",
+            short: 'j',
+            long: "dm",
+            why: "no device memory",
         }],
     };
 
@@ -1094,7 +1226,8 @@ mod tests {
         );
         assert!(o.events && o.chk);
         assert_eq!(o.host.as_deref(), Some("host"));
-        let o = parse(&["-p", "0x4853", "-m", "2048", "-g", "-1"]).unwrap();
+        let o = parse(&["-p", "0x4853", "-m", "2048", "-g", "-1", "-tN"]).unwrap();
+        assert!(o.ts && o.new_send && !o.odp);
         assert_eq!(
             (o.tcp_port, o.mtu, o.gid_idx),
             (0x4853, Some(Mtu::Mtu2048), None)
@@ -1107,7 +1240,7 @@ mod tests {
             &["-n"],
             &["-s", "0"],
             &["a", "b"],
-            &["-t"],
+            &["-j"],
             &["--e=1"],
         ] {
             assert!(matches!(parse(bad), Err(ArgError::Bad(_))), "{bad:?}");

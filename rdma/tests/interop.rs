@@ -1,0 +1,789 @@
+//! The pingpong examples against their rdma-core twins (`ibv_rc_pingpong`,
+//! `ibv_uc_pingpong`, `ibv_ud_pingpong`): each Rust example as the server
+//! with the C tool as the client, the other way round, and against itself.
+//!
+//! Both processes run on this machine: the server listens on a TCP port of
+//! its own per test, the client connects to 127.0.0.1, and the RDMA traffic
+//! goes over the test device (`RDMA_TEST_DEVICE`, GID `RDMA_TEST_GID_INDEX`).
+//! The C tools are the oracle: the handshake each side decodes must be what
+//! the other side printed as its own address, both must finish the same
+//! number of iterations and print the same result lines, and with `-c` the
+//! data each received must be the pattern the other sent.
+//!
+//! The example binaries come from the same `cargo` build as this test
+//! (`target/<profile>/examples`): `cargo build --examples` first.
+
+mod common;
+
+use std::fmt;
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a server may take to start listening (device setup under TCG).
+const LISTEN_DEADLINE: Duration = Duration::from_secs(30);
+/// How long a whole run may take; ci/device-tests kills a test at 120 s.
+const RUN_DEADLINE: Duration = Duration::from_secs(60);
+/// Iterations per run: a few seconds under emulation.
+const ITERS: u32 = 50;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Rust,
+    C,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Rc,
+    Uc,
+    Ud,
+}
+
+impl Transport {
+    fn example(self) -> &'static str {
+        match self {
+            Transport::Rc => "rc_pingpong",
+            Transport::Uc => "uc_pingpong",
+            Transport::Ud => "ud_pingpong",
+        }
+    }
+
+    fn c_tool(self) -> &'static str {
+        match self {
+            Transport::Rc => "ibv_rc_pingpong",
+            Transport::Uc => "ibv_uc_pingpong",
+            Transport::Ud => "ibv_ud_pingpong",
+        }
+    }
+
+    /// The message size both implementations default to.
+    fn default_size(self) -> u64 {
+        match self {
+            Transport::Rc | Transport::Uc => 4096,
+            Transport::Ud => 1024,
+        }
+    }
+}
+
+/// The example binary built next to this test binary
+/// (`target/<profile>/deps/interop-HASH` → `target/<profile>/examples/NAME`).
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary lives in target/<profile>/deps");
+    let path = profile_dir.join("examples").join(name);
+    assert!(
+        path.is_file(),
+        "example binary {} is missing: run `cargo build --examples` (same profile and \
+         CARGO_TARGET_DIR as the tests) first",
+        path.display()
+    );
+    path
+}
+
+fn command(t: Transport, side: Side) -> Command {
+    match side {
+        Side::Rust => Command::new(example(t.example())),
+        Side::C => Command::new(t.c_tool()),
+    }
+}
+
+fn label(t: Transport, side: Side) -> String {
+    match side {
+        Side::Rust => t.example().to_string(),
+        Side::C => t.c_tool().to_string(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Processes
+
+/// A finished process and what it printed.
+struct Finished {
+    name: String,
+    status: Option<ExitStatus>,
+    stdout: String,
+    stderr: String,
+}
+
+impl fmt::Display for Finished {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = match self.status {
+            Some(s) => s.to_string(),
+            None => "killed".to_string(),
+        };
+        writeln!(f, "--- {} ({status}) stdout:", self.name)?;
+        for l in self.stdout.lines() {
+            writeln!(f, "    {l}")?;
+        }
+        writeln!(f, "--- {} stderr:", self.name)?;
+        for l in self.stderr.lines() {
+            writeln!(f, "    {l}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Finished {
+    fn success(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+}
+
+/// A child whose output is collected by two threads; killed if dropped
+/// while still running (a failed assertion never leaves a process behind).
+struct Running {
+    name: String,
+    child: Child,
+    stdout: Option<JoinHandle<String>>,
+    stderr: Option<JoinHandle<String>>,
+}
+
+fn collect(pipe: Option<impl Read + Send + 'static>) -> Option<JoinHandle<String>> {
+    pipe.map(|mut p| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = p.read_to_end(&mut buf);
+            String::from_utf8_lossy(&buf).into_owned()
+        })
+    })
+}
+
+impl Running {
+    fn spawn(name: String, cmd: &mut Command) -> Running {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start {name} ({cmd:?}): {e} (is ibverbs-utils installed?)")
+            });
+        let stdout = collect(child.stdout.take());
+        let stderr = collect(child.stderr.take());
+        Running {
+            name,
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
+    /// Kills the process if it still runs, then gathers its output.
+    fn finish(mut self) -> Finished {
+        let status = match self.child.try_wait() {
+            Ok(Some(s)) => Some(s),
+            _ => {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                None
+            }
+        };
+        let join = |h: Option<JoinHandle<String>>| {
+            h.map(|h| h.join().unwrap_or_default()).unwrap_or_default()
+        };
+        Finished {
+            name: self.name.clone(),
+            status,
+            stdout: join(self.stdout.take()),
+            stderr: join(self.stderr.take()),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(Some(_))) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Whether something listens on TCP `port` (IPv4 or IPv6), from
+/// `/proc/net/tcp{,6}`: state `0A` is LISTEN.
+fn listening(port: u16) -> bool {
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|file| {
+        std::fs::read_to_string(file).is_ok_and(|table| {
+            table.lines().skip(1).any(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                f.len() > 3
+                    && f[3] == "0A"
+                    && f[1]
+                        .rsplit(':')
+                        .next()
+                        .and_then(|p| u16::from_str_radix(p, 16).ok())
+                        == Some(port)
+            })
+        })
+    })
+}
+
+/// Polls until the server listens on `port`; fails with its output if it
+/// exits first or takes longer than [`LISTEN_DEADLINE`].
+fn wait_listening(server: Running, port: u16) -> Running {
+    let deadline = Instant::now() + LISTEN_DEADLINE;
+    let mut server = server;
+    loop {
+        if listening(port) {
+            return server;
+        }
+        if server.exited() {
+            panic!(
+                "the server exited before listening on port {port}:\n{}",
+                server.finish()
+            );
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "the server did not listen on port {port} within {LISTEN_DEADLINE:?}:\n{}",
+                server.finish()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits for both processes, killing both when [`RUN_DEADLINE`] passes.
+fn wait_both(mut a: Running, mut b: Running) -> (Finished, Finished) {
+    let deadline = Instant::now() + RUN_DEADLINE;
+    while !(a.exited() && b.exited()) {
+        if Instant::now() > deadline {
+            let (a, b) = (a.finish(), b.finish());
+            panic!("no result within {RUN_DEADLINE:?}; both killed:\n{a}{b}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (a.finish(), b.finish())
+}
+
+fn device_args() -> Vec<String> {
+    vec![
+        "-d".into(),
+        common::device_name(),
+        "-g".into(),
+        common::gid_index().to_string(),
+    ]
+}
+
+// ---------------------------------------------------------------------------
+// Output
+
+/// The figures of the two result lines.
+#[derive(Debug)]
+struct Figures {
+    bytes: u64,
+    iters: u32,
+    mbit_per_sec: f64,
+    usec_per_iter: f64,
+}
+
+/// `"%.2f"`: digits, a point, exactly two digits.
+fn two_decimals(s: &str) -> Option<f64> {
+    let (whole, frac) = s.split_once('.')?;
+    (!whole.is_empty() && frac.len() == 2 && s.bytes().all(|b| b.is_ascii_digit() || b == b'.'))
+        .then(|| s.parse().ok())
+        .flatten()
+}
+
+/// Parses `N bytes in S seconds = M Mbit/sec` and `N iters in S seconds = U
+/// usec/iter`, in the C tools' exact shape.
+fn figures(out: &Finished) -> Figures {
+    let line = |unit: &str, rate: &str| -> (u64, f64) {
+        let words = out
+            .stdout
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|w| w.len() == 8 && w[1] == unit)
+            .unwrap_or_else(|| panic!("no \"N {unit} in ...\" line:\n{out}"));
+        let n = words[0].parse().ok();
+        let secs = two_decimals(words[3]);
+        let value = two_decimals(words[6]);
+        match (n, secs, value) {
+            (Some(n), Some(_), Some(v))
+                if words[2] == "in"
+                    && words[4] == "seconds"
+                    && words[5] == "="
+                    && words[7] == rate =>
+            {
+                (n, v)
+            }
+            _ => panic!("malformed result line {words:?}:\n{out}"),
+        }
+    };
+    let (bytes, mbit_per_sec) = line("bytes", "Mbit/sec");
+    let (iters, usec_per_iter) = line("iters", "usec/iter");
+    Figures {
+        bytes,
+        iters: u32::try_from(iters).expect("iteration count fits u32"),
+        mbit_per_sec,
+        usec_per_iter,
+    }
+}
+
+/// One `local address:` / `remote address:` line.
+#[derive(Debug, PartialEq, Eq)]
+struct Address {
+    lid: u32,
+    qpn: u32,
+    psn: u32,
+    gid: String,
+}
+
+fn address(out: &Finished, which: &str) -> Address {
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with(which))
+        .unwrap_or_else(|| panic!("no {which:?} line:\n{out}"));
+    let hex = |key: &str| -> u32 {
+        line.split_once(key)
+            .and_then(|(_, rest)| {
+                let digits: String = rest.chars().take_while(char::is_ascii_hexdigit).collect();
+                u32::from_str_radix(&digits, 16).ok()
+            })
+            .unwrap_or_else(|| panic!("no {key:?} in {line:?}"))
+    };
+    Address {
+        lid: hex("LID 0x"),
+        qpn: hex("QPN 0x"),
+        psn: hex("PSN 0x"),
+        gid: line
+            .split_once("GID ")
+            .map(|(_, g)| g.trim().to_string())
+            .unwrap_or_else(|| panic!("no GID in {line:?}")),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Runs
+
+/// One ping-pong run: `server` and `client` with the same flags.
+struct Run {
+    transport: Transport,
+    server: Side,
+    client: Side,
+    tcp_port: u16,
+    /// Flags both sides get besides device, GID, port and iterations.
+    flags: &'static [&'static str],
+    /// The `-s` in `flags`, or the default.
+    size: u64,
+}
+
+impl Run {
+    fn new(transport: Transport, server: Side, client: Side, tcp_port: u16) -> Run {
+        Run {
+            transport,
+            server,
+            client,
+            tcp_port,
+            flags: &[],
+            size: transport.default_size(),
+        }
+    }
+
+    fn flags(mut self, flags: &'static [&'static str]) -> Run {
+        self.flags = flags;
+        if let Some(i) = flags.iter().position(|&f| f == "-s") {
+            self.size = flags[i + 1].parse().expect("-s takes a number");
+        }
+        self
+    }
+
+    fn args(&self) -> Vec<String> {
+        let mut a = device_args();
+        a.extend(["-p".into(), self.tcp_port.to_string()]);
+        a.extend(["-n".into(), ITERS.to_string()]);
+        a.extend(self.flags.iter().map(|s| s.to_string()));
+        a
+    }
+
+    /// Runs both sides and checks everything the C tools let us check.
+    fn check(self) {
+        let t = self.transport;
+        assert!(
+            !listening(self.tcp_port),
+            "TCP port {} is already in use",
+            self.tcp_port
+        );
+        let server = Running::spawn(
+            format!("server {}", label(t, self.server)),
+            command(t, self.server).args(self.args()),
+        );
+        let server = wait_listening(server, self.tcp_port);
+        let client = Running::spawn(
+            format!("client {}", label(t, self.client)),
+            command(t, self.client).args(self.args()).arg("127.0.0.1"),
+        );
+        let (server, client) = wait_both(server, client);
+        let both = format!("{server}{client}");
+
+        for side in [&server, &client] {
+            assert!(side.success(), "{} failed:\n{both}", side.name);
+            assert!(!side.stderr.contains("panicked"), "{both}");
+            assert!(
+                !side.stdout.contains("invalid data"),
+                "{} received data other than the pattern sent:\n{both}",
+                side.name
+            );
+        }
+
+        // The handshake: what each side decoded is what the other encoded.
+        let (server_local, server_remote) = (
+            address(&server, "local address:"),
+            address(&server, "remote address:"),
+        );
+        let (client_local, client_remote) = (
+            address(&client, "local address:"),
+            address(&client, "remote address:"),
+        );
+        assert_eq!(server_remote, client_local, "{both}");
+        assert_eq!(client_remote, server_local, "{both}");
+        // Both sides use the IPv4-mapped RoCE v2 GID of the test IP.
+        let gid = format!("::ffff:{}", common::ip());
+        assert_eq!(server_local.gid, gid, "{both}");
+        assert_eq!(client_local.gid, gid, "{both}");
+        assert_ne!(server_local.qpn, client_local.qpn, "{both}");
+
+        // The same traffic on both sides: ITERS messages of `size` each way.
+        let (fs, fc) = (figures(&server), figures(&client));
+        for f in [&fs, &fc] {
+            assert_eq!(f.iters, ITERS, "{both}");
+            assert_eq!(f.bytes, self.size * u64::from(ITERS) * 2, "{both}");
+            assert!(f.mbit_per_sec > 0.0 && f.usec_per_iter > 0.0, "{both}");
+        }
+        eprintln!(
+            "{} {:?}: server {}: {:.2} Mbit/s, {:.2} usec/iter; client {}: {:.2} Mbit/s, \
+             {:.2} usec/iter",
+            t.example(),
+            self.flags,
+            label(t, self.server),
+            fs.mbit_per_sec,
+            fs.usec_per_iter,
+            label(t, self.client),
+            fc.mbit_per_sec,
+            fc.usec_per_iter
+        );
+    }
+}
+
+use Side::{Rust, C};
+use Transport::{Rc, Uc, Ud};
+
+// RC
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rc_rust_server_c_client() {
+    Run::new(Rc, Rust, C, 18701).check();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rc_c_server_rust_client() {
+    Run::new(Rc, C, Rust, 18702).check();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rc_rust_server_rust_client() {
+    Run::new(Rc, Rust, Rust, 18703).check();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rc_chk_rust_server_c_client() {
+    Run::new(Rc, Rust, C, 18704).flags(&["-c"]).check();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rc_chk_c_server_rust_client() {
+    Run::new(Rc, C, Rust, 18705).flags(&["-c"]).check();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rc_events_rust_server_c_client() {
+    Run::new(Rc, Rust, C, 18706).flags(&["-e"]).check();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rc_events_c_server_rust_client() {
+    Run::new(Rc, C, Rust, 18707).flags(&["-e"]).check();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rc_events_chk_rust_server_rust_client() {
+    Run::new(Rc, Rust, Rust, 18708)
+        .flags(&["-e", "-c", "-s", "3000", "-r", "8"])
+        .check();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rc_new_send_rust_server_c_client() {
+    Run::new(Rc, Rust, C, 18709).flags(&["-N", "-c"]).check();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rc_new_send_c_server_rust_client() {
+    Run::new(Rc, C, Rust, 18710).flags(&["-N", "-c"]).check();
+}
+
+// UC
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn uc_rust_server_c_client() {
+    Run::new(Uc, Rust, C, 18711).check();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn uc_c_server_rust_client() {
+    Run::new(Uc, C, Rust, 18712).flags(&["-c"]).check();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn uc_rust_server_rust_client() {
+    Run::new(Uc, Rust, Rust, 18713).flags(&["-e", "-c"]).check();
+}
+
+// UD: one message is one packet, so the size must fit the active MTU.
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn ud_rust_server_c_client() {
+    Run::new(Ud, Rust, C, 18721)
+        .flags(&["-s", "1024", "-c"])
+        .check();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn ud_c_server_rust_client() {
+    Run::new(Ud, C, Rust, 18722)
+        .flags(&["-s", "1024", "-c"])
+        .check();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn ud_rust_server_rust_client() {
+    Run::new(Ud, Rust, Rust, 18723)
+        .flags(&["-s", "1024", "-e", "-c"])
+        .check();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn ud_c_server_rust_client_default_size() {
+    Run::new(Ud, C, Rust, 18724).check();
+}
+
+// Failures: a clear message and exit status 1, never a panic.
+
+/// Runs a command that must fail, returning its stderr.
+fn fails(name: &str, cmd: &mut Command) -> String {
+    let out = Running::spawn(name.to_string(), cmd);
+    let deadline = Instant::now() + RUN_DEADLINE;
+    let mut out = out;
+    while !out.exited() {
+        assert!(Instant::now() < deadline, "{name} hangs:\n{}", out.finish());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = out.finish();
+    assert_eq!(
+        out.status.and_then(|s| s.code()),
+        Some(1),
+        "{name} must exit 1:\n{out}"
+    );
+    assert!(!out.stderr.contains("panicked"), "{out}");
+    out.stderr
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn bad_flags_print_usage_and_exit_1() {
+    for t in [Rc, Uc, Ud] {
+        for bad in [
+            &["--bogus"][..],
+            &["-x"],
+            &["-n"],
+            &["-m", "1000"],
+            &["a", "b"],
+        ] {
+            if t == Ud && bad[0] == "-m" {
+                continue; // UD has no -m: covered by "-x"
+            }
+            let err = fails(t.example(), Command::new(example(t.example())).args(bad));
+            assert!(err.contains("Usage:"), "{bad:?}: {err}");
+        }
+        // The C tool rejects the same flags.
+        let out = Command::new(t.c_tool())
+            .arg("--bogus")
+            .output()
+            .expect("the C tool runs");
+        assert_eq!(out.status.code(), Some(1), "{} --bogus", t.c_tool());
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn bad_device_or_port_fails_cleanly() {
+    for t in [Rc, Uc, Ud] {
+        let err = fails(
+            t.example(),
+            Command::new(example(t.example())).args(["-d", "no_such_dev0"]),
+        );
+        assert!(err.contains("no_such_dev0"), "{err}");
+        let err = fails(
+            t.example(),
+            Command::new(example(t.example())).args(["-d", &common::device_name(), "-i", "7"]),
+        );
+        assert!(err.contains("port 7"), "{err}");
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn unreachable_server_fails_cleanly() {
+    let port = 18790;
+    assert!(!listening(port), "TCP port {port} is in use");
+    for t in [Rc, Uc, Ud] {
+        let mut args = device_args();
+        args.extend(["-p".into(), port.to_string(), "127.0.0.1".into()]);
+        let err = fails(t.example(), Command::new(example(t.example())).args(&args));
+        assert!(err.contains("Couldn't connect to 127.0.0.1:18790"), "{err}");
+        // The C tool gives up the same way.
+        let out = Command::new(t.c_tool())
+            .args(&args)
+            .output()
+            .expect("the C tool runs");
+        assert!(!out.status.success(), "{} reached nobody", t.c_tool());
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn ud_size_above_the_mtu_is_refused_like_the_c_tool() {
+    let mut args = device_args();
+    args.extend(["-s".into(), "8192".into(), "-p".into(), "18791".into()]);
+    let err = fails(
+        "ud_pingpong",
+        Command::new(example("ud_pingpong")).args(&args),
+    );
+    assert!(err.contains("larger than port MTU"), "{err}");
+    let out = Command::new("ibv_ud_pingpong")
+        .args(&args)
+        .output()
+        .expect("ibv_ud_pingpong runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("larger than port MTU"));
+}
+
+/// `-t` (timestamps) and `-o` (on-demand paging) depend on the device: the
+/// Rust example must refuse them exactly when the C tool does. Both run as
+/// clients of a port nobody listens on, so a capable device fails at the
+/// handshake instead.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rc_ts_and_odp_follow_the_device_like_the_c_tool() {
+    let port = 18792;
+    assert!(!listening(port), "TCP port {port} is in use");
+    for (flag, c_says, rust_says) in [
+        ("-t", "timestamp", "timestamp"),
+        ("-o", "ODP", "on-demand paging"),
+    ] {
+        let mut args = device_args();
+        args.extend([
+            flag.into(),
+            "-p".into(),
+            port.to_string(),
+            "127.0.0.1".into(),
+        ]);
+        let c = Command::new("ibv_rc_pingpong")
+            .args(&args)
+            .output()
+            .expect("ibv_rc_pingpong runs");
+        assert!(!c.status.success());
+        let c_refused = String::from_utf8_lossy(&c.stderr).contains(c_says);
+        let err = fails(
+            "rc_pingpong",
+            Command::new(example("rc_pingpong")).args(&args),
+        );
+        assert_eq!(
+            err.contains(rust_says),
+            c_refused,
+            "{flag}: ibv_rc_pingpong said {:?}, rc_pingpong said {err:?}",
+            String::from_utf8_lossy(&c.stderr)
+        );
+        eprintln!(
+            "{flag}: {}",
+            if c_refused {
+                "the device lacks it; both refuse"
+            } else {
+                "supported"
+            }
+        );
+    }
+}
+
+/// On RoCE every address is a GID: a side given `-g` facing a peer without
+/// one must say so, whichever side the Rust example is.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn roce_peer_without_gid_is_refused_clearly() {
+    let dev = common::device_name();
+    let gid = common::gid_index().to_string();
+    // Rust server with -g, C client without: the server refuses the address.
+    let port = "18793";
+    let server = Running::spawn(
+        "server rc_pingpong".into(),
+        Command::new(example("rc_pingpong")).args(["-d", &dev, "-g", &gid, "-p", port]),
+    );
+    let server = wait_listening(server, 18793);
+    let client = Running::spawn(
+        "client ibv_rc_pingpong".into(),
+        Command::new("ibv_rc_pingpong").args(["-d", &dev, "-p", port, "127.0.0.1"]),
+    );
+    let (server, client) = wait_both(server, client);
+    assert_eq!(server.status.and_then(|s| s.code()), Some(1), "{server}");
+    assert!(server.stderr.contains("run both sides with -g"), "{server}");
+    assert!(!client.success(), "{client}");
+
+    // C server with -g, Rust client without: the C server cannot reach a
+    // GID-less address on RoCE and hangs up; the client says what happened.
+    let port = "18794";
+    let server = Running::spawn(
+        "server ibv_rc_pingpong".into(),
+        Command::new("ibv_rc_pingpong").args(["-d", &dev, "-g", &gid, "-p", port]),
+    );
+    let server = wait_listening(server, 18794);
+    let client = Running::spawn(
+        "client rc_pingpong".into(),
+        Command::new(example("rc_pingpong")).args(["-d", &dev, "-p", port, "127.0.0.1"]),
+    );
+    let (server, client) = wait_both(server, client);
+    assert!(!server.success(), "{server}");
+    assert_eq!(client.status.and_then(|s| s.code()), Some(1), "{client}");
+    assert!(
+        client.stderr.contains("the peer closed the connection"),
+        "{client}"
+    );
+    assert!(!client.stderr.contains("panicked"), "{client}");
+}
