@@ -993,11 +993,15 @@ fn blocking_traffic(ip: IpAddr) {
             conn_param: ConnParam::with_private_data(b"srv"),
             ..Default::default()
         };
-        let mut conn = listener.accept(&opts).unwrap();
+        // The receive is posted before accepting: on iWARP a send that finds
+        // none breaks the connection (no RNR retry).
+        let conn = listener.accept_with(&opts, |qp, pd| {
+            qp.post_recv(1, pd.alloc_mr(64, LW)?)?;
+            Ok(())
+        });
+        let conn = conn.unwrap();
         drop(listener); // the connection outlives it
         assert!(conn.peer_private_data().starts_with(b"cli"));
-        let buf = conn.pd().alloc_mr(64, LW).unwrap();
-        conn.qp().post_recv(1, buf).unwrap();
         let mut r = wait(conn.cq(), 1).pop().unwrap();
         let data = r.take_buffers().into_one().unwrap().to_vec();
         conn.wait_disconnected().unwrap();
@@ -1009,7 +1013,6 @@ fn blocking_traffic(ip: IpAddr) {
     };
     let mut conn = blocking::Connection::connect(addr, &opts).unwrap();
     assert!(conn.peer_private_data().starts_with(b"srv"));
-    // The server posts its receive after accepting: retry on RNR is infinite.
     let mr = conn
         .pd()
         .reg_mr(b"blocking".to_vec(), AccessFlags::empty())

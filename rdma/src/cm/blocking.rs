@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use super::{CmEvent, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use crate::error::{Error, Result};
-use crate::{CompletionQueue, ProtectionDomain, QpType, QueuePair};
+use crate::{CompletionQueue, ProtectionDomain, QpState, QpType, QueuePair};
 
 /// Options of [`Connection::connect`] and [`Listener::accept`].
 #[derive(Debug, Clone)]
@@ -103,6 +103,22 @@ impl Connection {
     /// unreachable, or resolution fails; `ETIMEDOUT` when an event does not
     /// come within the timeout; the errors of the calls on the way.
     pub fn connect(dst: SocketAddr, opts: &ConnectOptions) -> Result<Connection> {
+        Self::connect_with(dst, opts, |_, _| Ok(()))
+    }
+
+    /// As [`Connection::connect`], calling `prepare` with the new QP (in
+    /// INIT) and its PD before connecting, to post the first receives.
+    /// On iWARP a SEND that finds no receive posted breaks the connection
+    /// (there is no RNR retry), so post receives here when the peer may send
+    /// first.
+    ///
+    /// # Errors
+    /// As [`Connection::connect`], and the error `prepare` returns.
+    pub fn connect_with(
+        dst: SocketAddr,
+        opts: &ConnectOptions,
+        prepare: impl FnOnce(&mut QueuePair, &ProtectionDomain) -> Result<()>,
+    ) -> Result<Connection> {
         let channel = EventChannel::new()?;
         let id = channel.create_id(PortSpace::Tcp)?;
         let t = opts.timeout;
@@ -110,7 +126,10 @@ impl Connection {
         drop(channel.wait_for(&id, &[CmEventType::AddrResolved], "rdma_resolve_addr", t)?);
         id.resolve_route(t)?;
         drop(channel.wait_for(&id, &[CmEventType::RouteResolved], "rdma_resolve_route", t)?);
-        let (pd, cq, qp) = resources(&id, opts)?;
+        let (pd, cq, mut qp) = resources(&id, opts)?;
+        // INIT first: providers refuse receives on a QP in RESET.
+        id.modify_qp(&qp, QpState::Init)?;
+        prepare(&mut qp, &pd)?;
         id.connect_qp(&qp, &opts.conn_param)?;
         let event = channel.wait_for(
             &id,
@@ -270,6 +289,22 @@ impl Listener {
     /// `ETIMEDOUT` when no request or no `ESTABLISHED` comes within the
     /// timeout; the errors of the calls on the way.
     pub fn accept(&self, opts: &ConnectOptions) -> Result<Connection> {
+        self.accept_with(opts, |_, _| Ok(()))
+    }
+
+    /// As [`Listener::accept`], calling `prepare` with the new QP and its PD
+    /// before accepting, to post the first receives (see
+    /// [`Connection::connect_with`]; on iWARP this is required when the peer
+    /// sends first).
+    ///
+    /// # Errors
+    /// As [`Listener::accept`], and the error `prepare` returns (the request
+    /// is then rejected).
+    pub fn accept_with(
+        &self,
+        opts: &ConnectOptions,
+        prepare: impl FnOnce(&mut QueuePair, &ProtectionDomain) -> Result<()>,
+    ) -> Result<Connection> {
         let t = opts.timeout;
         let deadline = std::time::Instant::now() + t;
         let request = loop {
@@ -290,8 +325,13 @@ impl Listener {
         drop(request);
         let channel = EventChannel::new()?;
         id.migrate_id(Some(&channel))?;
-        let (pd, cq, qp) = resources(&id, opts)?;
-        if let Err(e) = id.accept_qp(&qp, &opts.conn_param) {
+        let (pd, cq, mut qp) = resources(&id, opts)?;
+        // INIT first: providers refuse receives on a QP in RESET.
+        let ready = id
+            .modify_qp(&qp, QpState::Init)
+            .and_then(|()| prepare(&mut qp, &pd))
+            .and_then(|()| id.accept_qp(&qp, &opts.conn_param));
+        if let Err(e) = ready {
             let _ = id.reject(&[]);
             return Err(e);
         }
