@@ -1,0 +1,306 @@
+//! Code shared by the connection manager examples (`rping`, `rdma_server`,
+//! `rdma_client`, `udaddy`, `mckey`, `ucmatose`, `cmtime`): getopt-style
+//! flags, address lookup as rdma-core's examples do it, waiting on several
+//! descriptors, and the completion loop helpers.
+#![allow(dead_code)] // every example uses a different subset
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+use rdma::cm::{self, AddrInfoFlags, AddrInfoHints, PortSpace};
+use rdma::{Completion, CompletionChannel, CompletionQueue};
+
+/// A failure: the text to print (already in the C tool's words where it has
+/// some).
+pub type Res<T> = Result<T, String>;
+
+/// Adds what failed to an error.
+pub trait OrFail<T> {
+    /// `Err(e)` becomes `Err("{what}: {e}")`.
+    fn or_fail(self, what: &str) -> Res<T>;
+}
+
+impl<T, E: std::fmt::Display> OrFail<T> for Result<T, E> {
+    fn or_fail(self, what: &str) -> Res<T> {
+        self.map_err(|e| format!("{what}: {e}"))
+    }
+}
+
+/// Parses `args` (without the program name) like POSIX `getopt(3)` with
+/// `spec` (`"a:b"`: `-a` takes a value, `-b` does not). Values may be glued
+/// (`-p7174`) or separate (`-p 7174`); flags may be grouped (`-vV`).
+/// Parsing stops at `--` or the first operand; operands are an error, as
+/// none of the tools takes any.
+///
+/// # Errors
+/// The unknown flag, a missing value, or a stray operand.
+pub fn getopt(args: &[String], spec: &str) -> Res<Vec<(char, Option<String>)>> {
+    let takes_value = |c: char| -> Option<bool> {
+        let i = spec.find(c)?;
+        Some(spec[i + c.len_utf8()..].starts_with(':'))
+    };
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        i += 1;
+        if arg == "--" {
+            break;
+        }
+        let Some(flags) = arg.strip_prefix('-').filter(|f| !f.is_empty()) else {
+            return Err(format!("unexpected argument '{arg}'"));
+        };
+        for (at, c) in flags.char_indices() {
+            if c == ':' {
+                return Err("invalid option -- ':'".into());
+            }
+            match takes_value(c) {
+                None => return Err(format!("invalid option -- '{c}'")),
+                Some(false) => out.push((c, None)),
+                Some(true) => {
+                    let rest = &flags[at + c.len_utf8()..];
+                    let value = if !rest.is_empty() {
+                        rest.to_string()
+                    } else if i < args.len() {
+                        i += 1;
+                        args[i - 1].clone()
+                    } else {
+                        return Err(format!("option requires an argument -- '{c}'"));
+                    };
+                    out.push((c, Some(value)));
+                    break;
+                }
+            }
+        }
+    }
+    if i < args.len() {
+        return Err(format!("unexpected argument '{}'", args[i]));
+    }
+    Ok(out)
+}
+
+/// `atoi(3)`: optional sign and leading decimal digits; anything else is 0.
+/// The C tools take numbers this way; the examples refuse what `atoi`
+/// would silently turn into 0 or truncate.
+///
+/// # Errors
+/// Text that is not a whole decimal number.
+pub fn number<T: std::str::FromStr>(flag: char, v: &str) -> Res<T> {
+    v.trim()
+        .parse()
+        .map_err(|_| format!("invalid number '{v}' for -{flag}"))
+}
+
+/// `strtol(v, NULL, 0)`: decimal, `0x` hexadecimal or `0` octal.
+///
+/// # Errors
+/// Text that is not a number.
+pub fn c_number(flag: char, v: &str) -> Res<u64> {
+    let s = v.trim();
+    let r = if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        u64::from_str_radix(h, 16)
+    } else if s.len() > 1 && s.starts_with('0') {
+        u64::from_str_radix(&s[1..], 8)
+    } else {
+        s.parse()
+    };
+    r.map_err(|_| format!("invalid number '{v}' for -{flag}"))
+}
+
+/// An IP address for a host name or literal (`getaddrinfo(3)`, first
+/// answer), as `rping` and `mckey` resolve `-a`/`-I`/`-b`/`-m`.
+///
+/// # Errors
+/// The resolver's message.
+pub fn host_ip(host: &str) -> Res<IpAddr> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(ip);
+    }
+    (host, 0)
+        .to_socket_addrs()
+        .map_err(|e| format!("getaddrinfo failed ({e}) - invalid hostname or IP address"))?
+        .next()
+        .map(|a| a.ip())
+        .ok_or_else(|| format!("getaddrinfo failed - no address for {host}"))
+}
+
+/// The source and destination addresses of rdma-core's `get_rdma_addr()`
+/// (librdmacm/examples/common.c): a passive lookup of `src` for servers,
+/// else `dst` (with `src` looked up passively first, for its address).
+pub struct RdmaAddr {
+    /// Where to bind (servers) or the source of `rdma_resolve_addr`.
+    pub src: Option<SocketAddr>,
+    /// The peer (clients).
+    pub dst: Option<SocketAddr>,
+}
+
+/// See [`RdmaAddr`]. `flags` are the tool's `-f` flags (`NUMERICHOST`...).
+///
+/// # Errors
+/// `rdma_getaddrinfo error: ...`, as the C tools print it.
+pub fn get_rdma_addr(
+    src: Option<&str>,
+    dst: Option<&str>,
+    port: &str,
+    passive: bool,
+    ps: PortSpace,
+    flags: AddrInfoFlags,
+) -> Res<RdmaAddr> {
+    let fail = |e: rdma::Error| format!("rdma_getaddrinfo error: {e}");
+    let mut hints = AddrInfoHints {
+        flags,
+        port_space: Some(ps),
+        ..Default::default()
+    };
+    if passive {
+        hints.flags |= AddrInfoFlags::PASSIVE;
+        let info = cm::getaddrinfo(src, Some(port), Some(&hints)).map_err(fail)?;
+        let e = info.first();
+        return Ok(RdmaAddr {
+            src: e.src_addr(),
+            dst: e.dst_addr(),
+        });
+    }
+    // The C helper puts the passive lookup's address into the hints
+    // (`ai_src_addr`); AddrInfoHints has no such field, so the source is
+    // kept aside and handed to rdma_resolve_addr directly.
+    let src_addr = match src {
+        Some(s) => {
+            let mut h = hints;
+            h.flags |= AddrInfoFlags::PASSIVE;
+            let info = cm::getaddrinfo(Some(s), None, Some(&h)).map_err(fail)?;
+            let a = info.first().src_addr();
+            a
+        }
+        None => None,
+    };
+    let info = cm::getaddrinfo(dst, Some(port), Some(&hints)).map_err(fail)?;
+    let e = info.first();
+    Ok(RdmaAddr {
+        src: src_addr.or(e.src_addr()),
+        dst: e.dst_addr(),
+    })
+}
+
+/// Which of `fds` became readable within `timeout` (`None`: wait forever).
+///
+/// # Errors
+/// The `poll(2)` failure.
+pub fn wait_readable(fds: &[RawFd], timeout: Option<Duration>) -> Res<Vec<bool>> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = timeout.map_or(-1, |t| {
+        std::ffi::c_int::try_from(t.as_millis().max(1)).unwrap_or(std::ffi::c_int::MAX)
+    });
+    // SAFETY: `pfds` is a valid array of `pfds.len()` pollfd structs.
+    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    if rc < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::Interrupted {
+            return Ok(vec![false; fds.len()]);
+        }
+        return Err(format!("poll failed: {e}"));
+    }
+    Ok(pfds
+        .iter()
+        .map(|p| p.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0)
+        .collect())
+}
+
+/// Polls `cq` until it has given `n` completions, for at most `timeout`
+/// (`ibv_poll_cq` in a loop, as the C tools' `poll_cqs`).
+///
+/// # Errors
+/// The poll failure, or a timeout naming how many arrived.
+pub fn poll_n(cq: &CompletionQueue, n: usize, timeout: Duration) -> Res<Vec<Completion>> {
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let want = (n - out.len()).min(8);
+        cq.poll(&mut out, want).or_fail("failed polling CQ")?;
+        if out.len() < n {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "timed out polling CQ: {} of {n} completions",
+                    out.len()
+                ));
+            }
+            std::thread::yield_now();
+        }
+    }
+    Ok(out)
+}
+
+/// Drains the completion channel after `poll(2)` said it is readable and
+/// re-arms `cq` (the `ibv_get_cq_event` / `ibv_req_notify_cq` /
+/// `ibv_ack_cq_events` dance; the channel is non-blocking).
+///
+/// # Errors
+/// `ibv_get_cq_event` or `ibv_req_notify_cq` failures.
+pub fn rearm(channel: &CompletionChannel, cq: &CompletionQueue) -> Res<()> {
+    loop {
+        match channel.get_event() {
+            Ok(ev) => drop(ev),
+            Err(e) if e.errno() == Some(libc::EAGAIN) => break,
+            Err(e) => return Err(format!("Failed to get cq event: {e}")),
+        }
+    }
+    cq.req_notify(false).or_fail("Failed to set notify")
+}
+
+/// The text of a NUL-terminated C string in `bytes` (all of it if there is
+/// no NUL), as `printf("%s")` shows it.
+pub fn c_str(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+/// The size of `struct ibv_grh`, which UD receives get in front of the data.
+pub const GRH_LEN: usize = 40;
+
+/// Microseconds between two instants, as `f64`.
+pub fn us(from: Instant, to: Instant) -> f64 {
+    to.saturating_duration_since(from).as_secs_f64() * 1e6
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn getopt_like_posix() {
+        let o = getopt(&args(&["-s", "-a10.8.0.1", "-p", "7", "-vV"]), "a:p:svV").unwrap();
+        assert_eq!(
+            o,
+            vec![
+                ('s', None),
+                ('a', Some("10.8.0.1".into())),
+                ('p', Some("7".into())),
+                ('v', None),
+                ('V', None)
+            ]
+        );
+        assert!(getopt(&args(&["-x"]), "a:").is_err());
+        assert!(getopt(&args(&["-a"]), "a:").is_err());
+        assert!(getopt(&args(&["stray"]), "a:").is_err());
+    }
+
+    #[test]
+    fn c_numbers() {
+        assert_eq!(c_number('p', "0x111").unwrap(), 0x111);
+        assert_eq!(c_number('p', "010").unwrap(), 8);
+        assert_eq!(c_number('p', "2").unwrap(), 2);
+        assert_eq!(c_str(b"ab\0cd"), "ab");
+    }
+}

@@ -1,0 +1,575 @@
+//! Times each step of connection setup and teardown over many connections:
+//! a port of rdma-core's `cmtime` (the version of rdma-core 44), with the
+//! same flags, steps and output.
+//!
+//! ```text
+//! cmtime [-b bind_address] [-p port_number]                       # server, runs until killed
+//! cmtime -s server_address [-b bind_address] [-c connections] [-p port_number] [-r retries] [-t timeout_ms]
+//! ```
+//!
+//! The client makes `-c` ids (default 100) on one event channel and takes
+//! them through each step together: `create id`, `bind addr` (with `-b`),
+//! `resolve addr`, `resolve route`, `create qp`, `connect`, `disconnect`,
+//! `destroy`. A thread reads the connection manager's events and stamps the
+//! end of the asynchronous steps; the main thread starts each step on every
+//! id, then waits until all have finished. The table at the end gives, per
+//! step, the time for all connections (ms), the slowest and fastest single
+//! connection (ms, us), and the total divided by the number of connections
+//! (us).
+//!
+//! The server accepts every request with a new QP and, when a connection is
+//! disconnected, disconnects and destroys it.
+//!
+//! QPs: the C tool lets librdmacm make each QP with its own PD and CQs
+//! (`rdma_create_qp` with no PD and no CQs), which gives every QP a send and
+//! a receive CQ, each with a completion channel. `rdma` needs the CQs from
+//! the caller, so `create qp` makes the same objects itself (librdmacm's PD,
+//! two completion channels, two CQs, the QP through `rdma_create_qp`), and
+//! `destroy` destroys them before the id. The C tool's `destroy` only
+//! destroys the ids and leaves librdmacm's QPs to process exit.
+
+mod cmcommon;
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cmcommon::{get_rdma_addr, getopt, number, OrFail, Res};
+use rdma::cm::{AddrInfoFlags, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
+use rdma::{CompletionChannel, CompletionQueue, QpType, QueuePair};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(usize)]
+enum Step {
+    CreateId,
+    Bind,
+    ResolveAddr,
+    ResolveRoute,
+    CreateQp,
+    Connect,
+    Disconnect,
+    Destroy,
+}
+
+const STEPS: usize = 8;
+const STEP_NAMES: [&str; STEPS] = [
+    "create id",
+    "bind addr",
+    "resolve addr",
+    "resolve route",
+    "create qp",
+    "connect",
+    "disconnect",
+    "destroy",
+];
+
+struct Opts {
+    dst: Option<String>,
+    src: Option<String>,
+    port: String,
+    connections: usize,
+    retries: u32,
+    timeout: Duration,
+}
+
+fn usage() -> ExitCode {
+    println!("usage: cmtime");
+    println!("\t[-s server_address]");
+    println!("\t[-b bind_address]");
+    println!("\t[-c connections]");
+    println!("\t[-p port_number]");
+    println!("\t[-r retries]");
+    println!("\t[-t timeout_ms]");
+    ExitCode::from(1)
+}
+
+fn parse(args: &[String]) -> Res<Opts> {
+    let mut o = Opts {
+        dst: None,
+        src: None,
+        port: "7471".into(),
+        connections: 100,
+        retries: 2,
+        timeout: Duration::from_millis(2000),
+    };
+    for (flag, v) in getopt(args, "s:b:c:p:r:t:")? {
+        let v = v.unwrap_or_default();
+        match flag {
+            's' => o.dst = Some(v),
+            'b' => o.src = Some(v),
+            'c' => o.connections = number(flag, &v)?,
+            'p' => o.port = v,
+            'r' => o.retries = number(flag, &v)?,
+            't' => o.timeout = Duration::from_millis(number(flag, &v)?),
+            _ => unreachable!("getopt only returns flags of the spec"),
+        }
+    }
+    Ok(o)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Ok(opts) = parse(&args).map_err(|e| eprintln!("cmtime: {e}")) else {
+        return usage();
+    };
+    let r = match opts.dst.clone() {
+        Some(dst) => run_client(&opts, &dst),
+        None => run_server(&opts),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            println!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Start and end stamps (ns since `base`, 0: not taken) per connection and
+/// step, plus the step totals; shared with the event thread.
+struct Times {
+    base: Instant,
+    /// `[conn][step][start, end]`, flattened.
+    per_conn: Vec<AtomicU64>,
+    total: Vec<AtomicU64>,
+}
+
+impl Times {
+    fn new(conns: usize) -> Times {
+        Times {
+            base: Instant::now(),
+            per_conn: (0..conns * STEPS * 2).map(|_| AtomicU64::new(0)).collect(),
+            total: (0..STEPS * 2).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        // At least 1: 0 means "not taken".
+        (self.base.elapsed().as_nanos() as u64).max(1)
+    }
+
+    fn start(&self, c: usize, s: Step) {
+        self.per_conn[(c * STEPS + s as usize) * 2].store(self.now(), Ordering::Relaxed);
+    }
+
+    fn end(&self, c: usize, s: Step) {
+        self.per_conn[(c * STEPS + s as usize) * 2 + 1].store(self.now(), Ordering::Relaxed);
+    }
+
+    fn start_all(&self, s: Step) {
+        self.total[s as usize * 2].store(self.now(), Ordering::Relaxed);
+    }
+
+    fn end_all(&self, s: Step) {
+        self.total[s as usize * 2 + 1].store(self.now(), Ordering::Relaxed);
+    }
+
+    /// `show_perf`: the table of rdma-core's cmtime.
+    fn show(&self, conns: usize, bound: bool) {
+        println!("step              total ms     max ms     min us  us / conn");
+        for (i, name) in STEP_NAMES.iter().enumerate() {
+            if i == Step::Bind as usize && !bound {
+                continue;
+            }
+            let (mut max, mut min) = (0f64, 999_999_999f64);
+            for c in 0..conns {
+                let s = self.per_conn[(c * STEPS + i) * 2].load(Ordering::Relaxed);
+                let e = self.per_conn[(c * STEPS + i) * 2 + 1].load(Ordering::Relaxed);
+                if s != 0 && e != 0 {
+                    let us = (e as f64 - s as f64) / 1000.0;
+                    max = max.max(us);
+                    min = min.min(us);
+                }
+            }
+            let s = self.total[i * 2].load(Ordering::Relaxed) as f64;
+            let e = self.total[i * 2 + 1].load(Ordering::Relaxed) as f64;
+            let us = (e - s) / 1000.0;
+            println!(
+                "{name:<13}: {:11.2}{:11.2}{:11.2}{:11.2}",
+                us / 1000.0,
+                max / 1000.0,
+                min,
+                us / conns as f64
+            );
+        }
+    }
+}
+
+/// A connection's QP and the CQs and completion channels librdmacm would
+/// have made for it. Field order is drop order.
+struct ConnQp {
+    _qp: QueuePair,
+    _cqs: [CompletionQueue; 2],
+    _channels: [CompletionChannel; 2],
+}
+
+/// `rdma_create_qp(id, NULL, attr)` with no CQs in `attr`: librdmacm's PD,
+/// a send and a receive CQ of one entry each with a completion channel,
+/// one request and one SGE per queue.
+fn create_qp(id: &CmId) -> rdma::Result<ConnQp> {
+    let ctx = id.context()?;
+    let pd = id.pd()?;
+    let channels = [ctx.create_comp_channel()?, ctx.create_comp_channel()?];
+    let cqs = [
+        ctx.create_cq(1, Some(&channels[0]), 0)?,
+        ctx.create_cq(1, Some(&channels[1]), 0)?,
+    ];
+    let qp = id.create_qp(
+        pd.qp_builder(QpType::Rc, &cqs[0], &cqs[1])
+            .max_send_wr(1)
+            .max_recv_wr(1)
+            .max_send_sge(1)
+            .max_recv_sge(1),
+    )?;
+    Ok(ConnQp {
+        _qp: qp,
+        _cqs: cqs,
+        _channels: channels,
+    })
+}
+
+/// State shared by the main thread and the event thread.
+struct Shared {
+    times: Times,
+    ids: Vec<CmId>,
+    index: HashMap<usize, usize>,
+    completed: [AtomicUsize; STEPS],
+    retries: Vec<AtomicUsize>,
+    error: Vec<AtomicBool>,
+    src: Option<std::net::SocketAddr>,
+    dst: std::net::SocketAddr,
+    timeout: Duration,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn done(&self, c: usize, s: Step) {
+        self.times.end(c, s);
+        self.completed[s as usize].fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// `cma_handler` of the client.
+    fn handle(&self, e: &rdma::cm::CmEvent) {
+        let Some(&c) = self.index.get(&(e.id().as_raw() as usize)) else {
+            return;
+        };
+        match e.event_type() {
+            CmEventType::AddrResolved => self.done(c, Step::ResolveAddr),
+            CmEventType::RouteResolved => self.done(c, Step::ResolveRoute),
+            CmEventType::Established => self.done(c, Step::Connect),
+            CmEventType::AddrError => {
+                if self.retry(c)
+                    && self.ids[c]
+                        .resolve_addr(self.src, self.dst, self.timeout)
+                        .is_ok()
+                {
+                    return;
+                }
+                println!("RDMA_CM_EVENT_ADDR_ERROR, error: {}", e.status());
+                self.error[c].store(true, Ordering::Relaxed);
+                self.done(c, Step::ResolveAddr);
+            }
+            CmEventType::RouteError => {
+                if self.retry(c) && self.ids[c].resolve_route(self.timeout).is_ok() {
+                    return;
+                }
+                println!("RDMA_CM_EVENT_ROUTE_ERROR, error: {}", e.status());
+                self.error[c].store(true, Ordering::Relaxed);
+                self.done(c, Step::ResolveRoute);
+            }
+            CmEventType::ConnectError | CmEventType::Unreachable | CmEventType::Rejected => {
+                println!("event: {}, error: {}", e.event_type(), e.status());
+                self.error[c].store(true, Ordering::Relaxed);
+                self.done(c, Step::Connect);
+            }
+            CmEventType::Disconnected => self.done(c, Step::Disconnect),
+            _ => {}
+        }
+    }
+
+    fn retry(&self, c: usize) -> bool {
+        self.retries[c]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| r.checked_sub(1))
+            .is_ok()
+    }
+
+    fn failed(&self, c: usize) -> bool {
+        self.error[c].load(Ordering::Relaxed)
+    }
+
+    /// Waits (yielding, as the C tool does) until `started` ids finished `s`.
+    fn wait(&self, s: Step, started: usize) {
+        while self.completed[s as usize].load(Ordering::Acquire) < started {
+            std::thread::yield_now();
+        }
+    }
+}
+
+fn run_client(o: &Opts, dst: &str) -> Res<()> {
+    let n = o.connections;
+    let channel =
+        EventChannel::new().map_err(|e| format!("failed to create event channel: {e}"))?;
+    let times = Times::new(n);
+    println!("creating id");
+    times.start_all(Step::CreateId);
+    let mut ids = Vec::with_capacity(n);
+    for c in 0..n {
+        times.start(c, Step::CreateId);
+        ids.push(
+            channel
+                .create_id(PortSpace::Tcp)
+                .or_fail("rdma_create_id")?,
+        );
+        times.end(c, Step::CreateId);
+    }
+    times.end_all(Step::CreateId);
+
+    let addr = get_rdma_addr(
+        o.src.as_deref(),
+        Some(dst),
+        &o.port,
+        false,
+        PortSpace::Tcp,
+        AddrInfoFlags::empty(),
+    )
+    .map_err(|e| format!("getaddrinfo error: {e}"))?;
+    let dst_addr = addr
+        .dst
+        .ok_or("getaddrinfo error: no destination address")?;
+    let index = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.as_raw() as usize, i))
+        .collect();
+    let shared = Arc::new(Shared {
+        times,
+        ids,
+        index,
+        completed: std::array::from_fn(|_| AtomicUsize::new(0)),
+        retries: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+        error: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        src: addr.src,
+        dst: dst_addr,
+        timeout: o.timeout,
+        stop: AtomicBool::new(false),
+    });
+    let events = {
+        let shared = Arc::clone(&shared);
+        let channel = channel.clone();
+        std::thread::spawn(move || -> Res<()> {
+            while !shared.stop.load(Ordering::Acquire) {
+                if let Some(e) = channel
+                    .get_event_timeout(Duration::from_millis(50))
+                    .or_fail("failure in rdma_get_cm_event in process_server_events")?
+                {
+                    shared.handle(&e);
+                }
+            }
+            Ok(())
+        })
+    };
+    let s = &*shared;
+    let t = &s.times;
+    let param = ConnParam {
+        responder_resources: 1,
+        initiator_depth: 1,
+        retry_count: o.retries.min(7) as u8,
+        rnr_retry_count: 0,
+        ..ConnParam::default()
+    };
+
+    if let Some(src) = addr.src.filter(|_| o.src.is_some()) {
+        println!("binding source address");
+        t.start_all(Step::Bind);
+        for (c, id) in s.ids.iter().enumerate() {
+            t.start(c, Step::Bind);
+            if let Err(e) = id.bind_addr(src) {
+                println!("failure bind addr: {e}");
+                s.error[c].store(true, Ordering::Relaxed);
+                continue;
+            }
+            t.end(c, Step::Bind);
+        }
+        t.end_all(Step::Bind);
+    }
+
+    println!("resolving address");
+    t.start_all(Step::ResolveAddr);
+    let mut started = 0;
+    for (c, id) in s.ids.iter().enumerate() {
+        if s.failed(c) {
+            continue;
+        }
+        s.retries[c].store(o.retries as usize, Ordering::Relaxed);
+        t.start(c, Step::ResolveAddr);
+        if let Err(e) = id.resolve_addr(s.src, s.dst, o.timeout) {
+            println!("failure getting addr: {e}");
+            s.error[c].store(true, Ordering::Relaxed);
+            continue;
+        }
+        started += 1;
+    }
+    s.wait(Step::ResolveAddr, started);
+    t.end_all(Step::ResolveAddr);
+
+    println!("resolving route");
+    t.start_all(Step::ResolveRoute);
+    let mut started = 0;
+    for (c, id) in s.ids.iter().enumerate() {
+        if s.failed(c) {
+            continue;
+        }
+        s.retries[c].store(o.retries as usize, Ordering::Relaxed);
+        t.start(c, Step::ResolveRoute);
+        if let Err(e) = id.resolve_route(o.timeout) {
+            println!("failure resolving route: {e}");
+            s.error[c].store(true, Ordering::Relaxed);
+            continue;
+        }
+        started += 1;
+    }
+    s.wait(Step::ResolveRoute, started);
+    t.end_all(Step::ResolveRoute);
+
+    println!("creating qp");
+    t.start_all(Step::CreateQp);
+    let mut qps: Vec<Option<ConnQp>> = Vec::with_capacity(n);
+    for (c, id) in s.ids.iter().enumerate() {
+        if s.failed(c) {
+            qps.push(None);
+            continue;
+        }
+        t.start(c, Step::CreateQp);
+        match create_qp(id) {
+            Ok(q) => qps.push(Some(q)),
+            Err(e) => {
+                println!("failure creating qp: {e}");
+                s.error[c].store(true, Ordering::Relaxed);
+                qps.push(None);
+                continue;
+            }
+        }
+        t.end(c, Step::CreateQp);
+    }
+    t.end_all(Step::CreateQp);
+
+    println!("connecting");
+    t.start_all(Step::Connect);
+    let mut started = 0;
+    for (c, id) in s.ids.iter().enumerate() {
+        if s.failed(c) {
+            continue;
+        }
+        t.start(c, Step::Connect);
+        if let Err(e) = id.connect(&param) {
+            println!("failure rconnecting: {e}");
+            s.error[c].store(true, Ordering::Relaxed);
+            continue;
+        }
+        started += 1;
+    }
+    s.wait(Step::Connect, started);
+    t.end_all(Step::Connect);
+
+    println!("disconnecting");
+    t.start_all(Step::Disconnect);
+    let mut started = 0;
+    for (c, id) in s.ids.iter().enumerate() {
+        if s.failed(c) {
+            continue;
+        }
+        t.start(c, Step::Disconnect);
+        let _ = id.disconnect();
+        started += 1;
+    }
+    s.wait(Step::Disconnect, started);
+    t.end_all(Step::Disconnect);
+
+    shared.stop.store(true, Ordering::Release);
+    events
+        .join()
+        .map_err(|_| "the event thread panicked".to_string())??;
+    drop(channel);
+    let Ok(shared) = Arc::try_unwrap(shared) else {
+        return Err("the event thread still holds the ids".into());
+    };
+    let Shared { times, ids, .. } = shared;
+    println!("destroying id");
+    times.start_all(Step::Destroy);
+    for (c, (id, qp)) in ids.into_iter().zip(qps).enumerate() {
+        times.start(c, Step::Destroy);
+        drop(qp);
+        drop(id);
+        times.end(c, Step::Destroy);
+    }
+    times.end_all(Step::Destroy);
+    times.show(n, o.src.is_some());
+    Ok(())
+}
+
+/// Accepts every connection request and tears down every connection the
+/// peer disconnects, until killed (the C tool's server never returns).
+fn run_server(o: &Opts) -> Res<()> {
+    let channel =
+        EventChannel::new().map_err(|e| format!("failed to create event channel: {e}"))?;
+    let listener = channel
+        .create_id(PortSpace::Tcp)
+        .map_err(|e| format!("listen request failed: {e}"))?;
+    let addr = get_rdma_addr(
+        o.src.as_deref(),
+        None,
+        &o.port,
+        true,
+        PortSpace::Tcp,
+        AddrInfoFlags::empty(),
+    )
+    .map_err(|e| format!("getrdmaaddr error: {e}"))?;
+    listener
+        .bind_addr(addr.src.ok_or("bind address failed: no address")?)
+        .map_err(|e| format!("bind address failed: {e}"))?;
+    listener
+        .listen(0)
+        .map_err(|e| format!("failure trying to listen: {e}"))?;
+    let mut conns: HashMap<usize, (CmId, ConnQp)> = HashMap::new();
+    loop {
+        let e = channel
+            .get_event()
+            .map_err(|e| format!("failure in rdma_get_cm_event in process_server_events: {e}"))?;
+        match e.event_type() {
+            CmEventType::ConnectRequest => {
+                let id = e.id().clone();
+                drop(e);
+                let accepted = create_qp(&id)
+                    .map_err(|e| format!("failure creating qp: {e}"))
+                    .and_then(|qp| {
+                        id.accept(&ConnParam::default())
+                            .map_err(|e| format!("failure accepting: {e}"))?;
+                        Ok(qp)
+                    });
+                match accepted {
+                    Ok(qp) => {
+                        let key = id.as_raw() as usize;
+                        conns.insert(key, (id, qp));
+                    }
+                    Err(err) => {
+                        println!("{err}");
+                        println!("failing connection request");
+                        let _ = id.reject(&[]);
+                    }
+                }
+            }
+            CmEventType::Disconnected => {
+                let key = e.id().as_raw() as usize;
+                drop(e);
+                if let Some((id, qp)) = conns.remove(&key) {
+                    let _ = id.disconnect();
+                    drop(qp);
+                    drop(id);
+                }
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,384 @@
+//! Multicast over the connection manager: a port of rdma-core's `mckey`,
+//! wire-compatible with it.
+//!
+//! ```text
+//! mckey -m multicast_address [-b bind_address] [-c connections] [-C count] [-S size] [-p ps] [-o]   # receiver
+//! mckey -m multicast_address -s [-b bind_address] ...                                               # sender
+//! ```
+//!
+//! Every connection is a UDP (or IPoIB) port space id that resolves the
+//! group's address, makes a UD QP (librdmacm's, attached to the group on
+//! join), and joins (`-o`: as a send-only full member). After the join the
+//! tool waits 3 s, as the C tool does (time for a subnet manager to program
+//! the switches), then the sender sends `-C` datagrams of `-S` bytes to the
+//! group (Q_Key and QP number 0xffffff from the join) and the receiver waits
+//! for as many; both leave the group at the end.
+//!
+//! Not supported: `-M` (unmapped `AF_IB` group addresses) and `-l` (no
+//! multicast loopback: `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB` cannot be set on
+//! a QP through `rdma`'s builder).
+
+mod cmcommon;
+
+use std::net::{Ipv6Addr, SocketAddr};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use cmcommon::{c_number, getopt, host_ip, number, poll_n, OrFail, Res, GRH_LEN};
+use rdma::cm::{CmEventType, CmId, EventChannel, McJoinFlags, PortSpace};
+use rdma::{
+    AccessFlags, AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QpType, QueuePair,
+    SendWr, WcStatus,
+};
+
+const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
+/// The C tool polls forever; this bounds it.
+const POLL_TIMEOUT: Duration = Duration::from_secs(600);
+
+struct Opts {
+    group: Option<String>,
+    src: Option<String>,
+    sender: bool,
+    connections: usize,
+    count: usize,
+    size: usize,
+    ps: PortSpace,
+    send_only: bool,
+}
+
+fn usage() -> ExitCode {
+    println!("usage: mckey");
+    println!("\t-m multicast_address");
+    println!("\t[-M unmapped_multicast_address]\n\t replaces -m and requires -b");
+    println!("\t[-s(ender)]");
+    println!("\t[-b bind_address]");
+    println!("\t[-c connections]");
+    println!("\t[-C message_count]");
+    println!("\t[-S message_size]");
+    println!("\t[-p port_space - 0x111 for UDP (default), 0x2 for IPOIB]");
+    println!("\t[-o join as a send-only full-member]");
+    println!("\t[-l join without multicast loopback]");
+    ExitCode::from(1)
+}
+
+fn parse(args: &[String]) -> Res<Opts> {
+    let mut o = Opts {
+        group: None,
+        src: None,
+        sender: false,
+        connections: 1,
+        count: 10,
+        size: 100,
+        ps: PortSpace::Udp,
+        send_only: false,
+    };
+    for (flag, v) in getopt(args, "m:M:sb:c:C:S:p:ol")? {
+        let v = v.unwrap_or_default();
+        match flag {
+            'm' => o.group = Some(v),
+            'M' => return Err("-M: unmapped (AF_IB) multicast addresses are not supported".into()),
+            's' => o.sender = true,
+            'b' => o.src = Some(v),
+            'c' => o.connections = number(flag, &v)?,
+            'C' => o.count = number(flag, &v)?,
+            'S' => o.size = number(flag, &v)?,
+            'p' => o.ps = PortSpace::from_raw(c_number(flag, &v)? as u32),
+            'o' => o.send_only = true,
+            'l' => {
+                return Err(
+                    "-l: blocking multicast loopback (IBV_QP_CREATE_BLOCK_SELF_MCAST_LB) is not \
+                     supported"
+                        .into(),
+                )
+            }
+            _ => unreachable!("getopt only returns flags of the spec"),
+        }
+    }
+    if o.group.is_none() {
+        return Err("a multicast address (-m) is required".into());
+    }
+    if o.size == 0 {
+        o.count = 0;
+    }
+    Ok(o)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Ok(opts) = parse(&args).map_err(|e| eprintln!("mckey: {e}")) else {
+        return usage();
+    };
+    let ret: i32 = match run(&opts) {
+        Ok(()) => 0,
+        Err(e) => {
+            println!("{e}");
+            1
+        }
+    };
+    println!("test complete");
+    println!("return status {ret}");
+    ExitCode::from(ret as u8)
+}
+
+/// One group membership. Field order is drop order.
+struct Node {
+    ah: Option<AddressHandle>,
+    qp: Option<QueuePair>,
+    cq: Option<CompletionQueue>,
+    pd: Option<ProtectionDomain>,
+    sends: Vec<MemoryRegion>,
+    remote_qpn: u32,
+    remote_qkey: u32,
+    connected: bool,
+    id: CmId,
+}
+
+impl Node {
+    /// `addr_handler`: check the size, make PD, CQ, QP and messages, post
+    /// the receives (receivers), join.
+    fn on_addr(&mut self, o: &Opts, group: SocketAddr) -> Res<()> {
+        let ctx = self.id.context().or_fail("mckey: no device")?;
+        let port = ctx
+            .query_port(u32::from(self.id.port_num()))
+            .or_fail("ibv_query_port")?;
+        let mtu = port.active_mtu.bytes().unwrap_or(0) as usize;
+        if o.count > 0 && o.size > mtu {
+            return Err(format!(
+                "mckey: message_size {} is larger than active mtu {mtu}",
+                o.size
+            ));
+        }
+        let pd = ctx.alloc_pd().or_fail("mckey: unable to allocate PD")?;
+        let cqe = if o.count > 0 { o.count * 2 } else { 2 } as u32;
+        let cq = ctx
+            .create_cq(cqe, None, 0)
+            .or_fail("mckey: unable to create CQ")?;
+        let depth = o.count.max(1) as u32;
+        let mut qp = self
+            .id
+            .create_qp(
+                pd.qp_builder(QpType::Ud, &cq, &cq)
+                    .max_send_wr(depth)
+                    .max_recv_wr(depth)
+                    .max_send_sge(1)
+                    .max_recv_sge(1),
+            )
+            .map_err(|e| format!("mckey: unable to create QP: {e}"))?;
+        if o.count > 0 {
+            if o.sender {
+                let mut m = pd
+                    .alloc_mr(o.size * o.count, AccessFlags::empty())
+                    .or_fail("failed to reg MR")?;
+                for (i, b) in m
+                    .as_mut_slice()
+                    .expect("local buffer")
+                    .iter_mut()
+                    .enumerate()
+                {
+                    *b = i as u8;
+                }
+                self.sends = m.chunks(o.size).or_fail("failed to reg MR")?;
+            } else {
+                let recvs = pd
+                    .alloc_mr((o.size + GRH_LEN) * o.count, AccessFlags::LOCAL_WRITE)
+                    .or_fail("failed to reg MR")?
+                    .chunks(o.size + GRH_LEN)
+                    .or_fail("failed to reg MR")?;
+                qp.post_recv_batch(
+                    recvs
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, m)| (i as u64, m.into())),
+                )
+                .map_err(|e| format!("failed to post receives: {e}"))?;
+            }
+        }
+        self.pd = Some(pd);
+        self.cq = Some(cq);
+        self.qp = Some(qp);
+        let joined = if o.send_only {
+            self.id
+                .join_multicast_ex(group, McJoinFlags::SendOnlyFullMember)
+        } else {
+            self.id.join_multicast(group)
+        };
+        joined.map_err(|e| format!("mckey: failure joining: {e}"))
+    }
+
+    /// Sends every message to the group, SEND with immediate data carrying
+    /// this QP's number; the last one is signaled and waited for, so the
+    /// datagrams are out before the group is left.
+    fn post_sends(&mut self, o: &Opts) -> Res<()> {
+        if !self.connected || o.count == 0 {
+            return Ok(());
+        }
+        let qp = self.qp.as_mut().expect("initialised");
+        let ah = self.ah.as_ref().expect("joined");
+        let qpn = qp.qp_num();
+        let n = self.sends.len();
+        for (i, mr) in std::mem::take(&mut self.sends).into_iter().enumerate() {
+            let wr = SendWr::send(i as u64, mr)
+                .with_imm(qpn)
+                .ud(ah, self.remote_qpn, self.remote_qkey)
+                .signaled(i + 1 == n);
+            qp.post_send(wr)
+                .map_err(|e| format!("failed to post sends: {e}"))?;
+        }
+        let c = poll_n(self.cq.as_ref().expect("initialised"), 1, POLL_TIMEOUT)?;
+        if c[0].status != WcStatus::Success {
+            return Err(format!("mckey: send failed: {}", c[0].status));
+        }
+        Ok(())
+    }
+
+    /// Waits for `count` datagrams from the group.
+    fn poll(&self, o: &Opts) -> Res<()> {
+        if !self.connected || o.count == 0 {
+            return Ok(());
+        }
+        let done = poll_n(
+            self.cq.as_ref().expect("initialised"),
+            o.count,
+            POLL_TIMEOUT,
+        )?;
+        for c in done {
+            if c.status != WcStatus::Success {
+                return Err(format!("mckey: receive failed: {}", c.status));
+            }
+            if c.byte_len as usize != o.size + GRH_LEN {
+                return Err(format!(
+                    "mckey: received {} bytes, expected {} + {GRH_LEN} of GRH",
+                    c.byte_len, o.size
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn run(o: &Opts) -> Res<()> {
+    println!(
+        "mckey: starting {}",
+        if o.sender { "client" } else { "server" }
+    );
+    let ch = EventChannel::new().map_err(|e| format!("failed to create event channel: {e}"))?;
+    let src = o
+        .src
+        .as_deref()
+        .map(host_ip)
+        .transpose()?
+        .map(|ip| SocketAddr::new(ip, 0));
+    let group = SocketAddr::new(host_ip(o.group.as_deref().expect("checked"))?, 0);
+    let mut nodes: Vec<Node> = Vec::with_capacity(o.connections);
+    for _ in 0..o.connections {
+        let id = ch.create_id(o.ps).or_fail("rdma_create_id")?;
+        nodes.push(Node {
+            ah: None,
+            qp: None,
+            cq: None,
+            pd: None,
+            sends: Vec::new(),
+            remote_qpn: 0,
+            remote_qkey: 0,
+            connected: false,
+            id,
+        });
+    }
+    println!("mckey: joining");
+    for n in &nodes {
+        if let Some(src) = src {
+            n.id.bind_addr(src)
+                .map_err(|e| format!("mckey: addr bind failure: {e}"))?;
+        }
+        n.id.resolve_addr(src, group, RESOLVE_TIMEOUT)
+            .map_err(|e| format!("mckey: resolve addr failure: {e}"))?;
+    }
+
+    let result = transfer(o, &ch, &mut nodes, group);
+    // Leave every group that was joined, whatever happened.
+    let mut left_ok = Ok(());
+    for n in &nodes {
+        if n.connected {
+            if let Err(e) = n.id.leave_multicast(group) {
+                println!("mckey: failure leaving: {e}");
+                left_ok = Err("mckey: failure leaving".to_string());
+            }
+        }
+    }
+    result.and(left_ok)
+}
+
+fn transfer(o: &Opts, ch: &EventChannel, nodes: &mut [Node], group: SocketAddr) -> Res<()> {
+    let mut left = nodes.len();
+    while left > 0 {
+        let e = ch.get_event().or_fail("rdma_get_cm_event")?;
+        let Some(i) = nodes.iter().position(|n| n.id.same_id(e.id())) else {
+            continue;
+        };
+        let n = &mut nodes[i];
+        match e.event_type() {
+            CmEventType::AddrResolved => {
+                drop(e);
+                n.on_addr(o, group)?;
+            }
+            CmEventType::MulticastJoin => {
+                let ud = e
+                    .ud_param()
+                    .cloned()
+                    .ok_or("mckey: join without UD parameters")?;
+                drop(e);
+                let (dgid, dlid, sl) = (
+                    ud.ah_attr
+                        .grh
+                        .map_or(Ipv6Addr::UNSPECIFIED, |g| g.dgid.to_ipv6()),
+                    ud.ah_attr.dlid,
+                    ud.ah_attr.sl,
+                );
+                println!("mckey: joined dgid: {} mlid 0x{dlid:x} sl {sl}", dgid);
+                n.remote_qpn = ud.qp_num;
+                n.remote_qkey = ud.qkey;
+                let pd = n.pd.as_ref().expect("initialised");
+                let ah = pd
+                    .create_ah(&ud.ah_attr)
+                    .map_err(|e| format!("mckey: failure creating address handle: {e}"))?;
+                n.ah = Some(ah);
+                n.connected = true;
+                left -= 1;
+            }
+            CmEventType::AddrError | CmEventType::RouteError | CmEventType::MulticastError => {
+                return Err(format!(
+                    "mckey: event: {}, error: {}",
+                    e.event_type(),
+                    e.status()
+                ));
+            }
+            _ => {}
+        }
+    }
+    // As the C tool: give a subnet manager time to program the switches.
+    std::thread::sleep(Duration::from_secs(3));
+    // Report what the C tool's event thread reports meanwhile.
+    while let Some(e) = ch.try_get_event().or_fail("rdma_get_cm_event")? {
+        if matches!(
+            e.event_type(),
+            CmEventType::MulticastError | CmEventType::AddrChange
+        ) {
+            println!("mckey: event: {}, status: {}", e.event_type(), e.status());
+        }
+    }
+    if o.count > 0 {
+        if o.sender {
+            println!("initiating data transfers");
+            for n in nodes.iter_mut() {
+                n.post_sends(o)?;
+            }
+        } else {
+            println!("receiving data transfers");
+            for n in nodes.iter() {
+                n.poll(o)?;
+            }
+        }
+        println!("data transfers complete");
+    }
+    Ok(())
+}

@@ -1,0 +1,722 @@
+//! RDMA ping-pong over the connection manager: a port of rdma-core's `rping`
+//! that speaks its protocol, so either side can be the C tool.
+//!
+//! ```text
+//! rping -s [-vVd] [-S size] [-C count] [-a addr] [-p port] [-P] [-q]
+//! rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port] [-q]
+//! ```
+//!
+//! # Protocol (one ping)
+//! Control messages are 16 bytes: buffer address (big-endian u64), rkey and
+//! length (big-endian u32 each).
+//! 1. The client fills its source buffer with `rdma-ping-N: ` and a rolling
+//!    run of the letters `A`..`z` (ending in a NUL) and sends its address.
+//! 2. The server RDMA READs it and answers with a 16-byte "go ahead".
+//! 3. The client sends the address of its sink buffer.
+//! 4. The server RDMA WRITEs the string it read into the sink, and sends
+//!    another "go ahead".
+//! 5. With `-V` the client compares sink and source.
+//!
+//! The client disconnects after `-C` pings (0: forever); the server ends when
+//! the client disconnects (`-P`: serves connections until killed, one thread
+//! each).
+//!
+//! Unlike the C tool, whose buffers are fixed, every buffer here moves into
+//! its work request and comes back with the completion (`rdma`'s safe post
+//! path); the sink, which the peer writes, is read with
+//! [`MemoryRegion::read_at`].
+
+mod cmcommon;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use cmcommon::{c_str, getopt, host_ip, number, rearm, wait_readable, OrFail, Res};
+use rdma::cm::{CmEventType, CmId, ConnParam, EventChannel, PortSpace};
+use rdma::{
+    AccessFlags, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain, QpType,
+    QueuePair, RemoteMemory, SendWr, WcOpcode, WcStatus,
+};
+
+const USAGE: &str = "\
+rping -s [-vVd] [-S size] [-C count] [-a addr] [-p port]
+rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port]
+\t-c\t\tclient side
+\t-I\t\tSource address to bind to for client.
+\t-s\t\tserver side.  To bind to any address with IPv6 use -a ::0
+\t-v\t\tdisplay ping data to stdout
+\t-V\t\tvalidate ping data
+\t-d\t\tdebug printfs
+\t-S size \tping data size
+\t-C count\tping count times
+\t-a addr\t\taddress
+\t-p port\t\tport
+\t-P\t\tpersistent server mode allowing multiple connections
+\t-q\t\tuse self-created, self-modified QP";
+
+/// Length of a control message (`struct rping_rdma_info`).
+const INFO_LEN: usize = 16;
+/// Largest ping (`RPING_BUFSIZE - 1`).
+const MAX_SIZE: usize = 64 * 1024 - 1;
+/// Smallest ping: room for `rdma-ping-2147483647: ` and the NUL
+/// (`sizeof(stringify(INT_MAX)) + sizeof(RPING_MSG_FMT)`).
+const MIN_SIZE: usize = 26;
+/// Send queue depth; the CQ has twice this many entries.
+const SQ_DEPTH: u32 = 16;
+/// `rdma_resolve_addr`/`rdma_resolve_route` timeout.
+const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
+
+const WR_SEND: u64 = 1;
+const WR_RECV: u64 = 2;
+const WR_RDMA: u64 = 3;
+
+#[derive(Debug, Clone)]
+struct Opts {
+    server: bool,
+    addr: IpAddr,
+    src: Option<IpAddr>,
+    port: u16,
+    count: u64,
+    size: usize,
+    verbose: bool,
+    validate: bool,
+    debug: bool,
+    persistent: bool,
+    self_qp: bool,
+}
+
+fn parse(args: &[String]) -> Result<Opts, (String, u8)> {
+    let usage = |msg: String| (format!("rping: {msg}\n{USAGE}"), libc::EINVAL as u8);
+    let flags = getopt(args, "a:I:Pp:C:S:scvVdq").map_err(usage)?;
+    let mut o = Opts {
+        server: false,
+        addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        src: None,
+        port: 7174,
+        count: 0,
+        size: 64,
+        verbose: false,
+        validate: false,
+        debug: false,
+        persistent: false,
+        self_qp: false,
+    };
+    let mut side = None;
+    for (flag, value) in flags {
+        let v = value.unwrap_or_default();
+        let bad = |e: String| (e, libc::EINVAL as u8);
+        match flag {
+            'a' => o.addr = host_ip(&v).map_err(bad)?,
+            'I' => o.src = Some(host_ip(&v).map_err(bad)?),
+            'P' => o.persistent = true,
+            'p' => o.port = number(flag, &v).map_err(bad)?,
+            's' => side = Some(true),
+            'c' => side = Some(false),
+            'S' => {
+                let size: i64 = number(flag, &v).map_err(bad)?;
+                if size < MIN_SIZE as i64 || size > MAX_SIZE as i64 {
+                    return Err(bad(format!(
+                        "Invalid size {size} (valid range is {MIN_SIZE} to {})",
+                        MAX_SIZE + 1
+                    )));
+                }
+                o.size = size as usize;
+            }
+            'C' => {
+                let count: i64 = number(flag, &v).map_err(bad)?;
+                if count < 0 {
+                    return Err(bad(format!("Invalid count {count}")));
+                }
+                o.count = count as u64;
+            }
+            'v' => o.verbose = true,
+            'V' => o.validate = true,
+            'd' => o.debug = true,
+            'q' => o.self_qp = true,
+            _ => unreachable!("getopt only returns flags of the spec"),
+        }
+    }
+    match side {
+        Some(s) => o.server = s,
+        None => return Err((USAGE.to_string(), libc::EINVAL as u8)),
+    }
+    Ok(o)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opts = match parse(&args) {
+        Ok(o) => o,
+        Err((msg, code)) => {
+            eprintln!("{msg}");
+            return ExitCode::from(code);
+        }
+    };
+    let result = if opts.server {
+        run_server(&opts)
+    } else {
+        run_client(&opts)
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+macro_rules! debug {
+    ($o:expr, $($arg:tt)*) => {
+        if $o.debug {
+            println!($($arg)*);
+        }
+    };
+}
+
+/// The control message describing `mem` (`rping_format_send`).
+fn info(mem: RemoteMemory, size: usize) -> [u8; INFO_LEN] {
+    let mut m = [0u8; INFO_LEN];
+    m[..8].copy_from_slice(&mem.addr.to_be_bytes());
+    m[8..12].copy_from_slice(&mem.rkey.to_be_bytes());
+    m[12..].copy_from_slice(&(size as u32).to_be_bytes());
+    m
+}
+
+/// Decodes a control message: (address, rkey, length).
+fn parse_info(m: &[u8]) -> (u64, u32, u32) {
+    let addr = u64::from_be_bytes(m[..8].try_into().expect("8 bytes"));
+    let rkey = u32::from_be_bytes(m[8..12].try_into().expect("4 bytes"));
+    let len = u32::from_be_bytes(m[12..16].try_into().expect("4 bytes"));
+    (addr, rkey, len)
+}
+
+/// What the wait for the next step brought.
+enum Got {
+    /// A control message arrived (its 16 bytes).
+    Recv([u8; INFO_LEN]),
+    /// The RDMA READ or WRITE finished; its buffer is back.
+    Rdma(MemoryRegion),
+    /// A send finished (only when waiting for the send buffer).
+    SendDone,
+    /// The peer disconnected.
+    Disconnected,
+}
+
+/// One connection: the id, its event channel, and the verbs objects on its
+/// device. Field order is drop order: QP before CQ, PD and id.
+struct Conn {
+    qp: QueuePair,
+    cq: CompletionQueue,
+    comp: CompletionChannel,
+    pd: ProtectionDomain,
+    id: CmId,
+    events: EventChannel,
+    /// The send buffer, when not in flight.
+    send_mr: Option<MemoryRegion>,
+    /// A control message that arrived while waiting for the send buffer.
+    pending: Option<[u8; INFO_LEN]>,
+    armed: bool,
+    server: bool,
+    debug: bool,
+}
+
+impl Conn {
+    /// PD, completion channel, CQ and QP on the id's device
+    /// (`rping_setup_qp`), and the receive posted.
+    fn setup(id: &CmId, events: &EventChannel, o: &Opts) -> Res<Conn> {
+        let ctx = id.context().or_fail("ibv_alloc_pd failed")?;
+        let pd = ctx.alloc_pd().or_fail("ibv_alloc_pd failed")?;
+        debug!(o, "created pd {:p}", pd.as_raw());
+        let comp = ctx
+            .create_comp_channel()
+            .or_fail("ibv_create_comp_channel failed")?;
+        comp.set_nonblocking(true)
+            .or_fail("ibv_create_comp_channel failed")?;
+        let cq = ctx
+            .create_cq(SQ_DEPTH * 2, Some(&comp), 0)
+            .or_fail("ibv_create_cq failed")?;
+        cq.req_notify(false).or_fail("ibv_req_notify_cq failed")?;
+        let mut builder = pd.qp_builder(QpType::Rc, &cq, &cq);
+        builder
+            .max_send_wr(SQ_DEPTH)
+            .max_recv_wr(2)
+            .max_send_sge(1)
+            .max_recv_sge(1);
+        let qp = if o.self_qp {
+            let qp = builder.build().or_fail("ibv_create_qp")?;
+            id.modify_qp(&qp, rdma::QpState::Init)
+                .or_fail("ibv_modify_qp")?;
+            qp
+        } else {
+            id.create_qp(&builder).or_fail("rdma_create_qp")?
+        };
+        debug!(o, "created qp {:p}", qp.as_raw());
+        let send_mr = pd
+            .alloc_mr(INFO_LEN, AccessFlags::empty())
+            .or_fail("send_buf reg_mr failed")?;
+        let mut conn = Conn {
+            qp,
+            cq,
+            comp,
+            pd,
+            id: id.clone(),
+            events: events.clone(),
+            send_mr: Some(send_mr),
+            pending: None,
+            armed: true,
+            server: o.server,
+            debug: o.debug,
+        };
+        let recv = conn
+            .pd
+            .alloc_mr(INFO_LEN, AccessFlags::LOCAL_WRITE)
+            .or_fail("recv_buf reg_mr failed")?;
+        conn.qp
+            .post_recv(WR_RECV, recv)
+            .map_err(|e| format!("ibv_post_recv failed: {e}"))?;
+        Ok(conn)
+    }
+
+    fn param(&self) -> ConnParam {
+        ConnParam {
+            responder_resources: 1,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ..ConnParam::default()
+        }
+    }
+
+    /// Sends a control message once the previous send is back.
+    fn send(&mut self, msg: &[u8; INFO_LEN]) -> Res<()> {
+        while self.send_mr.is_none() {
+            match self.wait(true)? {
+                Got::SendDone => {}
+                Got::Recv(m) if self.pending.is_none() => self.pending = Some(m),
+                Got::Recv(_) => return Err("unexpected control message".into()),
+                Got::Rdma(_) => return Err("unexpected RDMA completion".into()),
+                Got::Disconnected => return Err("disconnected while sending".into()),
+            }
+        }
+        let mut mr = self.send_mr.take().expect("checked above");
+        mr.as_mut_slice()
+            .expect("the send buffer is local")
+            .copy_from_slice(msg);
+        self.qp
+            .post_send(SendWr::send(WR_SEND, mr))
+            .map_err(|e| format!("post send error {e}"))
+    }
+
+    /// The next completion or connection event that matters: receives (the
+    /// receive is posted again at once), RDMA completions, disconnection.
+    /// Send completions give the send buffer back; with `until_send` the
+    /// wait ends there.
+    fn wait(&mut self, until_send: bool) -> Res<Got> {
+        loop {
+            if let Some(mut c) = self.cq.poll_one().or_fail("poll error")? {
+                if c.status == WcStatus::WrFlushErr {
+                    return Ok(Got::Disconnected);
+                }
+                if c.status != WcStatus::Success {
+                    return Err(format!("cq completion failed status {}", c.status.to_raw()));
+                }
+                match c.opcode {
+                    WcOpcode::Send => {
+                        if self.debug {
+                            println!("send completion");
+                        }
+                        self.send_mr = c.take_buffers().into_one();
+                        if until_send {
+                            return Ok(Got::SendDone);
+                        }
+                    }
+                    WcOpcode::Recv => {
+                        if self.debug {
+                            println!("recv completion");
+                        }
+                        if c.byte_len as usize != INFO_LEN {
+                            return Err(format!("Received bogus data, size {}", c.byte_len));
+                        }
+                        let mr = c.take_buffers().into_one().expect("the receive buffer");
+                        let mut msg = [0u8; INFO_LEN];
+                        msg.copy_from_slice(mr.as_slice().expect("local buffer"));
+                        self.qp
+                            .post_recv(WR_RECV, mr)
+                            .map_err(|e| format!("post recv error: {e}"))?;
+                        return Ok(Got::Recv(msg));
+                    }
+                    WcOpcode::RdmaRead | WcOpcode::RdmaWrite => {
+                        if self.debug {
+                            println!("rdma {:?} completion", c.opcode);
+                        }
+                        let mr = c.take_buffers().into_one().expect("the RDMA buffer");
+                        return Ok(Got::Rdma(mr));
+                    }
+                    other => return Err(format!("unknown completion {other:?}")),
+                }
+                continue;
+            }
+            if let Some(e) = self.events.try_get_event().or_fail("rdma_get_cm_event")? {
+                if self.debug {
+                    println!(
+                        "cma_event type {} cma_id {:p}",
+                        e.event_type(),
+                        e.id().as_raw()
+                    );
+                }
+                match e.event_type() {
+                    CmEventType::Disconnected => {
+                        eprintln!(
+                            "{} DISCONNECT EVENT...",
+                            if self.server { "server" } else { "client" }
+                        );
+                        return Ok(Got::Disconnected);
+                    }
+                    CmEventType::DeviceRemoval => {
+                        return Err("cma detected device removal!!!!".into())
+                    }
+                    CmEventType::Established | CmEventType::TimewaitExit => {}
+                    t => eprintln!("unhandled event: {t}, ignoring"),
+                }
+                continue;
+            }
+            if !self.armed {
+                self.cq.req_notify(false).or_fail("Failed to set notify")?;
+                self.armed = true;
+                continue;
+            }
+            let ready = wait_readable(&[self.comp.as_raw_fd(), self.events.as_raw_fd()], None)?;
+            if ready[0] {
+                rearm(&self.comp, &self.cq)?;
+            }
+        }
+    }
+
+    /// Waits for a receive, giving up on disconnection.
+    fn wait_recv(&mut self, state: &str) -> Res<Option<[u8; INFO_LEN]>> {
+        if let Some(m) = self.pending.take() {
+            return Ok(Some(m));
+        }
+        match self.wait(false)? {
+            Got::Recv(m) => Ok(Some(m)),
+            Got::Disconnected => Ok(None),
+            Got::Rdma(_) | Got::SendDone => {
+                Err(format!("wait for {state}: unexpected RDMA completion"))
+            }
+        }
+    }
+
+    /// `rping_disconnect`: a self-made QP goes to the error state first.
+    fn disconnect(&self) -> Res<()> {
+        if self.id.raw_qp().is_null() {
+            self.qp.to_error().or_fail("ibv_modify_qp")?;
+        }
+        self.id.disconnect().or_fail("rdma_disconnect")
+    }
+}
+
+/// Waits for an event of one of `want` on `ch`, printing failures as rping
+/// does.
+fn expect(ch: &EventChannel, want: &[CmEventType], o: &Opts) -> Res<rdma::cm::CmEvent> {
+    loop {
+        let e = ch.get_event().or_fail("rdma_get_cm_event")?;
+        debug!(
+            o,
+            "cma_event type {} cma_id {:p}",
+            e.event_type(),
+            e.id().as_raw()
+        );
+        if want.contains(&e.event_type()) && e.status() == 0 {
+            return Ok(e);
+        }
+        match e.event_type() {
+            CmEventType::TimewaitExit => continue,
+            t => return Err(format!("cma event {t}, error {}", e.status())),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Client
+
+fn run_client(o: &Opts) -> Res<()> {
+    let ch = EventChannel::new().or_fail("rdma_create_event_channel")?;
+    let id = ch.create_id(PortSpace::Tcp).or_fail("rdma_create_id")?;
+    debug!(o, "created cm_id {:p}", id.as_raw());
+    let dst = SocketAddr::new(o.addr, o.port);
+    let src = o.src.map(|ip| SocketAddr::new(ip, 0));
+    id.resolve_addr(src, dst, RESOLVE_TIMEOUT)
+        .or_fail("rdma_resolve_addr")?;
+    drop(expect(&ch, &[CmEventType::AddrResolved], o)?);
+    id.resolve_route(RESOLVE_TIMEOUT)
+        .or_fail("rdma_resolve_route")?;
+    drop(expect(&ch, &[CmEventType::RouteResolved], o)?);
+    debug!(o, "rdma_resolve_addr - rdma_resolve_route successful");
+
+    let mut conn = Conn::setup(&id, &ch, o)?;
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+    let mut start = conn
+        .pd
+        .alloc_mr(o.size, access)
+        .or_fail("start_buf reg_mr failed")?;
+    let sink = conn
+        .pd
+        .alloc_mr(o.size, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .or_fail("rdma_buf reg_mr failed")?;
+    debug!(o, "allocated & registered buffers...");
+
+    // Connect (`rping_connect_client`).
+    let param = conn.param();
+    if o.self_qp {
+        id.connect_qp(&conn.qp, &param).or_fail("rdma_connect")?;
+    } else {
+        id.connect(&param).or_fail("rdma_connect")?;
+    }
+    let e = expect(
+        &ch,
+        &[CmEventType::ConnectResponse, CmEventType::Established],
+        o,
+    )?;
+    let response = e.event_type() == CmEventType::ConnectResponse;
+    drop(e);
+    if response {
+        id.establish_qp(&conn.qp).or_fail("rdma_establish")?;
+    }
+    debug!(o, "rdma_connect successful");
+
+    let result = ping_loop(o, &mut conn, &mut start, &sink);
+    let _ = conn.disconnect();
+    result
+}
+
+/// The client's side of the pings (`rping_test_client`).
+fn ping_loop(o: &Opts, conn: &mut Conn, start: &mut MemoryRegion, sink: &MemoryRegion) -> Res<()> {
+    let mut first: u8 = 65;
+    let mut ping: u64 = 0;
+    while o.count == 0 || ping < o.count {
+        {
+            let buf = start
+                .as_mut_slice()
+                .expect("the source is not remotely writable");
+            fill(buf, ping, first);
+        }
+        first = if first >= 122 { 65 } else { first + 1 };
+
+        conn.send(&info(start.remote(), o.size))?;
+        if conn.wait_recv("RDMA_WRITE_ADV")?.is_none() {
+            return Err("wait for RDMA_WRITE_ADV state: disconnected".into());
+        }
+        conn.send(&info(sink.remote(), o.size))?;
+        if conn.wait_recv("RDMA_WRITE_COMPLETE")?.is_none() {
+            return Err("wait for RDMA_WRITE_COMPLETE state: disconnected".into());
+        }
+        let got = sink.to_vec();
+        if o.validate && got[..] != start.as_slice().expect("local")[..] {
+            return Err("data mismatch!".into());
+        }
+        if o.verbose {
+            println!("ping data: {}", c_str(&got));
+        }
+        ping += 1;
+    }
+    Ok(())
+}
+
+/// The ping text: `rdma-ping-N: `, then letters from `first` up to `z`
+/// wrapping to `A`, then a NUL in the last byte.
+fn fill(buf: &mut [u8], ping: u64, first: u8) {
+    let head = format!("rdma-ping-{}: ", ping as i32);
+    let n = head.len().min(buf.len() - 1);
+    buf[..n].copy_from_slice(&head.as_bytes()[..n]);
+    let mut c = first;
+    for b in &mut buf[n..] {
+        *b = c;
+        c = if c >= 122 { 65 } else { c + 1 };
+    }
+    let last = buf.len() - 1;
+    buf[last] = 0;
+}
+
+// ---------------------------------------------------------------------------
+// Server
+
+fn run_server(o: &Opts) -> Res<()> {
+    let ch = EventChannel::new().or_fail("rdma_create_event_channel")?;
+    let listener = ch.create_id(PortSpace::Tcp).or_fail("rdma_create_id")?;
+    debug!(o, "created cm_id {:p}", listener.as_raw());
+    listener
+        .bind_addr(SocketAddr::new(o.addr, o.port))
+        .or_fail("rdma_bind_addr")?;
+    debug!(o, "rdma_bind_addr successful");
+    debug!(o, "rdma_listen");
+    listener.listen(3).or_fail("rdma_listen")?;
+
+    if o.persistent {
+        loop {
+            let request = expect(&ch, &[CmEventType::ConnectRequest], o)?;
+            let id = request.id().clone();
+            drop(request);
+            // Each connection reports to a channel of its own, so its thread
+            // sees only its events.
+            let own = EventChannel::new().or_fail("rdma_create_event_channel")?;
+            id.migrate_id(Some(&own)).or_fail("rdma_migrate_id")?;
+            let o = o.clone();
+            std::thread::spawn(move || {
+                if let Err(e) = serve(&o, &id, &own) {
+                    eprintln!("{e}");
+                }
+            });
+        }
+    }
+    let request = expect(&ch, &[CmEventType::ConnectRequest], o)?;
+    let id = request.id().clone();
+    debug!(o, "child cma {:p}", id.as_raw());
+    drop(request);
+    serve(o, &id, &ch).map_err(|e| format!("{e}\nrping server failed"))
+}
+
+/// Accepts `id` and answers pings until the client disconnects
+/// (`rping_run_server` after the request).
+fn serve(o: &Opts, id: &CmId, ch: &EventChannel) -> Res<()> {
+    let mut conn = Conn::setup(id, ch, o)?;
+    let mut buf = conn
+        .pd
+        .alloc_mr(o.size, AccessFlags::LOCAL_WRITE)
+        .or_fail("rdma_buf reg_mr failed")?;
+    debug!(o, "accepting client connection request");
+    let param = conn.param();
+    if o.self_qp {
+        id.accept_qp(&conn.qp, &param).or_fail("rdma_accept")?;
+    } else {
+        id.accept(&param).or_fail("rdma_accept")?;
+    }
+    drop(expect(ch, &[CmEventType::Established], o)?);
+
+    let result = (|| -> Res<()> {
+        loop {
+            // The client's source buffer.
+            let Some(msg) = conn.wait_recv("RDMA_READ_ADV")? else {
+                return Ok(());
+            };
+            let (addr, rkey, len) = parse_info(&msg);
+            debug!(
+                o,
+                "Received rkey {rkey:x} addr {addr:x} len {len} from peer"
+            );
+            let len = len as usize;
+            if len == 0 || len > buf.len() {
+                return Err(format!(
+                    "client buffer of {len} bytes does not fit the server's {} (-S)",
+                    buf.len()
+                ));
+            }
+            let tail = if len < buf.len() {
+                Some(buf.split_off(len).or_fail("split")?)
+            } else {
+                None
+            };
+            let remote = RemoteMemory {
+                addr,
+                len: len as u64,
+                rkey,
+            };
+            conn.qp
+                .post_send(SendWr::read(WR_RDMA, buf, remote))
+                .map_err(|e| format!("post send error {e}"))?;
+            debug!(o, "server posted rdma read req ");
+            buf = match conn.wait(false)? {
+                Got::Rdma(mr) => mr,
+                Got::Disconnected => return Err("wait for RDMA_READ_COMPLETE: disconnected".into()),
+                _ => return Err("wait for RDMA_READ_COMPLETE: unexpected completion".into()),
+            };
+            if let Some(t) = tail {
+                if buf.unsplit(t).is_err() {
+                    return Err("buffer pieces do not join".into());
+                }
+            }
+            let text = c_str(buf.as_slice().expect("local buffer"));
+            if o.verbose {
+                println!("server ping data: {text}");
+            }
+            // Go ahead.
+            conn.send(&[0; INFO_LEN])?;
+            debug!(o, "server posted go ahead");
+
+            // The client's sink.
+            let Some(msg) = conn.wait_recv("RDMA_WRITE_ADV")? else {
+                return Ok(());
+            };
+            let (addr, rkey, rlen) = parse_info(&msg);
+            let n = (text.len() + 1).min(buf.len());
+            if n as u64 > u64::from(rlen) {
+                return Err(format!("client sink of {rlen} bytes is too small for {n}"));
+            }
+            let tail = if n < buf.len() {
+                Some(buf.split_off(n).or_fail("split")?)
+            } else {
+                None
+            };
+            let remote = RemoteMemory {
+                addr,
+                len: n as u64,
+                rkey,
+            };
+            debug!(o, "rdma write from laddr {:x} len {n}", buf.addr());
+            conn.qp
+                .post_send(SendWr::write(WR_RDMA, buf, remote))
+                .map_err(|e| format!("post send error {e}"))?;
+            buf = match conn.wait(false)? {
+                Got::Rdma(mr) => mr,
+                Got::Disconnected => {
+                    return Err("wait for RDMA_WRITE_COMPLETE: disconnected".into())
+                }
+                _ => return Err("wait for RDMA_WRITE_COMPLETE: unexpected completion".into()),
+            };
+            if let Some(t) = tail {
+                if buf.unsplit(t).is_err() {
+                    return Err("buffer pieces do not join".into());
+                }
+            }
+            debug!(o, "server rdma write complete ");
+            conn.send(&[0; INFO_LEN])?;
+            debug!(o, "server posted go ahead");
+        }
+    })();
+    let _ = conn.disconnect();
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ping_text_matches_rping() {
+        let mut b = vec![0u8; 64];
+        fill(&mut b, 0, 65);
+        assert_eq!(
+            c_str(&b),
+            "rdma-ping-0: ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqr"
+        );
+        fill(&mut b, 1, 66);
+        assert!(c_str(&b).starts_with("rdma-ping-1: BCD"));
+        assert_eq!(b[63], 0);
+    }
+
+    #[test]
+    fn info_is_big_endian() {
+        let m = info(
+            RemoteMemory {
+                addr: 0x0102_0304_0506_0708,
+                len: 0,
+                rkey: 0x0a0b_0c0d,
+            },
+            64,
+        );
+        assert_eq!(&m[..8], &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(parse_info(&m), (0x0102_0304_0506_0708, 0x0a0b_0c0d, 64));
+    }
+}

@@ -1,0 +1,494 @@
+//! Many simultaneous RC connections over the connection manager: a port of
+//! rdma-core's `ucmatose` (`cmatose.c`), wire-compatible with it.
+//!
+//! ```text
+//! ucmatose [-b bind_address] [-c connections] [-C count] [-S size] [-p port] ...   # server
+//! ucmatose -s server_address [-b bind_address] [-c connections] ...               # client
+//! ```
+//!
+//! The client opens `-c` connections at once on one event channel (address,
+//! route, connect, each step started from the previous step's event); the
+//! server accepts them all. Then the server sends `-C` messages of `-S` bytes
+//! on every connection and the client answers with as many; the server
+//! disconnects everything and both sides wait until every connection is
+//! down. `-m` moves every id to a new event channel before disconnecting.
+//!
+//! Each message has a buffer of its own (memory moves into the work
+//! request); the C tool sends and receives everything in one buffer.
+
+mod cmcommon;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use cmcommon::{c_number, get_rdma_addr, getopt, number, poll_n, OrFail, Res};
+use rdma::cm::{
+    AddrInfoFlags, CmEvent, CmEventType, CmId, CmOption, ConnParam, EventChannel, PortSpace,
+};
+use rdma::{
+    AccessFlags, CompletionQueue, MemoryRegion, ProtectionDomain, QpType, QueuePair, SendWr,
+    WcStatus,
+};
+
+const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
+/// The C tool polls forever; this bounds it.
+const POLL_TIMEOUT: Duration = Duration::from_secs(600);
+
+struct Opts {
+    dst: Option<String>,
+    src: Option<String>,
+    port: String,
+    connections: usize,
+    count: usize,
+    size: usize,
+    tos: Option<u8>,
+    ack_timeout: Option<u8>,
+    migrate: bool,
+    ps: PortSpace,
+    flags: AddrInfoFlags,
+}
+
+fn usage() -> ExitCode {
+    println!("usage: ucmatose");
+    println!("\t[-s server_address]");
+    println!("\t[-b bind_address]");
+    println!("\t[-f address_format]");
+    println!("\t    name, ip, ipv6, or gid");
+    println!("\t[-P port_space]");
+    println!("\t    tcp or ib");
+    println!("\t[-c connections]");
+    println!("\t[-C message_count]");
+    println!("\t[-S message_size]");
+    println!("\t[-t type_of_service]");
+    println!("\t[-p port_number]");
+    println!("\t[-m(igrate)]");
+    println!("\t[-a ack_timeout]");
+    ExitCode::from(1)
+}
+
+fn parse(args: &[String]) -> Res<Opts> {
+    let mut o = Opts {
+        dst: None,
+        src: None,
+        port: "7471".into(),
+        connections: 1,
+        count: 10,
+        size: 100,
+        tos: None,
+        ack_timeout: None,
+        migrate: false,
+        ps: PortSpace::Tcp,
+        flags: AddrInfoFlags::empty(),
+    };
+    for (flag, v) in getopt(args, "s:b:f:P:c:C:S:t:p:ma:")? {
+        let v = v.unwrap_or_default();
+        match flag {
+            's' => o.dst = Some(v),
+            'b' => o.src = Some(v),
+            'f' => {
+                let f = v.to_ascii_lowercase();
+                if f.starts_with("ip") {
+                    o.flags = AddrInfoFlags::NUMERICHOST;
+                } else if f.starts_with("gid") {
+                    return Err("-f gid: AF_IB addresses are not supported by this example".into());
+                } else if !f.starts_with("name") {
+                    eprintln!("Warning: unknown address format");
+                }
+            }
+            'P' => {
+                let p = v.to_ascii_lowercase();
+                if p.starts_with("ib") {
+                    o.ps = PortSpace::Ib;
+                } else if !p.starts_with("tcp") {
+                    eprintln!("Warning: unknown port space format");
+                }
+            }
+            'c' => o.connections = number(flag, &v)?,
+            'C' => o.count = number(flag, &v)?,
+            'S' => o.size = number(flag, &v)?,
+            't' => o.tos = Some(c_number(flag, &v)? as u8),
+            'p' => o.port = v,
+            'm' => o.migrate = true,
+            'a' => o.ack_timeout = Some(c_number(flag, &v)? as u8),
+            _ => unreachable!("getopt only returns flags of the spec"),
+        }
+    }
+    if o.size == 0 {
+        o.count = 0;
+    }
+    Ok(o)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Ok(opts) = parse(&args).map_err(|e| eprintln!("ucmatose: {e}")) else {
+        return usage();
+    };
+    let ret: i32 = match run(&opts) {
+        Ok(()) => 0,
+        Err(e) => {
+            println!("{e}");
+            1
+        }
+    };
+    println!("test complete");
+    println!("return status {ret}");
+    ExitCode::from(ret as u8)
+}
+
+/// One connection. Field order is drop order: the QP before its CQs and
+/// PD, the id last.
+struct Node {
+    qp: Option<QueuePair>,
+    send_cq: Option<CompletionQueue>,
+    recv_cq: Option<CompletionQueue>,
+    pd: Option<ProtectionDomain>,
+    sends: Vec<MemoryRegion>,
+    connected: bool,
+    id: CmId,
+}
+
+impl Node {
+    fn new(id: CmId) -> Node {
+        Node {
+            qp: None,
+            send_cq: None,
+            recv_cq: None,
+            pd: None,
+            sends: Vec::new(),
+            connected: false,
+            id,
+        }
+    }
+
+    /// PD, a send and a receive CQ, the RC QP (librdmacm's, every send
+    /// signaled), the messages, and every receive posted (`init_node` +
+    /// `post_recvs`).
+    fn init(&mut self, o: &Opts) -> Res<()> {
+        let ctx = self
+            .id
+            .context()
+            .or_fail("cmatose: unable to allocate PD")?;
+        let pd = ctx.alloc_pd().or_fail("cmatose: unable to allocate PD")?;
+        let cqe = o.count.max(1) as u32;
+        let send_cq = ctx
+            .create_cq(cqe, None, 0)
+            .or_fail("cmatose: unable to create CQ")?;
+        let recv_cq = ctx
+            .create_cq(cqe, None, 0)
+            .or_fail("cmatose: unable to create CQ")?;
+        let mut qp = self
+            .id
+            .create_qp(
+                pd.qp_builder(QpType::Rc, &send_cq, &recv_cq)
+                    .max_send_wr(cqe)
+                    .max_recv_wr(cqe)
+                    .max_send_sge(1)
+                    .max_recv_sge(1)
+                    .sq_sig_all(true),
+            )
+            .map_err(|e| format!("cmatose: unable to create QP: {e}"))?;
+        if o.count > 0 {
+            let recvs = pd
+                .alloc_mr(o.size * o.count, AccessFlags::LOCAL_WRITE)
+                .or_fail("failed to reg MR")?
+                .chunks(o.size)
+                .or_fail("failed to reg MR")?;
+            qp.post_recv_batch(
+                recvs
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, m)| (i as u64, m.into())),
+            )
+            .map_err(|e| format!("failed to post receives: {e}"))?;
+            let mut sends = pd
+                .alloc_mr(o.size * o.count, AccessFlags::empty())
+                .or_fail("failed to reg MR")?;
+            for (i, b) in sends
+                .as_mut_slice()
+                .expect("local buffer")
+                .iter_mut()
+                .enumerate()
+            {
+                *b = i as u8;
+            }
+            self.sends = sends.chunks(o.size).or_fail("failed to reg MR")?;
+        }
+        self.pd = Some(pd);
+        self.send_cq = Some(send_cq);
+        self.recv_cq = Some(recv_cq);
+        self.qp = Some(qp);
+        Ok(())
+    }
+
+    fn post_sends(&mut self) -> Res<()> {
+        if !self.connected {
+            return Ok(());
+        }
+        let qp = self.qp.as_mut().expect("initialised");
+        let wrs: Vec<SendWr> = std::mem::take(&mut self.sends)
+            .into_iter()
+            .enumerate()
+            .map(|(i, mr)| SendWr::send(i as u64, mr))
+            .collect();
+        qp.post_send_batch(wrs)
+            .map_err(|e| format!("failed to post sends: {e}"))
+    }
+
+    /// Waits for `count` completions on the send or receive CQ.
+    fn poll(&mut self, o: &Opts, recv: bool) -> Res<()> {
+        if !self.connected || o.count == 0 {
+            return Ok(());
+        }
+        let cq = if recv {
+            self.recv_cq.as_ref()
+        } else {
+            self.send_cq.as_ref()
+        }
+        .expect("initialised");
+        for c in poll_n(cq, o.count, POLL_TIMEOUT)? {
+            if c.status != WcStatus::Success {
+                return Err(format!("cmatose: completion failed: {}", c.status));
+            }
+            if recv && c.byte_len as usize != o.size {
+                return Err(format!(
+                    "cmatose: received {} bytes, expected {}",
+                    c.byte_len, o.size
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Connection state shared by the event handlers.
+struct Test {
+    nodes: Vec<Node>,
+    connects_left: usize,
+    disconnects_left: usize,
+    channel: EventChannel,
+}
+
+fn event_error(e: &CmEvent) -> String {
+    format!("cmatose: event: {}, error: {}", e.event_type(), e.status())
+}
+
+impl Test {
+    /// `cma_handler` for one event.
+    fn handle(&mut self, o: &Opts, e: CmEvent) -> Res<()> {
+        let who = self.nodes.iter().position(|n| n.id.same_id(e.id()));
+        match (e.event_type(), who) {
+            (CmEventType::AddrResolved, Some(i)) => {
+                drop(e);
+                let id = &self.nodes[i].id;
+                if let Some(tos) = o.tos {
+                    if let Err(err) = id.set_option(CmOption::Tos(tos)) {
+                        println!("cmatose: set TOS option failed: {err}");
+                    }
+                }
+                if let Some(t) = o.ack_timeout {
+                    if let Err(err) = id.set_option(CmOption::AckTimeout(t)) {
+                        println!("cmatose: set ack timeout option failed: {err}");
+                    }
+                }
+                if let Err(err) = id.resolve_route(RESOLVE_TIMEOUT) {
+                    self.connects_left -= 1;
+                    return Err(format!("cmatose: resolve route failed: {err}"));
+                }
+            }
+            (CmEventType::RouteResolved, Some(i)) => {
+                drop(e);
+                let n = &mut self.nodes[i];
+                let r = n.init(o).and_then(|()| {
+                    n.id.connect(&ConnParam {
+                        responder_resources: 1,
+                        initiator_depth: 1,
+                        retry_count: 5,
+                        rnr_retry_count: 0,
+                        ..ConnParam::default()
+                    })
+                    .map_err(|e| format!("cmatose: failure connecting: {e}"))
+                });
+                if let Err(err) = r {
+                    self.connects_left -= 1;
+                    return Err(err);
+                }
+            }
+            (CmEventType::ConnectRequest, _) => {
+                let id = e.id().clone();
+                drop(e);
+                if self.nodes.len() == o.connections {
+                    println!("cmatose: failing connection request");
+                    let _ = id.reject(&[]);
+                    return Ok(());
+                }
+                let mut n = Node::new(id.clone());
+                let r = n.init(o).and_then(|()| {
+                    id.accept(&ConnParam::default())
+                        .map_err(|e| format!("cmatose: failure accepting: {e}"))
+                });
+                if let Err(err) = r {
+                    println!("{err}");
+                    println!("cmatose: failing connection request");
+                    self.connects_left -= 1;
+                    let _ = id.reject(&[]);
+                    return Ok(());
+                }
+                self.nodes.push(n);
+            }
+            (CmEventType::Established, Some(i)) => {
+                self.nodes[i].connected = true;
+                self.connects_left -= 1;
+                self.disconnects_left += 1;
+            }
+            (
+                CmEventType::AddrError
+                | CmEventType::RouteError
+                | CmEventType::ConnectError
+                | CmEventType::Unreachable
+                | CmEventType::Rejected,
+                _,
+            ) => {
+                self.connects_left = self.connects_left.saturating_sub(1);
+                return Err(event_error(&e));
+            }
+            (CmEventType::Disconnected, _) => {
+                let id = e.id().clone();
+                drop(e);
+                let _ = id.disconnect();
+                self.disconnects_left = self.disconnects_left.saturating_sub(1);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn connect_events(&mut self, o: &Opts) -> Res<()> {
+        while self.connects_left > 0 {
+            let e = self.channel.get_event().map_err(|e| {
+                format!("cmatose: failure in rdma_get_cm_event in connect events: {e}")
+            })?;
+            self.handle(o, e)?;
+        }
+        Ok(())
+    }
+
+    fn disconnect_events(&mut self, o: &Opts) -> Res<()> {
+        while self.disconnects_left > 0 {
+            let e = self.channel.get_event().map_err(|e| {
+                format!("cmatose: failure in rdma_get_cm_event in disconnect events: {e}")
+            })?;
+            self.handle(o, e)?;
+        }
+        Ok(())
+    }
+
+    /// `-m`: every id (and the listener) moves to a new channel.
+    fn migrate(&mut self, listener: Option<&CmId>) -> Res<()> {
+        println!("migrating to new event channel");
+        let channel = EventChannel::new().or_fail("cmatose: failed to create event channel")?;
+        for id in listener.into_iter().chain(self.nodes.iter().map(|n| &n.id)) {
+            id.migrate_id(Some(&channel))
+                .or_fail("cmatose: failure migrating to channel")?;
+        }
+        self.channel = channel;
+        Ok(())
+    }
+}
+
+fn run(o: &Opts) -> Res<()> {
+    let channel =
+        EventChannel::new().map_err(|e| format!("failed to create event channel: {e}"))?;
+    let mut t = Test {
+        nodes: Vec::new(),
+        connects_left: o.connections,
+        disconnects_left: 0,
+        channel,
+    };
+    match &o.dst {
+        Some(dst) => run_client(o, &mut t, dst),
+        None => run_server(o, &mut t),
+    }
+}
+
+fn run_server(o: &Opts, t: &mut Test) -> Res<()> {
+    println!("cmatose: starting server");
+    let listener = t
+        .channel
+        .create_id(o.ps)
+        .map_err(|e| format!("cmatose: listen request failed: {e}"))?;
+    let addr = get_rdma_addr(o.src.as_deref(), None, &o.port, true, o.ps, o.flags)
+        .map_err(|e| format!("cmatose: getrdmaaddr error: {e}"))?;
+    listener
+        .bind_addr(addr.src.ok_or("cmatose: no address to bind")?)
+        .map_err(|e| format!("cmatose: bind address failed: {e}"))?;
+    listener
+        .listen(0)
+        .map_err(|e| format!("cmatose: failure trying to listen: {e}"))?;
+    t.connect_events(o)?;
+    if o.count > 0 {
+        println!("initiating data transfers");
+        for n in &mut t.nodes {
+            n.post_sends()?;
+        }
+        println!("completing sends");
+        for n in &mut t.nodes {
+            n.poll(o, false)?;
+        }
+        println!("receiving data transfers");
+        for n in &mut t.nodes {
+            n.poll(o, true)?;
+        }
+        println!("data transfers complete");
+    }
+    if o.migrate {
+        t.migrate(Some(&listener))?;
+    }
+    println!("cmatose: disconnecting");
+    for n in &mut t.nodes {
+        if n.connected {
+            n.connected = false;
+            let _ = n.id.disconnect();
+        }
+    }
+    t.disconnect_events(o)?;
+    println!("disconnected");
+    Ok(())
+}
+
+fn run_client(o: &Opts, t: &mut Test, dst: &str) -> Res<()> {
+    println!("cmatose: starting client");
+    let addr = get_rdma_addr(o.src.as_deref(), Some(dst), &o.port, false, o.ps, o.flags)
+        .map_err(|e| format!("cmatose: getaddrinfo error: {e}"))?;
+    let to: SocketAddr = addr.dst.ok_or("cmatose: no destination address")?;
+    for _ in 0..o.connections {
+        let id = t.channel.create_id(o.ps).or_fail("rdma_create_id")?;
+        t.nodes.push(Node::new(id));
+    }
+    println!("cmatose: connecting");
+    for n in &t.nodes {
+        n.id.resolve_addr(addr.src, to, RESOLVE_TIMEOUT)
+            .map_err(|e| format!("cmatose: failure getting addr: {e}"))?;
+    }
+    let connected = (|| -> Res<()> {
+        t.connect_events(o)?;
+        if o.count > 0 {
+            println!("receiving data transfers");
+            for n in &mut t.nodes {
+                n.poll(o, true)?;
+            }
+            println!("sending replies");
+            for n in &mut t.nodes {
+                n.post_sends()?;
+            }
+            println!("data transfers complete");
+        }
+        if o.migrate {
+            t.migrate(None)?;
+        }
+        Ok(())
+    })();
+    let disconnected = t.disconnect_events(o);
+    connected.and(disconnected)
+}

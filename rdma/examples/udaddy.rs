@@ -1,0 +1,470 @@
+//! Unreliable datagrams over the connection manager: a port of rdma-core's
+//! `udaddy`, wire-compatible with it.
+//!
+//! ```text
+//! udaddy [-b bind_address] [-c connections] [-C count] [-S size] ...          # server
+//! udaddy -s server_address [-b bind_address] [-c connections] ...             # client
+//! ```
+//!
+//! The client resolves the server (UDP port space, port 7174), and each
+//! connection's `rdma_connect` is a SIDR request: the server answers with its
+//! UD QP number and Q_Key, and the client gets them with an address handle in
+//! `ESTABLISHED`. The client then sends `-C` datagrams of `-S` bytes per
+//! connection, each SEND with immediate data carrying its QP number; the
+//! server, once it has them all, answers every connection with as many
+//! datagrams to the sender of the first one (an address handle made from
+//! that completion, the QP number from its immediate data).
+//!
+//! Each datagram here has a buffer of its own (memory moves into the work
+//! request); the C tool sends and receives every message in one buffer.
+
+mod cmcommon;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use cmcommon::{c_number, get_rdma_addr, getopt, number, poll_n, OrFail, Res, GRH_LEN};
+use rdma::cm::{
+    AddrInfoFlags, CmEvent, CmEventType, CmId, CmOption, ConnParam, EventChannel, PortSpace,
+};
+use rdma::{
+    AccessFlags, AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QpType, QueuePair,
+    SendWr, WcOpcode, WcStatus,
+};
+
+const PORT: &str = "7174";
+const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
+/// The C tool polls forever; this bounds it.
+const POLL_TIMEOUT: Duration = Duration::from_secs(600);
+
+struct Opts {
+    dst: Option<String>,
+    src: Option<String>,
+    connections: usize,
+    count: usize,
+    size: usize,
+    tos: Option<u8>,
+    ps: PortSpace,
+    flags: AddrInfoFlags,
+}
+
+fn usage() -> ExitCode {
+    println!("usage: udaddy");
+    println!("\t[-s server_address]");
+    println!("\t[-b bind_address]");
+    println!("\t[-f address_format]");
+    println!("\t    name, ip, ipv6, or gid");
+    println!("\t[-P port_space]");
+    println!("\t    udp or ipoib");
+    println!("\t[-c connections]");
+    println!("\t[-C message_count]");
+    println!("\t[-S message_size]");
+    println!("\t[-t type_of_service]");
+    println!("\t[-p port_space - 0x111 for UDP (default), 0x2 for IPOIB]");
+    ExitCode::from(1)
+}
+
+fn parse(args: &[String]) -> Res<Opts> {
+    let mut o = Opts {
+        dst: None,
+        src: None,
+        connections: 1,
+        count: 10,
+        size: 100,
+        tos: None,
+        ps: PortSpace::Udp,
+        flags: AddrInfoFlags::empty(),
+    };
+    for (flag, v) in getopt(args, "s:b:c:C:S:t:p:P:f:")? {
+        let v = v.unwrap_or_default();
+        match flag {
+            's' => o.dst = Some(v),
+            'b' => o.src = Some(v),
+            'c' => o.connections = number(flag, &v)?,
+            'C' => o.count = number(flag, &v)?,
+            'S' => o.size = number(flag, &v)?,
+            't' => o.tos = Some(c_number(flag, &v)? as u8),
+            'p' => o.ps = PortSpace::from_raw(c_number(flag, &v)? as u32),
+            'f' => {
+                let f = v.to_ascii_lowercase();
+                if f.starts_with("ip") {
+                    o.flags = AddrInfoFlags::NUMERICHOST;
+                } else if f.starts_with("gid") {
+                    return Err("-f gid: AF_IB addresses are not supported by this example".into());
+                } else if !f.starts_with("name") {
+                    eprintln!("Warning: unknown address format");
+                }
+            }
+            'P' => {
+                let p = v.to_ascii_lowercase();
+                if p.starts_with("ipoib") {
+                    o.ps = PortSpace::Ipoib;
+                } else if !p.starts_with("udp") {
+                    eprintln!("Warning: unknown port space format");
+                }
+            }
+            _ => unreachable!("getopt only returns flags of the spec"),
+        }
+    }
+    if o.size == 0 {
+        o.count = 0;
+    }
+    Ok(o)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Ok(opts) = parse(&args).map_err(|e| eprintln!("udaddy: {e}")) else {
+        return usage();
+    };
+    let ret: i32 = match run(&opts) {
+        Ok(()) => 0,
+        Err(e) => {
+            println!("{e}");
+            1
+        }
+    };
+    println!("test complete");
+    println!("return status {ret}");
+    ExitCode::from(ret as u8)
+}
+
+/// One datagram connection. Field order is drop order: the QP and AH go
+/// before the CQ and PD, the id last.
+struct Node {
+    ah: Option<AddressHandle>,
+    qp: Option<QueuePair>,
+    cq: Option<CompletionQueue>,
+    pd: Option<ProtectionDomain>,
+    /// Send buffers, one per message.
+    sends: Vec<MemoryRegion>,
+    remote_qpn: u32,
+    remote_qkey: u32,
+    connected: bool,
+    id: CmId,
+}
+
+impl Node {
+    fn new(id: CmId) -> Node {
+        Node {
+            ah: None,
+            qp: None,
+            cq: None,
+            pd: None,
+            sends: Vec::new(),
+            remote_qpn: 0,
+            remote_qkey: 0,
+            connected: false,
+            id,
+        }
+    }
+
+    /// Refuses messages larger than the path MTU (`verify_test_params`).
+    fn verify(&self, o: &Opts) -> Res<()> {
+        let ctx = self.id.context().or_fail("udaddy: no device")?;
+        let port = ctx
+            .query_port(u32::from(self.id.port_num()))
+            .or_fail("ibv_query_port")?;
+        let mtu = port.active_mtu.bytes().unwrap_or(0) as usize;
+        if o.count > 0 && o.size > mtu {
+            return Err(format!(
+                "udaddy: message_size {} is larger than active mtu {mtu}",
+                o.size
+            ));
+        }
+        Ok(())
+    }
+
+    /// PD, CQ, the UD QP (made by librdmacm, ready at once) and the
+    /// messages, and every receive posted (`init_node` + `post_recvs`).
+    fn init(&mut self, o: &Opts) -> Res<()> {
+        let ctx = self.id.context().or_fail("udaddy: unable to allocate PD")?;
+        let pd = ctx.alloc_pd().or_fail("udaddy: unable to allocate PD")?;
+        let cqe = if o.count > 0 { o.count * 2 } else { 2 } as u32;
+        let cq = ctx
+            .create_cq(cqe, None, 0)
+            .or_fail("udaddy: unable to create CQ")?;
+        let depth = o.count.max(1) as u32;
+        let mut qp = self
+            .id
+            .create_qp(
+                pd.qp_builder(QpType::Ud, &cq, &cq)
+                    .max_send_wr(depth)
+                    .max_recv_wr(depth)
+                    .max_send_sge(1)
+                    .max_recv_sge(1),
+            )
+            .map_err(|e| format!("udaddy: unable to create QP: {e}"))?;
+        if o.count > 0 {
+            let recvs = pd
+                .alloc_mr((o.size + GRH_LEN) * o.count, AccessFlags::LOCAL_WRITE)
+                .or_fail("failed to reg MR")?
+                .chunks(o.size + GRH_LEN)
+                .or_fail("failed to reg MR")?;
+            qp.post_recv_batch(
+                recvs
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, m)| (i as u64, m.into())),
+            )
+            .map_err(|e| format!("failed to post receives: {e}"))?;
+            let mut sends = pd
+                .alloc_mr(o.size * o.count, AccessFlags::empty())
+                .or_fail("failed to reg MR")?;
+            sends
+                .as_mut_slice()
+                .expect("local buffer")
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, b)| *b = i as u8);
+            self.sends = sends.chunks(o.size).or_fail("failed to reg MR")?;
+        }
+        self.pd = Some(pd);
+        self.cq = Some(cq);
+        self.qp = Some(qp);
+        Ok(())
+    }
+
+    /// Sends every message to the peer, SEND with immediate data carrying
+    /// this QP's number (`post_sends`).
+    fn post_sends(&mut self, signaled: bool) -> Res<()> {
+        if !self.connected {
+            return Ok(());
+        }
+        let qp = self.qp.as_mut().expect("initialised");
+        let ah = self.ah.as_ref().expect("connected");
+        let qpn = qp.qp_num();
+        for (i, mr) in std::mem::take(&mut self.sends).into_iter().enumerate() {
+            let wr = SendWr::send(i as u64, mr)
+                .with_imm(qpn)
+                .ud(ah, self.remote_qpn, self.remote_qkey)
+                .signaled(signaled);
+            qp.post_send(wr)
+                .map_err(|e| format!("failed to post sends: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Waits for `count` completions; the first receive tells a node without
+    /// an address handle where to answer (`poll_cqs` + `create_reply_ah`).
+    fn poll(&mut self, o: &Opts) -> Res<()> {
+        if !self.connected || o.count == 0 {
+            return Ok(());
+        }
+        let cq = self.cq.as_ref().expect("initialised");
+        let done = poll_n(cq, o.count, POLL_TIMEOUT)?;
+        for mut c in done {
+            if c.status != WcStatus::Success {
+                return Err(format!("udaddy: completion failed: {}", c.status));
+            }
+            if c.opcode != WcOpcode::Recv || self.ah.is_some() {
+                continue;
+            }
+            if c.byte_len as usize != o.size + GRH_LEN {
+                return Err(format!(
+                    "udaddy: received {} bytes, expected {} + {GRH_LEN} of GRH",
+                    c.byte_len, o.size
+                ));
+            }
+            let mr = c.take_buffers().into_one().expect("the receive buffer");
+            let mut grh = [0u8; GRH_LEN];
+            mr.read_at(0, &mut grh).or_fail("GRH")?;
+            let pd = self.pd.as_ref().expect("initialised");
+            let ah = pd
+                .create_ah_from_wc(self.id.port_num(), &c, &grh)
+                .or_fail("ibv_create_ah_from_wc")?;
+            self.ah = Some(ah);
+            self.remote_qpn = c.imm_data;
+            let qp = self.qp.as_ref().expect("initialised");
+            self.remote_qkey = qp.query().or_fail("ibv_query_qp")?.as_raw().qkey;
+        }
+        Ok(())
+    }
+}
+
+fn event_error(e: &CmEvent) -> String {
+    format!("udaddy: event: {}, error: {}", e.event_type(), e.status())
+}
+
+fn run(o: &Opts) -> Res<()> {
+    let ch = EventChannel::new().map_err(|e| format!("failed to create event channel: {e}"))?;
+    match &o.dst {
+        Some(dst) => run_client(o, &ch, dst),
+        None => run_server(o, &ch),
+    }
+}
+
+fn run_server(o: &Opts, ch: &EventChannel) -> Res<()> {
+    println!("udaddy: starting server");
+    let listener = ch
+        .create_id(o.ps)
+        .map_err(|e| format!("udaddy: listen request failed: {e}"))?;
+    let addr = get_rdma_addr(o.src.as_deref(), None, PORT, true, o.ps, o.flags)?;
+    let src = addr.src.ok_or("udaddy: no address to bind")?;
+    listener
+        .bind_addr(src)
+        .map_err(|e| format!("udaddy: bind address failed: {e}"))?;
+    listener
+        .listen(0)
+        .map_err(|e| format!("udaddy: failure trying to listen: {e}"))?;
+
+    let mut nodes: Vec<Node> = Vec::new();
+    let mut left = o.connections;
+    while left > 0 {
+        let e = ch.get_event().or_fail("rdma_get_cm_event")?;
+        match e.event_type() {
+            CmEventType::ConnectRequest => {
+                let id = e.id().clone();
+                drop(e);
+                if nodes.len() == o.connections {
+                    println!("udaddy: failing connection request");
+                    let _ = id.reject(&[]);
+                    continue;
+                }
+                let mut node = Node::new(id.clone());
+                let accepted = node.verify(o).and_then(|()| node.init(o)).and_then(|()| {
+                    let qpn = node.qp.as_ref().expect("initialised").qp_num();
+                    id.accept(&ConnParam {
+                        qp_num: qpn,
+                        ..ConnParam::default()
+                    })
+                    .map_err(|e| format!("udaddy: failure accepting: {e}"))
+                });
+                left -= 1;
+                match accepted {
+                    Ok(()) => {
+                        node.connected = true;
+                        nodes.push(node);
+                    }
+                    Err(err) => {
+                        println!("{err}");
+                        println!("udaddy: failing connection request");
+                        let _ = id.reject(&[]);
+                    }
+                }
+            }
+            CmEventType::AddrError
+            | CmEventType::RouteError
+            | CmEventType::ConnectError
+            | CmEventType::Unreachable
+            | CmEventType::Rejected => {
+                println!("{}", event_error(&e));
+                left -= 1;
+            }
+            _ => {}
+        }
+    }
+    if o.count > 0 {
+        println!("receiving data transfers");
+        for n in &mut nodes {
+            n.poll(o)?;
+        }
+        println!("sending replies");
+        for n in &mut nodes {
+            n.post_sends(true)?;
+        }
+        for n in &mut nodes {
+            n.poll(o)?;
+        }
+        println!("data transfers complete");
+    }
+    drop(nodes);
+    drop(listener);
+    Ok(())
+}
+
+fn run_client(o: &Opts, ch: &EventChannel, dst: &str) -> Res<()> {
+    println!("udaddy: starting client");
+    let addr = get_rdma_addr(o.src.as_deref(), Some(dst), PORT, false, o.ps, o.flags)
+        .map_err(|e| format!("udaddy: getaddrinfo error: {e}"))?;
+    let to: SocketAddr = addr.dst.ok_or("udaddy: no destination address")?;
+    let mut nodes: Vec<Node> = (0..o.connections)
+        .map(|_| ch.create_id(o.ps).map(Node::new))
+        .collect::<Result<_, _>>()
+        .or_fail("rdma_create_id")?;
+    println!("udaddy: connecting");
+    for n in &nodes {
+        n.id.resolve_addr(addr.src, to, RESOLVE_TIMEOUT)
+            .map_err(|e| format!("udaddy: failure getting addr: {e}"))?;
+    }
+    let mut left = o.connections;
+    let mut failed: Option<String> = None;
+    while left > 0 && failed.is_none() {
+        let e = ch.get_event().or_fail("rdma_get_cm_event")?;
+        let Some(i) = nodes.iter().position(|n| n.id.same_id(e.id())) else {
+            continue;
+        };
+        let n = &mut nodes[i];
+        match e.event_type() {
+            CmEventType::AddrResolved => {
+                drop(e);
+                if let Some(tos) = o.tos {
+                    if let Err(err) = n.id.set_option(CmOption::Tos(tos)) {
+                        println!("udaddy: set TOS option failed: {err}");
+                    }
+                }
+                if let Err(err) = n.id.resolve_route(RESOLVE_TIMEOUT) {
+                    failed = Some(format!("udaddy: resolve route failed: {err}"));
+                    left -= 1;
+                }
+            }
+            CmEventType::RouteResolved => {
+                drop(e);
+                let r = n.verify(o).and_then(|()| n.init(o)).and_then(|()| {
+                    n.id.connect(&ConnParam::default())
+                        .map_err(|e| format!("udaddy: failure connecting: {e}"))
+                });
+                if let Err(err) = r {
+                    failed = Some(err);
+                    left -= 1;
+                }
+            }
+            CmEventType::Established => {
+                let ud = e.ud_param().cloned();
+                drop(e);
+                let Some(ud) = ud else {
+                    failed = Some("udaddy: ESTABLISHED without UD parameters".into());
+                    break;
+                };
+                n.remote_qpn = ud.qp_num;
+                n.remote_qkey = ud.qkey;
+                let pd = n.pd.as_ref().expect("initialised");
+                match pd.create_ah(&ud.ah_attr) {
+                    Ok(ah) => {
+                        n.ah = Some(ah);
+                        n.connected = true;
+                    }
+                    Err(err) => {
+                        failed = Some(format!("udaddy: failure creating address handle: {err}"))
+                    }
+                }
+                left -= 1;
+            }
+            CmEventType::AddrError
+            | CmEventType::RouteError
+            | CmEventType::ConnectError
+            | CmEventType::Unreachable
+            | CmEventType::Rejected => {
+                failed = Some(event_error(&e));
+                left -= 1;
+            }
+            _ => {}
+        }
+    }
+    if let Some(err) = failed {
+        return Err(err);
+    }
+    if o.count > 0 {
+        println!("initiating data transfers");
+        for n in &mut nodes {
+            n.post_sends(false)?;
+        }
+        println!("receiving data transfers");
+        for n in &mut nodes {
+            n.poll(o)?;
+        }
+        println!("data transfers complete");
+    }
+    Ok(())
+}

@@ -1,0 +1,763 @@
+//! The connection manager examples against their rdma-core twins: `rping`,
+//! `rdma_server`/`rdma_client`, `udaddy`, `mckey`, `ucmatose` and `cmtime`,
+//! each pair run with the Rust example as the server and the C tool as the
+//! client, the other way round, and Rust against Rust.
+//!
+//! Both processes run on this machine against the test device's address
+//! (`RDMA_TEST_IP` on rxe0; the `iwarp` tests use `RDMA_TEST_IWARP_IP`, which
+//! librdmacm maps to siw0). The C tools are the oracle: what the Rust side
+//! prints and checks must be what the C tool prints and checks (rping's ping
+//! lines, validated with `-V`; the tools' `return status 0` / `end 0`).
+//!
+//! A server is ready when its listening id shows in `rdma resource show
+//! cm_id` (rdma_cm listeners are not sockets); a multicast receiver when it
+//! prints that it joined. Every process runs under a deadline: on timeout
+//! both are killed and the test fails with their output.
+//!
+//! The example binaries come from the same `cargo` build as this test
+//! (`target/<profile>/examples`): `cargo build --examples` first.
+
+mod common;
+
+use std::fmt;
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a server may take to start listening (device setup under TCG).
+const READY_DEADLINE: Duration = Duration::from_secs(30);
+/// How long a whole run may take; ci/device-tests kills a test at 120 s.
+const RUN_DEADLINE: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Rust,
+    C,
+}
+
+fn roce_ip() -> String {
+    common::ip().to_string()
+}
+
+fn iwarp_ip() -> String {
+    std::env::var("RDMA_TEST_IWARP_IP")
+        .expect("RDMA_TEST_IWARP_IP is not set: run in the VM (ci/vm run ...)")
+}
+
+/// The example binary built next to this test binary
+/// (`target/<profile>/deps/cm_interop-HASH` → `target/<profile>/examples/NAME`).
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary lives in target/<profile>/deps");
+    let path = profile_dir.join("examples").join(name);
+    assert!(
+        path.is_file(),
+        "example binary {} is missing: run `cargo build --examples` (same profile and \
+         CARGO_TARGET_DIR as the tests) first",
+        path.display()
+    );
+    path
+}
+
+/// The command for `tool` on `side`: the example, or the rdma-core tool of
+/// the same name. The C tools run under `stdbuf -oL`: their stdout is a pipe
+/// here, which C buffers fully, and readiness lines must arrive when printed.
+fn command(tool: &str, side: Side, args: &[&str]) -> Command {
+    let mut c = match side {
+        Side::Rust => Command::new(example(tool)),
+        Side::C => {
+            let mut c = Command::new("stdbuf");
+            c.args(["-oL", tool]);
+            c
+        }
+    };
+    c.args(args);
+    c
+}
+
+// ---------------------------------------------------------------------------
+// Processes
+
+/// A finished process and what it printed.
+struct Finished {
+    name: String,
+    status: Option<ExitStatus>,
+    stdout: String,
+    stderr: String,
+}
+
+impl fmt::Display for Finished {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = match self.status {
+            Some(s) => s.to_string(),
+            None => "killed".to_string(),
+        };
+        writeln!(f, "--- {} ({status}) stdout:", self.name)?;
+        for l in self.stdout.lines() {
+            writeln!(f, "    {l}")?;
+        }
+        writeln!(f, "--- {} stderr:", self.name)?;
+        for l in self.stderr.lines() {
+            writeln!(f, "    {l}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Finished {
+    fn success(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+
+    fn lines_starting(&self, prefix: &str) -> Vec<&str> {
+        self.stdout
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .collect()
+    }
+}
+
+/// A child whose output is collected by two threads (stdout also line by
+/// line, for readiness lines); killed if dropped while still running, so a
+/// failed assertion never leaves a process behind.
+struct Running {
+    name: String,
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    stdout: Option<JoinHandle<String>>,
+    stderr: Option<JoinHandle<String>>,
+}
+
+fn spawn(name: &str, mut cmd: Command) -> Running {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}"));
+    eprintln!("started {name}: {cmd:?}");
+    let (tx, lines) = mpsc::channel();
+    let stdout = child.stdout.take().map(|p| {
+        std::thread::spawn(move || {
+            let mut all = String::new();
+            for line in BufReader::new(p).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line.clone());
+                all.push_str(&line);
+                all.push('\n');
+            }
+            all
+        })
+    });
+    let stderr = child.stderr.take().map(|mut p| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = p.read_to_end(&mut buf);
+            String::from_utf8_lossy(&buf).into_owned()
+        })
+    });
+    Running {
+        name: name.to_string(),
+        child,
+        lines,
+        stdout,
+        stderr,
+    }
+}
+
+impl Running {
+    fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
+    /// Waits for a stdout line containing `text`, at most `deadline`.
+    fn wait_line(&mut self, text: &str, deadline: Duration) -> Result<(), String> {
+        let end = Instant::now() + deadline;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l.contains(text) => return Ok(()),
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    return Err(format!(
+                        "{}: no line with {text:?} in {deadline:?}",
+                        self.name
+                    ))
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(format!("{}: exited before printing {text:?}", self.name))
+                }
+            }
+        }
+    }
+
+    /// Waits for the process to exit by `end`; kills it past that.
+    fn finish(mut self, end: Instant) -> Finished {
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(s)) => break Some(s),
+                Ok(None) if Instant::now() >= end => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break None;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                Err(e) => panic!("waiting for {}: {e}", self.name),
+            }
+        };
+        self.collect(status)
+    }
+
+    /// Kills the process (a server that never exits by itself).
+    fn kill(mut self) -> Finished {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.collect(None)
+    }
+
+    fn collect(&mut self, status: Option<ExitStatus>) -> Finished {
+        let stdout = self
+            .stdout
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default();
+        let stderr = self
+            .stderr
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default();
+        Finished {
+            name: self.name.clone(),
+            status,
+            stdout,
+            stderr,
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Waits until a listening rdma_cm id on `port` shows in `rdma resource show
+/// cm_id` (iproute2); an error when `server` exits or the deadline passes.
+fn wait_listening(server: &mut Running, port: u16) -> Result<(), String> {
+    let end = Instant::now() + READY_DEADLINE;
+    let want = format!(":{port} ");
+    loop {
+        let out = Command::new("rdma")
+            .args(["resource", "show", "cm_id"])
+            .output()
+            .expect("`rdma` (iproute2) runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text
+            .lines()
+            .any(|l| l.contains("state LISTEN") && format!("{l} ").contains(&want))
+        {
+            return Ok(());
+        }
+        if server.exited() {
+            return Err(format!(
+                "{} exited before listening on port {port}",
+                server.name
+            ));
+        }
+        if Instant::now() >= end {
+            return Err(format!(
+                "{} is not listening on port {port} after {READY_DEADLINE:?}:\n{text}",
+                server.name
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Starts a server and waits until it listens on `port`; on failure it is
+/// killed and the test fails with its output.
+fn start_server(name: &str, cmd: Command, port: u16) -> Running {
+    let mut server = spawn(name, cmd);
+    if let Err(e) = wait_listening(&mut server, port) {
+        let f = server.kill();
+        panic!("{e}\n{f}");
+    }
+    server
+}
+
+/// Runs a server (until it listens on `port`) and then a client; waits for
+/// both. With `kill_server`, the server is killed once the client is done
+/// (tools that serve forever).
+fn pair(
+    tool_server: (&str, Side, Vec<String>),
+    tool_client: (&str, Side, Vec<String>),
+    port: u16,
+    kill_server: bool,
+) -> (Finished, Finished) {
+    let name = |t: &str, s: Side, role: &str| format!("{t} ({s:?} {role})");
+    let sargs: Vec<&str> = tool_server.2.iter().map(String::as_str).collect();
+    let cargs: Vec<&str> = tool_client.2.iter().map(String::as_str).collect();
+    let server = start_server(
+        &name(tool_server.0, tool_server.1, "server"),
+        command(tool_server.0, tool_server.1, &sargs),
+        port,
+    );
+    let started = Instant::now();
+    let client = spawn(
+        &name(tool_client.0, tool_client.1, "client"),
+        command(tool_client.0, tool_client.1, &cargs),
+    );
+    let end = Instant::now() + RUN_DEADLINE;
+    let client = client.finish(end);
+    let client_done = started.elapsed();
+    let server = if kill_server {
+        server.kill()
+    } else {
+        server.finish(end)
+    };
+    eprintln!(
+        "client done after {client_done:?}, server after {:?}\n{server}{client}",
+        started.elapsed()
+    );
+    (server, client)
+}
+
+fn args(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+// ---------------------------------------------------------------------------
+// rping
+
+const RPING_COUNT: usize = 10;
+
+/// What rping prints for ping `n` of 64 bytes (`rping_test_client`): the
+/// text `rdma-ping-N: ` and a run of letters `A`..`z` starting one further
+/// each ping.
+fn rping_text(n: usize, size: usize) -> String {
+    let mut s = format!("rdma-ping-{n}: ");
+    let mut c = b'A' + (n % 58) as u8;
+    while s.len() < size - 1 {
+        s.push(c as char);
+        c = if c >= b'z' { b'A' } else { c + 1 };
+    }
+    s
+}
+
+fn rping(ip: &str, port: u16, server: Side, client: Side, extra_client: &[&str]) {
+    let p = port.to_string();
+    let count = RPING_COUNT.to_string();
+    let mut cargs = args(&["-c", "-a", ip, "-p", &p, "-C", &count, "-v", "-V"]);
+    cargs.extend(extra_client.iter().map(|s| s.to_string()));
+    let (s, c) = pair(
+        ("rping", server, args(&["-s", "-a", ip, "-p", &p, "-v"])),
+        ("rping", client, cargs),
+        port,
+        false,
+    );
+    assert!(c.success(), "client failed\n{s}{c}");
+    assert!(s.success(), "server failed\n{s}{c}");
+    let want: Vec<String> = (0..RPING_COUNT)
+        .map(|n| format!("ping data: {}", rping_text(n, 64)))
+        .collect();
+    assert_eq!(c.lines_starting("ping data: "), want, "\n{s}{c}");
+    let want_server: Vec<String> = want.iter().map(|l| format!("server {l}")).collect();
+    assert_eq!(
+        s.lines_starting("server ping data: "),
+        want_server,
+        "\n{s}{c}"
+    );
+    assert!(!c.stderr.contains("data mismatch"), "{c}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rping_rust_server_c_client() {
+    rping(&roce_ip(), 7301, Side::Rust, Side::C, &[]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rping_c_server_rust_client() {
+    rping(&roce_ip(), 7302, Side::C, Side::Rust, &[]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rping_rust_server_rust_client() {
+    rping(&roce_ip(), 7303, Side::Rust, Side::Rust, &[]);
+}
+
+/// `-q`: the QP is made by the example and moved by `rdma_init_qp_attr`.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rping_c_server_rust_client_self_made_qp() {
+    rping(&roce_ip(), 7304, Side::C, Side::Rust, &["-q"]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn iwarp_rping_rust_server_c_client() {
+    rping(&iwarp_ip(), 7305, Side::Rust, Side::C, &[]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn iwarp_rping_c_server_rust_client() {
+    rping(&iwarp_ip(), 7306, Side::C, Side::Rust, &[]);
+}
+
+#[test]
+fn rping_text_is_what_rping_prints() {
+    // Measured from rdma-core 44's rping -v -C 3 in the VM.
+    assert_eq!(
+        rping_text(0, 64),
+        "rdma-ping-0: ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqr"
+    );
+    assert_eq!(
+        rping_text(2, 64),
+        "rdma-ping-2: CDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqrst"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// rdma_server / rdma_client (synchronous endpoints)
+
+fn endpoints(ip: &str, port: u16, server: Side, client: Side) {
+    let p = port.to_string();
+    let (s, c) = pair(
+        ("rdma_server", server, args(&["-s", ip, "-p", &p])),
+        ("rdma_client", client, args(&["-s", ip, "-p", &p])),
+        port,
+        false,
+    );
+    assert!(c.success(), "client failed\n{s}{c}");
+    assert!(s.success(), "server failed\n{s}{c}");
+    for (f, name) in [(&s, "rdma_server"), (&c, "rdma_client")] {
+        assert_eq!(
+            f.stdout.lines().next(),
+            Some(format!("{name}: start").as_str()),
+            "{f}"
+        );
+        assert_eq!(
+            f.stdout.lines().last(),
+            Some(format!("{name}: end 0").as_str()),
+            "{f}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn endpoints_rust_server_c_client() {
+    endpoints(&roce_ip(), 7311, Side::Rust, Side::C);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn endpoints_c_server_rust_client() {
+    endpoints(&roce_ip(), 7312, Side::C, Side::Rust);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn endpoints_rust_server_rust_client() {
+    endpoints(&roce_ip(), 7313, Side::Rust, Side::Rust);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn iwarp_endpoints_rust_server_c_client() {
+    endpoints(&iwarp_ip(), 7314, Side::Rust, Side::C);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn iwarp_endpoints_c_server_rust_client() {
+    endpoints(&iwarp_ip(), 7315, Side::C, Side::Rust);
+}
+
+// ---------------------------------------------------------------------------
+// udaddy (UD over the connection manager, SIDR)
+
+/// Both sides finished their transfers and said `return status 0`.
+fn assert_transfers(s: &Finished, c: &Finished) {
+    assert!(c.success(), "client failed\n{s}{c}");
+    assert!(s.success(), "server failed\n{s}{c}");
+    for f in [s, c] {
+        assert!(
+            f.stdout.lines().any(|l| l == "data transfers complete"),
+            "{f}"
+        );
+        assert_eq!(f.stdout.lines().last(), Some("return status 0"), "{f}");
+    }
+}
+
+fn udaddy(server: Side, client: Side, extra: &[&str]) {
+    let ip = roce_ip();
+    let mut sargs = args(&["-b", &ip]);
+    let mut cargs = args(&["-s", &ip, "-b", &ip]);
+    sargs.extend(extra.iter().map(|s| s.to_string()));
+    cargs.extend(extra.iter().map(|s| s.to_string()));
+    let (s, c) = pair(
+        ("udaddy", server, sargs),
+        ("udaddy", client, cargs),
+        7174,
+        false,
+    );
+    assert_transfers(&s, &c);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn udaddy_rust_server_c_client() {
+    udaddy(Side::Rust, Side::C, &[]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn udaddy_c_server_rust_client() {
+    udaddy(Side::C, Side::Rust, &[]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn udaddy_rust_server_rust_client_two_connections() {
+    udaddy(Side::Rust, Side::Rust, &["-c", "2", "-C", "5", "-S", "200"]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn udaddy_c_server_rust_client_two_connections() {
+    udaddy(Side::C, Side::Rust, &["-c", "2", "-C", "5", "-S", "200"]);
+}
+
+// ---------------------------------------------------------------------------
+// mckey (multicast join, send, leave)
+
+const GROUP: &str = "239.1.2.3";
+
+fn mckey(receiver: Side, sender: Side, extra_sender: &[&str]) {
+    let ip = roce_ip();
+    let mut recv = spawn(
+        &format!("mckey ({receiver:?} receiver)"),
+        command("mckey", receiver, &["-m", GROUP, "-b", &ip]),
+    );
+    if let Err(e) = recv.wait_line("mckey: joined dgid", READY_DEADLINE) {
+        let f = recv.kill();
+        panic!("{e}\n{f}");
+    }
+    let mut sargs = vec!["-m", GROUP, "-b", &ip, "-s"];
+    sargs.extend_from_slice(extra_sender);
+    let send = spawn(
+        &format!("mckey ({sender:?} sender)"),
+        command("mckey", sender, &sargs),
+    );
+    let end = Instant::now() + RUN_DEADLINE;
+    let s = send.finish(end);
+    let r = recv.finish(end);
+    eprintln!("{r}{s}");
+    assert_transfers(&r, &s);
+    // Both joined the same group and print it the same way.
+    let joined = |f: &Finished| -> String {
+        f.lines_starting("mckey: joined dgid: ")
+            .first()
+            .map(|l| l.to_string())
+            .unwrap_or_else(|| panic!("no join line\n{f}"))
+    };
+    assert_eq!(joined(&r), joined(&s), "\n{r}{s}");
+    assert!(
+        joined(&r).starts_with(&format!("mckey: joined dgid: ::ffff:{GROUP} ")),
+        "{r}"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn mckey_rust_receiver_c_sender() {
+    mckey(Side::Rust, Side::C, &[]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn mckey_c_receiver_rust_sender() {
+    mckey(Side::C, Side::Rust, &[]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn mckey_rust_receiver_rust_sender() {
+    mckey(Side::Rust, Side::Rust, &[]);
+}
+
+/// `-o`: the sender joins as a send-only full member.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn mckey_c_receiver_rust_send_only_sender() {
+    mckey(Side::C, Side::Rust, &["-o"]);
+}
+
+// ---------------------------------------------------------------------------
+// ucmatose (many simultaneous connections)
+
+fn ucmatose(ip: &str, port: u16, server: Side, client: Side, extra: &[&str]) {
+    let p = port.to_string();
+    let mut sargs = args(&["-b", ip, "-p", &p, "-c", "8"]);
+    let mut cargs = args(&["-s", ip, "-p", &p, "-c", "8"]);
+    sargs.extend(extra.iter().map(|s| s.to_string()));
+    cargs.extend(extra.iter().map(|s| s.to_string()));
+    let (s, c) = pair(
+        ("ucmatose", server, sargs),
+        ("ucmatose", client, cargs),
+        port,
+        false,
+    );
+    assert_transfers(&s, &c);
+    assert!(s.stdout.lines().any(|l| l == "disconnected"), "{s}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn ucmatose_rust_server_c_client() {
+    ucmatose(&roce_ip(), 7321, Side::Rust, Side::C, &[]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn ucmatose_c_server_rust_client() {
+    ucmatose(&roce_ip(), 7322, Side::C, Side::Rust, &[]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn ucmatose_rust_server_rust_client_migrate() {
+    ucmatose(&roce_ip(), 7323, Side::Rust, Side::Rust, &["-m"]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn iwarp_ucmatose_c_server_rust_client() {
+    ucmatose(&iwarp_ip(), 7324, Side::C, Side::Rust, &[]);
+}
+
+// ---------------------------------------------------------------------------
+// cmtime (per-step timing of connection setup)
+
+const CMTIME_CONNS: &str = "16";
+
+/// The step names of a cmtime table, checking each row's shape: the name
+/// padded to 13, a colon, four numbers of 11 columns with 2 decimals.
+fn cmtime_steps(f: &Finished) -> Vec<String> {
+    let mut lines = f.stdout.lines();
+    assert!(
+        lines
+            .by_ref()
+            .any(|l| l == "step              total ms     max ms     min us  us / conn"),
+        "no cmtime table\n{f}"
+    );
+    lines
+        .map(|l| {
+            let (name, nums) = l.split_at(13);
+            assert!(
+                nums.starts_with(": ") && nums.len() == 2 + 44,
+                "row {l:?}\n{f}"
+            );
+            for col in nums.as_bytes()[2..].chunks(11) {
+                let col = std::str::from_utf8(col).unwrap().trim();
+                let v: f64 = col.parse().unwrap_or_else(|_| panic!("row {l:?}\n{f}"));
+                assert!(v >= 0.0, "row {l:?}\n{f}");
+                assert_eq!(col.split('.').nth(1).map(str::len), Some(2), "row {l:?}");
+            }
+            name.trim_end().to_string()
+        })
+        .collect()
+}
+
+fn cmtime(server: Side, client: Side, port: u16) -> Finished {
+    let ip = roce_ip();
+    let p = port.to_string();
+    let (s, c) = pair(
+        ("cmtime", server, args(&["-b", &ip, "-p", &p])),
+        (
+            "cmtime",
+            client,
+            args(&["-s", &ip, "-b", &ip, "-p", &p, "-c", CMTIME_CONNS]),
+        ),
+        port,
+        true,
+    );
+    assert!(c.success(), "client failed\n{s}{c}");
+    assert!(!c.stdout.contains("error"), "{c}");
+    assert!(s.stdout.is_empty() || !s.stdout.contains("fail"), "{s}");
+    c
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn cmtime_rust_server_c_client() {
+    let c = cmtime(Side::Rust, Side::C, 7331);
+    assert!(cmtime_steps(&c).contains(&"connect".to_string()), "{c}");
+}
+
+/// Against the same server, the Rust client prints the table the C client
+/// prints: the same steps, in the same order, in the same columns.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn cmtime_c_server_rust_and_c_clients_print_the_same_table() {
+    let ip = roce_ip();
+    let port = 7332u16;
+    let p = port.to_string();
+    let server = start_server(
+        "cmtime (C server)",
+        command("cmtime", Side::C, &["-b", &ip, "-p", &p]),
+        port,
+    );
+    let mut tables = Vec::new();
+    for side in [Side::C, Side::Rust] {
+        let c = spawn(
+            &format!("cmtime ({side:?} client)"),
+            command(
+                "cmtime",
+                side,
+                &["-s", &ip, "-b", &ip, "-p", &p, "-c", CMTIME_CONNS],
+            ),
+        )
+        .finish(Instant::now() + RUN_DEADLINE);
+        eprintln!("{c}");
+        assert!(c.success(), "{c}");
+        assert!(!c.stdout.contains("error"), "{c}");
+        tables.push(cmtime_steps(&c));
+    }
+    let s = server.kill();
+    eprintln!("{s}");
+    assert_eq!(tables[0], tables[1]);
+    assert_eq!(
+        tables[1],
+        [
+            "create id",
+            "bind addr",
+            "resolve addr",
+            "resolve route",
+            "create qp",
+            "connect",
+            "disconnect",
+            "destroy"
+        ]
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn cmtime_rust_server_rust_client() {
+    let c = cmtime(Side::Rust, Side::Rust, 7333);
+    assert_eq!(cmtime_steps(&c).len(), 8, "{c}");
+}
