@@ -23,6 +23,8 @@ pub(crate) struct ContextInner {
     ctx: NonNull<ffi::ibv_context>,
     name: String,
     port_count: u8,
+    /// The device's limits, queried once at open (they do not change).
+    limits: ffi::ibv_device_attr,
     event_hooks: std::sync::Mutex<Vec<EventHook>>,
     // Dropped after the context is closed (field order): keeps the device
     // struct the context points at alive, or the borrowed context's owner.
@@ -86,23 +88,29 @@ impl Context {
         // SAFETY: the device belongs to a live device list.
         let ctx = unsafe { ffi::ibv_open_device(device.as_raw()) };
         let ctx = check_ptr("ibv_open_device", || name.clone().into(), ctx)?;
+        let owner = ContextOwner::Opened(Arc::clone(device.list()));
+        Self::wrap(ctx, name, owner).inspect_err(|_| {
+            // SAFETY: opened above, closed once on this error path.
+            unsafe { ffi::ibv_close_device(ctx.as_ptr()) };
+        })
+    }
+
+    /// Queries the device's limits once and builds the handle.
+    fn wrap(ctx: NonNull<ffi::ibv_context>, name: String, owner: ContextOwner) -> Result<Context> {
         let mut attr = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
         // SAFETY: valid context and out-pointer.
         let rc = unsafe { ffi::ibv_query_device(ctx.as_ptr(), attr.as_mut_ptr()) };
-        if let Err(e) = check_errno_ret("ibv_query_device", || name.clone().into(), rc) {
-            // SAFETY: opened above, closed once on this error path.
-            unsafe { ffi::ibv_close_device(ctx.as_ptr()) };
-            return Err(e);
-        }
+        check_errno_ret("ibv_query_device", || name.clone().into(), rc)?;
         // SAFETY: ibv_query_device succeeded and filled the struct (zeroed first).
-        let port_count = unsafe { attr.assume_init() }.phys_port_cnt;
+        let limits = unsafe { attr.assume_init() };
         Ok(Context {
             inner: Arc::new(ContextInner {
                 ctx,
                 name,
-                port_count,
+                port_count: limits.phys_port_cnt,
+                limits,
                 event_hooks: std::sync::Mutex::new(Vec::new()),
-                owner: ContextOwner::Opened(Arc::clone(device.list())),
+                owner,
             }),
         })
     }
@@ -122,21 +130,7 @@ impl Context {
             unsafe { std::ffi::CStr::from_ptr(ffi::ibv_get_device_name((*ctx.as_ptr()).device)) }
                 .to_string_lossy()
                 .into_owned();
-        let mut attr = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
-        // SAFETY: valid context and out-pointer.
-        let rc = unsafe { ffi::ibv_query_device(ctx.as_ptr(), attr.as_mut_ptr()) };
-        check_errno_ret("ibv_query_device", || name.clone().into(), rc)?;
-        // SAFETY: ibv_query_device succeeded and filled the struct (zeroed first).
-        let port_count = unsafe { attr.assume_init() }.phys_port_cnt;
-        Ok(Context {
-            inner: Arc::new(ContextInner {
-                ctx,
-                name,
-                port_count,
-                event_hooks: std::sync::Mutex::new(Vec::new()),
-                owner: ContextOwner::Borrowed(keep),
-            }),
-        })
+        Self::wrap(ctx, name, ContextOwner::Borrowed(keep))
     }
 
     /// True for a context that belongs to librdmacm (see [`crate::cm`]): this
@@ -175,6 +169,12 @@ impl Context {
     /// The raw `ibv_context`, valid while this handle (or a clone) lives.
     pub fn as_raw(&self) -> *mut ffi::ibv_context {
         self.inner.ctx.as_ptr()
+    }
+
+    /// The device's limits as queried at open (`max_cqe`, `max_qp_wr`, ...),
+    /// for argument checks that should not cost a command to the kernel.
+    pub(crate) fn limits(&self) -> &ffi::ibv_device_attr {
+        &self.inner.limits
     }
 
     /// The number of physical ports; valid port numbers are `1..=port_count`.

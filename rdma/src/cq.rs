@@ -254,7 +254,7 @@ impl Context {
         channel: Option<&CompletionChannel>,
         comp_vector: u32,
     ) -> Result<CompletionQueue> {
-        let max = self.query_device()?.max_cqe();
+        let max = u32::try_from(self.limits().max_cqe).unwrap_or(0);
         if cqe == 0 || cqe > max {
             return Err(Error::InvalidArgument {
                 verb: "ibv_create_cq",
@@ -316,7 +316,7 @@ impl Context {
         comp_vector: u32,
         timestamps: bool,
     ) -> Result<CompletionQueue> {
-        let max = self.query_device()?.max_cqe();
+        let max = u32::try_from(self.limits().max_cqe).unwrap_or(0);
         if cqe == 0 || cqe > max {
             return Err(Error::InvalidArgument {
                 verb: "ibv_create_cq_ex",

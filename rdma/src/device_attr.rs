@@ -106,6 +106,16 @@ impl DeviceAttr {
         DeviceAttr { raw }
     }
 
+    /// The legacy attributes only (the extended fields zero).
+    pub(crate) fn from_limits(orig: &ffi::ibv_device_attr) -> Self {
+        DeviceAttr {
+            raw: ffi::ibv_device_attr_ex {
+                orig_attr: *orig,
+                ..Default::default()
+            },
+        }
+    }
+
     /// The raw C struct.
     pub fn as_raw(&self) -> &ffi::ibv_device_attr_ex {
         &self.raw

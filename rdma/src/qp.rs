@@ -332,7 +332,7 @@ impl QueuePairBuilder {
     /// The init attributes, after checking the queue sizes against the device.
     pub(crate) fn checked_init_attr(&self) -> Result<ffi::ibv_qp_init_attr> {
         let ctx = self.pd.context();
-        let dev = ctx.query_device()?;
+        let dev = crate::DeviceAttr::from_limits(ctx.limits());
         let c = self.caps;
         for (what, v, max, limit) in [
             ("max_send_wr", c.max_send_wr, dev.max_qp_wr(), "max_qp_wr"),

@@ -74,7 +74,7 @@ impl ProtectionDomain {
     /// [`Error::InvalidArgument`] past the device's `max_srq_wr`/`max_srq_sge`;
     /// [`Error::Verb`] naming `ibv_create_srq`.
     pub fn create_srq(&self, attr: SrqAttr) -> Result<SharedReceiveQueue> {
-        let dev = self.context().query_device()?;
+        let dev = crate::DeviceAttr::from_limits(self.context().limits());
         if attr.max_wr == 0 || attr.max_wr > dev.max_srq_wr() || attr.max_sge > dev.max_srq_sge() {
             return Err(Error::InvalidArgument {
                 verb: "ibv_create_srq",
