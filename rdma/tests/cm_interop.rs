@@ -761,3 +761,50 @@ fn cmtime_rust_server_rust_client() {
     let c = cmtime(Side::Rust, Side::Rust, 7333);
     assert_eq!(cmtime_steps(&c).len(), 8, "{c}");
 }
+
+// ---------------------------------------------------------------------------
+// Faults
+
+/// Connecting to a server process that was killed: rejected or unreachable
+/// within the timeout, never a hang.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn connect_after_the_peer_process_is_killed() {
+    let ip = roce_ip();
+    let port = 7599;
+    let server = start_server(
+        "rping server",
+        command(
+            "rping",
+            Side::C,
+            &["-s", "-a", &ip, "-p", &port.to_string()],
+        ),
+        port,
+    );
+    drop(server.kill()); // SIGKILL: librdmacm gets no chance to clean up
+    let dst = std::net::SocketAddr::new(ip.parse().unwrap(), port);
+    let opts = rdma::cm::blocking::ConnectOptions {
+        timeout: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let err = match rdma::cm::blocking::Connection::connect(dst, &opts) {
+        Ok(_) => panic!("connected to a killed server"),
+        Err(e) => e,
+    };
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        started.elapsed()
+    );
+    match &err {
+        rdma::Error::CmEvent { event, .. } => assert!(
+            matches!(
+                event,
+                rdma::cm::CmEventType::Rejected | rdma::cm::CmEventType::Unreachable
+            ),
+            "{err}"
+        ),
+        e => assert_eq!(e.errno(), Some(libc::ETIMEDOUT), "{e}"),
+    }
+}
