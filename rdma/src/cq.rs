@@ -395,12 +395,18 @@ impl CompletionQueue {
             None => None,
         };
         let mut total = 0;
-        let mut wcs = [ffi::ibv_wc::default(); POLL_BATCH];
+        // Not initialised: an empty poll (the common case when spinning)
+        // must not pay for clearing it; only the entries written are read.
+        let mut wcs = [std::mem::MaybeUninit::<ffi::ibv_wc>::uninit(); POLL_BATCH];
         while total < max {
             let want = (max - total).min(POLL_BATCH);
             // SAFETY: `wcs` has room for `want` entries.
             let n = unsafe {
-                ffi::ibv_poll_cq(self.as_raw(), want as std::ffi::c_int, wcs.as_mut_ptr())
+                ffi::ibv_poll_cq(
+                    self.as_raw(),
+                    want as std::ffi::c_int,
+                    wcs.as_mut_ptr().cast::<ffi::ibv_wc>(),
+                )
             };
             if n < 0 {
                 // Providers return a negative value without a usable errno.
@@ -415,7 +421,10 @@ impl CompletionQueue {
             }
             let n = n as usize;
             let start = out.len();
-            out.extend(wcs[..n].iter().map(Completion::from_raw));
+            out.extend(wcs[..n].iter().map(|wc| {
+                // SAFETY: ibv_poll_cq wrote the first `n` entries.
+                Completion::from_raw(unsafe { wc.assume_init_ref() })
+            }));
             self.inner.registry.resolve(&mut out[start..]);
             total += n;
             if n < want {

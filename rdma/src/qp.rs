@@ -1119,7 +1119,61 @@ impl QueuePair {
     /// `ibv_post_send` (e.g. `EINVAL` in a state that cannot send, `ENOMEM`
     /// when the send queue is full).
     pub fn post_send(&mut self, wr: SendWr) -> std::result::Result<(), PostError> {
-        self.post_send_batch(std::iter::once(wr))
+        // One request with a short scatter list: no allocation on the way.
+        const SHORT: usize = 4;
+        if wr.buffers.len() > SHORT {
+            return self.post_send_batch(std::iter::once(wr));
+        }
+        let check = self
+            .check_buffers(
+                &wr.buffers,
+                self.caps.max_send_sge,
+                wr.op.writes_local(),
+                "ibv_post_send",
+            )
+            .and_then(|()| self.check_send(&wr.op, Self::total_len(&wr.buffers), &wr.ud));
+        if let Err(error) = check {
+            return Err(PostError {
+                error,
+                returned: vec![(wr.wr_id, wr.buffers)],
+            });
+        }
+        let mut sges = [ffi::ibv_sge::default(); SHORT];
+        let mut n = 0;
+        wr.buffers.for_each(|m| {
+            sges[n] = m.sge();
+            n += 1;
+        });
+        let sge_at = [(0, n)];
+        let serial = self.tracker.serial;
+        let mut ring = self.tracker.ring(false);
+        let seq = ring.next_seq;
+        let one = std::slice::from_ref(&wr);
+        let (rc, _) = match self.qpx {
+            Some(qpx) if !(self.auto_path && n > 1) => {
+                Self::post_extended(qpx, one, &mut sges[..n], &sge_at, serial, seq)
+            }
+            _ => self.post_legacy(one, &mut sges[..n], &sge_at, serial, seq),
+        };
+        if rc != 0 {
+            drop(ring);
+            let error =
+                check_errno_ret("ibv_post_send", || self.ctx_str("1 request not posted"), rc)
+                    .expect_err("rc != 0");
+            return Err(PostError {
+                error,
+                returned: vec![(wr.wr_id, wr.buffers)],
+            });
+        }
+        ring.pending.push_back(Pending {
+            seq,
+            wr_id: wr.wr_id,
+            buffers: wr.buffers,
+            _ah: wr.ud.map(|d| d.ah),
+            _mw: None,
+        });
+        ring.next_seq = seq.wrapping_add(1);
+        Ok(())
     }
 
     /// Posts several send requests with one doorbell.
@@ -1212,7 +1266,15 @@ impl QueuePair {
         serial: u32,
         first_seq: u32,
     ) -> (std::ffi::c_int, usize) {
-        let mut raw: Vec<ffi::ibv_send_wr> = Vec::with_capacity(wrs.len());
+        // One request (the common case) needs no heap.
+        let mut single = [ffi::ibv_send_wr::default()];
+        let mut many: Vec<ffi::ibv_send_wr> = Vec::new();
+        let raw: &mut [ffi::ibv_send_wr] = if wrs.len() == 1 {
+            &mut single
+        } else {
+            many.resize_with(wrs.len(), Default::default);
+            &mut many
+        };
         for (i, w) in wrs.iter().enumerate() {
             let (at, n) = sge_at[i];
             let mut r = ffi::ibv_send_wr {
@@ -1227,7 +1289,7 @@ impl QueuePair {
                 ..Default::default()
             };
             Self::fill_send(&mut r, &w.op, &w.ud);
-            raw.push(r);
+            raw[i] = r;
         }
         let base = raw.as_mut_ptr();
         for i in 1..raw.len() {
@@ -1401,7 +1463,42 @@ impl QueuePair {
         wr_id: u64,
         buffers: impl Into<WrBuffers>,
     ) -> std::result::Result<(), PostError> {
-        self.post_recv_batch(std::iter::once((wr_id, buffers.into())))
+        let buffers = buffers.into();
+        let check = if self.srq.is_some() {
+            Err(Error::InvalidArgument {
+                verb: "ibv_post_recv",
+                reason: format!(
+                    "QP {} takes its receives from an SRQ: post them there",
+                    self.qp_num()
+                ),
+            })
+        } else {
+            self.check_buffers(&buffers, self.caps.max_recv_sge, true, "ibv_post_recv")
+        };
+        if let Err(error) = check {
+            return Err(PostError {
+                error,
+                returned: vec![(wr_id, buffers)],
+            });
+        }
+        let qp = self.as_raw();
+        // SAFETY: `post_recv_one` hands over a well-formed request whose
+        // memory it parks in the tracker; the QP is live.
+        let (rc, back) = track::post_recv_one(&self.tracker, wr_id, buffers, |wr, bad| unsafe {
+            ffi::ibv_post_recv(qp, wr, bad)
+        });
+        match back {
+            None => Ok(()),
+            Some(req) => Err(PostError {
+                error: check_errno_ret(
+                    "ibv_post_recv",
+                    || self.ctx_str("1 request not posted"),
+                    rc,
+                )
+                .expect_err("not posted"),
+                returned: vec![req],
+            }),
+        }
     }
 
     /// Posts several receive requests with one doorbell.

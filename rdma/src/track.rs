@@ -198,6 +198,55 @@ pub(crate) fn post_recvs(
     (rc, unposted)
 }
 
+/// [`post_recvs`] for one request with at most four scatter/gather entries,
+/// without touching the heap. Returns the request when it was not posted.
+pub(crate) fn post_recv_one(
+    tracker: &Tracker,
+    wr_id: u64,
+    buffers: WrBuffers,
+    post: impl FnOnce(*mut ffi::ibv_recv_wr, *mut *mut ffi::ibv_recv_wr) -> std::ffi::c_int,
+) -> (std::ffi::c_int, Option<(u64, WrBuffers)>) {
+    let mut sges = [ffi::ibv_sge::default(); 4];
+    let mut n = 0;
+    buffers.for_each(|m| {
+        if n < sges.len() {
+            sges[n] = m.sge();
+        }
+        n += 1;
+    });
+    if n > sges.len() {
+        let (rc, mut rest) = post_recvs(tracker, vec![(wr_id, buffers)], post);
+        return (rc, rest.pop());
+    }
+    let mut ring = tracker.ring(true);
+    let seq = ring.next_seq;
+    let mut raw = ffi::ibv_recv_wr {
+        wr_id: encode(tracker.serial, true, seq),
+        next: std::ptr::null_mut(),
+        sg_list: if n == 0 {
+            std::ptr::null_mut()
+        } else {
+            sges.as_mut_ptr()
+        },
+        num_sge: n as std::ffi::c_int,
+    };
+    let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
+    // As in `post_recvs`: the memory is parked below, under the ring lock.
+    let rc = post(&mut raw, &mut bad);
+    if rc != 0 {
+        return (rc, Some((wr_id, buffers)));
+    }
+    ring.pending.push_back(Pending {
+        seq,
+        wr_id,
+        buffers,
+        _ah: None,
+        _mw: None,
+    });
+    ring.next_seq = seq.wrapping_add(1);
+    (0, None)
+}
+
 /// QPs whose completions a CQ may report, by serial.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
