@@ -1,0 +1,74 @@
+//! A perftest-style benchmark of the `rdma` crate over RC queue pairs.
+//!
+//! ```text
+//! perf TEST [options]          # server
+//! perf TEST [options] HOST     # client
+//! TEST: send_bw write_bw read_bw atomic_bw send_lat write_lat read_lat atomic_lat
+//! ```
+//! perftest's flags (`-d -i -x -s -n -a -I -e -p -F -q`, and `-t -r -Q -m -N
+//! -A -o`) with its defaults, plus `--post legacy|extended|auto` (the QPs'
+//! [`rdma::PostPath`]), `--raw` (prebuilt C work requests through the `unsafe`
+//! raw post calls, and `ibv_poll_cq`, instead of the safe API) and `--cpu`
+//! (CPU time per iteration). Run with `--help` for the list.
+//!
+//! Measured as perftest measures, with `std::time::Instant`
+//! (CLOCK_MONOTONIC) instead of the TSC:
+//! - bandwidth: bytes × iterations over the time from the first post to the
+//!   last completion; the peak is the best rate of any window from a post to
+//!   a later completion. MB/sec is MiB/s, as in perftest.
+//! - latency: a timestamp before every post; the statistics are over the
+//!   gaps between consecutive posts, halved for ping-pong tests (SEND,
+//!   WRITE), with the two largest gaps dropped.
+//!
+//! The safe path moves a registered buffer into every request and gets it
+//! back from the completion, so a bandwidth test needs one buffer per request
+//! in flight (perftest posts the same buffer again and again); buffers are
+//! registered before the timed loop and reused, and the loop allocates
+//! nothing itself. The out-of-band exchange over TCP is perf's own and does
+//! not interoperate with perftest.
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+#[path = "perf/bw.rs"]
+mod bw;
+#[path = "perf/io.rs"]
+mod io;
+#[path = "perf/lat.rs"]
+mod lat;
+#[path = "perf/oob.rs"]
+mod oob;
+#[path = "perf/opts.rs"]
+mod opts;
+#[path = "perf/report.rs"]
+mod report;
+#[path = "perf/setup.rs"]
+mod setup;
+
+use std::process::ExitCode;
+
+use opts::{ArgError, Kind};
+
+fn main() -> ExitCode {
+    let opts = match opts::parse(std::env::args().skip(1)) {
+        Ok(o) => o,
+        Err(ArgError::Help) => {
+            print!("{}", opts::usage());
+            return ExitCode::SUCCESS;
+        }
+        Err(ArgError::Bad(msg)) => {
+            eprintln!("perf: {msg}");
+            eprintln!("Run `perf --help` for the options.");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = setup::connect(&opts).and_then(|mut conn| match opts.test.kind {
+        Kind::Bw => bw::run(&mut conn, &opts),
+        Kind::Lat => lat::run(&mut conn, &opts),
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("perf: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

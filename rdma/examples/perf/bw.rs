@@ -1,0 +1,311 @@
+//! Bandwidth tests: the client keeps `-t` requests in flight on every QP
+//! and times each post and each completion; the server of `send_bw` keeps
+//! receives posted and times the first and last arrival. The servers of the
+//! other tests only wait at the barriers.
+
+use std::time::Instant;
+
+use rdma::{ffi, Completion, MemoryRegion, WrBuffers};
+
+use crate::io::{self, RawRecv, RawSend, POLL_BATCH};
+use crate::opts::{Opts, Res, Verb};
+use crate::report::{self, BwStamps};
+use crate::setup::{self, Conn};
+
+/// Runs every size of the test on an established connection.
+///
+/// # Errors
+/// Any failure of the run.
+pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
+    let server = opts.is_server();
+    let measures = !server || opts.test.verb == Verb::Send;
+    if measures {
+        report::bw_header();
+    }
+    let mut stamps = BwStamps::default();
+    for size in opts.sizes() {
+        let cpu0 = report::cpu_times();
+        let n = match (server, opts.test.verb, opts.raw) {
+            (true, Verb::Send, false) => server_send_safe(conn, opts, size, &mut stamps)?,
+            (true, Verb::Send, true) => server_send_raw(conn, opts, size, &mut stamps)?,
+            (true, _, _) => {
+                // The client does all the work; the barriers frame it.
+                conn.oob.barrier()?;
+                conn.oob.barrier()?;
+                continue;
+            }
+            (false, _, false) => client_safe(conn, opts, size, &mut stamps)?,
+            (false, _, true) => client_raw(conn, opts, size, &mut stamps)?,
+        };
+        let cpu1 = report::cpu_times();
+        conn.oob.barrier()?;
+        report::bw_line(size, &stamps, opts.no_peak || server);
+        if opts.cpu {
+            report::cpu_line(cpu0, cpu1, n);
+        }
+    }
+    report::footer();
+    Ok(())
+}
+
+/// Requests in flight per QP and completion moderation for `size`: the
+/// depth is `-t` unless the buffer budget allows fewer (huge messages); a
+/// completion is requested at least once per depth.
+fn depth_and_mod(opts: &Opts, size: usize) -> (u32, u32) {
+    let depth = setup::slots(size.saturating_mul(opts.qps as usize), opts.tx_depth);
+    (depth, opts.cq_mod_for(size).min(depth))
+}
+
+fn buf_len(opts: &Opts, size: usize) -> usize {
+    if opts.test.verb == Verb::Atomic {
+        8
+    } else {
+        size
+    }
+}
+
+/// Safe client: each request moves its own buffer into the queue; the
+/// completion (or, for unsignaled requests, the next signaled one) gives it
+/// back, and it is posted again. Returns the number of requests.
+fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) -> Res<usize> {
+    let nq = conn.qps.len();
+    let (depth, cq_mod) = depth_and_mod(opts, size);
+    let len = buf_len(opts, size);
+    let verb = opts.test.verb;
+    let mut free: Vec<Vec<MemoryRegion>> = (0..nq)
+        .map(|_| setup::pool(&conn.pd, depth, len, io::local_access(verb)))
+        .collect::<Res<_>>()?;
+    let iters = opts.iters;
+    let total = iters as usize * nq;
+    let mut scnt = vec![0u32; nq];
+    let mut ccnt = vec![0u32; nq];
+    let mut done = 0usize;
+    let mut wcs: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
+    stamps.reset(total);
+    conn.oob.barrier()?;
+    let watch = conn.oob.watch();
+    while done < total {
+        for (q, qp) in conn.qps.iter_mut().enumerate() {
+            while scnt[q] < iters && scnt[q] - ccnt[q] < depth {
+                let Some(mr) = free[q].pop() else { break };
+                let n = scnt[q] + 1;
+                let signaled = n % cq_mod == 0 || n == iters;
+                let wr = io::safe_wr(verb, opts.atomic, io::wr_id(q, n), mr, conn.remote[q])
+                    .signaled(signaled);
+                stamps.posted.push(Instant::now());
+                qp.post_send(wr).map_err(|e| {
+                    format!("Couldn't post send on QP {q} (request {n}): {}", e.error)
+                })?;
+                scnt[q] = n;
+            }
+        }
+        wcs.clear();
+        if io::poll_safe(&conn.send_cq, conn.send_ch.as_ref(), &mut wcs, POLL_BATCH)? == 0 {
+            watch.idle()?;
+            continue;
+        }
+        let now = Instant::now();
+        for mut c in wcs.drain(..) {
+            io::check(&c, "send")?;
+            let (q, n) = io::split_id(c.wr_id);
+            let pool = free.get_mut(q).ok_or("completion for an unknown QP")?;
+            for (_, b) in c.unsignaled.drain(..) {
+                pool.extend(b.into_one());
+            }
+            pool.extend(c.take_buffers().into_one());
+            done += (n - ccnt[q]) as usize;
+            ccnt[q] = n;
+            stamps.completed.push((done, now));
+        }
+    }
+    Ok(total)
+}
+
+/// Raw client: one registration per QP cut into `depth` slots, used in
+/// turn by prebuilt requests, as perftest cycles through its buffer.
+fn client_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) -> Res<usize> {
+    let nq = conn.qps.len();
+    let (depth, cq_mod) = depth_and_mod(opts, size);
+    let len = buf_len(opts, size);
+    let verb = opts.test.verb;
+    let mut reqs = Vec::with_capacity(nq);
+    let mut bases = Vec::with_capacity(nq);
+    for q in 0..nq {
+        let mr = conn
+            .pd
+            .alloc_mr(len * depth as usize, io::local_access(verb))
+            .map_err(|e| format!("Couldn't register {depth} buffers of {len} bytes: {e}"))?;
+        bases.push(mr.addr());
+        reqs.push(RawSend::new(
+            &conn.qps[q],
+            verb,
+            opts.atomic,
+            mr.lkey(),
+            len,
+            conn.remote[q],
+            false,
+        ));
+        // Kept until after the QPs are destroyed (the raw contract).
+        conn.raw_keep.push(mr);
+    }
+    let iters = opts.iters;
+    let total = iters as usize * nq;
+    let mut scnt = vec![0u32; nq];
+    let mut ccnt = vec![0u32; nq];
+    let mut done = 0usize;
+    let mut wc = [ffi::ibv_wc::default(); POLL_BATCH];
+    stamps.reset(total);
+    conn.oob.barrier()?;
+    let watch = conn.oob.watch();
+    while done < total {
+        for (q, qp) in conn.qps.iter_mut().enumerate() {
+            while scnt[q] < iters && scnt[q] - ccnt[q] < depth {
+                let n = scnt[q] + 1;
+                let signaled = n % cq_mod == 0 || n == iters;
+                let addr = bases[q] + u64::from(scnt[q] % depth) * len as u64;
+                stamps.posted.push(Instant::now());
+                // SAFETY: slot `scnt % depth` of the registration kept in
+                // `conn.raw_keep`; at most `depth` requests are in flight, so
+                // a slot is reused only after its request completed, and no
+                // Rust reference to it exists.
+                unsafe { reqs[q].post(qp, addr, io::wr_id(q, n), signaled) }
+                    .map_err(|e| format!("QP {q}, request {n}: {e}"))?;
+                scnt[q] = n;
+            }
+        }
+        let got = io::poll_raw(&conn.send_cq, conn.send_ch.as_ref(), &mut wc, "send")?;
+        if got == 0 {
+            watch.idle()?;
+            continue;
+        }
+        let now = Instant::now();
+        for w in &wc[..got] {
+            let (q, n) = io::split_id(w.wr_id);
+            let c = ccnt.get_mut(q).ok_or("completion for an unknown QP")?;
+            done += (n - *c) as usize;
+            *c = n;
+            stamps.completed.push((done, now));
+        }
+    }
+    Ok(total)
+}
+
+/// Receives per QP the server keeps posted.
+fn rx_slots(opts: &Opts, size: usize) -> u32 {
+    setup::slots(
+        size.saturating_mul(opts.qps as usize),
+        opts.rx_depth.min(opts.iters),
+    )
+}
+
+/// Safe `send_bw` server: every receive owns its buffer; a completion gives
+/// it back and it is posted again while more messages are due.
+fn server_send_safe(
+    conn: &mut Conn,
+    opts: &Opts,
+    size: usize,
+    stamps: &mut BwStamps,
+) -> Res<usize> {
+    let nq = conn.qps.len();
+    let slots = rx_slots(opts, size);
+    for (q, qp) in conn.qps.iter_mut().enumerate() {
+        let bufs = setup::pool(&conn.pd, slots, size, rdma::AccessFlags::LOCAL_WRITE)?;
+        qp.post_recv_batch(
+            bufs.into_iter()
+                .map(|m| (io::wr_id(q, 0), WrBuffers::One(m))),
+        )
+        .map_err(|e| format!("Couldn't post receives on QP {q}: {}", e.error))?;
+    }
+    let iters = opts.iters;
+    let total = iters as usize * nq;
+    let mut posted = vec![slots; nq];
+    let mut got = 0usize;
+    let mut first = None;
+    let mut last = Instant::now();
+    let mut wcs: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
+    stamps.reset(1);
+    conn.oob.barrier()?;
+    let watch = conn.oob.watch();
+    while got < total {
+        wcs.clear();
+        if io::poll_safe(&conn.recv_cq, conn.recv_ch.as_ref(), &mut wcs, POLL_BATCH)? == 0 {
+            watch.idle()?;
+            continue;
+        }
+        last = Instant::now();
+        first.get_or_insert(last);
+        for mut c in wcs.drain(..) {
+            io::check(&c, "receive")?;
+            let (q, _) = io::split_id(c.wr_id);
+            got += 1;
+            let p = posted.get_mut(q).ok_or("completion for an unknown QP")?;
+            if *p < iters {
+                conn.qps[q]
+                    .post_recv(c.wr_id, c.take_buffers())
+                    .map_err(|e| format!("Couldn't post a receive on QP {q}: {}", e.error))?;
+                *p += 1;
+            }
+        }
+    }
+    stamps.posted.push(first.unwrap_or(last));
+    stamps.completed.push((total, last));
+    Ok(total)
+}
+
+/// Raw `send_bw` server: prebuilt receives over slots of one registration
+/// per QP, reposted by slot number.
+fn server_send_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) -> Res<usize> {
+    let nq = conn.qps.len();
+    let slots = rx_slots(opts, size);
+    let mut recvs = Vec::with_capacity(nq);
+    for (q, qp) in conn.qps.iter_mut().enumerate() {
+        let mr = conn
+            .pd
+            .alloc_mr(size * slots as usize, rdma::AccessFlags::LOCAL_WRITE)
+            .map_err(|e| {
+                format!("Couldn't register {slots} receive buffers of {size} bytes: {e}")
+            })?;
+        let mut r = RawRecv::new(mr.addr(), mr.lkey(), size);
+        conn.raw_keep.push(mr);
+        for s in 0..slots {
+            // SAFETY: slot `s` of the registration just kept in
+            // `conn.raw_keep`, posted once, never referenced from Rust.
+            unsafe { r.post(qp, s, io::wr_id(q, s)) }.map_err(|e| format!("QP {q}: {e}"))?;
+        }
+        recvs.push(r);
+    }
+    let iters = opts.iters;
+    let total = iters as usize * nq;
+    let mut posted = vec![slots; nq];
+    let mut got = 0usize;
+    let mut first = None;
+    let mut last = Instant::now();
+    let mut wc = [ffi::ibv_wc::default(); POLL_BATCH];
+    stamps.reset(1);
+    conn.oob.barrier()?;
+    let watch = conn.oob.watch();
+    while got < total {
+        let n = io::poll_raw(&conn.recv_cq, conn.recv_ch.as_ref(), &mut wc, "receive")?;
+        if n == 0 {
+            watch.idle()?;
+            continue;
+        }
+        last = Instant::now();
+        first.get_or_insert(last);
+        for w in &wc[..n] {
+            let (q, slot) = io::split_id(w.wr_id);
+            got += 1;
+            let p = posted.get_mut(q).ok_or("completion for an unknown QP")?;
+            if *p < iters {
+                // SAFETY: the slot's previous receive just completed, so it
+                // is free; the registration is kept in `conn.raw_keep`.
+                unsafe { recvs[q].post(&mut conn.qps[q], slot, w.wr_id) }
+                    .map_err(|e| format!("QP {q}: {e}"))?;
+                *p += 1;
+            }
+        }
+    }
+    stamps.posted.push(first.unwrap_or(last));
+    stamps.completed.push((total, last));
+    Ok(total)
+}

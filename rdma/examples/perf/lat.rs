@@ -1,0 +1,418 @@
+//! Latency tests, timed as perftest times them: one timestamp per post, and
+//! the statistics over the gaps between consecutive posts.
+//!
+//! The timestamp is taken right after the post returns (perftest: right
+//! before it): the gaps, iteration to iteration, are the same, but the clock
+//! read then runs while the message is in flight instead of lengthening
+//! every round trip. That matters where `clock_gettime` is slow: in the TCG
+//! guest of `ci/bench` the clocksource is HPET (the TSC is marked unstable)
+//! and a read costs 1.3-1.6 us, while perftest reads the TSC. For the same
+//! reason a receive buffer is posted again after the reply is sent, not
+//! before.
+//!
+//! - `send_lat`, `write_lat`: ping-pong. The client sends first; each side
+//!   sends its next message once the peer's has arrived (a receive
+//!   completion for SEND; for WRITE, the last byte of the target buffer
+//!   changing, polled in memory). A gap is a round trip: halved.
+//! - `read_lat`, `atomic_lat`: the client posts one request at a time and
+//!   waits for its completion; a gap is one operation. The server waits.
+
+use std::time::Instant;
+
+use rdma::{ffi, AccessFlags, Completion, InlineSend, MemoryRegion, WrBuffers};
+
+use crate::io::{self, RawRecv, RawSend};
+use crate::opts::{Opts, OrFail, Res, Verb};
+use crate::report;
+use crate::setup::{self, Conn};
+
+/// Runs every size of the test on an established connection.
+///
+/// # Errors
+/// Any failure of the run.
+pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
+    let server = opts.is_server();
+    let verb = opts.test.verb;
+    let pingpong = matches!(verb, Verb::Send | Verb::Write);
+    if pingpong || !server {
+        report::lat_header();
+    }
+    let mut stamps = Vec::with_capacity(opts.iters as usize);
+    let mut work = Vec::with_capacity(opts.iters as usize);
+    for size in opts.sizes() {
+        if !pingpong && server {
+            conn.oob.barrier()?;
+            conn.oob.barrier()?;
+            continue;
+        }
+        stamps.clear();
+        let cpu0 = report::cpu_times();
+        match (verb, opts.raw) {
+            (Verb::Send, false) => send_safe(conn, opts, size, &mut stamps)?,
+            (Verb::Send, true) => send_raw(conn, opts, size, &mut stamps)?,
+            (Verb::Write, false) => write_safe(conn, opts, size, &mut stamps)?,
+            (Verb::Write, true) => write_raw(conn, opts, size, &mut stamps)?,
+            (_, false) => one_sided_safe(conn, opts, size, &mut stamps)?,
+            (_, true) => one_sided_raw(conn, opts, size, &mut stamps)?,
+        }
+        let cpu1 = report::cpu_times();
+        conn.oob.barrier()?;
+        let rtt_factor = if pingpong { 2.0 } else { 1.0 };
+        report::lat_line(size, &stamps, rtt_factor, &mut work);
+        if opts.cpu {
+            report::cpu_line(cpu0, cpu1, stamps.len());
+        }
+    }
+    report::footer();
+    Ok(())
+}
+
+/// Receives kept posted in `send_lat`.
+fn rx_slots(opts: &Opts, size: usize) -> u32 {
+    setup::slots(size, opts.rx_depth.min(opts.iters))
+}
+
+fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instant>) -> Res<()> {
+    let server = opts.is_server();
+    let iters = opts.iters;
+    let slots = rx_slots(opts, size);
+    let bufs = setup::pool(&conn.pd, slots, size, AccessFlags::LOCAL_WRITE)?;
+    let qp = &mut conn.qps[0];
+    qp.post_recv_batch(bufs.into_iter().map(|m| (0, WrBuffers::One(m))))
+        .map_err(|e| format!("Couldn't post receives: {}", e.error))?;
+    let mut rposted = slots;
+    // Unsignaled sends keep their buffer until the next signaled completion:
+    // one buffer per send between two completions (none when inline).
+    let cq_mod = opts.cq_mod_for(size);
+    let inline = size <= conn.inline as usize;
+    let mut sbufs = if inline {
+        Vec::new()
+    } else {
+        setup::pool(&conn.pd, cq_mod, size, AccessFlags::empty())?
+    };
+    let data = vec![0u8; size];
+    let mut wcs: Vec<Completion> = Vec::with_capacity(1);
+    let (send_cq, recv_cq) = (&conn.send_cq, &conn.recv_cq);
+    let (send_ch, recv_ch) = (conn.send_ch.as_ref(), conn.recv_ch.as_ref());
+    conn.oob.barrier()?;
+    let watch = conn.oob.watch();
+    let mut rcnt = 0;
+    let mut scq: Vec<Completion> = Vec::with_capacity(1);
+    for scnt in 0..iters {
+        // The buffer of the message that just arrived, posted again once
+        // the reply is on its way.
+        let mut arrived = None;
+        if server || scnt > 0 {
+            let c = io::wait_one_safe(recv_cq, recv_ch, &mut wcs, &watch, "receive")?;
+            rcnt += 1;
+            arrived = Some(c);
+        }
+        let n = scnt + 1;
+        let signaled = n % cq_mod == 0 || n == iters;
+        if inline {
+            qp.post_send_inline(InlineSend::send(u64::from(n), &data).signaled(signaled))
+                .or_fail("Couldn't post send")?;
+        } else {
+            let mr = sbufs.pop().ok_or("no free send buffer")?;
+            qp.post_send(rdma::SendWr::send(u64::from(n), mr).signaled(signaled))
+                .map_err(|e| format!("Couldn't post send: {}", e.error))?;
+        }
+        stamps.push(Instant::now());
+        if let Some(mut c) = arrived {
+            if rposted < iters {
+                qp.post_recv(0, c.take_buffers())
+                    .map_err(|e| format!("Couldn't post a receive: {}", e.error))?;
+                rposted += 1;
+            }
+        }
+        if signaled {
+            let mut c = io::wait_one_safe(send_cq, send_ch, &mut scq, &watch, "send")?;
+            for (_, b) in c.unsignaled.drain(..) {
+                sbufs.extend(b.into_one());
+            }
+            sbufs.extend(c.take_buffers().into_one());
+        }
+    }
+    while rcnt < iters {
+        io::wait_one_safe(recv_cq, recv_ch, &mut wcs, &watch, "receive")?;
+        rcnt += 1;
+    }
+    Ok(())
+}
+
+fn send_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instant>) -> Res<()> {
+    let server = opts.is_server();
+    let iters = opts.iters;
+    let slots = rx_slots(opts, size);
+    let rmr = conn
+        .pd
+        .alloc_mr(size * slots as usize, AccessFlags::LOCAL_WRITE)
+        .or_fail("Couldn't register the receive buffers")?;
+    let mut recvs = RawRecv::new(rmr.addr(), rmr.lkey(), size);
+    conn.raw_keep.push(rmr);
+    let inline = size <= conn.inline as usize;
+    let smr = conn
+        .pd
+        .alloc_mr(size, AccessFlags::empty())
+        .or_fail("Couldn't register the send buffer")?;
+    let saddr = smr.addr();
+    let mut send = RawSend::new(
+        &conn.qps[0],
+        Verb::Send,
+        opts.atomic,
+        smr.lkey(),
+        size,
+        conn.remote[0],
+        inline,
+    );
+    conn.raw_keep.push(smr);
+    let qp = &mut conn.qps[0];
+    for s in 0..slots {
+        // SAFETY: slot `s` of the registration kept in `conn.raw_keep`,
+        // posted once, never referenced from Rust.
+        unsafe { recvs.post(qp, s, u64::from(s)) }?;
+    }
+    let mut rposted = slots;
+    let cq_mod = opts.cq_mod_for(size);
+    let mut wc = [ffi::ibv_wc::default(); 1];
+    conn.oob.barrier()?;
+    let watch = conn.oob.watch();
+    let mut rcnt = 0;
+    for scnt in 0..iters {
+        let mut arrived = None;
+        if server || scnt > 0 {
+            arrived = Some(io::wait_one_raw(
+                &conn.recv_cq,
+                conn.recv_ch.as_ref(),
+                &mut wc,
+                &watch,
+                "receive",
+            )?);
+            rcnt += 1;
+        }
+        let n = scnt + 1;
+        let signaled = n % cq_mod == 0 || n == iters;
+        // SAFETY: the send buffer is kept in `conn.raw_keep` and only read
+        // by the device; every send uses the same bytes (as perftest).
+        unsafe { send.post(qp, saddr, u64::from(n), signaled) }?;
+        stamps.push(Instant::now());
+        if let Some(id) = arrived {
+            if rposted < iters {
+                // SAFETY: the slot's receive completed; kept memory.
+                unsafe { recvs.post(qp, id as u32, id) }?;
+                rposted += 1;
+            }
+        }
+        if signaled {
+            io::wait_one_raw(
+                &conn.send_cq,
+                conn.send_ch.as_ref(),
+                &mut wc,
+                &watch,
+                "send",
+            )?;
+        }
+    }
+    while rcnt < iters {
+        io::wait_one_raw(
+            &conn.recv_cq,
+            conn.recv_ch.as_ref(),
+            &mut wc,
+            &watch,
+            "receive",
+        )?;
+        rcnt += 1;
+    }
+    Ok(())
+}
+
+/// The last byte of this side's target region, where the peer's RDMA WRITE
+/// lands, read without creating a reference to device-written memory.
+fn arrived(target: &MemoryRegion, size: usize) -> u8 {
+    let p = (target.addr() + size as u64 - 1) as usize as *const u8;
+    // SAFETY: `target` is a live registration of at least `size` bytes
+    // (sized for the largest message of the run) owned by the connection;
+    // its address was exposed by `addr()`. The peer writes it by DMA: a
+    // volatile byte read is how C observes an RDMA WRITE too, and no Rust
+    // reference to the region exists.
+    unsafe { std::ptr::read_volatile(p) }
+}
+
+fn write_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instant>) -> Res<()> {
+    let server = opts.is_server();
+    let iters = opts.iters;
+    let remote = conn.remote[0];
+    let inline = size <= conn.inline as usize;
+    let mut data = vec![0u8; size];
+    let mut smr = if inline {
+        None
+    } else {
+        Some(
+            conn.pd
+                .alloc_mr(size, AccessFlags::empty())
+                .or_fail("Couldn't register the send buffer")?,
+        )
+    };
+    conn.target
+        .write_at(size - 1, &[0])
+        .or_fail("Couldn't clear the target buffer")?;
+    let mut wcs: Vec<Completion> = Vec::with_capacity(1);
+    conn.oob.barrier()?;
+    let watch = conn.oob.watch();
+    let qp = &mut conn.qps[0];
+    let mut rcnt: u32 = 0;
+    for scnt in 0..iters {
+        if server || scnt > 0 {
+            rcnt += 1;
+            while arrived(&conn.target, size) != rcnt as u8 {
+                watch.idle()?;
+            }
+        }
+        let n = scnt + 1;
+        if inline {
+            data[size - 1] = n as u8;
+            qp.post_send_inline(InlineSend::write(u64::from(n), &data, remote))
+                .or_fail("Couldn't post send")?;
+        } else {
+            let mut mr = smr.take().ok_or("the send buffer is still in flight")?;
+            mr.as_mut_slice().or_fail("send buffer")?[size - 1] = n as u8;
+            qp.post_send(rdma::SendWr::write(u64::from(n), mr, remote))
+                .map_err(|e| format!("Couldn't post send: {}", e.error))?;
+        }
+        stamps.push(Instant::now());
+        let mut c = io::wait_one_safe(&conn.send_cq, None, &mut wcs, &watch, "RDMA write")?;
+        if !inline {
+            smr = c.take_buffers().into_one();
+        }
+    }
+    while rcnt < iters {
+        rcnt += 1;
+        while arrived(&conn.target, size) != rcnt as u8 {
+            watch.idle()?;
+        }
+    }
+    Ok(())
+}
+
+fn write_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instant>) -> Res<()> {
+    let server = opts.is_server();
+    let iters = opts.iters;
+    let inline = size <= conn.inline as usize;
+    let mut smr = conn
+        .pd
+        .alloc_mr(size, AccessFlags::empty())
+        .or_fail("Couldn't register the send buffer")?;
+    let saddr = smr.addr();
+    let last = smr.as_mut_slice().or_fail("send buffer")?[size - 1..].as_mut_ptr();
+    let mut send = RawSend::new(
+        &conn.qps[0],
+        Verb::Write,
+        opts.atomic,
+        smr.lkey(),
+        size,
+        conn.remote[0],
+        inline,
+    );
+    conn.raw_keep.push(smr);
+    conn.target
+        .write_at(size - 1, &[0])
+        .or_fail("Couldn't clear the target buffer")?;
+    let mut wc = [ffi::ibv_wc::default(); 1];
+    conn.oob.barrier()?;
+    let watch = conn.oob.watch();
+    let qp = &mut conn.qps[0];
+    let mut rcnt: u32 = 0;
+    for scnt in 0..iters {
+        if server || scnt > 0 {
+            rcnt += 1;
+            while arrived(&conn.target, size) != rcnt as u8 {
+                watch.idle()?;
+            }
+        }
+        let n = scnt + 1;
+        // SAFETY: `last` points at the last byte of the send buffer, kept
+        // alive in `conn.raw_keep`; the previous write from it has completed
+        // (polled below), so the device is not reading it now.
+        unsafe { last.write(n as u8) };
+        // SAFETY: the buffer is kept in `conn.raw_keep`; the device reads it
+        // until the completion polled right after.
+        unsafe { send.post(qp, saddr, u64::from(n), true) }?;
+        stamps.push(Instant::now());
+        io::wait_one_raw(&conn.send_cq, None, &mut wc, &watch, "RDMA write")?;
+    }
+    while rcnt < iters {
+        rcnt += 1;
+        while arrived(&conn.target, size) != rcnt as u8 {
+            watch.idle()?;
+        }
+    }
+    Ok(())
+}
+
+fn one_sided_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instant>) -> Res<()> {
+    let verb = opts.test.verb;
+    let len = if verb == Verb::Atomic { 8 } else { size };
+    let mut mr = Some(
+        conn.pd
+            .alloc_mr(len, io::local_access(verb))
+            .or_fail("Couldn't register the local buffer")?,
+    );
+    let remote = conn.remote[0];
+    let what = if verb == Verb::Atomic {
+        "atomic"
+    } else {
+        "RDMA read"
+    };
+    let mut wcs: Vec<Completion> = Vec::with_capacity(1);
+    conn.oob.barrier()?;
+    let watch = conn.oob.watch();
+    let qp = &mut conn.qps[0];
+    for i in 1..=opts.iters {
+        let m = mr.take().ok_or("the local buffer is still in flight")?;
+        let wr = io::safe_wr(verb, opts.atomic, u64::from(i), m, remote);
+        qp.post_send(wr)
+            .map_err(|e| format!("Couldn't post send: {}", e.error))?;
+        stamps.push(Instant::now());
+        let mut c =
+            io::wait_one_safe(&conn.send_cq, conn.send_ch.as_ref(), &mut wcs, &watch, what)?;
+        mr = c.take_buffers().into_one();
+    }
+    Ok(())
+}
+
+fn one_sided_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instant>) -> Res<()> {
+    let verb = opts.test.verb;
+    let len = if verb == Verb::Atomic { 8 } else { size };
+    let mr = conn
+        .pd
+        .alloc_mr(len, io::local_access(verb))
+        .or_fail("Couldn't register the local buffer")?;
+    let addr = mr.addr();
+    let mut req = RawSend::new(
+        &conn.qps[0],
+        verb,
+        opts.atomic,
+        mr.lkey(),
+        len,
+        conn.remote[0],
+        false,
+    );
+    conn.raw_keep.push(mr);
+    let what = if verb == Verb::Atomic {
+        "atomic"
+    } else {
+        "RDMA read"
+    };
+    let mut wc = [ffi::ibv_wc::default(); 1];
+    conn.oob.barrier()?;
+    let watch = conn.oob.watch();
+    let qp = &mut conn.qps[0];
+    for i in 1..=opts.iters {
+        // SAFETY: the buffer is kept in `conn.raw_keep`, never referenced
+        // from Rust; one request at a time (completion polled below).
+        unsafe { req.post(qp, addr, u64::from(i), true) }?;
+        stamps.push(Instant::now());
+        io::wait_one_raw(&conn.send_cq, conn.send_ch.as_ref(), &mut wc, &watch, what)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,579 @@
+//! The command line of `perf`: the test name, perftest's flags, and the
+//! switches that choose how the `rdma` crate posts work.
+
+use rdma::{Mtu, PostPath};
+
+/// Failures are messages; `main` prints `perf: message` and exits 1.
+pub type Res<T> = Result<T, String>;
+
+/// Adds what was being done to an error.
+pub trait OrFail<T> {
+    /// `Err(e)` becomes `Err("{what}: {e}")`.
+    fn or_fail(self, what: &str) -> Res<T>;
+}
+
+impl<T, E: std::fmt::Display> OrFail<T> for Result<T, E> {
+    fn or_fail(self, what: &str) -> Res<T> {
+        self.map_err(|e| format!("{what}: {e}"))
+    }
+}
+
+/// The operation a test measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    /// SEND / RECV.
+    Send,
+    /// RDMA WRITE.
+    Write,
+    /// RDMA READ.
+    Read,
+    /// Atomic fetch-and-add or compare-and-swap.
+    Atomic,
+}
+
+/// Bandwidth (streaming) or latency (ping-pong) test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `*_bw`.
+    Bw,
+    /// `*_lat`.
+    Lat,
+}
+
+/// One of the eight tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Test {
+    /// What is posted.
+    pub verb: Verb,
+    /// How it is timed.
+    pub kind: Kind,
+}
+
+const TESTS: [(&str, Verb, Kind); 8] = [
+    ("send_bw", Verb::Send, Kind::Bw),
+    ("write_bw", Verb::Write, Kind::Bw),
+    ("read_bw", Verb::Read, Kind::Bw),
+    ("atomic_bw", Verb::Atomic, Kind::Bw),
+    ("send_lat", Verb::Send, Kind::Lat),
+    ("write_lat", Verb::Write, Kind::Lat),
+    ("read_lat", Verb::Read, Kind::Lat),
+    ("atomic_lat", Verb::Atomic, Kind::Lat),
+];
+
+impl Test {
+    /// The name on the command line (`write_bw`, ...).
+    pub fn name(self) -> &'static str {
+        TESTS
+            .iter()
+            .find(|(_, v, k)| *v == self.verb && *k == self.kind)
+            .map_or("?", |(n, _, _)| n)
+    }
+
+    /// The title perftest prints for the same test.
+    pub fn title(self) -> String {
+        let verb = match self.verb {
+            Verb::Send => "Send",
+            Verb::Write => "RDMA_Write",
+            Verb::Read => "RDMA_Read",
+            Verb::Atomic => "Atomic",
+        };
+        let kind = match self.kind {
+            Kind::Bw => "BW",
+            Kind::Lat => "Latency",
+        };
+        format!("{verb} {kind} Test")
+    }
+
+    fn parse(s: &str) -> Option<Test> {
+        TESTS
+            .iter()
+            .find(|(n, _, _)| *n == s)
+            .map(|&(_, verb, kind)| Test { verb, kind })
+    }
+}
+
+/// `-A`: which atomic operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// `FETCH_AND_ADD` (perftest's default).
+    FetchAdd,
+    /// `CMP_AND_SWAP`.
+    CmpSwap,
+}
+
+/// The parsed command line.
+#[derive(Debug, Clone)]
+pub struct Opts {
+    /// The test.
+    pub test: Test,
+    /// `-d`: the device (`None`: the first one).
+    pub ib_dev: Option<String>,
+    /// `-i`: the device's port.
+    pub ib_port: u8,
+    /// `-x`: GID index (`None`: 0 on Ethernet, none on InfiniBand).
+    pub gid_index: Option<u32>,
+    /// `-s`: message size in bytes.
+    pub size: usize,
+    /// `-n`: iterations (per QP for bandwidth tests).
+    pub iters: u32,
+    /// `-a`: every size from 2 to 2^23.
+    pub all: bool,
+    /// `-I`: largest message sent inline (0: none).
+    pub inline: u32,
+    /// `-e`: sleep on completion events instead of busy polling.
+    pub events: bool,
+    /// `-p`: TCP port of the out-of-band exchange.
+    pub tcp_port: u16,
+    /// `-q`: number of QPs (bandwidth tests).
+    pub qps: u32,
+    /// `-t`: send queue depth (requests in flight per QP).
+    pub tx_depth: u32,
+    /// `-r`: receive queue depth (SEND tests).
+    pub rx_depth: u32,
+    /// `-Q`: one completion every this many sends (`None`: perftest's rule).
+    pub cq_mod: Option<u32>,
+    /// `-m`: path MTU (`None`: the port's active MTU).
+    pub mtu: Option<Mtu>,
+    /// `-N`: no peak bandwidth.
+    pub no_peak: bool,
+    /// `-A`: the atomic operation.
+    pub atomic: AtomicOp,
+    /// `-o`: outstanding RDMA READ/atomics (`None`: the device maximum).
+    pub out_reads: Option<u32>,
+    /// `--post`: the send path of the QPs.
+    pub post: PostPath,
+    /// `--raw`: post prebuilt C work requests through the `unsafe` raw API.
+    pub raw: bool,
+    /// `--cpu`: print the CPU time per iteration after the table.
+    pub cpu: bool,
+    /// The server to connect to (`None`: be the server).
+    pub host: Option<String>,
+}
+
+/// Largest message size `-a` runs, and the largest `-s` accepted (perftest's
+/// `MAX_SIZE`, 8 MiB).
+pub const MAX_SIZE: usize = 1 << 23;
+/// perftest turns completion moderation off above this size.
+pub const CQ_MOD_SIZE_LIMIT: usize = 8192;
+
+impl Opts {
+    /// The sizes to run: `-s`, or every power of two from 2 to 2^23 with `-a`.
+    pub fn sizes(&self) -> Vec<usize> {
+        if self.all {
+            (1..=23).map(|e| 1usize << e).collect()
+        } else {
+            vec![self.size]
+        }
+    }
+
+    /// Completion moderation for `size`: `-Q` if given, else perftest's
+    /// default (every 100th send signaled, every send above 8 KiB), never more
+    /// than the send queue depth.
+    pub fn cq_mod_for(&self, size: usize) -> u32 {
+        let m = match self.cq_mod {
+            Some(m) => m,
+            None if size > CQ_MOD_SIZE_LIMIT => 1,
+            None => 100,
+        };
+        m.clamp(1, self.tx_depth.max(1))
+    }
+
+    /// Whether this side is the server.
+    pub fn is_server(&self) -> bool {
+        self.host.is_none()
+    }
+}
+
+/// Why the command line was not accepted.
+#[derive(Debug)]
+pub enum ArgError {
+    /// `-h`/`--help`.
+    Help,
+    /// A bad flag or value.
+    Bad(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Key {
+    IbDev,
+    IbPort,
+    Gid,
+    Size,
+    Iters,
+    All,
+    Inline,
+    Events,
+    Port,
+    CpuFreq,
+    Qps,
+    TxDepth,
+    RxDepth,
+    CqMod,
+    Mtu,
+    NoPeak,
+    Atomic,
+    OutReads,
+    Post,
+    Raw,
+    Cpu,
+    Help,
+}
+
+struct Flag {
+    short: Option<char>,
+    long: &'static str,
+    value: Option<&'static str>,
+    key: Key,
+    help: &'static str,
+}
+
+#[rustfmt::skip]
+const FLAGS: &[Flag] = &[
+    Flag { short: Some('d'), long: "ib-dev", value: Some("dev"), key: Key::IbDev, help: "RDMA device (default: the first one)" },
+    Flag { short: Some('i'), long: "ib-port", value: Some("port"), key: Key::IbPort, help: "port of the device (default 1)" },
+    Flag { short: Some('x'), long: "gid-index", value: Some("index"), key: Key::Gid, help: "GID index (default: 0 on Ethernet, no GID on InfiniBand)" },
+    Flag { short: Some('s'), long: "size", value: Some("bytes"), key: Key::Size, help: "message size (default 65536 for bandwidth, 2 for latency, 8 for atomics)" },
+    Flag { short: Some('n'), long: "iters", value: Some("n"), key: Key::Iters, help: "iterations, at least 5 (default 5000 for write_bw, else 1000)" },
+    Flag { short: Some('a'), long: "all", value: None, key: Key::All, help: "run every size from 2 to 2^23 bytes" },
+    Flag { short: Some('I'), long: "inline_size", value: Some("bytes"), key: Key::Inline, help: "send messages up to this size inline (default 0: perftest enables inline only on NICs it knows, not on soft-RoCE)" },
+    Flag { short: Some('e'), long: "events", value: None, key: Key::Events, help: "sleep on completion events instead of busy polling" },
+    Flag { short: Some('p'), long: "port", value: Some("port"), key: Key::Port, help: "TCP port of the out-of-band exchange (default 18515)" },
+    Flag { short: Some('F'), long: "CPU-freq", value: None, key: Key::CpuFreq, help: "accepted for perftest compatibility (times come from CLOCK_MONOTONIC, not the TSC)" },
+    Flag { short: Some('q'), long: "qp", value: Some("n"), key: Key::Qps, help: "number of QPs, bandwidth tests only (default 1)" },
+    Flag { short: Some('t'), long: "tx-depth", value: Some("n"), key: Key::TxDepth, help: "requests in flight per QP (default 128 for bandwidth, 1 for latency)" },
+    Flag { short: Some('r'), long: "rx-depth", value: Some("n"), key: Key::RxDepth, help: "receives posted per QP in SEND tests (default 512)" },
+    Flag { short: Some('Q'), long: "cq-mod", value: Some("n"), key: Key::CqMod, help: "one completion every n sends (default 100; 1 above 8 KiB)" },
+    Flag { short: Some('m'), long: "mtu", value: Some("bytes"), key: Key::Mtu, help: "path MTU: 256 to 4096 (default: the port's active MTU)" },
+    Flag { short: Some('N'), long: "noPeak", value: None, key: Key::NoPeak, help: "do not compute the peak bandwidth" },
+    Flag { short: Some('A'), long: "atomic_type", value: Some("type"), key: Key::Atomic, help: "FETCH_AND_ADD (default) or CMP_AND_SWAP" },
+    Flag { short: Some('o'), long: "outs", value: Some("n"), key: Key::OutReads, help: "outstanding READs/atomics (default: the device maximum)" },
+    Flag { short: None, long: "post", value: Some("path"), key: Key::Post, help: "send path: legacy (ibv_post_send, default, as perftest on rxe), extended (ibv_wr_*) or auto" },
+    Flag { short: None, long: "raw", value: None, key: Key::Raw, help: "post prebuilt C work requests (unsafe post_send_raw/post_recv_raw, ibv_wr_* for --post extended) and poll with ibv_poll_cq, instead of the safe API" },
+    Flag { short: None, long: "cpu", value: None, key: Key::Cpu, help: "print user and system CPU time per iteration after the table" },
+    Flag { short: Some('h'), long: "help", value: None, key: Key::Help, help: "print this text" },
+];
+
+/// The help text.
+pub fn usage() -> String {
+    let mut s = String::from(
+        "Usage:\n  perf TEST [options]          be the server: wait for a client\n  \
+         perf TEST [options] HOST     be the client of the server on HOST\n\n\
+         TEST: send_bw write_bw read_bw atomic_bw send_lat write_lat read_lat atomic_lat\n\n\
+         A perftest-style benchmark of the `rdma` crate over RC queue pairs. Both sides\n\
+         need the same test and options; the out-of-band exchange is perf's own (it does\n\
+         not interoperate with perftest).\n\nOptions:\n",
+    );
+    for f in FLAGS {
+        let name = match (f.short, f.value) {
+            (Some(c), Some(v)) => format!("-{c}, --{}=<{v}>", f.long),
+            (Some(c), None) => format!("-{c}, --{}", f.long),
+            (None, Some(v)) => format!("    --{}=<{v}>", f.long),
+            (None, None) => format!("    --{}", f.long),
+        };
+        s.push_str(&format!("  {name:<28}{}\n", f.help));
+    }
+    s
+}
+
+fn number<T: TryFrom<u64>>(flag: &str, v: &str, what: &str) -> Result<T, ArgError> {
+    let t = v.trim();
+    let n = if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        u64::from_str_radix(h, 16).ok()
+    } else {
+        t.parse::<u64>().ok()
+    };
+    n.and_then(|n| T::try_from(n).ok())
+        .ok_or_else(|| ArgError::Bad(format!("invalid value {v:?} for {flag}: expected {what}")))
+}
+
+fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
+    flag: &str,
+    n: T,
+    lo: T,
+    hi: T,
+) -> Result<T, ArgError> {
+    if n < lo || n > hi {
+        Err(ArgError::Bad(format!(
+            "{flag} must be between {lo} and {hi}, got {n}"
+        )))
+    } else {
+        Ok(n)
+    }
+}
+
+#[derive(Default)]
+struct Given {
+    size: Option<usize>,
+    iters: Option<u32>,
+    tx_depth: Option<u32>,
+    rx_depth: Option<u32>,
+    inline: Option<u32>,
+}
+
+fn apply(o: &mut Opts, g: &mut Given, key: Key, flag: &str, v: &str) -> Result<(), ArgError> {
+    match key {
+        Key::IbDev => o.ib_dev = Some(v.to_string()),
+        Key::IbPort => o.ib_port = in_range(flag, number(flag, v, "a port number")?, 1, 255)?,
+        Key::Gid => o.gid_index = Some(number(flag, v, "a GID table index")?),
+        Key::Size => {
+            g.size = Some(in_range(
+                flag,
+                number(flag, v, "a size in bytes")?,
+                1,
+                MAX_SIZE,
+            )?)
+        }
+        Key::Iters => g.iters = Some(in_range(flag, number(flag, v, "a count")?, 5, 100_000_000)?),
+        Key::All => o.all = true,
+        Key::Inline => g.inline = Some(in_range(flag, number(flag, v, "bytes")?, 0, 912)?),
+        Key::Events => o.events = true,
+        Key::Port => o.tcp_port = number(flag, v, "a TCP port")?,
+        Key::CpuFreq => {}
+        Key::Qps => o.qps = in_range(flag, number(flag, v, "a count")?, 1, 16384)?,
+        Key::TxDepth => g.tx_depth = Some(in_range(flag, number(flag, v, "a depth")?, 1, 15000)?),
+        Key::RxDepth => g.rx_depth = Some(in_range(flag, number(flag, v, "a depth")?, 1, 16384)?),
+        Key::CqMod => o.cq_mod = Some(in_range(flag, number(flag, v, "a count")?, 1, 1024)?),
+        Key::Mtu => {
+            let b: u32 = number(flag, v, "256, 512, 1024, 2048 or 4096")?;
+            o.mtu = Some(Mtu::from_bytes(b).ok_or_else(|| {
+                ArgError::Bad(format!(
+                    "invalid MTU {v:?} for {flag}: 256, 512, 1024, 2048 or 4096"
+                ))
+            })?);
+        }
+        Key::NoPeak => o.no_peak = true,
+        Key::Atomic => {
+            o.atomic = match v {
+                "FETCH_AND_ADD" => AtomicOp::FetchAdd,
+                "CMP_AND_SWAP" => AtomicOp::CmpSwap,
+                _ => {
+                    return Err(ArgError::Bad(format!(
+                        "invalid value {v:?} for {flag}: FETCH_AND_ADD or CMP_AND_SWAP"
+                    )))
+                }
+            }
+        }
+        Key::OutReads => o.out_reads = Some(in_range(flag, number(flag, v, "a count")?, 1, 255)?),
+        Key::Post => {
+            o.post = match v {
+                "legacy" => PostPath::Legacy,
+                "extended" => PostPath::Extended,
+                "auto" => PostPath::Auto,
+                _ => {
+                    return Err(ArgError::Bad(format!(
+                        "invalid value {v:?} for {flag}: legacy, extended or auto"
+                    )))
+                }
+            }
+        }
+        Key::Raw => o.raw = true,
+        Key::Cpu => o.cpu = true,
+        Key::Help => return Err(ArgError::Help),
+    }
+    Ok(())
+}
+
+/// Parses the arguments (without the program name) as `getopt_long` would:
+/// clustered short flags, attached or separate values, `--long=value`, `--`
+/// to end the flags; the test name and the host are the positionals.
+///
+/// # Errors
+/// [`ArgError::Help`] for `-h`, [`ArgError::Bad`] otherwise.
+pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Opts, ArgError> {
+    let mut o = Opts {
+        test: Test {
+            verb: Verb::Write,
+            kind: Kind::Bw,
+        },
+        ib_dev: None,
+        ib_port: 1,
+        gid_index: None,
+        size: 0,
+        iters: 0,
+        all: false,
+        inline: 0,
+        events: false,
+        tcp_port: 18515,
+        qps: 1,
+        tx_depth: 0,
+        rx_depth: 0,
+        cq_mod: None,
+        mtu: None,
+        no_peak: false,
+        atomic: AtomicOp::FetchAdd,
+        out_reads: None,
+        post: PostPath::Legacy,
+        raw: false,
+        cpu: false,
+        host: None,
+    };
+    let mut g = Given::default();
+    let mut positional = Vec::new();
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        if arg == "--" {
+            positional.extend(args.by_ref());
+            break;
+        }
+        if let Some(long) = arg.strip_prefix("--") {
+            let (name, inline) = match long.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (long, None),
+            };
+            let f = FLAGS
+                .iter()
+                .find(|f| f.long == name)
+                .ok_or_else(|| ArgError::Bad(format!("unrecognized option '--{name}'")))?;
+            let shown = format!("--{}", f.long);
+            let value = match (f.value, inline) {
+                (Some(_), Some(v)) => v,
+                (Some(_), None) => args.next().ok_or_else(|| {
+                    ArgError::Bad(format!("option '{shown}' requires an argument"))
+                })?,
+                (None, Some(_)) => {
+                    return Err(ArgError::Bad(format!(
+                        "option '{shown}' doesn't allow an argument"
+                    )))
+                }
+                (None, None) => String::new(),
+            };
+            apply(&mut o, &mut g, f.key, &shown, &value)?;
+        } else if let Some(cluster) = arg.strip_prefix('-').filter(|c| !c.is_empty()) {
+            for (at, c) in cluster.char_indices() {
+                let f = FLAGS
+                    .iter()
+                    .find(|f| f.short == Some(c))
+                    .ok_or_else(|| ArgError::Bad(format!("invalid option -- '{c}'")))?;
+                let shown = format!("-{c}");
+                if f.value.is_some() {
+                    let rest = &cluster[at + c.len_utf8()..];
+                    let value = if rest.is_empty() {
+                        args.next().ok_or_else(|| {
+                            ArgError::Bad(format!("option requires an argument -- '{c}'"))
+                        })?
+                    } else {
+                        rest.to_string()
+                    };
+                    apply(&mut o, &mut g, f.key, &shown, &value)?;
+                    break;
+                }
+                apply(&mut o, &mut g, f.key, &shown, "")?;
+            }
+        } else {
+            positional.push(arg);
+        }
+    }
+    let mut positional = positional.into_iter();
+    let name = positional
+        .next()
+        .ok_or_else(|| ArgError::Bad("missing the test name (e.g. write_bw)".into()))?;
+    o.test = Test::parse(&name).ok_or_else(|| {
+        ArgError::Bad(format!(
+            "unknown test {name:?}: expected one of {}",
+            TESTS.map(|t| t.0).join(", ")
+        ))
+    })?;
+    o.host = positional.next();
+    if let Some(extra) = positional.next() {
+        return Err(ArgError::Bad(format!("unexpected argument {extra:?}")));
+    }
+    finish(o, g)
+}
+
+/// Defaults that depend on the test, and combinations perftest refuses.
+fn finish(mut o: Opts, g: Given) -> Result<Opts, ArgError> {
+    let bad = |s: &str| Err(ArgError::Bad(s.to_string()));
+    let (verb, kind) = (o.test.verb, o.test.kind);
+    o.size = g.size.unwrap_or(match (verb, kind) {
+        (Verb::Atomic, _) => 8,
+        (_, Kind::Bw) => 65536,
+        (_, Kind::Lat) => 2,
+    });
+    o.iters = g.iters.unwrap_or(if o.test.name() == "write_bw" {
+        5000
+    } else {
+        1000
+    });
+    o.tx_depth = g.tx_depth.unwrap_or(match kind {
+        Kind::Bw => 128,
+        Kind::Lat => 1,
+    });
+    o.rx_depth = g.rx_depth.unwrap_or(512);
+    o.inline = g.inline.unwrap_or(0);
+    if verb == Verb::Atomic {
+        if o.size != 8 {
+            return bad("atomic tests use 8-byte operands: -s must be 8");
+        }
+        if o.all {
+            return bad("-a does not apply to atomic tests (8-byte operands)");
+        }
+    }
+    if kind == Kind::Lat && o.qps != 1 {
+        return bad("-q applies to bandwidth tests only: latency tests use one QP");
+    }
+    if o.events && o.test.name() == "write_lat" {
+        return bad("-e does not apply to write_lat, which polls memory for arrivals");
+    }
+    if o.all && g.size.is_some() {
+        return bad("-a and -s exclude each other");
+    }
+    if o.raw && o.post == PostPath::Auto {
+        return bad("--raw needs an explicit path: --post legacy or --post extended");
+    }
+    Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Result<Opts, ArgError> {
+        parse(s.split_whitespace().map(String::from))
+    }
+
+    #[test]
+    fn perftest_defaults() {
+        let o = p("write_bw").unwrap();
+        assert_eq!((o.size, o.iters, o.tx_depth, o.qps), (65536, 5000, 128, 1));
+        assert_eq!(o.cq_mod_for(65536), 1);
+        assert_eq!(o.cq_mod_for(4096), 100);
+        let o = p("send_lat -F -x 1 10.0.0.1").unwrap();
+        assert_eq!(
+            (o.size, o.iters, o.host.as_deref()),
+            (2, 1000, Some("10.0.0.1"))
+        );
+        assert_eq!(p("atomic_bw").unwrap().size, 8);
+    }
+
+    #[test]
+    fn flags_cluster_and_attach() {
+        let o = p("read_bw -d rxe0 -x1 -Fs 4096 -n50 --post=extended --raw -q 2 host").unwrap();
+        assert_eq!(o.ib_dev.as_deref(), Some("rxe0"));
+        assert_eq!(
+            (o.gid_index, o.size, o.iters, o.qps),
+            (Some(1), 4096, 50, 2)
+        );
+        assert_eq!(o.post, PostPath::Extended);
+        assert!(o.raw);
+    }
+
+    #[test]
+    fn bad_input_is_an_error() {
+        for s in [
+            "",
+            "foo_bw",
+            "write_bw -s 0",
+            "write_bw -n 2",
+            "write_bw -z",
+            "write_bw --post fast",
+            "send_lat -q 2",
+            "atomic_bw -s 16",
+            "write_bw -m 1000",
+            "write_bw a b",
+            "write_bw --raw --post auto",
+        ] {
+            assert!(matches!(p(s), Err(ArgError::Bad(_))), "{s:?} accepted");
+        }
+        assert!(matches!(p("write_bw -h"), Err(ArgError::Help)));
+    }
+}

@@ -1,0 +1,182 @@
+//! perftest's result tables, computed the way perftest computes them, from
+//! `std::time::Instant` (CLOCK_MONOTONIC) timestamps.
+
+use std::time::{Duration, Instant};
+
+/// perftest computes the peak bandwidth only up to this many messages (the
+/// search is quadratic).
+const PEAK_LIMIT: usize = 20_000;
+/// Latency samples dropped from the top before the statistics (perftest's
+/// `LAT_MEASURE_TAIL`).
+const LAT_TAIL: usize = 2;
+const MIB: f64 = 1_048_576.0;
+
+fn rule() -> String {
+    "-".repeat(87)
+}
+
+/// The column header of the bandwidth table.
+pub fn bw_header() {
+    println!(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]");
+}
+
+/// The column header of the latency table.
+pub fn lat_header() {
+    println!(
+        " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    \
+         t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
+    );
+}
+
+/// Closes a table.
+pub fn footer() {
+    println!("{}", rule());
+}
+
+/// The timestamps of a bandwidth run: one per posted request, and one per
+/// polled completion with the number of requests completed so far.
+#[derive(Debug, Default)]
+pub struct BwStamps {
+    /// When each request was posted (in order, over all QPs).
+    pub posted: Vec<Instant>,
+    /// `(requests completed so far, when)` at each completion.
+    pub completed: Vec<(usize, Instant)>,
+}
+
+impl BwStamps {
+    /// Empties both lists, keeping their memory, and makes room for `n`.
+    pub fn reset(&mut self, n: usize) {
+        self.posted.clear();
+        self.completed.clear();
+        self.posted.reserve(n);
+        self.completed.reserve(n);
+    }
+}
+
+/// One row of the bandwidth table: MiB/s as perftest's "MB/sec".
+///
+/// Average: bytes of all messages over the time from the first post to the
+/// last completion. Peak: the best rate over any window from a post to a
+/// later completion (perftest's search), or 0 with `no_peak` or above 20000
+/// messages.
+pub fn bw_line(size: usize, stamps: &BwStamps, no_peak: bool) {
+    let total = stamps.completed.last().map_or(0, |c| c.0);
+    let (Some(first), Some(&(_, last))) = (stamps.posted.first(), stamps.completed.last()) else {
+        println!(" {size:<10} {total:<16} (no completions)");
+        return;
+    };
+    let secs = last
+        .saturating_duration_since(*first)
+        .as_secs_f64()
+        .max(1e-9);
+    let avg = size as f64 * total as f64 / secs / MIB;
+    let rate = total as f64 / secs / 1e6;
+    let peak = if no_peak || total > PEAK_LIMIT || stamps.posted.len() < total {
+        0.0
+    } else {
+        let mut best = f64::INFINITY;
+        for (i, t) in stamps.posted.iter().enumerate().take(total) {
+            let from = stamps.completed.partition_point(|c| c.0 <= i);
+            for &(n, tc) in &stamps.completed[from..] {
+                let per = tc.saturating_duration_since(*t).as_secs_f64() / (n - i) as f64;
+                if per > 0.0 && per < best {
+                    best = per;
+                }
+            }
+        }
+        if best.is_finite() {
+            size as f64 / best / MIB
+        } else {
+            0.0
+        }
+    };
+    println!(" {size:<10} {total:<16} {peak:<18.2} {avg:<20.2} {rate:.6}");
+}
+
+/// One row of the latency table from the post timestamps of a ping-pong:
+/// perftest's statistics over the gaps between consecutive posts, divided by
+/// `rtt_factor` (2 when each gap is a round trip of two messages), with the
+/// two largest samples dropped.
+pub fn lat_line(size: usize, stamps: &[Instant], rtt_factor: f64, work: &mut Vec<f64>) {
+    work.clear();
+    work.extend(
+        stamps
+            .windows(2)
+            .map(|w| w[1].saturating_duration_since(w[0]).as_secs_f64() * 1e6 / rtt_factor),
+    );
+    let iters = stamps.len();
+    if work.len() < LAT_TAIL + 2 {
+        println!(" {size:<7} {iters:<10} (too few samples)");
+        return;
+    }
+    work.sort_by(f64::total_cmp);
+    let n = work.len() - LAT_TAIL;
+    let d = &work[..];
+    let median = if n % 2 == 0 {
+        (d[n / 2] + d[n / 2 - 1]) / 2.0
+    } else {
+        d[n / 2]
+    };
+    let avg = d[..n].iter().sum::<f64>() / n as f64;
+    let var = d[..n].iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / n as f64;
+    let pct = |p: f64| d[((n as f64 * p).ceil() as usize).min(d.len() - 1)];
+    println!(
+        " {size:<7} {iters:<10}     {:<14.2} {:<12.2} {:<18.2} {:<14.2} {:<15.2} {:<22.2} {:.2}",
+        d[0],
+        d[n],
+        median,
+        avg,
+        var.sqrt(),
+        pct(0.99),
+        pct(0.999)
+    );
+}
+
+/// User and system CPU time of this process so far.
+pub fn cpu_times() -> (Duration, Duration) {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: RUSAGE_SELF with a writable, zero-initialised rusage.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
+    if rc != 0 {
+        return (Duration::ZERO, Duration::ZERO);
+    }
+    // SAFETY: getrusage succeeded and filled the struct.
+    let ru = unsafe { ru.assume_init() };
+    let d = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
+    };
+    (d(ru.ru_utime), d(ru.ru_stime))
+}
+
+/// `--cpu`: the CPU time spent per iteration between two `cpu_times`.
+pub fn cpu_line(before: (Duration, Duration), after: (Duration, Duration), iters: usize) {
+    let per =
+        |a: Duration, b: Duration| a.saturating_sub(b).as_secs_f64() * 1e6 / iters.max(1) as f64;
+    println!(
+        " CPU per iteration: user {:.2} usec, system {:.2} usec ({iters} iterations)",
+        per(after.0, before.0),
+        per(after.1, before.1)
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_statistics_drop_the_tail() {
+        let t0 = Instant::now();
+        // Gaps of 10 us, except two huge ones, which are dropped.
+        let mut gaps = vec![10u64; 98];
+        gaps.extend([5000, 9000]);
+        let mut stamps = vec![t0];
+        for g in gaps {
+            let last = *stamps.last().unwrap();
+            stamps.push(last + Duration::from_micros(g));
+        }
+        let mut work = Vec::new();
+        lat_line(2, &stamps, 2.0, &mut work);
+        assert_eq!(work.len(), 100);
+        assert!((work[50] - 5.0).abs() < 1e-9);
+    }
+}
