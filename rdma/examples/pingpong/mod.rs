@@ -1,6 +1,7 @@
 //! Code shared by the pingpong examples (`rc_pingpong`, `uc_pingpong`,
-//! `ud_pingpong`): flag parsing, the TCP handshake of rdma-core's
-//! `ibv_*_pingpong` tools, and the ping-pong loop itself.
+//! `ud_pingpong`, `srq_pingpong`): flag parsing, the TCP handshake of
+//! rdma-core's `ibv_*_pingpong` tools, and the ping-pong loop itself
+//! (`srq_pingpong`, with its many QPs, has a loop of its own).
 //!
 //! # Handshake (rdma-core `libibverbs/examples/pingpong.c`)
 //! Each side describes itself in one 52-byte message: the text
@@ -14,6 +15,8 @@
 //! 3. The client reads it and answers with the 5 bytes `"done\0"`.
 //!
 //! The client connects its QP after the exchange and sends the first ping.
+//! `ibv_srq_pingpong` sends a fixed number of such messages each way instead
+//! of one (see [`exchange_all`]).
 //!
 //! # Traffic
 //! Both sides keep `rx_depth` receives posted and refill them when only one
@@ -93,6 +96,47 @@ pub struct Unsupported {
     pub why: &'static str,
 }
 
+/// A flag that only one example has (`srq_pingpong`'s `-q`), beyond the
+/// set [`Tool`] describes. Its value lands in [`Opts::extra`].
+#[derive(Debug)]
+pub struct ExtraFlag {
+    /// Short form.
+    pub short: char,
+    /// Long form.
+    pub long: &'static str,
+    /// What the value is.
+    pub kind: ExtraKind,
+    /// The help line.
+    pub help: &'static str,
+}
+
+/// The value an [`ExtraFlag`] takes.
+#[derive(Debug, Clone, Copy)]
+pub enum ExtraKind {
+    /// None: the flag is a switch.
+    Switch,
+    /// A number in `min..=max` (decimal, `0x` hex or `0` octal, as `strtoul`).
+    Number {
+        /// Smallest accepted.
+        min: u64,
+        /// Largest accepted.
+        max: u64,
+    },
+    /// A path MTU in bytes: 256, 512, 1024, 2048 or 4096.
+    Mtu,
+}
+
+/// What an [`ExtraFlag`] was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtraValue {
+    /// A switch that was present.
+    Set,
+    /// A number, within the flag's range.
+    Number(u64),
+    /// A path MTU.
+    Mtu(Mtu),
+}
+
 /// The parsed command line.
 #[derive(Debug, Clone)]
 pub struct Opts {
@@ -126,6 +170,19 @@ pub struct Opts {
     pub new_send: bool,
     /// The server to connect to (`None`: be the server).
     pub host: Option<String>,
+    /// The [`ExtraFlag`]s given, by short name, in command-line order.
+    pub extra: Vec<(char, ExtraValue)>,
+}
+
+impl Opts {
+    /// The value of extra flag `short` (the last one given), if given.
+    pub fn extra(&self, short: char) -> Option<ExtraValue> {
+        self.extra
+            .iter()
+            .rev()
+            .find(|(c, _)| *c == short)
+            .map(|(_, v)| *v)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,6 +203,7 @@ enum Key {
     NewSend,
     Help,
     Unsupported(usize),
+    Extra(usize),
 }
 
 #[derive(Debug)]
@@ -156,7 +214,7 @@ struct Flag {
     key: Key,
 }
 
-fn flags(tool: &Tool) -> Vec<Flag> {
+fn flags(tool: &Tool, extra: &[ExtraFlag]) -> Vec<Flag> {
     let f = |short, long, takes_value, key| Flag {
         short,
         long,
@@ -187,11 +245,20 @@ fn flags(tool: &Tool) -> Vec<Flag> {
     for (i, u) in tool.unsupported.iter().enumerate() {
         v.push(f(u.short, u.long, false, Key::Unsupported(i)));
     }
+    for (i, e) in extra.iter().enumerate() {
+        let takes_value = !matches!(e.kind, ExtraKind::Switch);
+        v.push(f(e.short, e.long, takes_value, Key::Extra(i)));
+    }
     v
 }
 
 /// The help text.
 pub fn usage(tool: &Tool) -> String {
+    usage_with(tool, &[])
+}
+
+/// The help text of a tool with [`ExtraFlag`]s.
+pub fn usage_with(tool: &Tool, extra: &[ExtraFlag]) -> String {
     let mut s = format!(
         "Usage:\n  {n} [options]          be the server: wait for a client\n  \
          {n} [options] <host>   be the client of the server on <host>\n\n\
@@ -243,6 +310,14 @@ pub fn usage(tool: &Tool) -> String {
             "post sends with the ibv_wr_* API (extended QP) instead of ibv_post_send",
         );
     }
+    for e in extra {
+        let value = match e.kind {
+            ExtraKind::Switch => "",
+            ExtraKind::Number { .. } => "=<n>",
+            ExtraKind::Mtu => "=<bytes>",
+        };
+        line(&format!("-{}, --{}{value}", e.short, e.long), e.help);
+    }
     line("-h, --help", "print this text");
     for u in tool.unsupported {
         line(
@@ -281,7 +356,14 @@ fn number<T: TryFrom<u64>>(flag: &str, value: &str, range: &str) -> Result<T, Ar
         .ok_or_else(|| ArgError::Bad(format!("invalid value {value:?} for {flag}: {range}")))
 }
 
-fn apply(tool: &Tool, opts: &mut Opts, key: Key, name: &str, v: &str) -> Result<(), ArgError> {
+fn apply(
+    tool: &Tool,
+    extra: &[ExtraFlag],
+    opts: &mut Opts,
+    key: Key,
+    name: &str,
+    v: &str,
+) -> Result<(), ArgError> {
     match key {
         Key::Port => opts.tcp_port = number(name, v, "expected a TCP port, 0 to 65535")?,
         Key::IbDev => opts.ib_dev = Some(v.to_string()),
@@ -299,14 +381,7 @@ fn apply(tool: &Tool, opts: &mut Opts, key: Key, name: &str, v: &str) -> Result<
                 )));
             }
         }
-        Key::Mtu => {
-            let bytes: u32 = number(name, v, "expected 256, 512, 1024, 2048 or 4096")?;
-            opts.mtu = Some(Mtu::from_bytes(bytes).ok_or_else(|| {
-                ArgError::Bad(format!(
-                    "invalid value {v:?} for {name}: expected 256, 512, 1024, 2048 or 4096"
-                ))
-            })?);
-        }
+        Key::Mtu => opts.mtu = Some(mtu(name, v)?),
         Key::RxDepth => {
             opts.rx_depth = number(name, v, "expected a count")?;
             if opts.rx_depth == 0 {
@@ -350,8 +425,35 @@ fn apply(tool: &Tool, opts: &mut Opts, key: Key, name: &str, v: &str) -> Result<
                 u.short, u.long, tool.twin, u.why
             )));
         }
+        Key::Extra(i) => {
+            let e = &extra[i];
+            let value = match e.kind {
+                ExtraKind::Switch => ExtraValue::Set,
+                ExtraKind::Mtu => ExtraValue::Mtu(mtu(name, v)?),
+                ExtraKind::Number { min, max } => {
+                    let range = format!("expected a number from {min} to {max}");
+                    let n: u64 = number(name, v, &range)?;
+                    if n < min || n > max {
+                        return Err(ArgError::Bad(format!(
+                            "invalid value {v:?} for {name}: {range}"
+                        )));
+                    }
+                    ExtraValue::Number(n)
+                }
+            };
+            opts.extra.push((e.short, value));
+        }
     }
     Ok(())
+}
+
+fn mtu(name: &str, v: &str) -> Result<Mtu, ArgError> {
+    let bytes: u32 = number(name, v, "expected 256, 512, 1024, 2048 or 4096")?;
+    Mtu::from_bytes(bytes).ok_or_else(|| {
+        ArgError::Bad(format!(
+            "invalid value {v:?} for {name}: expected 256, 512, 1024, 2048 or 4096"
+        ))
+    })
 }
 
 /// Parses `args` (without the program name) the way `getopt_long` does for
@@ -362,7 +464,19 @@ fn apply(tool: &Tool, opts: &mut Opts, key: Key, name: &str, v: &str) -> Result<
 /// # Errors
 /// [`ArgError::Help`] for `-h`, [`ArgError::Bad`] for anything not accepted.
 pub fn parse_args(tool: &Tool, args: impl IntoIterator<Item = String>) -> Result<Opts, ArgError> {
-    let table = flags(tool);
+    parse_args_with(tool, &[], args)
+}
+
+/// [`parse_args`] for a tool with [`ExtraFlag`]s.
+///
+/// # Errors
+/// As [`parse_args`].
+pub fn parse_args_with(
+    tool: &Tool,
+    extra: &[ExtraFlag],
+    args: impl IntoIterator<Item = String>,
+) -> Result<Opts, ArgError> {
+    let table = flags(tool, extra);
     let mut opts = Opts {
         tcp_port: DEFAULT_TCP_PORT,
         ib_dev: None,
@@ -379,6 +493,7 @@ pub fn parse_args(tool: &Tool, args: impl IntoIterator<Item = String>) -> Result
         ts: false,
         new_send: false,
         host: None,
+        extra: Vec::new(),
     };
     let mut positional = Vec::new();
     let mut args = args.into_iter();
@@ -415,7 +530,7 @@ pub fn parse_args(tool: &Tool, args: impl IntoIterator<Item = String>) -> Result
                 }
                 (false, None) => String::new(),
             };
-            apply(tool, &mut opts, flag.key, &shown, &value)?;
+            apply(tool, extra, &mut opts, flag.key, &shown, &value)?;
         } else if let Some(cluster) = arg.strip_prefix('-').filter(|c| !c.is_empty()) {
             for (at, c) in cluster.char_indices() {
                 let flag = table
@@ -432,10 +547,10 @@ pub fn parse_args(tool: &Tool, args: impl IntoIterator<Item = String>) -> Result
                     } else {
                         rest.to_string()
                     };
-                    apply(tool, &mut opts, flag.key, &shown, &value)?;
+                    apply(tool, extra, &mut opts, flag.key, &shown, &value)?;
                     break;
                 }
-                apply(tool, &mut opts, flag.key, &shown, "")?;
+                apply(tool, extra, &mut opts, flag.key, &shown, "")?;
             }
         } else {
             positional.push(arg);
@@ -457,15 +572,20 @@ pub fn parse_args(tool: &Tool, args: impl IntoIterator<Item = String>) -> Result
 /// Parses the command line and runs `run`; prints errors as `NAME: message`.
 /// Exit status: 0 on success, 1 on any failure (as the C tools).
 pub fn main(tool: &Tool, run: impl FnOnce(&Opts) -> Res<()>) -> ExitCode {
-    let opts = match parse_args(tool, std::env::args().skip(1)) {
+    main_with(tool, &[], run)
+}
+
+/// [`main`] for a tool with [`ExtraFlag`]s.
+pub fn main_with(tool: &Tool, extra: &[ExtraFlag], run: impl FnOnce(&Opts) -> Res<()>) -> ExitCode {
+    let opts = match parse_args_with(tool, extra, std::env::args().skip(1)) {
         Ok(o) => o,
         Err(ArgError::Help) => {
-            print!("{}", usage(tool));
+            print!("{}", usage_with(tool, extra));
             return ExitCode::SUCCESS;
         }
         Err(ArgError::Bad(msg)) => {
             eprintln!("{}: {msg}", tool.name);
-            eprint!("{}", usage(tool));
+            eprint!("{}", usage_with(tool, extra));
             return ExitCode::FAILURE;
         }
     };
@@ -704,27 +824,79 @@ fn listen(port: u16) -> Res<TcpListener> {
         .or_fail(&format!("Couldn't listen to port {port}"))
 }
 
+/// `what`, with the record's index when there are several.
+fn which(what: &str, i: usize, n: usize) -> String {
+    if n == 1 {
+        what.to_string()
+    } else {
+        format!("{what} [{i}]")
+    }
+}
+
+/// Reads `n` handshake messages.
+fn read_dests(sock: &mut TcpStream, n: usize) -> Res<Vec<Dest>> {
+    let mut peers = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut msg = [0u8; MSG_LEN];
+        read_exactly(sock, &mut msg, &which("Couldn't read remote address", i, n))?;
+        peers.push(Dest::from_wire(&msg).map_err(|e| which(&e, i, n))?);
+    }
+    Ok(peers)
+}
+
+/// Sends the handshake messages of `mine`, in order.
+fn write_dests(sock: &mut TcpStream, mine: &[Dest]) -> Res<()> {
+    let wire: Vec<u8> = mine.iter().flat_map(|d| d.to_wire()).collect();
+    sock.write_all(&wire).or_fail("Couldn't send local address")
+}
+
+/// The one element of a one-record exchange.
+fn only(peers: Vec<Dest>) -> Res<Dest> {
+    peers
+        .into_iter()
+        .next()
+        .ok_or_else(|| "the handshake returned no address".to_string())
+}
+
 /// The server's half: waits for one client, reads its address, runs
 /// `connect` with it (RTR/RTS), then answers with `me`.
 ///
 /// # Errors
 /// Socket errors, a malformed message, or `connect`'s error.
 pub fn server_exchange(port: u16, me: &Dest, connect: impl FnOnce(&Dest) -> Res<()>) -> Res<Dest> {
+    only(server_exchange_all(
+        port,
+        std::slice::from_ref(me),
+        |peers| match peers {
+            [peer] => connect(peer),
+            _ => Err("expected one address".into()),
+        },
+    )?)
+}
+
+/// The server's half for `mine.len()` addresses each way: waits for one
+/// client, reads as many messages as `mine` has, runs `connect` with them,
+/// then answers with `mine`.
+///
+/// # Errors
+/// Socket errors, a malformed message, or `connect`'s error.
+pub fn server_exchange_all(
+    port: u16,
+    mine: &[Dest],
+    connect: impl FnOnce(&[Dest]) -> Res<()>,
+) -> Res<Vec<Dest>> {
     let listener = listen(port)?;
     let (mut sock, _) = listener.accept().or_fail("accept() failed")?;
     drop(listener);
-    let mut msg = [0u8; MSG_LEN];
-    read_exactly(&mut sock, &mut msg, "Couldn't read remote address")?;
-    let peer = Dest::from_wire(&msg)?;
-    connect(&peer).map_err(|e| format!("Couldn't connect to remote QP: {e}"))?;
-    sock.write_all(&me.to_wire())
-        .or_fail("Couldn't send local address")?;
+    let peers = read_dests(&mut sock, mine.len())?;
+    connect(&peers).map_err(|e| format!("Couldn't connect to remote QP: {e}"))?;
+    write_dests(&mut sock, mine)?;
     let mut done = [0u8; 5];
     read_exactly(&mut sock, &mut done, "Couldn't read the client's \"done\"")?;
     if &done != b"done\0" {
         return Err(format!("expected \"done\" from the client, got {done:?}"));
     }
-    Ok(peer)
+    Ok(peers)
 }
 
 /// The client's half: connects to `host:port`, sends `me`, reads the
@@ -733,6 +905,15 @@ pub fn server_exchange(port: u16, me: &Dest, connect: impl FnOnce(&Dest) -> Res<
 /// # Errors
 /// Name resolution, connection and socket errors; a malformed message.
 pub fn client_exchange(host: &str, port: u16, me: &Dest) -> Res<Dest> {
+    only(client_exchange_all(host, port, std::slice::from_ref(me))?)
+}
+
+/// The client's half for `mine.len()` addresses each way: connects to
+/// `host:port`, sends `mine`, reads as many messages back and says `"done"`.
+///
+/// # Errors
+/// Name resolution, connection and socket errors; a malformed message.
+pub fn client_exchange_all(host: &str, port: u16, mine: &[Dest]) -> Res<Vec<Dest>> {
     let addrs = (host, port)
         .to_socket_addrs()
         .or_fail(&format!("Couldn't resolve {host}:{port}"))?;
@@ -751,13 +932,11 @@ pub fn client_exchange(host: &str, port: u16, me: &Dest) -> Res<Dest> {
         Some(e) => format!("Couldn't connect to {host}:{port}: {e}"),
         None => format!("Couldn't connect to {host}:{port}: no address"),
     })?;
-    sock.write_all(&me.to_wire())
-        .or_fail("Couldn't send local address")?;
-    let mut msg = [0u8; MSG_LEN];
-    read_exactly(&mut sock, &mut msg, "Couldn't read remote address")?;
+    write_dests(&mut sock, mine)?;
+    let peers = read_dests(&mut sock, mine.len())?;
     sock.write_all(b"done\0")
         .or_fail("Couldn't send \"done\"")?;
-    Dest::from_wire(&msg)
+    Ok(peers)
 }
 
 /// Runs the handshake for the side `opts` says, connecting the QP with
@@ -766,13 +945,33 @@ pub fn client_exchange(host: &str, port: u16, me: &Dest) -> Res<Dest> {
 /// # Errors
 /// As [`server_exchange`] and [`client_exchange`].
 pub fn exchange(opts: &Opts, me: &Dest, connect: impl FnOnce(&Dest) -> Res<()>) -> Res<Dest> {
+    only(exchange_all(
+        opts,
+        std::slice::from_ref(me),
+        |peers| match peers {
+            [peer] => connect(peer),
+            _ => Err("expected one address".into()),
+        },
+    )?)
+}
+
+/// [`exchange`] with `mine.len()` messages each way (`ibv_srq_pingpong`
+/// sends one per QP slot); `connect` gets the peer's, in order.
+///
+/// # Errors
+/// As [`server_exchange_all`] and [`client_exchange_all`].
+pub fn exchange_all(
+    opts: &Opts,
+    mine: &[Dest],
+    connect: impl FnOnce(&[Dest]) -> Res<()>,
+) -> Res<Vec<Dest>> {
     match &opts.host {
         Some(host) => {
-            let peer = client_exchange(host, opts.tcp_port, me)?;
-            connect(&peer)?;
-            Ok(peer)
+            let peers = client_exchange_all(host, opts.tcp_port, mine)?;
+            connect(&peers)?;
+            Ok(peers)
         }
-        None => server_exchange(opts.tcp_port, me, connect),
+        None => server_exchange_all(opts.tcp_port, mine, connect),
     }
 }
 
@@ -791,12 +990,30 @@ pub fn message_pattern(len: usize, chk: bool, page: usize) -> Res<Vec<u8>> {
 }
 
 /// `len` bytes of `byte`, failing (instead of aborting) when memory is short.
-fn filled(len: usize, byte: u8) -> Res<Vec<u8>> {
+pub fn filled(len: usize, byte: u8) -> Res<Vec<u8>> {
     let mut v = Vec::new();
     v.try_reserve_exact(len)
         .map_err(|_| format!("Couldn't allocate {len} bytes of buffers"))?;
     v.resize(len, byte);
     Ok(v)
+}
+
+/// Prints the C tools' two result lines: `size × iters` bytes each way in
+/// `elapsed`.
+pub fn print_results(opts: &Opts, elapsed: Duration) {
+    let usec = elapsed.as_secs_f64() * 1e6;
+    let bytes = opts.size as u64 * u64::from(opts.iters) * 2;
+    println!(
+        "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
+        usec / 1e6,
+        bytes as f64 * 8.0 / usec
+    );
+    println!(
+        "{} iters in {:.2} seconds = {:.2} usec/iter",
+        opts.iters,
+        usec / 1e6,
+        usec / f64::from(opts.iters)
+    );
 }
 
 #[derive(Debug)]
@@ -1144,19 +1361,7 @@ impl Traffic {
     /// # Errors
     /// With `-c`, when any received message differed from the pattern.
     pub fn report(&self, opts: &Opts, elapsed: Duration) -> Res<()> {
-        let usec = elapsed.as_secs_f64() * 1e6;
-        let bytes = opts.size as u64 * u64::from(opts.iters) * 2;
-        println!(
-            "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
-            usec / 1e6,
-            bytes as f64 * 8.0 / usec
-        );
-        println!(
-            "{} iters in {:.2} seconds = {:.2} usec/iter",
-            opts.iters,
-            usec / 1e6,
-            usec / f64::from(opts.iters)
-        );
+        print_results(opts, elapsed);
         if let Some(t) = self.timestamps.as_ref().filter(|t| t.count > 0) {
             println!("Max receive completion clock cycles = {}", t.max);
             println!("Min receive completion clock cycles = {}", t.min);
@@ -1245,6 +1450,57 @@ mod tests {
         ] {
             assert!(matches!(parse(bad), Err(ArgError::Bad(_))), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn extra_flags_parse_and_validate() {
+        const EXTRA: &[ExtraFlag] = &[
+            ExtraFlag {
+                short: 'q',
+                long: "num-qp",
+                kind: ExtraKind::Number { min: 1, max: 255 },
+                help: "",
+            },
+            ExtraFlag {
+                short: 'm',
+                long: "mtu",
+                kind: ExtraKind::Mtu,
+                help: "",
+            },
+            ExtraFlag {
+                short: 'o',
+                long: "odp",
+                kind: ExtraKind::Switch,
+                help: "",
+            },
+        ];
+        const SRQ: Tool = Tool {
+            name: "srq_pingpong",
+            twin: "ibv_srq_pingpong",
+            default_size: 4096,
+            has_mtu: false,
+            rc_flags: false,
+            unsupported: &[],
+        };
+        let parse =
+            |args: &[&str]| parse_args_with(&SRQ, EXTRA, args.iter().map(|s| s.to_string()));
+        let o = parse(&["-q4", "--num=0x10", "-eo", "--mtu", "2048", "h"]).unwrap();
+        assert_eq!(o.extra('q'), Some(ExtraValue::Number(16)));
+        assert_eq!(o.extra('m'), Some(ExtraValue::Mtu(Mtu::Mtu2048)));
+        assert_eq!(o.extra('o'), Some(ExtraValue::Set));
+        assert!(o.events && o.mtu.is_none());
+        assert_eq!(parse(&[]).unwrap().extra('q'), None);
+        for bad in [
+            &["-q", "0"][..],
+            &["-q", "256"],
+            &["-q"],
+            &["-m", "1000"],
+            &["--odp=1"],
+            &["-t"],
+        ] {
+            assert!(matches!(parse(bad), Err(ArgError::Bad(_))), "{bad:?}");
+        }
+        assert!(usage_with(&SRQ, EXTRA).contains("-q, --num-qp=<n>"));
     }
 
     #[test]
