@@ -12,7 +12,7 @@
 //! number, find no tracker and are passed through without memory (the QP's
 //! drop already destroyed the QP, then released the memory).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
@@ -250,20 +250,34 @@ pub(crate) fn post_recv_one(
 /// QPs whose completions a CQ may report, by serial.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
-    map: Mutex<HashMap<u32, Weak<Tracker>>>,
+    /// `(serial, tracker)`, most recently resolved first: a CQ serves few
+    /// QPs, and a linear scan of a short list beats hashing on the poll path.
+    list: Mutex<Vec<(u32, Weak<Tracker>)>>,
 }
 
 impl Registry {
-    fn map(&self) -> MutexGuard<'_, HashMap<u32, Weak<Tracker>>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    fn list(&self) -> MutexGuard<'_, Vec<(u32, Weak<Tracker>)>> {
+        self.list.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn register(&self, t: &Arc<Tracker>) {
-        self.map().insert(t.serial, Arc::downgrade(t));
+        let mut list = self.list();
+        list.retain(|(s, w)| *s != t.serial && w.strong_count() > 0);
+        list.insert(0, (t.serial, Arc::downgrade(t)));
     }
 
     pub fn unregister(&self, serial: u32) {
-        self.map().remove(&serial);
+        self.list().retain(|(s, _)| *s != serial);
+    }
+
+    fn find(&self, serial: u32) -> Option<Arc<Tracker>> {
+        let mut list = self.list();
+        let i = list.iter().position(|(s, _)| *s == serial)?;
+        if i > 0 {
+            let hit = list.remove(i);
+            list.insert(0, hit);
+        }
+        list[0].1.upgrade()
     }
 
     /// Resolves the completions of a poll batch: ids of safe posts are
@@ -275,7 +289,7 @@ impl Registry {
                 continue;
             };
             if cached.as_ref().is_none_or(|t| t.serial != serial) {
-                cached = self.map().get(&serial).and_then(Weak::upgrade);
+                cached = self.find(serial);
             }
             match &cached {
                 Some(t) => t.complete(recv, seq, c),
