@@ -25,8 +25,9 @@
 //! a receive CQ, each with a completion channel. `rdma` needs the CQs from
 //! the caller, so `create qp` makes the same objects itself (librdmacm's PD,
 //! two completion channels, two CQs, the QP through `rdma_create_qp`), and
-//! `destroy` destroys them before the id. The C tool's `destroy` only
-//! destroys the ids and leaves librdmacm's QPs to process exit.
+//! QPs are destroyed just before the `destroy` step, which then times the
+//! ids alone, as the C tool's does (it leaves librdmacm's QPs to process
+//! exit).
 
 mod cmcommon;
 
@@ -496,11 +497,13 @@ fn run_client(o: &Opts, dst: &str) -> Res<()> {
         return Err("the event thread still holds the ids".into());
     };
     let Shared { times, ids, .. } = shared;
+    // The QPs (and their CQs) go first, outside the timed step: the C tool
+    // times rdma_destroy_id alone and leaves its QPs to process exit.
+    drop(qps);
     println!("destroying id");
     times.start_all(Step::Destroy);
-    for (c, (id, qp)) in ids.into_iter().zip(qps).enumerate() {
+    for (c, id) in ids.into_iter().enumerate() {
         times.start(c, Step::Destroy);
-        drop(qp);
         drop(id);
         times.end(c, Step::Destroy);
     }
