@@ -15,8 +15,8 @@ mod cmcommon;
 use std::process::ExitCode;
 
 use cmcommon::{getopt, OrFail, Res};
-use rdma::cm::{self, AddrInfoHints, CmId, ConnParam, PortSpace};
-use rdma::{InlineSend, QpType, QueuePair, SendWr, WcStatus};
+use rdma::cm::{self, AddrInfoHints, ConnParam, PortSpace};
+use rdma::{InlineSend, SendWr, WcStatus};
 
 /// The message size of both directions.
 const MSG_LEN: usize = 16;
@@ -54,34 +54,6 @@ fn main() -> ExitCode {
     ExitCode::from(ret as u8)
 }
 
-/// The endpoint's QP as `rdma_create_ep` makes it for the C tool: one send
-/// and one receive of one SGE, 16 bytes inline, every send signaled,
-/// librdmacm's PD; the CQs (with completion channels) are this example's.
-fn endpoint_qp(id: &CmId) -> Res<QueuePair> {
-    let ctx = id.context().or_fail("rdma_create_ep")?;
-    let pd = id.pd().or_fail("rdma_create_ep")?;
-    let send_ch = ctx
-        .create_comp_channel()
-        .or_fail("ibv_create_comp_channel")?;
-    let recv_ch = ctx
-        .create_comp_channel()
-        .or_fail("ibv_create_comp_channel")?;
-    let send_cq = ctx
-        .create_cq(1, Some(&send_ch), 0)
-        .or_fail("ibv_create_cq")?;
-    let recv_cq = ctx
-        .create_cq(1, Some(&recv_ch), 0)
-        .or_fail("ibv_create_cq")?;
-    let mut b = pd.qp_builder(QpType::Rc, &send_cq, &recv_cq);
-    b.max_send_wr(1)
-        .max_recv_wr(1)
-        .max_send_sge(1)
-        .max_recv_sge(1)
-        .max_inline_data(MSG_LEN as u32)
-        .sq_sig_all(true);
-    id.create_qp(&b).or_fail("rdma_create_ep")
-}
-
 fn run(server: &str, port: &str) -> Res<()> {
     let hints = AddrInfoHints {
         port_space: Some(PortSpace::Tcp),
@@ -90,7 +62,7 @@ fn run(server: &str, port: &str) -> Res<()> {
     let info = cm::getaddrinfo(Some(server), Some(port), Some(&hints))
         .map_err(|e| format!("rdma_getaddrinfo: {e}"))?;
     let (id, _) = cm::create_ep(&info.first(), None).or_fail("rdma_create_ep")?;
-    let mut qp = endpoint_qp(&id)?;
+    let mut qp = cmcommon::endpoint_qp(&id, "rdma_create_ep", MSG_LEN as u32)?;
     let inline = qp.caps().max_inline_data as usize >= MSG_LEN;
     if !inline {
         println!("rdma_client: device doesn't support IBV_SEND_INLINE, using sge sends");

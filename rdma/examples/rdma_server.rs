@@ -15,8 +15,8 @@ mod cmcommon;
 use std::process::ExitCode;
 
 use cmcommon::{getopt, OrFail, Res};
-use rdma::cm::{self, AddrInfoFlags, AddrInfoHints, CmId, ConnParam, PortSpace};
-use rdma::{InlineSend, QpType, QueuePair, SendWr, WcStatus};
+use rdma::cm::{self, AddrInfoFlags, AddrInfoHints, ConnParam, PortSpace};
+use rdma::{InlineSend, SendWr, WcStatus};
 
 /// The message size of both directions.
 const MSG_LEN: usize = 16;
@@ -54,36 +54,6 @@ fn main() -> ExitCode {
     ExitCode::from(ret as u8)
 }
 
-/// The QP of an accepted endpoint, made the way `rdma_create_ep` would with
-/// the C tool's attributes: one send and one receive of one SGE, 16 bytes
-/// inline, every send signaled, librdmacm's PD. The CQs (with their
-/// completion channels, so waiting for a completion sleeps) are this
-/// example's, since a QP template without PD and CQs cannot be expressed.
-fn endpoint_qp(id: &CmId) -> Res<QueuePair> {
-    let ctx = id.context().or_fail("rdma_create_qp")?;
-    let pd = id.pd().or_fail("rdma_create_qp")?;
-    let send_ch = ctx
-        .create_comp_channel()
-        .or_fail("ibv_create_comp_channel")?;
-    let recv_ch = ctx
-        .create_comp_channel()
-        .or_fail("ibv_create_comp_channel")?;
-    let send_cq = ctx
-        .create_cq(1, Some(&send_ch), 0)
-        .or_fail("ibv_create_cq")?;
-    let recv_cq = ctx
-        .create_cq(1, Some(&recv_ch), 0)
-        .or_fail("ibv_create_cq")?;
-    let mut b = pd.qp_builder(QpType::Rc, &send_cq, &recv_cq);
-    b.max_send_wr(1)
-        .max_recv_wr(1)
-        .max_send_sge(1)
-        .max_recv_sge(1)
-        .max_inline_data(MSG_LEN as u32)
-        .sq_sig_all(true);
-    id.create_qp(&b).or_fail("rdma_create_qp")
-}
-
 fn run(server: &str, port: &str) -> Res<()> {
     let hints = AddrInfoHints {
         flags: AddrInfoFlags::PASSIVE,
@@ -95,7 +65,7 @@ fn run(server: &str, port: &str) -> Res<()> {
     let (listen_id, _) = cm::create_ep(&info.first(), None).or_fail("rdma_create_ep")?;
     listen_id.listen(0).or_fail("rdma_listen")?;
     let (id, _) = listen_id.get_request().or_fail("rdma_get_request")?;
-    let mut qp = endpoint_qp(&id)?;
+    let mut qp = cmcommon::endpoint_qp(&id, "rdma_create_qp", MSG_LEN as u32)?;
     let inline = qp.caps().max_inline_data as usize >= MSG_LEN;
     if !inline {
         println!("rdma_server: device doesn't support IBV_SEND_INLINE, using sge sends");

@@ -304,3 +304,33 @@ mod tests {
         assert_eq!(c_str(b"ab\0cd"), "ab");
     }
 }
+
+/// The QP `rdma_create_ep` makes for rdma-core's `rdma_server`/`rdma_client`:
+/// one send and one receive of one SGE, `inline` bytes inline, every send
+/// signaled, librdmacm's PD. The CQs (with completion channels, so waiting
+/// for a completion sleeps) are made here: a QP template without PD and CQs
+/// cannot be expressed with the crate. `verb` names the step in errors.
+pub fn endpoint_qp(id: &rdma::cm::CmId, verb: &str, inline: u32) -> Res<rdma::QueuePair> {
+    let ctx = id.context().or_fail(verb)?;
+    let pd = id.pd().or_fail(verb)?;
+    let send_ch = ctx
+        .create_comp_channel()
+        .or_fail("ibv_create_comp_channel")?;
+    let recv_ch = ctx
+        .create_comp_channel()
+        .or_fail("ibv_create_comp_channel")?;
+    let send_cq = ctx
+        .create_cq(1, Some(&send_ch), 0)
+        .or_fail("ibv_create_cq")?;
+    let recv_cq = ctx
+        .create_cq(1, Some(&recv_ch), 0)
+        .or_fail("ibv_create_cq")?;
+    let mut b = pd.qp_builder(rdma::QpType::Rc, &send_cq, &recv_cq);
+    b.max_send_wr(1)
+        .max_recv_wr(1)
+        .max_send_sge(1)
+        .max_recv_sge(1)
+        .max_inline_data(inline)
+        .sq_sig_all(true);
+    id.create_qp(&b).or_fail(verb)
+}
