@@ -121,20 +121,7 @@ fn parse(args: &[String]) -> Res<Opts> {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let Ok(opts) = parse(&args).map_err(|e| eprintln!("ucmatose: {e}")) else {
-        return usage();
-    };
-    let ret: i32 = match run(&opts) {
-        Ok(()) => 0,
-        Err(e) => {
-            println!("{e}");
-            1
-        }
-    };
-    println!("test complete");
-    println!("return status {ret}");
-    ExitCode::from(ret as u8)
+    cmcommon::cmatose_main("ucmatose", parse, usage, run)
 }
 
 /// One connection. Field order is drop order: the QP before its CQs and

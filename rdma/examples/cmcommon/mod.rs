@@ -334,3 +334,32 @@ pub fn endpoint_qp(id: &rdma::cm::CmId, verb: &str, inline: u32) -> Res<rdma::Qu
         .sq_sig_all(true);
     id.create_qp(&b).or_fail(verb)
 }
+
+/// The `main` of the cmatose family (`udaddy`, `mckey`, `ucmatose`): parse
+/// the flags (`usage` on error), run, then print `test complete` and
+/// `return status N` as rdma-core's tools do.
+pub fn cmatose_main<O>(
+    name: &str,
+    parse: impl FnOnce(&[String]) -> Res<O>,
+    usage: impl FnOnce() -> std::process::ExitCode,
+    run: impl FnOnce(&O) -> Res<()>,
+) -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opts = match parse(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            return usage();
+        }
+    };
+    let ret: u8 = match run(&opts) {
+        Ok(()) => 0,
+        Err(e) => {
+            println!("{e}");
+            1
+        }
+    };
+    println!("test complete");
+    println!("return status {ret}");
+    std::process::ExitCode::from(ret)
+}
