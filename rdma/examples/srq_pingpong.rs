@@ -398,13 +398,7 @@ impl Traffic {
         if byte_len as usize == self.size && payload == &expect[..] {
             return Ok(());
         }
-        let pages = payload
-            .chunks(self.page)
-            .zip(expect.chunks(self.page))
-            .enumerate()
-            .filter(|(_, (got, want))| got != want)
-            .map(|(i, _)| i)
-            .collect();
+        let pages = pingpong::bad_pages(payload, expect, self.page);
         self.bad.push(BadMessage {
             index,
             qp,

@@ -1252,13 +1252,7 @@ impl Traffic {
         if len_ok && payload == &expect[..] {
             return Ok(());
         }
-        let pages = payload
-            .chunks(self.page)
-            .zip(expect.chunks(self.page))
-            .enumerate()
-            .filter(|(_, (got, want))| got != want)
-            .map(|(i, _)| i)
-            .collect();
+        let pages = bad_pages(payload, expect, self.page);
         self.bad.push(BadMessage {
             index,
             byte_len,
@@ -1512,4 +1506,15 @@ mod tests {
             .iter()
             .all(|&b| b == 0x7b));
     }
+}
+
+/// The indices of the `page`-sized pages where `got` differs from `want`
+/// (what `-c` reports as "invalid data in page N").
+pub fn bad_pages(got: &[u8], want: &[u8], page: usize) -> Vec<usize> {
+    got.chunks(page)
+        .zip(want.chunks(page))
+        .enumerate()
+        .filter(|(_, (g, w))| g != w)
+        .map(|(i, _)| i)
+        .collect()
 }
