@@ -191,7 +191,8 @@ impl DeviceAttr {
         self.raw.orig_attr.phys_port_cnt
     }
 
-    /// On-demand paging general capabilities (`IBV_ODP_SUPPORT*` bits).
+    /// On-demand paging general capabilities (`IBV_ODP_SUPPORT*` bits);
+    /// [`DeviceAttr::odp_caps`] has them, and the per-transport ones, typed.
     pub fn odp_general_caps(&self) -> u64 {
         self.raw.odp_caps.general_caps
     }

@@ -6,10 +6,15 @@
 //! devices() -> Device --open--> Context
 //!                                 |-- alloc_pd --> ProtectionDomain
 //!                                 |                  |-- alloc_mr / reg_mr --> MemoryRegion (pieces)
+//!                                 |                  |-- reg_implicit_odp --> ImplicitOdpRegion
+//!                                 |                  |-- reg_dm_mr(&dm) ----> DeviceMemoryRegion
+//!                                 |                  |-- alloc_parent_domain(td) -> ParentDomain
 //!                                 |                  |-- alloc_mw ----------> MemoryWindow
 //!                                 |                  |-- create_ah ---------> AddressHandle
 //!                                 |                  |-- create_srq --------> SharedReceiveQueue
 //!                                 |                  '-- qp_builder(..).build() -> QueuePair
+//!                                 |-- alloc_dm --> DeviceMemory
+//!                                 |-- alloc_td --> ThreadDomain
 //!                                 |-- create_comp_channel --> CompletionChannel
 //!                                 |-- create_cq / create_cq_ex --> CompletionQueue
 //!                                 '-- get_async_event --> AsyncEvent
@@ -81,15 +86,18 @@ mod context;
 mod cq;
 mod device;
 mod device_attr;
+mod dm;
 mod error;
 mod gid;
 mod mr;
 mod mw;
+mod odp;
 mod pd;
 mod port;
 mod qp;
 mod srq;
 pub mod sysfs;
+mod td;
 mod track;
 mod wc;
 mod wr;
@@ -101,10 +109,14 @@ pub use context::Context;
 pub use cq::{CompletionChannel, CompletionQueue, CqEvent, PollCursor};
 pub use device::{device_by_name, devices, Device, Guid, NodeType, TransportType};
 pub use device_attr::{AtomicCap, DeviceAttr, DeviceCapFlags};
+pub use dm::{DeviceMemory, DeviceMemoryRegion};
 pub use error::{Error, Result};
 pub use gid::{Gid, GidEntry, GidType};
 pub use mr::{AccessFlags, MemoryRegion, RemoteMemory};
 pub use mw::{MemoryWindow, MwType};
+pub use odp::{
+    AdviseFlags, ImplicitOdpRegion, MrAdvice, OdpCaps, OdpGeneralCaps, OdpTransportCaps,
+};
 pub use pd::ProtectionDomain;
 pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortState};
 pub use qp::{
@@ -112,6 +124,7 @@ pub use qp::{
     RtsAttr,
 };
 pub use srq::{SharedReceiveQueue, SrqAttr};
+pub use td::{ParentDomain, ThreadDomain};
 pub use wc::{Completion, WcFlags, WcOpcode, WcStatus, WrBuffers};
 pub use wr::{InlineSend, PostError, SendFlags, SendOp, SendWr, UdDest};
 pub use xrc::XrcDomain;
@@ -133,5 +146,10 @@ mod auto_traits {
         send_sync::<crate::SharedReceiveQueue>();
         send_sync::<crate::Device>();
         send_sync::<crate::Error>();
+        send_sync::<crate::DeviceMemory>();
+        send_sync::<crate::DeviceMemoryRegion>();
+        send_sync::<crate::ImplicitOdpRegion>();
+        send_sync::<crate::ThreadDomain>();
+        send_sync::<crate::ParentDomain>();
     }
 }

@@ -145,10 +145,15 @@ fn page_size() -> usize {
 impl ProtectionDomain {
     /// Allocates `len` zeroed, page-aligned bytes and registers them.
     ///
+    /// With [`AccessFlags::ON_DEMAND`] the registration pages on demand
+    /// (see [`crate::OdpCaps`]); the device's ODP support is checked first.
+    ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for `len == 0`, [`Error::Verb`] naming
-    /// `ibv_reg_mr` (e.g. `EINVAL` for unsupported access flags, `ENOMEM`
-    /// past the locked-memory limit).
+    /// [`Error::InvalidArgument`] for `len == 0`; [`Error::Unsupported`] for
+    /// `ON_DEMAND` on a device without on-demand paging (checked with
+    /// `ibv_query_device_ex` before the verb, or `EOPNOTSUPP`/`ENOSYS` from
+    /// it); [`Error::Verb`] naming `ibv_reg_mr` (e.g. `EINVAL` for
+    /// unsupported access flags, `ENOMEM` past the locked-memory limit).
     pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion> {
         if len == 0 {
             return Err(Error::InvalidArgument {
@@ -223,6 +228,10 @@ impl ProtectionDomain {
                 verb: "ibv_reg_mr",
                 reason: format!("access flags {access:?} do not fit a C int"),
             })?;
+        let on_demand = access.contains(AccessFlags::ON_DEMAND);
+        if on_demand {
+            crate::odp::require_odp(self.context(), false)?;
+        }
         // SAFETY: `ptr..ptr+len` is memory that `memory` keeps alive until
         // after deregistration (MrInner's drop order).
         let mr = unsafe { ffi::ibv_reg_mr(self.as_raw(), ptr.cast(), len, flags) };
@@ -230,7 +239,18 @@ impl ProtectionDomain {
             "ibv_reg_mr",
             || format!("{} bytes, access {access:?}", len).into(),
             mr,
-        )?;
+        )
+        .map_err(|e| {
+            if on_demand {
+                crate::odp::odp_unsupported(
+                    e,
+                    "on-demand paging (IBV_ACCESS_ON_DEMAND)",
+                    self.context(),
+                )
+            } else {
+                e
+            }
+        })?;
         Ok(MemoryRegion {
             inner: Arc::new(MrInner {
                 mr,

@@ -11,6 +11,10 @@ pub(crate) struct PdInner {
     pd: NonNull<ffi::ibv_pd>,
     /// librdmacm's PD of a device (`cm_id->pd`): never deallocated by us.
     borrowed: bool,
+    /// For a parent domain: the PD and thread domain it was made from,
+    /// released after it is deallocated (field order).
+    #[allow(dead_code)] // held, never read
+    parent: Option<crate::td::ParentParts>,
     // Dropped after the PD is deallocated (field order). For a borrowed PD
     // this is the borrowed context, which keeps the PD's owner alive.
     ctx: Context,
@@ -27,7 +31,8 @@ impl Drop for PdInner {
             return;
         }
         // SAFETY: every MR, QP, AH, MW and SRQ of this PD holds an Arc to it,
-        // so none is left; deallocated once.
+        // so none is left; deallocated once. A parent domain is deallocated
+        // with ibv_dealloc_pd too (ibv_alloc_parent_domain(3)).
         let rc = unsafe { ffi::ibv_dealloc_pd(self.pd.as_ptr()) };
         if rc != 0 {
             log::error!("ibv_dealloc_pd on {} failed: errno {rc}", self.ctx.name());
@@ -56,6 +61,7 @@ impl Context {
             inner: Arc::new(PdInner {
                 pd,
                 borrowed: false,
+                parent: None,
                 ctx: self.clone(),
             }),
         })
@@ -71,6 +77,7 @@ impl Context {
             inner: Arc::new(PdInner {
                 pd,
                 borrowed: true,
+                parent: None,
                 ctx: self.clone(),
             }),
         }
@@ -78,6 +85,26 @@ impl Context {
 }
 
 impl ProtectionDomain {
+    /// Wraps a parent domain (`ibv_alloc_parent_domain(3)`), deallocated on
+    /// drop, after which `parts` are released.
+    ///
+    /// # Safety
+    /// `pd` is a parent domain of `ctx` made from `parts`, owned by nobody else.
+    pub(crate) unsafe fn from_parent_domain(
+        ctx: &Context,
+        pd: NonNull<ffi::ibv_pd>,
+        parts: crate::td::ParentParts,
+    ) -> ProtectionDomain {
+        ProtectionDomain {
+            inner: Arc::new(PdInner {
+                pd,
+                borrowed: false,
+                parent: Some(parts),
+                ctx: ctx.clone(),
+            }),
+        }
+    }
+
     /// The raw `ibv_pd`, valid while this handle (or a clone) lives.
     pub fn as_raw(&self) -> *mut ffi::ibv_pd {
         self.inner.pd.as_ptr()

@@ -1,0 +1,437 @@
+//! Device memory (`ibv_alloc_dm(3)`): memory on the adapter itself.
+//!
+//! [`DeviceMemory`] is not host memory: it is reached only by copying
+//! ([`DeviceMemory::write_at`], [`DeviceMemory::read_at`], i.e.
+//! `ibv_memcpy_to_dm`/`ibv_memcpy_from_dm`) and by the device, through a
+//! [`DeviceMemoryRegion`] (`ibv_reg_dm_mr`). No Rust reference to it ever
+//! exists, so a peer writing it through a region races with nothing but other
+//! copies.
+//!
+//! Devices without device memory report `max_dm_size` 0 (soft-RoCE,
+//! soft-iWARP); [`Context::alloc_dm`] then fails with [`Error::Unsupported`]
+//! before calling into C.
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::error::{check_errno_ret, check_ptr, Error, Result};
+use crate::{ffi, AccessFlags, Context, ProtectionDomain, RemoteMemory};
+
+pub(crate) struct DmInner {
+    dm: NonNull<ffi::ibv_dm>,
+    len: usize,
+    // Dropped after the memory is freed (field order).
+    ctx: Context,
+}
+
+// SAFETY: device memory is a kernel/device object; the provider's copy
+// functions may be called from any thread (libibverbs' thread safety), and
+// the Rust side holds no interior mutability.
+unsafe impl Send for DmInner {}
+// SAFETY: as above.
+unsafe impl Sync for DmInner {}
+
+impl Drop for DmInner {
+    fn drop(&mut self) {
+        // SAFETY: every DeviceMemoryRegion of this memory holds an Arc to it,
+        // so none is left; freed once.
+        let rc = unsafe { ffi::ibv_free_dm(self.dm.as_ptr()) };
+        if rc != 0 {
+            log::error!("ibv_free_dm on {} failed: errno {rc}", self.ctx.name());
+            debug_assert_eq!(rc, 0, "ibv_free_dm failed");
+        }
+    }
+}
+
+/// A buffer of device memory (`struct ibv_dm`). Not `Clone`; freed when it
+/// and every [`DeviceMemoryRegion`] over it are dropped. Keeps its context
+/// open.
+pub struct DeviceMemory {
+    inner: Arc<DmInner>,
+}
+
+/// Checks that `offset..offset + len` lies within `size` bytes.
+fn check_dm_range(verb: &'static str, size: usize, offset: u64, len: usize) -> Result<usize> {
+    let fits = usize::try_from(offset)
+        .ok()
+        .and_then(|o| Some((o, o.checked_add(len)?)))
+        .filter(|&(_, end)| end <= size);
+    match fits {
+        Some((o, _)) => Ok(o),
+        None => Err(Error::InvalidArgument {
+            verb,
+            reason: format!(
+                "range {offset}..{} is outside the device memory of {size} bytes",
+                u128::from(offset) + len as u128
+            ),
+        }),
+    }
+}
+
+impl Context {
+    /// Allocates `len` bytes of device memory (`ibv_alloc_dm(3)`).
+    ///
+    /// # Errors
+    /// As [`Context::alloc_dm_aligned`].
+    pub fn alloc_dm(&self, len: usize) -> Result<DeviceMemory> {
+        self.alloc_dm_aligned(len, 0)
+    }
+
+    /// Allocates `len` bytes of device memory whose device address is a
+    /// multiple of `2^log_align` (`ibv_alloc_dm(3)`, `log_align_req`; atomics
+    /// on device memory may need it).
+    ///
+    /// # Errors
+    /// - [`Error::InvalidArgument`] for `len == 0`, `log_align >= 64`, or
+    ///   `len` larger than the device's `max_dm_size`;
+    /// - [`Error::Unsupported`] when the device reports `max_dm_size` 0
+    ///   (checked with `ibv_query_device_ex` before the verb), or the verb
+    ///   returns `EOPNOTSUPP`/`ENOSYS`;
+    /// - [`Error::Verb`] naming `ibv_alloc_dm` (e.g. `ENOMEM` when the
+    ///   device memory is used up).
+    pub fn alloc_dm_aligned(&self, len: usize, log_align: u32) -> Result<DeviceMemory> {
+        const VERB: &str = "ibv_alloc_dm";
+        if len == 0 {
+            return Err(Error::InvalidArgument {
+                verb: VERB,
+                reason: "device memory cannot be empty".into(),
+            });
+        }
+        if log_align >= 64 {
+            return Err(Error::InvalidArgument {
+                verb: VERB,
+                reason: format!("alignment 2^{log_align} is not an address alignment"),
+            });
+        }
+        let max = self.query_device()?.max_dm_size();
+        if max == 0 {
+            return Err(Error::Unsupported {
+                what: "device memory (max_dm_size 0)".into(),
+                device: self.name().to_string(),
+                source: None,
+            });
+        }
+        if len as u64 > max {
+            return Err(Error::InvalidArgument {
+                verb: VERB,
+                reason: format!("{len} bytes exceed the device's max_dm_size of {max} bytes"),
+            });
+        }
+        let mut attr = ffi::ibv_alloc_dm_attr {
+            length: len,
+            log_align_req: log_align,
+            comp_mask: 0,
+        };
+        // SAFETY: valid context and attribute struct.
+        let dm = unsafe { ffi::ibv_alloc_dm(self.as_raw(), &mut attr) };
+        let dm = check_ptr(
+            VERB,
+            || format!("{} {len} bytes, log_align {log_align}", self.name()).into(),
+            dm,
+        )
+        .map_err(|e| match e.errno() {
+            Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
+                what: "device memory (ibv_alloc_dm)".into(),
+                device: self.name().to_string(),
+                source: Some(std::io::Error::from_raw_os_error(errno)),
+            },
+            _ => e,
+        })?;
+        Ok(DeviceMemory {
+            inner: Arc::new(DmInner {
+                dm,
+                len,
+                ctx: self.clone(),
+            }),
+        })
+    }
+}
+
+impl DeviceMemory {
+    /// The size in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+
+    /// Always false: device memory is never empty.
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+
+    /// The context the memory belongs to.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    /// The raw `ibv_dm`, valid while this handle (or a region over it) lives.
+    pub fn as_raw(&self) -> *mut ffi::ibv_dm {
+        self.inner.dm.as_ptr()
+    }
+
+    /// Copies `data` into the device memory at `offset`
+    /// (`ibv_memcpy_to_dm(3)`). An empty `data` within bounds does nothing.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `offset..offset + data.len()` is not
+    /// within [`DeviceMemory::len`]; [`Error::Verb`] naming
+    /// `ibv_memcpy_to_dm` (providers may require aligned offsets/lengths).
+    pub fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        const VERB: &str = "ibv_memcpy_to_dm";
+        check_dm_range(VERB, self.inner.len, offset, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: live DM; the range is within it (checked); `data` is
+        // readable for its length and only read.
+        let rc = unsafe {
+            ffi::ibv_memcpy_to_dm(self.as_raw(), offset, data.as_ptr().cast(), data.len())
+        };
+        check_errno_ret(
+            VERB,
+            || format!("offset {offset}, {} bytes", data.len()).into(),
+            rc,
+        )
+    }
+
+    /// Copies device memory at `offset` into `out` (`ibv_memcpy_from_dm(3)`).
+    /// An empty `out` within bounds does nothing.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `offset..offset + out.len()` is not
+    /// within [`DeviceMemory::len`]; [`Error::Verb`] naming
+    /// `ibv_memcpy_from_dm`.
+    pub fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        const VERB: &str = "ibv_memcpy_from_dm";
+        check_dm_range(VERB, self.inner.len, offset, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: live DM; the range is within it (checked); `out` is
+        // writable for its length and exclusively borrowed.
+        let rc = unsafe {
+            ffi::ibv_memcpy_from_dm(out.as_mut_ptr().cast(), self.as_raw(), offset, out.len())
+        };
+        check_errno_ret(
+            VERB,
+            || format!("offset {offset}, {} bytes", out.len()).into(),
+            rc,
+        )
+    }
+}
+
+impl fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceMemory")
+            .field("device", &self.inner.ctx.name())
+            .field("len", &self.inner.len)
+            .finish()
+    }
+}
+
+/// A memory region over device memory (`ibv_reg_dm_mr(3)`).
+///
+/// Zero-based: work requests and peers address it by offset from its first
+/// byte ([`DeviceMemoryRegion::remote`] has `addr` 0). It exposes no host
+/// memory; read and write the bytes through the [`DeviceMemory`]. The safe
+/// posting API takes [`crate::MemoryRegion`]s only, so local work requests
+/// on this region go through the raw layer for now. Not `Clone`; keeps the
+/// device memory and the PD alive.
+pub struct DeviceMemoryRegion {
+    mr: NonNull<ffi::ibv_mr>,
+    offset: usize,
+    len: usize,
+    access: AccessFlags,
+    // Field order: deregistered in Drop, then the device memory may be
+    // freed, then the PD released.
+    dm: Arc<DmInner>,
+    pd: ProtectionDomain,
+}
+
+// SAFETY: the registration is a kernel object handle; the Rust side only
+// reads immutable fields.
+unsafe impl Send for DeviceMemoryRegion {}
+// SAFETY: as above.
+unsafe impl Sync for DeviceMemoryRegion {}
+
+impl ProtectionDomain {
+    /// Registers `offset..offset + len` of `dm` as a memory region
+    /// (`ibv_reg_dm_mr(3)`). [`AccessFlags::ZERO_BASED`], which the verb
+    /// requires, is added to `access`.
+    ///
+    /// # Errors
+    /// - [`Error::InvalidArgument`] for `len == 0`, a range outside `dm`, or
+    ///   device memory of another context than the PD's;
+    /// - [`Error::Unsupported`] when the verb returns `EOPNOTSUPP`/`ENOSYS`;
+    /// - [`Error::Verb`] naming `ibv_reg_dm_mr`.
+    pub fn reg_dm_mr(
+        &self,
+        dm: &DeviceMemory,
+        offset: usize,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<DeviceMemoryRegion> {
+        const VERB: &str = "ibv_reg_dm_mr";
+        if len == 0 {
+            return Err(Error::InvalidArgument {
+                verb: VERB,
+                reason: "a memory region cannot be empty".into(),
+            });
+        }
+        check_dm_range(VERB, dm.len(), offset as u64, len)?;
+        if dm.context().as_raw() != self.context().as_raw() {
+            return Err(Error::InvalidArgument {
+                verb: VERB,
+                reason: format!(
+                    "the device memory belongs to another context ({}) than the PD ({})",
+                    dm.context().name(),
+                    self.context().name()
+                ),
+            });
+        }
+        let access = access | AccessFlags::ZERO_BASED;
+        // SAFETY: valid PD and DM of the same context; the range is within
+        // the DM. The region keeps the DM alive (`dm` field).
+        let mr = unsafe {
+            ffi::ibv_reg_dm_mr(
+                self.as_raw(),
+                dm.as_raw(),
+                offset as u64,
+                len,
+                access.bits(),
+            )
+        };
+        let mr = check_ptr(
+            VERB,
+            || format!("offset {offset}, {len} bytes, access {access:?}").into(),
+            mr,
+        )
+        .map_err(|e| match e.errno() {
+            Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
+                what: "device memory regions (ibv_reg_dm_mr)".into(),
+                device: self.context().name().to_string(),
+                source: Some(std::io::Error::from_raw_os_error(errno)),
+            },
+            _ => e,
+        })?;
+        Ok(DeviceMemoryRegion {
+            mr,
+            offset,
+            len,
+            access,
+            dm: Arc::clone(&dm.inner),
+            pd: self.clone(),
+        })
+    }
+}
+
+impl DeviceMemoryRegion {
+    /// The local key.
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: the registration lives as long as `self`.
+        unsafe { (*self.mr.as_ptr()).lkey }
+    }
+
+    /// The remote key.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: as above.
+        unsafe { (*self.mr.as_ptr()).rkey }
+    }
+
+    /// Where the region starts in its device memory.
+    pub fn dm_offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: regions are never empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The access flags, [`AccessFlags::ZERO_BASED`] included.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.pd
+    }
+
+    /// The raw `ibv_mr`, valid while `self` lives.
+    pub fn as_raw(&self) -> *mut ffi::ibv_mr {
+        self.mr.as_ptr()
+    }
+
+    /// What a peer needs to address the region: `addr` 0 (zero-based), its
+    /// length and rkey.
+    pub fn remote(&self) -> RemoteMemory {
+        RemoteMemory {
+            addr: 0,
+            len: self.len as u64,
+            rkey: self.rkey(),
+        }
+    }
+}
+
+impl Drop for DeviceMemoryRegion {
+    fn drop(&mut self) {
+        // SAFETY: registered by reg_dm_mr, deregistered once, before the
+        // device memory it covers can be freed (field order).
+        let rc = unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
+        if rc != 0 {
+            log::error!(
+                "ibv_dereg_mr of a device memory region on {} failed: errno {rc}",
+                self.dm.ctx.name()
+            );
+            debug_assert_eq!(rc, 0, "ibv_dereg_mr failed");
+        }
+    }
+}
+
+impl fmt::Debug for DeviceMemoryRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceMemoryRegion")
+            .field("device", &self.dm.ctx.name())
+            .field("dm_offset", &self.offset)
+            .field("len", &self.len)
+            .field("lkey", &self.lkey())
+            .field("rkey", &self.rkey())
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_inside_the_memory() {
+        assert_eq!(check_dm_range("v", 64, 0, 64).unwrap(), 0);
+        assert_eq!(check_dm_range("v", 64, 60, 4).unwrap(), 60);
+        assert_eq!(check_dm_range("v", 64, 64, 0).unwrap(), 64);
+    }
+
+    #[test]
+    fn ranges_outside_the_memory() {
+        let e = check_dm_range("ibv_memcpy_to_dm", 64, 60, 8).unwrap_err();
+        assert_eq!(e.verb(), Some("ibv_memcpy_to_dm"));
+        assert_eq!(e.errno(), Some(libc::EINVAL));
+        assert!(
+            e.to_string()
+                .contains("range 60..68 is outside the device memory of 64 bytes"),
+            "{e}"
+        );
+        assert!(check_dm_range("v", 64, 65, 0).is_err());
+        // Overflowing ranges are outside, not wrapped.
+        let e = check_dm_range("v", 64, u64::MAX, 2).unwrap_err();
+        assert!(e.to_string().contains("18446744073709551617"), "{e}");
+        assert!(check_dm_range("v", 64, 1, usize::MAX).is_err());
+    }
+}
