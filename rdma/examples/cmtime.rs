@@ -20,14 +20,11 @@
 //! The server accepts every request with a new QP and, when a connection is
 //! disconnected, disconnects and destroys it.
 //!
-//! QPs: the C tool lets librdmacm make each QP with its own PD and CQs
-//! (`rdma_create_qp` with no PD and no CQs), which gives every QP a send and
-//! a receive CQ, each with a completion channel. `rdma` needs the CQs from
-//! the caller, so `create qp` makes the same objects itself (librdmacm's PD,
-//! two completion channels, two CQs, the QP through `rdma_create_qp`), and
-//! QPs are destroyed just before the `destroy` step, which then times the
-//! ids alone, as the C tool's does (it leaves librdmacm's QPs to process
-//! exit).
+//! QPs: as the C tool, one PD (librdmacm's) and one CQ serve every QP;
+//! they are made with the first QP, inside its timed `create qp` step, and
+//! each QP is made through `rdma_create_qp` (which moves it to INIT). QPs
+//! are destroyed just before the `destroy` step, which then times the ids
+//! alone, as the C tool's does.
 
 mod cmcommon;
 
@@ -39,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use cmcommon::{get_rdma_addr, getopt, number, OrFail, Res};
 use rdma::cm::{AddrInfoFlags, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
-use rdma::{CompletionChannel, CompletionQueue, QpType, QueuePair};
+use rdma::{CompletionQueue, QpType, QueuePair};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[repr(usize)]
@@ -198,37 +195,36 @@ impl Times {
     }
 }
 
-/// A connection's QP and the CQs and completion channels librdmacm would
-/// have made for it. Field order is drop order.
-struct ConnQp {
-    _qp: QueuePair,
-    _cqs: [CompletionQueue; 2],
-    _channels: [CompletionChannel; 2],
+/// What every connection's QP shares: the PD and one CQ, made when the
+/// first QP is (inside that connection's timed `create qp`), as rdma-core's
+/// cmtime does (traced in the guest: per connection its `create qp` step
+/// makes the QP and moves it to INIT, and one CQ serves all QPs).
+struct Verbs {
+    pd: rdma::ProtectionDomain,
+    cq: CompletionQueue,
 }
 
-/// `rdma_create_qp(id, NULL, attr)` with no CQs in `attr`: librdmacm's PD,
-/// a send and a receive CQ of one entry each with a completion channel,
-/// one request and one SGE per queue.
-fn create_qp(id: &CmId) -> rdma::Result<ConnQp> {
-    let ctx = id.context()?;
-    let pd = id.pd()?;
-    let channels = [ctx.create_comp_channel()?, ctx.create_comp_channel()?];
-    let cqs = [
-        ctx.create_cq(1, Some(&channels[0]), 0)?,
-        ctx.create_cq(1, Some(&channels[1]), 0)?,
-    ];
-    let qp = id.create_qp(
-        pd.qp_builder(QpType::Rc, &cqs[0], &cqs[1])
+/// `create_qp` of the C tool: an RC QP of one request and one SGE per
+/// queue on the shared CQ, through `rdma_create_qp` (which also moves it to
+/// INIT).
+fn create_qp(id: &CmId, verbs: &mut Option<Verbs>) -> rdma::Result<QueuePair> {
+    if verbs.is_none() {
+        let ctx = id.context()?;
+        *verbs = Some(Verbs {
+            pd: id.pd()?,
+            cq: ctx.create_cq(1, None, 0)?,
+        });
+    }
+    let Some(v) = verbs.as_ref() else {
+        unreachable!("set above")
+    };
+    id.create_qp(
+        v.pd.qp_builder(QpType::Rc, &v.cq, &v.cq)
             .max_send_wr(1)
             .max_recv_wr(1)
             .max_send_sge(1)
             .max_recv_sge(1),
-    )?;
-    Ok(ConnQp {
-        _qp: qp,
-        _cqs: cqs,
-        _channels: channels,
-    })
+    )
 }
 
 /// State shared by the main thread and the event thread.
@@ -436,14 +432,15 @@ fn run_client(o: &Opts, dst: &str) -> Res<()> {
 
     println!("creating qp");
     t.start_all(Step::CreateQp);
-    let mut qps: Vec<Option<ConnQp>> = Vec::with_capacity(n);
+    let mut qps: Vec<Option<QueuePair>> = Vec::with_capacity(n);
+    let mut verbs = None;
     for (c, id) in s.ids.iter().enumerate() {
         if s.failed(c) {
             qps.push(None);
             continue;
         }
         t.start(c, Step::CreateQp);
-        match create_qp(id) {
+        match create_qp(id, &mut verbs) {
             Ok(q) => qps.push(Some(q)),
             Err(e) => {
                 println!("failure creating qp: {e}");
@@ -500,6 +497,7 @@ fn run_client(o: &Opts, dst: &str) -> Res<()> {
     // The QPs (and their CQs) go first, outside the timed step: the C tool
     // times rdma_destroy_id alone and leaves its QPs to process exit.
     drop(qps);
+    drop(verbs);
     println!("destroying id");
     times.start_all(Step::Destroy);
     for (c, id) in ids.into_iter().enumerate() {
@@ -535,7 +533,8 @@ fn run_server(o: &Opts) -> Res<()> {
     listener
         .listen(0)
         .map_err(|e| format!("failure trying to listen: {e}"))?;
-    let mut conns: HashMap<usize, (CmId, ConnQp)> = HashMap::new();
+    let mut conns: HashMap<usize, (CmId, QueuePair)> = HashMap::new();
+    let mut verbs = None;
     loop {
         let e = channel
             .get_event()
@@ -544,7 +543,7 @@ fn run_server(o: &Opts) -> Res<()> {
             CmEventType::ConnectRequest => {
                 let id = e.id().clone();
                 drop(e);
-                let accepted = create_qp(&id)
+                let accepted = create_qp(&id, &mut verbs)
                     .map_err(|e| format!("failure creating qp: {e}"))
                     .and_then(|qp| {
                         id.accept(&ConnParam::default())

@@ -11,8 +11,8 @@
 //! raw post calls, and `ibv_poll_cq`, instead of the safe API) and `--cpu`
 //! (CPU time per iteration). Run with `--help` for the list.
 //!
-//! Measured as perftest measures, with `std::time::Instant`
-//! (CLOCK_MONOTONIC) instead of the TSC:
+//! Measured as perftest measures (bandwidth with `std::time::Instant`,
+//! latency stamps from the TSC on x86_64, see `perf/clock.rs`):
 //! - bandwidth: bytes × iterations over the time from the first post to the
 //!   last completion; the peak is the best rate of any window from a post to
 //!   a later completion. MB/sec is MiB/s, as in perftest.
@@ -30,6 +30,8 @@
 
 #[path = "perf/bw.rs"]
 mod bw;
+#[path = "perf/clock.rs"]
+mod clock;
 #[path = "perf/io.rs"]
 mod io;
 #[path = "perf/lat.rs"]

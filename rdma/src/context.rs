@@ -48,6 +48,29 @@ unsafe impl Send for ContextInner {}
 // SAFETY: as above; the Rust side holds no interior mutability.
 unsafe impl Sync for ContextInner {}
 
+/// Device attributes of contexts owned by librdmacm, by context and device
+/// address. librdmacm opens each device once and keeps its context until
+/// the process exits (or the device is removed), and every
+/// `CmId::context()` wraps that same context again: reading the attributes
+/// once per context instead of once per call saves a system call on each
+/// connection (cmtime's `create qp` step measured it).
+type LimitsCache = Vec<(usize, usize, ffi::ibv_device_attr)>;
+static BORROWED_LIMITS: std::sync::Mutex<LimitsCache> = std::sync::Mutex::new(Vec::new());
+
+fn borrowed_limits(ctx: NonNull<ffi::ibv_context>, name: &str) -> Result<ffi::ibv_device_attr> {
+    // SAFETY: an open context (the caller's contract); its device pointer is
+    // set for its lifetime.
+    let dev = unsafe { (*ctx.as_ptr()).device } as usize;
+    let key = (ctx.as_ptr() as usize, dev);
+    let mut cache = BORROWED_LIMITS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, _, attr)) = cache.iter().find(|(c, d, _)| (*c, *d) == key) {
+        return Ok(*attr);
+    }
+    let attr = Context::query_limits(ctx, name)?;
+    cache.push((key.0, key.1, attr));
+    Ok(attr)
+}
+
 impl Drop for ContextInner {
     fn drop(&mut self) {
         if matches!(self.owner, ContextOwner::Borrowed(_)) {
@@ -96,13 +119,20 @@ impl Context {
     }
 
     /// Queries the device's limits once and builds the handle.
-    fn wrap(ctx: NonNull<ffi::ibv_context>, name: String, owner: ContextOwner) -> Result<Context> {
+    fn query_limits(ctx: NonNull<ffi::ibv_context>, name: &str) -> Result<ffi::ibv_device_attr> {
         let mut attr = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
         // SAFETY: valid context and out-pointer.
         let rc = unsafe { ffi::ibv_query_device(ctx.as_ptr(), attr.as_mut_ptr()) };
-        check_errno_ret("ibv_query_device", || name.clone().into(), rc)?;
+        check_errno_ret("ibv_query_device", || name.to_string().into(), rc)?;
         // SAFETY: ibv_query_device succeeded and filled the struct (zeroed first).
-        let limits = unsafe { attr.assume_init() };
+        Ok(unsafe { attr.assume_init() })
+    }
+
+    fn wrap(ctx: NonNull<ffi::ibv_context>, name: String, owner: ContextOwner) -> Result<Context> {
+        let limits = match &owner {
+            ContextOwner::Opened(_) => Self::query_limits(ctx, &name)?,
+            ContextOwner::Borrowed(_) => borrowed_limits(ctx, &name)?,
+        };
         Ok(Context {
             inner: Arc::new(ContextInner {
                 ctx,

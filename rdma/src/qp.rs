@@ -1124,19 +1124,23 @@ impl QueuePair {
         if wr.buffers.len() > SHORT {
             return self.post_send_batch(std::iter::once(wr));
         }
-        let check = self
-            .check_buffers(
-                &wr.buffers,
-                self.caps.max_send_sge,
-                wr.op.writes_local(),
-                "ibv_post_send",
-            )
-            .and_then(|()| self.check_send(&wr.op, Self::total_len(&wr.buffers), &wr.ud));
-        if let Err(error) = check {
-            return Err(PostError {
-                error,
-                returned: vec![(wr.wr_id, wr.buffers)],
-            });
+        if !self.send_plainly_valid(&wr) {
+            // The full checks, which explain what is wrong (the quick one
+            // only accepts common requests it can vouch for).
+            let check = self
+                .check_buffers(
+                    &wr.buffers,
+                    self.caps.max_send_sge,
+                    wr.op.writes_local(),
+                    "ibv_post_send",
+                )
+                .and_then(|()| self.check_send(&wr.op, Self::total_len(&wr.buffers), &wr.ud));
+            if let Err(error) = check {
+                return Err(PostError {
+                    error,
+                    returned: vec![(wr.wr_id, wr.buffers)],
+                });
+            }
         }
         let mut sges = [ffi::ibv_sge::default(); SHORT];
         let mut n = 0;
@@ -1144,16 +1148,35 @@ impl QueuePair {
             sges[n] = m.sge();
             n += 1;
         });
-        let sge_at = [(0, n)];
         let serial = self.tracker.serial;
         let mut ring = self.tracker.ring(false);
         let seq = ring.next_seq;
-        let one = std::slice::from_ref(&wr);
-        let (rc, _) = match self.qpx {
+        let rc = match self.qpx {
             Some(qpx) if !(self.auto_path && n > 1) => {
-                Self::post_extended(qpx, one, &mut sges[..n], &sge_at, serial, seq)
+                let sge_at = [(0, n)];
+                let one = std::slice::from_ref(&wr);
+                Self::post_extended(qpx, one, &mut sges[..n], &sge_at, serial, seq).0
             }
-            _ => self.post_legacy(one, &mut sges[..n], &sge_at, serial, seq),
+            _ => {
+                let mut raw = ffi::ibv_send_wr {
+                    wr_id: track::encode(serial, false, seq),
+                    sg_list: if n == 0 {
+                        std::ptr::null_mut()
+                    } else {
+                        sges.as_mut_ptr()
+                    },
+                    num_sge: n as std::ffi::c_int,
+                    send_flags: wr.flags.bits(),
+                    ..Default::default()
+                };
+                Self::fill_send(&mut raw, &wr.op, &wr.ud);
+                let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+                // SAFETY: one well-formed request whose SGEs point into
+                // memory held by `wr`, which is parked in the tracker below
+                // while the ring lock is held, before any completion can be
+                // resolved.
+                unsafe { ffi::ibv_post_send(self.as_raw(), &mut raw, &mut bad) }
+            }
         };
         if rc != 0 {
             drop(ring);
@@ -1174,6 +1197,43 @@ impl QueuePair {
         });
         ring.next_seq = seq.wrapping_add(1);
         Ok(())
+    }
+
+    /// A quick check that accepts only requests [`Self::check_buffers`] and
+    /// [`Self::check_send`] would accept: at most one region of this QP's
+    /// PD, no UD destination, no atomics. Everything else (and every error)
+    /// goes through the full checks.
+    #[inline]
+    fn send_plainly_valid(&self, wr: &SendWr) -> bool {
+        if wr.ud.is_some() || self.qp_type == QpType::Ud {
+            return false;
+        }
+        let len = match &wr.buffers {
+            WrBuffers::None => 0,
+            WrBuffers::One(m) => {
+                if self.caps.max_send_sge == 0
+                    || m.pd().as_raw() != self.pd.as_raw()
+                    || u32::try_from(m.len()).is_err()
+                    || (wr.op.writes_local() && !m.access().contains(AccessFlags::LOCAL_WRITE))
+                {
+                    return false;
+                }
+                m.len() as u64
+            }
+            WrBuffers::Many(_) => return false,
+        };
+        let max = u64::from(self.max_msg.load(std::sync::atomic::Ordering::Relaxed));
+        if max != 0 && len > max {
+            return false;
+        }
+        match wr.op {
+            SendOp::Send
+            | SendOp::SendWithImm(_)
+            | SendOp::SendWithInvalidate(_)
+            | SendOp::LocalInvalidate(_) => true,
+            SendOp::Write(r) | SendOp::WriteWithImm(r, _) | SendOp::Read(r) => len <= r.len,
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => false,
+        }
     }
 
     /// Posts several send requests with one doorbell.
@@ -1464,7 +1524,20 @@ impl QueuePair {
         buffers: impl Into<WrBuffers>,
     ) -> std::result::Result<(), PostError> {
         let buffers = buffers.into();
-        let check = if self.srq.is_some() {
+        let plainly_valid = self.srq.is_none()
+            && match &buffers {
+                WrBuffers::None => true,
+                WrBuffers::One(m) => {
+                    self.caps.max_recv_sge > 0
+                        && m.pd().as_raw() == self.pd.as_raw()
+                        && u32::try_from(m.len()).is_ok()
+                        && m.access().contains(AccessFlags::LOCAL_WRITE)
+                }
+                WrBuffers::Many(_) => false,
+            };
+        let check = if plainly_valid {
+            Ok(())
+        } else if self.srq.is_some() {
             Err(Error::InvalidArgument {
                 verb: "ibv_post_recv",
                 reason: format!(

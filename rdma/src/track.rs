@@ -12,9 +12,11 @@
 //! number, find no tracker and are passed through without memory (the QP's
 //! drop already destroyed the QP, then released the memory).
 
+use std::cell::UnsafeCell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
 
 use crate::ffi;
 use crate::wc::{Completion, WrBuffers};
@@ -43,6 +45,98 @@ pub(crate) fn decode(wr_id: u64) -> Option<(u32, bool, u32)> {
     Some((serial, wr_id & RECV != 0, wr_id as u32))
 }
 
+/// The lock of the data path's bookkeeping (a tracker's rings, a CQ's
+/// registry).
+///
+/// Its critical sections are a few instructions long (push or pop one
+/// entry, find a tracker), never block and never run user code, and nearly
+/// always find the lock free: one atomic exchange to take it and a plain
+/// store to release it, without `Mutex`'s poisoning bookkeeping, which the
+/// latency benchmark measured on every post and completion. A waiter spins
+/// briefly, then yields its CPU. Nothing is ever dropped under it except
+/// what the section itself moves (see `Tracker::complete`).
+pub(crate) struct Spin<T> {
+    locked: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: the value is only reached through a guard, and only one guard
+// exists at a time (the `locked` flag, taken with Acquire and released with
+// Release); so `Spin<T>` is a mutex, and like `Mutex<T>` it is Send and Sync
+// when `T` is Send.
+unsafe impl<T: Send> Send for Spin<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for Spin<T> {}
+
+impl<T: Default> Default for Spin<T> {
+    fn default() -> Self {
+        Spin::new(T::default())
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Spin<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spin")
+            .field("value", &*self.lock())
+            .finish()
+    }
+}
+
+impl<T> Spin<T> {
+    pub const fn new(value: T) -> Self {
+        Spin {
+            locked: AtomicBool::new(false),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    pub fn lock(&self) -> SpinGuard<'_, T> {
+        let mut spins = 0u32;
+        while self
+            .locked
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            while self.locked.load(Ordering::Relaxed) {
+                if spins < 100 {
+                    std::hint::spin_loop();
+                    spins += 1;
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        SpinGuard { lock: self }
+    }
+}
+
+pub(crate) struct SpinGuard<'a, T> {
+    lock: &'a Spin<T>,
+}
+
+impl<T> Deref for SpinGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: this guard holds the lock, so no other reference to the
+        // value exists.
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T> DerefMut for SpinGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as in `deref`; `&mut self` makes this the only reference
+        // derived from the guard.
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+impl<T> Drop for SpinGuard<'_, T> {
+    fn drop(&mut self) {
+        self.lock.locked.store(false, Ordering::Release);
+    }
+}
+
 /// One work request in flight.
 #[derive(Debug)]
 pub(crate) struct Pending {
@@ -65,27 +159,25 @@ pub(crate) struct Ring {
 #[derive(Debug)]
 pub(crate) struct Tracker {
     pub serial: u32,
-    sq: Mutex<Ring>,
-    rq: Mutex<Ring>,
-}
-
-fn lock(m: &Mutex<Ring>) -> MutexGuard<'_, Ring> {
-    // A panic while holding the lock cannot leave the ring inconsistent in a
-    // way that matters for memory safety (entries only move out), so recover.
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    sq: Spin<Ring>,
+    rq: Spin<Ring>,
 }
 
 impl Tracker {
     pub fn new() -> Arc<Tracker> {
         Arc::new(Tracker {
             serial: next_serial(),
-            sq: Mutex::new(Ring::default()),
-            rq: Mutex::new(Ring::default()),
+            sq: Spin::default(),
+            rq: Spin::default(),
         })
     }
 
-    pub fn ring(&self, recv: bool) -> MutexGuard<'_, Ring> {
-        lock(if recv { &self.rq } else { &self.sq })
+    pub fn ring(&self, recv: bool) -> SpinGuard<'_, Ring> {
+        if recv {
+            self.rq.lock()
+        } else {
+            self.sq.lock()
+        }
     }
 
     /// Number of requests in flight on (send, receive) queue.
@@ -105,27 +197,35 @@ impl Tracker {
 
     /// Fills `c` (whose `wr_id` is our encoded id) from the matching entry.
     fn complete(&self, recv: bool, seq: u32, c: &mut Completion) {
-        let mut ring = self.ring(recv);
-        let Some(pos) = ring.pending.iter().position(|p| p.seq == seq) else {
-            // Not ours (already released): leave the completion bare.
-            return;
+        // Entries leave the ring under the lock and are unpacked (and what
+        // they kept alive, such as an address handle, dropped) after it.
+        let mut earlier = Vec::new();
+        let done = {
+            let mut ring = self.ring(recv);
+            if ring.pending.front().is_some_and(|p| p.seq == seq) {
+                // The usual case: the oldest request in flight completed.
+                ring.pending.pop_front()
+            } else {
+                match ring.pending.iter().position(|p| p.seq == seq) {
+                    // Not ours (already released): leave the completion bare.
+                    None => None,
+                    // Receives: only this entry is known to be done (an SRQ
+                    // serves several QPs).
+                    Some(pos) if recv => ring.pending.remove(pos),
+                    // Send queues complete in order: everything before `pos`
+                    // is done too.
+                    Some(pos) => {
+                        earlier.extend(ring.pending.drain(..pos));
+                        ring.pending.pop_front()
+                    }
+                }
+            }
         };
-        if recv {
-            // Receive queues complete in order, but only this entry is known
-            // to be done: take exactly it.
-            if let Some(p) = ring.pending.remove(pos) {
-                c.wr_id = p.wr_id;
-                c.buffers = p.buffers;
-            }
-            return;
+        if !earlier.is_empty() {
+            c.unsignaled
+                .extend(earlier.into_iter().map(|p| (p.wr_id, p.buffers)));
         }
-        // Send queues complete in order: everything before `pos` is done too.
-        for _ in 0..pos {
-            if let Some(p) = ring.pending.pop_front() {
-                c.unsignaled.push((p.wr_id, p.buffers));
-            }
-        }
-        if let Some(p) = ring.pending.pop_front() {
+        if let Some(p) = done {
             c.wr_id = p.wr_id;
             c.buffers = p.buffers;
         }
@@ -247,54 +347,71 @@ pub(crate) fn post_recv_one(
     (0, None)
 }
 
-/// QPs whose completions a CQ may report, by serial.
+/// The queues whose completions a CQ may report, by serial.
+///
+/// Holds each tracker strongly: a QP or SRQ unregisters itself after it is
+/// destroyed (and before it releases its memory), so resolving a batch takes
+/// one lock and no reference-count traffic.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     /// `(serial, tracker)`, most recently resolved first: a CQ serves few
-    /// QPs, and a linear scan of a short list beats hashing on the poll path.
-    list: Mutex<Vec<(u32, Weak<Tracker>)>>,
+    /// queues, and a linear scan of a short list beats hashing on the poll
+    /// path.
+    list: Spin<Vec<(u32, Arc<Tracker>)>>,
 }
 
 impl Registry {
-    fn list(&self) -> MutexGuard<'_, Vec<(u32, Weak<Tracker>)>> {
-        self.list.lock().unwrap_or_else(|p| p.into_inner())
+    fn list(&self) -> SpinGuard<'_, Vec<(u32, Arc<Tracker>)>> {
+        self.list.lock()
     }
 
     pub fn register(&self, t: &Arc<Tracker>) {
         let mut list = self.list();
-        list.retain(|(s, w)| *s != t.serial && w.strong_count() > 0);
-        list.insert(0, (t.serial, Arc::downgrade(t)));
+        if !list.iter().any(|(s, _)| *s == t.serial) {
+            list.insert(0, (t.serial, Arc::clone(t)));
+        }
     }
 
     pub fn unregister(&self, serial: u32) {
-        self.list().retain(|(s, _)| *s != serial);
-    }
-
-    fn find(&self, serial: u32) -> Option<Arc<Tracker>> {
-        let mut list = self.list();
-        let i = list.iter().position(|(s, _)| *s == serial)?;
-        if i > 0 {
-            let hit = list.remove(i);
-            list.insert(0, hit);
-        }
-        list[0].1.upgrade()
+        let gone: Vec<_> = {
+            let mut list = self.list();
+            let (gone, kept) = list.drain(..).partition(|(s, _)| *s == serial);
+            *list = kept;
+            gone
+        };
+        // Dropped outside the lock (a last tracker reference frees memory).
+        drop(gone);
     }
 
     /// Resolves the completions of a poll batch: ids of safe posts are
     /// replaced by the caller's, and their memory is attached.
     pub fn resolve(&self, completions: &mut [Completion]) {
-        let mut cached: Option<Arc<Tracker>> = None;
+        // Completions of raw posts need no lock.
+        if !completions.iter().any(|c| c.wr_id & TAG != 0) {
+            return;
+        }
+        let mut list = self.list();
         for c in completions {
             let Some((serial, recv, seq)) = decode(c.wr_id) else {
                 continue;
             };
-            if cached.as_ref().is_none_or(|t| t.serial != serial) {
-                cached = self.find(serial);
-            }
-            match &cached {
-                Some(t) => t.complete(recv, seq, c),
-                // The QP is gone: its memory was released after it was destroyed.
-                None => c.wr_id &= !(TAG | RECV),
+            let hit = match list.first() {
+                Some((s, _)) if *s == serial => true,
+                _ => match list.iter().position(|(s, _)| *s == serial) {
+                    Some(i) => {
+                        // Most recently used first.
+                        list[..=i].rotate_right(1);
+                        true
+                    }
+                    None => false,
+                },
+            };
+            if hit {
+                list[0].1.complete(recv, seq, c);
+            } else {
+                // The queue is gone: its memory was released after it was
+                // destroyed.
+                c.wr_id &= !(TAG | RECV);
             }
         }
     }
@@ -322,6 +439,30 @@ mod tests {
             wr_id: id,
             ..Default::default()
         })
+    }
+
+    #[test]
+    fn spin_lock_excludes() {
+        let n = Arc::new(Spin::new(0u64));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let n = Arc::clone(&n);
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        // A read-modify-write that loses updates unless the
+                        // lock excludes the other threads.
+                        let mut g = n.lock();
+                        let v = *g;
+                        std::hint::black_box(&v);
+                        *g = v + 1;
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(*n.lock(), 80_000);
     }
 
     #[test]
@@ -376,7 +517,9 @@ mod tests {
         reg.register(&t);
         let seq = pending(&mut t.ring(false), 7);
         let id = encode(t.serial, false, seq);
-        drop(t);
+        // What a QP's teardown does after destroying the QP.
+        reg.unregister(t.serial);
+        drop(t.drain());
         let mut done = [completion(id)];
         reg.resolve(&mut done);
         assert!(done[0].buffers.is_empty());

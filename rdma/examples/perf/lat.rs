@@ -17,10 +17,9 @@
 //! - `read_lat`, `atomic_lat`: the client posts one request at a time and
 //!   waits for its completion; a gap is one operation. The server waits.
 
-use std::time::Instant;
-
 use rdma::{ffi, AccessFlags, Completion, InlineSend, MemoryRegion, WrBuffers};
 
+use crate::clock::Stamps;
 use crate::io::{self, RawRecv, RawSend};
 use crate::opts::{Opts, OrFail, Res, Verb};
 use crate::report;
@@ -37,7 +36,7 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
     if pingpong || !server {
         report::lat_header();
     }
-    let mut stamps = Vec::with_capacity(opts.iters as usize);
+    let mut stamps = Stamps::with_capacity(opts.iters as usize);
     let mut work = Vec::with_capacity(opts.iters as usize);
     for size in opts.sizes() {
         if !pingpong && server {
@@ -55,6 +54,7 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
             (_, false) => one_sided_safe(conn, opts, size, &mut stamps)?,
             (_, true) => one_sided_raw(conn, opts, size, &mut stamps)?,
         }
+        stamps.finish();
         let cpu1 = report::cpu_times();
         conn.oob.barrier()?;
         let rtt_factor = if pingpong { 2.0 } else { 1.0 };
@@ -72,7 +72,7 @@ fn rx_slots(opts: &Opts, size: usize) -> u32 {
     setup::slots(size, opts.rx_depth.min(opts.iters))
 }
 
-fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instant>) -> Res<()> {
+fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
     let server = opts.is_server();
     let iters = opts.iters;
     let slots = rx_slots(opts, size);
@@ -117,7 +117,7 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instant
             qp.post_send(rdma::SendWr::send(u64::from(n), mr).signaled(signaled))
                 .map_err(|e| format!("Couldn't post send: {}", e.error))?;
         }
-        stamps.push(Instant::now());
+        stamps.push();
         if let Some(mut c) = arrived {
             if rposted < iters {
                 qp.post_recv(0, c.take_buffers())
@@ -140,7 +140,7 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instant
     Ok(())
 }
 
-fn send_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instant>) -> Res<()> {
+fn send_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
     let server = opts.is_server();
     let iters = opts.iters;
     let slots = rx_slots(opts, size);
@@ -195,7 +195,7 @@ fn send_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instant>
         // SAFETY: the send buffer is kept in `conn.raw_keep` and only read
         // by the device; every send uses the same bytes (as perftest).
         unsafe { send.post(qp, saddr, u64::from(n), signaled) }?;
-        stamps.push(Instant::now());
+        stamps.push();
         if let Some(id) = arrived {
             if rposted < iters {
                 // SAFETY: the slot's receive completed; kept memory.
@@ -238,7 +238,7 @@ fn arrived(target: &MemoryRegion, size: usize) -> u8 {
     unsafe { std::ptr::read_volatile(p) }
 }
 
-fn write_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instant>) -> Res<()> {
+fn write_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
     let server = opts.is_server();
     let iters = opts.iters;
     let remote = conn.remote[0];
@@ -279,7 +279,7 @@ fn write_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instan
             qp.post_send(rdma::SendWr::write(u64::from(n), mr, remote))
                 .map_err(|e| format!("Couldn't post send: {}", e.error))?;
         }
-        stamps.push(Instant::now());
+        stamps.push();
         let mut c = io::wait_one_safe(&conn.send_cq, None, &mut wcs, &watch, "RDMA write")?;
         if !inline {
             smr = c.take_buffers().into_one();
@@ -294,7 +294,7 @@ fn write_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instan
     Ok(())
 }
 
-fn write_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instant>) -> Res<()> {
+fn write_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
     let server = opts.is_server();
     let iters = opts.iters;
     let inline = size <= conn.inline as usize;
@@ -337,7 +337,7 @@ fn write_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instant
         // SAFETY: the buffer is kept in `conn.raw_keep`; the device reads it
         // until the completion polled right after.
         unsafe { send.post(qp, saddr, u64::from(n), true) }?;
-        stamps.push(Instant::now());
+        stamps.push();
         io::wait_one_raw(&conn.send_cq, None, &mut wc, &watch, "RDMA write")?;
     }
     while rcnt < iters {
@@ -349,7 +349,7 @@ fn write_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instant
     Ok(())
 }
 
-fn one_sided_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instant>) -> Res<()> {
+fn one_sided_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
     let verb = opts.test.verb;
     let len = if verb == Verb::Atomic { 8 } else { size };
     let mut mr = Some(
@@ -372,7 +372,7 @@ fn one_sided_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<In
         let wr = io::safe_wr(verb, opts.atomic, u64::from(i), m, remote);
         qp.post_send(wr)
             .map_err(|e| format!("Couldn't post send: {}", e.error))?;
-        stamps.push(Instant::now());
+        stamps.push();
         let mut c =
             io::wait_one_safe(&conn.send_cq, conn.send_ch.as_ref(), &mut wcs, &watch, what)?;
         mr = c.take_buffers().into_one();
@@ -380,7 +380,7 @@ fn one_sided_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<In
     Ok(())
 }
 
-fn one_sided_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Instant>) -> Res<()> {
+fn one_sided_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
     let verb = opts.test.verb;
     let len = if verb == Verb::Atomic { 8 } else { size };
     let mr = conn
@@ -411,7 +411,7 @@ fn one_sided_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Vec<Ins
         // SAFETY: the buffer is kept in `conn.raw_keep`, never referenced
         // from Rust; one request at a time (completion polled below).
         unsafe { req.post(qp, addr, u64::from(i), true) }?;
-        stamps.push(Instant::now());
+        stamps.push();
         io::wait_one_raw(&conn.send_cq, conn.send_ch.as_ref(), &mut wc, &watch, what)?;
     }
     Ok(())

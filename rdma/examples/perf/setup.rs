@@ -371,7 +371,7 @@ fn print_header(
             "busy polling"
         }
     );
-    println!(" Clock           : CLOCK_MONOTONIC (std::time::Instant)");
+    println!(" Clock           : {}", crate::clock::NAME);
     println!("{rule}");
 }
 

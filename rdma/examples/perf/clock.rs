@@ -1,0 +1,120 @@
+//! Latency timestamps: the TSC where there is one, as perftest reads it.
+//!
+//! A `clock_gettime` can be a system call (in the TCG guest of `ci/bench`
+//! the clocksource is HPET, and a read costs more than a microsecond),
+//! while perftest stamps its latency tests with `rdtsc`. So on x86_64 the
+//! stamps are TSC ticks, converted to time with the rate measured against
+//! CLOCK_MONOTONIC over the run itself (from the first stamp to the last);
+//! elsewhere they are CLOCK_MONOTONIC nanoseconds.
+
+use std::time::Instant;
+
+/// A series of timestamps and what they are worth in time.
+pub struct Stamps {
+    ticks: Vec<u64>,
+    /// CLOCK_MONOTONIC and the tick counter, read together at the start.
+    start: Option<(Instant, u64)>,
+    /// The same, at the last stamp (set by `finish`).
+    end: Option<(Instant, u64)>,
+}
+
+/// The name of the clock, for the header.
+pub const NAME: &str = if cfg!(target_arch = "x86_64") {
+    "TSC (rdtsc), rate measured against CLOCK_MONOTONIC over each run"
+} else {
+    "CLOCK_MONOTONIC (std::time::Instant)"
+};
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn ticks() -> u64 {
+    // SAFETY: rdtsc has no preconditions on x86_64; it reads a counter.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[inline(always)]
+fn ticks() -> u64 {
+    use std::sync::OnceLock;
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+impl Stamps {
+    pub fn with_capacity(n: usize) -> Self {
+        Stamps {
+            ticks: Vec::with_capacity(n),
+            start: None,
+            end: None,
+        }
+    }
+
+    /// Forgets the stamps (keeps the allocation).
+    pub fn clear(&mut self) {
+        self.ticks.clear();
+        self.start = None;
+        self.end = None;
+    }
+
+    /// Takes one stamp.
+    #[inline(always)]
+    pub fn push(&mut self) {
+        let t = ticks();
+        if self.start.is_none() {
+            self.start = Some((Instant::now(), t));
+        }
+        self.ticks.push(t);
+    }
+
+    /// Closes the series (reads CLOCK_MONOTONIC once more for the rate).
+    pub fn finish(&mut self) {
+        let t = ticks();
+        self.end = Some((Instant::now(), t));
+    }
+
+    pub fn len(&self) -> usize {
+        self.ticks.len()
+    }
+
+    /// Ticks per microsecond, measured over the series.
+    fn ticks_per_us(&self) -> f64 {
+        if !cfg!(target_arch = "x86_64") {
+            return 1000.0;
+        }
+        match (self.start, self.end) {
+            (Some((i0, t0)), Some((i1, t1))) if i1 > i0 && t1 > t0 => {
+                (t1 - t0) as f64 / (i1 - i0).as_secs_f64() / 1e6
+            }
+            _ => f64::NAN,
+        }
+    }
+
+    /// The gaps between consecutive stamps, in microseconds.
+    pub fn gaps_us(&self) -> impl Iterator<Item = f64> + '_ {
+        let per_us = self.ticks_per_us();
+        self.ticks
+            .windows(2)
+            .map(move |w| w[1].saturating_sub(w[0]) as f64 / per_us)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaps_follow_the_monotonic_clock() {
+        let mut s = Stamps::with_capacity(3);
+        for _ in 0..3 {
+            s.push();
+            let t = Instant::now();
+            while t.elapsed().as_micros() < 2000 {}
+        }
+        s.finish();
+        let gaps: Vec<f64> = s.gaps_us().collect();
+        assert_eq!(gaps.len(), 2);
+        for g in gaps {
+            assert!((1500.0..20_000.0).contains(&g), "gap {g} us");
+        }
+    }
+}
