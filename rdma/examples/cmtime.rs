@@ -208,15 +208,12 @@ struct Verbs {
 /// queue on the shared CQ, through `rdma_create_qp` (which also moves it to
 /// INIT).
 fn create_qp(id: &CmId, verbs: &mut Option<Verbs>) -> rdma::Result<QueuePair> {
-    if verbs.is_none() {
-        let ctx = id.context()?;
-        *verbs = Some(Verbs {
+    let v = match verbs {
+        Some(v) => v,
+        None => verbs.insert(Verbs {
             pd: id.pd()?,
-            cq: ctx.create_cq(1, None, 0)?,
-        });
-    }
-    let Some(v) = verbs.as_ref() else {
-        unreachable!("set above")
+            cq: id.context()?.create_cq(1, None, 0)?,
+        }),
     };
     id.create_qp(
         v.pd.qp_builder(QpType::Rc, &v.cq, &v.cq)

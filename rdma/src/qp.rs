@@ -1208,19 +1208,10 @@ impl QueuePair {
         if wr.ud.is_some() || self.qp_type == QpType::Ud {
             return false;
         }
-        let len = match &wr.buffers {
-            WrBuffers::None => 0,
-            WrBuffers::One(m) => {
-                if self.caps.max_send_sge == 0
-                    || m.pd().as_raw() != self.pd.as_raw()
-                    || u32::try_from(m.len()).is_err()
-                    || (wr.op.writes_local() && !m.access().contains(AccessFlags::LOCAL_WRITE))
-                {
-                    return false;
-                }
-                m.len() as u64
-            }
-            WrBuffers::Many(_) => return false,
+        let Some(len) =
+            self.buffers_plainly_valid(&wr.buffers, self.caps.max_send_sge, wr.op.writes_local())
+        else {
+            return false;
         };
         let max = u64::from(self.max_msg.load(std::sync::atomic::Ordering::Relaxed));
         if max != 0 && len > max {
@@ -1233,6 +1224,28 @@ impl QueuePair {
             | SendOp::LocalInvalidate(_) => true,
             SendOp::Write(r) | SendOp::WriteWithImm(r, _) | SendOp::Read(r) => len <= r.len,
             SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => false,
+        }
+    }
+
+    /// The quick half of [`Self::check_buffers`] for the common case: no
+    /// region, or one region of this QP's PD that one SGE can describe
+    /// (with `LOCAL_WRITE` when the device writes it). Returns the length,
+    /// or `None` for anything the full checks must look at.
+    #[inline]
+    fn buffers_plainly_valid(
+        &self,
+        bufs: &WrBuffers,
+        max_sge: u32,
+        local_write: bool,
+    ) -> Option<u64> {
+        match bufs {
+            WrBuffers::None => Some(0),
+            WrBuffers::One(m) => (max_sge > 0
+                && m.pd().as_raw() == self.pd.as_raw()
+                && u32::try_from(m.len()).is_ok()
+                && (!local_write || m.access().contains(AccessFlags::LOCAL_WRITE)))
+            .then_some(m.len() as u64),
+            WrBuffers::Many(_) => None,
         }
     }
 
@@ -1525,16 +1538,9 @@ impl QueuePair {
     ) -> std::result::Result<(), PostError> {
         let buffers = buffers.into();
         let plainly_valid = self.srq.is_none()
-            && match &buffers {
-                WrBuffers::None => true,
-                WrBuffers::One(m) => {
-                    self.caps.max_recv_sge > 0
-                        && m.pd().as_raw() == self.pd.as_raw()
-                        && u32::try_from(m.len()).is_ok()
-                        && m.access().contains(AccessFlags::LOCAL_WRITE)
-                }
-                WrBuffers::Many(_) => false,
-            };
+            && self
+                .buffers_plainly_valid(&buffers, self.caps.max_recv_sge, true)
+                .is_some();
         let check = if plainly_valid {
             Ok(())
         } else if self.srq.is_some() {

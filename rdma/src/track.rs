@@ -202,22 +202,20 @@ impl Tracker {
         let mut earlier = Vec::new();
         let done = {
             let mut ring = self.ring(recv);
-            if ring.pending.front().is_some_and(|p| p.seq == seq) {
-                // The usual case: the oldest request in flight completed.
-                ring.pending.pop_front()
-            } else {
-                match ring.pending.iter().position(|p| p.seq == seq) {
-                    // Not ours (already released): leave the completion bare.
-                    None => None,
-                    // Receives: only this entry is known to be done (an SRQ
-                    // serves several QPs).
-                    Some(pos) if recv => ring.pending.remove(pos),
-                    // Send queues complete in order: everything before `pos`
-                    // is done too.
-                    Some(pos) => {
+            // Usually the oldest request in flight: found at once.
+            match ring.pending.iter().position(|p| p.seq == seq) {
+                // Not ours (already released): leave the completion bare.
+                None => None,
+                // Receives: only this entry is known to be done (an SRQ
+                // serves several QPs).
+                Some(pos) if recv => ring.pending.remove(pos),
+                // Send queues complete in order: everything before `pos` is
+                // done too.
+                Some(pos) => {
+                    if pos > 0 {
                         earlier.extend(ring.pending.drain(..pos));
-                        ring.pending.pop_front()
                     }
+                    ring.pending.pop_front()
                 }
             }
         };

@@ -131,20 +131,18 @@ impl EventChannel {
     /// # Errors
     /// As [`EventChannel::get_event`].
     pub fn get_event_timeout(&self, timeout: Duration) -> Result<Option<CmEvent>> {
-        // An event already queued is returned without reading the clock.
-        if let Some(event) = self.try_get_event()? {
-            return Ok(Some(event));
-        }
-        let deadline = Instant::now() + timeout;
+        // The clock is read only once there is something to wait for.
+        let mut deadline = None;
         loop {
+            if let Some(event) = self.try_get_event()? {
+                return Ok(Some(event));
+            }
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + timeout);
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Ok(None);
             }
             self.wait_readable(Some(left))?;
-            if let Some(event) = self.try_get_event()? {
-                return Ok(Some(event));
-            }
         }
     }
 
