@@ -130,8 +130,7 @@ impl Drop for AhInner {
         // destroyed once.
         let rc = unsafe { ffi::ibv_destroy_ah(self.ah.as_ptr()) };
         if rc != 0 {
-            log::error!("ibv_destroy_ah failed: errno {rc}");
-            debug_assert_eq!(rc, 0, "ibv_destroy_ah failed");
+            crate::error::teardown_failed(format_args!("ibv_destroy_ah failed: errno {rc}"));
         }
     }
 }

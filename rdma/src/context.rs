@@ -80,8 +80,10 @@ impl Drop for ContextInner {
         // this inner value, so nothing built on the context is left; closed once.
         let rc = unsafe { ffi::ibv_close_device(self.ctx.as_ptr()) };
         if rc != 0 {
-            log::error!("ibv_close_device({}) failed: rc {rc}", self.name);
-            debug_assert_eq!(rc, 0, "ibv_close_device failed");
+            crate::error::teardown_failed(format_args!(
+                "ibv_close_device({}) failed: rc {rc}",
+                self.name
+            ));
         }
     }
 }

@@ -35,12 +35,11 @@ impl Drop for ChannelInner {
         // left; destroyed once.
         let rc = unsafe { ffi::ibv_destroy_comp_channel(self.ch.as_ptr()) };
         if rc != 0 {
-            log::error!(
+            crate::error::teardown_failed(format_args!(
                 "ibv_destroy_comp_channel on {} failed: {}",
                 self.ctx.name(),
                 std::io::Error::from_raw_os_error(last_errno())
-            );
-            debug_assert_eq!(rc, 0, "ibv_destroy_comp_channel failed");
+            ));
         }
     }
 }
@@ -228,8 +227,10 @@ impl Drop for CqInner {
         // holds one too, so no QP is attached and all events are acked.
         let rc = unsafe { ffi::ibv_destroy_cq(self.cq.as_ptr()) };
         if rc != 0 {
-            log::error!("ibv_destroy_cq on {} failed: errno {rc}", self.ctx.name());
-            debug_assert_eq!(rc, 0, "ibv_destroy_cq failed");
+            crate::error::teardown_failed(format_args!(
+                "ibv_destroy_cq on {} failed: errno {rc}",
+                self.ctx.name()
+            ));
         }
     }
 }

@@ -38,8 +38,10 @@ impl Drop for DmInner {
         // so none is left; freed once.
         let rc = unsafe { ffi::ibv_free_dm(self.dm.as_ptr()) };
         if rc != 0 {
-            log::error!("ibv_free_dm on {} failed: errno {rc}", self.ctx.name());
-            debug_assert_eq!(rc, 0, "ibv_free_dm failed");
+            crate::error::teardown_failed(format_args!(
+                "ibv_free_dm on {} failed: errno {rc}",
+                self.ctx.name()
+            ));
         }
     }
 }
@@ -385,11 +387,10 @@ impl Drop for DeviceMemoryRegion {
         // device memory it covers can be freed (field order).
         let rc = unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
         if rc != 0 {
-            log::error!(
+            crate::error::teardown_failed(format_args!(
                 "ibv_dereg_mr of a device memory region on {} failed: errno {rc}",
                 self.dm.ctx.name()
-            );
-            debug_assert_eq!(rc, 0, "ibv_dereg_mr failed");
+            ));
         }
     }
 }

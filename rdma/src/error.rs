@@ -224,6 +224,25 @@ impl From<Error> for io::Error {
 }
 
 /// The value of `errno` now. Call it right after the failing C call.
+static TEARDOWN_FAILURES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many destroy, free or acknowledge calls made while dropping a handle
+/// have failed in this process so far.
+///
+/// `Drop` never panics: a failed teardown is logged (`log::error!`), the
+/// object and the memory the device might still use are leaked, and this
+/// counter goes up. Tests and long-running services can watch it; callers
+/// who want the error itself use the `destroy(self)` methods.
+pub fn teardown_failures() -> u64 {
+    TEARDOWN_FAILURES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Records a failed teardown in `Drop`: logs it and counts it.
+pub(crate) fn teardown_failed(what: std::fmt::Arguments<'_>) {
+    log::error!("{what}");
+    TEARDOWN_FAILURES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 pub(crate) fn last_errno() -> i32 {
     io::Error::last_os_error()
         .raw_os_error()

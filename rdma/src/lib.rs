@@ -110,7 +110,7 @@ pub use cq::{CompletionChannel, CompletionQueue, CqEvent, PollCursor};
 pub use device::{device_by_name, devices, Device, Guid, NodeType, TransportType};
 pub use device_attr::{AtomicCap, DeviceAttr, DeviceCapFlags};
 pub use dm::{DeviceMemory, DeviceMemoryRegion};
-pub use error::{Error, Result};
+pub use error::{teardown_failures, Error, Result};
 pub use gid::{Gid, GidEntry, GidType};
 pub use mr::{AccessFlags, MemoryRegion, RemoteMemory};
 pub use mw::{MemoryWindow, MwType};

@@ -97,8 +97,9 @@ impl Drop for MrInner {
         // so nothing uses the registration any more; deregistered once.
         let rc = unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
         if rc != 0 {
-            log::error!("ibv_dereg_mr failed: errno {rc}; leaking its memory");
-            debug_assert_eq!(rc, 0, "ibv_dereg_mr failed");
+            crate::error::teardown_failed(format_args!(
+                "ibv_dereg_mr failed: errno {rc}; leaking its memory"
+            ));
             // The device may still reach the memory: never free it.
             std::mem::forget(std::mem::replace(&mut self.memory, Memory::Foreign));
         }

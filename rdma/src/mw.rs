@@ -49,8 +49,9 @@ impl Drop for MwInner {
         // once. The bound registration is released after (field `bound`).
         let rc = unsafe { ffi::ibv_dealloc_mw(self.mw.as_ptr()) };
         if rc != 0 {
-            log::error!("ibv_dealloc_mw failed: errno {rc}; keeping its region registered");
-            debug_assert_eq!(rc, 0, "ibv_dealloc_mw failed");
+            crate::error::teardown_failed(format_args!(
+                "ibv_dealloc_mw failed: errno {rc}; keeping its region registered"
+            ));
             // A peer may still reach the region through the window.
             if let Ok(mut b) = self.bound.lock() {
                 std::mem::forget(b.take());

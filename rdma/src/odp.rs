@@ -458,11 +458,10 @@ impl Drop for ImplicitOdpRegion {
         // SAFETY: registered by reg_implicit_odp_unchecked, deregistered once.
         let rc = unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
         if rc != 0 {
-            log::error!(
+            crate::error::teardown_failed(format_args!(
                 "ibv_dereg_mr of an implicit on-demand region on {} failed: errno {rc}",
                 self.pd.context().name()
-            );
-            debug_assert_eq!(rc, 0, "ibv_dereg_mr failed");
+            ));
         }
     }
 }

@@ -35,8 +35,10 @@ impl Drop for PdInner {
         // with ibv_dealloc_pd too (ibv_alloc_parent_domain(3)).
         let rc = unsafe { ffi::ibv_dealloc_pd(self.pd.as_ptr()) };
         if rc != 0 {
-            log::error!("ibv_dealloc_pd on {} failed: errno {rc}", self.ctx.name());
-            debug_assert_eq!(rc, 0, "ibv_dealloc_pd failed");
+            crate::error::teardown_failed(format_args!(
+                "ibv_dealloc_pd on {} failed: errno {rc}",
+                self.ctx.name()
+            ));
         }
     }
 }

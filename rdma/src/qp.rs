@@ -1843,8 +1843,9 @@ impl QueuePair {
 impl Drop for QueuePair {
     fn drop(&mut self) {
         if let Err(e) = self.teardown() {
-            log::error!("{e}; leaking the QP and the memory of its work in flight");
-            debug_assert!(false, "{e}");
+            crate::error::teardown_failed(format_args!(
+                "{e}; leaking the QP and the memory of its work in flight"
+            ));
             // The device may still use the memory: never free it.
             std::mem::forget(self.tracker.drain());
         }

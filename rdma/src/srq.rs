@@ -34,8 +34,9 @@ impl Drop for SrqInner {
         // left; destroyed once.
         let rc = unsafe { ffi::ibv_destroy_srq(self.srq.as_ptr()) };
         if rc != 0 {
-            log::error!("ibv_destroy_srq failed: errno {rc}; leaking its receive memory");
-            debug_assert_eq!(rc, 0, "ibv_destroy_srq failed");
+            crate::error::teardown_failed(format_args!(
+                "ibv_destroy_srq failed: errno {rc}; leaking its receive memory"
+            ));
             std::mem::forget(self.tracker.drain());
             return;
         }

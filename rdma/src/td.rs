@@ -43,8 +43,10 @@ impl Drop for TdInner {
         // Arc to it, so none is left; deallocated once.
         let rc = unsafe { ffi::ibv_dealloc_td(self.td.as_ptr()) };
         if rc != 0 {
-            log::error!("ibv_dealloc_td on {} failed: errno {rc}", self.ctx.name());
-            debug_assert_eq!(rc, 0, "ibv_dealloc_td failed");
+            crate::error::teardown_failed(format_args!(
+                "ibv_dealloc_td on {} failed: errno {rc}",
+                self.ctx.name()
+            ));
         }
     }
 }

@@ -65,8 +65,10 @@ impl Drop for XrcDomain {
         // SAFETY: opened by open_xrcd, closed once.
         let rc = unsafe { ffi::ibv_close_xrcd(self.xrcd.as_ptr()) };
         if rc != 0 {
-            log::error!("ibv_close_xrcd on {} failed: errno {rc}", self.ctx.name());
-            debug_assert_eq!(rc, 0, "ibv_close_xrcd failed");
+            crate::error::teardown_failed(format_args!(
+                "ibv_close_xrcd on {} failed: errno {rc}",
+                self.ctx.name()
+            ));
         }
     }
 }

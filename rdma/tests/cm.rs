@@ -469,6 +469,11 @@ fn dropping_ids_with_events_unacked_does_not_hang() {
         request.id().reject(&[]).unwrap();
         drop(request);
         drop((c, client, lch));
+        assert_eq!(
+            rdma::teardown_failures(),
+            0,
+            "no destroy or ack failed in Drop"
+        );
     });
 }
 

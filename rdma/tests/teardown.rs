@@ -106,6 +106,7 @@ fn every_drop_order_with_work_in_flight() {
         before,
         "(pd, cq, qp, mr) counts are back to the baseline"
     );
+    assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
 }
 
 #[test]
@@ -132,6 +133,7 @@ fn forgotten_memory_region_piece_stays_valid() {
     assert_eq!((cq, qp), (before.1, before.2));
     assert_eq!(mr, before.3 + 1);
     assert_eq!(pd, before.0 + 1);
+    assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
 }
 
 #[test]

@@ -276,8 +276,7 @@ impl Drop for CmEvent {
         // the ids it names are still alive (fields drop after this).
         let rc = unsafe { ffi::rdma_ack_cm_event(self.raw.as_ptr()) };
         if rc != 0 {
-            log::error!("rdma_ack_cm_event failed: rc {rc}");
-            debug_assert_eq!(rc, 0, "rdma_ack_cm_event failed");
+            crate::error::teardown_failed(format_args!("rdma_ack_cm_event failed: rc {rc}"));
         }
         let counted = self.listen_id.as_ref().unwrap_or(&self.id);
         counted.event_acked();

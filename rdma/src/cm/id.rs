@@ -122,8 +122,7 @@ impl Drop for IdInner {
         let rc = unsafe { ffi::rdma_destroy_id(self.raw.as_ptr()) };
         if rc != 0 {
             let e = std::io::Error::last_os_error();
-            log::error!("rdma_destroy_id failed: {e}");
-            debug_assert_eq!(rc, 0, "rdma_destroy_id failed: {e}");
+            crate::error::teardown_failed(format_args!("rdma_destroy_id failed: {e}"));
         }
     }
 }
@@ -1165,12 +1164,17 @@ impl QpOwner for CmQp {
         };
         id.with(|raw, _| {
             // SAFETY: read under the id's locks.
-            debug_assert_eq!(unsafe { (*raw).qp }, qp);
+            if unsafe { (*raw).qp } != qp {
+                crate::error::teardown_failed(format_args!(
+                    "rdma_destroy_qp: the id no longer holds this QP; leaking it"
+                ));
+                return libc::EINVAL;
+            }
             // SAFETY: the id's own QP (made by rdma_create_qp), destroyed
             // once; the QueuePair releases its memory only after this.
             unsafe { ffi::rdma_destroy_qp(raw) };
-        });
-        0
+            0
+        })
     }
 }
 
