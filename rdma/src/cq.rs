@@ -410,29 +410,67 @@ impl CompletionQueue {
                 )
             };
             if n < 0 {
-                // Providers return a negative value without a usable errno.
-                return Err(Error::verb_errno(
-                    "ibv_poll_cq",
-                    format!(
-                        "{}: returned {n} (CQ overrun or device error)",
-                        self.inner.ctx.name()
-                    ),
-                    libc::EIO,
-                ));
+                return Err(self.poll_failed(n));
             }
             let n = n as usize;
-            let start = out.len();
-            out.extend(wcs[..n].iter().map(|wc| {
-                // SAFETY: ibv_poll_cq wrote the first `n` entries.
-                Completion::from_raw(unsafe { wc.assume_init_ref() })
-            }));
-            self.inner.registry.resolve(&mut out[start..]);
+            // SAFETY: ibv_poll_cq wrote the first `n` entries; `ibv_wc` is
+            // plain data.
+            let polled =
+                unsafe { std::slice::from_raw_parts(wcs.as_ptr().cast::<ffi::ibv_wc>(), n) };
+            self.inner.registry.extend(polled, out);
             total += n;
             if n < want {
                 break;
             }
         }
         Ok(total)
+    }
+
+    /// Polls one completion (`ibv_poll_cq(3)` for one entry): `None` when
+    /// the CQ is empty. The same as [`CompletionQueue::poll`] with `max` 1,
+    /// without a `Vec`: the cheapest way to wait for one completion by
+    /// spinning.
+    ///
+    /// # Errors
+    /// As [`CompletionQueue::poll`].
+    #[inline]
+    pub fn poll_one(&self) -> Result<Option<Completion>> {
+        // An extended CQ must not be polled while a cursor is open on it.
+        let _guard = match self.inner.ex {
+            Some(_) => Some(
+                self.inner
+                    .poll_lock
+                    .try_lock()
+                    .map_err(|_| self.cursor_open())?,
+            ),
+            None => None,
+        };
+        let mut wc = std::mem::MaybeUninit::<ffi::ibv_wc>::uninit();
+        // SAFETY: `wc` has room for one entry.
+        let n = unsafe { ffi::ibv_poll_cq(self.as_raw(), 1, wc.as_mut_ptr()) };
+        match n {
+            0 => Ok(None),
+            // SAFETY: ibv_poll_cq wrote the entry.
+            1 => Ok(Some(
+                self.inner
+                    .registry
+                    .completion(unsafe { wc.assume_init_ref() }),
+            )),
+            n => Err(self.poll_failed(n)),
+        }
+    }
+
+    #[cold]
+    fn poll_failed(&self, n: std::ffi::c_int) -> Error {
+        // Providers return a negative value without a usable errno.
+        Error::verb_errno(
+            "ibv_poll_cq",
+            format!(
+                "{}: returned {n} (CQ overrun or device error)",
+                self.inner.ctx.name()
+            ),
+            libc::EIO,
+        )
     }
 
     fn cursor_open(&self) -> Error {
@@ -498,16 +536,6 @@ impl CompletionQueue {
             libc::ENOENT => Ok(None),
             rc => check_errno_ret("ibv_start_poll", || "".into(), rc).map(|()| None),
         }
-    }
-
-    /// Polls one completion.
-    ///
-    /// # Errors
-    /// As [`CompletionQueue::poll`].
-    pub fn poll_one(&self) -> Result<Option<Completion>> {
-        let mut v = Vec::with_capacity(1);
-        self.poll(&mut v, 1)?;
-        Ok(v.pop())
     }
 
     /// Arms the CQ: the next completion (or next solicited one) signals its
@@ -595,10 +623,7 @@ impl PollCursor<'_> {
             }
             wc
         };
-        let mut c = [Completion::from_raw(&wc)];
-        self.cq.inner.registry.resolve(&mut c);
-        let [c] = c;
-        self.current = Some(c);
+        self.current = Some(self.cq.inner.registry.completion(&wc));
     }
 
     /// The current completion.

@@ -1143,11 +1143,19 @@ impl QueuePair {
             }
         }
         let mut sges = [ffi::ibv_sge::default(); SHORT];
-        let mut n = 0;
-        wr.buffers.for_each(|m| {
-            sges[n] = m.sge();
-            n += 1;
-        });
+        let n = match &wr.buffers {
+            WrBuffers::None => 0,
+            WrBuffers::One(m) => {
+                sges[0] = m.sge();
+                1
+            }
+            WrBuffers::Many(v) => {
+                for (s, m) in sges.iter_mut().zip(v) {
+                    *s = m.sge();
+                }
+                v.len()
+            }
+        };
         let serial = self.tracker.serial;
         let mut ring = self.tracker.ring(false);
         let seq = ring.next_seq;

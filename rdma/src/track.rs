@@ -196,36 +196,57 @@ impl Tracker {
     }
 
     /// Fills `c` (whose `wr_id` is our encoded id) from the matching entry.
-    fn complete(&self, recv: bool, seq: u32, c: &mut Completion) {
-        // Entries leave the ring under the lock and are unpacked (and what
-        // they kept alive, such as an address handle, dropped) after it.
+    /// What the entries kept alive (address handles, windows) goes to
+    /// `later`, to be dropped once no lock is held.
+    fn complete(&self, recv: bool, seq: u32, c: &mut Completion, later: &mut Vec<Kept>) {
         let mut earlier = Vec::new();
         let done = {
             let mut ring = self.ring(recv);
-            // Usually the oldest request in flight: found at once.
-            match ring.pending.iter().position(|p| p.seq == seq) {
-                // Not ours (already released): leave the completion bare.
-                None => None,
-                // Receives: only this entry is known to be done (an SRQ
-                // serves several QPs).
-                Some(pos) if recv => ring.pending.remove(pos),
-                // Send queues complete in order: everything before `pos` is
-                // done too.
-                Some(pos) => {
-                    if pos > 0 {
+            match ring.pending.front() {
+                // Usually the oldest request in flight.
+                Some(p) if p.seq == seq => ring.pending.pop_front(),
+                _ => match ring.pending.iter().position(|p| p.seq == seq) {
+                    // Not ours (already released): leave the completion bare.
+                    None => None,
+                    // Receives: only this entry is known to be done (an SRQ
+                    // serves several QPs).
+                    Some(pos) if recv => ring.pending.remove(pos),
+                    // Send queues complete in order: everything before `pos`
+                    // is done too.
+                    Some(pos) => {
                         earlier.extend(ring.pending.drain(..pos));
+                        ring.pending.pop_front()
                     }
-                    ring.pending.pop_front()
-                }
+                },
             }
         };
         if !earlier.is_empty() {
-            c.unsignaled
-                .extend(earlier.into_iter().map(|p| (p.wr_id, p.buffers)));
+            c.unsignaled.reserve(earlier.len());
+            for p in earlier {
+                c.unsignaled.push((p.wr_id, p.buffers));
+                Kept::keep(later, p._ah, p._mw);
+            }
         }
         if let Some(p) = done {
             c.wr_id = p.wr_id;
             c.buffers = p.buffers;
+            Kept::keep(later, p._ah, p._mw);
+        }
+    }
+}
+
+/// Objects a finished request kept alive, dropped after the bookkeeping's
+/// locks are released (dropping one may call a verb).
+pub(crate) struct Kept {
+    _ah: Option<AddressHandle>,
+    _mw: Option<Arc<crate::mw::MwInner>>,
+}
+
+impl Kept {
+    #[inline]
+    fn keep(later: &mut Vec<Kept>, ah: Option<AddressHandle>, mw: Option<Arc<crate::mw::MwInner>>) {
+        if ah.is_some() || mw.is_some() {
+            later.push(Kept { _ah: ah, _mw: mw });
         }
     }
 }
@@ -381,36 +402,65 @@ impl Registry {
         drop(gone);
     }
 
-    /// Resolves the completions of a poll batch: ids of safe posts are
-    /// replaced by the caller's, and their memory is attached.
-    pub fn resolve(&self, completions: &mut [Completion]) {
-        // Completions of raw posts need no lock.
-        if !completions.iter().any(|c| c.wr_id & TAG != 0) {
-            return;
+    /// The completion of one polled work completion. For safe posts, the
+    /// caller's `wr_id` replaces ours and the request's memory is attached.
+    pub fn completion(&self, wc: &ffi::ibv_wc) -> Completion {
+        let mut c = Completion::from_raw(wc);
+        if c.wr_id & TAG != 0 {
+            let mut later = Vec::new();
+            self.fill(&mut self.list(), &mut c, &mut later);
+            drop(later);
         }
-        let mut list = self.list();
-        for c in completions {
-            let Some((serial, recv, seq)) = decode(c.wr_id) else {
-                continue;
-            };
-            let hit = match list.first() {
-                Some((s, _)) if *s == serial => true,
-                _ => match list.iter().position(|(s, _)| *s == serial) {
-                    Some(i) => {
-                        // Most recently used first.
-                        list[..=i].rotate_right(1);
-                        true
-                    }
-                    None => false,
-                },
-            };
-            if hit {
-                list[0].1.complete(recv, seq, c);
-            } else {
-                // The queue is gone: its memory was released after it was
-                // destroyed.
-                c.wr_id &= !(TAG | RECV);
+        c
+    }
+
+    /// Appends the completions of a poll batch to `out`, as
+    /// [`Registry::completion`] does for one; one lock for the batch.
+    pub fn extend(&self, wcs: &[ffi::ibv_wc], out: &mut Vec<Completion>) {
+        out.reserve(wcs.len());
+        let mut later = Vec::new();
+        {
+            let mut list = None;
+            for wc in wcs {
+                let mut c = Completion::from_raw(wc);
+                if c.wr_id & TAG != 0 {
+                    let list = list.get_or_insert_with(|| self.list());
+                    self.fill(list, &mut c, &mut later);
+                }
+                out.push(c);
             }
+        }
+        // The keep-alives are dropped here, after the locks.
+        drop(later);
+    }
+
+    /// Resolves one completion with our id, under the registry's lock.
+    fn fill(
+        &self,
+        list: &mut SpinGuard<'_, Vec<(u32, Arc<Tracker>)>>,
+        c: &mut Completion,
+        later: &mut Vec<Kept>,
+    ) {
+        let Some((serial, recv, seq)) = decode(c.wr_id) else {
+            return;
+        };
+        let hit = match list.first() {
+            Some((s, _)) if *s == serial => true,
+            _ => match list.iter().position(|(s, _)| *s == serial) {
+                Some(i) => {
+                    // Most recently used first.
+                    list[..=i].rotate_right(1);
+                    true
+                }
+                None => false,
+            },
+        };
+        if hit {
+            list[0].1.complete(recv, seq, c, later);
+        } else {
+            // The queue is gone: its memory was released after it was
+            // destroyed.
+            c.wr_id &= !(TAG | RECV);
         }
     }
 }
@@ -432,11 +482,11 @@ mod tests {
         seq
     }
 
-    fn completion(id: u64) -> Completion {
-        Completion::from_raw(&ffi::ibv_wc {
+    fn wc(id: u64) -> ffi::ibv_wc {
+        ffi::ibv_wc {
             wr_id: id,
             ..Default::default()
-        })
+        }
     }
 
     #[test]
@@ -485,8 +535,8 @@ mod tests {
             )
         };
         let _ = (a, b);
-        let mut done = [completion(encode(t.serial, false, c))];
-        reg.resolve(&mut done);
+        let mut done = Vec::new();
+        reg.extend(&[wc(encode(t.serial, false, c))], &mut done);
         assert_eq!(done[0].wr_id, 12);
         let ids: Vec<u64> = done[0].unsignaled.iter().map(|(id, _)| *id).collect();
         assert_eq!(ids, [10, 11]);
@@ -502,8 +552,7 @@ mod tests {
             let mut ring = t.ring(true);
             (pending(&mut ring, 1), pending(&mut ring, 2))
         };
-        let mut done = [completion(encode(t.serial, true, second))];
-        reg.resolve(&mut done);
+        let done = [reg.completion(&wc(encode(t.serial, true, second)))];
         assert_eq!(done[0].wr_id, 2);
         assert_eq!(t.in_flight(), (0, 1));
     }
@@ -518,8 +567,7 @@ mod tests {
         // What a QP's teardown does after destroying the QP.
         reg.unregister(t.serial);
         drop(t.drain());
-        let mut done = [completion(id)];
-        reg.resolve(&mut done);
+        let done = [reg.completion(&wc(id))];
         assert!(done[0].buffers.is_empty());
         assert_eq!(decode(done[0].wr_id), None);
     }

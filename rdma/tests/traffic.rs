@@ -349,6 +349,62 @@ macro_rules! legacy_and_auto {
     };
 }
 
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn poll_one_returns_memory_of_signaled_and_unsignaled_requests() {
+    let mut p = common::pair(QpType::Rc, AccessFlags::empty());
+    assert!(p.cq.poll_one().unwrap().is_none(), "a new CQ is empty");
+    let recvs = p.pd.alloc_mr(3 * 32, LW).unwrap().chunks(32).unwrap();
+    p.b.post_recv_batch(
+        recvs
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| (10 + i as u64, m.into())),
+    )
+    .unwrap();
+    for i in 0..3u64 {
+        let m =
+            p.pd.reg_mr(vec![i as u8 + 1; 32], AccessFlags::empty())
+                .unwrap();
+        p.a.post_send(SendWr::send(20 + i, m).signaled(i == 2))
+            .unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut done = Vec::new();
+    while done.len() < 4 {
+        match p.cq.poll_one().unwrap() {
+            Some(c) => done.push(c.ok().unwrap()),
+            None => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "lost completion: {done:?}"
+                );
+                std::thread::yield_now();
+            }
+        }
+    }
+    assert!(
+        p.cq.poll_one().unwrap().is_none(),
+        "four completions, no more"
+    );
+    let mut send = take(&mut done, 22);
+    let ids: Vec<u64> = send.unsignaled.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, [20, 21]);
+    assert_eq!(
+        send.take_buffers().into_one().unwrap().to_vec(),
+        vec![3u8; 32]
+    );
+    for i in 0..3u64 {
+        let mut r = take(&mut done, 10 + i);
+        assert_eq!(r.byte_len, 32);
+        assert_eq!(
+            r.take_buffers().into_one().unwrap().to_vec(),
+            vec![i as u8 + 1; 32]
+        );
+    }
+    assert_eq!((p.a.in_flight(), p.b.in_flight()), ((0, 0), (0, 0)));
+}
+
 legacy_and_auto!(
     multi_sge_batch_and_unsignaled_sends,
     inline_send_copies_at_post_time

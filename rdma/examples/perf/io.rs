@@ -104,12 +104,17 @@ pub fn wait_one_safe(
     what: &str,
 ) -> Res<Completion> {
     loop {
-        out.clear();
-        if poll_safe(cq, ch, out, 1)? > 0 {
-            if let Some(c) = out.pop() {
-                check(&c, what)?;
-                return Ok(c);
+        let c = match ch {
+            None => cq.poll_one().or_fail("poll CQ failed")?,
+            Some(_) => {
+                out.clear();
+                poll_safe(cq, ch, out, 1)?;
+                out.pop()
             }
+        };
+        if let Some(c) = c {
+            check(&c, what)?;
+            return Ok(c);
         }
         watch.idle()?;
     }
