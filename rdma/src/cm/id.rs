@@ -274,12 +274,13 @@ impl EventChannel {
     /// [`Error::Verb`] naming `rdma_create_id`.
     pub fn create_id(&self, ps: PortSpace) -> Result<CmId> {
         let mut raw: *mut ffi::rdma_cm_id = std::ptr::null_mut();
-        let rc = {
-            let _guard = self.inner.lock();
-            // SAFETY: valid channel and out-pointer.
-            unsafe {
-                ffi::rdma_create_id(self.as_raw(), &mut raw, std::ptr::null_mut(), ps.to_raw())
-            }
+        // Without the channel's lock: rdma_create_id only reads the channel's
+        // descriptor and touches no other id (librdmacm locks its own id
+        // table; its event processing creates ids the same way for connect
+        // requests).
+        // SAFETY: valid channel and out-pointer.
+        let rc = unsafe {
+            ffi::rdma_create_id(self.as_raw(), &mut raw, std::ptr::null_mut(), ps.to_raw())
         };
         verb("rdma_create_id", || format!("{ps:?}"), rc)?;
         let raw =
