@@ -67,9 +67,12 @@
 //! excludes other polls of its CQ while it lives.
 //!
 //! # Fork
-//! A process that forks while it has registered memory must call
-//! `ibv_fork_init()` (or set `RDMAV_FORK_SAFE=1`) before it creates any RDMA
-//! resource; this crate does not do it for you.
+//! On kernels without copy-on-fork (before Linux 5.13), a process that forks
+//! while it has registered memory must call [`fork_init`] (or set
+//! `RDMAV_FORK_SAFE=1`) before it creates any RDMA resource; this crate does
+//! not do it for you. [`is_fork_initialized`] tells whether fork support is
+//! on, or [`ForkStatus::Unneeded`] because the kernel keeps registered memory
+//! safe by itself.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -88,6 +91,7 @@ mod device;
 mod device_attr;
 mod dm;
 mod error;
+mod fork;
 mod gid;
 mod mr;
 mod mw;
@@ -111,6 +115,7 @@ pub use device::{device_by_name, devices, Device, Guid, NodeType, TransportType}
 pub use device_attr::{AtomicCap, DeviceAttr, DeviceCapFlags};
 pub use dm::{DeviceMemory, DeviceMemoryRegion};
 pub use error::{Error, Result};
+pub use fork::{fork_init, is_fork_initialized, ForkStatus};
 pub use gid::{Gid, GidEntry, GidType};
 pub use mr::{AccessFlags, MemoryRegion, RemoteMemory};
 pub use mw::{MemoryWindow, MwType};
