@@ -12,6 +12,7 @@
 //!                                 |                  |-- alloc_mw ----------> MemoryWindow
 //!                                 |                  |-- create_ah ---------> AddressHandle
 //!                                 |                  |-- create_srq --------> SharedReceiveQueue
+//!                                 |                  |-- alloc_null_mr -----> NullMemoryRegion
 //!                                 |                  '-- qp_builder(..).build() -> QueuePair
 //!                                 |-- alloc_dm --> DeviceMemory
 //!                                 |-- alloc_td --> ThreadDomain
@@ -95,10 +96,12 @@ mod fork;
 mod gid;
 mod mr;
 mod mw;
+mod null_mr;
 mod odp;
 mod pd;
 mod port;
 mod qp;
+mod qp_ext;
 mod srq;
 pub mod sysfs;
 mod td;
@@ -110,7 +113,7 @@ mod xrc;
 pub use ah::{AddressHandle, AhAttr, GlobalRoute};
 pub use async_event::{AsyncEvent, AsyncEventElement, AsyncEventType, AsyncFd};
 pub use context::Context;
-pub use cq::{CompletionChannel, CompletionQueue, CqEvent, PollCursor};
+pub use cq::{CompletionChannel, CompletionQueue, CqEvent, CqModeration, PollCursor};
 pub use device::{device_by_name, devices, Device, Guid, NodeType, TransportType};
 pub use device_attr::{AtomicCap, DeviceAttr, DeviceCapFlags};
 pub use dm::{DeviceMemory, DeviceMemoryRegion};
@@ -119,6 +122,7 @@ pub use fork::{fork_init, is_fork_initialized, ForkStatus};
 pub use gid::{Gid, GidEntry, GidType};
 pub use mr::{AccessFlags, MemoryRegion, RemoteMemory};
 pub use mw::{MemoryWindow, MwType};
+pub use null_mr::NullMemoryRegion;
 pub use odp::{
     AdviseFlags, ImplicitOdpRegion, MrAdvice, OdpCaps, OdpGeneralCaps, OdpTransportCaps,
 };
@@ -128,6 +132,7 @@ pub use qp::{
     InitAttr, PostPath, QpAttr, QpCaps, QpState, QpType, QueuePair, QueuePairBuilder, RtrAttr,
     RtsAttr,
 };
+pub use qp_ext::WrOpcode;
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use td::{ParentDomain, ThreadDomain};
 pub use wc::{Completion, WcFlags, WcOpcode, WcStatus, WrBuffers};
@@ -156,5 +161,6 @@ mod auto_traits {
         send_sync::<crate::ImplicitOdpRegion>();
         send_sync::<crate::ThreadDomain>();
         send_sync::<crate::ParentDomain>();
+        send_sync::<crate::NullMemoryRegion>();
     }
 }
