@@ -12,10 +12,12 @@
 //!                                 |                  |-- alloc_mw ----------> MemoryWindow
 //!                                 |                  |-- create_ah ---------> AddressHandle
 //!                                 |                  |-- create_srq --------> SharedReceiveQueue
+//!                                 |                  |-- create_srq_ex(.., Xrc{xrcd, cq}) -> SharedReceiveQueue
 //!                                 |                  |-- alloc_null_mr -----> NullMemoryRegion
 //!                                 |                  '-- qp_builder(..).build() -> QueuePair
 //!                                 |-- alloc_dm --> DeviceMemory
 //!                                 |-- alloc_td --> ThreadDomain
+//!                                 |-- open_xrcd --> XrcDomain --create_qp_ex / open_qp--> XrcRecvQueuePair
 //!                                 |-- create_comp_channel --> CompletionChannel
 //!                                 |-- create_cq / create_cq_ex --> CompletionQueue
 //!                                 '-- get_async_event --> AsyncEvent
@@ -133,11 +135,11 @@ pub use qp::{
     RtsAttr,
 };
 pub use qp_ext::WrOpcode;
-pub use srq::{SharedReceiveQueue, SrqAttr};
+pub use srq::{SharedReceiveQueue, SrqAttr, SrqType};
 pub use td::{ParentDomain, ThreadDomain};
 pub use wc::{Completion, WcFlags, WcOpcode, WcStatus, WrBuffers};
 pub use wr::{InlineSend, PostError, SendFlags, SendOp, SendWr, UdDest};
-pub use xrc::XrcDomain;
+pub use xrc::{XrcDomain, XrcRecvQueuePair};
 
 #[cfg(test)]
 mod auto_traits {
@@ -161,6 +163,8 @@ mod auto_traits {
         send_sync::<crate::ImplicitOdpRegion>();
         send_sync::<crate::ThreadDomain>();
         send_sync::<crate::ParentDomain>();
+        send_sync::<crate::XrcDomain>();
+        send_sync::<crate::XrcRecvQueuePair>();
         send_sync::<crate::NullMemoryRegion>();
     }
 }
