@@ -23,7 +23,6 @@ pub(crate) struct SrqInner {
     // Dropped after the SRQ is destroyed (Drop runs first).
     pd: ProtectionDomain,
     /// For an XRC SRQ: its XRC domain and completion queue.
-    #[allow(dead_code)] // held, never read
     xrc: Option<(Arc<XrcdInner>, CompletionQueue)>,
 }
 
