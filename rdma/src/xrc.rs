@@ -79,7 +79,7 @@ impl Context {
         // SAFETY: valid context and attribute struct.
         let xrcd = unsafe { ffi::ibv_open_xrcd(self.as_raw(), &mut attr) };
         let xrcd = check_ptr("ibv_open_xrcd", || self.name().to_string().into(), xrcd)
-            .map_err(|e| unsupported(e, "XRC domains (ibv_open_xrcd)", self))?;
+            .map_err(|e| unsupported(e, "XRC domains", self))?;
         Ok(XrcDomain {
             inner: Arc::new(XrcdInner {
                 xrcd,

@@ -59,7 +59,7 @@ fn xrc_unsupported(device: &str) {
         "raw ibv_open_xrcd on {device}"
     );
     let err = ctx.open_xrcd().unwrap_err();
-    assert_unsupported(&err, &ctx, "ibv_open_xrcd");
+    assert_unsupported(&err, &ctx, "XRC domains");
 
     // An XRC initiator QP needs no domain: the provider refuses it.
     let pd = ctx.alloc_pd().unwrap();
