@@ -1,7 +1,8 @@
 //! An open device: `struct ibv_context`.
 //!
 //! See `ibv_open_device(3)`, `ibv_query_device(3)`, `ibv_query_device_ex(3)`,
-//! `ibv_query_port(3)`, `ibv_query_gid(3)`, `ibv_query_gid_ex(3)`.
+//! `ibv_query_port(3)`, `ibv_query_gid(3)`, `ibv_query_gid_ex(3)`,
+//! `ibv_query_pkey(3)`, `ibv_get_pkey_index(3)`.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -10,7 +11,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::device::{device_by_name, Device, DeviceListInner, Guid};
-use crate::error::{check_errno_ret, check_minus_one, check_ptr, Error, Result};
+use crate::error::{self, check_errno_ret, check_minus_one, check_ptr, Error, Result};
 use crate::ffi;
 use crate::gid::{Gid, GidEntry};
 use crate::port::PortAttr;
@@ -362,6 +363,81 @@ impl Context {
     /// As [`Context::query_port`].
     pub fn query_port_raw(&self, port: u32) -> Result<ffi::ibv_port_attr> {
         self.query_port(port).map(|p| p.raw)
+    }
+
+    /// The checked port and its P_Key table length; P_Key verbs on a port
+    /// without a table (iWARP: `pkey_tbl_len` 0) are unsupported.
+    fn pkey_table_len(&self, port: u32, verb: &'static str) -> Result<(u8, u16)> {
+        let p = self.check_port(port)?;
+        let len = self.query_port(port)?.pkey_tbl_len;
+        if len == 0 {
+            return Err(Error::Unsupported {
+                what: format!("P_Keys ({verb}: port {port} has no P_Key table)").into(),
+                device: self.inner.name.clone(),
+                source: None,
+            });
+        }
+        Ok((p, len))
+    }
+
+    /// The P_Key at `index` of `port`'s P_Key table, in host order
+    /// (`ibv_query_pkey(3)`). RoCE ports have one entry, the default P_Key
+    /// `0xffff`.
+    ///
+    /// # Errors
+    /// - [`Error::InvalidPort`] for a port the device does not have;
+    /// - [`Error::Unsupported`] when the port has no P_Key table (iWARP);
+    /// - [`Error::InvalidArgument`] for an index past `pkey_tbl_len`;
+    /// - [`Error::Verb`] naming `ibv_query_pkey` (it reads sysfs: `ENOENT`
+    ///   for an entry sysfs does not list).
+    pub fn query_pkey(&self, port: u32, index: u16) -> Result<u16> {
+        const VERB: &str = "ibv_query_pkey";
+        let (p, len) = self.pkey_table_len(port, VERB)?;
+        if index >= len {
+            return Err(Error::InvalidArgument {
+                verb: VERB,
+                reason: format!(
+                    "P_Key index {index} is past the table of {len} entries of {} port {port}",
+                    self.inner.name
+                ),
+            });
+        }
+        let mut pkey: ffi::__be16 = 0;
+        // SAFETY: valid context, checked port, writable out-value.
+        let rc = unsafe { ffi::ibv_query_pkey(self.as_raw(), p, i32::from(index), &mut pkey) };
+        check_minus_one(
+            VERB,
+            || self.ctx_str(format!("port {port} P_Key index {index}")),
+            rc,
+        )?;
+        Ok(u16::from_be(pkey))
+    }
+
+    /// The index of `pkey` (host order) in `port`'s P_Key table, or `None`
+    /// when the table does not hold it (`ibv_get_pkey_index(3)`).
+    ///
+    /// # Errors
+    /// - [`Error::InvalidPort`] for a port the device does not have;
+    /// - [`Error::Unsupported`] when the port has no P_Key table (iWARP);
+    /// - [`Error::Verb`] naming `ibv_get_pkey_index` for a failure other
+    ///   than reaching the end of the table (which it reports as `ENOENT`).
+    pub fn get_pkey_index(&self, port: u32, pkey: u16) -> Result<Option<u16>> {
+        const VERB: &str = "ibv_get_pkey_index";
+        let (p, _) = self.pkey_table_len(port, VERB)?;
+        // SAFETY: valid context and checked port; the P_Key is passed by value.
+        let rc = unsafe { ffi::ibv_get_pkey_index(self.as_raw(), p, pkey.to_be()) };
+        if rc >= 0 {
+            return Ok(u16::try_from(rc).ok());
+        }
+        // The verb walks the table until a read fails: ENOENT is its end.
+        match error::last_errno() {
+            libc::ENOENT => Ok(None),
+            errno => Err(Error::verb_errno(
+                VERB,
+                self.ctx_str(format!("port {port} P_Key {pkey:#06x}")),
+                errno,
+            )),
+        }
     }
 
     /// The node GUID as the device reports it in `query_device`.

@@ -583,6 +583,48 @@ impl CompletionQueue {
         }
         check_errno_ret("ibv_resize_cq", || format!("to {cqe} entries").into(), rc)
     }
+
+    /// Sets the CQ's interrupt moderation (`ibv_modify_cq(3)` with
+    /// `IBV_CQ_ATTR_MODERATE`): a completion event fires once `moderation.count`
+    /// completions arrived or `moderation.period_us` microseconds passed.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the provider has no CQ moderation
+    /// (`EOPNOTSUPP`: soft-RoCE, soft-iWARP); [`Error::Verb`] naming
+    /// `ibv_modify_cq` (e.g. `EINVAL` past the device's `cq_mod_caps`).
+    pub fn modify_cq(&self, moderation: CqModeration) -> Result<()> {
+        let mut attr = ffi::ibv_modify_cq_attr {
+            attr_mask: ffi::IBV_CQ_ATTR_MODERATE,
+            moderate: ffi::ibv_moderate_cq {
+                cq_count: moderation.count,
+                cq_period: moderation.period_us,
+            },
+        };
+        // SAFETY: valid CQ and attribute struct.
+        let rc = unsafe { ffi::ibv_modify_cq(self.as_raw(), &mut attr) };
+        if rc == libc::EOPNOTSUPP || rc == libc::ENOSYS {
+            return Err(Error::Unsupported {
+                what: "CQ moderation (ibv_modify_cq)".into(),
+                device: self.inner.ctx.name().to_string(),
+                source: Some(std::io::Error::from_raw_os_error(rc)),
+            });
+        }
+        check_errno_ret(
+            "ibv_modify_cq",
+            || format!("{} {moderation:?}", self.inner.ctx.name()).into(),
+            rc,
+        )
+    }
+}
+
+/// CQ interrupt moderation for [`CompletionQueue::modify_cq`]
+/// (`struct ibv_moderate_cq`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CqModeration {
+    /// Completions to gather before an event (`cq_count`).
+    pub count: u16,
+    /// Longest wait before an event, in microseconds (`cq_period`).
+    pub period_us: u16,
 }
 
 /// An open extended poll of a CQ (`ibv_start_poll` ... `ibv_end_poll`).

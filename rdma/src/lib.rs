@@ -12,9 +12,12 @@
 //!                                 |                  |-- alloc_mw ----------> MemoryWindow
 //!                                 |                  |-- create_ah ---------> AddressHandle
 //!                                 |                  |-- create_srq --------> SharedReceiveQueue
+//!                                 |                  |-- create_srq_ex(.., Xrc{xrcd, cq}) -> SharedReceiveQueue
+//!                                 |                  |-- alloc_null_mr -----> NullMemoryRegion
 //!                                 |                  '-- qp_builder(..).build() -> QueuePair
 //!                                 |-- alloc_dm --> DeviceMemory
 //!                                 |-- alloc_td --> ThreadDomain
+//!                                 |-- open_xrcd --> XrcDomain --create_qp_ex / open_qp--> XrcRecvQueuePair
 //!                                 |-- create_comp_channel --> CompletionChannel
 //!                                 |-- create_cq / create_cq_ex --> CompletionQueue
 //!                                 '-- get_async_event --> AsyncEvent
@@ -67,9 +70,12 @@
 //! excludes other polls of its CQ while it lives.
 //!
 //! # Fork
-//! A process that forks while it has registered memory must call
-//! `ibv_fork_init()` (or set `RDMAV_FORK_SAFE=1`) before it creates any RDMA
-//! resource; this crate does not do it for you.
+//! On kernels without copy-on-fork (before Linux 5.13), a process that forks
+//! while it has registered memory must call [`fork_init`] (or set
+//! `RDMAV_FORK_SAFE=1`) before it creates any RDMA resource; this crate does
+//! not do it for you. [`is_fork_initialized`] tells whether fork support is
+//! on, or [`ForkStatus::Unneeded`] because the kernel keeps registered memory
+//! safe by itself.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -88,13 +94,16 @@ mod device;
 mod device_attr;
 mod dm;
 mod error;
+mod fork;
 mod gid;
 mod mr;
 mod mw;
+mod null_mr;
 mod odp;
 mod pd;
 mod port;
 mod qp;
+mod qp_ext;
 mod srq;
 pub mod sysfs;
 mod td;
@@ -106,14 +115,16 @@ mod xrc;
 pub use ah::{AddressHandle, AhAttr, GlobalRoute};
 pub use async_event::{AsyncEvent, AsyncEventElement, AsyncEventType, AsyncFd};
 pub use context::Context;
-pub use cq::{CompletionChannel, CompletionQueue, CqEvent, PollCursor};
+pub use cq::{CompletionChannel, CompletionQueue, CqEvent, CqModeration, PollCursor};
 pub use device::{device_by_name, devices, Device, Guid, NodeType, TransportType};
 pub use device_attr::{AtomicCap, DeviceAttr, DeviceCapFlags};
 pub use dm::{DeviceMemory, DeviceMemoryRegion};
 pub use error::{teardown_failures, Error, Result};
+pub use fork::{fork_init, is_fork_initialized, ForkStatus};
 pub use gid::{Gid, GidEntry, GidType};
 pub use mr::{AccessFlags, MemoryRegion, RemoteMemory};
 pub use mw::{MemoryWindow, MwType};
+pub use null_mr::NullMemoryRegion;
 pub use odp::{
     AdviseFlags, ImplicitOdpRegion, MrAdvice, OdpCaps, OdpGeneralCaps, OdpTransportCaps,
 };
@@ -123,11 +134,12 @@ pub use qp::{
     InitAttr, PostPath, QpAttr, QpCaps, QpState, QpType, QueuePair, QueuePairBuilder, RtrAttr,
     RtsAttr,
 };
-pub use srq::{SharedReceiveQueue, SrqAttr};
+pub use qp_ext::WrOpcode;
+pub use srq::{SharedReceiveQueue, SrqAttr, SrqType};
 pub use td::{ParentDomain, ThreadDomain};
 pub use wc::{Completion, WcFlags, WcOpcode, WcStatus, WrBuffers};
 pub use wr::{InlineSend, PostError, SendFlags, SendOp, SendWr, UdDest};
-pub use xrc::XrcDomain;
+pub use xrc::{XrcDomain, XrcRecvQueuePair};
 
 #[cfg(test)]
 mod auto_traits {
@@ -151,5 +163,8 @@ mod auto_traits {
         send_sync::<crate::ImplicitOdpRegion>();
         send_sync::<crate::ThreadDomain>();
         send_sync::<crate::ParentDomain>();
+        send_sync::<crate::XrcDomain>();
+        send_sync::<crate::XrcRecvQueuePair>();
+        send_sync::<crate::NullMemoryRegion>();
     }
 }

@@ -1,5 +1,5 @@
-//! Shared receive queues (`ibv_create_srq(3)`, `ibv_modify_srq(3)`,
-//! `ibv_post_srq_recv(3)`).
+//! Shared receive queues (`ibv_create_srq(3)`, `ibv_create_srq_ex(3)`,
+//! `ibv_modify_srq(3)`, `ibv_get_srq_num(3)`, `ibv_post_srq_recv(3)`).
 
 use std::fmt;
 use std::ptr::NonNull;
@@ -11,7 +11,8 @@ use crate::mr::AccessFlags;
 use crate::track::{self, Tracker};
 use crate::wc::WrBuffers;
 use crate::wr::PostError;
-use crate::{ffi, ProtectionDomain};
+use crate::xrc::XrcdInner;
+use crate::{ffi, CompletionQueue, ProtectionDomain, XrcDomain};
 
 pub(crate) struct SrqInner {
     srq: NonNull<ffi::ibv_srq>,
@@ -19,8 +20,10 @@ pub(crate) struct SrqInner {
     max_sge: u32,
     /// CQs whose registry knows this SRQ's tracker.
     cqs: Mutex<Vec<Weak<CqInner>>>,
-    // Dropped after the SRQ is destroyed (field order).
+    // Dropped after the SRQ is destroyed (Drop runs first).
     pd: ProtectionDomain,
+    /// For an XRC SRQ: its XRC domain and completion queue.
+    xrc: Option<(Arc<XrcdInner>, CompletionQueue)>,
 }
 
 // SAFETY: SRQ verbs are thread-safe; the tracker and CQ list are Mutexed.
@@ -68,17 +71,29 @@ pub struct SrqAttr {
     pub srq_limit: u32,
 }
 
+/// The kind of SRQ [`ProtectionDomain::create_srq_ex`] creates
+/// (`enum ibv_srq_type` with the objects each kind needs).
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum SrqType<'a> {
+    /// A plain SRQ (`IBV_SRQT_BASIC`), as [`ProtectionDomain::create_srq`].
+    Basic,
+    /// An XRC SRQ (`IBV_SRQT_XRC`): receives for XRC target QPs of `xrcd`,
+    /// whose completions go to `cq`.
+    Xrc {
+        /// The XRC domain.
+        xrcd: &'a XrcDomain,
+        /// Where the receive completions go.
+        cq: &'a CompletionQueue,
+    },
+}
+
 impl ProtectionDomain {
-    /// Creates a shared receive queue (`ibv_create_srq(3)`).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] past the device's `max_srq_wr`/`max_srq_sge`;
-    /// [`Error::Verb`] naming `ibv_create_srq`.
-    pub fn create_srq(&self, attr: SrqAttr) -> Result<SharedReceiveQueue> {
+    fn check_srq_attr(&self, verb: &'static str, attr: SrqAttr) -> Result<()> {
         let dev = crate::DeviceAttr::from_limits(self.context().limits());
         if attr.max_wr == 0 || attr.max_wr > dev.max_srq_wr() || attr.max_sge > dev.max_srq_sge() {
             return Err(Error::InvalidArgument {
-                verb: "ibv_create_srq",
+                verb,
                 reason: format!(
                     "{attr:?} is outside the device's limits (max_srq_wr {}, max_srq_sge {})",
                     dev.max_srq_wr(),
@@ -86,6 +101,40 @@ impl ProtectionDomain {
                 ),
             });
         }
+        Ok(())
+    }
+
+    fn wrap_srq(
+        &self,
+        srq: NonNull<ffi::ibv_srq>,
+        attr: SrqAttr,
+        granted: &ffi::ibv_srq_attr,
+        xrc: Option<(Arc<XrcdInner>, CompletionQueue)>,
+    ) -> SharedReceiveQueue {
+        let srq = SharedReceiveQueue {
+            inner: Arc::new(SrqInner {
+                srq,
+                tracker: Tracker::new(),
+                max_sge: granted.max_sge.max(attr.max_sge),
+                cqs: Mutex::new(Vec::new()),
+                pd: self.clone(),
+                xrc,
+            }),
+        };
+        if let Some((_, cq)) = &srq.inner.xrc {
+            // An XRC SRQ reports its receive completions to its own CQ.
+            srq.attach_cq(&cq.inner);
+        }
+        srq
+    }
+
+    /// Creates a shared receive queue (`ibv_create_srq(3)`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] past the device's `max_srq_wr`/`max_srq_sge`;
+    /// [`Error::Verb`] naming `ibv_create_srq`.
+    pub fn create_srq(&self, attr: SrqAttr) -> Result<SharedReceiveQueue> {
+        self.check_srq_attr("ibv_create_srq", attr)?;
         let mut init = ffi::ibv_srq_init_attr {
             srq_context: std::ptr::null_mut(),
             attr: ffi::ibv_srq_attr {
@@ -97,15 +146,75 @@ impl ProtectionDomain {
         // SAFETY: valid PD and init struct.
         let srq = unsafe { ffi::ibv_create_srq(self.as_raw(), &mut init) };
         let srq = check_ptr("ibv_create_srq", || format!("{attr:?}").into(), srq)?;
-        Ok(SharedReceiveQueue {
-            inner: Arc::new(SrqInner {
-                srq,
-                tracker: Tracker::new(),
-                max_sge: init.attr.max_sge.max(attr.max_sge),
-                cqs: Mutex::new(Vec::new()),
-                pd: self.clone(),
-            }),
-        })
+        Ok(self.wrap_srq(srq, attr, &init.attr, None))
+    }
+
+    /// Creates a shared receive queue of the given kind in this PD
+    /// (`ibv_create_srq_ex(3)`). An XRC SRQ keeps its XRC domain and CQ
+    /// alive; its receive requests are posted like any SRQ's and come back
+    /// with the completions polled from its CQ.
+    ///
+    /// # Errors
+    /// - [`Error::InvalidArgument`] past the device's
+    ///   `max_srq_wr`/`max_srq_sge`, or for an XRC domain or CQ of another
+    ///   context than the PD's;
+    /// - [`Error::Unsupported`] when the provider lacks the kind
+    ///   (`EOPNOTSUPP`);
+    /// - [`Error::Verb`] naming `ibv_create_srq_ex`.
+    pub fn create_srq_ex(
+        &self,
+        attr: SrqAttr,
+        srq_type: SrqType<'_>,
+    ) -> Result<SharedReceiveQueue> {
+        const VERB: &str = "ibv_create_srq_ex";
+        self.check_srq_attr(VERB, attr)?;
+        let ctx = self.context();
+        let mut init = ffi::ibv_srq_init_attr_ex {
+            attr: ffi::ibv_srq_attr {
+                max_wr: attr.max_wr,
+                max_sge: attr.max_sge,
+                srq_limit: attr.srq_limit,
+            },
+            comp_mask: ffi::IBV_SRQ_INIT_ATTR_TYPE | ffi::IBV_SRQ_INIT_ATTR_PD,
+            srq_type: ffi::IBV_SRQT_BASIC,
+            pd: self.as_raw(),
+            ..Default::default()
+        };
+        let mut xrc = None;
+        if let SrqType::Xrc { xrcd, cq } = srq_type {
+            for (what, other) in [("XRC domain", xrcd.context()), ("CQ", cq.context())] {
+                if other.as_raw() != ctx.as_raw() {
+                    return Err(Error::InvalidArgument {
+                        verb: VERB,
+                        reason: format!(
+                            "the {what} belongs to another context ({}) than the PD ({})",
+                            other.name(),
+                            ctx.name()
+                        ),
+                    });
+                }
+            }
+            init.srq_type = ffi::IBV_SRQT_XRC;
+            init.comp_mask |= ffi::IBV_SRQ_INIT_ATTR_XRCD | ffi::IBV_SRQ_INIT_ATTR_CQ;
+            init.xrcd = xrcd.as_raw();
+            init.cq = cq.as_raw();
+            xrc = Some((Arc::clone(&xrcd.inner), cq.clone()));
+        }
+        // SAFETY: valid context; the PD, XRC domain and CQ belong to it
+        // (checked) and the SRQ keeps them alive.
+        let srq = unsafe { ffi::ibv_create_srq_ex(ctx.as_raw(), &mut init) };
+        let srq =
+            check_ptr(VERB, || format!("{srq_type:?} SRQ, {attr:?}").into(), srq).map_err(|e| {
+                match e.errno() {
+                    Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
+                        what: format!("{srq_type:?} SRQs ({VERB})").into(),
+                        device: ctx.name().to_string(),
+                        source: Some(std::io::Error::from_raw_os_error(errno)),
+                    },
+                    _ => e,
+                }
+            })?;
+        Ok(self.wrap_srq(srq, attr, &init.attr, xrc))
     }
 }
 
@@ -132,6 +241,28 @@ impl SharedReceiveQueue {
     /// Receive requests posted and not completed yet.
     pub fn in_flight(&self) -> usize {
         self.inner.tracker.in_flight().1
+    }
+
+    /// The SRQ number a remote XRC initiator names to reach this XRC SRQ
+    /// (`ibv_get_srq_num(3)`).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the provider has no SRQ numbers
+    /// (`EOPNOTSUPP`: every SRQ of soft-RoCE and soft-iWARP, which have no
+    /// XRC); [`Error::Verb`] naming `ibv_get_srq_num`.
+    pub fn get_srq_num(&self) -> Result<u32> {
+        let mut num = 0u32;
+        // SAFETY: valid SRQ and out-value.
+        let rc = unsafe { ffi::ibv_get_srq_num(self.as_raw(), &mut num) };
+        if rc == libc::EOPNOTSUPP || rc == libc::ENOSYS {
+            return Err(Error::Unsupported {
+                what: "SRQ numbers (ibv_get_srq_num)".into(),
+                device: self.pd().context().name().to_string(),
+                source: Some(std::io::Error::from_raw_os_error(rc)),
+            });
+        }
+        check_errno_ret("ibv_get_srq_num", || "".into(), rc)?;
+        Ok(num)
     }
 
     /// Current attributes (`ibv_query_srq(3)`).
