@@ -15,6 +15,12 @@
 //!
 //! Each message has a buffer of its own (memory moves into the work
 //! request); the C tool sends and receives everything in one buffer.
+//!
+//! `-f gid` takes GIDs for `-s` and `-b` (`AF_IB` addresses, from
+//! `rdma_getaddrinfo` with `RAI_NUMERICHOST | RAI_FAMILY`). They are for
+//! InfiniBand ports: on soft-RoCE a server fails to bind (`ENODEV`) and a
+//! client fails to resolve the route (`ENODEV`), at the same step and with
+//! the same error as the C tool.
 
 mod cmcommon;
 
