@@ -232,8 +232,8 @@ struct Shared {
     completed: [AtomicUsize; STEPS],
     retries: Vec<AtomicUsize>,
     error: Vec<AtomicBool>,
-    src: Option<std::net::SocketAddr>,
-    dst: std::net::SocketAddr,
+    src: Option<rdma::cm::CmAddr>,
+    dst: rdma::cm::CmAddr,
     timeout: Duration,
     stop: AtomicBool,
 }
@@ -327,6 +327,7 @@ fn run_client(o: &Opts, dst: &str) -> Res<()> {
         false,
         PortSpace::Tcp,
         AddrInfoFlags::empty(),
+        0,
     )
     .map_err(|e| format!("getaddrinfo error: {e}"))?;
     let dst_addr = addr
@@ -522,6 +523,7 @@ fn run_server(o: &Opts) -> Res<()> {
         true,
         PortSpace::Tcp,
         AddrInfoFlags::empty(),
+        0,
     )
     .map_err(|e| format!("getrdmaaddr error: {e}"))?;
     listener

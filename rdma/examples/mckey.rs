@@ -2,8 +2,9 @@
 //! wire-compatible with it.
 //!
 //! ```text
-//! mckey -m multicast_address [-b bind_address] [-c connections] [-C count] [-S size] [-p ps] [-o]   # receiver
-//! mckey -m multicast_address -s [-b bind_address] ...                                               # sender
+//! mckey -m multicast_address [-b bind_address] [-c connections] [-C count] [-S size] [-p ps] [-o] [-l]   # receiver
+//! mckey -m multicast_address -s [-b bind_address] ...                                                    # sender
+//! mckey -M unmapped_multicast_gid -b bind_address ...                                                    # AF_IB group
 //! ```
 //!
 //! Every connection is a UDP (or IPoIB) port space id that resolves the
@@ -14,9 +15,16 @@
 //! group (Q_Key and QP number 0xffffff from the join) and the receiver waits
 //! for as many; both leave the group at the end.
 //!
-//! Not supported: `-M` (unmapped `AF_IB` group addresses) and `-l` (no
-//! multicast loopback: `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB` cannot be set on
-//! a QP through `rdma`'s builder).
+//! `-M` names the group by a GID instead (an `AF_IB` address, "unmapped":
+//! not derived from an IP group); the ids are bound to `-b` and join at once,
+//! without resolving the group, as the C tool does. `-l` creates the QPs with
+//! `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB` (`rdma_create_qp_ex`), so a sender
+//! does not receive its own datagrams.
+//!
+//! Measured on soft-RoCE (rxe, kernel 6.1), with the same results as the C
+//! tool: `-l` fails to create the QP (`EOPNOTSUPP`: the rxe provider takes
+//! no create flags), and `-M` fails to join (the kernel's `ENOTSUPP`, 524:
+//! `AF_IB` groups need an InfiniBand port).
 
 mod cmcommon;
 
@@ -25,10 +33,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use cmcommon::{c_number, getopt, host_ip, number, poll_n, OrFail, Res, GRH_LEN};
-use rdma::cm::{CmEventType, CmId, EventChannel, McJoinFlags, PortSpace};
+use rdma::cm::{CmAddr, CmEventType, CmId, EventChannel, IbAddr, McJoinFlags, PortSpace};
 use rdma::{
-    AccessFlags, AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QpType, QueuePair,
-    SendWr, WcStatus,
+    AccessFlags, AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QpCreateFlags,
+    QpType, QueuePair, SendWr, WcStatus,
 };
 
 const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
@@ -44,6 +52,10 @@ struct Opts {
     size: usize,
     ps: PortSpace,
     send_only: bool,
+    /// `-M`: the group is a GID (`AF_IB`).
+    unmapped: bool,
+    /// `-l`: no multicast loopback.
+    no_loopback: bool,
 }
 
 fn usage() -> ExitCode {
@@ -71,12 +83,17 @@ fn parse(args: &[String]) -> Res<Opts> {
         size: 100,
         ps: PortSpace::Udp,
         send_only: false,
+        unmapped: false,
+        no_loopback: false,
     };
     for (flag, v) in getopt(args, "m:M:sb:c:C:S:p:ol")? {
         let v = v.unwrap_or_default();
         match flag {
             'm' => o.group = Some(v),
-            'M' => return Err("-M: unmapped (AF_IB) multicast addresses are not supported".into()),
+            'M' => {
+                o.group = Some(v);
+                o.unmapped = true;
+            }
             's' => o.sender = true,
             'b' => o.src = Some(v),
             'c' => o.connections = number(flag, &v)?,
@@ -84,18 +101,15 @@ fn parse(args: &[String]) -> Res<Opts> {
             'S' => o.size = number(flag, &v)?,
             'p' => o.ps = PortSpace::from_raw(c_number(flag, &v)? as u32),
             'o' => o.send_only = true,
-            'l' => {
-                return Err(
-                    "-l: blocking multicast loopback (IBV_QP_CREATE_BLOCK_SELF_MCAST_LB) is not \
-                     supported"
-                        .into(),
-                )
-            }
+            'l' => o.no_loopback = true,
             _ => unreachable!("getopt only returns flags of the spec"),
         }
     }
     if o.group.is_none() {
         return Err("a multicast address (-m) is required".into());
+    }
+    if o.unmapped && o.src.is_none() {
+        return Err("unmapped multicast address requires binding to source address".into());
     }
     if o.size == 0 {
         o.count = 0;
@@ -123,7 +137,7 @@ struct Node {
 impl Node {
     /// `addr_handler`: check the size, make PD, CQ, QP and messages, post
     /// the receives (receivers), join.
-    fn on_addr(&mut self, o: &Opts, group: SocketAddr) -> Res<()> {
+    fn on_addr(&mut self, o: &Opts, group: CmAddr) -> Res<()> {
         let ctx = self.id.context().or_fail("mckey: no device")?;
         let port = ctx
             .query_port(u32::from(self.id.port_num()))
@@ -141,6 +155,11 @@ impl Node {
             .create_cq(cqe, None, 0)
             .or_fail("mckey: unable to create CQ")?;
         let depth = o.count.max(1) as u32;
+        let flags = if o.no_loopback {
+            QpCreateFlags::BLOCK_SELF_MCAST_LB
+        } else {
+            QpCreateFlags::empty()
+        };
         let mut qp = self
             .id
             .create_qp(
@@ -148,7 +167,8 @@ impl Node {
                     .max_send_wr(depth)
                     .max_recv_wr(depth)
                     .max_send_sge(1)
-                    .max_recv_sge(1),
+                    .max_recv_sge(1)
+                    .create_flags(flags),
             )
             .map_err(|e| format!("mckey: unable to create QP: {e}"))?;
         if o.count > 0 {
@@ -255,7 +275,16 @@ fn run(o: &Opts) -> Res<()> {
         .map(host_ip)
         .transpose()?
         .map(|ip| SocketAddr::new(ip, 0));
-    let group = SocketAddr::new(host_ip(o.group.as_deref().expect("checked"))?, 0);
+    let text = o.group.as_deref().expect("checked");
+    let group: CmAddr = if o.unmapped {
+        // `-M`: the GID in IPv6 notation, every other field 0.
+        let gid: Ipv6Addr = text
+            .parse()
+            .map_err(|_| format!("mckey: -M {text}: not a GID in IPv6 notation"))?;
+        IbAddr::new(gid.into()).into()
+    } else {
+        SocketAddr::new(host_ip(text)?, 0).into()
+    };
     let mut nodes: Vec<Node> = Vec::with_capacity(o.connections);
     for _ in 0..o.connections {
         let id = ch.create_id(o.ps).or_fail("rdma_create_id")?;
@@ -272,16 +301,25 @@ fn run(o: &Opts) -> Res<()> {
         });
     }
     println!("mckey: joining");
-    for n in &nodes {
+    let mut result = Ok(());
+    for n in &mut nodes {
         if let Some(src) = src {
             n.id.bind_addr(src)
                 .map_err(|e| format!("mckey: addr bind failure: {e}"))?;
         }
-        n.id.resolve_addr(src, group, RESOLVE_TIMEOUT)
-            .map_err(|e| format!("mckey: resolve addr failure: {e}"))?;
+        if o.unmapped {
+            // Nothing to resolve: the bound id joins the GID at once.
+            result = n.on_addr(o, group);
+            if result.is_err() {
+                break;
+            }
+        } else {
+            n.id.resolve_addr(src.map(Into::into), group, RESOLVE_TIMEOUT)
+                .map_err(|e| format!("mckey: resolve addr failure: {e}"))?;
+        }
     }
 
-    let result = transfer(o, &ch, &mut nodes, group);
+    let result = result.and_then(|()| transfer(o, &ch, &mut nodes, group));
     // Leave every group that was joined, whatever happened.
     let mut left_ok = Ok(());
     for n in &nodes {
@@ -295,7 +333,7 @@ fn run(o: &Opts) -> Res<()> {
     result.and(left_ok)
 }
 
-fn transfer(o: &Opts, ch: &EventChannel, nodes: &mut [Node], group: SocketAddr) -> Res<()> {
+fn transfer(o: &Opts, ch: &EventChannel, nodes: &mut [Node], group: CmAddr) -> Res<()> {
     let mut left = nodes.len();
     while left > 0 {
         let e = ch.get_event().or_fail("rdma_get_cm_event")?;

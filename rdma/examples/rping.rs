@@ -447,7 +447,7 @@ fn run_client(o: &Opts) -> Res<()> {
     let id = ch.create_id(PortSpace::Tcp).or_fail("rdma_create_id")?;
     debug!(o, "created cm_id {:p}", id.as_raw());
     let dst = SocketAddr::new(o.addr, o.port);
-    let src = o.src.map(|ip| SocketAddr::new(ip, 0));
+    let src = o.src.map(|ip| SocketAddr::new(ip, 0).into());
     id.resolve_addr(src, dst, RESOLVE_TIMEOUT)
         .or_fail("rdma_resolve_addr")?;
     drop(expect(&ch, &[CmEventType::AddrResolved], o)?);

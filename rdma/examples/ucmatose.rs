@@ -15,16 +15,21 @@
 //!
 //! Each message has a buffer of its own (memory moves into the work
 //! request); the C tool sends and receives everything in one buffer.
+//!
+//! `-f gid` takes GIDs for `-s` and `-b` (`AF_IB` addresses, from
+//! `rdma_getaddrinfo` with `RAI_NUMERICHOST | RAI_FAMILY`). They are for
+//! InfiniBand ports: on soft-RoCE a server fails to bind (`ENODEV`) and a
+//! client fails to resolve the route (`ENODEV`), at the same step and with
+//! the same error as the C tool.
 
 mod cmcommon;
 
-use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use cmcommon::{c_number, get_rdma_addr, getopt, number, poll_n, OrFail, Res};
 use rdma::cm::{
-    AddrInfoFlags, CmEvent, CmEventType, CmId, CmOption, ConnParam, EventChannel, PortSpace,
+    AddrInfoFlags, CmAddr, CmEvent, CmEventType, CmId, CmOption, ConnParam, EventChannel, PortSpace,
 };
 use rdma::{
     AccessFlags, CompletionQueue, MemoryRegion, ProtectionDomain, QpType, QueuePair, SendWr,
@@ -47,6 +52,8 @@ struct Opts {
     migrate: bool,
     ps: PortSpace,
     flags: AddrInfoFlags,
+    /// `ai_family` of the lookups (`AF_IB` with `-f gid`).
+    family: i32,
 }
 
 fn usage() -> ExitCode {
@@ -80,22 +87,14 @@ fn parse(args: &[String]) -> Res<Opts> {
         migrate: false,
         ps: PortSpace::Tcp,
         flags: AddrInfoFlags::empty(),
+        family: 0,
     };
     for (flag, v) in getopt(args, "s:b:f:P:c:C:S:t:p:ma:")? {
         let v = v.unwrap_or_default();
         match flag {
             's' => o.dst = Some(v),
             'b' => o.src = Some(v),
-            'f' => {
-                let f = v.to_ascii_lowercase();
-                if f.starts_with("ip") {
-                    o.flags = AddrInfoFlags::NUMERICHOST;
-                } else if f.starts_with("gid") {
-                    return Err("-f gid: AF_IB addresses are not supported by this example".into());
-                } else if !f.starts_with("name") {
-                    eprintln!("Warning: unknown address format");
-                }
-            }
+            'f' => (o.flags, o.family) = cmcommon::address_format(&v),
             'P' => {
                 let p = v.to_ascii_lowercase();
                 if p.starts_with("ib") {
@@ -405,8 +404,16 @@ fn run_server(o: &Opts, t: &mut Test) -> Res<()> {
         .channel
         .create_id(o.ps)
         .map_err(|e| format!("cmatose: listen request failed: {e}"))?;
-    let addr = get_rdma_addr(o.src.as_deref(), None, &o.port, true, o.ps, o.flags)
-        .map_err(|e| format!("cmatose: getrdmaaddr error: {e}"))?;
+    let addr = get_rdma_addr(
+        o.src.as_deref(),
+        None,
+        &o.port,
+        true,
+        o.ps,
+        o.flags,
+        o.family,
+    )
+    .map_err(|e| format!("cmatose: getrdmaaddr error: {e}"))?;
     listener
         .bind_addr(addr.src.ok_or("cmatose: no address to bind")?)
         .map_err(|e| format!("cmatose: bind address failed: {e}"))?;
@@ -446,9 +453,17 @@ fn run_server(o: &Opts, t: &mut Test) -> Res<()> {
 
 fn run_client(o: &Opts, t: &mut Test, dst: &str) -> Res<()> {
     println!("cmatose: starting client");
-    let addr = get_rdma_addr(o.src.as_deref(), Some(dst), &o.port, false, o.ps, o.flags)
-        .map_err(|e| format!("cmatose: getaddrinfo error: {e}"))?;
-    let to: SocketAddr = addr.dst.ok_or("cmatose: no destination address")?;
+    let addr = get_rdma_addr(
+        o.src.as_deref(),
+        Some(dst),
+        &o.port,
+        false,
+        o.ps,
+        o.flags,
+        o.family,
+    )
+    .map_err(|e| format!("cmatose: getaddrinfo error: {e}"))?;
+    let to: CmAddr = addr.dst.ok_or("cmatose: no destination address")?;
     for _ in 0..o.connections {
         let id = t.channel.create_id(o.ps).or_fail("rdma_create_id")?;
         t.nodes.push(Node::new(id));

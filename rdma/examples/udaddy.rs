@@ -17,16 +17,21 @@
 //!
 //! Each datagram here has a buffer of its own (memory moves into the work
 //! request); the C tool sends and receives every message in one buffer.
+//!
+//! `-f gid` takes GIDs for `-s` and `-b` (`AF_IB` addresses, from
+//! `rdma_getaddrinfo` with `RAI_NUMERICHOST | RAI_FAMILY`). They are for
+//! InfiniBand ports: on soft-RoCE a server fails to bind (`ENODEV`) and a
+//! client fails to resolve the route (`ENODEV`), at the same step and with
+//! the same error as the C tool.
 
 mod cmcommon;
 
-use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use cmcommon::{c_number, get_rdma_addr, getopt, number, poll_n, OrFail, Res, GRH_LEN};
 use rdma::cm::{
-    AddrInfoFlags, CmEvent, CmEventType, CmId, CmOption, ConnParam, EventChannel, PortSpace,
+    AddrInfoFlags, CmAddr, CmEvent, CmEventType, CmId, CmOption, ConnParam, EventChannel, PortSpace,
 };
 use rdma::{
     AccessFlags, AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QpType, QueuePair,
@@ -47,6 +52,8 @@ struct Opts {
     tos: Option<u8>,
     ps: PortSpace,
     flags: AddrInfoFlags,
+    /// `ai_family` of the lookups (`AF_IB` with `-f gid`).
+    family: i32,
 }
 
 fn usage() -> ExitCode {
@@ -75,6 +82,7 @@ fn parse(args: &[String]) -> Res<Opts> {
         tos: None,
         ps: PortSpace::Udp,
         flags: AddrInfoFlags::empty(),
+        family: 0,
     };
     for (flag, v) in getopt(args, "s:b:c:C:S:t:p:P:f:")? {
         let v = v.unwrap_or_default();
@@ -86,16 +94,7 @@ fn parse(args: &[String]) -> Res<Opts> {
             'S' => o.size = number(flag, &v)?,
             't' => o.tos = Some(c_number(flag, &v)? as u8),
             'p' => o.ps = PortSpace::from_raw(c_number(flag, &v)? as u32),
-            'f' => {
-                let f = v.to_ascii_lowercase();
-                if f.starts_with("ip") {
-                    o.flags = AddrInfoFlags::NUMERICHOST;
-                } else if f.starts_with("gid") {
-                    return Err("-f gid: AF_IB addresses are not supported by this example".into());
-                } else if !f.starts_with("name") {
-                    eprintln!("Warning: unknown address format");
-                }
-            }
+            'f' => (o.flags, o.family) = cmcommon::address_format(&v),
             'P' => {
                 let p = v.to_ascii_lowercase();
                 if p.starts_with("ipoib") {
@@ -287,7 +286,7 @@ fn run_server(o: &Opts, ch: &EventChannel) -> Res<()> {
     let listener = ch
         .create_id(o.ps)
         .map_err(|e| format!("udaddy: listen request failed: {e}"))?;
-    let addr = get_rdma_addr(o.src.as_deref(), None, PORT, true, o.ps, o.flags)?;
+    let addr = get_rdma_addr(o.src.as_deref(), None, PORT, true, o.ps, o.flags, o.family)?;
     let src = addr.src.ok_or("udaddy: no address to bind")?;
     listener
         .bind_addr(src)
@@ -363,9 +362,17 @@ fn run_server(o: &Opts, ch: &EventChannel) -> Res<()> {
 
 fn run_client(o: &Opts, ch: &EventChannel, dst: &str) -> Res<()> {
     println!("udaddy: starting client");
-    let addr = get_rdma_addr(o.src.as_deref(), Some(dst), PORT, false, o.ps, o.flags)
-        .map_err(|e| format!("udaddy: getaddrinfo error: {e}"))?;
-    let to: SocketAddr = addr.dst.ok_or("udaddy: no destination address")?;
+    let addr = get_rdma_addr(
+        o.src.as_deref(),
+        Some(dst),
+        PORT,
+        false,
+        o.ps,
+        o.flags,
+        o.family,
+    )
+    .map_err(|e| format!("udaddy: getaddrinfo error: {e}"))?;
+    let to: CmAddr = addr.dst.ok_or("udaddy: no destination address")?;
     let mut nodes: Vec<Node> = (0..o.connections)
         .map(|_| ch.create_id(o.ps).map(Node::new))
         .collect::<Result<_, _>>()

@@ -131,8 +131,8 @@ pub use odp::{
 pub use pd::ProtectionDomain;
 pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortState};
 pub use qp::{
-    InitAttr, PostPath, QpAttr, QpCaps, QpState, QpType, QueuePair, QueuePairBuilder, RtrAttr,
-    RtsAttr,
+    InitAttr, PostPath, QpAttr, QpCaps, QpCreateFlags, QpState, QpType, QueuePair,
+    QueuePairBuilder, RtrAttr, RtsAttr,
 };
 pub use qp_ext::WrOpcode;
 pub use srq::{SharedReceiveQueue, SrqAttr, SrqType};

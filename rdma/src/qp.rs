@@ -111,6 +111,25 @@ pub enum PostPath {
     Extended,
 }
 
+bitflags::bitflags! {
+    /// `enum ibv_qp_create_flags`, for [`QueuePairBuilder::create_flags`].
+    /// Unknown bits are kept and passed on.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct QpCreateFlags: u32 {
+        /// A UD QP does not receive the multicast it sends itself.
+        const BLOCK_SELF_MCAST_LB = ffi::IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
+        /// Scatter the Ethernet frame check sequence (raw packet QPs).
+        const SCATTER_FCS = ffi::IBV_QP_CREATE_SCATTER_FCS;
+        /// Strip the customer VLAN tag (raw packet QPs).
+        const CVLAN_STRIPPING = ffi::IBV_QP_CREATE_CVLAN_STRIPPING;
+        /// Send with another QP's number (`source_qpn`; UD).
+        const SOURCE_QPN = ffi::IBV_QP_CREATE_SOURCE_QPN;
+        /// Pad PCI writes to a cache line.
+        const PCI_WRITE_END_PADDING = ffi::IBV_QP_CREATE_PCI_WRITE_END_PADDING;
+        const _ = !0;
+    }
+}
+
 /// Builds a queue pair; see [`ProtectionDomain::qp_builder`].
 #[derive(Debug, Clone)]
 pub struct QueuePairBuilder {
@@ -122,6 +141,7 @@ pub struct QueuePairBuilder {
     sq_sig_all: bool,
     srq: Option<crate::SharedReceiveQueue>,
     post_path: PostPath,
+    create_flags: QpCreateFlags,
 }
 
 impl ProtectionDomain {
@@ -149,6 +169,7 @@ impl ProtectionDomain {
             sq_sig_all: false,
             srq: None,
             post_path: PostPath::Auto,
+            create_flags: QpCreateFlags::empty(),
         }
     }
 }
@@ -196,6 +217,15 @@ impl QueuePairBuilder {
         self
     }
 
+    /// `create_flags` (default none). A QP with flags is created with
+    /// `ibv_create_qp_ex` (`rdma_create_qp_ex` through the connection
+    /// manager) even on the legacy post path; a provider without them
+    /// refuses with [`Error::Unsupported`] (rxe and siw refuse every flag).
+    pub fn create_flags(&mut self, flags: QpCreateFlags) -> &mut Self {
+        self.create_flags = flags;
+        self
+    }
+
     /// Takes receive requests from `srq` instead of a receive queue of its own.
     pub fn srq(&mut self, srq: &crate::SharedReceiveQueue) -> &mut Self {
         self.srq = Some(srq.clone());
@@ -206,8 +236,13 @@ impl QueuePairBuilder {
         let ctx = self.pd.context();
         match e.errno() {
             Some(libc::EOPNOTSUPP) | Some(libc::EPROTONOSUPPORT) | Some(libc::ENOSYS) => {
+                let flags = if self.create_flags.is_empty() {
+                    String::new()
+                } else {
+                    format!(" with create flags {:?}", self.create_flags)
+                };
                 Error::Unsupported {
-                    what: format!("{:?} queue pairs through {verb}", self.qp_type).into(),
+                    what: format!("{:?} queue pairs{flags} through {verb}", self.qp_type).into(),
                     device: ctx.name().to_string(),
                     source: e.errno().map(std::io::Error::from_raw_os_error),
                 }
@@ -217,6 +252,19 @@ impl QueuePairBuilder {
     }
 
     fn create_legacy(&self, attr: &mut ffi::ibv_qp_init_attr) -> Result<NonNull<ffi::ibv_qp>> {
+        if !self.create_flags.is_empty() {
+            // Create flags need the extended call, without send operations.
+            let mut ex = self.init_attr_ex(attr, true);
+            // SAFETY: valid context, PD and CQs (kept alive by the QP).
+            let qp = unsafe { ffi::ibv_create_qp_ex(self.pd.context().as_raw(), &mut ex) };
+            attr.cap = ex.cap;
+            return check_ptr(
+                "ibv_create_qp_ex",
+                || format!("{:?} QP with {:?}", self.qp_type, self.create_flags).into(),
+                qp,
+            )
+            .map_err(|e| self.create_error("ibv_create_qp_ex", e));
+        }
         // SAFETY: valid PD and CQs of the same context (kept alive by the QP).
         let qp = unsafe { ffi::ibv_create_qp(self.pd.as_raw(), attr) };
         check_ptr(
@@ -386,6 +434,10 @@ impl QueuePairBuilder {
             ex.comp_mask |= ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
             ex.send_ops_flags = u64::from(self.send_ops());
         }
+        if !self.create_flags.is_empty() {
+            ex.comp_mask |= ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS;
+            ex.create_flags = self.create_flags.bits();
+        }
         ex
     }
 
@@ -402,7 +454,7 @@ impl QueuePairBuilder {
         let qp = match create(&mut ex) {
             Err(e) if self.post_path == PostPath::Auto && e.errno() == Some(libc::EOPNOTSUPP) => {
                 ex = self.init_attr_ex(&attr, true);
-                create(&mut ex)?
+                create(&mut ex).map_err(|e| self.create_error("rdma_create_qp_ex", e))?
             }
             r => r.map_err(|e| self.create_error("rdma_create_qp_ex", e))?,
         };

@@ -4,11 +4,11 @@
 //! descriptors, and the completion loop helpers.
 #![allow(dead_code)] // every example uses a different subset
 
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, ToSocketAddrs};
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
-use rdma::cm::{self, AddrInfoFlags, AddrInfoHints, PortSpace};
+use rdma::cm::{self, AddrInfoFlags, AddrInfoHints, CmAddr, PortSpace};
 use rdma::{Completion, CompletionChannel, CompletionQueue};
 
 /// A failure: the text to print (already in the C tool's words where it has
@@ -127,15 +127,17 @@ pub fn host_ip(host: &str) -> Res<IpAddr> {
 
 /// The source and destination addresses of rdma-core's `get_rdma_addr()`
 /// (librdmacm/examples/common.c): a passive lookup of `src` for servers,
-/// else `dst` (with `src` looked up passively first, for its address).
+/// else `dst` (with `src` looked up passively first, its address handed to
+/// the second lookup as `ai_src_addr`). IP or, with `-f gid`, `AF_IB`.
 pub struct RdmaAddr {
     /// Where to bind (servers) or the source of `rdma_resolve_addr`.
-    pub src: Option<SocketAddr>,
+    pub src: Option<CmAddr>,
     /// The peer (clients).
-    pub dst: Option<SocketAddr>,
+    pub dst: Option<CmAddr>,
 }
 
-/// See [`RdmaAddr`]. `flags` are the tool's `-f` flags (`NUMERICHOST`...).
+/// See [`RdmaAddr`]. `flags` and `family` are the tool's `-f` choice
+/// (`NUMERICHOST`; `NUMERICHOST | FAMILY` and `AF_IB` for GIDs, 0 for any).
 ///
 /// # Errors
 /// `rdma_getaddrinfo error: ...`, as the C tools print it.
@@ -146,10 +148,12 @@ pub fn get_rdma_addr(
     passive: bool,
     ps: PortSpace,
     flags: AddrInfoFlags,
+    family: i32,
 ) -> Res<RdmaAddr> {
     let fail = |e: rdma::Error| format!("rdma_getaddrinfo error: {e}");
     let mut hints = AddrInfoHints {
         flags,
+        family,
         port_space: Some(ps),
         ..Default::default()
     };
@@ -158,28 +162,21 @@ pub fn get_rdma_addr(
         let info = cm::getaddrinfo(src, Some(port), Some(&hints)).map_err(fail)?;
         let e = info.first();
         return Ok(RdmaAddr {
-            src: e.src_addr(),
-            dst: e.dst_addr(),
+            src: e.src_cm_addr(),
+            dst: e.dst_cm_addr(),
         });
     }
-    // The C helper puts the passive lookup's address into the hints
-    // (`ai_src_addr`); AddrInfoHints has no such field, so the source is
-    // kept aside and handed to rdma_resolve_addr directly.
-    let src_addr = match src {
-        Some(s) => {
-            let mut h = hints;
-            h.flags |= AddrInfoFlags::PASSIVE;
-            let info = cm::getaddrinfo(Some(s), None, Some(&h)).map_err(fail)?;
-            let a = info.first().src_addr();
-            a
-        }
-        None => None,
-    };
+    if let Some(s) = src {
+        let mut h = hints;
+        h.flags |= AddrInfoFlags::PASSIVE;
+        let info = cm::getaddrinfo(Some(s), None, Some(&h)).map_err(fail)?;
+        hints.src_addr = info.first().src_cm_addr();
+    }
     let info = cm::getaddrinfo(dst, Some(port), Some(&hints)).map_err(fail)?;
     let e = info.first();
     Ok(RdmaAddr {
-        src: src_addr.or(e.src_addr()),
-        dst: e.dst_addr(),
+        src: e.src_cm_addr(),
+        dst: e.dst_cm_addr(),
     })
 }
 
@@ -333,6 +330,26 @@ pub fn endpoint_qp(id: &rdma::cm::CmId, verb: &str, inline: u32) -> Res<rdma::Qu
         .max_inline_data(inline)
         .sq_sig_all(true);
     id.create_qp(&b).or_fail(verb)
+}
+
+/// `-f` of `udaddy` and `ucmatose`: `ip`/`ipv6` are numeric addresses,
+/// `gid` numeric GIDs (`AF_IB` addresses), `name` host names (the default).
+/// Returns the `rdma_getaddrinfo` flags and family.
+pub fn address_format(v: &str) -> (AddrInfoFlags, i32) {
+    let f = v.to_ascii_lowercase();
+    if f.starts_with("ip") {
+        (AddrInfoFlags::NUMERICHOST, 0)
+    } else if f.starts_with("gid") {
+        (
+            AddrInfoFlags::NUMERICHOST | AddrInfoFlags::FAMILY,
+            libc::AF_IB,
+        )
+    } else {
+        if !f.starts_with("name") {
+            eprintln!("Warning: unknown address format");
+        }
+        (AddrInfoFlags::empty(), 0)
+    }
 }
 
 /// The `main` of the cmatose family (`udaddy`, `mckey`, `ucmatose`): parse

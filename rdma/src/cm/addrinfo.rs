@@ -6,7 +6,8 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::ptr::NonNull;
 
-use super::{from_sockaddr, CmId, PortSpace};
+use super::addr::{from_sockaddr_len, to_sockaddr, CmAddr};
+use super::{CmId, PortSpace};
 use crate::error::{last_errno, Error, Result};
 use crate::qp::QpOwner;
 use crate::{ffi, QpType, QueuePair, QueuePairBuilder};
@@ -32,8 +33,13 @@ bitflags::bitflags! {
 pub struct AddrInfoHints {
     /// `ai_flags`.
     pub flags: AddrInfoFlags,
-    /// `ai_family` (`libc::AF_INET`, ...; 0 for any).
+    /// `ai_family` (`libc::AF_INET`, `AF_INET6`, `AF_IB` with
+    /// [`AddrInfoFlags::FAMILY`]; 0 for any).
     pub family: i32,
+    /// `ai_src_addr`: the source address an active lookup resolves from
+    /// (what a passive lookup of the local address gave, say); the entries
+    /// carry it as their source, and [`create_ep`] binds to it.
+    pub src_addr: Option<CmAddr>,
     /// `ai_qp_type` (`None` for any).
     pub qp_type: Option<QpType>,
     /// `ai_port_space` (`None` for any).
@@ -86,16 +92,25 @@ pub fn getaddrinfo(
         .transpose()
     };
     let (node_c, service_c) = (cstr(node)?, cstr(service)?);
+    let mut src = hints
+        .and_then(|h| h.src_addr)
+        .map(|a| to_sockaddr("rdma_getaddrinfo", &a))
+        .transpose()?;
     let raw_hints = hints.map(|h| ffi::rdma_addrinfo {
         ai_flags: h.flags.bits(),
         ai_family: h.family,
         ai_qp_type: h.qp_type.map_or(0, |t| t.to_raw() as i32),
         ai_port_space: h.port_space.map_or(0, |p| p.to_raw() as i32),
+        ai_src_len: src.as_ref().map_or(0, |(_, len)| *len),
+        ai_src_addr: src.as_mut().map_or(std::ptr::null_mut(), |(sa, _)| {
+            std::ptr::addr_of_mut!(*sa).cast()
+        }),
         ..Default::default()
     });
     let mut res: *mut ffi::rdma_addrinfo = std::ptr::null_mut();
-    // SAFETY: NUL-terminated strings (or NULL), hints (or NULL) and the
-    // out-pointer live for the call.
+    // SAFETY: NUL-terminated strings (or NULL), hints (or NULL), the source
+    // address they point at and the out-pointer live for the call (librdmacm
+    // copies what it keeps).
     let rc = unsafe {
         ffi::rdma_getaddrinfo(
             node_c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
@@ -167,16 +182,28 @@ impl<'a> AddrInfoEntry<'a> {
         PortSpace::from_raw(self.raw.ai_port_space as u32)
     }
 
-    /// The source address, if any.
+    /// The source address, if it is an IP one ([`AddrInfoEntry::src_cm_addr`]
+    /// reads any family).
     pub fn src_addr(&self) -> Option<SocketAddr> {
-        // SAFETY: NULL or an address of `ai_src_len` bytes in the list.
-        unsafe { from_sockaddr(self.raw.ai_src_addr) }
+        self.src_cm_addr().and_then(|a| a.ip())
     }
 
-    /// The destination address, if any.
+    /// The destination address, if it is an IP one
+    /// ([`AddrInfoEntry::dst_cm_addr`] reads any family).
     pub fn dst_addr(&self) -> Option<SocketAddr> {
-        // SAFETY: as above.
-        unsafe { from_sockaddr(self.raw.ai_dst_addr) }
+        self.dst_cm_addr().and_then(|a| a.ip())
+    }
+
+    /// The source address of any family (`AF_IB` for a GID lookup), if any.
+    pub fn src_cm_addr(&self) -> Option<CmAddr> {
+        // SAFETY: NULL or an address of `ai_src_len` bytes in the list.
+        unsafe { from_sockaddr_len(self.raw.ai_src_addr, self.raw.ai_src_len as usize) }
+    }
+
+    /// The destination address of any family, if any.
+    pub fn dst_cm_addr(&self) -> Option<CmAddr> {
+        // SAFETY: NULL or an address of `ai_dst_len` bytes in the list.
+        unsafe { from_sockaddr_len(self.raw.ai_dst_addr, self.raw.ai_dst_len as usize) }
     }
 
     fn text(p: *mut std::ffi::c_char) -> Option<&'a str> {
@@ -227,8 +254,8 @@ impl fmt::Debug for AddrInfoEntry<'_> {
             .field("family", &self.family())
             .field("qp_type", &self.qp_type())
             .field("port_space", &self.port_space())
-            .field("src", &self.src_addr())
-            .field("dst", &self.dst_addr())
+            .field("src", &self.src_cm_addr())
+            .field("dst", &self.dst_cm_addr())
             .finish()
     }
 }

@@ -122,7 +122,7 @@ impl Connection {
         let channel = EventChannel::new()?;
         let id = channel.create_id(PortSpace::Tcp)?;
         let t = opts.timeout;
-        id.resolve_addr(opts.src, dst, t)?;
+        id.resolve_addr(opts.src.map(super::CmAddr::from), dst, t)?;
         drop(channel.wait_for(&id, &[CmEventType::AddrResolved], "rdma_resolve_addr", t)?);
         id.resolve_route(t)?;
         drop(channel.wait_for(&id, &[CmEventType::RouteResolved], "rdma_resolve_route", t)?);

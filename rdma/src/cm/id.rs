@@ -9,9 +9,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use super::addr::{from_sockaddr_storage, to_sockaddr, CmAddr};
 use super::channel::EventChannel;
 use super::event::{CmEvent, ConnParam};
-use super::{from_sockaddr, timeout_ms, to_sockaddr, PortSpace};
+use super::{from_sockaddr, timeout_ms, PortSpace};
 use crate::error::{check_minus_one, Error, Result};
 use crate::qp::QpOwner;
 use crate::{
@@ -247,6 +248,20 @@ pub struct CmId {
     pub(crate) inner: Arc<IdInner>,
 }
 
+/// An address for an error's context; `AF_IB` ones say where they work
+/// (measured on soft-RoCE: `rdma_bind_addr` of a GID fails with `ENODEV`,
+/// `rdma_join_multicast` with the kernel's `ENOTSUPP`, 524; see the module
+/// docs).
+fn addr_context(addr: &CmAddr) -> String {
+    match addr {
+        CmAddr::Ib(_) => format!(
+            "AF_IB address {addr} (AF_IB addresses are for InfiniBand ports: \
+             RoCE and iWARP devices refuse them)"
+        ),
+        _ => addr.to_string(),
+    }
+}
+
 fn verb(name: &'static str, ctx: impl FnOnce() -> String, rc: c_int) -> Result<()> {
     check_minus_one(name, || ctx().into(), rc).map(|_| ())
 }
@@ -443,36 +458,46 @@ impl CmId {
         Ok(unsafe { ctx.borrowed_pd(pd) })
     }
 
-    /// Binds the id to a local address (`rdma_bind_addr(3)`); port 0 picks a
-    /// free port ([`CmId::src_port`] reads it back).
+    /// Binds the id to a local address (`rdma_bind_addr(3)`): a
+    /// [`SocketAddr`] or a [`CmAddr`]; port 0 picks a free port
+    /// ([`CmId::src_port`] reads it back).
     ///
     /// # Errors
-    /// [`Error::Verb`] naming `rdma_bind_addr` (`EADDRINUSE`,
-    /// `EADDRNOTAVAIL`, `ENODEV` for an address without an RDMA device).
-    pub fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
-        let (mut sa, _) = to_sockaddr(&addr);
+    /// [`Error::InvalidArgument`] for a [`CmAddr::Unknown`]; [`Error::Verb`]
+    /// naming `rdma_bind_addr` (`EADDRINUSE`, `EADDRNOTAVAIL`, `ENODEV` for
+    /// an address without an RDMA device, and for an `AF_IB` address on a
+    /// RoCE or iWARP device).
+    pub fn bind_addr(&self, addr: impl Into<CmAddr>) -> Result<()> {
+        let addr = addr.into();
+        let (mut sa, _) = to_sockaddr("rdma_bind_addr", &addr)?;
         // SAFETY: valid id and address.
         let rc = self
             .with(|raw, _| unsafe { ffi::rdma_bind_addr(raw, std::ptr::addr_of_mut!(sa).cast()) });
-        verb("rdma_bind_addr", || addr.to_string(), rc)
+        verb("rdma_bind_addr", || addr_context(&addr), rc)
     }
 
     /// Resolves `dst` (and binds to `src`, if given) to an RDMA address
     /// (`rdma_resolve_addr(3)`). Asynchronous ids get `ADDR_RESOLVED` or
     /// `ADDR_ERROR` within `timeout`; synchronous ids wait for it.
     ///
+    /// `dst` is a [`SocketAddr`] or a [`CmAddr`]; `src` a [`CmAddr`]
+    /// (`Some(addr.into())` for a [`SocketAddr`]).
+    ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a timeout that does not fit a C int;
-    /// [`Error::Verb`] naming `rdma_resolve_addr`.
+    /// [`Error::InvalidArgument`] for a timeout that does not fit a C int or
+    /// a [`CmAddr::Unknown`]; [`Error::Verb`] naming `rdma_resolve_addr`.
     pub fn resolve_addr(
         &self,
-        src: Option<SocketAddr>,
-        dst: SocketAddr,
+        src: Option<CmAddr>,
+        dst: impl Into<CmAddr>,
         timeout: Duration,
     ) -> Result<()> {
+        let dst = dst.into();
         let ms = timeout_ms("rdma_resolve_addr", timeout)?;
-        let mut src_sa = src.map(|s| to_sockaddr(&s).0);
-        let (mut dst_sa, _) = to_sockaddr(&dst);
+        let mut src_sa = src
+            .map(|s| to_sockaddr("rdma_resolve_addr", &s).map(|(sa, _)| sa))
+            .transpose()?;
+        let (mut dst_sa, _) = to_sockaddr("rdma_resolve_addr", &dst)?;
         let src_ptr = src_sa
             .as_mut()
             .map_or(std::ptr::null_mut(), |s| std::ptr::addr_of_mut!(*s).cast());
@@ -480,7 +505,14 @@ impl CmId {
         let rc = self.with(|raw, _| unsafe {
             ffi::rdma_resolve_addr(raw, src_ptr, std::ptr::addr_of_mut!(dst_sa).cast(), ms)
         });
-        verb("rdma_resolve_addr", || format!("{src:?} -> {dst}"), rc)
+        verb(
+            "rdma_resolve_addr",
+            || match src {
+                Some(s) => format!("{} -> {}", addr_context(&s), addr_context(&dst)),
+                None => format!("-> {}", addr_context(&dst)),
+            },
+            rc,
+        )
     }
 
     /// Resolves the route to the resolved address (`rdma_resolve_route(3)`):
@@ -985,7 +1017,11 @@ impl CmId {
                         libc::EINVAL,
                     ));
                 }
-                let legacy = ex.comp_mask & ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS == 0;
+                // `rdma_create_qp` takes neither send operations nor create
+                // flags.
+                let legacy = ex.comp_mask
+                    & (ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS)
+                    == 0;
                 let name = if legacy {
                     "rdma_create_qp"
                 } else {
@@ -1012,7 +1048,15 @@ impl CmId {
                 };
                 verb(
                     name,
-                    || format!("{:?} QP", QpType::from_raw(ex.qp_type)),
+                    || {
+                        let qp_type = QpType::from_raw(ex.qp_type);
+                        if ex.comp_mask & ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS == 0 {
+                            format!("{qp_type:?} QP")
+                        } else {
+                            let flags = crate::QpCreateFlags::from_bits_retain(ex.create_flags);
+                            format!("{qp_type:?} QP with create flags {flags:?}")
+                        }
+                    },
                     rc,
                 )?;
                 st.pd_changed = true;
@@ -1030,13 +1074,14 @@ impl CmId {
     ///
     /// # Errors
     /// [`Error::Verb`] naming `rdma_join_multicast`.
-    pub fn join_multicast(&self, addr: SocketAddr) -> Result<()> {
-        let (mut sa, _) = to_sockaddr(&addr);
+    pub fn join_multicast(&self, addr: impl Into<CmAddr>) -> Result<()> {
+        let addr = addr.into();
+        let (mut sa, _) = to_sockaddr("rdma_join_multicast", &addr)?;
         // SAFETY: valid id and address (copied by librdmacm).
         let rc = self.with(|raw, _| unsafe {
             ffi::rdma_join_multicast(raw, std::ptr::addr_of_mut!(sa).cast(), std::ptr::null_mut())
         });
-        verb("rdma_join_multicast", || addr.to_string(), rc)
+        verb("rdma_join_multicast", || addr_context(&addr), rc)
     }
 
     /// Joins a multicast group with `flags` (`rdma_join_multicast_ex(3)`).
@@ -1044,8 +1089,9 @@ impl CmId {
     /// # Errors
     /// [`Error::Verb`] naming `rdma_join_multicast_ex` (`EOPNOTSUPP`/`EINVAL`
     /// where the kernel lacks send-only joins).
-    pub fn join_multicast_ex(&self, addr: SocketAddr, flags: McJoinFlags) -> Result<()> {
-        let (mut sa, _) = to_sockaddr(&addr);
+    pub fn join_multicast_ex(&self, addr: impl Into<CmAddr>, flags: McJoinFlags) -> Result<()> {
+        let addr = addr.into();
+        let (mut sa, _) = to_sockaddr("rdma_join_multicast_ex", &addr)?;
         let mut attr = ffi::rdma_cm_join_mc_attr_ex {
             comp_mask: ffi::RDMA_CM_JOIN_MC_ATTR_ADDRESS | ffi::RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS,
             join_flags: match flags {
@@ -1058,7 +1104,11 @@ impl CmId {
         let rc = self.with(|raw, _| unsafe {
             ffi::rdma_join_multicast_ex(raw, &mut attr, std::ptr::null_mut())
         });
-        verb("rdma_join_multicast_ex", || format!("{addr} {flags:?}"), rc)
+        verb(
+            "rdma_join_multicast_ex",
+            || format!("{} {flags:?}", addr_context(&addr)),
+            rc,
+        )
     }
 
     /// Leaves a multicast group (`rdma_leave_multicast(3)`).
@@ -1067,7 +1117,8 @@ impl CmId {
     /// `EBUSY` while events of the id are held (librdmacm would wait for
     /// them forever); `EADDRNOTAVAIL` for a group not joined;
     /// [`Error::Verb`] naming `rdma_leave_multicast`.
-    pub fn leave_multicast(&self, addr: SocketAddr) -> Result<()> {
+    pub fn leave_multicast(&self, addr: impl Into<CmAddr>) -> Result<()> {
+        let addr = addr.into();
         if self.inner.outstanding.load(Ordering::Acquire) != 0 {
             return Err(Error::verb_errno(
                 "rdma_leave_multicast",
@@ -1075,12 +1126,12 @@ impl CmId {
                 libc::EBUSY,
             ));
         }
-        let (mut sa, _) = to_sockaddr(&addr);
+        let (mut sa, _) = to_sockaddr("rdma_leave_multicast", &addr)?;
         // SAFETY: valid id and address.
         let rc = self.with(|raw, _| unsafe {
             ffi::rdma_leave_multicast(raw, std::ptr::addr_of_mut!(sa).cast())
         });
-        verb("rdma_leave_multicast", || addr.to_string(), rc)
+        verb("rdma_leave_multicast", || addr_context(&addr), rc)
     }
 
     /// The local port (`rdma_get_src_port(3)`), 0 if unbound.
@@ -1095,17 +1146,34 @@ impl CmId {
         u16::from_be(self.with(|raw, _| unsafe { ffi::rdma_get_dst_port(raw) }))
     }
 
-    /// The local address (`rdma_get_local_addr(3)`); `None` while unbound
-    /// (or for an `AF_IB` address).
+    /// The local IP address (`rdma_get_local_addr(3)`); `None` while
+    /// unbound, and for an `AF_IB` address ([`CmId::local_cm_addr`] reads
+    /// those).
     pub fn local_addr(&self) -> Option<SocketAddr> {
         // SAFETY: the address lives in the id, read under its locks.
         self.with(|raw, _| unsafe { from_sockaddr(ffi::rdma_get_local_addr(raw)) })
     }
 
-    /// The peer's address (`rdma_get_peer_addr(3)`); `None` while unset.
+    /// The peer's IP address (`rdma_get_peer_addr(3)`); `None` while unset,
+    /// and for an `AF_IB` address ([`CmId::peer_cm_addr`]).
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         // SAFETY: as above.
         self.with(|raw, _| unsafe { from_sockaddr(ffi::rdma_get_peer_addr(raw)) })
+    }
+
+    /// The local address of any family (`rdma_get_local_addr(3)`); `None`
+    /// while unbound.
+    pub fn local_cm_addr(&self) -> Option<CmAddr> {
+        // SAFETY: the address is a sockaddr_storage in the id, read under
+        // its locks.
+        self.with(|raw, _| unsafe { from_sockaddr_storage(ffi::rdma_get_local_addr(raw)) })
+    }
+
+    /// The peer's address of any family (`rdma_get_peer_addr(3)`); `None`
+    /// while unset.
+    pub fn peer_cm_addr(&self) -> Option<CmAddr> {
+        // SAFETY: as above.
+        self.with(|raw, _| unsafe { from_sockaddr_storage(ffi::rdma_get_peer_addr(raw)) })
     }
 
     /// Sets the ECE options this side proposes (`rdma_set_local_ece(3)`).

@@ -34,6 +34,27 @@
 //!   each call waits for its own event.
 //! - [`blocking`] connects and accepts in one call, on top of all this.
 //!
+//! # Addresses
+//! Calls that take an address take `impl Into<`[`CmAddr`]`>`: a
+//! [`std::net::SocketAddr`] as before, or an InfiniBand address
+//! ([`IbAddr`], `AF_IB`: a GID and a service id). Addresses read back keep
+//! their `SocketAddr` accessors, which see only IP addresses
+//! ([`CmId::local_addr`], [`AddrInfoEntry::src_addr`], ...); the `*_cm_addr`
+//! twins ([`CmId::local_cm_addr`], [`CmId::peer_cm_addr`],
+//! [`AddrInfoEntry::src_cm_addr`], [`AddrInfoEntry::dst_cm_addr`]) read every
+//! family. Events carry no address of their own: read it from
+//! [`CmEvent::id`].
+//!
+//! `AF_IB` addresses are for InfiniBand ports. Measured on soft-RoCE (rxe,
+//! kernel 6.1): `rdma_bind_addr` of the device's GID fails with `ENODEV`;
+//! `rdma_resolve_addr` to it without a source and with the default P_Key
+//! (0xffff, what `rdma_getaddrinfo` gives) resolves, and the id's addresses
+//! read back as `AF_IB`, but `rdma_resolve_route` then fails with `ENODEV`
+//! (with P_Key 0 or an `AF_IB` source, `rdma_resolve_addr` fails at once
+//! with `ENODEV`); `rdma_join_multicast` of an `AF_IB` group fails with the
+//! kernel's internal `ENOTSUPP` (524). librdmacm builds `AF_IB` addresses
+//! with P_Key 0xffff and a service-id mask of all ones.
+//!
 //! # Threads
 //! Ids and channels are `Send + Sync`. Every operation on an id holds a lock
 //! on the id and on its channel, and reading an event holds the channel's
@@ -46,13 +67,15 @@
 //! # fn main() -> rdma::Result<()> {
 //! let channel = EventChannel::new()?;
 //! let id = channel.create_id(PortSpace::Tcp)?;
-//! id.resolve_addr(None, "10.8.0.1:7471".parse().unwrap(), Duration::from_secs(2))?;
+//! let dst: std::net::SocketAddr = "10.8.0.1:7471".parse().unwrap();
+//! id.resolve_addr(None, dst, Duration::from_secs(2))?;
 //! let event = channel.get_event_timeout(Duration::from_secs(5))?.expect("an event");
 //! assert_eq!(event.event_type(), CmEventType::AddrResolved);
 //! # Ok(())
 //! # }
 //! ```
 
+mod addr;
 mod addrinfo;
 pub mod blocking;
 mod channel;
@@ -63,11 +86,12 @@ mod verbs;
 
 use std::ffi::CStr;
 use std::fmt;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::SocketAddr;
 
 use crate::ffi;
 use crate::macros::c_enum;
 
+pub use addr::{CmAddr, IbAddr};
 pub use addrinfo::{create_ep, getaddrinfo, AddrInfo, AddrInfoEntry, AddrInfoFlags, AddrInfoHints};
 pub use channel::EventChannel;
 pub use device::get_devices;
@@ -166,75 +190,14 @@ pub(crate) fn event_errno(event: CmEventType, status: i32) -> i32 {
     }
 }
 
-/// A socket address in C form, with its length.
-pub(crate) fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: an all-zero sockaddr_storage is valid.
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from(*a.ip()).to_be(),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is large and aligned enough for any
-            // sockaddr type.
-            unsafe { std::ptr::write(std::ptr::addr_of_mut!(storage).cast(), sin) };
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo().to_be(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: as above.
-            unsafe { std::ptr::write(std::ptr::addr_of_mut!(storage).cast(), sin6) };
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (storage, len as libc::socklen_t)
-}
-
-/// Reads an IPv4/IPv6 socket address; `None` for NULL, unset (family 0) or
-/// other families (InfiniBand `AF_IB`).
+/// Reads an IPv4/IPv6 socket address out of an id's `sockaddr_storage`;
+/// `None` for NULL, unset (family 0) or other families (`AF_IB`).
 ///
 /// # Safety
-/// `sa` is NULL or points at a socket address of its family's size.
+/// `sa` is NULL or points at a `sockaddr_storage`.
 pub(crate) unsafe fn from_sockaddr(sa: *const libc::sockaddr) -> Option<SocketAddr> {
-    if sa.is_null() {
-        return None;
-    }
-    // SAFETY: the caller guarantees a readable sockaddr.
-    let family = i32::from(unsafe { (*sa).sa_family });
-    match family {
-        libc::AF_INET => {
-            // SAFETY: the family says it is a sockaddr_in.
-            let sin = unsafe { std::ptr::read_unaligned(sa.cast::<libc::sockaddr_in>()) };
-            Some(SocketAddr::V4(SocketAddrV4::new(
-                Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
-                u16::from_be(sin.sin_port),
-            )))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: the family says it is a sockaddr_in6.
-            let sin6 = unsafe { std::ptr::read_unaligned(sa.cast::<libc::sockaddr_in6>()) };
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(sin6.sin6_addr.s6_addr),
-                u16::from_be(sin6.sin6_port),
-                u32::from_be(sin6.sin6_flowinfo),
-                sin6.sin6_scope_id,
-            )))
-        }
-        _ => None,
-    }
+    // SAFETY: per the contract.
+    unsafe { addr::from_sockaddr_storage(sa) }.and_then(|a| a.ip())
 }
 
 fn timeout_ms(verb: &'static str, t: std::time::Duration) -> crate::Result<std::ffi::c_int> {
@@ -268,20 +231,6 @@ mod tests {
                 CmEventType::Unknown(_)
             ));
         }
-    }
-
-    #[test]
-    fn socket_addresses_round_trip() {
-        for text in ["10.8.0.1:7471", "[fe80::1%3]:1", "0.0.0.0:0"] {
-            let addr: SocketAddr = text.parse().unwrap();
-            let (storage, len) = to_sockaddr(&addr);
-            assert!(len as usize <= std::mem::size_of_val(&storage));
-            // SAFETY: `storage` holds the address just written.
-            let back = unsafe { from_sockaddr(std::ptr::addr_of!(storage).cast()) };
-            assert_eq!(back, Some(addr));
-        }
-        // SAFETY: NULL is allowed.
-        assert_eq!(unsafe { from_sockaddr(std::ptr::null()) }, None);
     }
 
     fn send_sync<T: Send + Sync>() {}
