@@ -385,16 +385,7 @@ impl CompletionQueue {
     /// # Errors
     /// [`Error::Verb`] naming `ibv_poll_cq` (a CQ overrun).
     pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
-        // An extended CQ must not be polled while a cursor is open on it.
-        let _guard = match self.inner.ex {
-            Some(_) => Some(
-                self.inner
-                    .poll_lock
-                    .try_lock()
-                    .map_err(|_| self.cursor_open())?,
-            ),
-            None => None,
-        };
+        let _guard = self.legacy_poll_guard()?;
         let mut total = 0;
         // Not initialised: an empty poll (the common case when spinning)
         // must not pay for clearing it; only the entries written are read.
@@ -435,16 +426,7 @@ impl CompletionQueue {
     /// As [`CompletionQueue::poll`].
     #[inline]
     pub fn poll_one(&self) -> Result<Option<Completion>> {
-        // An extended CQ must not be polled while a cursor is open on it.
-        let _guard = match self.inner.ex {
-            Some(_) => Some(
-                self.inner
-                    .poll_lock
-                    .try_lock()
-                    .map_err(|_| self.cursor_open())?,
-            ),
-            None => None,
-        };
+        let _guard = self.legacy_poll_guard()?;
         let mut wc = std::mem::MaybeUninit::<ffi::ibv_wc>::uninit();
         // SAFETY: `wc` has room for one entry.
         let n = unsafe { ffi::ibv_poll_cq(self.as_raw(), 1, wc.as_mut_ptr()) };
@@ -457,6 +439,21 @@ impl CompletionQueue {
                     .completion(unsafe { wc.assume_init_ref() }),
             )),
             n => Err(self.poll_failed(n)),
+        }
+    }
+
+    /// For an extended CQ, the lock that keeps a legacy poll and a cursor
+    /// apart (an extended CQ must not be polled while a cursor is open).
+    #[inline]
+    fn legacy_poll_guard(&self) -> Result<Option<std::sync::MutexGuard<'_, ()>>> {
+        match self.inner.ex {
+            Some(_) => self
+                .inner
+                .poll_lock
+                .try_lock()
+                .map(Some)
+                .map_err(|_| self.cursor_open()),
+            None => Ok(None),
         }
     }
 

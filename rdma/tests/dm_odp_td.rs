@@ -11,9 +11,7 @@ mod common;
 
 use std::process::Command;
 
-use rdma::{
-    ffi, AccessFlags, AdviseFlags, Context, Error, MrAdvice, OdpGeneralCaps, OdpTransportCaps,
-};
+use rdma::{ffi, AccessFlags, AdviseFlags, Error, MrAdvice, OdpGeneralCaps, OdpTransportCaps};
 
 /// `ibv_devinfo -v -d DEVICE`, as raw lines (the ODP section has values on
 /// lines of their own, which `common::ibv_devinfo` does not keep).
@@ -118,27 +116,6 @@ fn iwarp_odp_and_dm_caps_match_ibv_devinfo() {
     caps_match_devinfo(&common::iwarp_device_name());
 }
 
-fn assert_unsupported(err: Error, ctx: &Context, what_has: &str, errno: Option<i32>) {
-    match &err {
-        Error::Unsupported {
-            what,
-            device,
-            source,
-        } => {
-            assert!(what.contains(what_has), "{err}");
-            assert_eq!(device, ctx.name(), "{err}");
-            assert_eq!(
-                source.as_ref().and_then(std::io::Error::raw_os_error),
-                errno,
-                "{err}"
-            );
-        }
-        other => panic!("expected Unsupported({what_has}), got {other:?}"),
-    }
-    let text = err.to_string();
-    assert!(text.contains(ctx.name()), "{text}");
-}
-
 /// The raw `ibv_reg_mr` with `access`: Ok(()) (deregistered again) or the errno.
 fn raw_reg_mr(
     pd: &rdma::ProtectionDomain,
@@ -179,13 +156,13 @@ fn odp_registration_unsupported(device: &str, raw_errno: i32) {
 
     // `source: None`: refused from the capabilities, before the verb.
     let err = pd.alloc_mr(4096, odp).unwrap_err();
-    assert_unsupported(err, &ctx, "IBV_ACCESS_ON_DEMAND", None);
+    common::assert_unsupported(&err, &ctx, "IBV_ACCESS_ON_DEMAND", None);
     let err = pd.reg_mr(vec![1u8; 64], odp).unwrap_err();
-    assert_unsupported(err, &ctx, "on-demand paging", None);
+    common::assert_unsupported(&err, &ctx, "on-demand paging", None);
     // SAFETY: `buf` outlives the (failed) registration and is not used
     // meanwhile.
     let err = unsafe { pd.reg_mr_raw(buf.as_mut_ptr(), buf.len(), odp) }.unwrap_err();
-    assert_unsupported(err, &ctx, "on-demand paging", None);
+    common::assert_unsupported(&err, &ctx, "on-demand paging", None);
     assert_eq!(
         buf,
         vec![0x11u8; 4096],
@@ -245,13 +222,13 @@ fn implicit_odp_unsupported(device: &str, raw_errno: i32) {
         }
     }
     let err = pd.reg_implicit_odp(AccessFlags::LOCAL_WRITE).unwrap_err();
-    assert_unsupported(err, &ctx, "implicit on-demand paging", None);
+    common::assert_unsupported(&err, &ctx, "implicit on-demand paging", None);
     let err = pd.reg_implicit_odp(AccessFlags::empty()).unwrap_err();
-    assert_unsupported(err, &ctx, "IBV_ODP_SUPPORT_IMPLICIT", None);
+    common::assert_unsupported(&err, &ctx, "IBV_ODP_SUPPORT_IMPLICIT", None);
     // SAFETY: the registration fails (no implicit ODP on this device), so
     // no peer can ever reach memory through it.
     let err = unsafe { pd.reg_implicit_odp_unchecked(AccessFlags::REMOTE_READ) }.unwrap_err();
-    assert_unsupported(err, &ctx, "implicit on-demand paging", None);
+    common::assert_unsupported(&err, &ctx, "implicit on-demand paging", None);
 }
 
 // The raw implicit registration fails with EINVAL too (Linux 6.1).
@@ -316,9 +293,9 @@ fn advise_unsupported(device: &str, raw_rc: i32) {
         let err = pd
             .advise_mr(advice, AdviseFlags::FLUSH, &[&mr])
             .unwrap_err();
-        assert_unsupported(err, &ctx, "on-demand paging", None);
+        common::assert_unsupported(&err, &ctx, "on-demand paging", None);
         let err = mr.advise(advice, AdviseFlags::empty()).unwrap_err();
-        assert_unsupported(err, &ctx, "on-demand paging", None);
+        common::assert_unsupported(&err, &ctx, "on-demand paging", None);
     }
     // The region is untouched and usable.
     assert_eq!(mr.to_vec(), vec![0; 8192]);
@@ -367,10 +344,10 @@ fn dm_unsupported(device: &str, raw_errno: i32) {
     assert!(err.to_string().contains("2^64"), "{err}");
     for len in [1, 64, 1 << 20] {
         let err = ctx.alloc_dm(len).unwrap_err();
-        assert_unsupported(err, &ctx, "device memory (max_dm_size 0)", None);
+        common::assert_unsupported(&err, &ctx, "device memory (max_dm_size 0)", None);
     }
     let err = ctx.alloc_dm_aligned(64, 6).unwrap_err();
-    assert_unsupported(err, &ctx, "device memory", None);
+    common::assert_unsupported(&err, &ctx, "device memory", None);
     assert_eq!(err_errno(ctx.alloc_dm(8)), Some(libc::EOPNOTSUPP));
 }
 
@@ -421,9 +398,9 @@ fn td_unsupported(device: &str, raw_errno: i32) {
     );
 
     let err = ctx.alloc_td().unwrap_err();
-    assert_unsupported(err, &ctx, "thread domains", Some(raw_errno));
+    common::assert_unsupported(&err, &ctx, "thread domains", Some(raw_errno));
     let err = pd.alloc_parent_domain(None).unwrap_err();
-    assert_unsupported(err, &ctx, "parent domains", Some(raw_errno));
+    common::assert_unsupported(&err, &ctx, "parent domains", Some(raw_errno));
     let err: std::io::Error = pd.alloc_parent_domain(None).unwrap_err().into();
     assert_eq!(err.kind(), std::io::ErrorKind::Unsupported);
 }

@@ -12,27 +12,7 @@
 mod common;
 
 use rdma::cm::Ece;
-use rdma::{ffi, Context, CqModeration, Error, QpType, WrOpcode};
-
-fn assert_unsupported(err: &Error, ctx: &Context, what_has: &str, errno: Option<i32>) {
-    match err {
-        Error::Unsupported {
-            what,
-            device,
-            source,
-        } => {
-            assert!(what.contains(what_has), "{err}");
-            assert_eq!(device, ctx.name(), "{err}");
-            assert_eq!(
-                source.as_ref().and_then(std::io::Error::raw_os_error),
-                errno,
-                "{err}"
-            );
-        }
-        other => panic!("expected Unsupported({what_has}), got {other:?}"),
-    }
-    assert!(err.to_string().contains(ctx.name()), "{err}");
-}
+use rdma::{ffi, CqModeration, Error, QpType, WrOpcode};
 
 /// The P_Key table of port 1 as sysfs lists it (`ports/1/pkeys/N`), in
 /// index order; empty when the port has no `pkeys` directory.
@@ -111,9 +91,9 @@ fn iwarp_pkeys_are_typed_unsupported() {
         Some(libc::ENOENT)
     );
     let err = ctx.query_pkey(1, 0).unwrap_err();
-    assert_unsupported(&err, &ctx, "ibv_query_pkey", None);
+    common::assert_unsupported(&err, &ctx, "ibv_query_pkey", None);
     let err = ctx.get_pkey_index(1, 0xffff).unwrap_err();
-    assert_unsupported(&err, &ctx, "ibv_get_pkey_index", None);
+    common::assert_unsupported(&err, &ctx, "ibv_get_pkey_index", None);
 }
 
 fn modify_cq_unsupported(device: &str) {
@@ -135,7 +115,7 @@ fn modify_cq_unsupported(device: &str) {
             period_us: 10,
         })
         .unwrap_err();
-    assert_unsupported(&err, &ctx, "ibv_modify_cq", Some(libc::EOPNOTSUPP));
+    common::assert_unsupported(&err, &ctx, "ibv_modify_cq", Some(libc::EOPNOTSUPP));
     assert_eq!(err.errno(), Some(libc::EOPNOTSUPP));
     // The CQ still works.
     assert_eq!(cq.poll(&mut Vec::new(), 4).unwrap(), 0);
@@ -163,7 +143,7 @@ fn null_mr_unsupported(device: &str) {
     let ctx = common::open(device);
     let pd = ctx.alloc_pd().unwrap();
     let err = pd.alloc_null_mr().unwrap_err();
-    assert_unsupported(&err, &ctx, "ibv_alloc_null_mr", Some(libc::EOPNOTSUPP));
+    common::assert_unsupported(&err, &ctx, "ibv_alloc_null_mr", Some(libc::EOPNOTSUPP));
     // The raw verb agrees.
     // SAFETY: valid PD; a region allocated here would be deregistered.
     let mr = unsafe { ffi::ibv_alloc_null_mr(pd.as_raw()) };
@@ -216,14 +196,14 @@ fn ece_and_order(device: &str) {
             qp.to_init(&rdma::InitAttr::new(1)).unwrap();
         }
         let err = qp.query_ece().unwrap_err();
-        assert_unsupported(&err, &ctx, "ibv_query_ece", Some(libc::EOPNOTSUPP));
+        common::assert_unsupported(&err, &ctx, "ibv_query_ece", Some(libc::EOPNOTSUPP));
         let err = qp
             .set_ece(Ece {
                 vendor_id: 0x15b3,
                 options: 1,
             })
             .unwrap_err();
-        assert_unsupported(&err, &ctx, "ibv_set_ece", Some(libc::EOPNOTSUPP));
+        common::assert_unsupported(&err, &ctx, "ibv_set_ece", Some(libc::EOPNOTSUPP));
         let mut raw = ffi::ibv_ece::default();
         // SAFETY: valid QP and out-struct.
         let rc = unsafe { ffi::ibv_query_ece(qp.as_raw(), &mut raw) };

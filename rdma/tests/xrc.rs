@@ -13,22 +13,7 @@ mod common;
 use rdma::{ffi, AccessFlags, Context, Error, QpType, SendWr, SrqAttr, SrqType};
 
 fn assert_unsupported(err: &Error, ctx: &Context, what_has: &str) {
-    match err {
-        Error::Unsupported {
-            what,
-            device,
-            source,
-        } => {
-            assert!(what.contains(what_has), "{err}");
-            assert_eq!(device, ctx.name(), "{err}");
-            assert_eq!(
-                source.as_ref().and_then(std::io::Error::raw_os_error),
-                Some(libc::EOPNOTSUPP),
-                "{err}"
-            );
-        }
-        other => panic!("expected Unsupported({what_has}), got {other:?}"),
-    }
+    common::assert_unsupported(err, ctx, what_has, Some(libc::EOPNOTSUPP));
     assert_eq!(err.errno(), Some(libc::EOPNOTSUPP));
     assert!(err.to_string().contains(ctx.name()), "{err}");
 }

@@ -192,3 +192,30 @@ pub fn take(v: &mut Vec<rdma::Completion>, wr_id: u64) -> rdma::Completion {
         .unwrap_or_else(|| panic!("no completion {wr_id} in {v:?}"));
     v.remove(i)
 }
+
+/// Asserts that `err` is the typed `Unsupported` error of `ctx`'s device, its
+/// text naming `what_has`, carrying `errno` from the verb.
+pub fn assert_unsupported(
+    err: &rdma::Error,
+    ctx: &rdma::Context,
+    what_has: &str,
+    errno: Option<i32>,
+) {
+    match err {
+        rdma::Error::Unsupported {
+            what,
+            device,
+            source,
+        } => {
+            assert!(what.contains(what_has), "{err}");
+            assert_eq!(device, ctx.name(), "{err}");
+            assert_eq!(
+                source.as_ref().and_then(std::io::Error::raw_os_error),
+                errno,
+                "{err}"
+            );
+        }
+        other => panic!("expected Unsupported({what_has}), got {other:?}"),
+    }
+    assert!(err.to_string().contains(ctx.name()), "{err}");
+}
