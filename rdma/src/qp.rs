@@ -532,6 +532,27 @@ impl QpAttr {
         Self::default()
     }
 
+    /// Every attribute of a QP (`ibv_query_qp(3)` up to DEST_QPN; RATE_LIMIT
+    /// is modify-only: providers reject it in a query).
+    ///
+    /// # Safety
+    /// `qp` is a live QP.
+    pub(crate) unsafe fn query_all(
+        qp: *mut ffi::ibv_qp,
+        what: impl FnOnce() -> std::borrow::Cow<'static, str>,
+    ) -> Result<QpAttr> {
+        let mut attr = ffi::ibv_qp_attr::default();
+        let mut init = ffi::ibv_qp_init_attr::default();
+        let mask = 0x1f_ffff;
+        // SAFETY: the caller guarantees a live QP; valid out-structs.
+        let rc = unsafe { ffi::ibv_query_qp(qp, &mut attr, mask, &mut init) };
+        check_errno_ret("ibv_query_qp", what, rc)?;
+        Ok(QpAttr {
+            raw: attr,
+            mask: mask as u32,
+        })
+    }
+
     /// Attributes and mask as a verb returned them (`rdma_init_qp_attr`).
     pub(crate) fn from_raw(raw: ffi::ibv_qp_attr, mask: u32) -> Self {
         QpAttr { raw, mask }
@@ -882,18 +903,8 @@ impl QueuePair {
     /// # Errors
     /// [`Error::Verb`] naming `ibv_query_qp`.
     pub fn query(&self) -> Result<QpAttr> {
-        let mut attr = ffi::ibv_qp_attr::default();
-        let mut init = ffi::ibv_qp_init_attr::default();
-        // Every attribute of ibv_query_qp(3) up to DEST_QPN (RATE_LIMIT is
-        // modify-only: providers reject it in a query).
-        let mask = 0x1f_ffff;
-        // SAFETY: valid QP and out-structs.
-        let rc = unsafe { ffi::ibv_query_qp(self.as_raw(), &mut attr, mask, &mut init) };
-        check_errno_ret("ibv_query_qp", || self.ctx_str("query"), rc)?;
-        Ok(QpAttr {
-            raw: attr,
-            mask: mask as u32,
-        })
+        // SAFETY: this QP is live while `self` is.
+        unsafe { QpAttr::query_all(self.as_raw(), || self.ctx_str("query")) }
     }
 
     /// The current state (`ibv_query_qp(3)`).

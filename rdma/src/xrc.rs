@@ -256,14 +256,8 @@ impl XrcRecvQueuePair {
     /// # Errors
     /// [`Error::Verb`] naming `ibv_query_qp`.
     pub fn query(&self) -> Result<QpAttr> {
-        let mut attr = ffi::ibv_qp_attr::default();
-        let mut init = ffi::ibv_qp_init_attr::default();
-        // Every attribute up to DEST_QPN, as QueuePair::query.
-        let mask = 0x1f_ffff;
-        // SAFETY: valid QP and out-structs.
-        let rc = unsafe { ffi::ibv_query_qp(self.as_raw(), &mut attr, mask, &mut init) };
-        check_errno_ret("ibv_query_qp", || self.describe("query"), rc)?;
-        Ok(QpAttr::from_raw(attr, mask as u32))
+        // SAFETY: this QP is live while `self` is.
+        unsafe { QpAttr::query_all(self.as_raw(), || self.describe("query")) }
     }
 }
 
