@@ -19,9 +19,10 @@
 
 mod common;
 
-use std::fmt;
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
+
+use common::Finished;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -83,45 +84,6 @@ fn command(tool: &str, side: Side, args: &[&str]) -> Command {
 
 // ---------------------------------------------------------------------------
 // Processes
-
-/// A finished process and what it printed.
-struct Finished {
-    name: String,
-    status: Option<ExitStatus>,
-    stdout: String,
-    stderr: String,
-}
-
-impl fmt::Display for Finished {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let status = match self.status {
-            Some(s) => s.to_string(),
-            None => "killed".to_string(),
-        };
-        writeln!(f, "--- {} ({status}) stdout:", self.name)?;
-        for l in self.stdout.lines() {
-            writeln!(f, "    {l}")?;
-        }
-        writeln!(f, "--- {} stderr:", self.name)?;
-        for l in self.stderr.lines() {
-            writeln!(f, "    {l}")?;
-        }
-        Ok(())
-    }
-}
-
-impl Finished {
-    fn success(&self) -> bool {
-        self.status.is_some_and(|s| s.success())
-    }
-
-    fn lines_starting(&self, prefix: &str) -> Vec<&str> {
-        self.stdout
-            .lines()
-            .filter(|l| l.starts_with(prefix))
-            .collect()
-    }
-}
 
 /// A child whose output is collected by two threads (stdout also line by
 /// line, for readiness lines); killed if dropped while still running, so a

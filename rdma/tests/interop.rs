@@ -15,10 +15,11 @@
 
 mod common;
 
-use std::fmt;
 use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+
+use common::Finished;
+use std::process::{Child, Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -102,38 +103,6 @@ fn label(t: Transport, side: Side) -> String {
 
 // ---------------------------------------------------------------------------
 // Processes
-
-/// A finished process and what it printed.
-struct Finished {
-    name: String,
-    status: Option<ExitStatus>,
-    stdout: String,
-    stderr: String,
-}
-
-impl fmt::Display for Finished {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let status = match self.status {
-            Some(s) => s.to_string(),
-            None => "killed".to_string(),
-        };
-        writeln!(f, "--- {} ({status}) stdout:", self.name)?;
-        for l in self.stdout.lines() {
-            writeln!(f, "    {l}")?;
-        }
-        writeln!(f, "--- {} stderr:", self.name)?;
-        for l in self.stderr.lines() {
-            writeln!(f, "    {l}")?;
-        }
-        Ok(())
-    }
-}
-
-impl Finished {
-    fn success(&self) -> bool {
-        self.status.is_some_and(|s| s.success())
-    }
-}
 
 /// A child whose output is collected by two threads; killed if dropped
 /// while still running (a failed assertion never leaves a process behind).

@@ -219,3 +219,44 @@ pub fn assert_unsupported(
     }
     assert!(err.to_string().contains(ctx.name()), "{err}");
 }
+
+/// A finished child process of an interop test and what it printed.
+pub struct Finished {
+    pub name: String,
+    /// `None` when it was killed.
+    pub status: Option<std::process::ExitStatus>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl std::fmt::Display for Finished {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let status = match self.status {
+            Some(s) => s.to_string(),
+            None => "killed".to_string(),
+        };
+        writeln!(f, "--- {} ({status}) stdout:", self.name)?;
+        for l in self.stdout.lines() {
+            writeln!(f, "    {l}")?;
+        }
+        writeln!(f, "--- {} stderr:", self.name)?;
+        for l in self.stderr.lines() {
+            writeln!(f, "    {l}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Finished {
+    pub fn success(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+
+    /// The stdout lines that start with `prefix`.
+    pub fn lines_starting(&self, prefix: &str) -> Vec<&str> {
+        self.stdout
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .collect()
+    }
+}
