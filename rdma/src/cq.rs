@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::error::{check_errno_ret, check_minus_one, check_ptr, last_errno, Error, Result};
 use crate::track::Registry;
-use crate::wc::Completion;
+use crate::wc::{Completion, WrBuffers};
 use crate::{ffi, Context};
 
 // ---------------------------------------------------------------------------
@@ -426,18 +426,61 @@ impl CompletionQueue {
     /// As [`CompletionQueue::poll`].
     #[inline]
     pub fn poll_one(&self) -> Result<Option<Completion>> {
+        let mut slot = None;
+        self.poll_one_into(&mut slot)?;
+        Ok(slot)
+    }
+
+    /// [`CompletionQueue::poll_one`] into a completion the caller keeps:
+    /// when the CQ has a completion, `slot` is overwritten with it (what
+    /// `slot` held before, memory included, is dropped first) and a
+    /// reference to it comes back; when the CQ is empty, `slot` is left
+    /// alone and `None` comes back. A loop that polls into the same slot
+    /// moves no completion around, the closest the safe API gets to
+    /// `ibv_poll_cq` into a `struct ibv_wc` on the stack.
+    ///
+    /// ```no_run
+    /// # fn f(cq: &rdma::CompletionQueue) -> rdma::Result<()> {
+    /// let mut slot = None;
+    /// loop {
+    ///     if let Some(c) = cq.poll_one_into(&mut slot)? {
+    ///         println!("{} done: {}", c.wr_id, c.status);
+    ///         let _memory = c.take_buffers();
+    ///         break;
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`CompletionQueue::poll`].
+    #[inline]
+    pub fn poll_one_into<'s>(
+        &self,
+        slot: &'s mut Option<Completion>,
+    ) -> Result<Option<&'s mut Completion>> {
         let _guard = self.legacy_poll_guard()?;
         let mut wc = std::mem::MaybeUninit::<ffi::ibv_wc>::uninit();
         // SAFETY: `wc` has room for one entry.
         let n = unsafe { ffi::ibv_poll_cq(self.as_raw(), 1, wc.as_mut_ptr()) };
         match n {
             0 => Ok(None),
-            // SAFETY: ibv_poll_cq wrote the entry.
-            1 => Ok(Some(
-                self.inner
-                    .registry
-                    .completion(unsafe { wc.assume_init_ref() }),
-            )),
+            1 => {
+                // SAFETY: ibv_poll_cq wrote the entry.
+                let wc = unsafe { wc.assume_init_ref() };
+                let c = match slot {
+                    Some(c) => {
+                        // The previous completion's memory goes now, before
+                        // any bookkeeping lock is taken.
+                        c.buffers = WrBuffers::None;
+                        c.unsignaled.clear();
+                        c
+                    }
+                    None => slot.insert(Completion::from_raw(wc)),
+                };
+                self.inner.registry.completion_into(wc, c);
+                Ok(Some(c))
+            }
             n => Err(self.poll_failed(n)),
         }
     }

@@ -90,6 +90,7 @@ impl<T> Spin<T> {
         }
     }
 
+    #[inline]
     pub fn lock(&self) -> SpinGuard<'_, T> {
         let mut spins = 0u32;
         while self
@@ -172,6 +173,7 @@ impl Tracker {
         })
     }
 
+    #[inline]
     pub fn ring(&self, recv: bool) -> SpinGuard<'_, Ring> {
         if recv {
             self.rq.lock()
@@ -198,28 +200,48 @@ impl Tracker {
     /// Fills `c` (whose `wr_id` is our encoded id) from the matching entry.
     /// What the entries kept alive (address handles, windows) goes to
     /// `later`, to be dropped once no lock is held.
+    #[inline]
     fn complete(&self, recv: bool, seq: u32, c: &mut Completion, later: &mut Vec<Kept>) {
+        let mut ring = self.ring(recv);
+        // Usually the oldest request in flight.
+        if ring.pending.front().is_some_and(|p| p.seq == seq) {
+            if let Some(p) = ring.pending.pop_front() {
+                drop(ring);
+                c.wr_id = p.wr_id;
+                c.buffers = p.buffers;
+                Kept::keep(later, p._ah, p._mw);
+            }
+            return;
+        }
+        self.complete_out_of_order(ring, recv, seq, c, later);
+    }
+
+    /// [`Tracker::complete`] when the completion is not for the oldest
+    /// request in flight.
+    #[cold]
+    fn complete_out_of_order(
+        &self,
+        mut ring: SpinGuard<'_, Ring>,
+        recv: bool,
+        seq: u32,
+        c: &mut Completion,
+        later: &mut Vec<Kept>,
+    ) {
         let mut earlier = Vec::new();
-        let done = {
-            let mut ring = self.ring(recv);
-            match ring.pending.front() {
-                // Usually the oldest request in flight.
-                Some(p) if p.seq == seq => ring.pending.pop_front(),
-                _ => match ring.pending.iter().position(|p| p.seq == seq) {
-                    // Not ours (already released): leave the completion bare.
-                    None => None,
-                    // Receives: only this entry is known to be done (an SRQ
-                    // serves several QPs).
-                    Some(pos) if recv => ring.pending.remove(pos),
-                    // Send queues complete in order: everything before `pos`
-                    // is done too.
-                    Some(pos) => {
-                        earlier.extend(ring.pending.drain(..pos));
-                        ring.pending.pop_front()
-                    }
-                },
+        let done = match ring.pending.iter().position(|p| p.seq == seq) {
+            // Not ours (already released): leave the completion bare.
+            None => None,
+            // Receives: only this entry is known to be done (an SRQ serves
+            // several QPs).
+            Some(pos) if recv => ring.pending.remove(pos),
+            // Send queues complete in order: everything before `pos` is done
+            // too.
+            Some(pos) => {
+                earlier.extend(ring.pending.drain(..pos));
+                ring.pending.pop_front()
             }
         };
+        drop(ring);
         if !earlier.is_empty() {
             c.unsignaled.reserve(earlier.len());
             for p in earlier {
@@ -380,6 +402,7 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
+    #[inline]
     fn list(&self) -> SpinGuard<'_, Vec<(u32, Arc<Tracker>)>> {
         self.list.lock()
     }
@@ -404,14 +427,30 @@ impl Registry {
 
     /// The completion of one polled work completion. For safe posts, the
     /// caller's `wr_id` replaces ours and the request's memory is attached.
+    #[inline]
     pub fn completion(&self, wc: &ffi::ibv_wc) -> Completion {
         let mut c = Completion::from_raw(wc);
+        self.attach(&mut c);
+        c
+    }
+
+    /// [`Registry::completion`] in place: overwrites `c`, whose memory the
+    /// caller released, with the completion of `wc`.
+    #[inline]
+    pub fn completion_into(&self, wc: &ffi::ibv_wc, c: &mut Completion) {
+        c.set_raw(wc);
+        self.attach(c);
+    }
+
+    /// Attaches the memory of a safe post to `c` (built from a polled work
+    /// completion, without memory).
+    #[inline]
+    fn attach(&self, c: &mut Completion) {
         if c.wr_id & TAG != 0 {
             let mut later = Vec::new();
-            self.fill(&mut self.list(), &mut c, &mut later);
+            self.fill(&mut self.list(), c, &mut later);
             drop(later);
         }
-        c
     }
 
     /// Appends the completions of a poll batch to `out`, as
@@ -435,6 +474,7 @@ impl Registry {
     }
 
     /// Resolves one completion with our id, under the registry's lock.
+    #[inline]
     fn fill(
         &self,
         list: &mut SpinGuard<'_, Vec<(u32, Arc<Tracker>)>>,

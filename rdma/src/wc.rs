@@ -226,32 +226,52 @@ pub struct Completion {
 }
 
 impl Completion {
+    #[inline]
     pub(crate) fn from_raw(wc: &ffi::ibv_wc) -> Self {
+        let mut c = Completion {
+            wr_id: 0,
+            status: WcStatus::from_raw(0),
+            opcode: WcOpcode::from_raw(0),
+            vendor_err: 0,
+            byte_len: 0,
+            imm_data: 0,
+            qp_num: 0,
+            src_qp: 0,
+            wc_flags: WcFlags::empty(),
+            pkey_index: 0,
+            slid: 0,
+            sl: 0,
+            dlid_path_bits: 0,
+            buffers: WrBuffers::None,
+            unsignaled: Vec::new(),
+        };
+        c.set_raw(wc);
+        c
+    }
+
+    /// Overwrites every field but the memory with those of `wc`.
+    #[inline]
+    pub(crate) fn set_raw(&mut self, wc: &ffi::ibv_wc) {
         let wc_flags = WcFlags::from_bits_retain(wc.wc_flags);
         // SAFETY: both union members are u32; reading either is defined.
         let imm = unsafe { wc.__bindgen_anon_1.imm_data };
-        let imm_data = if wc_flags.contains(WcFlags::WITH_IMM) {
+        self.imm_data = if wc_flags.contains(WcFlags::WITH_IMM) {
             u32::from_be(imm)
         } else {
             imm
         };
-        Completion {
-            wr_id: wc.wr_id,
-            status: WcStatus::from_raw(wc.status),
-            opcode: WcOpcode::from_raw(wc.opcode),
-            vendor_err: wc.vendor_err,
-            byte_len: wc.byte_len,
-            imm_data,
-            qp_num: wc.qp_num,
-            src_qp: wc.src_qp,
-            wc_flags,
-            pkey_index: wc.pkey_index,
-            slid: wc.slid,
-            sl: wc.sl,
-            dlid_path_bits: wc.dlid_path_bits,
-            buffers: WrBuffers::None,
-            unsignaled: Vec::new(),
-        }
+        self.wr_id = wc.wr_id;
+        self.status = WcStatus::from_raw(wc.status);
+        self.opcode = WcOpcode::from_raw(wc.opcode);
+        self.vendor_err = wc.vendor_err;
+        self.byte_len = wc.byte_len;
+        self.qp_num = wc.qp_num;
+        self.src_qp = wc.src_qp;
+        self.wc_flags = wc_flags;
+        self.pkey_index = wc.pkey_index;
+        self.slid = wc.slid;
+        self.sl = wc.sl;
+        self.dlid_path_bits = wc.dlid_path_bits;
     }
 
     /// True when the work request succeeded.

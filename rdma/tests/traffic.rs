@@ -405,6 +405,69 @@ fn poll_one_returns_memory_of_signaled_and_unsignaled_requests() {
     assert_eq!((p.a.in_flight(), p.b.in_flight()), ((0, 0), (0, 0)));
 }
 
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn poll_one_into_reuses_one_slot() {
+    let mut p = common::pair(QpType::Rc, AccessFlags::empty());
+    let mut slot = None;
+    assert!(p.cq.poll_one_into(&mut slot).unwrap().is_none());
+    assert!(slot.is_none(), "an empty CQ leaves the slot alone");
+    let recvs = p.pd.alloc_mr(3 * 32, LW).unwrap().chunks(32).unwrap();
+    p.b.post_recv_batch(
+        recvs
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| (10 + i as u64, m.into())),
+    )
+    .unwrap();
+    for i in 0..3u64 {
+        let m =
+            p.pd.reg_mr(vec![i as u8 + 1; 32], AccessFlags::empty())
+                .unwrap();
+        p.a.post_send(SendWr::send(20 + i, m).signaled(i != 0))
+            .unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // (wr_id, unsignaled ids, data of the request's memory)
+    let mut seen: Vec<(u64, Vec<u64>, Vec<u8>)> = Vec::new();
+    while seen.len() < 5 {
+        match p.cq.poll_one_into(&mut slot).unwrap() {
+            Some(c) => {
+                assert!(c.is_success(), "{c:?}");
+                let unsignaled = c.unsignaled.iter().map(|(id, _)| *id).collect();
+                let data = c.take_buffers().into_one().unwrap().to_vec();
+                seen.push((c.wr_id, unsignaled, data));
+            }
+            None => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "lost completion: {seen:?}"
+                );
+                std::thread::yield_now();
+            }
+        }
+    }
+    let last = slot.as_ref().map(|c| c.wr_id);
+    assert!(p.cq.poll_one_into(&mut slot).unwrap().is_none());
+    assert_eq!(
+        slot.as_ref().map(|c| c.wr_id),
+        last,
+        "an empty CQ keeps the last completion in the slot"
+    );
+    seen.sort_by_key(|(id, _, _)| *id);
+    let expect: Vec<(u64, Vec<u64>, Vec<u8>)> = vec![
+        (10, vec![], vec![1; 32]),
+        (11, vec![], vec![2; 32]),
+        (12, vec![], vec![3; 32]),
+        // The first send was unsignaled: its memory comes with the second's
+        // completion, and the slot's list of it is cleared for the third.
+        (21, vec![20], vec![2; 32]),
+        (22, vec![], vec![3; 32]),
+    ];
+    assert_eq!(seen, expect);
+    assert_eq!((p.a.in_flight(), p.b.in_flight()), ((0, 0), (0, 0)));
+}
+
 legacy_and_auto!(
     multi_sge_batch_and_unsignaled_sends,
     inline_send_copies_at_post_time

@@ -32,6 +32,7 @@ pub fn split_id(id: u64) -> (usize, u32) {
     ((id >> 32) as usize, id as u32)
 }
 
+#[cold]
 fn failed(what: &str, status: WcStatus, vendor_err: u32, id: u64) -> String {
     let (q, n) = split_id(id);
     let hint = if status == WcStatus::LocQpOpErr {
@@ -48,6 +49,7 @@ fn failed(what: &str, status: WcStatus, vendor_err: u32, id: u64) -> String {
 }
 
 /// Errors out on a failed completion.
+#[inline]
 pub fn check(c: &Completion, what: &str) -> Res<()> {
     if c.is_success() {
         Ok(())
@@ -92,32 +94,41 @@ pub fn poll_safe(
     }
 }
 
-/// Safe: waits for one completion and returns it (checked).
+/// Safe: waits for one completion, polled into `slot`, and returns it
+/// (checked). Polling into the caller's slot moves no completion around.
 ///
 /// # Errors
 /// Poll failures, or a completion with an error status.
-pub fn wait_one_safe(
+#[inline]
+pub fn wait_one_safe<'s>(
     cq: &CompletionQueue,
     ch: Option<&CompletionChannel>,
-    out: &mut Vec<Completion>,
+    slot: &'s mut Option<Completion>,
     watch: &Watch<'_>,
     what: &str,
-) -> Res<Completion> {
+) -> Res<&'s mut Completion> {
     loop {
-        let c = match ch {
-            None => cq.poll_one().or_fail("poll CQ failed")?,
-            Some(_) => {
-                out.clear();
-                poll_safe(cq, ch, out, 1)?;
-                out.pop()
-            }
-        };
-        if let Some(c) = c {
-            check(&c, what)?;
-            return Ok(c);
+        let polled = cq.poll_one_into(slot).or_fail("poll CQ failed")?.is_some();
+        if polled {
+            break;
         }
-        watch.idle()?;
+        match ch {
+            Some(ch) => {
+                let woke_with = sleep_on(cq, ch, || {
+                    Ok(usize::from(
+                        cq.poll_one_into(slot).or_fail("poll CQ failed")?.is_some(),
+                    ))
+                })?;
+                if woke_with > 0 {
+                    break;
+                }
+            }
+            None => watch.idle()?,
+        }
     }
+    let c = slot.as_mut().ok_or("poll CQ: no completion in the slot")?;
+    check(c, what)?;
+    Ok(c)
 }
 
 /// Raw poll: `ibv_poll_cq` into `wc`; with a channel, sleeps while empty.

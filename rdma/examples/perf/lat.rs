@@ -91,21 +91,21 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
         setup::pool(&conn.pd, cq_mod, size, AccessFlags::empty())?
     };
     let data = vec![0u8; size];
-    let mut wcs: Vec<Completion> = Vec::with_capacity(1);
+    // The last receive and send completion, polled in place.
+    let mut rslot: Option<Completion> = None;
+    let mut sslot: Option<Completion> = None;
     let (send_cq, recv_cq) = (&conn.send_cq, &conn.recv_cq);
     let (send_ch, recv_ch) = (conn.send_ch.as_ref(), conn.recv_ch.as_ref());
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
     let mut rcnt = 0;
-    let mut scq: Vec<Completion> = Vec::with_capacity(1);
     for scnt in 0..iters {
         // The buffer of the message that just arrived, posted again once
         // the reply is on its way.
-        let mut arrived = None;
-        if server || scnt > 0 {
-            let c = io::wait_one_safe(recv_cq, recv_ch, &mut wcs, &watch, "receive")?;
+        let arrived = server || scnt > 0;
+        if arrived {
+            io::wait_one_safe(recv_cq, recv_ch, &mut rslot, &watch, "receive")?;
             rcnt += 1;
-            arrived = Some(c);
         }
         let n = scnt + 1;
         let signaled = n % cq_mod == 0 || n == iters;
@@ -118,7 +118,7 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
                 .map_err(|e| format!("Couldn't post send: {}", e.error))?;
         }
         stamps.push();
-        if let Some(mut c) = arrived {
+        if let (true, Some(c)) = (arrived, rslot.as_mut()) {
             if rposted < iters {
                 qp.post_recv(0, c.take_buffers())
                     .map_err(|e| format!("Couldn't post a receive: {}", e.error))?;
@@ -126,7 +126,7 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
             }
         }
         if signaled {
-            let mut c = io::wait_one_safe(send_cq, send_ch, &mut scq, &watch, "send")?;
+            let c = io::wait_one_safe(send_cq, send_ch, &mut sslot, &watch, "send")?;
             for (_, b) in c.unsignaled.drain(..) {
                 sbufs.extend(b.into_one());
             }
@@ -134,7 +134,7 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
         }
     }
     while rcnt < iters {
-        io::wait_one_safe(recv_cq, recv_ch, &mut wcs, &watch, "receive")?;
+        io::wait_one_safe(recv_cq, recv_ch, &mut rslot, &watch, "receive")?;
         rcnt += 1;
     }
     Ok(())
@@ -256,7 +256,7 @@ fn write_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) ->
     conn.target
         .write_at(size - 1, &[0])
         .or_fail("Couldn't clear the target buffer")?;
-    let mut wcs: Vec<Completion> = Vec::with_capacity(1);
+    let mut slot: Option<Completion> = None;
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
     let qp = &mut conn.qps[0];
@@ -280,7 +280,7 @@ fn write_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) ->
                 .map_err(|e| format!("Couldn't post send: {}", e.error))?;
         }
         stamps.push();
-        let mut c = io::wait_one_safe(&conn.send_cq, None, &mut wcs, &watch, "RDMA write")?;
+        let c = io::wait_one_safe(&conn.send_cq, None, &mut slot, &watch, "RDMA write")?;
         if !inline {
             smr = c.take_buffers().into_one();
         }
@@ -363,7 +363,7 @@ fn one_sided_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps
     } else {
         "RDMA read"
     };
-    let mut wcs: Vec<Completion> = Vec::with_capacity(1);
+    let mut slot: Option<Completion> = None;
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
     let qp = &mut conn.qps[0];
@@ -373,8 +373,13 @@ fn one_sided_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps
         qp.post_send(wr)
             .map_err(|e| format!("Couldn't post send: {}", e.error))?;
         stamps.push();
-        let mut c =
-            io::wait_one_safe(&conn.send_cq, conn.send_ch.as_ref(), &mut wcs, &watch, what)?;
+        let c = io::wait_one_safe(
+            &conn.send_cq,
+            conn.send_ch.as_ref(),
+            &mut slot,
+            &watch,
+            what,
+        )?;
         mr = c.take_buffers().into_one();
     }
     Ok(())
