@@ -49,10 +49,11 @@ fn run() -> Result<(), String> {
     }
     .map_err(|e| e.to_string())?;
     let ctx = dev.open().map_err(|e| e.to_string())?;
+    let fd = ctx.async_fd().map_err(|e| e.to_string())?;
     println!(
         "{}: async event FD {}",
         dev.name(),
-        std::os::fd::AsRawFd::as_raw_fd(&ctx.async_fd())
+        std::os::fd::AsRawFd::as_raw_fd(&fd)
     );
     let mut seen = 0u64;
     while count.is_none_or(|n| seen < n) {

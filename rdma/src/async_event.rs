@@ -194,23 +194,26 @@ impl fmt::Display for AsyncEvent {
     }
 }
 
-/// The context's asynchronous event file descriptor, for polling.
+/// The context's asynchronous event file descriptor, for polling
+/// ([`Context::async_fd`]).
 #[derive(Debug)]
 pub struct AsyncFd<'a> {
-    ctx: &'a Context,
+    /// Open (never -1) while the context lives, which `'a` guarantees.
+    fd: RawFd,
+    _ctx: std::marker::PhantomData<&'a Context>,
 }
 
 impl AsFd for AsyncFd<'_> {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the descriptor stays open while the context lives.
-        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
+        // SAFETY: `fd` is not -1 (checked when `self` was made) and stays
+        // open while the context, which `self` borrows, lives.
+        unsafe { BorrowedFd::borrow_raw(self.fd) }
     }
 }
 
 impl AsRawFd for AsyncFd<'_> {
     fn as_raw_fd(&self) -> RawFd {
-        // SAFETY: reads a field of a live context.
-        unsafe { (*self.ctx.as_raw()).async_fd }
+        self.fd
     }
 }
 
@@ -219,9 +222,12 @@ impl Context {
     /// acknowledges it (`ibv_ack_async_event(3)`).
     ///
     /// # Errors
-    /// [`crate::Error::Verb`] naming `ibv_get_async_event`; `EAGAIN` when the
-    /// descriptor is non-blocking and nothing is pending.
+    /// [`crate::Error::Unsupported`] for a context without an event
+    /// descriptor (see [`Context::async_fd`]); [`crate::Error::Verb`] naming
+    /// `ibv_get_async_event`; `EAGAIN` when the descriptor is non-blocking
+    /// and nothing is pending.
     pub fn get_async_event(&self) -> Result<AsyncEvent> {
+        self.async_fd()?;
         let mut ev = ffi::ibv_async_event {
             element: ffi::ibv_async_event__bindgen_ty_1 { port_num: 0 },
             event_type: 0,
@@ -238,16 +244,36 @@ impl Context {
 
     /// The asynchronous event descriptor, e.g. for `poll(2)` or an async
     /// runtime's readiness API.
-    pub fn async_fd(&self) -> AsyncFd<'_> {
-        AsyncFd { ctx: self }
+    ///
+    /// # Errors
+    /// [`crate::Error::Unsupported`] for a context that has none: a context
+    /// made by [`Context::import_device`] (libibverbs 44 leaves its
+    /// `async_fd` at -1; the events of its command file go to the original
+    /// context's descriptor).
+    pub fn async_fd(&self) -> Result<AsyncFd<'_>> {
+        // SAFETY: reads a field of a live context.
+        let fd = unsafe { (*self.as_raw()).async_fd };
+        if fd < 0 {
+            return Err(crate::Error::Unsupported {
+                what: "asynchronous events (the context has no event descriptor: \
+                       an imported context's events go to the original context)"
+                    .into(),
+                device: self.name().to_string(),
+                source: None,
+            });
+        }
+        Ok(AsyncFd {
+            fd,
+            _ctx: std::marker::PhantomData,
+        })
     }
 
     /// Switches the asynchronous event descriptor to non-blocking mode.
     ///
     /// # Errors
-    /// [`crate::Error::Verb`] naming `fcntl`.
+    /// As [`Context::async_fd`]; [`crate::Error::Verb`] naming `fcntl`.
     pub fn set_async_nonblocking(&self, nonblocking: bool) -> Result<()> {
-        let fd = self.async_fd().as_raw_fd();
+        let fd = self.async_fd()?.as_raw_fd();
         // SAFETY: fcntl on a descriptor the context owns.
         let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
         check_minus_one("fcntl", || "F_GETFL on the async fd".into(), flags)?;

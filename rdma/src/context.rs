@@ -41,6 +41,10 @@ enum ContextOwner {
     /// closed by us; the value keeps its owner (the id, the device list)
     /// alive as long as the context is used.
     Borrowed(#[allow(dead_code)] Arc<dyn Send + Sync>),
+    /// Made by `ibv_import_device` from a command descriptor: closed on drop
+    /// like an opened one (which also closes the descriptor). The context
+    /// holds its device itself (libibverbs takes a reference at import).
+    Imported,
 }
 
 // SAFETY: libibverbs contexts are thread-safe: every verb on a context may be
@@ -77,8 +81,9 @@ impl Drop for ContextInner {
         if matches!(self.owner, ContextOwner::Borrowed(_)) {
             return;
         }
-        // SAFETY: `ctx` came from ibv_open_device, every child holds an Arc to
-        // this inner value, so nothing built on the context is left; closed once.
+        // SAFETY: `ctx` came from ibv_open_device or ibv_import_device, every
+        // child holds an Arc to this inner value, so nothing built on the
+        // context is left; closed once.
         let rc = unsafe { ffi::ibv_close_device(self.ctx.as_ptr()) };
         if rc != 0 {
             crate::error::teardown_failed(format_args!(
@@ -133,7 +138,7 @@ impl Context {
 
     fn wrap(ctx: NonNull<ffi::ibv_context>, name: String, owner: ContextOwner) -> Result<Context> {
         let limits = match &owner {
-            ContextOwner::Opened(_) => Self::query_limits(ctx, &name)?,
+            ContextOwner::Opened(_) | ContextOwner::Imported => Self::query_limits(ctx, &name)?,
             ContextOwner::Borrowed(_) => borrowed_limits(ctx, &name)?,
         };
         Ok(Context {
@@ -157,12 +162,8 @@ impl Context {
         ctx: NonNull<ffi::ibv_context>,
         keep: Arc<dyn Send + Sync>,
     ) -> Result<Context> {
-        // SAFETY: the caller guarantees an open context; its device and the
-        // device's name live as long as it.
-        let name =
-            unsafe { std::ffi::CStr::from_ptr(ffi::ibv_get_device_name((*ctx.as_ptr()).device)) }
-                .to_string_lossy()
-                .into_owned();
+        // SAFETY: the caller guarantees an open context.
+        let name = unsafe { Self::device_name_of(ctx) };
         Self::wrap(ctx, name, ContextOwner::Borrowed(keep))
     }
 
@@ -170,6 +171,33 @@ impl Context {
     /// crate never closes it.
     pub fn is_borrowed(&self) -> bool {
         matches!(self.inner.owner, ContextOwner::Borrowed(_))
+    }
+
+    /// Wraps a context made by `ibv_import_device`, closed on drop.
+    ///
+    /// # Safety
+    /// `ctx` is an open context owned by nobody else.
+    pub(crate) unsafe fn imported(ctx: NonNull<ffi::ibv_context>) -> Result<Context> {
+        // SAFETY: an open context (the caller's contract).
+        let name = unsafe { Self::device_name_of(ctx) };
+        Self::wrap(ctx, name, ContextOwner::Imported)
+    }
+
+    /// The kernel name of the device of `ctx`.
+    ///
+    /// # Safety
+    /// `ctx` is an open context.
+    unsafe fn device_name_of(ctx: NonNull<ffi::ibv_context>) -> String {
+        // SAFETY: an open context (the caller's contract); its device and the
+        // device's name live as long as it.
+        unsafe { std::ffi::CStr::from_ptr(ffi::ibv_get_device_name((*ctx.as_ptr()).device)) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// True for a context made by [`Context::import_device`].
+    pub fn is_imported(&self) -> bool {
+        matches!(self.inner.owner, ContextOwner::Imported)
     }
 
     /// Registers a hook run for every asynchronous event read through

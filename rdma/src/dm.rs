@@ -21,6 +21,9 @@ use crate::{ffi, AccessFlags, Context, ProtectionDomain, RemoteMemory};
 pub(crate) struct DmInner {
     dm: NonNull<ffi::ibv_dm>,
     len: usize,
+    /// Made by `ibv_import_dm`: released with `ibv_unimport_dm`, which
+    /// leaves the memory to its owner, instead of `ibv_free_dm`.
+    imported: bool,
     // Dropped after the memory is freed (field order).
     ctx: Context,
 }
@@ -34,6 +37,13 @@ unsafe impl Sync for DmInner {}
 
 impl Drop for DmInner {
     fn drop(&mut self) {
+        if self.imported {
+            // SAFETY: made by ibv_import_dm; every DeviceMemoryRegion over it
+            // holds an Arc to it, so none is left; unimported once. The verb
+            // reports nothing and never calls the kernel.
+            unsafe { ffi::ibv_unimport_dm(self.dm.as_ptr()) };
+            return;
+        }
         // SAFETY: every DeviceMemoryRegion of this memory holds an Arc to it,
         // so none is left; freed once.
         let rc = unsafe { ffi::ibv_free_dm(self.dm.as_ptr()) };
@@ -144,6 +154,7 @@ impl Context {
             inner: Arc::new(DmInner {
                 dm,
                 len,
+                imported: false,
                 ctx: self.clone(),
             }),
         })
@@ -151,9 +162,49 @@ impl Context {
 }
 
 impl DeviceMemory {
-    /// The size in bytes.
+    /// Wraps device memory made by `ibv_import_dm`, unimported on drop.
+    ///
+    /// # Safety
+    /// `dm` was imported into `ctx`, is owned by nobody else here, and is at
+    /// least `len` bytes long.
+    pub(crate) unsafe fn from_import(
+        ctx: &Context,
+        dm: NonNull<ffi::ibv_dm>,
+        len: usize,
+    ) -> DeviceMemory {
+        DeviceMemory {
+            inner: Arc::new(DmInner {
+                dm,
+                len,
+                imported: true,
+                ctx: ctx.clone(),
+            }),
+        }
+    }
+
+    /// The size in bytes (for imported memory: the size the importer
+    /// vouched for, see [`Context::import_dm`]).
     pub fn len(&self) -> usize {
         self.inner.len
+    }
+
+    /// The memory's kernel handle (`ibv_dm->handle`), which names it within
+    /// the command file of its context: what [`Context::import_dm`] takes.
+    /// `None` when the provider did not set it (`IBV_DM_MASK_HANDLE` clear
+    /// in `comp_mask`).
+    pub fn handle(&self) -> Option<u32> {
+        // SAFETY: reads plain fields of live device memory.
+        let (mask, handle) = unsafe {
+            let dm = self.inner.dm.as_ptr();
+            ((*dm).comp_mask, (*dm).handle)
+        };
+        (mask & ffi::IBV_DM_MASK_HANDLE != 0).then_some(handle)
+    }
+
+    /// True for memory made by [`Context::import_dm`]: dropping it releases
+    /// only this process's view (`ibv_unimport_dm`), never the memory.
+    pub fn is_imported(&self) -> bool {
+        self.inner.imported
     }
 
     /// Always false: device memory is never empty.
@@ -227,6 +278,7 @@ impl fmt::Debug for DeviceMemory {
         f.debug_struct("DeviceMemory")
             .field("device", &self.inner.ctx.name())
             .field("len", &self.inner.len)
+            .field("imported", &self.inner.imported)
             .finish()
     }
 }

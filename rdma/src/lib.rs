@@ -3,8 +3,9 @@
 //!
 //! # Object graph
 //! ```text
-//! devices() -> Device --open--> Context
-//!                                 |-- alloc_pd --> ProtectionDomain
+//! devices() -> Device --open--> Context   (or Context::import_device(dup of cmd_fd), see `import`)
+//!                                 |-- alloc_pd / import_pd --> ProtectionDomain
+//!                                 |                  |-- import_mr ---------> ImportedMemoryRegion
 //!                                 |                  |-- alloc_mr / reg_mr --> MemoryRegion (pieces)
 //!                                 |                  |-- reg_implicit_odp --> ImplicitOdpRegion
 //!                                 |                  |-- reg_dm_mr(&dm) ----> DeviceMemoryRegion
@@ -15,7 +16,7 @@
 //!                                 |                  |-- create_srq_ex(.., Xrc{xrcd, cq}) -> SharedReceiveQueue
 //!                                 |                  |-- alloc_null_mr -----> NullMemoryRegion
 //!                                 |                  '-- qp_builder(..).build() -> QueuePair
-//!                                 |-- alloc_dm --> DeviceMemory
+//!                                 |-- alloc_dm / import_dm --> DeviceMemory
 //!                                 |-- alloc_td --> ThreadDomain
 //!                                 |-- open_xrcd --> XrcDomain --create_qp_ex / open_qp--> XrcRecvQueuePair
 //!                                 |-- create_comp_channel --> CompletionChannel
@@ -96,6 +97,7 @@ mod dm;
 mod error;
 mod fork;
 mod gid;
+pub mod import;
 mod mr;
 mod mw;
 mod null_mr;
@@ -122,6 +124,7 @@ pub use dm::{DeviceMemory, DeviceMemoryRegion};
 pub use error::{teardown_failures, Error, Result};
 pub use fork::{fork_init, is_fork_initialized, ForkStatus};
 pub use gid::{Gid, GidEntry, GidType};
+pub use import::ImportedMemoryRegion;
 pub use mr::{AccessFlags, MemoryRegion, RemoteMemory};
 pub use mw::{MemoryWindow, MwType};
 pub use null_mr::NullMemoryRegion;
@@ -166,5 +169,6 @@ mod auto_traits {
         send_sync::<crate::XrcDomain>();
         send_sync::<crate::XrcRecvQueuePair>();
         send_sync::<crate::NullMemoryRegion>();
+        send_sync::<crate::ImportedMemoryRegion>();
     }
 }

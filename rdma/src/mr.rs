@@ -309,6 +309,15 @@ impl MemoryRegion {
         self.inner.mr.as_ptr()
     }
 
+    /// The registration's kernel handle (`ibv_mr->handle`), which names it
+    /// within the command file of its context: what
+    /// [`ProtectionDomain::import_mr`] takes. The same for every piece of
+    /// one registration.
+    pub fn handle(&self) -> u32 {
+        // SAFETY: the registration lives as long as `inner`.
+        unsafe { (*self.inner.mr.as_ptr()).handle }
+    }
+
     /// Address, length and rkey of this piece, to hand to a peer.
     pub fn remote(&self) -> RemoteMemory {
         RemoteMemory {

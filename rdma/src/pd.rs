@@ -7,10 +7,22 @@ use std::sync::Arc;
 use crate::error::{check_ptr, Result};
 use crate::{ffi, Context};
 
+/// Who releases an `ibv_pd`, and with which verb.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PdRelease {
+    /// Allocated here (`ibv_alloc_pd`, `ibv_alloc_parent_domain`):
+    /// `ibv_dealloc_pd`.
+    Dealloc,
+    /// librdmacm's PD of a device (`cm_id->pd`): never released by us.
+    Borrowed,
+    /// Made by `ibv_import_pd`: `ibv_unimport_pd`, which frees what the
+    /// import allocated and leaves the kernel object to its owner.
+    Unimport,
+}
+
 pub(crate) struct PdInner {
     pd: NonNull<ffi::ibv_pd>,
-    /// librdmacm's PD of a device (`cm_id->pd`): never deallocated by us.
-    borrowed: bool,
+    release: PdRelease,
     /// For a parent domain: the PD and thread domain it was made from,
     /// released after it is deallocated (field order).
     #[allow(dead_code)] // held, never read
@@ -27,8 +39,17 @@ unsafe impl Sync for PdInner {}
 
 impl Drop for PdInner {
     fn drop(&mut self) {
-        if self.borrowed {
-            return;
+        match self.release {
+            PdRelease::Dealloc => {}
+            PdRelease::Borrowed => return,
+            PdRelease::Unimport => {
+                // SAFETY: made by ibv_import_pd; every object created in it
+                // (parent domains included) holds an Arc to it, so none is
+                // left (mlx5 aborts on an unimport with users); unimported
+                // once. The verb reports nothing and never calls the kernel.
+                unsafe { ffi::ibv_unimport_pd(self.pd.as_ptr()) };
+                return;
+            }
         }
         // SAFETY: every MR, QP, AH, MW and SRQ of this PD holds an Arc to it,
         // so none is left; deallocated once. A parent domain is deallocated
@@ -62,7 +83,7 @@ impl Context {
         Ok(ProtectionDomain {
             inner: Arc::new(PdInner {
                 pd,
-                borrowed: false,
+                release: PdRelease::Dealloc,
                 parent: None,
                 ctx: self.clone(),
             }),
@@ -78,7 +99,7 @@ impl Context {
         ProtectionDomain {
             inner: Arc::new(PdInner {
                 pd,
-                borrowed: true,
+                release: PdRelease::Borrowed,
                 parent: None,
                 ctx: self.clone(),
             }),
@@ -100,8 +121,23 @@ impl ProtectionDomain {
         ProtectionDomain {
             inner: Arc::new(PdInner {
                 pd,
-                borrowed: false,
+                release: PdRelease::Dealloc,
                 parent: Some(parts),
+                ctx: ctx.clone(),
+            }),
+        }
+    }
+
+    /// Wraps a PD made by `ibv_import_pd`, unimported on drop.
+    ///
+    /// # Safety
+    /// `pd` was imported into `ctx` and is owned by nobody else here.
+    pub(crate) unsafe fn from_import(ctx: &Context, pd: NonNull<ffi::ibv_pd>) -> ProtectionDomain {
+        ProtectionDomain {
+            inner: Arc::new(PdInner {
+                pd,
+                release: PdRelease::Unimport,
+                parent: None,
                 ctx: ctx.clone(),
             }),
         }
@@ -110,6 +146,22 @@ impl ProtectionDomain {
     /// The raw `ibv_pd`, valid while this handle (or a clone) lives.
     pub fn as_raw(&self) -> *mut ffi::ibv_pd {
         self.inner.pd.as_ptr()
+    }
+
+    /// The PD's kernel handle (`ibv_pd->handle`), which names it within the
+    /// command file of its context: what [`Context::import_pd`] takes, in
+    /// this process or another one that imported the context
+    /// ([`Context::import_device`]). A parent domain is no kernel object of
+    /// its own: share the PD it was made from.
+    pub fn handle(&self) -> u32 {
+        // SAFETY: reads a field of a live PD.
+        unsafe { (*self.as_raw()).handle }
+    }
+
+    /// True for a PD made by [`Context::import_pd`]: dropping it releases
+    /// only this process's view (`ibv_unimport_pd`), never the PD itself.
+    pub fn is_imported(&self) -> bool {
+        self.inner.release == PdRelease::Unimport
     }
 
     /// The context the PD belongs to.
@@ -123,6 +175,7 @@ impl fmt::Debug for ProtectionDomain {
         f.debug_struct("ProtectionDomain")
             .field("device", &self.inner.ctx.name())
             .field("pd", &self.inner.pd)
+            .field("release", &self.inner.release)
             .finish()
     }
 }

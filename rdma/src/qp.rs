@@ -329,7 +329,9 @@ impl QueuePairBuilder {
     /// The `ibv_wr_*` operations the QP type can post.
     fn send_ops(&self) -> u32 {
         match self.qp_type {
-            QpType::Rc => {
+            // An XRC initiator posts what an RC QP posts (each request names
+            // the remote XRC SRQ besides).
+            QpType::Rc | QpType::XrcSend => {
                 ffi::IBV_QP_EX_WITH_SEND
                     | ffi::IBV_QP_EX_WITH_SEND_WITH_IMM
                     | ffi::IBV_QP_EX_WITH_RDMA_WRITE
@@ -1056,7 +1058,13 @@ impl QueuePair {
         n
     }
 
-    fn check_send(&self, op: &SendOp, len: u64, ud: &Option<UdDest>) -> Result<()> {
+    fn check_send(
+        &self,
+        op: &SendOp,
+        len: u64,
+        ud: &Option<UdDest>,
+        xrc_srqn: Option<u32>,
+    ) -> Result<()> {
         let max = u64::from(self.max_msg.load(std::sync::atomic::Ordering::Relaxed));
         if max != 0 && len > max {
             return Err(self.invalid(format!(
@@ -1091,21 +1099,15 @@ impl QueuePair {
                 )));
             }
         }
-        match (self.qp_type, ud) {
-            (QpType::Ud, None) => {
-                Err(self.invalid("a UD send needs a destination (SendWr::ud)".into()))
-            }
-            (QpType::Ud, Some(_)) if op.remote().is_some() => {
-                Err(self.invalid("UD QPs only support SEND".into()))
-            }
-            (t, Some(_)) if t != QpType::Ud => {
-                Err(self.invalid(format!("a {t:?} QP does not take a UD destination")))
-            }
-            _ => Ok(()),
-        }
+        check_destination(self.qp_type, op, ud.is_some(), xrc_srqn).map_err(|r| self.invalid(r))
     }
 
-    fn fill_send(raw: &mut ffi::ibv_send_wr, op: &SendOp, ud: &Option<UdDest>) {
+    fn fill_send(
+        raw: &mut ffi::ibv_send_wr,
+        op: &SendOp,
+        ud: &Option<UdDest>,
+        xrc_srqn: Option<u32>,
+    ) {
         raw.opcode = op.opcode();
         if let Some(imm) = op.imm() {
             raw.__bindgen_anon_1.imm_data = imm.to_be();
@@ -1150,6 +1152,11 @@ impl QueuePair {
                 ah: d.ah.as_raw(),
                 remote_qpn: d.remote_qpn,
                 remote_qkey: d.remote_qkey,
+            };
+        }
+        if let Some(remote_srqn) = xrc_srqn {
+            raw.qp_type = ffi::ibv_send_wr__bindgen_ty_3 {
+                xrc: ffi::ibv_send_wr__bindgen_ty_3__bindgen_ty_1 { remote_srqn },
             };
         }
     }
@@ -1197,7 +1204,9 @@ impl QueuePair {
                     wr.op.writes_local(),
                     "ibv_post_send",
                 )
-                .and_then(|()| self.check_send(&wr.op, Self::total_len(&wr.buffers), &wr.ud));
+                .and_then(|()| {
+                    self.check_send(&wr.op, Self::total_len(&wr.buffers), &wr.ud, wr.xrc_srqn)
+                });
             if let Err(error) = check {
                 return Err(PostError {
                     error,
@@ -1240,7 +1249,7 @@ impl QueuePair {
                     send_flags: wr.flags.bits(),
                     ..Default::default()
                 };
-                Self::fill_send(&mut raw, &wr.op, &wr.ud);
+                Self::fill_send(&mut raw, &wr.op, &wr.ud, wr.xrc_srqn);
                 let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
                 // SAFETY: one well-formed request whose SGEs point into
                 // memory held by `wr`, which is parked in the tracker below
@@ -1272,11 +1281,15 @@ impl QueuePair {
 
     /// A quick check that accepts only requests [`Self::check_buffers`] and
     /// [`Self::check_send`] would accept: at most one region of this QP's
-    /// PD, no UD destination, no atomics. Everything else (and every error)
+    /// PD, no UD destination or XRC SRQ (nor a UD or XRC_SEND QP), no
+    /// atomics. Everything else (and every error)
     /// goes through the full checks.
     #[inline]
     fn send_plainly_valid(&self, wr: &SendWr) -> bool {
-        if wr.ud.is_some() || self.qp_type == QpType::Ud {
+        if wr.ud.is_some()
+            || wr.xrc_srqn.is_some()
+            || matches!(self.qp_type, QpType::Ud | QpType::XrcSend)
+        {
             return false;
         }
         let Some(len) =
@@ -1342,7 +1355,9 @@ impl QueuePair {
                     w.op.writes_local(),
                     "ibv_post_send",
                 )
-                .and_then(|()| self.check_send(&w.op, Self::total_len(&w.buffers), &w.ud));
+                .and_then(|()| {
+                    self.check_send(&w.op, Self::total_len(&w.buffers), &w.ud, w.xrc_srqn)
+                });
             if let Err(e) = check {
                 return Err(give_back(wrs, e));
             }
@@ -1432,7 +1447,7 @@ impl QueuePair {
                 send_flags: w.flags.bits(),
                 ..Default::default()
             };
-            Self::fill_send(&mut r, &w.op, &w.ud);
+            Self::fill_send(&mut r, &w.op, &w.ud, w.xrc_srqn);
             raw[i] = r;
         }
         let base = raw.as_mut_ptr();
@@ -1457,12 +1472,18 @@ impl QueuePair {
         (rc, posted)
     }
 
-    /// Emits the `ibv_wr_*` call of `op` (and the UD address) on an open batch.
+    /// Emits the `ibv_wr_*` call of `op` (and the UD address or the remote
+    /// XRC SRQ) on an open batch.
     ///
     /// # Safety
     /// `q` is a live extended QP between `ibv_wr_start` and `ibv_wr_complete`,
     /// with `wr_id` and `wr_flags` already set.
-    unsafe fn emit_op(q: *mut ffi::ibv_qp_ex, op: &SendOp, ud: &Option<UdDest>) {
+    unsafe fn emit_op(
+        q: *mut ffi::ibv_qp_ex,
+        op: &SendOp,
+        ud: &Option<UdDest>,
+        xrc_srqn: Option<u32>,
+    ) {
         // SAFETY: guaranteed by the caller.
         unsafe {
             match *op {
@@ -1487,6 +1508,9 @@ impl QueuePair {
             if let Some(d) = ud {
                 ffi::ibv_wr_set_ud_addr(q, d.ah.as_raw(), d.remote_qpn, d.remote_qkey);
             }
+            if let Some(remote_srqn) = xrc_srqn {
+                ffi::ibv_wr_set_xrc_srqn(q, remote_srqn);
+            }
         }
     }
 
@@ -1508,7 +1532,7 @@ impl QueuePair {
             for (i, w) in wrs.iter().enumerate() {
                 (*q).wr_id = track::encode(serial, false, first_seq.wrapping_add(i as u32));
                 (*q).wr_flags = w.flags.bits();
-                Self::emit_op(q, &w.op, &w.ud);
+                Self::emit_op(q, &w.op, &w.ud, w.xrc_srqn);
                 let (at, n) = sge_at[i];
                 let list = if n == 0 {
                     std::ptr::null()
@@ -1542,7 +1566,7 @@ impl QueuePair {
         ) {
             return Err(self.invalid("only SEND and RDMA WRITE can be inline".into()));
         }
-        self.check_send(&wr.op, wr.data.len() as u64, &wr.ud)?;
+        self.check_send(&wr.op, wr.data.len() as u64, &wr.ud, wr.xrc_srqn)?;
         let mut sge = ffi::ibv_sge {
             addr: wr.data.as_ptr() as u64,
             length: wr.data.len() as u32,
@@ -1567,7 +1591,7 @@ impl QueuePair {
                     ffi::ibv_wr_start(q);
                     (*q).wr_id = raw.wr_id;
                     (*q).wr_flags = wr.flags.bits() & !ffi::IBV_SEND_INLINE;
-                    Self::emit_op(q, &wr.op, &wr.ud);
+                    Self::emit_op(q, &wr.op, &wr.ud, wr.xrc_srqn);
                     ffi::ibv_wr_set_inline_data(
                         q,
                         wr.data.as_ptr().cast_mut().cast(),
@@ -1577,7 +1601,7 @@ impl QueuePair {
                 }
             }
             _ => {
-                Self::fill_send(&mut raw, &wr.op, &wr.ud);
+                Self::fill_send(&mut raw, &wr.op, &wr.ud, wr.xrc_srqn);
                 let mut bad = std::ptr::null_mut();
                 // SAFETY: the data is copied by the provider during this call.
                 unsafe { ffi::ibv_post_send(self.as_raw(), &mut raw, &mut bad) }
@@ -1930,5 +1954,135 @@ impl fmt::Debug for QueuePair {
             .field("qp_type", &self.qp_type)
             .field("caps", &self.caps)
             .finish()
+    }
+}
+
+/// Whether a send's destination fits the QP type: a UD QP needs an address
+/// (and sends only), an XRC_SEND QP needs the remote XRC SRQ number, and no
+/// other QP type takes either. The error is the reason, for
+/// [`Error::InvalidArgument`].
+fn check_destination(
+    qp_type: QpType,
+    op: &SendOp,
+    ud: bool,
+    xrc_srqn: Option<u32>,
+) -> std::result::Result<(), String> {
+    match (qp_type, ud) {
+        (QpType::Ud, false) => return Err("a UD send needs a destination (SendWr::ud)".into()),
+        (QpType::Ud, true) if op.remote().is_some() => {
+            return Err("UD QPs only support SEND".into())
+        }
+        (t, true) if t != QpType::Ud => {
+            return Err(format!("a {t:?} QP does not take a UD destination"))
+        }
+        _ => {}
+    }
+    match (qp_type, xrc_srqn) {
+        (QpType::XrcSend, None) => Err("an XRC_SEND QP needs the remote XRC SRQ number of \
+             every request (SendWr::xrc_remote_srqn)"
+            .into()),
+        (t, Some(n)) if t != QpType::XrcSend => Err(format!(
+            "a {t:?} QP does not take a remote XRC SRQ number ({n}): only XRC_SEND QPs do"
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REMOTE: RemoteMemory = RemoteMemory {
+        addr: 0x1000,
+        len: 64,
+        rkey: 7,
+    };
+
+    #[test]
+    fn xrc_send_qps_need_the_remote_srq_number() {
+        let err = check_destination(QpType::XrcSend, &SendOp::Send, false, None).unwrap_err();
+        assert!(
+            err.contains("XRC_SEND QP needs the remote XRC SRQ number"),
+            "{err}"
+        );
+        assert!(err.contains("SendWr::xrc_remote_srqn"), "{err}");
+        for op in [SendOp::Send, SendOp::Write(REMOTE), SendOp::Read(REMOTE)] {
+            assert_eq!(
+                check_destination(QpType::XrcSend, &op, false, Some(5)),
+                Ok(())
+            );
+        }
+        // A UD address is no substitute, and is refused on its own.
+        let err = check_destination(QpType::XrcSend, &SendOp::Send, true, Some(5)).unwrap_err();
+        assert!(
+            err.contains("XrcSend QP does not take a UD destination"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn other_qps_refuse_a_remote_srq_number() {
+        for t in [QpType::Rc, QpType::Uc, QpType::Ud, QpType::XrcRecv] {
+            let ud = t == QpType::Ud;
+            assert_eq!(
+                check_destination(t, &SendOp::Send, ud, None),
+                Ok(()),
+                "{t:?}"
+            );
+            let err = check_destination(t, &SendOp::Send, ud, Some(42)).unwrap_err();
+            assert!(
+                err.contains(&format!(
+                    "a {t:?} QP does not take a remote XRC SRQ number (42)"
+                )),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn ud_destination_rules_are_unchanged() {
+        let err = check_destination(QpType::Ud, &SendOp::Send, false, None).unwrap_err();
+        assert!(err.contains("needs a destination"), "{err}");
+        let err = check_destination(QpType::Ud, &SendOp::Write(REMOTE), true, None).unwrap_err();
+        assert!(err.contains("only support SEND"), "{err}");
+        let err = check_destination(QpType::Rc, &SendOp::Send, true, None).unwrap_err();
+        assert!(
+            err.contains("Rc QP does not take a UD destination"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn legacy_request_carries_the_remote_srq_number() {
+        let mut raw = ffi::ibv_send_wr::default();
+        QueuePair::fill_send(&mut raw, &SendOp::SendWithImm(9), &None, Some(0x00ab_cdef));
+        assert_eq!(raw.opcode, ffi::IBV_WR_SEND_WITH_IMM);
+        // SAFETY: `xrc` is the union's only member, just written.
+        assert_eq!(unsafe { raw.qp_type.xrc.remote_srqn }, 0x00ab_cdef);
+        // SAFETY: the immediate-data member was written for SEND_WITH_IMM.
+        assert_eq!(unsafe { raw.__bindgen_anon_1.imm_data }, 9u32.to_be());
+
+        let mut raw = ffi::ibv_send_wr::default();
+        QueuePair::fill_send(&mut raw, &SendOp::Write(REMOTE), &None, Some(3));
+        // SAFETY: as above.
+        assert_eq!(unsafe { raw.qp_type.xrc.remote_srqn }, 3);
+        // SAFETY: the rdma member was written for RDMA WRITE.
+        let rdma = unsafe { raw.wr.rdma };
+        assert_eq!((rdma.remote_addr, rdma.rkey), (REMOTE.addr, REMOTE.rkey));
+
+        // Without one the field stays zero, as before.
+        let mut raw = ffi::ibv_send_wr::default();
+        QueuePair::fill_send(&mut raw, &SendOp::Send, &None, None);
+        // SAFETY: as above (zeroed by Default).
+        assert_eq!(unsafe { raw.qp_type.xrc.remote_srqn }, 0);
+    }
+
+    #[test]
+    fn builders_set_the_remote_srq_number() {
+        let wr = SendWr::send(1, crate::WrBuffers::None).xrc_remote_srqn(77);
+        assert_eq!(wr.xrc_srqn, Some(77));
+        assert_eq!(SendWr::send(1, crate::WrBuffers::None).xrc_srqn, None);
+        let inline = InlineSend::send(2, b"x").xrc_remote_srqn(78);
+        assert_eq!(inline.xrc_srqn, Some(78));
     }
 }

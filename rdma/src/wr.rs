@@ -134,6 +134,8 @@ pub struct SendWr {
     pub(crate) buffers: WrBuffers,
     pub(crate) flags: SendFlags,
     pub(crate) ud: Option<UdDest>,
+    /// The remote XRC SRQ number, for an XRC_SEND QP.
+    pub(crate) xrc_srqn: Option<u32>,
 }
 
 impl SendWr {
@@ -145,6 +147,7 @@ impl SendWr {
             buffers: buffers.into(),
             flags: SendFlags::SIGNALED,
             ud: None,
+            xrc_srqn: None,
         }
     }
 
@@ -238,6 +241,21 @@ impl SendWr {
         self
     }
 
+    /// The remote XRC SRQ that receives the request, for a QP of type
+    /// [`crate::QpType::XrcSend`], which needs one on every request
+    /// (`qp_type.xrc.remote_srqn` of `struct ibv_send_wr`,
+    /// `ibv_wr_set_xrc_srqn` on the extended path). The number is the
+    /// peer's [`crate::SharedReceiveQueue::get_srq_num`]. Posting it on any
+    /// other QP type is an [`crate::Error::InvalidArgument`].
+    ///
+    /// No device this crate is tested on implements XRC (soft-RoCE and
+    /// soft-iWARP refuse XRC QPs with `EOPNOTSUPP`): the checks are tested,
+    /// the post itself is not.
+    pub fn xrc_remote_srqn(mut self, srqn: u32) -> Self {
+        self.xrc_srqn = Some(srqn);
+        self
+    }
+
     /// The caller's id.
     pub fn wr_id(&self) -> u64 {
         self.wr_id
@@ -258,6 +276,7 @@ pub struct InlineSend<'a> {
     pub(crate) data: &'a [u8],
     pub(crate) flags: SendFlags,
     pub(crate) ud: Option<UdDest>,
+    pub(crate) xrc_srqn: Option<u32>,
 }
 
 impl<'a> InlineSend<'a> {
@@ -269,6 +288,7 @@ impl<'a> InlineSend<'a> {
             data,
             flags: SendFlags::SIGNALED | SendFlags::INLINE,
             ud: None,
+            xrc_srqn: None,
         }
     }
 
@@ -302,6 +322,13 @@ impl<'a> InlineSend<'a> {
             remote_qpn,
             remote_qkey,
         });
+        self
+    }
+
+    /// The remote XRC SRQ that receives the request, as
+    /// [`SendWr::xrc_remote_srqn`].
+    pub fn xrc_remote_srqn(mut self, srqn: u32) -> Self {
+        self.xrc_srqn = Some(srqn);
         self
     }
 }

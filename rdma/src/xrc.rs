@@ -6,13 +6,16 @@
 //! ([`crate::ProtectionDomain::qp_builder`] with [`crate::QpType::XrcSend`]).
 //!
 //! An XRC initiator sends to a remote XRC target QP and names, in each send,
-//! the remote XRC SRQ that receives it (`qp_type.xrc.remote_srqn` of
-//! `struct ibv_send_wr`). The safe posting API does not set that field yet:
-//! post XRC sends with [`crate::QueuePair::post_send_raw`].
+//! the remote XRC SRQ that receives it: [`crate::SendWr::xrc_remote_srqn`]
+//! (`qp_type.xrc.remote_srqn` of `struct ibv_send_wr`, or
+//! `ibv_wr_set_xrc_srqn` on the extended path). The safe post refuses a
+//! request without it on an XRC initiator, and one with it on any other QP,
+//! with [`Error::InvalidArgument`].
 //!
 //! Neither soft-RoCE nor soft-iWARP implements XRC: [`Context::open_xrcd`]
 //! fails there with [`Error::Unsupported`] (`EOPNOTSUPP`), and so does
-//! creating an XRC initiator QP.
+//! creating an XRC initiator QP. Posting on an XRC initiator is therefore
+//! untested here beyond the host-side checks.
 
 use std::fmt;
 use std::ptr::NonNull;

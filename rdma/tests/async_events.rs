@@ -21,7 +21,7 @@ fn wait_port_event(ctx: &rdma::Context, want: AsyncEventType) -> rdma::AsyncEven
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let mut fds = [libc::pollfd {
-            fd: std::os::fd::AsRawFd::as_raw_fd(&ctx.async_fd()),
+            fd: std::os::fd::AsRawFd::as_raw_fd(&ctx.async_fd().unwrap()),
             events: libc::POLLIN,
             revents: 0,
         }];

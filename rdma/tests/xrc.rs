@@ -7,10 +7,13 @@
 //! cannot be reached on these devices; these tests check that the raw verbs
 //! really fail (and how), that the safe API reports a typed `Unsupported`,
 //! and that `ibv_create_srq_ex` of a basic SRQ works and carries traffic.
+//! Posting on an XRC initiator (`SendWr::xrc_remote_srqn`) is untested for
+//! the same reason; its checks are unit tests in `qp.rs`, and the refusal
+//! of a remote SRQ number on an RC QP is checked here.
 
 mod common;
 
-use rdma::{ffi, AccessFlags, Context, Error, QpType, SendWr, SrqAttr, SrqType};
+use rdma::{ffi, AccessFlags, Context, Error, InlineSend, QpType, SendWr, SrqAttr, SrqType};
 
 fn assert_unsupported(err: &Error, ctx: &Context, what_has: &str) {
     common::assert_unsupported(err, ctx, what_has, Some(libc::EOPNOTSUPP));
@@ -57,9 +60,48 @@ fn xrc_unsupported(device: &str) {
     assert_unsupported(&err, &ctx, "XrcSend");
 
     // The failures left the PD and CQ usable.
-    let qp = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
+    let mut qp = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
     assert_eq!(qp.qp_type(), QpType::Rc);
     assert_eq!(cq.poll(&mut Vec::new(), 1).unwrap(), 0);
+
+    // A remote XRC SRQ number is refused on a non-XRC QP, before the verb
+    // (the QP is still in RESET, where the verb itself would say EINVAL),
+    // and the request's memory comes back.
+    let msg = pd.reg_mr(b"xrc".to_vec(), AccessFlags::empty()).unwrap();
+    let err = qp
+        .post_send(SendWr::send(5, msg).xrc_remote_srqn(9))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err.error,
+            Error::InvalidArgument {
+                verb: "ibv_post_send",
+                ..
+            }
+        ),
+        "{}",
+        err.error
+    );
+    assert!(
+        err.error
+            .to_string()
+            .contains("a Rc QP does not take a remote XRC SRQ number (9)"),
+        "{}",
+        err.error
+    );
+    assert_eq!(err.returned.len(), 1);
+    let (wr_id, back) = err.returned.into_iter().next().unwrap();
+    assert_eq!(wr_id, 5);
+    assert_eq!(back.into_one().unwrap().to_vec(), b"xrc");
+    let err = qp
+        .post_send_inline(InlineSend::send(6, b"").xrc_remote_srqn(9))
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("a Rc QP does not take a remote XRC SRQ number (9)"),
+        "{err}"
+    );
+    assert_eq!(qp.in_flight(), (0, 0));
 }
 
 #[test]
