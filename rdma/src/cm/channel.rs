@@ -109,7 +109,9 @@ impl EventChannel {
         Ok(())
     }
 
-    /// The raw channel, valid while this handle (or a clone) lives.
+    /// The raw channel, valid while this handle (or a clone) lives. Make
+    /// no ids on it by other means than this crate: its events are read as
+    /// those of this crate's ids (whose `context` names their owner).
     pub fn as_raw(&self) -> *mut ffi::rdma_event_channel {
         self.inner.ch.as_ptr()
     }

@@ -1,12 +1,12 @@
 //! Communication identifiers (`rdma_create_id(3)` and the calls on an id).
 
-use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use super::addr::{from_sockaddr_storage, to_sockaddr, CmAddr};
@@ -20,20 +20,32 @@ use crate::{
     QueuePairBuilder,
 };
 
-/// Keys are addresses chosen by malloc, not by a peer: a fixed-key hasher
-/// is enough, and it spares the first id a `getrandom` (measured by cmtime's
-/// `create id` step).
-type IdMap = HashMap<usize, Weak<IdInner>, std::hash::BuildHasherDefault<std::hash::DefaultHasher>>;
-
-/// Every live id, by `rdma_cm_id` address, to map events back to their owner.
-static IDS: LazyLock<Mutex<IdMap>> = LazyLock::new(|| Mutex::new(IdMap::default()));
-
-fn ids() -> MutexGuard<'static, IdMap> {
-    IDS.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn lookup(raw: *mut ffi::rdma_cm_id) -> Option<Arc<IdInner>> {
-    ids().get(&(raw as usize)).and_then(Weak::upgrade)
+/// The owner of an id, which events name: its `context` holds a weak
+/// reference to it ([`IdInner::new`]); `None` once the owner is being
+/// dropped, or for an id without one.
+///
+/// This replaces a global map from id address to owner, whose first insert
+/// and growth (a lock, hashing, reallocations) were most of what the first
+/// ids of a process cost (cmtime's `create id` step).
+///
+/// # Safety
+/// `raw` is a live id made or wrapped by this crate (or has a NULL
+/// `context`), and the caller holds a reason for the id not to be freed
+/// during the call (an unacknowledged event of it, for a reader).
+unsafe fn owner(raw: *mut ffi::rdma_cm_id) -> Option<Arc<IdInner>> {
+    // SAFETY: per the contract. `context` was written before any operation
+    // on the id, so before the kernel could queue an event for it; the
+    // reader that reads it got the event from the kernel after that (the
+    // order librdmacm itself relies on for the id it hands the kernel).
+    let owner = unsafe { (*raw).context }.cast::<IdInner>().cast_const();
+    if owner.is_null() {
+        return None;
+    }
+    // SAFETY: `owner` came from `Weak::into_raw` in IdInner::new, and that
+    // weak reference is released only after the id is destroyed (Drop), so
+    // it is still counted; ManuallyDrop leaves the count alone.
+    let weak = ManuallyDrop::new(unsafe { Weak::from_raw(owner) });
+    weak.upgrade()
 }
 
 // Locking
@@ -297,7 +309,14 @@ impl IdInner {
                 ep_template: None,
             }),
         });
-        ids().insert(raw.as_ptr() as usize, Arc::downgrade(&inner));
+        let weak = Weak::into_raw(Arc::downgrade(&inner));
+        // SAFETY: the id is live and nothing reads its `context` yet: the
+        // id is fresh (or, for a connect request, not handed out yet), so no
+        // event of it can be read before an operation on it, which needs
+        // the Arc returned here. librdmacm itself only copies a listener's
+        // `context` into the ids of its connect requests, which get their
+        // own here. The weak reference is released in Drop.
+        unsafe { (*raw.as_ptr()).context = weak.cast_mut().cast() };
         inner
     }
 
@@ -308,26 +327,43 @@ impl IdInner {
 
 impl Drop for IdInner {
     fn drop(&mut self) {
-        ids().remove(&(self.raw.as_ptr() as usize));
+        // SAFETY: the id is live; only IdInner::new writes `context`.
+        let weak = unsafe { (*self.raw.as_ptr()).context }
+            .cast::<IdInner>()
+            .cast_const();
         // Without the channel's lock (L5 above): rdma_destroy_id reads only
         // the id's handle and channel before it waits for the id's reported
         // events to be acknowledged, and frees the id after that; an event
         // of this id that a reader is processing was reported, so it is
-        // acknowledged (by `wrap_event`, which no longer finds the id)
-        // before the memory goes. rdma_destroy_ep also reads `qp` and `srq`,
-        // NULL by now: every QP made through the id holds it.
-        if self.endpoint {
+        // acknowledged (by `wrap_event`, whose `owner` finds no owner any
+        // more) before the memory goes. rdma_destroy_ep also reads `qp` and
+        // `srq`, NULL by now: every QP made through the id holds it.
+        let destroyed = if self.endpoint {
             // SAFETY: every QP the id made holds an Arc to it (destroyed
             // already) and every event of it too (acknowledged already);
             // destroyed once.
             unsafe { ffi::rdma_destroy_ep(self.raw.as_ptr()) };
-            return;
-        }
-        // SAFETY: as above.
-        let rc = unsafe { ffi::rdma_destroy_id(self.raw.as_ptr()) };
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
-            crate::error::teardown_failed(format_args!("rdma_destroy_id failed: {e}"));
+            // rdma_destroy_ep does not say whether the id went. A
+            // synchronous one has no reader that could look at it again; a
+            // migrated one might, so its weak reference stays (a leak of
+            // this allocation, never a dangling `context`).
+            let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+            state.channel.is_none()
+        } else {
+            // SAFETY: as above.
+            let rc = unsafe { ffi::rdma_destroy_id(self.raw.as_ptr()) };
+            if rc != 0 {
+                let e = std::io::Error::last_os_error();
+                crate::error::teardown_failed(format_args!("rdma_destroy_id failed: {e}"));
+            }
+            rc == 0
+        };
+        if destroyed {
+            // SAFETY: the weak reference IdInner::new leaked into the id's
+            // `context`, released once; nothing can read it any more. (The
+            // allocation outlives this call: the strong references' own weak
+            // count is released only after Drop.)
+            drop(unsafe { Weak::from_raw(weak) });
         }
     }
 }
@@ -348,7 +384,8 @@ pub(crate) unsafe fn wrap_event(
     // SAFETY: the event's id is live until the event is acknowledged.
     let datagram = unsafe { (*r.id).qp_type } == ffi::IBV_QPT_UD;
     if r.event == ffi::RDMA_CM_EVENT_CONNECT_REQUEST {
-        let Some(listener) = lookup(r.listen_id) else {
+        // SAFETY: the listener is live until the request is acknowledged.
+        let Some(listener) = (unsafe { owner(r.listen_id) }) else {
             // The listener is being destroyed: drop the request.
             // SAFETY: the new id belongs to nobody else yet; the event is
             // acknowledged once, after which the listener's destroy goes on.
@@ -374,7 +411,8 @@ pub(crate) unsafe fn wrap_event(
             )
         });
     }
-    match lookup(r.id) {
+    // SAFETY: the id is live until the event is acknowledged.
+    match unsafe { owner(r.id) } {
         Some(inner) => {
             inner.exposure.processed(r.event);
             inner.outstanding.fetch_add(1, Ordering::AcqRel);
@@ -590,7 +628,9 @@ impl CmId {
     }
 
     /// The raw id, valid while this handle (or a clone) lives. Calls on it
-    /// bypass the locking described in the module docs.
+    /// bypass the locking described in the module docs. Its `context`
+    /// belongs to this crate (it names the id's owner for events): do not
+    /// change it.
     pub fn as_raw(&self) -> *mut ffi::rdma_cm_id {
         self.inner.raw.as_ptr()
     }
