@@ -487,7 +487,6 @@ fn run_client(o: &Opts, dst: &str) -> Res<()> {
     events
         .join()
         .map_err(|_| "the event thread panicked".to_string())??;
-    drop(channel);
     let Ok(shared) = Arc::try_unwrap(shared) else {
         return Err("the event thread still holds the ids".into());
     };
@@ -504,6 +503,10 @@ fn run_client(o: &Opts, dst: &str) -> Res<()> {
         times.end(c, Step::Destroy);
     }
     times.end_all(Step::Destroy);
+    // The channel goes after the timed step, as in the C tool
+    // (rdma_destroy_event_channel after the loop): had this handle gone
+    // first, the last id would close the channel inside its timed destroy.
+    drop(channel);
     times.show(n, o.src.is_some());
     Ok(())
 }

@@ -8,22 +8,24 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::event::CmEvent;
-use super::id::{self, IdInner};
+use super::id;
 use super::CmEventType;
 use crate::error::{check_minus_one, check_ptr, last_errno, Error, Result};
 use crate::ffi;
 
 pub(crate) struct ChannelInner {
     ch: NonNull<ffi::rdma_event_channel>,
-    /// Held while librdmacm may update ids of this channel: around
-    /// `rdma_get_cm_event` and around every operation on one of its ids.
+    /// Held around `rdma_get_cm_event`, whose processing may touch the id
+    /// an event reports, and around the operations on this channel's ids
+    /// that such processing could overlap ("Locking" in `id.rs`).
     lock: Mutex<()>,
     /// Whether [`EventChannel::get_event`] returns `EAGAIN` instead of waiting.
     nonblocking: AtomicBool,
 }
 
 // SAFETY: the channel is a file descriptor; librdmacm's calls on it may come
-// from any thread, and this crate serialises them with `lock`.
+// from any thread, and this crate keeps event processing apart from the
+// operations it could overlap with `lock`.
 unsafe impl Send for ChannelInner {}
 // SAFETY: as above.
 unsafe impl Sync for ChannelInner {}
@@ -107,7 +109,9 @@ impl EventChannel {
         Ok(())
     }
 
-    /// The raw channel, valid while this handle (or a clone) lives.
+    /// The raw channel, valid while this handle (or a clone) lives. Make
+    /// no ids on it by other means than this crate: its events are read as
+    /// those of this crate's ids (whose `context` names their owner).
     pub fn as_raw(&self) -> *mut ffi::rdma_event_channel {
         self.inner.ch.as_ptr()
     }
@@ -208,9 +212,6 @@ impl EventChannel {
     /// [`Error::Verb`] naming `rdma_get_cm_event`.
     pub fn try_get_event(&self) -> Result<Option<CmEvent>> {
         loop {
-            // Ids to release after the channel lock is dropped: releasing an
-            // id destroys it, which takes the lock.
-            let mut release: Vec<Arc<IdInner>> = Vec::new();
             let outcome = {
                 let _guard = self.inner.lock();
                 let mut raw: *mut ffi::rdma_cm_event = std::ptr::null_mut();
@@ -226,11 +227,10 @@ impl EventChannel {
                 match NonNull::new(raw) {
                     // SAFETY: a fresh event from rdma_get_cm_event on this
                     // channel, not acknowledged yet; the channel lock is held.
-                    Some(raw) => unsafe { id::wrap_event(raw, self, &mut release) },
+                    Some(raw) => unsafe { id::wrap_event(raw, self) },
                     None => None,
                 }
             };
-            drop(release);
             if let Some(event) = outcome {
                 return Ok(Some(event));
             }

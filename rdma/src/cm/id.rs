@@ -1,12 +1,12 @@
 //! Communication identifiers (`rdma_create_id(3)` and the calls on an id).
 
-use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use super::addr::{from_sockaddr_storage, to_sockaddr, CmAddr};
@@ -20,20 +20,231 @@ use crate::{
     QueuePairBuilder,
 };
 
-/// Keys are addresses chosen by malloc, not by a peer: a fixed-key hasher
-/// is enough, and it spares the first id a `getrandom` (measured by cmtime's
-/// `create id` step).
-type IdMap = HashMap<usize, Weak<IdInner>, std::hash::BuildHasherDefault<std::hash::DefaultHasher>>;
-
-/// Every live id, by `rdma_cm_id` address, to map events back to their owner.
-static IDS: LazyLock<Mutex<IdMap>> = LazyLock::new(|| Mutex::new(IdMap::default()));
-
-fn ids() -> MutexGuard<'static, IdMap> {
-    IDS.lock().unwrap_or_else(|p| p.into_inner())
+/// The owner of an id, which events name: its `context` holds a weak
+/// reference to it ([`IdInner::new`]); `None` once the owner is being
+/// dropped, or for an id without one.
+///
+/// This replaces a global map from id address to owner, whose first insert
+/// and growth (a lock, hashing, reallocations) were most of what the first
+/// ids of a process cost (cmtime's `create id` step).
+///
+/// # Safety
+/// `raw` is a live id made or wrapped by this crate (or has a NULL
+/// `context`), and the caller holds a reason for the id not to be freed
+/// during the call (an unacknowledged event of it, for a reader).
+unsafe fn owner(raw: *mut ffi::rdma_cm_id) -> Option<Arc<IdInner>> {
+    // SAFETY: per the contract. `context` was written before any operation
+    // on the id, so before the kernel could queue an event for it; the
+    // reader that reads it got the event from the kernel after that (the
+    // order librdmacm itself relies on for the id it hands the kernel).
+    let owner = unsafe { (*raw).context }.cast::<IdInner>().cast_const();
+    if owner.is_null() {
+        return None;
+    }
+    // SAFETY: `owner` came from `Weak::into_raw` in IdInner::new, and that
+    // weak reference is released only after the id is destroyed (Drop), so
+    // it is still counted; ManuallyDrop leaves the count alone.
+    let weak = ManuallyDrop::new(unsafe { Weak::from_raw(owner) });
+    weak.upgrade()
 }
 
-fn lookup(raw: *mut ffi::rdma_cm_id) -> Option<Arc<IdInner>> {
-    ids().get(&(raw as usize)).and_then(Weak::upgrade)
+// Locking
+// =======
+//
+// Every operation on an id holds the id's own lock (`IdInner::state`), so the
+// calls on one id never overlap. What is left is librdmacm's event
+// processing: `rdma_get_cm_event` runs under the channel's lock
+// (`EventChannel::try_get_event`) and, for some event types, reads or writes
+// fields of the id it reports, which is known only when the call returns. An
+// operation must exclude it (take the channel's lock) exactly when an event
+// that conflicts with the operation may be processed while it runs.
+//
+// The facts this rests on, read in librdmacm/cma.c of rdma-core (the
+// releases with ECE support, v31 on: rdma-core 44, which the crate is tested
+// with, exports the same interface, RDMACM_1.3, and imports the ibv_set_ece
+// and ibv_query_ece that its CONNECT_RESPONSE processing calls):
+//
+// L1. What `rdma_get_cm_event` does to the id an event reports, by type:
+//     - ADDR_RESOLVED: writes the addresses (`route.addr`), `verbs`, `pd`,
+//       `port_num`, P_Key and GIDs and takes a device reference
+//       (ucma_query_addr + ucma_query_gid, or ucma_query_route, which also
+//       allocates `route.path_rec`); a failure makes it ADDR_ERROR.
+//     - ROUTE_RESOLVED: reads `verbs`; on InfiniBand/RoCE writes
+//       `route.path_rec`/`num_paths` (ucma_query_path), or through
+//       ucma_query_route the addresses too; a failure makes it ROUTE_ERROR.
+//     - CONNECT_RESPONSE: with a librdmacm QP, reads `qp`, the local ECE
+//       options, `cma_dev` and `port_num`, moves the QP to RTR and RTS (ERR
+//       on failure), sends the RTU and writes the remote ECE vendor, the
+//       local ECE options and, on failure (then CONNECT_ERROR),
+//       `connect_error`; without a QP it writes the remote ECE options.
+//     - REJECTED: reads `connect_error`; unless it is set, reads `qp` and
+//       moves the QP to ERR. DISCONNECTED reads `connect_error`. With
+//       `connect_error` set both are swallowed: acknowledged inside, touching
+//       only the id's mutex and event counter.
+//     - MULTICAST_JOIN: writes the group's entry (`mgid`, `mlid`) and
+//       attaches the id's `qp` to the group; MULTICAST_ERROR reads the entry.
+//     - CONNECT_REQUEST: makes and fills a new id before returning it
+//       (librdmacm's id table has its own lock); of the listener it reads
+//       `channel`, `context`, `ps`, `qp_type` and `sync`.
+//     - Every other type (ADDR_ERROR, ROUTE_ERROR, CONNECT_ERROR, UNREACHABLE,
+//       ESTABLISHED, DEVICE_REMOVAL, ADDR_CHANGE, TIMEWAIT_EXIT) reads only
+//       `qp_type`, fixed at creation.
+//     The processing also reads the id's handle and `channel`. State shared
+//     between ids (device list, device PDs, id table) has librdmacm's own
+//     locks: calls on ids of different channels always ran concurrently.
+// L2. The calls: rdma_resolve_addr writes `route.addr.dst_addr` after the
+//     kernel took the command, so possibly while its ADDR_RESOLVED is
+//     processed. rdma_resolve_route reads `verbs` and the addresses before
+//     its kernel command (or before rdma_set_option(RDMA_OPTION_IB_PATH),
+//     after which the kernel queues ROUTE_RESOLVED) and no field of the id
+//     after it. rdma_connect reads the local ECE options and writes the
+//     READ/atomic depths before its kernel command, and after it only
+//     `connect`/`connect_len` and `sync`. rdma_listen writes the
+//     listener's addresses and device after its kernel command, none of
+//     which the CONNECT_REQUEST processing reads. rdma_disconnect, rdma_notify,
+//     rdma_reject(_ece), rdma_establish, rdma_set_option, rdma_init_qp_attr
+//     and the address and port getters read only `verbs`, `qp`, the
+//     addresses, `port_num`, the handle and `channel` (and move the QP with
+//     ibv_modify_qp, which is thread-safe). rdma_create_qp(_ex) and
+//     rdma_destroy_qp write `qp` (and `pd`, the local ECE options);
+//     rdma_set_local_ece and rdma_get_remote_ece touch the ECE options;
+//     rdma_leave_multicast reads the group's `mgid`/`mlid` and `qp`;
+//     rdma_migrate_id writes `channel` and `sync`.
+// L3. A call that fails started nothing: librdmacm fails before its kernel
+//     command or because the kernel refused it, and the kernel queues the
+//     event of a resolve, connect or join only for a command it took. (On an
+//     asynchronous id, librdmacm's ucma_complete returns at once.)
+// L4. Each rdma_resolve_addr the kernel took is answered by one
+//     ADDR_RESOLVED or ADDR_ERROR, each rdma_resolve_route or IB_PATH option
+//     by one ROUTE_RESOLVED or ROUTE_ERROR, never swallowed; or by none when
+//     the kernel id changes state first (device removal): the count below
+//     then stays up, which costs the lock, not soundness.
+// L5. rdma_destroy_id reads the id's handle and `channel`, waits until every
+//     event of the id the kernel reported is acknowledged, then frees it.
+// L6. The connection events have no end this crate relies on: REJECTED may
+//     come while the kernel's id is connecting or connected (on a passive id
+//     before rdma_accept when the peer gives up; after ESTABLISHED when the
+//     peer's CM sends a REJ), so an id that connected stays exposed to it.
+//
+// The rules (an id's `Exposure`, an operation's `Access`):
+// R1. Reading an event holds the channel's lock around rdma_get_cm_event and
+//     `wrap_event`, which lowers the id's `addr`/`route` count after
+//     librdmacm processed the event, still under the lock.
+// R2. An operation that starts such an event raises its count (`Start`)
+//     while it holds the id's lock, before its call (so before the kernel can
+//     queue the event), and lowers it again if the call fails (L3). Counts
+//     rise only under the id's lock: an operation holding it sees them fall,
+//     never rise.
+// R3. An operation takes the channel's lock, deciding before it raises its
+//     own count, when: it is `Exclusive` (rdma_resolve_addr, L2; multicast
+//     joins and leaves); the id is `always` exposed (it joined a multicast
+//     group, or migrated from synchronous, with unknown events queued); an
+//     ADDR_/ROUTE_ event is pending (it writes what every call reads); or it
+//     has `Conn` access and the id connected (CONNECT_RESPONSE and REJECTED
+//     use `qp` and the ECE state, L1, L6). Otherwise (`Stable` access on a
+//     connected id, anything on an idle one) it runs beside the reader.
+// R4. Why that is enough: an operation that skips the lock read each count
+//     at zero and each flag clear (Acquire). A zero is the reader's Release
+//     decrement after the processing, or nothing was raised; either way every
+//     processing that could conflict finished before the operation (through
+//     the count) or cannot start during it (nothing pending, nothing raised
+//     while it holds the id's lock, R2). The event the operation itself
+//     starts may be processed during its call's tail: L2 says what each tail
+//     touches, and the calls whose tail conflicts are `Exclusive`.
+// R5. Synchronous ids have no channel: their events are processed inside
+//     their own calls, under the id's lock. Destroying an id takes no channel
+//     lock (L5). Migrating takes both channels' locks.
+
+/// How an operation's librdmacm call relates to event processing (R3).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// Touches only fields that connection events at most read (L2).
+    Stable,
+    /// Touches the QP, the ECE options or the addresses and device it sets
+    /// up: excluded while connection events may come.
+    Conn,
+    /// Always under the channel's lock.
+    Exclusive,
+}
+
+/// The event an operation starts (R2).
+#[derive(Clone, Copy)]
+enum Start {
+    /// ADDR_RESOLVED or ADDR_ERROR.
+    Addr,
+    /// ROUTE_RESOLVED or ROUTE_ERROR.
+    Route,
+    /// The connection's events (L6).
+    Connect,
+    /// MULTICAST_JOIN or MULTICAST_ERROR, and later errors of the group.
+    Multicast,
+}
+
+/// What the processing of an id's events may still touch (R1-R3).
+#[derive(Default)]
+struct Exposure {
+    /// `rdma_resolve_addr` calls whose ADDR_RESOLVED/ADDR_ERROR has not been
+    /// processed.
+    addr: AtomicU32,
+    /// `rdma_resolve_route` calls and IB_PATH options whose
+    /// ROUTE_RESOLVED/ROUTE_ERROR has not been processed.
+    route: AtomicU32,
+    /// A connection was started, or the id came from a connect request.
+    connected: AtomicBool,
+    /// Every operation takes the channel's lock.
+    always: AtomicBool,
+}
+
+impl Exposure {
+    /// R3, for an operation of `access` on an asynchronous id.
+    fn needs_lock(&self, access: Access) -> bool {
+        access == Access::Exclusive
+            || self.always.load(Ordering::Acquire)
+            || self.addr.load(Ordering::Acquire) != 0
+            || self.route.load(Ordering::Acquire) != 0
+            || (access == Access::Conn && self.connected.load(Ordering::Acquire))
+    }
+
+    /// R2: raises what `start` exposes; returns the flag's previous value
+    /// for [`Exposure::undo`].
+    fn raise(&self, start: Start) -> bool {
+        match start {
+            Start::Addr => self.addr.fetch_add(1, Ordering::AcqRel) != 0,
+            Start::Route => self.route.fetch_add(1, Ordering::AcqRel) != 0,
+            Start::Connect => self.connected.swap(true, Ordering::AcqRel),
+            Start::Multicast => self.always.swap(true, Ordering::AcqRel),
+        }
+    }
+
+    /// Undoes [`Exposure::raise`] after a failed call, which started
+    /// nothing (L3).
+    fn undo(&self, start: Start, was: bool) {
+        match start {
+            Start::Addr => Self::lower(&self.addr),
+            Start::Route => Self::lower(&self.route),
+            Start::Connect if !was => self.connected.store(false, Ordering::Release),
+            Start::Multicast if !was => self.always.store(false, Ordering::Release),
+            Start::Connect | Start::Multicast => {}
+        }
+    }
+
+    /// R1: librdmacm processed an event of type `event` for this id.
+    fn processed(&self, event: u32) {
+        match event {
+            ffi::RDMA_CM_EVENT_ADDR_RESOLVED | ffi::RDMA_CM_EVENT_ADDR_ERROR => {
+                Self::lower(&self.addr)
+            }
+            ffi::RDMA_CM_EVENT_ROUTE_RESOLVED | ffi::RDMA_CM_EVENT_ROUTE_ERROR => {
+                Self::lower(&self.route)
+            }
+            _ => {}
+        }
+    }
+
+    /// Lowers a count, never below zero (an unmatched event lowers nothing).
+    fn lower(count: &AtomicU32) {
+        let _ = count.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
 }
 
 pub(crate) struct IdState {
@@ -61,14 +272,18 @@ pub(crate) struct IdInner {
     endpoint: bool,
     /// Events of this id handed out and not yet acknowledged.
     outstanding: AtomicUsize,
+    /// What the processing of this id's events may still touch: whether an
+    /// operation must exclude `rdma_get_cm_event` (see "Locking" above).
+    exposure: Exposure,
     // Dropped after the id is destroyed (Drop runs first): the channel, the
     // listener and the QP template outlive the id.
     state: Mutex<IdState>,
 }
 
 // SAFETY: librdmacm ids may be used from any thread; this crate serialises
-// every call on an id (and reads of its fields) with `state` and the
-// channel's lock.
+// every call on an id (and reads of its fields) with `state`, and keeps them
+// apart from the event processing they could overlap with the channel's lock
+// ("Locking" above).
 unsafe impl Send for IdInner {}
 // SAFETY: as above.
 unsafe impl Sync for IdInner {}
@@ -85,6 +300,7 @@ impl IdInner {
             ps,
             endpoint,
             outstanding: AtomicUsize::new(0),
+            exposure: Exposure::default(),
             state: Mutex::new(IdState {
                 channel,
                 listener: None,
@@ -93,7 +309,14 @@ impl IdInner {
                 ep_template: None,
             }),
         });
-        ids().insert(raw.as_ptr() as usize, Arc::downgrade(&inner));
+        let weak = Weak::into_raw(Arc::downgrade(&inner));
+        // SAFETY: the id is live and nothing reads its `context` yet: the
+        // id is fresh (or, for a connect request, not handed out yet), so no
+        // event of it can be read before an operation on it, which needs
+        // the Arc returned here. librdmacm itself only copies a listener's
+        // `context` into the ids of its connect requests, which get their
+        // own here. The weak reference is released in Drop.
+        unsafe { (*raw.as_ptr()).context = weak.cast_mut().cast() };
         inner
     }
 
@@ -104,49 +327,65 @@ impl IdInner {
 
 impl Drop for IdInner {
     fn drop(&mut self) {
-        ids().remove(&(self.raw.as_ptr() as usize));
-        let channel = self
-            .state
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .channel
-            .clone();
-        let _guard = channel.as_ref().map(|c| c.inner.lock());
-        if self.endpoint {
+        // SAFETY: the id is live; only IdInner::new writes `context`.
+        let weak = unsafe { (*self.raw.as_ptr()).context }
+            .cast::<IdInner>()
+            .cast_const();
+        // Without the channel's lock (L5 above): rdma_destroy_id reads only
+        // the id's handle and channel before it waits for the id's reported
+        // events to be acknowledged, and frees the id after that; an event
+        // of this id that a reader is processing was reported, so it is
+        // acknowledged (by `wrap_event`, whose `owner` finds no owner any
+        // more) before the memory goes. rdma_destroy_ep also reads `qp` and
+        // `srq`, NULL by now: every QP made through the id holds it.
+        let destroyed = if self.endpoint {
             // SAFETY: every QP the id made holds an Arc to it (destroyed
             // already) and every event of it too (acknowledged already);
             // destroyed once.
             unsafe { ffi::rdma_destroy_ep(self.raw.as_ptr()) };
-            return;
-        }
-        // SAFETY: as above.
-        let rc = unsafe { ffi::rdma_destroy_id(self.raw.as_ptr()) };
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
-            crate::error::teardown_failed(format_args!("rdma_destroy_id failed: {e}"));
+            // rdma_destroy_ep does not say whether the id went. A
+            // synchronous one has no reader that could look at it again; a
+            // migrated one might, so its weak reference stays (a leak of
+            // this allocation, never a dangling `context`).
+            let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+            state.channel.is_none()
+        } else {
+            // SAFETY: as above.
+            let rc = unsafe { ffi::rdma_destroy_id(self.raw.as_ptr()) };
+            if rc != 0 {
+                let e = std::io::Error::last_os_error();
+                crate::error::teardown_failed(format_args!("rdma_destroy_id failed: {e}"));
+            }
+            rc == 0
+        };
+        if destroyed {
+            // SAFETY: the weak reference IdInner::new leaked into the id's
+            // `context`, released once; nothing can read it any more. (The
+            // allocation outlives this call: the strong references' own weak
+            // count is released only after Drop.)
+            drop(unsafe { Weak::from_raw(weak) });
         }
     }
 }
 
 /// Turns a fresh event into a [`CmEvent`] holding its ids, or acknowledges it
-/// at once when its id is being destroyed (which waits for that).
+/// at once when its id is being destroyed (which waits for that). Lowers
+/// the id's exposure for the event (R1).
 ///
 /// # Safety
 /// `raw` comes from `rdma_get_cm_event` on `channel`, is not acknowledged
-/// yet, and the channel's lock is held. Nothing in `release` may be dropped
-/// before the lock is released.
+/// yet, and the channel's lock is held.
 pub(crate) unsafe fn wrap_event(
     raw: NonNull<ffi::rdma_cm_event>,
     channel: &EventChannel,
-    release: &mut Vec<Arc<IdInner>>,
 ) -> Option<CmEvent> {
-    let _ = release;
     // SAFETY: a live event.
     let r = unsafe { raw.as_ref() };
     // SAFETY: the event's id is live until the event is acknowledged.
     let datagram = unsafe { (*r.id).qp_type } == ffi::IBV_QPT_UD;
     if r.event == ffi::RDMA_CM_EVENT_CONNECT_REQUEST {
-        let Some(listener) = lookup(r.listen_id) else {
+        // SAFETY: the listener is live until the request is acknowledged.
+        let Some(listener) = (unsafe { owner(r.listen_id) }) else {
             // The listener is being destroyed: drop the request.
             // SAFETY: the new id belongs to nobody else yet; the event is
             // acknowledged once, after which the listener's destroy goes on.
@@ -159,6 +398,8 @@ pub(crate) unsafe fn wrap_event(
         // SAFETY: librdmacm made the new id for this request; it is ours now.
         let new_raw = unsafe { NonNull::new_unchecked(r.id) };
         let new = IdInner::new(new_raw, listener.ps, false, Some(channel.clone()));
+        // A passive id is connecting from its birth (L6).
+        new.exposure.connected.store(true, Ordering::Release);
         listener.outstanding.fetch_add(1, Ordering::AcqRel);
         // SAFETY: the request counts against the listener, which the event holds.
         return Some(unsafe {
@@ -170,8 +411,10 @@ pub(crate) unsafe fn wrap_event(
             )
         });
     }
-    match lookup(r.id) {
+    // SAFETY: the id is live until the event is acknowledged.
+    match unsafe { owner(r.id) } {
         Some(inner) => {
+            inner.exposure.processed(r.event);
             inner.outstanding.fetch_add(1, Ordering::AcqRel);
             // SAFETY: the event counts against its id, which it holds.
             Some(unsafe { CmEvent::new(raw, CmId { inner }, None, datagram) })
@@ -345,16 +588,49 @@ impl CmId {
         self.inner.state().ep_template = Some(template);
     }
 
-    /// Runs `f` with the id's lock and its channel's lock held.
-    pub(crate) fn with<R>(&self, f: impl FnOnce(*mut ffi::rdma_cm_id, &mut IdState) -> R) -> R {
+    /// Runs `f` with the id's lock held, and its channel's lock when an
+    /// operation of `access` needs it (R3).
+    pub(crate) fn with<R>(
+        &self,
+        access: Access,
+        f: impl FnOnce(*mut ffi::rdma_cm_id, &mut IdState) -> R,
+    ) -> R {
         let mut state = self.inner.state();
-        let channel = state.channel.clone();
+        let channel = (state.channel.as_ref())
+            .filter(|_| self.inner.exposure.needs_lock(access))
+            .cloned();
         let _guard = channel.as_ref().map(|c| c.inner.lock());
         f(self.as_raw(), &mut state)
     }
 
+    /// As [`CmId::with`], for a call that starts `start`'s event: raised
+    /// before the call, lowered again when it fails (R2).
+    fn start<T>(
+        &self,
+        start: Start,
+        access: Access,
+        f: impl FnOnce(*mut ffi::rdma_cm_id, &mut IdState) -> Result<T>,
+    ) -> Result<T> {
+        let mut state = self.inner.state();
+        let exposure = &self.inner.exposure;
+        // Decided before this call's own event is counted (R3).
+        let channel = (state.channel.as_ref())
+            .filter(|_| exposure.needs_lock(access))
+            .cloned();
+        let _guard = channel.as_ref().map(|c| c.inner.lock());
+        // A synchronous id processes the event inside the call (R5).
+        let raised = state.channel.is_some().then(|| exposure.raise(start));
+        let r = f(self.as_raw(), &mut state);
+        if let (Err(_), Some(was)) = (&r, raised) {
+            exposure.undo(start, was);
+        }
+        r
+    }
+
     /// The raw id, valid while this handle (or a clone) lives. Calls on it
-    /// bypass the locking described in the module docs.
+    /// bypass the locking described in the module docs. Its `context`
+    /// belongs to this crate (it names the id's owner for events): do not
+    /// change it.
     pub fn as_raw(&self) -> *mut ffi::rdma_cm_id {
         self.inner.raw.as_ptr()
     }
@@ -392,7 +668,7 @@ impl CmId {
     /// The port of the device the id is bound to (0 before binding).
     pub fn port_num(&self) -> u8 {
         // SAFETY: the field is read under the id's locks.
-        self.with(|raw, _| unsafe { (*raw).port_num })
+        self.with(Access::Stable, |raw, _| unsafe { (*raw).port_num })
     }
 
     fn verbs(
@@ -427,7 +703,9 @@ impl CmId {
     /// `EINVAL` before the id is bound to a device; [`Error::Verb`] naming
     /// `ibv_query_device`.
     pub fn context(&self) -> Result<Context> {
-        let ctx = self.with(|raw, _| self.verbs(raw, "rdma_cm_id::verbs"))?;
+        let ctx = self.with(Access::Stable, |raw, _| {
+            self.verbs(raw, "rdma_cm_id::verbs")
+        })?;
         let keep: Arc<dyn Send + Sync> = Arc::clone(&self.inner) as Arc<dyn Send + Sync>;
         // SAFETY: the context stays open while the id holds its device,
         // i.e. while `keep` lives.
@@ -442,7 +720,7 @@ impl CmId {
     /// As [`CmId::context`].
     pub fn pd(&self) -> Result<ProtectionDomain> {
         let ctx = self.context()?;
-        let pd = self.with(|raw, st| {
+        let pd = self.with(Access::Stable, |raw, st| {
             Self::note_default_pd(raw, st);
             st.default_pd
         });
@@ -471,8 +749,9 @@ impl CmId {
         let addr = addr.into();
         let (mut sa, _) = to_sockaddr("rdma_bind_addr", &addr)?;
         // SAFETY: valid id and address.
-        let rc = self
-            .with(|raw, _| unsafe { ffi::rdma_bind_addr(raw, std::ptr::addr_of_mut!(sa).cast()) });
+        let rc = self.with(Access::Conn, |raw, _| unsafe {
+            ffi::rdma_bind_addr(raw, std::ptr::addr_of_mut!(sa).cast())
+        });
         verb("rdma_bind_addr", || addr_context(&addr), rc)
     }
 
@@ -501,18 +780,24 @@ impl CmId {
         let src_ptr = src_sa
             .as_mut()
             .map_or(std::ptr::null_mut(), |s| std::ptr::addr_of_mut!(*s).cast());
-        // SAFETY: valid id and addresses.
-        let rc = self.with(|raw, _| unsafe {
-            ffi::rdma_resolve_addr(raw, src_ptr, std::ptr::addr_of_mut!(dst_sa).cast(), ms)
-        });
-        verb(
-            "rdma_resolve_addr",
-            || match src {
-                Some(s) => format!("{} -> {}", addr_context(&s), addr_context(&dst)),
-                None => format!("-> {}", addr_context(&dst)),
-            },
-            rc,
-        )
+        // Under the channel's lock: rdma_resolve_addr writes the id's
+        // destination address after the kernel took the command, when the
+        // ADDR_RESOLVED it starts may already be processed (which writes it
+        // too).
+        self.start(Start::Addr, Access::Exclusive, |raw, _| {
+            // SAFETY: valid id and addresses.
+            let rc = unsafe {
+                ffi::rdma_resolve_addr(raw, src_ptr, std::ptr::addr_of_mut!(dst_sa).cast(), ms)
+            };
+            verb(
+                "rdma_resolve_addr",
+                || match src {
+                    Some(s) => format!("{} -> {}", addr_context(&s), addr_context(&dst)),
+                    None => format!("-> {}", addr_context(&dst)),
+                },
+                rc,
+            )
+        })
     }
 
     /// Resolves the route to the resolved address (`rdma_resolve_route(3)`):
@@ -523,12 +808,15 @@ impl CmId {
     /// `rdma_resolve_route`.
     pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
         let ms = timeout_ms("rdma_resolve_route", timeout)?;
-        let rc = self.with(|raw, _| {
+        // rdma_resolve_route touches nothing of the id once the kernel has
+        // the command (or the path, through rdma_set_option), so the
+        // processing of the ROUTE_RESOLVED it starts cannot overlap it.
+        self.start(Start::Route, Access::Stable, |raw, _| {
             self.verbs(raw, "rdma_resolve_route")?;
             // SAFETY: a bound id (librdmacm reads its device).
-            Ok::<_, Error>(unsafe { ffi::rdma_resolve_route(raw, ms) })
-        })?;
-        verb("rdma_resolve_route", || format!("timeout {timeout:?}"), rc)
+            let rc = unsafe { ffi::rdma_resolve_route(raw, ms) };
+            verb("rdma_resolve_route", || format!("timeout {timeout:?}"), rc)
+        })
     }
 
     /// Listens for connection requests (`rdma_listen(3)`).
@@ -537,7 +825,9 @@ impl CmId {
     /// [`Error::Verb`] naming `rdma_listen` (`EADDRINUSE`, ...).
     pub fn listen(&self, backlog: i32) -> Result<()> {
         // SAFETY: valid id.
-        let rc = self.with(|raw, _| unsafe { ffi::rdma_listen(raw, backlog) });
+        let rc = self.with(Access::Conn, |raw, _| unsafe {
+            ffi::rdma_listen(raw, backlog)
+        });
         verb("rdma_listen", || format!("backlog {backlog}"), rc)
     }
 
@@ -551,7 +841,7 @@ impl CmId {
     /// instead); [`Error::Verb`] naming `rdma_get_request`.
     pub fn get_request(&self) -> Result<(CmId, Option<QueuePair>)> {
         let mut new: *mut ffi::rdma_cm_id = std::ptr::null_mut();
-        let (rc, template) = self.with(|raw, st| {
+        let (rc, template) = self.with(Access::Conn, |raw, st| {
             // SAFETY: valid listener and out-pointer.
             (
                 unsafe { ffi::rdma_get_request(raw, &mut new) },
@@ -562,10 +852,12 @@ impl CmId {
         let new = NonNull::new(new)
             .ok_or_else(|| Error::verb_errno("rdma_get_request", "", libc::EIO))?;
         let inner = IdInner::new(new, self.inner.ps, self.inner.endpoint, None);
+        // Connecting from its birth (L6); synchronous until migrated.
+        inner.exposure.connected.store(true, Ordering::Release);
         inner.state().listener = Some(Arc::clone(&self.inner));
         let id = CmId { inner };
         // SAFETY: the field is read under the new id's locks.
-        let qp = id.with(|raw, _| unsafe { (*raw).qp });
+        let qp = id.with(Access::Stable, |raw, _| unsafe { (*raw).qp });
         let qp = match (NonNull::new(qp), template) {
             (Some(qp), Some(template)) => {
                 let attr = template.checked_init_attr()?;
@@ -640,14 +932,17 @@ impl CmId {
     /// carries; `EINVAL` before the route is resolved; [`Error::Verb`] naming
     /// `rdma_connect`.
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
-        let rc = self.with(|raw, _| {
+        // rdma_connect reads the id's ECE options before the kernel command
+        // and, after it, only fields the CONNECT_RESPONSE processing leaves
+        // alone (`connect`/`connect_len` of an endpoint, `sync`).
+        self.start(Start::Connect, Access::Conn, |raw, _| {
             self.verbs(raw, "rdma_connect")?;
             self.check_private_data(raw, &param.private_data, Message::Connect, "rdma_connect")?;
             let mut p = param.to_raw()?;
             // SAFETY: a bound id; `p` points into `param`, alive for the call.
-            Ok::<_, Error>(unsafe { ffi::rdma_connect(raw, &mut p) })
-        })?;
-        verb("rdma_connect", || format!("QP {}", param.qp_num), rc)
+            let rc = unsafe { ffi::rdma_connect(raw, &mut p) };
+            verb("rdma_connect", || format!("QP {}", param.qp_num), rc)
+        })
     }
 
     /// Accepts a connection request (`rdma_accept(3)`) on the id a
@@ -659,7 +954,7 @@ impl CmId {
     /// carries; `EINVAL` on an id that is not a connection request;
     /// [`Error::Verb`] naming `rdma_accept`.
     pub fn accept(&self, param: &ConnParam) -> Result<()> {
-        let rc = self.with(|raw, st| {
+        let rc = self.with(Access::Conn, |raw, st| {
             self.verbs(raw, "rdma_accept")?;
             self.check_private_data(raw, &param.private_data, Message::Accept, "rdma_accept")?;
             let mut p = param.to_raw()?;
@@ -694,7 +989,7 @@ impl CmId {
     }
 
     fn reject_with(&self, name: &'static str, data: &[u8], ece: bool) -> Result<()> {
-        let rc = self.with(|raw, _| {
+        let rc = self.with(Access::Stable, |raw, _| {
             self.check_private_data(raw, data, Message::Reject, name)?;
             let len = u8::try_from(data.len()).unwrap_or(u8::MAX);
             let p: *const c_void = if data.is_empty() {
@@ -723,7 +1018,7 @@ impl CmId {
     /// the QP).
     pub fn establish(&self) -> Result<()> {
         // SAFETY: valid id.
-        let rc = self.with(|raw, _| unsafe { ffi::rdma_establish(raw) });
+        let rc = self.with(Access::Stable, |raw, _| unsafe { ffi::rdma_establish(raw) });
         verb("rdma_establish", String::new, rc)
     }
 
@@ -734,7 +1029,9 @@ impl CmId {
     /// [`Error::Verb`] naming `rdma_disconnect` (`EINVAL` when not connected).
     pub fn disconnect(&self) -> Result<()> {
         // SAFETY: valid id; librdmacm checks that it has a device.
-        let rc = self.with(|raw, _| unsafe { ffi::rdma_disconnect(raw) });
+        let rc = self.with(Access::Stable, |raw, _| unsafe {
+            ffi::rdma_disconnect(raw)
+        });
         verb("rdma_disconnect", String::new, rc)
     }
 
@@ -745,7 +1042,9 @@ impl CmId {
     /// [`Error::Verb`] naming `rdma_notify`.
     pub fn notify(&self, event: AsyncEventType) -> Result<()> {
         // SAFETY: valid id.
-        let rc = self.with(|raw, _| unsafe { ffi::rdma_notify(raw, event.to_raw()) });
+        let rc = self.with(Access::Stable, |raw, _| unsafe {
+            ffi::rdma_notify(raw, event.to_raw())
+        });
         verb("rdma_notify", || event.to_string(), rc)
     }
 
@@ -758,6 +1057,19 @@ impl CmId {
     /// [`Error::Verb`] naming `rdma_migrate_id`.
     pub fn migrate_id(&self, channel: Option<&EventChannel>) -> Result<()> {
         let mut state = self.inner.state();
+        if let (Some(old), Some(new)) = (&state.channel, channel) {
+            if old.same_channel(new) {
+                return Ok(());
+            }
+        }
+        let old = state.channel.clone();
+        // Both channels' locks, in address order: rdma_migrate_id writes
+        // `channel` and `sync`, which every event processing reads (L1),
+        // and no reader of either channel wraps an event of the id
+        // meanwhile, so the check below holds through the call.
+        let mut chans: Vec<&EventChannel> = old.iter().chain(channel).collect();
+        chans.sort_by_key(|c| Arc::as_ptr(&c.inner) as usize);
+        let _guards: Vec<_> = chans.iter().map(|c| c.inner.lock()).collect();
         if self.inner.outstanding.load(Ordering::Acquire) != 0 {
             return Err(Error::verb_errno(
                 "rdma_migrate_id",
@@ -765,16 +1077,6 @@ impl CmId {
                 libc::EBUSY,
             ));
         }
-        if let (Some(old), Some(new)) = (&state.channel, channel) {
-            if old.same_channel(new) {
-                return Ok(());
-            }
-        }
-        let old = state.channel.clone();
-        // Both channels' locks, in address order.
-        let mut chans: Vec<&EventChannel> = old.iter().chain(channel).collect();
-        chans.sort_by_key(|c| Arc::as_ptr(&c.inner) as usize);
-        let _guards: Vec<_> = chans.iter().map(|c| c.inner.lock()).collect();
         let new_raw = channel.map_or(std::ptr::null_mut(), EventChannel::as_raw);
         // SAFETY: valid id and channel (or NULL); no event of the id is held.
         let rc = unsafe { ffi::rdma_migrate_id(self.as_raw(), new_raw) };
@@ -789,6 +1091,13 @@ impl CmId {
             },
             rc,
         )?;
+        if old.is_none() && channel.is_some() {
+            // Which events of its synchronous past wait in the queue that
+            // moved along is not known (any type of L1): every operation
+            // takes the lock from now on (R3). The exposure of an
+            // asynchronous id moves with it: its pending events do too.
+            self.inner.exposure.always.store(true, Ordering::Release);
+        }
         state.channel = channel.cloned();
         Ok(())
     }
@@ -841,13 +1150,22 @@ impl CmId {
                 std::mem::size_of_val(paths),
             ),
         };
-        // SAFETY: valid id; `ptr` points at `len` bytes alive for the call
-        // (the kernel only reads them).
-        let rc = self.with(|raw, _| unsafe {
-            ffi::rdma_set_option(raw, level as c_int, name as c_int, ptr, len)
-        });
+        let call = |raw: *mut ffi::rdma_cm_id, _: &mut IdState| {
+            // SAFETY: valid id; `ptr` points at `len` bytes alive for the
+            // call (the kernel only reads them).
+            let rc = unsafe { ffi::rdma_set_option(raw, level as c_int, name as c_int, ptr, len) };
+            verb("rdma_set_option", || format!("{option:?}"), rc)
+        };
+        // Setting the path records resolves the route: the kernel queues a
+        // ROUTE_RESOLVED, as for rdma_resolve_route. The other options only
+        // reach the kernel.
+        let r = if matches!(option, CmOption::IbPath(_)) {
+            self.start(Start::Route, Access::Stable, call)
+        } else {
+            self.with(Access::Stable, call)
+        };
         let _ = (byte, int);
-        verb("rdma_set_option", || format!("{option:?}"), rc)
+        r
     }
 
     /// The attributes to move a QP of this id to `state`
@@ -868,7 +1186,9 @@ impl CmId {
         };
         let mut mask: c_int = 0;
         // SAFETY: valid id and out-pointers.
-        let rc = self.with(|raw, _| unsafe { ffi::rdma_init_qp_attr(raw, &mut attr, &mut mask) });
+        let rc = self.with(Access::Stable, |raw, _| unsafe {
+            ffi::rdma_init_qp_attr(raw, &mut attr, &mut mask)
+        });
         verb("rdma_init_qp_attr", || format!("{state:?}"), rc)?;
         Ok((attr, mask as u32))
     }
@@ -922,7 +1242,7 @@ impl CmId {
     pub fn accept_qp(&self, qp: &QueuePair, param: &ConnParam) -> Result<()> {
         {
             // Fail early, before touching the QP, when accept cannot work.
-            let r: Result<()> = self.with(|raw, _| {
+            let r: Result<()> = self.with(Access::Conn, |raw, _| {
                 self.verbs(raw, "rdma_accept")?;
                 self.check_private_data(raw, &param.private_data, Message::Accept, "rdma_accept")
             });
@@ -996,7 +1316,7 @@ impl CmId {
             id: Arc::clone(&self.inner),
         });
         let mut create = |ex: &mut ffi::ibv_qp_init_attr_ex| -> Result<NonNull<ffi::ibv_qp>> {
-            self.with(|raw, st| {
+            self.with(Access::Conn, |raw, st| {
                 let verbs = self.verbs(raw, "rdma_create_qp")?;
                 Self::note_default_pd(raw, st);
                 // SAFETY: the builder's PD is alive; fields read under the
@@ -1077,11 +1397,17 @@ impl CmId {
     pub fn join_multicast(&self, addr: impl Into<CmAddr>) -> Result<()> {
         let addr = addr.into();
         let (mut sa, _) = to_sockaddr("rdma_join_multicast", &addr)?;
-        // SAFETY: valid id and address (copied by librdmacm).
-        let rc = self.with(|raw, _| unsafe {
-            ffi::rdma_join_multicast(raw, std::ptr::addr_of_mut!(sa).cast(), std::ptr::null_mut())
-        });
-        verb("rdma_join_multicast", || addr_context(&addr), rc)
+        self.start(Start::Multicast, Access::Exclusive, |raw, _| {
+            // SAFETY: valid id and address (copied by librdmacm).
+            let rc = unsafe {
+                ffi::rdma_join_multicast(
+                    raw,
+                    std::ptr::addr_of_mut!(sa).cast(),
+                    std::ptr::null_mut(),
+                )
+            };
+            verb("rdma_join_multicast", || addr_context(&addr), rc)
+        })
     }
 
     /// Joins a multicast group with `flags` (`rdma_join_multicast_ex(3)`).
@@ -1100,15 +1426,15 @@ impl CmId {
             },
             addr: std::ptr::addr_of_mut!(sa).cast(),
         };
-        // SAFETY: valid id; `attr` and the address live for the call.
-        let rc = self.with(|raw, _| unsafe {
-            ffi::rdma_join_multicast_ex(raw, &mut attr, std::ptr::null_mut())
-        });
-        verb(
-            "rdma_join_multicast_ex",
-            || format!("{} {flags:?}", addr_context(&addr)),
-            rc,
-        )
+        self.start(Start::Multicast, Access::Exclusive, |raw, _| {
+            // SAFETY: valid id; `attr` and the address live for the call.
+            let rc = unsafe { ffi::rdma_join_multicast_ex(raw, &mut attr, std::ptr::null_mut()) };
+            verb(
+                "rdma_join_multicast_ex",
+                || format!("{} {flags:?}", addr_context(&addr)),
+                rc,
+            )
+        })
     }
 
     /// Leaves a multicast group (`rdma_leave_multicast(3)`).
@@ -1128,7 +1454,7 @@ impl CmId {
         }
         let (mut sa, _) = to_sockaddr("rdma_leave_multicast", &addr)?;
         // SAFETY: valid id and address.
-        let rc = self.with(|raw, _| unsafe {
+        let rc = self.with(Access::Exclusive, |raw, _| unsafe {
             ffi::rdma_leave_multicast(raw, std::ptr::addr_of_mut!(sa).cast())
         });
         verb("rdma_leave_multicast", || addr_context(&addr), rc)
@@ -1137,13 +1463,17 @@ impl CmId {
     /// The local port (`rdma_get_src_port(3)`), 0 if unbound.
     pub fn src_port(&self) -> u16 {
         // SAFETY: valid id, read under its locks.
-        u16::from_be(self.with(|raw, _| unsafe { ffi::rdma_get_src_port(raw) }))
+        u16::from_be(self.with(Access::Stable, |raw, _| unsafe {
+            ffi::rdma_get_src_port(raw)
+        }))
     }
 
     /// The peer's port (`rdma_get_dst_port(3)`), 0 if unconnected.
     pub fn dst_port(&self) -> u16 {
         // SAFETY: valid id, read under its locks.
-        u16::from_be(self.with(|raw, _| unsafe { ffi::rdma_get_dst_port(raw) }))
+        u16::from_be(self.with(Access::Stable, |raw, _| unsafe {
+            ffi::rdma_get_dst_port(raw)
+        }))
     }
 
     /// The local IP address (`rdma_get_local_addr(3)`); `None` while
@@ -1151,14 +1481,18 @@ impl CmId {
     /// those).
     pub fn local_addr(&self) -> Option<SocketAddr> {
         // SAFETY: the address lives in the id, read under its locks.
-        self.with(|raw, _| unsafe { from_sockaddr(ffi::rdma_get_local_addr(raw)) })
+        self.with(Access::Stable, |raw, _| unsafe {
+            from_sockaddr(ffi::rdma_get_local_addr(raw))
+        })
     }
 
     /// The peer's IP address (`rdma_get_peer_addr(3)`); `None` while unset,
     /// and for an `AF_IB` address ([`CmId::peer_cm_addr`]).
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         // SAFETY: as above.
-        self.with(|raw, _| unsafe { from_sockaddr(ffi::rdma_get_peer_addr(raw)) })
+        self.with(Access::Stable, |raw, _| unsafe {
+            from_sockaddr(ffi::rdma_get_peer_addr(raw))
+        })
     }
 
     /// The local address of any family (`rdma_get_local_addr(3)`); `None`
@@ -1166,14 +1500,18 @@ impl CmId {
     pub fn local_cm_addr(&self) -> Option<CmAddr> {
         // SAFETY: the address is a sockaddr_storage in the id, read under
         // its locks.
-        self.with(|raw, _| unsafe { from_sockaddr_storage(ffi::rdma_get_local_addr(raw)) })
+        self.with(Access::Stable, |raw, _| unsafe {
+            from_sockaddr_storage(ffi::rdma_get_local_addr(raw))
+        })
     }
 
     /// The peer's address of any family (`rdma_get_peer_addr(3)`); `None`
     /// while unset.
     pub fn peer_cm_addr(&self) -> Option<CmAddr> {
         // SAFETY: as above.
-        self.with(|raw, _| unsafe { from_sockaddr_storage(ffi::rdma_get_peer_addr(raw)) })
+        self.with(Access::Stable, |raw, _| unsafe {
+            from_sockaddr_storage(ffi::rdma_get_peer_addr(raw))
+        })
     }
 
     /// Sets the ECE options this side proposes (`rdma_set_local_ece(3)`).
@@ -1188,7 +1526,9 @@ impl CmId {
             comp_mask: 0,
         };
         // SAFETY: valid id and struct.
-        let rc = self.with(|raw, _| unsafe { ffi::rdma_set_local_ece(raw, &mut raw_ece) });
+        let rc = self.with(Access::Conn, |raw, _| unsafe {
+            ffi::rdma_set_local_ece(raw, &mut raw_ece)
+        });
         verb("rdma_set_local_ece", || format!("{ece:?}"), rc)
     }
 
@@ -1199,7 +1539,9 @@ impl CmId {
     pub fn remote_ece(&self) -> Result<Ece> {
         let mut e = ffi::ibv_ece::default();
         // SAFETY: valid id and out-struct.
-        let rc = self.with(|raw, _| unsafe { ffi::rdma_get_remote_ece(raw, &mut e) });
+        let rc = self.with(Access::Conn, |raw, _| unsafe {
+            ffi::rdma_get_remote_ece(raw, &mut e)
+        });
         verb("rdma_get_remote_ece", String::new, rc)?;
         Ok(Ece {
             vendor_id: e.vendor_id,
@@ -1210,7 +1552,7 @@ impl CmId {
     /// The QP librdmacm made for the id, if any (`cm_id->qp`).
     pub fn raw_qp(&self) -> *mut ffi::ibv_qp {
         // SAFETY: read under the id's locks.
-        self.with(|raw, _| unsafe { (*raw).qp })
+        self.with(Access::Stable, |raw, _| unsafe { (*raw).qp })
     }
 }
 
@@ -1231,7 +1573,7 @@ impl QpOwner for CmQp {
         let id = CmId {
             inner: Arc::clone(&self.id),
         };
-        id.with(|raw, _| {
+        id.with(Access::Conn, |raw, _| {
             // SAFETY: read under the id's locks.
             if unsafe { (*raw).qp } != qp {
                 crate::error::teardown_failed(format_args!(

@@ -57,8 +57,16 @@
 //!
 //! # Threads
 //! Ids and channels are `Send + Sync`. Every operation on an id holds a lock
-//! on the id and on its channel, and reading an event holds the channel's
-//! lock, so librdmacm never updates an id while another thread reads it.
+//! on the id. Reading an event holds the channel's lock, because librdmacm's
+//! event processing writes the id an address, route, connection or
+//! multicast event reports; an operation on an id takes the channel's lock
+//! too while such an event of that id may be processed (a resolve is
+//! pending, or the id is connected and the operation touches its QP or ECE
+//! state), so librdmacm never updates an id while another thread uses it.
+//! Other operations (binding, creating the QP before connecting,
+//! disconnecting, destroying, the getters, ...) run beside the event reader,
+//! as in C. The rules and the librdmacm facts behind them are written down
+//! in `cm/id.rs` ("Locking").
 //!
 //! # Example
 //! ```no_run
