@@ -349,11 +349,9 @@ macro_rules! legacy_and_auto {
     };
 }
 
-#[test]
-#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
-fn poll_one_returns_memory_of_signaled_and_unsignaled_requests() {
-    let mut p = common::pair(QpType::Rc, AccessFlags::empty());
-    assert!(p.cq.poll_one().unwrap().is_none(), "a new CQ is empty");
+/// Posts three 32-byte receives on `p.b` (ids 10..13) and three sends of
+/// bytes 1, 2, 3 on `p.a` (ids 20..23), signaled where `signaled(i)`.
+fn three_receives_and_sends(p: &mut common::Pair, signaled: impl Fn(u64) -> bool) {
     let recvs = p.pd.alloc_mr(3 * 32, LW).unwrap().chunks(32).unwrap();
     p.b.post_recv_batch(
         recvs
@@ -366,9 +364,17 @@ fn poll_one_returns_memory_of_signaled_and_unsignaled_requests() {
         let m =
             p.pd.reg_mr(vec![i as u8 + 1; 32], AccessFlags::empty())
                 .unwrap();
-        p.a.post_send(SendWr::send(20 + i, m).signaled(i == 2))
+        p.a.post_send(SendWr::send(20 + i, m).signaled(signaled(i)))
             .unwrap();
     }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn poll_one_returns_memory_of_signaled_and_unsignaled_requests() {
+    let mut p = common::pair(QpType::Rc, AccessFlags::empty());
+    assert!(p.cq.poll_one().unwrap().is_none(), "a new CQ is empty");
+    three_receives_and_sends(&mut p, |i| i == 2);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let mut done = Vec::new();
     while done.len() < 4 {
@@ -412,21 +418,7 @@ fn poll_one_into_reuses_one_slot() {
     let mut slot = None;
     assert!(p.cq.poll_one_into(&mut slot).unwrap().is_none());
     assert!(slot.is_none(), "an empty CQ leaves the slot alone");
-    let recvs = p.pd.alloc_mr(3 * 32, LW).unwrap().chunks(32).unwrap();
-    p.b.post_recv_batch(
-        recvs
-            .into_iter()
-            .enumerate()
-            .map(|(i, m)| (10 + i as u64, m.into())),
-    )
-    .unwrap();
-    for i in 0..3u64 {
-        let m =
-            p.pd.reg_mr(vec![i as u8 + 1; 32], AccessFlags::empty())
-                .unwrap();
-        p.a.post_send(SendWr::send(20 + i, m).signaled(i != 0))
-            .unwrap();
-    }
+    three_receives_and_sends(&mut p, |i| i != 0);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     // (wr_id, unsignaled ids, data of the request's memory)
     let mut seen: Vec<(u64, Vec<u64>, Vec<u8>)> = Vec::new();
