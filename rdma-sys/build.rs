@@ -316,6 +316,16 @@ fn macro_aliases(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Whether `code` declares `name` with `keyword` (`pub const NAME:`, ...),
+/// whether or not bindgen's output went through rustfmt (without it, tokens
+/// are separated by spaces: `pub const NAME : u32`). The declaration must
+/// go on with one of `next` (which also rules out longer names).
+fn declares(code: &str, keyword: &str, name: &str, next: &[char]) -> bool {
+    let head = format!("{keyword} {name}");
+    code.match_indices(&head)
+        .any(|(at, _)| code[at + head.len()..].trim_start().starts_with(next))
+}
+
 fn scan_headers(libs: &Libs, out: &Path) {
     let mut rs = String::from(
         "/// Every `static inline` function of the installed `verbs.h`, `rdma_cma.h` and\n\
@@ -354,9 +364,9 @@ fn scan_headers(libs: &Libs, out: &Path) {
     let bindings = fs::read_to_string(out.join("bindings.rs"))
         .unwrap_or_else(|e| fail("cannot read bindings.rs", &e.to_string()));
     let defined = |name: &str| {
-        bindings.contains(&format!("pub const {name}:"))
-            || bindings.contains(&format!("pub type {name} ="))
-            || bindings.contains(&format!("pub struct {name} "))
+        declares(&bindings, "pub const", name, &[':'])
+            || declares(&bindings, "pub type", name, &['='])
+            || declares(&bindings, "pub struct", name, &['{', '('])
     };
     let mut aliases = String::new();
     for (alias, target) in macro_aliases(&text) {
