@@ -19,7 +19,7 @@ use std::process::ExitCode;
 
 use pingpong::{Dest, Opts, OrFail, Res, Tool, Traffic, Unsupported};
 use rdma::ffi;
-use rdma::{AccessFlags, Context, InitAttr, PostPath, QpType, RtrAttr, RtsAttr};
+use rdma::{AccessFlags, InitAttr, PostPath, QpType, RtrAttr, RtsAttr};
 
 const TOOL: Tool = Tool {
     name: "rc_pingpong",
@@ -51,37 +51,14 @@ fn main() -> ExitCode {
     pingpong::main(&TOOL, run)
 }
 
-/// `-o`: the device must page RC sends and receives on demand.
-fn odp_access(ctx: &Context) -> Res<AccessFlags> {
-    let attr = ctx
-        .query_device()
-        .or_fail("Couldn't query device for its features")?;
-    let rc = attr.as_raw().odp_caps.per_transport_caps.rc_odp_caps;
-    let need = ffi::IBV_ODP_SUPPORT_SEND | ffi::IBV_ODP_SUPPORT_RECV;
-    if attr.odp_general_caps() & u64::from(ffi::IBV_ODP_SUPPORT) == 0 || rc & need != need {
-        return Err(format!(
-            "{} does not support on-demand paging of RC sends and receives",
-            ctx.name()
-        ));
-    }
-    Ok(AccessFlags::ON_DEMAND)
-}
-
 fn run(opts: &Opts) -> Res<()> {
     let (ctx, port) = pingpong::open_device(opts)?;
     let access = if opts.odp {
-        odp_access(&ctx)?
+        pingpong::odp_access(&ctx, ffi::IBV_ODP_SUPPORT_RECV, "receives")?
     } else {
         AccessFlags::empty()
     };
-    let channel = if opts.events {
-        Some(
-            ctx.create_comp_channel()
-                .or_fail("Couldn't create completion channel")?,
-        )
-    } else {
-        None
-    };
+    let channel = pingpong::comp_channel(&ctx, opts.events)?;
     let ts_mask = if opts.ts {
         let mask = ctx
             .query_device()

@@ -41,9 +41,9 @@ use pingpong::{
 };
 use rdma::ffi;
 use rdma::{
-    AccessFlags, Completion, CompletionChannel, CompletionQueue, Context, InitAttr, InlineSend,
+    AccessFlags, Completion, CompletionChannel, CompletionQueue, InitAttr, InlineSend,
     MemoryRegion, Mtu, PostPath, ProtectionDomain, QpType, QueuePair, RtrAttr, RtsAttr, SendWr,
-    SharedReceiveQueue, SrqAttr, WcStatus, WrBuffers,
+    SharedReceiveQueue, SrqAttr, WcStatus,
 };
 
 const TOOL: Tool = Tool {
@@ -99,22 +99,6 @@ fn num_qp(opts: &Opts) -> usize {
     }
 }
 
-/// `-o`: the device must page RC sends and SRQ receives on demand.
-fn odp_access(ctx: &Context) -> Res<AccessFlags> {
-    let attr = ctx
-        .query_device()
-        .or_fail("Couldn't query device for its features")?;
-    let rc = attr.as_raw().odp_caps.per_transport_caps.rc_odp_caps;
-    let need = ffi::IBV_ODP_SUPPORT_SEND | ffi::IBV_ODP_SUPPORT_SRQ_RECV;
-    if attr.odp_general_caps() & u64::from(ffi::IBV_ODP_SUPPORT) == 0 || rc & need != need {
-        return Err(format!(
-            "{} does not support on-demand paging of RC sends and SRQ receives",
-            ctx.name()
-        ));
-    }
-    Ok(AccessFlags::ON_DEMAND)
-}
-
 /// An unused slot of the C tool's address table: all zero.
 fn unused_slot() -> Dest {
     Dest {
@@ -153,18 +137,11 @@ fn run(opts: &Opts) -> Res<()> {
     }
     let (ctx, port) = pingpong::open_device(opts)?;
     let access = if opts.extra('o').is_some() {
-        odp_access(&ctx)?
+        pingpong::odp_access(&ctx, ffi::IBV_ODP_SUPPORT_SRQ_RECV, "SRQ receives")?
     } else {
         AccessFlags::empty()
     };
-    let channel = if opts.events {
-        Some(
-            ctx.create_comp_channel()
-                .or_fail("Couldn't create completion channel")?,
-        )
-    } else {
-        None
-    };
+    let channel = pingpong::comp_channel(&ctx, opts.events)?;
     let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
     let cq_size = opts
         .rx_depth
@@ -340,33 +317,10 @@ impl Traffic {
 
     /// Posts receives to the SRQ until `rx_depth` are outstanding.
     fn refill(&mut self) -> Res<()> {
-        let want = (self.rx_depth - self.routs) as usize;
-        let n = want.min(self.free.len());
-        let batch = self
-            .free
-            .split_off(self.free.len() - n)
-            .into_iter()
-            .map(|m| (RECV_WRID, WrBuffers::from(m)));
-        let mut error = None;
-        let mut posted = n as u32;
-        if let Err(e) = self.srq.post_recv_batch(batch) {
-            posted -= e.returned.len() as u32;
-            for (_, b) in e.returned {
-                self.free.extend(b.into_vec());
-            }
-            error = Some(e.error);
-        }
-        self.routs += posted;
-        if self.routs < self.rx_depth {
-            return Err(match error {
-                Some(e) => format!("Couldn't post receive ({}): {e}", self.routs),
-                None => format!(
-                    "Couldn't post receive ({}): only {n} buffers are free",
-                    self.routs
-                ),
-            });
-        }
-        Ok(())
+        let srq = &self.srq;
+        pingpong::refill_from(&mut self.free, &mut self.routs, self.rx_depth, |batch| {
+            srq.post_recv_batch(batch)
+        })
     }
 
     fn post_send(&mut self, i: usize) -> Res<()> {

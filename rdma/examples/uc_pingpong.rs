@@ -31,14 +31,7 @@ fn main() -> ExitCode {
 
 fn run(opts: &Opts) -> Res<()> {
     let (ctx, port) = pingpong::open_device(opts)?;
-    let channel = if opts.events {
-        Some(
-            ctx.create_comp_channel()
-                .or_fail("Couldn't create completion channel")?,
-        )
-    } else {
-        None
-    };
+    let channel = pingpong::comp_channel(&ctx, opts.events)?;
     let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
     let cq = ctx
         .create_cq(opts.rx_depth + 1, channel.as_ref(), 0)

@@ -474,11 +474,12 @@ impl CompletionQueue {
                         // any bookkeeping lock is taken.
                         c.buffers = WrBuffers::None;
                         c.unsignaled.clear();
+                        c.set_raw(wc);
                         c
                     }
                     None => slot.insert(Completion::from_raw(wc)),
                 };
-                self.inner.registry.completion_into(wc, c);
+                self.inner.registry.attach(c);
                 Ok(Some(c))
             }
             n => Err(self.poll_failed(n)),

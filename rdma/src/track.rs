@@ -447,18 +447,11 @@ impl Registry {
         c
     }
 
-    /// [`Registry::completion`] in place: overwrites `c`, whose memory the
-    /// caller released, with the completion of `wc`.
-    #[inline]
-    pub fn completion_into(&self, wc: &ffi::ibv_wc, c: &mut Completion) {
-        c.set_raw(wc);
-        self.attach(c);
-    }
-
     /// Attaches the memory of a safe post to `c` (built from a polled work
-    /// completion, without memory).
+    /// completion, without memory): what [`Registry::completion`] does in
+    /// place.
     #[inline]
-    fn attach(&self, c: &mut Completion) {
+    pub fn attach(&self, c: &mut Completion) {
         if c.wr_id & TAG != 0 {
             let mut later = Vec::new();
             self.fill(&mut self.list(), c, &mut later);

@@ -314,13 +314,18 @@ fn address(out: &Finished, which: &str) -> Address {
         .lines()
         .find(|l| l.trim_start().starts_with(which))
         .unwrap_or_else(|| panic!("no {which:?} line:\n{out}"));
+    parse_address(line, out)
+}
+
+/// The LID, QPN, PSN and GID of one address line of `out`.
+fn parse_address(line: &str, out: &Finished) -> Address {
     let hex = |key: &str| -> u32 {
         line.split_once(key)
             .and_then(|(_, rest)| {
                 let digits: String = rest.chars().take_while(char::is_ascii_hexdigit).collect();
                 u32::from_str_radix(&digits, 16).ok()
             })
-            .unwrap_or_else(|| panic!("no {key:?} in {line:?}"))
+            .unwrap_or_else(|| panic!("no {key:?} in {line:?}:\n{out}"))
     };
     Address {
         lid: hex("LID 0x"),
@@ -329,7 +334,7 @@ fn address(out: &Finished, which: &str) -> Address {
         gid: line
             .split_once("GID ")
             .map(|(_, g)| g.trim().to_string())
-            .unwrap_or_else(|| panic!("no GID in {line:?}")),
+            .unwrap_or_else(|| panic!("no GID in {line:?}:\n{out}")),
     }
 }
 
@@ -786,26 +791,7 @@ fn srq_addresses(out: &Finished, which: &str) -> Vec<Address> {
     out.stdout
         .lines()
         .filter(|l| l.trim_start().starts_with(which))
-        .map(|line| {
-            let hex = |key: &str| -> u32 {
-                line.split_once(key)
-                    .and_then(|(_, rest)| {
-                        let digits: String =
-                            rest.chars().take_while(char::is_ascii_hexdigit).collect();
-                        u32::from_str_radix(&digits, 16).ok()
-                    })
-                    .unwrap_or_else(|| panic!("no {key:?} in {line:?}:\n{out}"))
-            };
-            Address {
-                lid: hex("LID 0x"),
-                qpn: hex("QPN 0x"),
-                psn: hex("PSN 0x"),
-                gid: line
-                    .split_once("GID ")
-                    .map(|(_, g)| g.trim().to_string())
-                    .unwrap_or_else(|| panic!("no GID in {line:?}:\n{out}")),
-            }
-        })
+        .map(|line| parse_address(line, out))
         .collect()
 }
 

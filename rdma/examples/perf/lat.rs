@@ -21,6 +21,7 @@ use rdma::{ffi, AccessFlags, Completion, InlineSend, MemoryRegion, WrBuffers};
 
 use crate::clock::Stamps;
 use crate::io::{self, RawRecv, RawSend};
+use crate::oob::Watch;
 use crate::opts::{Opts, OrFail, Res, Verb};
 use crate::report;
 use crate::setup::{self, Conn};
@@ -238,6 +239,16 @@ fn arrived(target: &MemoryRegion, size: usize) -> u8 {
     unsafe { std::ptr::read_volatile(p) }
 }
 
+/// Spins until the peer's `n`-th RDMA WRITE has landed (its last byte reads
+/// `n`, modulo 256).
+#[inline]
+fn await_write(target: &MemoryRegion, size: usize, n: u32, watch: &Watch<'_>) -> Res<()> {
+    while arrived(target, size) != n as u8 {
+        watch.idle()?;
+    }
+    Ok(())
+}
+
 fn write_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
     let server = opts.is_server();
     let iters = opts.iters;
@@ -264,9 +275,7 @@ fn write_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) ->
     for scnt in 0..iters {
         if server || scnt > 0 {
             rcnt += 1;
-            while arrived(&conn.target, size) != rcnt as u8 {
-                watch.idle()?;
-            }
+            await_write(&conn.target, size, rcnt, &watch)?;
         }
         let n = scnt + 1;
         if inline {
@@ -287,9 +296,7 @@ fn write_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) ->
     }
     while rcnt < iters {
         rcnt += 1;
-        while arrived(&conn.target, size) != rcnt as u8 {
-            watch.idle()?;
-        }
+        await_write(&conn.target, size, rcnt, &watch)?;
     }
     Ok(())
 }
@@ -325,9 +332,7 @@ fn write_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
     for scnt in 0..iters {
         if server || scnt > 0 {
             rcnt += 1;
-            while arrived(&conn.target, size) != rcnt as u8 {
-                watch.idle()?;
-            }
+            await_write(&conn.target, size, rcnt, &watch)?;
         }
         let n = scnt + 1;
         // SAFETY: `last` points at the last byte of the send buffer, kept
@@ -342,9 +347,7 @@ fn write_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
     }
     while rcnt < iters {
         rcnt += 1;
-        while arrived(&conn.target, size) != rcnt as u8 {
-            watch.idle()?;
-        }
+        await_write(&conn.target, size, rcnt, &watch)?;
     }
     Ok(())
 }

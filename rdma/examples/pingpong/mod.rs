@@ -605,6 +605,78 @@ pub fn main_with(tool: &Tool, extra: &[ExtraFlag], run: impl FnOnce(&Opts) -> Re
 ///
 /// # Errors
 /// No such device, no device at all, or no such port, said plainly.
+/// Posts receives of `free` buffers with `post` (a QP's or an SRQ's
+/// `post_recv_batch`) until `rx_depth` are outstanding (`routs`); buffers
+/// the post gives back go back to `free`.
+///
+/// # Errors
+/// `Couldn't post receive (N)` when fewer than `rx_depth` are posted.
+pub fn refill_from(
+    free: &mut Vec<MemoryRegion>,
+    routs: &mut u32,
+    rx_depth: u32,
+    post: impl FnOnce(Vec<(u64, WrBuffers)>) -> Result<(), rdma::PostError>,
+) -> Res<()> {
+    let want = (rx_depth - *routs) as usize;
+    let n = want.min(free.len());
+    let batch = free
+        .split_off(free.len() - n)
+        .into_iter()
+        .map(|m| (RECV_WRID, WrBuffers::from(m)))
+        .collect();
+    let mut error = None;
+    let mut posted = n as u32;
+    if let Err(e) = post(batch) {
+        posted -= e.returned.len() as u32;
+        for (_, b) in e.returned {
+            free.extend(b.into_vec());
+        }
+        error = Some(e.error);
+    }
+    *routs += posted;
+    if *routs < rx_depth {
+        return Err(match error {
+            Some(e) => format!("Couldn't post receive ({routs}): {e}"),
+            None => format!("Couldn't post receive ({routs}): only {n} buffers are free"),
+        });
+    }
+    Ok(())
+}
+
+/// `-e`: a completion channel for the CQs, or none (busy polling).
+///
+/// # Errors
+/// `Couldn't create completion channel`.
+pub fn comp_channel(ctx: &Context, events: bool) -> Res<Option<CompletionChannel>> {
+    if !events {
+        return Ok(None);
+    }
+    ctx.create_comp_channel()
+        .map(Some)
+        .or_fail("Couldn't create completion channel")
+}
+
+/// `-o`: [`AccessFlags::ON_DEMAND`] if the device pages RC sends and the
+/// receives `recv` names (`IBV_ODP_SUPPORT_RECV` or `_SRQ_RECV`, described
+/// by `recvs`) on demand.
+///
+/// # Errors
+/// The device lacks on-demand paging of them.
+pub fn odp_access(ctx: &Context, recv: u32, recvs: &str) -> Res<AccessFlags> {
+    let attr = ctx
+        .query_device()
+        .or_fail("Couldn't query device for its features")?;
+    let rc = attr.as_raw().odp_caps.per_transport_caps.rc_odp_caps;
+    let need = rdma::ffi::IBV_ODP_SUPPORT_SEND | recv;
+    if attr.odp_general_caps() & u64::from(rdma::ffi::IBV_ODP_SUPPORT) == 0 || rc & need != need {
+        return Err(format!(
+            "{} does not support on-demand paging of RC sends and {recvs}",
+            ctx.name()
+        ));
+    }
+    Ok(AccessFlags::ON_DEMAND)
+}
+
 pub fn open_device(opts: &Opts) -> Res<(Context, PortAttr)> {
     let ctx = match &opts.ib_dev {
         Some(name) => Context::open(name).map_err(|e| e.to_string())?,
@@ -1184,33 +1256,9 @@ impl Traffic {
     /// # Errors
     /// `Couldn't post receive (N)` when fewer than `rx_depth` are posted.
     pub fn refill(&mut self, qp: &mut QueuePair) -> Res<()> {
-        let want = (self.rx_depth - self.routs) as usize;
-        let n = want.min(self.free.len());
-        let batch = self
-            .free
-            .split_off(self.free.len() - n)
-            .into_iter()
-            .map(|m| (RECV_WRID, WrBuffers::from(m)));
-        let mut error = None;
-        let mut posted = n as u32;
-        if let Err(e) = qp.post_recv_batch(batch) {
-            posted -= e.returned.len() as u32;
-            for (_, b) in e.returned {
-                self.free.extend(b.into_vec());
-            }
-            error = Some(e.error);
-        }
-        self.routs += posted;
-        if self.routs < self.rx_depth {
-            return Err(match error {
-                Some(e) => format!("Couldn't post receive ({}): {e}", self.routs),
-                None => format!(
-                    "Couldn't post receive ({}): only {} buffers are free",
-                    self.routs, n
-                ),
-            });
-        }
-        Ok(())
+        refill_from(&mut self.free, &mut self.routs, self.rx_depth, |batch| {
+            qp.post_recv_batch(batch)
+        })
     }
 
     fn post_send(&mut self, qp: &mut QueuePair, ud: Option<&UdDest>) -> Res<()> {
