@@ -796,12 +796,15 @@ fn race_the_event_reader(ip: IpAddr, n: usize) {
         // The server: accepts with crate QPs, answers disconnects.
         let sch = EventChannel::new().unwrap();
         let (listener, addr) = listen(&sch, PortSpace::Tcp, ip);
+        // It runs until it has seen every disconnect itself: the clients'
+        // DISCONNECTED can come before the server's ESTABLISHED and
+        // DISCONNECTED are read (seen on siw0), so the clients finishing
+        // says nothing about the server (bounded_for's deadline ends a hang).
         let server = {
-            let stop = Arc::clone(&stop);
             std::thread::spawn(move || {
                 let mut sides = Vec::new();
                 let (mut up, mut down) = (0, 0);
-                while !stop.load(Ordering::Acquire) {
+                while down < n {
                     let Some(e) = sch.get_event_timeout(Duration::from_millis(50)).unwrap() else {
                         continue;
                     };
