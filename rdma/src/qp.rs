@@ -477,7 +477,7 @@ impl QueuePairBuilder {
         cap: ffi::ibv_qp_cap,
         owner: Option<Arc<dyn QpOwner>>,
     ) -> QueuePair {
-        let tracker = Tracker::new();
+        let tracker = Tracker::for_qp(&self.send_cq.inner.registry, &self.recv_cq.inner.registry);
         self.send_cq.inner.registry.register(&tracker);
         self.recv_cq.inner.registry.register(&tracker);
         if let Some(srq) = &self.srq {
@@ -1229,8 +1229,9 @@ impl QueuePair {
             }
         };
         let serial = self.tracker.serial;
-        let mut ring = self.tracker.ring(false);
-        let seq = ring.next_seq;
+        // SAFETY: `&mut self`: the only poster to this QP's send queue.
+        let mut ring = unsafe { self.tracker.producer(false) };
+        let seq = ring.next_seq();
         let rc = match self.qpx {
             Some(qpx) if !(self.auto_path && n > 1) => {
                 let sge_at = [(0, n)];
@@ -1253,8 +1254,8 @@ impl QueuePair {
                 let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
                 // SAFETY: one well-formed request whose SGEs point into
                 // memory held by `wr`, which is parked in the tracker below
-                // while the ring lock is held, before any completion can be
-                // resolved.
+                // and published when `ring` is dropped (a poll that sees the
+                // completion first waits for that).
                 unsafe { ffi::ibv_post_send(self.as_raw(), &mut raw, &mut bad) }
             }
         };
@@ -1268,14 +1269,12 @@ impl QueuePair {
                 returned: vec![(wr.wr_id, wr.buffers)],
             });
         }
-        ring.pending.push_back(Pending {
-            seq,
+        ring.push(Pending {
             wr_id: wr.wr_id,
             buffers: wr.buffers,
             _ah: wr.ud.map(|d| d.ah),
             _mw: None,
         });
-        ring.next_seq = seq.wrapping_add(1);
         Ok(())
     }
 
@@ -1373,8 +1372,9 @@ impl QueuePair {
             w.buffers.for_each(|m| sges.push(m.sge()));
         }
         let serial = self.tracker.serial;
-        let mut ring = self.tracker.ring(false);
-        let first_seq = ring.next_seq;
+        // SAFETY: `&mut self`: the only poster to this QP's send queue.
+        let mut ring = unsafe { self.tracker.producer(false) };
+        let first_seq = ring.next_seq();
         let scatter = self.auto_path && wrs.iter().any(|w| w.buffers.len() > 1);
         let (rc, posted) = match self.qpx {
             Some(qpx) if !scatter => {
@@ -1384,16 +1384,14 @@ impl QueuePair {
         };
         let mut rest = wrs;
         let unposted = rest.split_off(posted);
-        for (i, w) in rest.into_iter().enumerate() {
-            ring.pending.push_back(Pending {
-                seq: first_seq.wrapping_add(i as u32),
+        for w in rest {
+            ring.push(Pending {
                 wr_id: w.wr_id,
                 buffers: w.buffers,
                 _ah: w.ud.map(|d| d.ah),
                 _mw: None,
             });
         }
-        ring.next_seq = first_seq.wrapping_add(posted as u32);
         drop(ring);
         if rc == 0 {
             return Ok(());
@@ -1573,8 +1571,9 @@ impl QueuePair {
             lkey: 0,
         };
         let serial = self.tracker.serial;
-        let mut ring = self.tracker.ring(false);
-        let seq = ring.next_seq;
+        // SAFETY: `&mut self`: the only poster to this QP's send queue.
+        let mut ring = unsafe { self.tracker.producer(false) };
+        let seq = ring.next_seq();
         let mut raw = ffi::ibv_send_wr {
             wr_id: track::encode(serial, false, seq),
             sg_list: &mut sge,
@@ -1608,14 +1607,12 @@ impl QueuePair {
             }
         };
         if rc == 0 {
-            ring.pending.push_back(Pending {
-                seq,
+            ring.push(Pending {
                 wr_id: wr.wr_id,
                 buffers: WrBuffers::None,
                 _ah: wr.ud.map(|d| d.ah),
                 _mw: None,
             });
-            ring.next_seq = seq.wrapping_add(1);
         }
         drop(ring);
         check_errno_ret("ibv_post_send", || self.ctx_str("inline send"), rc)
@@ -1656,11 +1653,14 @@ impl QueuePair {
             });
         }
         let qp = self.as_raw();
+        // SAFETY: `&mut self`: the only poster to this QP's receive queue.
+        let ring = unsafe { self.tracker.producer(true) };
         // SAFETY: `post_recv_one` hands over a well-formed request whose
         // memory it parks in the tracker; the QP is live.
-        let (rc, back) = track::post_recv_one(&self.tracker, wr_id, buffers, |wr, bad| unsafe {
-            ffi::ibv_post_recv(qp, wr, bad)
-        });
+        let (rc, back) =
+            track::post_recv_one(&self.tracker, ring, wr_id, buffers, |wr, bad| unsafe {
+                ffi::ibv_post_recv(qp, wr, bad)
+            });
         match back {
             None => Ok(()),
             Some(req) => Err(PostError {
@@ -1708,9 +1708,11 @@ impl QueuePair {
             }
         }
         let qp = self.as_raw();
+        // SAFETY: `&mut self`: the only poster to this QP's receive queue.
+        let ring = unsafe { self.tracker.producer(true) };
         // SAFETY: `post_recvs` hands over a well-formed chain whose memory it
         // parks in the tracker; the QP is live.
-        let (rc, unposted) = track::post_recvs(&self.tracker, wrs, |chain, bad| unsafe {
+        let (rc, unposted) = track::post_recvs(&self.tracker, ring, wrs, |chain, bad| unsafe {
             ffi::ibv_post_recv(qp, chain, bad)
         });
         if rc == 0 {
@@ -1759,9 +1761,9 @@ impl QueuePair {
         };
         let (info, _) = mw.bind_info(mr, offset, len, access, next_rkey)?;
         let serial = self.tracker.serial;
-        let mut ring = self.tracker.ring(false);
-        let seq = ring.next_seq;
-        let id = track::encode(serial, false, seq);
+        // SAFETY: `&mut self`: the only poster to this QP's send queue.
+        let mut ring = unsafe { self.tracker.producer(false) };
+        let id = track::encode(serial, false, ring.next_seq());
         let rc = if !type2 {
             let mut bind = ffi::ibv_mw_bind {
                 wr_id: id,
@@ -1798,14 +1800,12 @@ impl QueuePair {
         };
         if rc == 0 {
             mw.hold(mr);
-            ring.pending.push_back(Pending {
-                seq,
+            ring.push(Pending {
                 wr_id,
                 buffers: WrBuffers::None,
                 _ah: None,
                 _mw: Some(Arc::clone(&mw.inner)),
             });
-            ring.next_seq = seq.wrapping_add(1);
         }
         drop(ring);
         let verb = if type2 {
@@ -1905,7 +1905,11 @@ impl QueuePair {
         self.send_cq.inner.registry.unregister(self.tracker.serial);
         self.recv_cq.inner.registry.unregister(self.tracker.serial);
         // Memory of requests still in flight goes back (is dropped) only now.
-        drop(self.tracker.drain());
+        // Unregistered, the QP holds the only reference; were there another,
+        // the memory would go with it.
+        if let Some(t) = Arc::get_mut(&mut self.tracker) {
+            drop(t.drain());
+        }
         Ok(())
     }
 
@@ -1941,8 +1945,9 @@ impl Drop for QueuePair {
             crate::error::teardown_failed(format_args!(
                 "{e}; leaking the QP and the memory of its work in flight"
             ));
-            // The device may still use the memory: never free it.
-            std::mem::forget(self.tracker.drain());
+            // The device may still use the memory: never free it (the
+            // tracker, which owns it, is never dropped).
+            std::mem::forget(Arc::clone(&self.tracker));
         }
     }
 }

@@ -40,7 +40,9 @@ impl Drop for SrqInner {
             crate::error::teardown_failed(format_args!(
                 "ibv_destroy_srq failed: errno {rc}; leaking its receive memory"
             ));
-            std::mem::forget(self.tracker.drain());
+            // The device may still use the memory: never free it (the
+            // tracker, which owns it, is never dropped).
+            std::mem::forget(Arc::clone(&self.tracker));
             return;
         }
         for cq in self.cqs.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
@@ -48,8 +50,11 @@ impl Drop for SrqInner {
                 cq.registry.unregister(self.tracker.serial);
             }
         }
-        // The device is done with the receive memory only now.
-        drop(self.tracker.drain());
+        // The device is done with the receive memory only now (were the
+        // tracker still referenced, the memory would go with it).
+        if let Some(t) = Arc::get_mut(&mut self.tracker) {
+            drop(t.drain());
+        }
     }
 }
 
@@ -114,7 +119,7 @@ impl ProtectionDomain {
         let srq = SharedReceiveQueue {
             inner: Arc::new(SrqInner {
                 srq,
-                tracker: Tracker::new(),
+                tracker: Tracker::shared(),
                 max_sge: granted.max_sge.max(attr.max_sge),
                 cqs: Mutex::new(Vec::new()),
                 pd: self.clone(),
@@ -378,11 +383,14 @@ impl SharedReceiveQueue {
             }
         }
         let srq = self.as_raw();
+        // SAFETY: a shared receive queue's tracker takes its producer lock.
+        let ring = unsafe { self.inner.tracker.producer(true) };
         // SAFETY: `post_recvs` hands over a well-formed chain whose memory it
         // parks in the tracker; the SRQ is live.
-        let (rc, unposted) = track::post_recvs(&self.inner.tracker, wrs, |chain, bad| unsafe {
-            ffi::ibv_post_srq_recv(srq, chain, bad)
-        });
+        let (rc, unposted) =
+            track::post_recvs(&self.inner.tracker, ring, wrs, |chain, bad| unsafe {
+                ffi::ibv_post_srq_recv(srq, chain, bad)
+            });
         if rc == 0 {
             return Ok(());
         }

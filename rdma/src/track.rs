@@ -13,9 +13,9 @@
 //! drop already destroyed the QP, then released the memory).
 
 use std::cell::UnsafeCell;
-use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use crate::ffi;
@@ -45,8 +45,8 @@ pub(crate) fn decode(wr_id: u64) -> Option<(u32, bool, u32)> {
     Some((serial, wr_id & RECV != 0, wr_id as u32))
 }
 
-/// The lock of the data path's bookkeeping (a tracker's rings, a CQ's
-/// registry).
+/// The lock of the data path's bookkeeping (a CQ's registry; the producers
+/// and consumers of a shared receive queue's ring).
 ///
 /// Its critical sections are a few instructions long (push or pop one
 /// entry, find a tracker), never block and never run user code, and nearly
@@ -99,12 +99,7 @@ impl<T> Spin<T> {
             .is_err()
         {
             while self.locked.load(Ordering::Relaxed) {
-                if spins < 100 {
-                    std::hint::spin_loop();
-                    spins += 1;
-                } else {
-                    std::thread::yield_now();
-                }
+                backoff(&mut spins);
             }
         }
         SpinGuard { lock: self }
@@ -138,10 +133,10 @@ impl<T> Drop for SpinGuard<'_, T> {
     }
 }
 
-/// One work request in flight.
+/// One work request in flight. Its sequence number is its index in its
+/// queue's [`Queue`].
 #[derive(Debug)]
 pub(crate) struct Pending {
-    pub seq: u32,
     pub wr_id: u64,
     pub buffers: WrBuffers,
     /// Keeps a UD destination alive until the send completes.
@@ -150,105 +145,559 @@ pub(crate) struct Pending {
     pub _mw: Option<Arc<crate::mw::MwInner>>,
 }
 
-#[derive(Debug, Default)]
-pub(crate) struct Ring {
-    pub next_seq: u32,
-    pub pending: VecDeque<Pending>,
+/// Entries per block of a [`Queue`] (a power of two, so indices that wrap at
+/// `u32::MAX` stay consistent).
+const BLOCK: usize = 32;
+
+/// A block of queue slots; blocks form a singly linked list from the
+/// consumer's block to the producer's.
+struct Block {
+    /// `None`: free (beyond the producer), taken (behind the consumer), or a
+    /// hole (taken out of order, between the two).
+    slots: [UnsafeCell<Option<Pending>>; BLOCK],
+    next: AtomicPtr<Block>,
 }
 
-/// The in-flight work of one QP (send and receive queue).
+impl Block {
+    fn alloc() -> NonNull<Block> {
+        let b = Box::new(Block {
+            slots: std::array::from_fn(|_| UnsafeCell::new(None)),
+            next: AtomicPtr::new(std::ptr::null_mut()),
+        });
+        NonNull::from(Box::leak(b))
+    }
+}
+
+/// The requests in flight on one work queue, in posting order: a FIFO with
+/// one producer and one consumer at a time, whose hot paths use no atomic
+/// read-modify-write (the latency benchmark measured each locked
+/// instruction; see CONVENTIONS.md).
+///
+/// Slot `i` holds the request with sequence number `i` (wrapping at
+/// `u32::MAX`). The producer writes slots at and after `tail`, then
+/// publishes them by storing `tail` (Release); the consumer reads only slots
+/// before the `tail` it loaded (Acquire) and moves `head` on. The producer
+/// links a new block when it fills one, before publishing its last slot; the
+/// consumer frees (or hands back through `spare`) the blocks it has passed.
+/// Who may act as producer and consumer is decided by the [`Ring`] around it.
+pub(crate) struct Queue {
+    /// Published entries (sequence number of the next one), producer-written.
+    tail: AtomicU32,
+    /// Sequence number of the oldest entry, consumer-written.
+    head: AtomicU32,
+    /// Entries between `head` and `tail` taken out of order, consumer-written.
+    holes: AtomicU32,
+    /// Set by the producer while requests it handed to the provider may not
+    /// be published yet: their completion can be polled in that window.
+    posting: AtomicBool,
+    /// Producer only: the block holding slot `staged`, and `staged` (the
+    /// entries written, published or not).
+    prod: UnsafeCell<(NonNull<Block>, u32)>,
+    /// Consumer only: the block holding slot `head`.
+    cons: UnsafeCell<NonNull<Block>>,
+    /// A passed block the consumer hands back for reuse (null: none); only
+    /// the consumer stores a block and only the producer takes it.
+    spare: AtomicPtr<Block>,
+}
+
+// SAFETY: the queue owns `Pending` entries (which are Send) and its blocks;
+// the producer-only and consumer-only cells are reached only by the one
+// producer and the one consumer its `Ring` admits (see the unsafe methods'
+// contracts), and slots pass between them through the Release/Acquire pairs
+// on `tail`, `head` and `spare`.
+unsafe impl Send for Queue {}
+// SAFETY: as above.
+unsafe impl Sync for Queue {}
+
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<Pending>();
+};
+
+impl Queue {
+    fn new() -> Queue {
+        let b = Block::alloc();
+        Queue {
+            tail: AtomicU32::new(0),
+            head: AtomicU32::new(0),
+            holes: AtomicU32::new(0),
+            posting: AtomicBool::new(false),
+            prod: UnsafeCell::new((b, 0)),
+            cons: UnsafeCell::new(b),
+            spare: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+
+    /// Entries in flight (a snapshot when other threads post or poll).
+    pub fn len(&self) -> usize {
+        // Head first: the tail loaded after it is never behind it.
+        let head = self.head.load(Ordering::Acquire);
+        let tail = self.tail.load(Ordering::Acquire);
+        let holes = self.holes.load(Ordering::Acquire);
+        tail.wrapping_sub(head).saturating_sub(holes) as usize
+    }
+
+    // --- producer side ---
+
+    /// # Safety
+    /// The caller is the queue's only producer.
+    #[inline]
+    unsafe fn staged(&self) -> u32 {
+        // SAFETY: producer-only cell, and the caller is the producer.
+        unsafe { (*self.prod.get()).1 }
+    }
+
+    /// Writes `p` as entry `staged` (not yet visible to the consumer).
+    ///
+    /// # Safety
+    /// The caller is the queue's only producer.
+    #[inline]
+    unsafe fn push(&self, p: Pending) {
+        // SAFETY: producer-only cell, and the caller is the producer.
+        let (block, staged) = unsafe { &mut *self.prod.get() };
+        // SAFETY: the producer's block is live (the consumer frees only
+        // blocks it has passed, and it never passes unpublished slots).
+        let b = unsafe { block.as_ref() };
+        let slot = b.slots[*staged as usize % BLOCK].get();
+        // SAFETY: slot `staged` is at or after `tail`, so the consumer does
+        // not touch it; it is free (`None`), so nothing is dropped.
+        unsafe { *slot = Some(p) };
+        *staged = staged.wrapping_add(1);
+        if *staged as usize % BLOCK == 0 {
+            let next = self.take_spare().unwrap_or_else(Block::alloc);
+            // Linked before `tail` publishes the block's last slot: a
+            // consumer that passes it finds the link.
+            b.next.store(next.as_ptr(), Ordering::Release);
+            *block = next;
+        }
+    }
+
+    /// A block the consumer handed back, if any.
+    fn take_spare(&self) -> Option<NonNull<Block>> {
+        let s = NonNull::new(self.spare.load(Ordering::Acquire))?;
+        // Only the consumer stores into `spare`, and only when it is null:
+        // until this store, the slot keeps `s` and the consumer leaves it.
+        self.spare.store(std::ptr::null_mut(), Ordering::Release);
+        Some(s)
+    }
+
+    /// Marks the start of a post: completions of the requests handed to the
+    /// provider from now on may be polled before [`Queue::publish`].
+    ///
+    /// # Safety
+    /// The caller is the queue's only producer.
+    #[inline]
+    unsafe fn begin(&self) {
+        self.posting.store(true, Ordering::Relaxed);
+        // The provider orders this store before the doorbell (a lock, a
+        // write barrier or a system call), so a consumer that sees a
+        // completion of this post sees `posting` set or the entry published.
+        // (Should it not, the consumer leaves the completion bare and the
+        // entry's memory is released when the QP goes: a leak, never a
+        // double use.)
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    }
+
+    /// Publishes the written entries and ends the post.
+    ///
+    /// # Safety
+    /// The caller is the queue's only producer.
+    #[inline]
+    unsafe fn publish(&self) {
+        // SAFETY: the caller is the producer.
+        let staged = unsafe { self.staged() };
+        self.tail.store(staged, Ordering::Release);
+        self.posting.store(false, Ordering::Release);
+    }
+
+    // --- consumer side ---
+
+    /// The offset of entry `seq` from `head` when it is published; waits
+    /// while the producer is posting and `seq` may be one of its requests.
+    ///
+    /// # Safety
+    /// The caller is the queue's only consumer.
+    #[inline]
+    unsafe fn find(&self, seq: u32) -> Option<u32> {
+        let head = self.head.load(Ordering::Relaxed);
+        let off = seq.wrapping_sub(head);
+        let mut spins = 0u32;
+        loop {
+            // `posting` first: once it reads false, the tail loaded after it
+            // includes everything the last post published.
+            let posting = self.posting.load(Ordering::Acquire);
+            let tail = self.tail.load(Ordering::Acquire);
+            if off < tail.wrapping_sub(head) {
+                return Some(off);
+            }
+            if !posting {
+                return None;
+            }
+            backoff(&mut spins);
+        }
+    }
+
+    /// Takes the entry at `head` (`None` for a hole) and moves `head` on.
+    ///
+    /// # Safety
+    /// The caller is the queue's only consumer, and `head` is before the
+    /// `tail` it loaded ([`Queue::find`] returned an offset past it).
+    #[inline]
+    unsafe fn advance(&self) -> Option<Pending> {
+        let head = self.head.load(Ordering::Relaxed);
+        // SAFETY: consumer-only cell, and the caller is the consumer.
+        let block = unsafe { &mut *self.cons.get() };
+        // SAFETY: the consumer's block is live until the consumer frees it.
+        let b = unsafe { block.as_ref() };
+        // SAFETY: slot `head` is published (before the Acquire-loaded
+        // `tail`), so the producer no longer touches it.
+        let p = unsafe { (*b.slots[head as usize % BLOCK].get()).take() };
+        if p.is_none() {
+            let holes = self.holes.load(Ordering::Relaxed);
+            self.holes.store(holes.wrapping_sub(1), Ordering::Release);
+        }
+        let next = head.wrapping_add(1);
+        if next as usize % BLOCK == 0 {
+            // The producer linked the next block before publishing `head`.
+            let Some(n) = NonNull::new(b.next.load(Ordering::Acquire)) else {
+                // Cannot happen (see above); stay put rather than lose track.
+                return p;
+            };
+            let old = std::mem::replace(block, n);
+            // SAFETY: every slot of `old` is behind `head` now: neither side
+            // uses it again.
+            unsafe { self.recycle(old) };
+        }
+        self.head.store(next, Ordering::Release);
+        p
+    }
+
+    /// Moves `head` past holes, up to `tail` (loaded by the caller).
+    ///
+    /// # Safety
+    /// As [`Queue::advance`]; `tail` was loaded with Acquire by the consumer.
+    #[inline]
+    unsafe fn skip_holes(&self) {
+        if self.holes.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let tail = self.tail.load(Ordering::Acquire);
+        while self.head.load(Ordering::Relaxed) != tail {
+            let head = self.head.load(Ordering::Relaxed);
+            // SAFETY: consumer-only cell; slot `head` is published.
+            let hole = unsafe {
+                let b = (*self.cons.get()).as_ref();
+                (*b.slots[head as usize % BLOCK].get()).is_none()
+            };
+            if !hole {
+                return;
+            }
+            // SAFETY: the caller's contract; `head` is before `tail`.
+            unsafe { self.advance() };
+        }
+    }
+
+    /// Takes entry `head + off` out of order, leaving a hole.
+    ///
+    /// # Safety
+    /// As [`Queue::advance`], with `head + off` before the loaded `tail`.
+    unsafe fn take_at(&self, off: u32) -> Option<Pending> {
+        let head = self.head.load(Ordering::Relaxed);
+        // SAFETY: consumer-only cell.
+        let mut b = unsafe { *self.cons.get() };
+        let mut i = head as usize % BLOCK + off as usize;
+        while i >= BLOCK {
+            // SAFETY: blocks from the consumer's up to the published tail are
+            // linked and live.
+            b = NonNull::new(unsafe { b.as_ref() }.next.load(Ordering::Acquire))?;
+            i -= BLOCK;
+        }
+        // SAFETY: the slot is published and only the consumer touches it.
+        let p = unsafe { (*b.as_ref().slots[i].get()).take() };
+        if p.is_some() {
+            let holes = self.holes.load(Ordering::Relaxed);
+            self.holes.store(holes.wrapping_add(1), Ordering::Release);
+        }
+        p
+    }
+
+    /// Hands a passed block back to the producer, or frees it.
+    ///
+    /// # Safety
+    /// The caller is the consumer and owns `b` (every slot is behind
+    /// `head`, so empty).
+    unsafe fn recycle(&self, b: NonNull<Block>) {
+        // SAFETY: owned by the caller.
+        unsafe { b.as_ref() }
+            .next
+            .store(std::ptr::null_mut(), Ordering::Relaxed);
+        if self.spare.load(Ordering::Acquire).is_null() {
+            self.spare.store(b.as_ptr(), Ordering::Release);
+        } else {
+            // SAFETY: allocated by `Block::alloc` (a Box) and owned here.
+            drop(unsafe { Box::from_raw(b.as_ptr()) });
+        }
+    }
+
+    /// Removes every entry, oldest first.
+    fn drain(&mut self) -> Vec<Pending> {
+        let mut all = Vec::new();
+        while self.head.load(Ordering::Relaxed) != self.tail.load(Ordering::Relaxed) {
+            // SAFETY: `&mut self`: no producer or consumer runs; `head` is
+            // before `tail`.
+            if let Some(p) = unsafe { self.advance() } {
+                all.push(p);
+            }
+        }
+        all
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        drop(self.drain());
+        // Free the chain from the consumer's block (the producer's is its
+        // last), then the spare.
+        let mut b = Some(*self.cons.get_mut());
+        while let Some(blk) = b {
+            // SAFETY: the chain's blocks are owned by the queue, which goes.
+            let boxed = unsafe { Box::from_raw(blk.as_ptr()) };
+            b = NonNull::new(boxed.next.load(Ordering::Relaxed));
+        }
+        if let Some(s) = NonNull::new(*self.spare.get_mut()) {
+            // SAFETY: as above.
+            drop(unsafe { Box::from_raw(s.as_ptr()) });
+        }
+    }
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue").field("len", &self.len()).finish()
+    }
+}
+
+/// Spins briefly, then yields the CPU.
+#[inline]
+fn backoff(spins: &mut u32) {
+    if *spins < 100 {
+        std::hint::spin_loop();
+        *spins += 1;
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// One work queue's [`Queue`] and who may produce and consume.
+#[derive(Debug)]
+struct Ring {
+    queue: Queue,
+    /// For a QP's queue: the address of the registry (of the one CQ the
+    /// queue completes on) whose polls consume it, under that registry's
+    /// lock. Zero for a shared receive queue.
+    consumer: usize,
+    /// For a shared receive queue (any handle posts, any CQ of its QPs
+    /// polls): the locks that make producers and consumers take turns.
+    locks: Option<(Spin<()>, Spin<()>)>,
+}
+
+impl Ring {
+    fn new(consumer: Option<&Registry>) -> Ring {
+        Ring {
+            queue: Queue::new(),
+            consumer: consumer.map_or(0, |r| r as *const Registry as usize),
+            locks: consumer.is_none().then(|| (Spin::new(()), Spin::new(()))),
+        }
+    }
+}
+
+/// The right to add requests to a ring: a QP's post (which holds the QP
+/// mutably) or a shared receive queue's (which holds its producer lock).
+/// Dropping it publishes what was pushed.
+pub(crate) struct Producer<'a> {
+    queue: &'a Queue,
+    _lock: Option<SpinGuard<'a, ()>>,
+}
+
+impl Producer<'_> {
+    /// The sequence number the next pushed request gets.
+    #[inline]
+    pub fn next_seq(&self) -> u32 {
+        // SAFETY: a `Producer` is the queue's only producer while it lives.
+        unsafe { self.queue.staged() }
+    }
+
+    /// Parks a posted request's memory until its completion.
+    #[inline]
+    pub fn push(&mut self, p: Pending) {
+        // SAFETY: as in `next_seq`.
+        unsafe { self.queue.push(p) }
+    }
+}
+
+impl Drop for Producer<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        // SAFETY: as in `next_seq`.
+        unsafe { self.queue.publish() }
+    }
+}
+
+/// The in-flight work of one QP (send and receive queue) or of one shared
+/// receive queue (its receive queue).
 #[derive(Debug)]
 pub(crate) struct Tracker {
     pub serial: u32,
-    sq: Spin<Ring>,
-    rq: Spin<Ring>,
+    sq: Ring,
+    rq: Ring,
 }
 
 impl Tracker {
-    pub fn new() -> Arc<Tracker> {
+    /// A QP's tracker: its send queue completes on the CQ of `send`, its
+    /// receive queue on that of `recv`.
+    pub fn for_qp(send: &Registry, recv: &Registry) -> Arc<Tracker> {
         Arc::new(Tracker {
             serial: next_serial(),
-            sq: Spin::default(),
-            rq: Spin::default(),
+            sq: Ring::new(Some(send)),
+            rq: Ring::new(Some(recv)),
+        })
+    }
+
+    /// A shared receive queue's tracker.
+    pub fn shared() -> Arc<Tracker> {
+        Arc::new(Tracker {
+            serial: next_serial(),
+            sq: Ring::new(None),
+            rq: Ring::new(None),
         })
     }
 
     #[inline]
-    pub fn ring(&self, recv: bool) -> SpinGuard<'_, Ring> {
+    fn ring(&self, recv: bool) -> &Ring {
         if recv {
-            self.rq.lock()
+            &self.rq
         } else {
-            self.sq.lock()
+            &self.sq
+        }
+    }
+
+    /// Starts a post on the send (`recv` false) or receive queue: requests
+    /// handed to the provider while the producer lives are pushed to it
+    /// after the provider accepted them.
+    ///
+    /// # Safety
+    /// For a QP's tracker, the caller is the only one posting to that queue
+    /// until the producer is dropped (it holds the `QueuePair` mutably). A
+    /// shared receive queue's tracker takes a lock instead.
+    #[inline]
+    pub unsafe fn producer(&self, recv: bool) -> Producer<'_> {
+        let ring = self.ring(recv);
+        let lock = ring.locks.as_ref().map(|(p, _)| p.lock());
+        // SAFETY: the caller's contract, or the lock just taken, make this
+        // the only producer.
+        unsafe { ring.queue.begin() };
+        Producer {
+            queue: &ring.queue,
+            _lock: lock,
         }
     }
 
     /// Number of requests in flight on (send, receive) queue.
     pub fn in_flight(&self) -> (usize, usize) {
-        (
-            self.ring(false).pending.len(),
-            self.ring(true).pending.len(),
-        )
+        (self.sq.queue.len(), self.rq.queue.len())
     }
 
-    /// Removes and returns everything in flight (after the QP is destroyed).
-    pub fn drain(&self) -> Vec<Pending> {
-        let mut all: Vec<Pending> = self.ring(false).pending.drain(..).collect();
-        all.extend(self.ring(true).pending.drain(..));
+    /// Removes and returns everything in flight (after the QP is destroyed
+    /// and unregistered: `&mut` proves no one posts or polls).
+    pub fn drain(&mut self) -> Vec<Pending> {
+        let mut all = self.sq.queue.drain();
+        all.extend(self.rq.queue.drain());
         all
     }
 
-    /// Fills `c` (whose `wr_id` is our encoded id) from the matching entry.
-    /// What the entries kept alive (address handles, windows) goes to
-    /// `later`, to be dropped once no lock is held.
+    /// Fills `c` (whose `wr_id` is our encoded id) from the matching entry,
+    /// for a poll of `by`'s CQ (whose lock the caller holds). What the
+    /// entries kept alive (address handles, windows) goes to `later`, to be
+    /// dropped once no lock is held.
     #[inline]
-    fn complete(&self, recv: bool, seq: u32, c: &mut Completion, later: &mut Vec<Kept>) {
-        let mut ring = self.ring(recv);
-        // Usually the oldest request in flight.
-        if ring.pending.front().is_some_and(|p| p.seq == seq) {
-            if let Some(p) = ring.pending.pop_front() {
-                drop(ring);
-                c.wr_id = p.wr_id;
-                c.buffers = p.buffers;
-                Kept::keep(later, p._ah, p._mw);
-            }
-            return;
-        }
-        self.complete_out_of_order(ring, recv, seq, c, later);
-    }
-
-    /// [`Tracker::complete`] when the completion is not for the oldest
-    /// request in flight.
-    #[cold]
-    fn complete_out_of_order(
+    fn complete(
         &self,
-        mut ring: SpinGuard<'_, Ring>,
         recv: bool,
         seq: u32,
         c: &mut Completion,
         later: &mut Vec<Kept>,
+        by: &Registry,
     ) {
-        let mut earlier = Vec::new();
-        let done = match ring.pending.iter().position(|p| p.seq == seq) {
-            // Not ours (already released): leave the completion bare.
-            None => None,
-            // Receives: only this entry is known to be done (an SRQ serves
-            // several QPs).
-            Some(pos) if recv => ring.pending.remove(pos),
-            // Send queues complete in order: everything before `pos` is done
-            // too.
-            Some(pos) => {
-                earlier.extend(ring.pending.drain(..pos));
-                ring.pending.pop_front()
+        let ring = self.ring(recv);
+        let _lock = match &ring.locks {
+            Some((_, consume)) => Some(consume.lock()),
+            None if ring.consumer == by as *const Registry as usize => None,
+            // A QP's completion on another CQ than its queue's: no provider
+            // does that. Left bare rather than consumed by a second poller.
+            None => {
+                c.wr_id &= !(TAG | RECV);
+                return;
             }
         };
-        drop(ring);
-        if !earlier.is_empty() {
-            c.unsignaled.reserve(earlier.len());
-            for p in earlier {
-                c.unsignaled.push((p.wr_id, p.buffers));
-                Kept::keep(later, p._ah, p._mw);
+        let q = &ring.queue;
+        // SAFETY: this is the queue's only consumer: a QP's queue is
+        // consumed only by its CQ's polls, which hold that CQ's registry
+        // lock (the registry was checked just above), or by `drain` through
+        // `&mut`; a shared receive queue's consumers hold its consume lock.
+        match unsafe { q.find(seq) } {
+            // Usually the oldest request in flight.
+            Some(0) => {
+                // SAFETY: the only consumer (above); `find` saw entry 0
+                // published.
+                if let Some(p) = unsafe { q.advance() } {
+                    c.wr_id = p.wr_id;
+                    c.buffers = p.buffers;
+                    Kept::keep(later, p._ah, p._mw);
+                }
+                // SAFETY: the only consumer (above).
+                unsafe { q.skip_holes() };
             }
+            // SAFETY: the only consumer (above); `find` saw `off` published.
+            Some(off) => unsafe { Self::complete_out_of_order(q, recv, off, c, later) },
+            // Not ours (already released): leave the completion bare.
+            None => {}
         }
+    }
+
+    /// [`Tracker::complete`] when the completion is not for the oldest
+    /// request in flight.
+    ///
+    /// # Safety
+    /// As for [`Queue::advance`]: the caller is the only consumer, and
+    /// `off` is before the published tail.
+    #[cold]
+    unsafe fn complete_out_of_order(
+        q: &Queue,
+        recv: bool,
+        off: u32,
+        c: &mut Completion,
+        later: &mut Vec<Kept>,
+    ) {
+        let done = if recv {
+            // Receives: only this entry is known to be done (an SRQ serves
+            // several QPs).
+            // SAFETY: the caller's contract.
+            unsafe { q.take_at(off) }
+        } else {
+            // Send queues complete in order: everything before it is done
+            // too.
+            for _ in 0..off {
+                // SAFETY: the caller's contract; these are before `off`.
+                if let Some(p) = unsafe { q.advance() } {
+                    c.unsignaled.push((p.wr_id, p.buffers));
+                    Kept::keep(later, p._ah, p._mw);
+                }
+            }
+            // SAFETY: as above; the entry is at `head` now.
+            unsafe { q.advance() }
+        };
+        // SAFETY: the caller's contract.
+        unsafe { q.skip_holes() };
         if let Some(p) = done {
             c.wr_id = p.wr_id;
             c.buffers = p.buffers;
@@ -288,10 +737,12 @@ impl Kept {
 
 /// Posts receive requests with `post` (`ibv_post_recv` on a QP or
 /// `ibv_post_srq_recv` on an SRQ, given the chain and the bad-request
-/// out-pointer) and parks the memory of those posted in `tracker`'s receive
-/// ring. Returns the provider's return code and the requests not posted.
+/// out-pointer) and parks the memory of those posted through `ring`,
+/// `tracker`'s receive queue producer. Returns the provider's return code and
+/// the requests not posted.
 pub(crate) fn post_recvs(
     tracker: &Tracker,
+    mut ring: Producer<'_>,
     wrs: Vec<(u64, WrBuffers)>,
     post: impl FnOnce(*mut ffi::ibv_recv_wr, *mut *mut ffi::ibv_recv_wr) -> std::ffi::c_int,
 ) -> (std::ffi::c_int, Vec<(u64, WrBuffers)>) {
@@ -304,8 +755,7 @@ pub(crate) fn post_recvs(
         sge_at.push((sges.len(), b.len()));
         b.for_each(|m| sges.push(m.sge()));
     }
-    let mut ring = tracker.ring(true);
-    let first = ring.next_seq;
+    let first = ring.next_seq();
     let mut raw: Vec<ffi::ibv_recv_wr> = sge_at
         .iter()
         .enumerate()
@@ -327,7 +777,8 @@ pub(crate) fn post_recvs(
     }
     let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
     // The chain's SGEs point into memory held by `wrs`, which is parked below
-    // while the ring lock is held, before any completion can be resolved.
+    // before the producer publishes it (a poll that sees a completion first
+    // waits for that).
     let rc = post(base, &mut bad);
     let posted = if rc == 0 {
         wrs.len()
@@ -339,16 +790,14 @@ pub(crate) fn post_recvs(
     };
     let mut rest = wrs;
     let unposted = rest.split_off(posted);
-    for (i, (wr_id, buffers)) in rest.into_iter().enumerate() {
-        ring.pending.push_back(Pending {
-            seq: first.wrapping_add(i as u32),
+    for (wr_id, buffers) in rest {
+        ring.push(Pending {
             wr_id,
             buffers,
             _ah: None,
             _mw: None,
         });
     }
-    ring.next_seq = first.wrapping_add(posted as u32);
     (rc, unposted)
 }
 
@@ -356,6 +805,7 @@ pub(crate) fn post_recvs(
 /// without touching the heap. Returns the request when it was not posted.
 pub(crate) fn post_recv_one(
     tracker: &Tracker,
+    mut ring: Producer<'_>,
     wr_id: u64,
     buffers: WrBuffers,
     post: impl FnOnce(*mut ffi::ibv_recv_wr, *mut *mut ffi::ibv_recv_wr) -> std::ffi::c_int,
@@ -369,11 +819,10 @@ pub(crate) fn post_recv_one(
         n += 1;
     });
     if n > sges.len() {
-        let (rc, mut rest) = post_recvs(tracker, vec![(wr_id, buffers)], post);
+        let (rc, mut rest) = post_recvs(tracker, ring, vec![(wr_id, buffers)], post);
         return (rc, rest.pop());
     }
-    let mut ring = tracker.ring(true);
-    let seq = ring.next_seq;
+    let seq = ring.next_seq();
     let mut raw = ffi::ibv_recv_wr {
         wr_id: encode(tracker.serial, true, seq),
         next: std::ptr::null_mut(),
@@ -385,19 +834,17 @@ pub(crate) fn post_recv_one(
         num_sge: n as std::ffi::c_int,
     };
     let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
-    // As in `post_recvs`: the memory is parked below, under the ring lock.
+    // As in `post_recvs`: the memory is parked below, then published.
     let rc = post(&mut raw, &mut bad);
     if rc != 0 {
         return (rc, Some((wr_id, buffers)));
     }
-    ring.pending.push_back(Pending {
-        seq,
+    ring.push(Pending {
         wr_id,
         buffers,
         _ah: None,
         _mw: None,
     });
-    ring.next_seq = seq.wrapping_add(1);
     (0, None)
 }
 
@@ -502,7 +949,7 @@ impl Registry {
             },
         };
         if hit {
-            list[0].1.complete(recv, seq, c, later);
+            list[0].1.complete(recv, seq, c, later, self);
         } else {
             // The queue is gone: its memory was released after it was
             // destroyed.
@@ -515,11 +962,11 @@ impl Registry {
 mod tests {
     use super::*;
 
-    fn pending(ring: &mut Ring, wr_id: u64) -> u32 {
-        let seq = ring.next_seq;
-        ring.next_seq = ring.next_seq.wrapping_add(1);
-        ring.pending.push_back(Pending {
-            seq,
+    fn pending(t: &Tracker, recv: bool, wr_id: u64) -> u32 {
+        // SAFETY: tests post from one thread at a time.
+        let mut p = unsafe { t.producer(recv) };
+        let seq = p.next_seq();
+        p.push(Pending {
             wr_id,
             buffers: WrBuffers::None,
             _ah: None,
@@ -533,6 +980,12 @@ mod tests {
             wr_id: id,
             ..Default::default()
         }
+    }
+
+    fn qp(reg: &Registry) -> Arc<Tracker> {
+        let t = Tracker::for_qp(reg, reg);
+        reg.register(&t);
+        t
     }
 
     #[test]
@@ -571,18 +1024,11 @@ mod tests {
 
     #[test]
     fn send_completion_releases_earlier_unsignaled_requests() {
-        let t = Tracker::new();
         let reg = Registry::default();
-        reg.register(&t);
-        let (a, b, c) = {
-            let mut ring = t.ring(false);
-            (
-                pending(&mut ring, 10),
-                pending(&mut ring, 11),
-                pending(&mut ring, 12),
-            )
-        };
-        let _ = (a, b);
+        let t = qp(&reg);
+        pending(&t, false, 10);
+        pending(&t, false, 11);
+        let c = pending(&t, false, 12);
         let mut done = Vec::new();
         reg.extend(&[wc(encode(t.serial, false, c))], &mut done);
         assert_eq!(done[0].wr_id, 12);
@@ -593,30 +1039,168 @@ mod tests {
 
     #[test]
     fn receive_completion_takes_only_its_entry() {
-        let t = Tracker::new();
         let reg = Registry::default();
-        reg.register(&t);
-        let (_, second) = {
-            let mut ring = t.ring(true);
-            (pending(&mut ring, 1), pending(&mut ring, 2))
-        };
+        let t = qp(&reg);
+        let first = pending(&t, true, 1);
+        let second = pending(&t, true, 2);
+        let third = pending(&t, true, 3);
         let done = [reg.completion(&wc(encode(t.serial, true, second)))];
         assert_eq!(done[0].wr_id, 2);
+        assert_eq!(t.in_flight(), (0, 2));
+        // The same completion again finds a hole: bare, nothing released.
+        let again = reg.completion(&wc(encode(t.serial, true, second)));
+        assert!(decode(again.wr_id).is_some(), "left with our id");
+        assert_eq!(t.in_flight(), (0, 2));
+        // The oldest one moves the head past the hole.
+        assert_eq!(reg.completion(&wc(encode(t.serial, true, first))).wr_id, 1);
         assert_eq!(t.in_flight(), (0, 1));
+        assert_eq!(reg.completion(&wc(encode(t.serial, true, third))).wr_id, 3);
+        assert_eq!(t.in_flight(), (0, 0));
     }
 
     #[test]
     fn completions_of_a_dropped_qp_pass_through_bare() {
-        let t = Tracker::new();
         let reg = Registry::default();
-        reg.register(&t);
-        let seq = pending(&mut t.ring(false), 7);
+        let mut t = qp(&reg);
+        let seq = pending(&t, false, 7);
         let id = encode(t.serial, false, seq);
         // What a QP's teardown does after destroying the QP.
         reg.unregister(t.serial);
-        drop(t.drain());
+        let drained = Arc::get_mut(&mut t).expect("unregistered").drain();
+        assert_eq!(drained.len(), 1);
         let done = [reg.completion(&wc(id))];
         assert!(done[0].buffers.is_empty());
         assert_eq!(decode(done[0].wr_id), None);
+    }
+
+    #[test]
+    fn a_queue_is_consumed_only_through_its_own_cq() {
+        let (send, recv, other) = (
+            Registry::default(),
+            Registry::default(),
+            Registry::default(),
+        );
+        let t = Tracker::for_qp(&send, &recv);
+        send.register(&t);
+        recv.register(&t);
+        other.register(&t);
+        let s = pending(&t, false, 1);
+        let r = pending(&t, true, 2);
+        // A send completion polled from the receive CQ (or any other) is
+        // left bare and the request stays in flight.
+        let wrong = recv.completion(&wc(encode(t.serial, false, s)));
+        assert_eq!(decode(wrong.wr_id), None);
+        let wrong = other.completion(&wc(encode(t.serial, true, r)));
+        assert_eq!(decode(wrong.wr_id), None);
+        assert_eq!(t.in_flight(), (1, 1));
+        assert_eq!(send.completion(&wc(encode(t.serial, false, s))).wr_id, 1);
+        assert_eq!(recv.completion(&wc(encode(t.serial, true, r))).wr_id, 2);
+        assert_eq!(t.in_flight(), (0, 0));
+    }
+
+    #[test]
+    fn queue_crosses_blocks_and_reuses_them() {
+        let reg = Registry::default();
+        let t = qp(&reg);
+        let mut seqs = std::collections::VecDeque::new();
+        // Several blocks deep, drained and refilled, across the u32 wrap of
+        // nothing (sequence numbers start at 0) but many block boundaries.
+        for round in 0..5u64 {
+            for i in 0..(BLOCK as u64 * 3 + 5) {
+                seqs.push_back((pending(&t, false, round * 1000 + i), round * 1000 + i));
+            }
+            while seqs.len() > 7 {
+                let (seq, id) = seqs.pop_front().unwrap();
+                assert_eq!(reg.completion(&wc(encode(t.serial, false, seq))).wr_id, id);
+            }
+            assert_eq!(t.in_flight(), (7, 0));
+        }
+        // One completion for the newest releases the rest as unsignaled.
+        let (last, last_id) = seqs.pop_back().unwrap();
+        let c = reg.completion(&wc(encode(t.serial, false, last)));
+        assert_eq!(c.wr_id, last_id);
+        let ids: Vec<u64> = c.unsignaled.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, seqs.iter().map(|(_, id)| *id).collect::<Vec<_>>());
+        assert_eq!(t.in_flight(), (0, 0));
+    }
+
+    #[test]
+    fn a_shared_queue_takes_posts_and_polls_from_many_threads() {
+        const N: u64 = if cfg!(miri) { 40 } else { 4_000 };
+        let regs: Arc<[Registry; 2]> = Arc::new([Registry::default(), Registry::default()]);
+        let t = Tracker::shared();
+        regs[0].register(&t);
+        regs[1].register(&t);
+        let (tx, rx) = std::sync::mpsc::channel::<u64>();
+        let posters: Vec<_> = (0..2u64)
+            .map(|k| {
+                let (t, tx) = (Arc::clone(&t), tx.clone());
+                std::thread::spawn(move || {
+                    for i in 0..N {
+                        let seq = pending(&t, true, k * N + i);
+                        tx.send(encode(t.serial, true, seq)).unwrap();
+                    }
+                })
+            })
+            .collect();
+        drop(tx);
+        let ids: Vec<u64> = rx.iter().collect();
+        for p in posters {
+            p.join().unwrap();
+        }
+        // Two pollers, each on its own CQ, complete everything.
+        let halves: Vec<Vec<u64>> = ids.chunks(ids.len() / 2).map(<[u64]>::to_vec).collect();
+        let pollers: Vec<_> = halves
+            .into_iter()
+            .enumerate()
+            .map(|(k, half)| {
+                let regs = Arc::clone(&regs);
+                std::thread::spawn(move || {
+                    half.iter()
+                        .map(|&id| regs[k].completion(&wc(id)).wr_id)
+                        .collect::<Vec<u64>>()
+                })
+            })
+            .collect();
+        let mut got: Vec<u64> = pollers
+            .into_iter()
+            .flat_map(|p| p.join().unwrap())
+            .collect();
+        got.sort_unstable();
+        assert_eq!(got, (0..2 * N).collect::<Vec<_>>());
+        assert_eq!(t.in_flight(), (0, 0));
+    }
+
+    #[test]
+    fn a_qp_queue_between_a_producer_and_a_consumer_thread() {
+        // The producer publishes after "posting" (as the QP does after the
+        // provider call); the consumer polls completions it may see first.
+        const N: u32 = if cfg!(miri) { 100 } else { 20_000 };
+        let reg = Arc::new(Registry::default());
+        let t = qp(&reg);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<u64>(64);
+        let producer = {
+            let t = Arc::clone(&t);
+            std::thread::spawn(move || {
+                for i in 0..N {
+                    // SAFETY: the only producer of this queue.
+                    let mut p = unsafe { t.producer(false) };
+                    let seq = p.next_seq();
+                    // The "completion" is visible before the push.
+                    tx.send(encode(t.serial, false, seq)).unwrap();
+                    p.push(Pending {
+                        wr_id: u64::from(i),
+                        buffers: WrBuffers::None,
+                        _ah: None,
+                        _mw: None,
+                    });
+                }
+            })
+        };
+        for (i, id) in rx.iter().enumerate() {
+            assert_eq!(reg.completion(&wc(id)).wr_id, i as u64);
+        }
+        producer.join().unwrap();
+        assert_eq!(t.in_flight(), (0, 0));
     }
 }

@@ -460,12 +460,106 @@ fn poll_one_into_reuses_one_slot() {
     assert_eq!((p.a.in_flight(), p.b.in_flight()), ((0, 0), (0, 0)));
 }
 
+/// Posting and polling on different threads: one thread posts receives on
+/// `b`, another posts sends on `a` (every fourth signaled), and the main
+/// thread polls the shared CQ and hands the memory back to its poster. A
+/// completion can be polled before the post that caused it has returned;
+/// every one must still come back with its request's memory, in order, and
+/// the receives with the data sent.
+fn posts_and_polls_on_different_threads(path: PostPath) {
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+    const N: u64 = 3000;
+    const POOL: usize = 24;
+    const SIZE: usize = 64;
+    let mut p = common::pair_with(QpType::Rc, AccessFlags::empty(), |b| {
+        b.post_path(path).max_send_wr(64).max_recv_wr(64);
+    });
+    let (pd, cq, a, b) = (&p.pd, &p.cq, &mut p.a, &mut p.b);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (credit_tx, credit_rx) = mpsc::channel::<()>();
+    let (send_back, send_pool) = mpsc::channel::<rdma::MemoryRegion>();
+    let (recv_back, recv_pool) = mpsc::channel::<rdma::MemoryRegion>();
+    for _ in 0..POOL {
+        send_back
+            .send(pd.alloc_mr(SIZE, AccessFlags::empty()).unwrap())
+            .unwrap();
+        recv_back.send(pd.alloc_mr(SIZE, LW).unwrap()).unwrap();
+    }
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            for i in 0..N {
+                let m = recv_pool
+                    .recv_timeout(Duration::from_secs(30))
+                    .expect("receive buffer back");
+                b.post_recv(i, m).unwrap();
+                credit_tx.send(()).unwrap();
+            }
+        });
+        s.spawn(move || {
+            for i in 0..N {
+                credit_rx
+                    .recv_timeout(Duration::from_secs(30))
+                    .expect("a receive posted");
+                let mut m = send_pool
+                    .recv_timeout(Duration::from_secs(30))
+                    .expect("send buffer back");
+                m.as_mut_slice().unwrap().fill(i as u8);
+                m.as_mut_slice().unwrap()[..8].copy_from_slice(&i.to_le_bytes());
+                let signaled = i % 4 == 3 || i == N - 1;
+                a.post_send(SendWr::send(1_000_000 + i, m).signaled(signaled))
+                    .unwrap();
+            }
+        });
+        let (mut sent, mut received) = (0u64, 0u64);
+        while sent < N || received < N {
+            let Some(mut c) = cq.poll_one().unwrap() else {
+                assert!(
+                    Instant::now() < deadline,
+                    "lost completion: {sent} sent, {received} received"
+                );
+                std::thread::yield_now();
+                continue;
+            };
+            assert_eq!(c.status, WcStatus::Success, "{c:?}");
+            if c.opcode == WcOpcode::Recv {
+                assert_eq!(c.wr_id, received, "receives complete in order");
+                assert_eq!(c.byte_len as usize, SIZE);
+                let m = c.take_buffers().into_one().expect("the receive's memory");
+                let data = m.to_vec();
+                assert_eq!(
+                    data[..8],
+                    received.to_le_bytes(),
+                    "the data of send {received}"
+                );
+                assert!(data[8..].iter().all(|&x| x == received as u8));
+                received += 1;
+                // The poster may be done; a closed channel is fine then.
+                let _ = recv_back.send(m);
+            } else {
+                let unsignaled: Vec<(u64, rdma::WrBuffers)> = std::mem::take(&mut c.unsignaled);
+                for (id, bufs) in unsignaled.into_iter().chain([(c.wr_id, c.take_buffers())]) {
+                    assert_eq!(id, 1_000_000 + sent, "sends complete in order");
+                    let _ = send_back.send(bufs.into_one().expect("the send's memory"));
+                    sent += 1;
+                }
+            }
+        }
+    });
+    assert_eq!((p.a.in_flight(), p.b.in_flight()), ((0, 0), (0, 0)));
+    assert!(
+        p.cq.poll_one().unwrap().is_none(),
+        "no completion left over"
+    );
+}
+
 legacy_and_auto!(
     multi_sge_batch_and_unsignaled_sends,
     inline_send_copies_at_post_time
 );
 
 both_paths!(
+    posts_and_polls_on_different_threads,
     rc_send_receive_returns_memory_with_the_data,
     send_with_immediate_and_zero_length,
     rdma_write_read_and_write_with_immediate,
