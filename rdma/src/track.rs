@@ -344,6 +344,20 @@ impl Queue {
     /// `tail` it loaded ([`Queue::find`] returned an offset past it).
     #[inline]
     unsafe fn advance(&self) -> Option<Pending> {
+        let mut out = None;
+        // SAFETY: the caller's contract.
+        unsafe { self.advance_with(|slot| out = slot.take()) };
+        out
+    }
+
+    /// Lets `f` take what it needs from the entry at `head` in place (`None`
+    /// for a hole), empties the slot and moves `head` on. In place: the
+    /// completion path copies only the fields it uses.
+    ///
+    /// # Safety
+    /// As [`Queue::advance`].
+    #[inline]
+    unsafe fn advance_with(&self, f: impl FnOnce(&mut Option<Pending>)) {
         let head = self.head.load(Ordering::Relaxed);
         // SAFETY: consumer-only cell, and the caller is the consumer.
         let block = unsafe { &mut *self.cons.get() };
@@ -351,17 +365,19 @@ impl Queue {
         let b = unsafe { block.as_ref() };
         // SAFETY: slot `head` is published (before the Acquire-loaded
         // `tail`), so the producer no longer touches it.
-        let p = unsafe { (*b.slots[head as usize % BLOCK].get()).take() };
-        if p.is_none() {
+        let slot = unsafe { &mut *b.slots[head as usize % BLOCK].get() };
+        if slot.is_none() {
             let holes = self.holes.load(Ordering::Relaxed);
             self.holes.store(holes.wrapping_sub(1), Ordering::Release);
         }
+        f(slot);
+        *slot = None;
         let next = head.wrapping_add(1);
         if next as usize % BLOCK == 0 {
             // The producer linked the next block before publishing `head`.
             let Some(n) = NonNull::new(b.next.load(Ordering::Acquire)) else {
                 // Cannot happen (see above); stay put rather than lose track.
-                return p;
+                return;
             };
             let old = std::mem::replace(block, n);
             // SAFETY: every slot of `old` is behind `head` now: neither side
@@ -369,7 +385,6 @@ impl Queue {
             unsafe { self.recycle(old) };
         }
         self.head.store(next, Ordering::Release);
-        p
     }
 
     /// Moves `head` past holes, up to `tail` (loaded by the caller).
@@ -649,11 +664,17 @@ impl Tracker {
             Some(0) => {
                 // SAFETY: the only consumer (above); `find` saw entry 0
                 // published.
-                if let Some(p) = unsafe { q.advance() } {
-                    c.wr_id = p.wr_id;
-                    c.buffers = p.buffers;
-                    Kept::keep(later, p._ah, p._mw);
-                }
+                unsafe {
+                    q.advance_with(|slot| {
+                        if let Some(p) = slot {
+                            c.wr_id = p.wr_id;
+                            c.buffers = std::mem::take(&mut p.buffers);
+                            if p._ah.is_some() || p._mw.is_some() {
+                                Kept::keep(later, p._ah.take(), p._mw.take());
+                            }
+                        }
+                    })
+                };
                 // SAFETY: the only consumer (above).
                 unsafe { q.skip_holes() };
             }
