@@ -1133,3 +1133,138 @@ fn srq_odp_follows_the_device_like_the_c_tool() {
         }
     );
 }
+
+// ---------------------------------------------------------------------------
+// perf: the benchmark example against itself (its wire protocol is its own),
+// every test with few iterations, checking the table it prints.
+
+/// Runs `perf TEST ARGS` as server and client on `port`; returns the client.
+fn perf_pair(test: &str, args: &[&str], port: u16) -> Finished {
+    let mut common_args: Vec<String> = vec![
+        test.into(),
+        "-d".into(),
+        common::device_name(),
+        "-x".into(),
+        common::gid_index().to_string(),
+        "-p".into(),
+        port.to_string(),
+    ];
+    common_args.extend(args.iter().map(|a| a.to_string()));
+    let server = Running::spawn(
+        format!("perf {test} (server)"),
+        Command::new(example("perf")).args(&common_args),
+    );
+    let server = wait_listening(server, port);
+    let client = Running::spawn(
+        format!("perf {test} (client)"),
+        Command::new(example("perf"))
+            .args(&common_args)
+            .arg("127.0.0.1"),
+    );
+    let (server, client) = wait_both(server, client);
+    assert!(server.success() && client.success(), "{server}{client}");
+    client
+}
+
+/// The numbers row after the header that starts with ` #bytes`: every
+/// field a finite number, `size` and `iters` first.
+fn perf_row(out: &Finished, size: u64, iters: u64) -> Vec<f64> {
+    let mut lines = out.stdout.lines().skip_while(|l| !l.starts_with(" #bytes"));
+    assert!(lines.next().is_some(), "no table header:\n{out}");
+    let row = lines
+        .next()
+        .unwrap_or_else(|| panic!("no numbers row:\n{out}"));
+    let v: Vec<f64> = row
+        .split_whitespace()
+        .map(|f| {
+            f.parse()
+                .unwrap_or_else(|_| panic!("{f:?} in {row:?}:\n{out}"))
+        })
+        .collect();
+    assert!(v.iter().all(|x| x.is_finite()), "{row:?}");
+    assert_eq!((v[0] as u64, v[1] as u64), (size, iters), "{row:?}");
+    v
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn perf_bandwidth_tests_report_a_positive_rate() {
+    for (i, test) in ["send_bw", "write_bw", "read_bw"].into_iter().enumerate() {
+        let out = perf_pair(test, &["-s", "4096", "-n", "200"], 18860 + i as u16);
+        let v = perf_row(&out, 4096, 200);
+        // BW peak, BW average, MsgRate; the average at most the peak.
+        assert!(
+            v.len() == 5 && v[3] > 0.0 && v[4] > 0.0 && v[3] <= v[2] * 1.0001,
+            "{test}: {v:?}"
+        );
+    }
+    let out = perf_pair("atomic_bw", &["-n", "200"], 18863);
+    let v = perf_row(&out, 8, 200);
+    assert!(v[3] > 0.0, "atomic_bw: {v:?}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn perf_latency_tests_report_ordered_statistics() {
+    for (i, test) in ["send_lat", "write_lat", "read_lat", "atomic_lat"]
+        .into_iter()
+        .enumerate()
+    {
+        let size = if test == "atomic_lat" { 8 } else { 2 };
+        let out = perf_pair(test, &["-n", "200"], 18864 + i as u16);
+        let v = perf_row(&out, size, 200);
+        // t_min <= t_typical <= t_max, t_min > 0.
+        let (min, max, typical) = (v[2], v[3], v[4]);
+        assert!(
+            0.0 < min && min <= typical && typical <= max,
+            "{test}: {v:?}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn perf_raw_paths_run_the_same_tests() {
+    let out = perf_pair(
+        "write_lat",
+        &["-n", "200", "--raw", "--post", "legacy"],
+        18868,
+    );
+    perf_row(&out, 2, 200);
+    let out = perf_pair(
+        "send_bw",
+        &["-s", "4096", "-n", "200", "--raw", "--post", "extended"],
+        18869,
+    );
+    assert!(perf_row(&out, 4096, 200)[3] > 0.0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn perf_interleave_times_both_paths_in_one_run() {
+    for (port, extra) in [(18870, None), (18871, Some("-I16"))] {
+        let mut args = vec!["-n", "400", "--interleave", "25"];
+        args.extend(extra);
+        let out = perf_pair("write_lat", &args, port);
+        perf_row(&out, 2, 400);
+        let line = out
+            .lines_starting(" interleaved:")
+            .first()
+            .copied()
+            .unwrap_or_else(|| panic!("no interleaved line:\n{out}"))
+            .to_string();
+        // "... safe t_typical X usec (N gaps), raw t_typical Y usec (M gaps), safe/raw R"
+        let nums: Vec<f64> = line
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        assert_eq!(nums.len(), 5, "{line}");
+        let (safe, safe_gaps, raw, raw_gaps, ratio) = (nums[0], nums[1], nums[2], nums[3], nums[4]);
+        // 400 stamps in blocks of 25: 8 blocks a path, 24 gaps inside each.
+        assert_eq!((safe_gaps, raw_gaps), (192.0, 192.0), "{line}");
+        assert!(
+            safe > 0.0 && raw > 0.0 && (ratio - safe / raw).abs() < 0.01,
+            "{line}"
+        );
+    }
+}

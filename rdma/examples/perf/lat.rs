@@ -39,6 +39,7 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
     }
     let mut stamps = Stamps::with_capacity(opts.iters as usize);
     let mut work = Vec::with_capacity(opts.iters as usize);
+    let mut raw_stamp = Vec::new();
     for size in opts.sizes() {
         if !pingpong && server {
             conn.oob.barrier()?;
@@ -50,7 +51,12 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
         match (verb, opts.raw) {
             (Verb::Send, false) => send_safe(conn, opts, size, &mut stamps)?,
             (Verb::Send, true) => send_raw(conn, opts, size, &mut stamps)?,
-            (Verb::Write, false) => write_safe(conn, opts, size, &mut stamps)?,
+            (Verb::Write, false) => match opts.interleave {
+                Some(block) => {
+                    write_interleaved(conn, opts, size, block, &mut stamps, &mut raw_stamp)?
+                }
+                None => write_safe(conn, opts, size, &mut stamps)?,
+            },
             (Verb::Write, true) => write_raw(conn, opts, size, &mut stamps)?,
             (_, false) => one_sided_safe(conn, opts, size, &mut stamps)?,
             (_, true) => one_sided_raw(conn, opts, size, &mut stamps)?,
@@ -60,6 +66,9 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
         conn.oob.barrier()?;
         let rtt_factor = if pingpong { 2.0 } else { 1.0 };
         report::lat_line(size, &stamps, rtt_factor, &mut work);
+        if opts.interleave.is_some() {
+            report::interleaved(&stamps, &raw_stamp, rtt_factor);
+        }
         if opts.cpu {
             report::cpu_line(cpu0, cpu1, stamps.len());
         }
@@ -293,6 +302,98 @@ fn write_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) ->
         if !inline {
             smr = c.take_buffers().into_one();
         }
+    }
+    while rcnt < iters {
+        rcnt += 1;
+        await_write(&conn.target, size, rcnt, &watch)?;
+    }
+    Ok(())
+}
+
+/// `write_lat --interleave BLOCK`: [`write_safe`] and [`write_raw`] in one
+/// run, alternating every `block` iterations (both sides switch at the same
+/// iteration, so a round trip inside a block is all one path). `raw_stamp[i]`
+/// tells whether stamp `i` followed a raw post. Inline sizes post inline on
+/// both paths.
+fn write_interleaved(
+    conn: &mut Conn,
+    opts: &Opts,
+    size: usize,
+    block: u32,
+    stamps: &mut Stamps,
+    raw_stamp: &mut Vec<bool>,
+) -> Res<()> {
+    let server = opts.is_server();
+    let iters = opts.iters;
+    let remote = conn.remote[0];
+    let inline = size <= conn.inline as usize;
+    let mut data = vec![0u8; size];
+    let mut smr = Some(
+        conn.pd
+            .alloc_mr(size, AccessFlags::empty())
+            .or_fail("Couldn't register the send buffer")?,
+    );
+    let (addr, lkey) = smr
+        .as_ref()
+        .map(|m| (m.addr(), m.lkey()))
+        .unwrap_or_default();
+    let mut send = RawSend::new(
+        &conn.qps[0],
+        Verb::Write,
+        opts.atomic,
+        lkey,
+        size,
+        remote,
+        inline,
+    );
+    conn.target
+        .write_at(size - 1, &[0])
+        .or_fail("Couldn't clear the target buffer")?;
+    let mut slot: Option<Completion> = None;
+    let mut wc = [ffi::ibv_wc::default(); 1];
+    raw_stamp.clear();
+    conn.oob.barrier()?;
+    let watch = conn.oob.watch();
+    let qp = &mut conn.qps[0];
+    let mut rcnt: u32 = 0;
+    for scnt in 0..iters {
+        if server || scnt > 0 {
+            rcnt += 1;
+            await_write(&conn.target, size, rcnt, &watch)?;
+        }
+        let n = scnt + 1;
+        let raw = (scnt / block) % 2 == 1;
+        if raw && inline {
+            data[size - 1] = n as u8;
+            // SAFETY: inline data is copied during the post; `data` outlives it.
+            unsafe { send.post(qp, data.as_ptr() as u64, u64::from(n), true) }?;
+            stamps.push();
+            io::wait_one_raw(&conn.send_cq, None, &mut wc, &watch, "RDMA write")?;
+        } else if raw {
+            let mr = smr.as_mut().ok_or("the send buffer is still in flight")?;
+            mr.as_mut_slice().or_fail("send buffer")?[size - 1] = n as u8;
+            // SAFETY: the registration is held in `smr` (not in flight: the
+            // safe path's completions gave it back) until after the
+            // completion polled right after, and nothing writes it meanwhile.
+            unsafe { send.post(qp, addr, u64::from(n), true) }?;
+            stamps.push();
+            io::wait_one_raw(&conn.send_cq, None, &mut wc, &watch, "RDMA write")?;
+        } else if inline {
+            data[size - 1] = n as u8;
+            qp.post_send_inline(InlineSend::write(u64::from(n), &data, remote))
+                .or_fail("Couldn't post send")?;
+            stamps.push();
+            io::wait_one_safe(&conn.send_cq, None, &mut slot, &watch, "RDMA write")?;
+        } else {
+            let mut mr = smr.take().ok_or("the send buffer is still in flight")?;
+            mr.as_mut_slice().or_fail("send buffer")?[size - 1] = n as u8;
+            qp.post_send(rdma::SendWr::write(u64::from(n), mr, remote))
+                .map_err(|e| format!("Couldn't post send: {}", e.error))?;
+            stamps.push();
+            let c = io::wait_one_safe(&conn.send_cq, None, &mut slot, &watch, "RDMA write")?;
+            smr = c.take_buffers().into_one();
+        }
+        raw_stamp.push(raw);
     }
     while rcnt < iters {
         rcnt += 1;

@@ -144,6 +144,9 @@ pub struct Opts {
     pub post: PostPath,
     /// `--raw`: post prebuilt C work requests through the `unsafe` raw API.
     pub raw: bool,
+    /// `--interleave N` (write_lat): blocks of N iterations alternate between
+    /// the safe and the raw path in one run.
+    pub interleave: Option<u32>,
     /// `--cpu`: print the CPU time per iteration after the table.
     pub cpu: bool,
     /// The server to connect to (`None`: be the server).
@@ -215,6 +218,7 @@ enum Key {
     OutReads,
     Post,
     Raw,
+    Interleave,
     Cpu,
     Help,
 }
@@ -249,6 +253,7 @@ const FLAGS: &[Flag] = &[
     Flag { short: Some('o'), long: "outs", value: Some("n"), key: Key::OutReads, help: "outstanding READs/atomics (default: the device maximum)" },
     Flag { short: None, long: "post", value: Some("path"), key: Key::Post, help: "send path: legacy (ibv_post_send, default, as perftest on rxe), extended (ibv_wr_*) or auto" },
     Flag { short: None, long: "raw", value: None, key: Key::Raw, help: "post prebuilt C work requests (unsafe post_send_raw/post_recv_raw, ibv_wr_* for --post extended) and poll with ibv_poll_cq, instead of the safe API" },
+    Flag { short: None, long: "interleave", value: Some("iterations"), key: Key::Interleave, help: "write_lat: alternate blocks of this many iterations between the safe and the raw path in one run; prints each path's latency and safe/raw, which slow periods of the host hit alike" },
     Flag { short: None, long: "cpu", value: None, key: Key::Cpu, help: "print user and system CPU time per iteration after the table" },
     Flag { short: Some('h'), long: "help", value: None, key: Key::Help, help: "print this text" },
 ];
@@ -367,6 +372,14 @@ fn apply(o: &mut Opts, g: &mut Given, key: Key, flag: &str, v: &str) -> Result<(
             }
         }
         Key::Raw => o.raw = true,
+        Key::Interleave => {
+            o.interleave = Some(in_range(
+                flag,
+                number(flag, v, "iterations")?,
+                1,
+                1_000_000,
+            )?)
+        }
         Key::Cpu => o.cpu = true,
         Key::Help => return Err(ArgError::Help),
     }
@@ -404,6 +417,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Opts, ArgError> {
         out_reads: None,
         post: PostPath::Legacy,
         raw: false,
+        interleave: None,
         cpu: false,
         host: None,
     };
@@ -520,6 +534,17 @@ fn finish(mut o: Opts, g: Given) -> Result<Opts, ArgError> {
     if o.raw && o.post == PostPath::Auto {
         return bad("--raw needs an explicit path: --post legacy or --post extended");
     }
+    if o.interleave.is_some() {
+        if o.test.name() != "write_lat" {
+            return bad("--interleave applies to write_lat only");
+        }
+        if o.raw {
+            return bad("--interleave runs both paths: leave out --raw");
+        }
+        if o.post == PostPath::Auto {
+            return bad("--interleave needs an explicit path: --post legacy or --post extended");
+        }
+    }
     Ok(o)
 }
 
@@ -571,9 +596,20 @@ mod tests {
             "write_bw -m 1000",
             "write_bw a b",
             "write_bw --raw --post auto",
+            "send_lat --interleave 50",
+            "write_lat --interleave 0",
+            "write_lat --interleave 50 --raw",
+            "write_lat --interleave 50 --post auto",
         ] {
             assert!(matches!(p(s), Err(ArgError::Bad(_))), "{s:?} accepted");
         }
         assert!(matches!(p("write_bw -h"), Err(ArgError::Help)));
+    }
+
+    #[test]
+    fn interleave_takes_a_block_length() {
+        assert_eq!(p("write_lat").unwrap().interleave, None);
+        let o = p("write_lat -d rxe0 --interleave 50 --post extended host").unwrap();
+        assert_eq!((o.interleave, o.post), (Some(50), PostPath::Extended));
     }
 }

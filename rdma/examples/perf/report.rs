@@ -102,6 +102,35 @@ pub fn lat_line(size: usize, stamps: &Stamps, rtt_factor: f64, work: &mut Vec<f6
     lat_line_of_gaps(size, stamps.len(), stamps.gaps_us(), rtt_factor, work);
 }
 
+/// `--interleave`: the typical latency (median gap, over `rtt_factor`) of
+/// the gaps between two stamps of the same path, for the safe and the raw
+/// path, and their ratio. Gaps across a switch are left out.
+pub fn interleaved(stamps: &Stamps, raw_stamp: &[bool], rtt_factor: f64) {
+    let (mut safe, mut raw) = (Vec::new(), Vec::new());
+    for (i, g) in stamps.gaps_us().enumerate() {
+        match (raw_stamp.get(i), raw_stamp.get(i + 1)) {
+            (Some(false), Some(false)) => safe.push(g / rtt_factor),
+            (Some(true), Some(true)) => raw.push(g / rtt_factor),
+            _ => {}
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => f64::NAN,
+            n if n % 2 == 0 => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+            n => v[n / 2],
+        }
+    };
+    let (s, r) = (median(&mut safe), median(&mut raw));
+    println!(
+        " interleaved: safe t_typical {s:.2} usec ({} gaps), raw t_typical {r:.2} usec ({} gaps), safe/raw {:.4}",
+        safe.len(),
+        raw.len(),
+        s / r
+    );
+}
+
 /// [`lat_line`] over the gaps (in microseconds) of `iters` stamps.
 fn lat_line_of_gaps(
     size: usize,
