@@ -53,7 +53,7 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
             (Verb::Send, true) => send_raw(conn, opts, size, &mut stamps)?,
             (Verb::Write, false) => match opts.interleave {
                 Some(block) => {
-                    write_interleaved(conn, opts, size, block, &mut stamps, &mut raw_stamp)?
+                    write_interleaved(conn, opts, size, Some((block, &mut raw_stamp)), &mut stamps)?
                 }
                 None => write_safe(conn, opts, size, &mut stamps)?,
             },
@@ -259,12 +259,28 @@ fn await_write(target: &MemoryRegion, size: usize, n: u32, watch: &Watch<'_>) ->
 }
 
 fn write_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
+    write_interleaved(conn, opts, size, None, stamps)
+}
+
+/// The safe `write_lat` loop. With `interleave` (`--interleave BLOCK`), also
+/// [`write_raw`]'s: the paths alternate every `BLOCK` iterations (both sides
+/// switch at the same iteration, so a round trip inside a block is all one
+/// path), and the vector is filled with whether each stamp followed a raw
+/// post. Inline sizes post inline on both paths.
+fn write_interleaved(
+    conn: &mut Conn,
+    opts: &Opts,
+    size: usize,
+    mut interleave: Option<(u32, &mut Vec<bool>)>,
+    stamps: &mut Stamps,
+) -> Res<()> {
     let server = opts.is_server();
     let iters = opts.iters;
     let remote = conn.remote[0];
     let inline = size <= conn.inline as usize;
     let mut data = vec![0u8; size];
-    let mut smr = if inline {
+    // The raw path needs the buffer for its address even when inline.
+    let mut smr = if inline && interleave.is_none() {
         None
     } else {
         Some(
@@ -273,66 +289,6 @@ fn write_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) ->
                 .or_fail("Couldn't register the send buffer")?,
         )
     };
-    conn.target
-        .write_at(size - 1, &[0])
-        .or_fail("Couldn't clear the target buffer")?;
-    let mut slot: Option<Completion> = None;
-    conn.oob.barrier()?;
-    let watch = conn.oob.watch();
-    let qp = &mut conn.qps[0];
-    let mut rcnt: u32 = 0;
-    for scnt in 0..iters {
-        if server || scnt > 0 {
-            rcnt += 1;
-            await_write(&conn.target, size, rcnt, &watch)?;
-        }
-        let n = scnt + 1;
-        if inline {
-            data[size - 1] = n as u8;
-            qp.post_send_inline(InlineSend::write(u64::from(n), &data, remote))
-                .or_fail("Couldn't post send")?;
-        } else {
-            let mut mr = smr.take().ok_or("the send buffer is still in flight")?;
-            mr.as_mut_slice().or_fail("send buffer")?[size - 1] = n as u8;
-            qp.post_send(rdma::SendWr::write(u64::from(n), mr, remote))
-                .map_err(|e| format!("Couldn't post send: {}", e.error))?;
-        }
-        stamps.push();
-        let c = io::wait_one_safe(&conn.send_cq, None, &mut slot, &watch, "RDMA write")?;
-        if !inline {
-            smr = c.take_buffers().into_one();
-        }
-    }
-    while rcnt < iters {
-        rcnt += 1;
-        await_write(&conn.target, size, rcnt, &watch)?;
-    }
-    Ok(())
-}
-
-/// `write_lat --interleave BLOCK`: [`write_safe`] and [`write_raw`] in one
-/// run, alternating every `block` iterations (both sides switch at the same
-/// iteration, so a round trip inside a block is all one path). `raw_stamp[i]`
-/// tells whether stamp `i` followed a raw post. Inline sizes post inline on
-/// both paths.
-fn write_interleaved(
-    conn: &mut Conn,
-    opts: &Opts,
-    size: usize,
-    block: u32,
-    stamps: &mut Stamps,
-    raw_stamp: &mut Vec<bool>,
-) -> Res<()> {
-    let server = opts.is_server();
-    let iters = opts.iters;
-    let remote = conn.remote[0];
-    let inline = size <= conn.inline as usize;
-    let mut data = vec![0u8; size];
-    let mut smr = Some(
-        conn.pd
-            .alloc_mr(size, AccessFlags::empty())
-            .or_fail("Couldn't register the send buffer")?,
-    );
     let (addr, lkey) = smr
         .as_ref()
         .map(|m| (m.addr(), m.lkey()))
@@ -351,7 +307,9 @@ fn write_interleaved(
         .or_fail("Couldn't clear the target buffer")?;
     let mut slot: Option<Completion> = None;
     let mut wc = [ffi::ibv_wc::default(); 1];
-    raw_stamp.clear();
+    if let Some((_, raw_stamp)) = interleave.as_mut() {
+        raw_stamp.clear();
+    }
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
     let qp = &mut conn.qps[0];
@@ -362,7 +320,14 @@ fn write_interleaved(
             await_write(&conn.target, size, rcnt, &watch)?;
         }
         let n = scnt + 1;
-        let raw = (scnt / block) % 2 == 1;
+        let raw = match interleave.as_mut() {
+            Some((block, raw_stamp)) => {
+                let raw = (scnt / *block) % 2 == 1;
+                raw_stamp.push(raw);
+                raw
+            }
+            None => false,
+        };
         if raw && inline {
             data[size - 1] = n as u8;
             // SAFETY: inline data is copied during the post; `data` outlives it.
@@ -393,7 +358,6 @@ fn write_interleaved(
             let c = io::wait_one_safe(&conn.send_cq, None, &mut slot, &watch, "RDMA write")?;
             smr = c.take_buffers().into_one();
         }
-        raw_stamp.push(raw);
     }
     while rcnt < iters {
         rcnt += 1;
