@@ -707,6 +707,7 @@ impl Tracker {
         } else {
             // Send queues complete in order: everything before it is done
             // too.
+            c.unsignaled.reserve(off as usize);
             for _ in 0..off {
                 // SAFETY: the caller's contract; these are before `off`.
                 if let Some(p) = unsafe { q.advance() } {
