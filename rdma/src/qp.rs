@@ -1228,19 +1228,17 @@ impl QueuePair {
                 v.len()
             }
         };
-        let serial = self.tracker.serial;
         // SAFETY: `&mut self`: the only poster to this QP's send queue.
         let mut ring = unsafe { self.tracker.producer(false) };
-        let seq = ring.next_seq();
         let rc = match self.qpx {
             Some(qpx) if !(self.auto_path && n > 1) => {
                 let sge_at = [(0, n)];
                 let one = std::slice::from_ref(&wr);
-                Self::post_extended(qpx, one, &mut sges[..n], &sge_at, serial, seq).0
+                Self::post_extended(qpx, one, &mut sges[..n], &sge_at, &ring).0
             }
             _ => {
                 let mut raw = ffi::ibv_send_wr {
-                    wr_id: track::encode(serial, false, seq),
+                    wr_id: ring.wr_id(0),
                     sg_list: if n == 0 {
                         std::ptr::null_mut()
                     } else {
@@ -1371,16 +1369,12 @@ impl QueuePair {
             sge_at.push((sges.len(), w.buffers.len()));
             w.buffers.for_each(|m| sges.push(m.sge()));
         }
-        let serial = self.tracker.serial;
         // SAFETY: `&mut self`: the only poster to this QP's send queue.
         let mut ring = unsafe { self.tracker.producer(false) };
-        let first_seq = ring.next_seq();
         let scatter = self.auto_path && wrs.iter().any(|w| w.buffers.len() > 1);
         let (rc, posted) = match self.qpx {
-            Some(qpx) if !scatter => {
-                Self::post_extended(qpx, &wrs, &mut sges, &sge_at, serial, first_seq)
-            }
-            _ => self.post_legacy(&wrs, &mut sges, &sge_at, serial, first_seq),
+            Some(qpx) if !scatter => Self::post_extended(qpx, &wrs, &mut sges, &sge_at, &ring),
+            _ => self.post_legacy(&wrs, &mut sges, &sge_at, &ring),
         };
         let mut rest = wrs;
         let unposted = rest.split_off(posted);
@@ -1420,8 +1414,7 @@ impl QueuePair {
         wrs: &[SendWr],
         sges: &mut [ffi::ibv_sge],
         sge_at: &[(usize, usize)],
-        serial: u32,
-        first_seq: u32,
+        ring: &track::Producer<'_>,
     ) -> (std::ffi::c_int, usize) {
         // One request (the common case) needs no heap.
         let mut single = [ffi::ibv_send_wr::default()];
@@ -1435,7 +1428,7 @@ impl QueuePair {
         for (i, w) in wrs.iter().enumerate() {
             let (at, n) = sge_at[i];
             let mut r = ffi::ibv_send_wr {
-                wr_id: track::encode(serial, false, first_seq.wrapping_add(i as u32)),
+                wr_id: ring.wr_id(i as u32),
                 sg_list: if n == 0 {
                     std::ptr::null_mut()
                 } else {
@@ -1518,8 +1511,7 @@ impl QueuePair {
         wrs: &[SendWr],
         sges: &mut [ffi::ibv_sge],
         sge_at: &[(usize, usize)],
-        serial: u32,
-        first_seq: u32,
+        ring: &track::Producer<'_>,
     ) -> (std::ffi::c_int, usize) {
         let q = qpx.as_ptr();
         // SAFETY: `q` is the extended view of this live QP; the batch is
@@ -1528,7 +1520,7 @@ impl QueuePair {
         unsafe {
             ffi::ibv_wr_start(q);
             for (i, w) in wrs.iter().enumerate() {
-                (*q).wr_id = track::encode(serial, false, first_seq.wrapping_add(i as u32));
+                (*q).wr_id = ring.wr_id(i as u32);
                 (*q).wr_flags = w.flags.bits();
                 Self::emit_op(q, &w.op, &w.ud, w.xrc_srqn);
                 let (at, n) = sge_at[i];
@@ -1570,12 +1562,10 @@ impl QueuePair {
             length: wr.data.len() as u32,
             lkey: 0,
         };
-        let serial = self.tracker.serial;
         // SAFETY: `&mut self`: the only poster to this QP's send queue.
         let mut ring = unsafe { self.tracker.producer(false) };
-        let seq = ring.next_seq();
         let mut raw = ffi::ibv_send_wr {
-            wr_id: track::encode(serial, false, seq),
+            wr_id: ring.wr_id(0),
             sg_list: &mut sge,
             num_sge: i32::from(!wr.data.is_empty()),
             send_flags: (wr.flags | SendFlags::INLINE).bits(),
@@ -1657,10 +1647,9 @@ impl QueuePair {
         let ring = unsafe { self.tracker.producer(true) };
         // SAFETY: `post_recv_one` hands over a well-formed request whose
         // memory it parks in the tracker; the QP is live.
-        let (rc, back) =
-            track::post_recv_one(&self.tracker, ring, wr_id, buffers, |wr, bad| unsafe {
-                ffi::ibv_post_recv(qp, wr, bad)
-            });
+        let (rc, back) = track::post_recv_one(ring, wr_id, buffers, |wr, bad| unsafe {
+            ffi::ibv_post_recv(qp, wr, bad)
+        });
         match back {
             None => Ok(()),
             Some(req) => Err(PostError {
@@ -1712,7 +1701,7 @@ impl QueuePair {
         let ring = unsafe { self.tracker.producer(true) };
         // SAFETY: `post_recvs` hands over a well-formed chain whose memory it
         // parks in the tracker; the QP is live.
-        let (rc, unposted) = track::post_recvs(&self.tracker, ring, wrs, |chain, bad| unsafe {
+        let (rc, unposted) = track::post_recvs(ring, wrs, |chain, bad| unsafe {
             ffi::ibv_post_recv(qp, chain, bad)
         });
         if rc == 0 {
@@ -1760,10 +1749,9 @@ impl QueuePair {
             0
         };
         let (info, _) = mw.bind_info(mr, offset, len, access, next_rkey)?;
-        let serial = self.tracker.serial;
         // SAFETY: `&mut self`: the only poster to this QP's send queue.
         let mut ring = unsafe { self.tracker.producer(false) };
-        let id = track::encode(serial, false, ring.next_seq());
+        let id = ring.wr_id(0);
         let rc = if !type2 {
             let mut bind = ffi::ibv_mw_bind {
                 wr_id: id,

@@ -387,10 +387,9 @@ impl SharedReceiveQueue {
         let ring = unsafe { self.inner.tracker.producer(true) };
         // SAFETY: `post_recvs` hands over a well-formed chain whose memory it
         // parks in the tracker; the SRQ is live.
-        let (rc, unposted) =
-            track::post_recvs(&self.inner.tracker, ring, wrs, |chain, bad| unsafe {
-                ffi::ibv_post_srq_recv(srq, chain, bad)
-            });
+        let (rc, unposted) = track::post_recvs(ring, wrs, |chain, bad| unsafe {
+            ffi::ibv_post_srq_recv(srq, chain, bad)
+        });
         if rc == 0 {
             return Ok(());
         }

@@ -531,6 +531,9 @@ impl Ring {
 /// Dropping it publishes what was pushed.
 pub(crate) struct Producer<'a> {
     queue: &'a Queue,
+    /// The tracker's serial and which queue: what the `wr_id`s encode.
+    serial: u32,
+    recv: bool,
     _lock: Option<SpinGuard<'a, ()>>,
 }
 
@@ -540,6 +543,12 @@ impl Producer<'_> {
     pub fn next_seq(&self) -> u32 {
         // SAFETY: a `Producer` is the queue's only producer while it lives.
         unsafe { self.queue.staged() }
+    }
+
+    /// Our `wr_id` for the request `i` places after the next one.
+    #[inline]
+    pub fn wr_id(&self, i: u32) -> u64 {
+        encode(self.serial, self.recv, self.next_seq().wrapping_add(i))
     }
 
     /// Parks a posted request's memory until its completion.
@@ -613,6 +622,8 @@ impl Tracker {
         unsafe { ring.queue.begin() };
         Producer {
             queue: &ring.queue,
+            serial: self.serial,
+            recv,
             _lock: lock,
         }
     }
@@ -759,11 +770,10 @@ impl Kept {
 
 /// Posts receive requests with `post` (`ibv_post_recv` on a QP or
 /// `ibv_post_srq_recv` on an SRQ, given the chain and the bad-request
-/// out-pointer) and parks the memory of those posted through `ring`,
-/// `tracker`'s receive queue producer. Returns the provider's return code and
+/// out-pointer) and parks the memory of those posted through `ring`, a
+/// receive queue's producer. Returns the provider's return code and
 /// the requests not posted.
 pub(crate) fn post_recvs(
-    tracker: &Tracker,
     mut ring: Producer<'_>,
     wrs: Vec<(u64, WrBuffers)>,
     post: impl FnOnce(*mut ffi::ibv_recv_wr, *mut *mut ffi::ibv_recv_wr) -> std::ffi::c_int,
@@ -777,12 +787,11 @@ pub(crate) fn post_recvs(
         sge_at.push((sges.len(), b.len()));
         b.for_each(|m| sges.push(m.sge()));
     }
-    let first = ring.next_seq();
     let mut raw: Vec<ffi::ibv_recv_wr> = sge_at
         .iter()
         .enumerate()
         .map(|(i, &(at, n))| ffi::ibv_recv_wr {
-            wr_id: encode(tracker.serial, true, first.wrapping_add(i as u32)),
+            wr_id: ring.wr_id(i as u32),
             next: std::ptr::null_mut(),
             sg_list: if n == 0 {
                 std::ptr::null_mut()
@@ -826,7 +835,6 @@ pub(crate) fn post_recvs(
 /// [`post_recvs`] for one request with at most four scatter/gather entries,
 /// without touching the heap. Returns the request when it was not posted.
 pub(crate) fn post_recv_one(
-    tracker: &Tracker,
     mut ring: Producer<'_>,
     wr_id: u64,
     buffers: WrBuffers,
@@ -841,12 +849,11 @@ pub(crate) fn post_recv_one(
         n += 1;
     });
     if n > sges.len() {
-        let (rc, mut rest) = post_recvs(tracker, ring, vec![(wr_id, buffers)], post);
+        let (rc, mut rest) = post_recvs(ring, vec![(wr_id, buffers)], post);
         return (rc, rest.pop());
     }
-    let seq = ring.next_seq();
     let mut raw = ffi::ibv_recv_wr {
-        wr_id: encode(tracker.serial, true, seq),
+        wr_id: ring.wr_id(0),
         next: std::ptr::null_mut(),
         sg_list: if n == 0 {
             std::ptr::null_mut()
