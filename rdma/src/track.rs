@@ -190,11 +190,13 @@ pub(crate) struct Queue {
     /// Set by the producer while requests it handed to the provider may not
     /// be published yet: their completion can be polled in that window.
     posting: AtomicBool,
-    /// Producer only: the block holding slot `staged`, and `staged` (the
-    /// entries written, published or not).
-    prod: UnsafeCell<(NonNull<Block>, u32)>,
-    /// Consumer only: the block holding slot `head`.
-    cons: UnsafeCell<NonNull<Block>>,
+    /// Producer only: the block holding slot `staged` (`None` until the
+    /// first push), and `staged` (the entries written, published or not).
+    prod: UnsafeCell<(Option<NonNull<Block>>, u32)>,
+    /// Consumer only: the block holding slot `head`. `None` until the first
+    /// push, which sets it before it publishes anything (the consumer reads
+    /// it only for a published entry, so after loading a tail past it).
+    cons: UnsafeCell<Option<NonNull<Block>>>,
     /// A passed block the consumer hands back for reuse (null: none); only
     /// the consumer stores a block and only the producer takes it.
     spare: AtomicPtr<Block>,
@@ -215,15 +217,19 @@ const _: () = {
 };
 
 impl Queue {
+    /// An empty queue. Its first block is allocated by its first push: a
+    /// queue that is never posted to (a receive queue fed by an SRQ, a
+    /// connection set up and torn down) costs no block, and making one
+    /// touches no fresh memory (setting up many connections, cmtime measured
+    /// it: a page fault per QP).
     fn new() -> Queue {
-        let b = Block::alloc();
         Queue {
             tail: AtomicU32::new(0),
             head: AtomicU32::new(0),
             holes: AtomicU32::new(0),
             posting: AtomicBool::new(false),
-            prod: UnsafeCell::new((b, 0)),
-            cons: UnsafeCell::new(b),
+            prod: UnsafeCell::new((None, 0)),
+            cons: UnsafeCell::new(None),
             spare: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
@@ -255,6 +261,12 @@ impl Queue {
     unsafe fn push(&self, p: Pending) {
         // SAFETY: producer-only cell, and the caller is the producer.
         let (block, staged) = unsafe { &mut *self.prod.get() };
+        let block = match block {
+            Some(b) => b,
+            // SAFETY: the caller is the producer, and `prod` has no block,
+            // so this is the first push.
+            None => block.insert(unsafe { self.first_block() }),
+        };
         // SAFETY: the producer's block is live (the consumer frees only
         // blocks it has passed, and it never passes unpublished slots).
         let b = unsafe { block.as_ref() };
@@ -270,6 +282,21 @@ impl Queue {
             b.next.store(next.as_ptr(), Ordering::Release);
             *block = next;
         }
+    }
+
+    /// Allocates the first block and makes it the consumer's too.
+    ///
+    /// # Safety
+    /// The caller is the producer, in the queue's first push.
+    #[cold]
+    unsafe fn first_block(&self) -> NonNull<Block> {
+        let b = Block::alloc();
+        // SAFETY: nothing is published yet, so the consumer does not read
+        // `cons` (it reads it only for an entry before the tail it loaded
+        // with Acquire); the Release store of `tail` that publishes the first
+        // entry publishes this write too.
+        unsafe { *self.cons.get() = Some(b) };
+        b
     }
 
     /// A block the consumer handed back, if any.
@@ -360,7 +387,10 @@ impl Queue {
     unsafe fn advance_with(&self, f: impl FnOnce(&mut Option<Pending>)) {
         let head = self.head.load(Ordering::Relaxed);
         // SAFETY: consumer-only cell, and the caller is the consumer.
-        let block = unsafe { &mut *self.cons.get() };
+        let Some(block) = (unsafe { &mut *self.cons.get() }).as_mut() else {
+            // Cannot happen: an entry was published, so pushed.
+            return;
+        };
         // SAFETY: the consumer's block is live until the consumer frees it.
         let b = unsafe { block.as_ref() };
         // SAFETY: slot `head` is published (before the Acquire-loaded
@@ -401,8 +431,11 @@ impl Queue {
             let head = self.head.load(Ordering::Relaxed);
             // SAFETY: consumer-only cell; slot `head` is published.
             let hole = unsafe {
-                let b = (*self.cons.get()).as_ref();
-                (*b.slots[head as usize % BLOCK].get()).is_none()
+                let Some(b) = *self.cons.get() else {
+                    // Cannot happen: entries were published, so pushed.
+                    return;
+                };
+                (*b.as_ref().slots[head as usize % BLOCK].get()).is_none()
             };
             if !hole {
                 return;
@@ -419,7 +452,7 @@ impl Queue {
     unsafe fn take_at(&self, off: u32) -> Option<Pending> {
         let head = self.head.load(Ordering::Relaxed);
         // SAFETY: consumer-only cell.
-        let mut b = unsafe { *self.cons.get() };
+        let mut b = unsafe { *self.cons.get() }?;
         let mut i = head as usize % BLOCK + off as usize;
         while i >= BLOCK {
             // SAFETY: blocks from the consumer's up to the published tail are
@@ -473,7 +506,7 @@ impl Drop for Queue {
         drop(self.drain());
         // Free the chain from the consumer's block (the producer's is its
         // last), then the spare.
-        let mut b = Some(*self.cons.get_mut());
+        let mut b = *self.cons.get_mut();
         while let Some(blk) = b {
             // SAFETY: the chain's blocks are owned by the queue, which goes.
             let boxed = unsafe { Box::from_raw(blk.as_ptr()) };
@@ -1151,6 +1184,28 @@ mod tests {
         let ids: Vec<u64> = c.unsignaled.iter().map(|(id, _)| *id).collect();
         assert_eq!(ids, seqs.iter().map(|(_, id)| *id).collect::<Vec<_>>());
         assert_eq!(t.in_flight(), (0, 0));
+    }
+
+    #[test]
+    fn a_queue_allocates_its_first_block_on_its_first_push() {
+        let reg = Registry::default();
+        let t = qp(&reg);
+        let blocks = |q: &Queue| {
+            // SAFETY: no producer or consumer runs in this test meanwhile.
+            unsafe { ((*q.prod.get()).0.is_some(), (*q.cons.get()).is_some()) }
+        };
+        assert_eq!(blocks(&t.sq.queue), (false, false));
+        assert_eq!(blocks(&t.rq.queue), (false, false));
+        // A completion for a queue that never had an entry is left bare.
+        let stray = reg.completion(&wc(encode(t.serial, true, 0)));
+        assert_eq!(stray.wr_id, encode(t.serial, true, 0));
+        let seq = pending(&t, true, 42);
+        assert_eq!(blocks(&t.rq.queue), (true, true));
+        assert_eq!(blocks(&t.sq.queue), (false, false));
+        assert_eq!(reg.completion(&wc(encode(t.serial, true, seq))).wr_id, 42);
+        assert_eq!(t.in_flight(), (0, 0));
+        // A tracker that never posted drops without a block to free.
+        drop(Tracker::shared());
     }
 
     #[test]
