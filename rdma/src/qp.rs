@@ -478,8 +478,6 @@ impl QueuePairBuilder {
         owner: Option<Arc<dyn QpOwner>>,
     ) -> QueuePair {
         let tracker = Tracker::for_qp(&self.send_cq.inner.registry, &self.recv_cq.inner.registry);
-        self.send_cq.inner.registry.register(&tracker);
-        self.recv_cq.inner.registry.register(&tracker);
         if let Some(srq) = &self.srq {
             srq.attach_cq(&self.recv_cq.inner);
         }

@@ -610,14 +610,20 @@ pub(crate) struct Tracker {
 }
 
 impl Tracker {
-    /// A QP's tracker: its send queue completes on the CQ of `send`, its
-    /// receive queue on that of `recv`.
+    /// A QP's tracker, registered with the registries of its CQs: its send
+    /// queue completes on the CQ of `send` (whose polls alone consume it),
+    /// its receive queue on that of `recv`.
     pub fn for_qp(send: &Registry, recv: &Registry) -> Arc<Tracker> {
-        Arc::new(Tracker {
+        let t = Arc::new(Tracker {
             serial: next_serial(),
             sq: Ring::new(Some(send)),
             rq: Ring::new(Some(recv)),
-        })
+        });
+        send.register(&t);
+        if !std::ptr::eq(send, recv) {
+            recv.register(&t);
+        }
+        t
     }
 
     /// A shared receive queue's tracker.
@@ -1045,9 +1051,7 @@ mod tests {
     }
 
     fn qp(reg: &Registry) -> Arc<Tracker> {
-        let t = Tracker::for_qp(reg, reg);
-        reg.register(&t);
-        t
+        Tracker::for_qp(reg, reg)
     }
 
     #[test]
@@ -1143,8 +1147,6 @@ mod tests {
             Registry::default(),
         );
         let t = Tracker::for_qp(&send, &recv);
-        send.register(&t);
-        recv.register(&t);
         other.register(&t);
         let s = pending(&t, false, 1);
         let r = pending(&t, true, 2);
