@@ -487,6 +487,8 @@ impl QueuePairBuilder {
             auto_path: self.post_path == PostPath::Auto,
             qp_type: self.qp_type,
             caps: QpCaps::from_raw(&cap),
+            plain_sends: !matches!(self.qp_type, QpType::Ud | QpType::XrcSend)
+                && cap.max_send_sge > 0,
             max_msg: std::sync::atomic::AtomicU32::new(0),
             tracker,
             send_cq: self.send_cq.clone(),
@@ -790,6 +792,9 @@ pub struct QueuePair {
     auto_path: bool,
     qp_type: QpType,
     caps: QpCaps,
+    /// Sends of this QP may take the quick check: its type needs no UD
+    /// destination or XRC SRQ, and it has a send scatter entry (set once).
+    plain_sends: bool,
     /// The largest message the QP may send, learnt at `to_init` from the
     /// port (`max_msg_sz`; the active MTU for UD); 0 until then.
     max_msg: std::sync::atomic::AtomicU32,
@@ -1189,10 +1194,11 @@ impl QueuePair {
     pub fn post_send(&mut self, wr: SendWr) -> std::result::Result<(), PostError> {
         // One request with a short scatter list: no allocation on the way.
         const SHORT: usize = 4;
-        if wr.buffers.len() > SHORT {
-            return self.post_send_batch(std::iter::once(wr));
-        }
         if !self.send_plainly_valid(&wr) {
+            // (The quick check passes one region at most.)
+            if wr.buffers.len() > SHORT {
+                return self.post_send_batch(std::iter::once(wr));
+            }
             // The full checks, which explain what is wrong (the quick one
             // only accepts common requests it can vouch for).
             let check = self
@@ -1212,27 +1218,31 @@ impl QueuePair {
                 });
             }
         }
-        let mut sges = [ffi::ibv_sge::default(); SHORT];
-        let n = match &wr.buffers {
-            WrBuffers::None => 0,
+        // The scatter list: built in place, only as long as it needs to be.
+        let mut one;
+        let mut many;
+        let sges: &mut [ffi::ibv_sge] = match &wr.buffers {
+            WrBuffers::None => &mut [],
             WrBuffers::One(m) => {
-                sges[0] = m.sge();
-                1
+                one = m.sge();
+                std::slice::from_mut(&mut one)
             }
             WrBuffers::Many(v) => {
-                for (s, m) in sges.iter_mut().zip(v) {
+                many = [ffi::ibv_sge::default(); SHORT];
+                for (s, m) in many.iter_mut().zip(v) {
                     *s = m.sge();
                 }
-                v.len()
+                &mut many[..v.len()]
             }
         };
+        let n = sges.len();
         // SAFETY: `&mut self`: the only poster to this QP's send queue.
         let mut ring = unsafe { self.tracker.producer(false) };
         let rc = match self.qpx {
             Some(qpx) if !(self.auto_path && n > 1) => {
                 let sge_at = [(0, n)];
                 let one = std::slice::from_ref(&wr);
-                Self::post_extended(qpx, one, &mut sges[..n], &sge_at, &ring).0
+                Self::post_extended(qpx, one, sges, &sge_at, &ring).0
             }
             _ => {
                 let mut raw = ffi::ibv_send_wr {
@@ -1281,15 +1291,11 @@ impl QueuePair {
     /// goes through the full checks.
     #[inline]
     fn send_plainly_valid(&self, wr: &SendWr) -> bool {
-        if wr.ud.is_some()
-            || wr.xrc_srqn.is_some()
-            || matches!(self.qp_type, QpType::Ud | QpType::XrcSend)
-        {
+        if !self.plain_sends || wr.ud.is_some() || wr.xrc_srqn.is_some() {
             return false;
         }
-        let Some(len) =
-            self.buffers_plainly_valid(&wr.buffers, self.caps.max_send_sge, wr.op.writes_local())
-        else {
+        // `plain_sends`: the QP has a send scatter entry.
+        let Some(len) = self.buffers_plainly_valid(&wr.buffers, 1, wr.op.writes_local()) else {
             return false;
         };
         let max = u64::from(self.max_msg.load(std::sync::atomic::Ordering::Relaxed));

@@ -716,12 +716,18 @@ impl Tracker {
                 // published.
                 unsafe {
                     q.advance_with(|slot| {
-                        if let Some(p) = slot {
-                            c.wr_id = p.wr_id;
-                            c.buffers = std::mem::take(&mut p.buffers);
-                            if p._ah.is_some() || p._mw.is_some() {
-                                Kept::keep(later, p._ah.take(), p._mw.take());
-                            }
+                        // Taken whole and unpacked: the slot is left `None`,
+                        // so emptying it drops nothing.
+                        if let Some(Pending {
+                            wr_id,
+                            buffers,
+                            _ah,
+                            _mw,
+                        }) = slot.take()
+                        {
+                            c.wr_id = wr_id;
+                            c.buffers = buffers;
+                            Kept::keep(later, _ah, _mw);
                         }
                     })
                 };
