@@ -1232,6 +1232,8 @@ impl QueuePair {
                 for (s, m) in many.iter_mut().zip(v) {
                     *s = m.sge();
                 }
+                // At most SHORT: longer lists went to post_send_batch above
+                // (the quick check passes no list).
                 &mut many[..v.len()]
             }
         };

@@ -721,13 +721,13 @@ impl Tracker {
                         if let Some(Pending {
                             wr_id,
                             buffers,
-                            _ah,
-                            _mw,
+                            _ah: ah,
+                            _mw: mw,
                         }) = slot.take()
                         {
                             c.wr_id = wr_id;
                             c.buffers = buffers;
-                            Kept::keep(later, _ah, _mw);
+                            Kept::keep(later, ah, mw);
                         }
                     })
                 };
