@@ -1268,3 +1268,73 @@ fn perf_interleave_times_both_paths_in_one_run() {
         );
     }
 }
+
+/// `-U` prints every sample in the order taken and `-H` sorted, as
+/// perftest does (`#, usec` and `N, value` lines after the header, then the
+/// rule and the header again before the row); the sorted list is the
+/// unsorted one sorted, and the row's t_min and t_typical come from the
+/// same samples.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn perf_sample_reports_print_every_sample() {
+    let out = perf_pair("write_lat", &["-n", "200", "-U", "-H"], 18872);
+    let mut lines = out
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with(" #bytes"))
+        .skip(1);
+    let mut blocks: Vec<Vec<f64>> = Vec::new();
+    let after = loop {
+        let l = lines
+            .next()
+            .unwrap_or_else(|| panic!("no row after the samples:\n{out}"));
+        if l == "#, usec" {
+            blocks.push(Vec::new());
+        } else if let Some((n, v)) = l.split_once(", ") {
+            let block = blocks
+                .last_mut()
+                .unwrap_or_else(|| panic!("{l:?} before '#, usec':\n{out}"));
+            assert_eq!(n.parse::<usize>().ok(), Some(block.len() + 1), "{l:?}");
+            block.push(v.parse().unwrap_or_else(|_| panic!("{l:?}:\n{out}")));
+        } else {
+            break l;
+        }
+    };
+    assert!(
+        after.starts_with("-----"),
+        "{after:?} after the samples:\n{out}"
+    );
+    assert!(
+        lines.next().is_some_and(|l| l.starts_with(" #bytes")),
+        "no header after the samples:\n{out}"
+    );
+    assert_eq!(blocks.len(), 2, "unsorted then sorted:\n{out}");
+    // 200 stamps, 199 gaps.
+    assert!(
+        blocks.iter().all(|b| b.len() == 199),
+        "{:?}",
+        blocks.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+    let mut sorted = blocks[0].clone();
+    sorted.sort_by(f64::total_cmp);
+    assert_eq!(sorted, blocks[1]);
+    assert!(sorted[0] > 0.0, "{sorted:?}");
+    let row: Vec<f64> = lines
+        .next()
+        .unwrap_or_else(|| panic!("no row:\n{out}"))
+        .split_whitespace()
+        .map(|f| f.parse().unwrap())
+        .collect();
+    // t_min is the smallest sample, t_typical the median of all but the
+    // two largest: 197 samples, the 99th (printed with two decimals).
+    assert!(
+        (row[2] - sorted[0]).abs() < 0.006,
+        "{row:?} vs {}",
+        sorted[0]
+    );
+    assert!(
+        (row[4] - sorted[98]).abs() < 0.006,
+        "{row:?} vs {}",
+        sorted[98]
+    );
+}

@@ -65,6 +65,15 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
         let cpu1 = report::cpu_times();
         conn.oob.barrier()?;
         let rtt_factor = if pingpong { 2.0 } else { 1.0 };
+        if opts.report_unsorted || opts.report_histogram {
+            report::samples(
+                &stamps,
+                rtt_factor,
+                opts.report_unsorted,
+                opts.report_histogram,
+                &mut work,
+            );
+        }
         report::lat_line(size, &stamps, rtt_factor, &mut work);
         if opts.interleave.is_some() {
             report::interleaved(&stamps, &raw_stamp, rtt_factor);

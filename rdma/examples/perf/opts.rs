@@ -149,6 +149,11 @@ pub struct Opts {
     pub interleave: Option<u32>,
     /// `--cpu`: print the CPU time per iteration after the table.
     pub cpu: bool,
+    /// `-U` (latency tests): print every sample in the order taken, as
+    /// perftest does (`#, usec` then `N, value` lines before the row).
+    pub report_unsorted: bool,
+    /// `-H` (latency tests): print every sample, sorted.
+    pub report_histogram: bool,
     /// The server to connect to (`None`: be the server).
     pub host: Option<String>,
 }
@@ -220,6 +225,8 @@ enum Key {
     Raw,
     Interleave,
     Cpu,
+    Unsorted,
+    Histogram,
     Help,
 }
 
@@ -242,7 +249,7 @@ const FLAGS: &[Flag] = &[
     Flag { short: Some('I'), long: "inline_size", value: Some("bytes"), key: Key::Inline, help: "send messages up to this size inline (default 0: perftest enables inline only on NICs it knows, not on soft-RoCE)" },
     Flag { short: Some('e'), long: "events", value: None, key: Key::Events, help: "sleep on completion events instead of busy polling" },
     Flag { short: Some('p'), long: "port", value: Some("port"), key: Key::Port, help: "TCP port of the out-of-band exchange (default 18515)" },
-    Flag { short: Some('F'), long: "CPU-freq", value: None, key: Key::CpuFreq, help: "accepted for perftest compatibility (times come from CLOCK_MONOTONIC, not the TSC)" },
+    Flag { short: Some('F'), long: "CPU-freq", value: None, key: Key::CpuFreq, help: "accepted for perftest compatibility (perf measures the TSC rate against CLOCK_MONOTONIC over each run)" },
     Flag { short: Some('q'), long: "qp", value: Some("n"), key: Key::Qps, help: "number of QPs, bandwidth tests only (default 1)" },
     Flag { short: Some('t'), long: "tx-depth", value: Some("n"), key: Key::TxDepth, help: "requests in flight per QP (default 128 for bandwidth, 1 for latency)" },
     Flag { short: Some('r'), long: "rx-depth", value: Some("n"), key: Key::RxDepth, help: "receives posted per QP in SEND tests (default 512)" },
@@ -254,6 +261,8 @@ const FLAGS: &[Flag] = &[
     Flag { short: None, long: "post", value: Some("path"), key: Key::Post, help: "send path: legacy (ibv_post_send, default, as perftest on rxe), extended (ibv_wr_*) or auto" },
     Flag { short: None, long: "raw", value: None, key: Key::Raw, help: "post prebuilt C work requests (unsafe post_send_raw/post_recv_raw, ibv_wr_* for --post extended) and poll with ibv_poll_cq, instead of the safe API" },
     Flag { short: None, long: "interleave", value: Some("iterations"), key: Key::Interleave, help: "write_lat: alternate blocks of this many iterations between the safe and the raw path in one run; prints each path's latency and safe/raw, which slow periods of the host hit alike" },
+    Flag { short: Some('H'), long: "report-histogram", value: None, key: Key::Histogram, help: "latency tests: print every sample, sorted (perftest's format)" },
+    Flag { short: Some('U'), long: "report-unsorted", value: None, key: Key::Unsorted, help: "latency tests: print every sample in the order taken" },
     Flag { short: None, long: "cpu", value: None, key: Key::Cpu, help: "print user and system CPU time per iteration after the table" },
     Flag { short: Some('h'), long: "help", value: None, key: Key::Help, help: "print this text" },
 ];
@@ -381,6 +390,8 @@ fn apply(o: &mut Opts, g: &mut Given, key: Key, flag: &str, v: &str) -> Result<(
             )?)
         }
         Key::Cpu => o.cpu = true,
+        Key::Histogram => o.report_histogram = true,
+        Key::Unsorted => o.report_unsorted = true,
         Key::Help => return Err(ArgError::Help),
     }
     Ok(())
@@ -419,6 +430,8 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Opts, ArgError> {
         raw: false,
         interleave: None,
         cpu: false,
+        report_unsorted: false,
+        report_histogram: false,
         host: None,
     };
     let mut g = Given::default();
@@ -524,6 +537,9 @@ fn finish(mut o: Opts, g: Given) -> Result<Opts, ArgError> {
     }
     if kind == Kind::Lat && o.qps != 1 {
         return bad("-q applies to bandwidth tests only: latency tests use one QP");
+    }
+    if kind == Kind::Bw && (o.report_histogram || o.report_unsorted) {
+        return bad("-H and -U apply to latency tests only");
     }
     if o.events && o.test.name() == "write_lat" {
         return bad("-e does not apply to write_lat, which polls memory for arrivals");

@@ -102,6 +102,67 @@ pub fn lat_line(size: usize, stamps: &Stamps, rtt_factor: f64, work: &mut Vec<f6
     lat_line_of_gaps(size, stamps.len(), stamps.gaps_us(), rtt_factor, work);
 }
 
+/// `-U` / `-H`: every sample (gap over `rtt_factor`) as perftest prints
+/// them: a `#, usec` line then `N, value` lines, in the order taken for
+/// `unsorted`, sorted for `sorted` (both blocks when both are asked for),
+/// then the rule and the column header again, so that the row follows a
+/// header as without them.
+pub fn samples(
+    stamps: &Stamps,
+    rtt_factor: f64,
+    unsorted: bool,
+    sorted: bool,
+    work: &mut Vec<f64>,
+) {
+    use std::io::Write;
+    work.clear();
+    work.extend(stamps.gaps_us().map(|g| g / rtt_factor));
+    let out = std::io::stdout();
+    let mut out = std::io::BufWriter::new(out.lock());
+    let mut print = |v: &[f64]| -> std::io::Result<()> {
+        writeln!(out, "#, usec")?;
+        for (i, x) in v.iter().enumerate() {
+            writeln!(out, "{}, {}", i + 1, Sig6(*x))?;
+        }
+        Ok(())
+    };
+    let mut r = Ok(());
+    if unsorted {
+        r = r.and_then(|()| print(work));
+    }
+    if sorted {
+        work.sort_by(f64::total_cmp);
+        r = r.and_then(|()| print(work));
+    }
+    if let Err(e) = r.and_then(|()| out.flush()) {
+        eprintln!("perf: writing the samples: {e}");
+    }
+    drop(out);
+    println!("{}", rule());
+    lat_header();
+}
+
+/// A number with six significant digits and no trailing zeros, like C's
+/// `%g` for the values latency samples take (1e-4 to 1e15).
+struct Sig6(f64);
+
+impl std::fmt::Display for Sig6 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let x = self.0;
+        if !x.is_finite() || x == 0.0 {
+            return write!(f, "{x}");
+        }
+        let digits = 5 - x.abs().log10().floor() as i32;
+        let s = format!("{:.*}", digits.max(0) as usize, x);
+        let s = if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.')
+        } else {
+            &s
+        };
+        f.write_str(s)
+    }
+}
+
 /// `--interleave`: the typical latency (median gap, over `rtt_factor`) of
 /// the gaps between two stamps of the same path, for the safe and the raw
 /// path, and their ratio. Gaps across a switch are left out.
@@ -198,6 +259,16 @@ pub fn cpu_line(before: (Duration, Duration), after: (Duration, Duration), iters
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn samples_print_like_percent_g() {
+        let s = |x: f64| Sig6(x).to_string();
+        assert_eq!(s(11.2345678), "11.2346");
+        assert_eq!(s(5.5), "5.5");
+        assert_eq!(s(123456.7), "123457");
+        assert_eq!(s(0.0123456789), "0.0123457");
+        assert_eq!(s(20.0), "20");
+    }
 
     #[test]
     fn latency_statistics_drop_the_tail() {
