@@ -143,7 +143,9 @@ pub fn samples(
 }
 
 /// A number with six significant digits and no trailing zeros, like C's
-/// `%g` for the values latency samples take (1e-4 to 1e15).
+/// `%g` from 1e-4 to below 1e6 (microsecond samples up to a second); larger
+/// values keep all their integer digits where `%g` would switch to an
+/// exponent.
 struct Sig6(f64);
 
 impl std::fmt::Display for Sig6 {
