@@ -759,9 +759,37 @@ fn sixty_four_simultaneous_connections() {
     }
 }
 
-/// What the event thread of `race_the_event_reader`
-/// tells the main thread: connection `i` got an event.
+/// What an event thread of `read_events` tells the main thread: id `i`
+/// got an event of this type and status.
 type Seen = (usize, CmEventType, i32);
+
+/// A thread that reads `ch` until `stop` and, for each event, acks it, calls
+/// `then` with the index in `ids` of the event's id and the event's type and
+/// status, and sends those to `tx` when `then` returns true.
+fn read_events(
+    ch: EventChannel,
+    ids: std::sync::Arc<Vec<CmId>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tx: mpsc::Sender<Seen>,
+    mut then: impl FnMut(&[CmId], usize, CmEventType, i32) -> bool + Send + 'static,
+) -> std::thread::JoinHandle<()> {
+    let index: std::collections::HashMap<usize, usize> = (ids.iter().enumerate())
+        .map(|(i, id)| (id.as_raw() as usize, i))
+        .collect();
+    std::thread::spawn(move || {
+        while !stop.load(std::sync::atomic::Ordering::Acquire) {
+            let Some(e) = ch.get_event_timeout(Duration::from_millis(50)).unwrap() else {
+                continue;
+            };
+            let i = index[&(e.id().as_raw() as usize)];
+            let (t, status) = (e.event_type(), e.status());
+            drop(e);
+            if then(&ids, i, t, status) {
+                tx.send((i, t, status)).unwrap();
+            }
+        }
+    })
+}
 
 /// One channel, `n` client ids. An event thread reads the channel and, on
 /// ADDR_RESOLVED, resolves the route itself; the main thread meanwhile
@@ -787,7 +815,6 @@ fn iwarp_calls_race_the_event_reader_on_one_channel() {
 }
 
 fn race_the_event_reader(ip: IpAddr, n: usize) {
-    use std::collections::HashMap;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
@@ -838,32 +865,21 @@ fn race_the_event_reader(ip: IpAddr, n: usize) {
                 .map(|_| ch.create_id(PortSpace::Tcp).unwrap())
                 .collect(),
         );
-        let index: HashMap<usize, usize> = (ids.iter().enumerate())
-            .map(|(i, id)| (id.as_raw() as usize, i))
-            .collect();
         let (tx, rx) = mpsc::channel::<Seen>();
-        let reader = {
-            let (stop, ids, ch) = (Arc::clone(&stop), Arc::clone(&ids), ch.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Acquire) {
-                    let Some(e) = ch.get_event_timeout(Duration::from_millis(50)).unwrap() else {
-                        continue;
-                    };
-                    let i = index[&(e.id().as_raw() as usize)];
-                    let (t, status) = (e.event_type(), e.status());
-                    if t == CmEventType::TimewaitExit {
-                        continue;
-                    }
-                    drop(e);
-                    if t == CmEventType::AddrResolved && status == 0 {
-                        // A call from the reader's thread, while the main
-                        // thread calls on the other ids.
-                        ids[i].resolve_route(T).unwrap();
-                    }
-                    tx.send((i, t, status)).unwrap();
+        let reader = read_events(
+            ch.clone(),
+            Arc::clone(&ids),
+            Arc::clone(&stop),
+            tx,
+            |ids, i, t, status| {
+                if t == CmEventType::AddrResolved && status == 0 {
+                    // A call from the reader's thread, while the main
+                    // thread calls on the other ids.
+                    ids[i].resolve_route(T).unwrap();
                 }
-            })
-        };
+                t != CmEventType::TimewaitExit
+            },
+        );
 
         let deadline = Instant::now() + Duration::from_secs(80);
         let next_seen = || -> Seen {
@@ -945,7 +961,6 @@ fn iwarp_resolves_beside_the_reader_while_ids_go_and_a_listener_comes() {
 /// tell apart; BENCHMARKS.md, cmtime, session 6). Every resolved id reads
 /// back the destination it was given; nothing hangs.
 fn resolves_beside_the_reader(ip: IpAddr, n: usize) {
-    use std::collections::HashMap;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
@@ -954,31 +969,24 @@ fn resolves_beside_the_reader(ip: IpAddr, n: usize) {
         Duration::from_secs(60),
         move || {
             let ch = EventChannel::new().unwrap();
-            let ids: Vec<CmId> = (0..n)
-                .map(|_| ch.create_id(PortSpace::Tcp).unwrap())
-                .collect();
+            let ids: Arc<Vec<CmId>> = Arc::new(
+                (0..n)
+                    .map(|_| ch.create_id(PortSpace::Tcp).unwrap())
+                    .collect(),
+            );
             // Not resolved: destroyed while the reader runs.
             let doomed: Vec<CmId> = (0..n)
                 .map(|_| ch.create_id(PortSpace::Tcp).unwrap())
                 .collect();
-            let index: HashMap<usize, usize> = (ids.iter().enumerate())
-                .map(|(i, id)| (id.as_raw() as usize, i))
-                .collect();
             let stop = Arc::new(AtomicBool::new(false));
-            let (tx, rx) = mpsc::channel::<(usize, CmEventType, i32)>();
-            let reader = {
-                let (stop, ch) = (Arc::clone(&stop), ch.clone());
-                std::thread::spawn(move || {
-                    while !stop.load(Ordering::Acquire) {
-                        let Some(e) = ch.get_event_timeout(Duration::from_millis(20)).unwrap()
-                        else {
-                            continue;
-                        };
-                        let i = index[&(e.id().as_raw() as usize)];
-                        tx.send((i, e.event_type(), e.status())).unwrap();
-                    }
-                })
-            };
+            let (tx, rx) = mpsc::channel::<Seen>();
+            let reader = read_events(
+                ch.clone(),
+                Arc::clone(&ids),
+                Arc::clone(&stop),
+                tx,
+                |_, _, _, _| true,
+            );
             // Any port: resolving an address needs no listener.
             let dst = SocketAddr::new(ip, 7471);
             let half = n / 2;
@@ -1006,7 +1014,7 @@ fn resolves_beside_the_reader(ip: IpAddr, n: usize) {
             reader.join().unwrap();
             let peers: Vec<Option<SocketAddr>> = ids.iter().map(CmId::peer_addr).collect();
             drop(listener);
-            drop(ids);
+            drop(Arc::try_unwrap(ids).expect("the reader let go of the ids"));
             peers
         },
     );
