@@ -140,6 +140,8 @@ pub struct Opts {
     pub atomic: AtomicOp,
     /// `-o`: outstanding RDMA READ/atomics (`None`: the device maximum).
     pub out_reads: Option<u32>,
+    /// `-u`: the ACK timeout exponent of the RC QPs (4.096 us * 2^u).
+    pub qp_timeout: u8,
     /// `--post`: the send path of the QPs.
     pub post: PostPath,
     /// `--raw`: post prebuilt C work requests through the `unsafe` raw API.
@@ -221,6 +223,7 @@ enum Key {
     NoPeak,
     Atomic,
     OutReads,
+    QpTimeout,
     Post,
     Raw,
     Interleave,
@@ -258,6 +261,7 @@ const FLAGS: &[Flag] = &[
     Flag { short: Some('N'), long: "noPeak", value: None, key: Key::NoPeak, help: "do not compute the peak bandwidth" },
     Flag { short: Some('A'), long: "atomic_type", value: Some("type"), key: Key::Atomic, help: "FETCH_AND_ADD (default) or CMP_AND_SWAP" },
     Flag { short: Some('o'), long: "outs", value: Some("n"), key: Key::OutReads, help: "outstanding READs/atomics (default: the device maximum)" },
+    Flag { short: Some('u'), long: "qp-timeout", value: Some("timeout"), key: Key::QpTimeout, help: "ACK timeout exponent: 4.096 us * 2^timeout (default 14, 67 ms)" },
     Flag { short: None, long: "post", value: Some("path"), key: Key::Post, help: "send path: legacy (ibv_post_send, default, as perftest on rxe), extended (ibv_wr_*) or auto" },
     Flag { short: None, long: "raw", value: None, key: Key::Raw, help: "post prebuilt C work requests (unsafe post_send_raw/post_recv_raw, ibv_wr_* for --post extended) and poll with ibv_poll_cq, instead of the safe API" },
     Flag { short: None, long: "interleave", value: Some("iterations"), key: Key::Interleave, help: "write_lat: alternate blocks of this many iterations between the safe and the raw path in one run; prints each path's latency and safe/raw, which slow periods of the host hit alike" },
@@ -368,6 +372,7 @@ fn apply(o: &mut Opts, g: &mut Given, key: Key, flag: &str, v: &str) -> Result<(
             }
         }
         Key::OutReads => o.out_reads = Some(in_range(flag, number(flag, v, "a count")?, 1, 255)?),
+        Key::QpTimeout => o.qp_timeout = in_range(flag, number(flag, v, "an exponent")?, 0, 31)?,
         Key::Post => {
             o.post = match v {
                 "legacy" => PostPath::Legacy,
@@ -426,6 +431,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Opts, ArgError> {
         no_peak: false,
         atomic: AtomicOp::FetchAdd,
         out_reads: None,
+        qp_timeout: 14,
         post: PostPath::Legacy,
         raw: false,
         interleave: None,
@@ -584,6 +590,9 @@ mod tests {
             (2, 1000, Some("10.0.0.1"))
         );
         assert_eq!(p("atomic_bw").unwrap().size, 8);
+        assert_eq!(p("send_bw").unwrap().qp_timeout, 14);
+        assert_eq!(p("send_bw -u 18").unwrap().qp_timeout, 18);
+        assert_eq!(p("send_bw --qp-timeout=0").unwrap().qp_timeout, 0);
     }
 
     #[test]
@@ -610,6 +619,7 @@ mod tests {
             "send_lat -q 2",
             "atomic_bw -s 16",
             "write_bw -m 1000",
+            "write_bw -u 32",
             "write_bw a b",
             "write_bw --raw --post auto",
             "send_lat --interleave 50",

@@ -282,6 +282,7 @@ pub fn connect(opts: &Opts) -> Res<Conn> {
             .or_fail(&format!("Couldn't move QP {i} to RTR"))?;
         let mut rts = RtsAttr::new(m.psn);
         rts.max_rd_atomic = out_reads;
+        rts.timeout = opts.qp_timeout;
         qp.to_rts(&rts)
             .or_fail(&format!("Couldn't move QP {i} to RTS"))?;
     }
