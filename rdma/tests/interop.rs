@@ -1233,7 +1233,10 @@ fn perf_raw_paths_run_the_same_tests() {
     perf_row(&out, 2, 200);
     let out = perf_pair(
         "send_bw",
-        &["-s", "4096", "-n", "200", "--raw", "--post", "extended"],
+        // -u: a non-default ACK timeout on the way to RTS.
+        &[
+            "-s", "4096", "-n", "200", "--raw", "--post", "extended", "-u", "18",
+        ],
         18869,
     );
     assert!(perf_row(&out, 4096, 200)[3] > 0.0);
