@@ -261,7 +261,7 @@ const FLAGS: &[Flag] = &[
     Flag { short: Some('N'), long: "noPeak", value: None, key: Key::NoPeak, help: "do not compute the peak bandwidth" },
     Flag { short: Some('A'), long: "atomic_type", value: Some("type"), key: Key::Atomic, help: "FETCH_AND_ADD (default) or CMP_AND_SWAP" },
     Flag { short: Some('o'), long: "outs", value: Some("n"), key: Key::OutReads, help: "outstanding READs/atomics (default: the device maximum)" },
-    Flag { short: Some('u'), long: "qp-timeout", value: Some("timeout"), key: Key::QpTimeout, help: "ACK timeout exponent: 4.096 us * 2^timeout (default 14, 67 ms)" },
+    Flag { short: Some('u'), long: "qp-timeout", value: Some("timeout"), key: Key::QpTimeout, help: "ACK timeout exponent: 4.096 us * 2^timeout, 0 for none (default 14, 67 ms)" },
     Flag { short: None, long: "post", value: Some("path"), key: Key::Post, help: "send path: legacy (ibv_post_send, default, as perftest on rxe), extended (ibv_wr_*) or auto" },
     Flag { short: None, long: "raw", value: None, key: Key::Raw, help: "post prebuilt C work requests (unsafe post_send_raw/post_recv_raw, ibv_wr_* for --post extended) and poll with ibv_poll_cq, instead of the safe API" },
     Flag { short: None, long: "interleave", value: Some("iterations"), key: Key::Interleave, help: "write_lat: alternate blocks of this many iterations between the safe and the raw path in one run; prints each path's latency and safe/raw, which slow periods of the host hit alike" },
