@@ -117,24 +117,25 @@ pub fn samples(
     use std::io::Write;
     work.clear();
     work.extend(stamps.gaps_us().map(|g| g / rtt_factor));
-    let out = std::io::stdout();
-    let mut out = std::io::BufWriter::new(out.lock());
-    let mut print = |v: &[f64]| -> std::io::Result<()> {
+    fn block(out: &mut impl Write, v: &[f64]) -> std::io::Result<()> {
         writeln!(out, "#, usec")?;
         for (i, x) in v.iter().enumerate() {
             writeln!(out, "{}, {}", i + 1, Sig6(*x))?;
         }
         Ok(())
-    };
-    let mut r = Ok(());
-    if unsorted {
-        r = r.and_then(|()| print(work));
     }
-    if sorted {
-        work.sort_by(f64::total_cmp);
-        r = r.and_then(|()| print(work));
-    }
-    if let Err(e) = r.and_then(|()| out.flush()) {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let written = (|| {
+        if unsorted {
+            block(&mut out, work)?;
+        }
+        if sorted {
+            work.sort_by(f64::total_cmp);
+            block(&mut out, work)?;
+        }
+        out.flush()
+    })();
+    if let Err(e) = written {
         eprintln!("perf: writing the samples: {e}");
     }
     drop(out);
