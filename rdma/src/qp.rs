@@ -11,8 +11,8 @@ use crate::error::{check_errno_ret, check_ptr, Error, Result};
 use crate::macros::c_enum;
 use crate::mr::{AccessFlags, RemoteMemory};
 use crate::track::{self, Pending, Tracker};
-use crate::wc::WrBuffers;
-use crate::wr::{InlineSend, PostError, SendFlags, SendOp, SendWr, UdDest};
+use crate::wc::{SendCompletion, WrBuffers};
+use crate::wr::{InlineSend, PostError, PreparedSend, SendFlags, SendOp, SendWr, UdDest};
 use crate::{ffi, CompletionQueue, MemoryRegion, Mtu, ProtectionDomain};
 
 c_enum! {
@@ -1612,6 +1612,283 @@ impl QueuePair {
         }
         drop(ring);
         check_errno_ret("ibv_post_send", || self.ctx_str("inline send"), rc)
+    }
+
+    /// Checks a send request once, for [`QueuePair::post_prepared`] to post
+    /// again and again with one region each time.
+    ///
+    /// For RC and UC QPs (a UD destination or an XRC SRQ goes through
+    /// [`QueuePair::post_send`]); any operation that takes memory, with
+    /// `flags` (`SIGNALED`, `FENCE`, `SOLICITED`; not `INLINE`). A remote
+    /// range bounds the regions it may be posted with, an atomic takes an
+    /// 8-byte region.
+    ///
+    /// ```no_run
+    /// # fn f(qp: &mut rdma::QueuePair, cq: &rdma::CompletionQueue, mut mr: rdma::MemoryRegion,
+    /// #      remote: rdma::RemoteMemory) -> Result<(), Box<dyn std::error::Error>> {
+    /// use rdma::{SendFlags, SendOp};
+    /// let write = qp.prepare_send(SendOp::Write(remote), SendFlags::SIGNALED)?;
+    /// for i in 0..1000 {
+    ///     mr.write_at(0, &[i as u8])?;
+    ///     qp.post_prepared(&write, i, mr)?;
+    ///     let done = loop {
+    ///         if let Some(c) = cq.poll_one()? {
+    ///             break c.ok()?;
+    ///         }
+    ///     };
+    ///     mr = done.buffers.into_one().expect("the region comes back");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `ibv_post_send` for a request
+    /// [`QueuePair::post_send`] would refuse whatever the region, or that
+    /// has no region to take.
+    pub fn prepare_send(&self, op: SendOp, flags: SendFlags) -> Result<PreparedSend> {
+        if !self.plain_sends {
+            return Err(self.invalid(format!(
+                "a prepared send needs an RC or UC QP with a send scatter entry; QP {} is {:?} \
+                 with max_send_sge {} (use post_send)",
+                self.qp_num(),
+                self.qp_type,
+                self.caps.max_send_sge
+            )));
+        }
+        if flags.contains(SendFlags::INLINE) {
+            return Err(self.invalid(
+                "a prepared send posts a region; inline data goes through post_send_inline".into(),
+            ));
+        }
+        if matches!(op, SendOp::LocalInvalidate(_)) {
+            return Err(
+                self.invalid("a local invalidate takes no memory: post it with post_send".into())
+            );
+        }
+        let (min_len, max_len) = if op.is_atomic() {
+            (8, 8)
+        } else {
+            let remote = op.remote().map_or(u64::MAX, |r| r.len);
+            (
+                0,
+                usize::try_from(remote.min(u64::from(u32::MAX))).unwrap_or(usize::MAX),
+            )
+        };
+        self.check_send(&op, min_len as u64, &None, None)?;
+        let mut raw = ffi::ibv_send_wr {
+            num_sge: 1,
+            send_flags: flags.bits(),
+            ..Default::default()
+        };
+        Self::fill_send(&mut raw, &op, &None, None);
+        Ok(PreparedSend {
+            raw,
+            op,
+            flags,
+            serial: self.tracker.serial,
+            min_len,
+            max_len,
+            local_write: op.writes_local(),
+        })
+    }
+
+    /// Posts the request `p` ([`QueuePair::prepare_send`]) with `mr` as its
+    /// one scatter entry, under the caller's `wr_id`: what
+    /// [`QueuePair::post_send`] does with the same request, with only the
+    /// checks that depend on the region (its PD, its length, `LOCAL_WRITE`
+    /// where the device writes it). The region comes back with the
+    /// completion.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_send`], with the region in
+    /// [`PostError::returned`]; [`Error::InvalidArgument`] also when `p` was
+    /// prepared by another QP.
+    #[inline]
+    pub fn post_prepared(
+        &mut self,
+        p: &PreparedSend,
+        wr_id: u64,
+        mr: MemoryRegion,
+    ) -> std::result::Result<(), PostError> {
+        let len = mr.len();
+        let max = self.max_msg.load(std::sync::atomic::Ordering::Relaxed) as usize;
+        if p.serial != self.tracker.serial
+            || len < p.min_len
+            || len > p.max_len
+            || (max != 0 && len > max)
+            || mr.pd().as_raw() != self.pd.as_raw()
+            || (p.local_write && !mr.access().contains(AccessFlags::LOCAL_WRITE))
+        {
+            return Err(self.prepared_refused(p, wr_id, mr));
+        }
+        let mut sge = mr.sge();
+        // SAFETY: `&mut self`: the only poster to this QP's send queue.
+        let mut ring = unsafe { self.tracker.producer(false) };
+        let rc = match self.qpx {
+            Some(qpx) => {
+                let q = qpx.as_ptr();
+                // SAFETY: a one-request batch on the live extended QP; the
+                // SGE points into `mr`, parked in the tracker below.
+                unsafe {
+                    ffi::ibv_wr_start(q);
+                    (*q).wr_id = ring.wr_id(0);
+                    (*q).wr_flags = p.flags.bits();
+                    Self::emit_op(q, &p.op, &None, None);
+                    ffi::ibv_wr_set_sge(q, sge.lkey, sge.addr, sge.length);
+                    ffi::ibv_wr_complete(q)
+                }
+            }
+            None => {
+                let mut raw = p.raw;
+                raw.wr_id = ring.wr_id(0);
+                raw.sg_list = &mut sge;
+                let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+                // SAFETY: a well-formed request (checked when prepared, the
+                // region just now) whose one SGE points into `mr`, which is
+                // parked in the tracker below and published when `ring` is
+                // dropped (a poll that sees the completion first waits).
+                unsafe { ffi::ibv_post_send(self.as_raw(), &mut raw, &mut bad) }
+            }
+        };
+        if rc != 0 {
+            drop(ring);
+            return Err(self.prepared_failed(rc, wr_id, mr));
+        }
+        ring.push(Pending {
+            wr_id,
+            buffers: WrBuffers::One(mr),
+            _ah: None,
+            _mw: None,
+        });
+        Ok(())
+    }
+
+    /// Why [`QueuePair::post_prepared`] refused `mr` (the full checks of
+    /// [`QueuePair::post_send`] explain it).
+    #[cold]
+    fn prepared_refused(&self, p: &PreparedSend, wr_id: u64, mr: MemoryRegion) -> PostError {
+        let buffers = WrBuffers::One(mr);
+        let error = if p.serial != self.tracker.serial {
+            self.invalid(format!(
+                "the request was prepared by another QP than QP {}",
+                self.qp_num()
+            ))
+        } else {
+            let len = Self::total_len(&buffers);
+            match self
+                .check_buffers(&buffers, 1, p.local_write, "ibv_post_send")
+                .and_then(|()| self.check_send(&p.op, len, &None, None))
+            {
+                Err(e) => e,
+                Ok(()) => self.invalid(format!(
+                    "a {len}-byte region, but the prepared {:?} takes {} to {} bytes",
+                    p.op, p.min_len, p.max_len
+                )),
+            }
+        };
+        PostError {
+            error,
+            returned: vec![(wr_id, buffers)],
+        }
+    }
+
+    #[cold]
+    fn prepared_failed(&self, rc: std::ffi::c_int, wr_id: u64, mr: MemoryRegion) -> PostError {
+        let error = check_errno_ret("ibv_post_send", || self.ctx_str("1 request not posted"), rc)
+            .expect_err("rc != 0");
+        PostError {
+            error,
+            returned: vec![(wr_id, WrBuffers::One(mr))],
+        }
+    }
+
+    /// Polls one completion of this QP's send queue from its send CQ
+    /// (`ibv_poll_cq(3)`), for a CQ that serves this send queue alone: the
+    /// quick path of a latency loop, which finds the request's memory
+    /// without looking up its queue and decodes only what a send completion
+    /// has. `Ok(None)` when the CQ is empty.
+    ///
+    /// A completion of an earlier QP that had this CQ comes back without
+    /// memory, as from [`CompletionQueue::poll`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `ibv_poll_cq`, without polling, when
+    /// the CQ also serves this QP's receive queue or another QP (poll it
+    /// with [`CompletionQueue::poll`]); the errors of
+    /// [`CompletionQueue::poll_one`].
+    pub fn poll_send(&self) -> Result<Option<SendCompletion>> {
+        let mut slot = None;
+        self.poll_send_into(&mut slot)?;
+        Ok(slot)
+    }
+
+    /// [`QueuePair::poll_send`] into the caller's slot, as
+    /// [`CompletionQueue::poll_one_into`] does: a completion in the slot
+    /// from an earlier poll is overwritten (memory still in it is released
+    /// first), so a loop moves no completion around.
+    ///
+    /// # Errors
+    /// As [`QueuePair::poll_send`].
+    #[inline]
+    pub fn poll_send_into<'s>(
+        &self,
+        slot: &'s mut Option<SendCompletion>,
+    ) -> Result<Option<&'s mut SendCompletion>> {
+        let cq = &self.send_cq;
+        if cq.as_raw() == self.recv_cq.as_raw() {
+            return Err(self.send_cq_shared("this QP's receive queue"));
+        }
+        let _guard = cq.legacy_poll_guard()?;
+        if let Some(c) = slot {
+            // The last completion's memory goes now, before the lock.
+            c.release();
+        }
+        let registry = &cq.inner.registry;
+        let polled = registry.alone(&self.tracker, |later| {
+            let mut wc = std::mem::MaybeUninit::<ffi::ibv_wc>::uninit();
+            // SAFETY: `wc` has room for one entry.
+            let n = unsafe { ffi::ibv_poll_cq(cq.as_raw(), 1, wc.as_mut_ptr()) };
+            if n != 1 {
+                return n;
+            }
+            // SAFETY: ibv_poll_cq wrote the entry.
+            let wc = unsafe { wc.assume_init_ref() };
+            let c = match slot {
+                Some(c) => {
+                    c.set_raw(wc);
+                    c
+                }
+                None => slot.insert(SendCompletion::from_raw(wc)),
+            };
+            if let Some((serial, recv, seq)) = track::decode(wc.wr_id) {
+                if serial == self.tracker.serial && !recv {
+                    self.tracker.complete(false, seq, c, later, registry);
+                } else {
+                    // A queue that is gone (the only one registered is
+                    // this send queue): its memory was released.
+                    c.wr_id &= !track::TAG_BITS;
+                }
+            }
+            1
+        });
+        match polled {
+            Some(1) => Ok(slot.as_mut()),
+            Some(0) => Ok(None),
+            Some(n) => Err(cq.poll_failed(n)),
+            None => Err(self.send_cq_shared("another queue pair")),
+        }
+    }
+
+    #[cold]
+    fn send_cq_shared(&self, with: &str) -> Error {
+        Error::InvalidArgument {
+            verb: "ibv_poll_cq",
+            reason: format!(
+                "poll_send needs a CQ that serves QP {}'s send queue alone, but its send CQ \
+                 also serves {with}: poll the CQ",
+                self.qp_num()
+            ),
+        }
     }
 
     /// Posts one receive request (`ibv_post_recv(3)`); its memory comes back

@@ -309,6 +309,110 @@ impl Completion {
     }
 }
 
+/// A completion of a QP's send queue, polled by
+/// [`QueuePair::poll_send`](crate::QueuePair::poll_send): the fields a send
+/// completion has, and the memory it gives back.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct SendCompletion {
+    /// The caller's work request id.
+    pub wr_id: u64,
+    /// Success or the reason of the failure.
+    pub status: WcStatus,
+    /// The operation (valid when `status` is `Success`).
+    pub opcode: WcOpcode,
+    /// Vendor error syndrome (for failures).
+    pub vendor_err: u32,
+    /// Bytes transferred (RDMA READ, atomics).
+    pub byte_len: u32,
+    /// The memory of this work request (safe post only).
+    pub buffers: WrBuffers,
+    /// `(wr_id, memory)` of the unsignaled requests this completion implies
+    /// finished, oldest first (safe post only).
+    pub unsignaled: Vec<(u64, WrBuffers)>,
+}
+
+impl SendCompletion {
+    #[inline]
+    pub(crate) fn from_raw(wc: &ffi::ibv_wc) -> Self {
+        SendCompletion {
+            wr_id: wc.wr_id,
+            status: WcStatus::from_raw(wc.status),
+            opcode: WcOpcode::from_raw(wc.opcode),
+            vendor_err: wc.vendor_err,
+            byte_len: wc.byte_len,
+            buffers: WrBuffers::None,
+            unsignaled: Vec::new(),
+        }
+    }
+
+    /// Releases the memory still held, before the slot is polled into again
+    /// (and before any bookkeeping lock is taken).
+    #[inline]
+    pub(crate) fn release(&mut self) {
+        if !matches!(self.buffers, WrBuffers::None) {
+            self.buffers = WrBuffers::None;
+        }
+        if !self.unsignaled.is_empty() {
+            self.unsignaled.clear();
+        }
+    }
+
+    /// Overwrites the fields but the memory (released by
+    /// [`SendCompletion::release`]) with those of `wc`.
+    #[inline]
+    pub(crate) fn set_raw(&mut self, wc: &ffi::ibv_wc) {
+        self.wr_id = wc.wr_id;
+        self.status = WcStatus::from_raw(wc.status);
+        self.opcode = WcOpcode::from_raw(wc.opcode);
+        self.vendor_err = wc.vendor_err;
+        self.byte_len = wc.byte_len;
+    }
+
+    /// True when the work request succeeded.
+    pub fn is_success(&self) -> bool {
+        self.status == WcStatus::Success
+    }
+
+    /// Takes the memory of this work request.
+    pub fn take_buffers(&mut self) -> WrBuffers {
+        std::mem::take(&mut self.buffers)
+    }
+
+    /// `Ok(self)` when successful, else an error describing the failure
+    /// (whose QP is `qp_num`: a send completion does not say).
+    ///
+    /// # Errors
+    /// [`crate::Error::Completion`] with the status and vendor error.
+    pub fn ok(self, qp_num: u32) -> crate::Result<Self> {
+        if self.is_success() {
+            Ok(self)
+        } else {
+            Err(crate::Error::Completion {
+                wr_id: self.wr_id,
+                qp_num,
+                status: self.status,
+                vendor_err: self.vendor_err,
+            })
+        }
+    }
+}
+
+impl crate::track::Finished for SendCompletion {
+    #[inline]
+    fn wr_id_mut(&mut self) -> &mut u64 {
+        &mut self.wr_id
+    }
+    #[inline]
+    fn buffers_mut(&mut self) -> &mut WrBuffers {
+        &mut self.buffers
+    }
+    #[inline]
+    fn unsignaled_mut(&mut self) -> &mut Vec<(u64, WrBuffers)> {
+        &mut self.unsignaled
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -333,6 +333,58 @@ impl<'a> InlineSend<'a> {
     }
 }
 
+/// A send request checked once, to be posted again and again with a new
+/// region each time ([`QueuePair::prepare_send`](crate::QueuePair::prepare_send),
+/// [`QueuePair::post_prepared`](crate::QueuePair::post_prepared)): what a
+/// latency loop or a re-posted transfer does, without building and checking
+/// the whole request on every post.
+///
+/// It belongs to the QP that prepared it; it holds no memory (the region
+/// moves into the queue with each post and comes back with its completion).
+pub struct PreparedSend {
+    /// The request as posted, but for `wr_id` and the scatter list (set on
+    /// the stack copy each post); its pointer fields are null.
+    pub(crate) raw: ffi::ibv_send_wr,
+    pub(crate) op: SendOp,
+    pub(crate) flags: SendFlags,
+    /// The serial of the QP it was checked for.
+    pub(crate) serial: u32,
+    /// Region lengths the request takes (8 and 8 for atomics; up to the
+    /// remote range for RDMA).
+    pub(crate) min_len: usize,
+    pub(crate) max_len: usize,
+    pub(crate) local_write: bool,
+}
+
+// SAFETY: the only pointers in `raw` (`next`, `sg_list`, and the unused UD
+// address handle) are null: the template is plain data, and every post works
+// on a copy.
+unsafe impl Send for PreparedSend {}
+// SAFETY: as above; `&PreparedSend` gives no way to change it.
+unsafe impl Sync for PreparedSend {}
+
+impl std::fmt::Debug for PreparedSend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedSend")
+            .field("op", &self.op)
+            .field("flags", &self.flags)
+            .field("len", &(self.min_len..=self.max_len))
+            .finish_non_exhaustive()
+    }
+}
+
+impl PreparedSend {
+    /// The operation.
+    pub fn op(&self) -> SendOp {
+        self.op
+    }
+
+    /// The send flags of every post.
+    pub fn flags(&self) -> SendFlags {
+        self.flags
+    }
+}
+
 /// A failed post: the error, and the memory of every request that was not
 /// posted, as `(wr_id, memory)`, so nothing is lost.
 #[derive(Debug, thiserror::Error)]

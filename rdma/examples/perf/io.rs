@@ -13,7 +13,7 @@
 
 use rdma::{
     ffi, AccessFlags, Completion, CompletionChannel, CompletionQueue, MemoryRegion, PostPath,
-    QueuePair, RemoteMemory, SendWr, WcStatus,
+    QueuePair, RemoteMemory, SendCompletion, SendOp, SendWr, WcStatus,
 };
 
 use crate::oob::Watch;
@@ -131,6 +131,29 @@ pub fn wait_one_safe<'s>(
     Ok(c)
 }
 
+/// Busy-polls `qp`'s send CQ, which serves its send queue alone, for one
+/// successful completion, into `slot` ([`QueuePair::poll_send_into`]).
+///
+/// # Errors
+/// Poll failures, or a completion with an error status.
+#[inline]
+pub fn wait_send<'s>(
+    qp: &QueuePair,
+    slot: &'s mut Option<SendCompletion>,
+    watch: &Watch<'_>,
+    what: &str,
+) -> Res<&'s mut SendCompletion> {
+    while qp.poll_send_into(slot).or_fail("poll CQ failed")?.is_none() {
+        watch.idle()?;
+    }
+    let c = slot.as_mut().ok_or("poll CQ: no completion in the slot")?;
+    if c.is_success() {
+        Ok(c)
+    } else {
+        Err(failed(what, c.status, c.vendor_err, c.wr_id))
+    }
+}
+
 /// Raw poll: `ibv_poll_cq` into `wc`; with a channel, sleeps while empty.
 ///
 /// # Errors
@@ -191,13 +214,22 @@ pub fn safe_wr(
     mr: MemoryRegion,
     remote: RemoteMemory,
 ) -> SendWr {
+    SendWr::new(id, safe_op(verb, atomic, remote), mr)
+}
+
+/// The operation of `verb`'s requests (an atomic adds 1 or swaps 0 for 0).
+pub fn safe_op(verb: Verb, atomic: AtomicOp, remote: RemoteMemory) -> SendOp {
     match verb {
-        Verb::Send => SendWr::send(id, mr),
-        Verb::Write => SendWr::write(id, mr, remote),
-        Verb::Read => SendWr::read(id, mr, remote),
+        Verb::Send => SendOp::Send,
+        Verb::Write => SendOp::Write(remote),
+        Verb::Read => SendOp::Read(remote),
         Verb::Atomic => match atomic {
-            AtomicOp::FetchAdd => SendWr::fetch_add(id, mr, remote, 1),
-            AtomicOp::CmpSwap => SendWr::compare_swap(id, mr, remote, 0, 0),
+            AtomicOp::FetchAdd => SendOp::FetchAdd { remote, add: 1 },
+            AtomicOp::CmpSwap => SendOp::CompareSwap {
+                remote,
+                compare: 0,
+                swap: 0,
+            },
         },
     }
 }

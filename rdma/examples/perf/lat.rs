@@ -17,7 +17,10 @@
 //! - `read_lat`, `atomic_lat`: the client posts one request at a time and
 //!   waits for its completion; a gap is one operation. The server waits.
 
-use rdma::{ffi, AccessFlags, Completion, InlineSend, MemoryRegion, WrBuffers};
+use rdma::{
+    ffi, AccessFlags, Completion, InlineSend, MemoryRegion, SendCompletion, SendFlags, SendOp,
+    WrBuffers,
+};
 
 use crate::clock::Stamps;
 use crate::io::{self, RawRecv, RawSend};
@@ -96,6 +99,7 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
     let iters = opts.iters;
     let slots = rx_slots(opts, size);
     let bufs = setup::pool(&conn.pd, slots, size, AccessFlags::LOCAL_WRITE)?;
+    let alone = conn.send_cq_alone(conn.send_ch.as_ref());
     let qp = &mut conn.qps[0];
     qp.post_recv_batch(bufs.into_iter().map(|m| (0, WrBuffers::One(m))))
         .map_err(|e| format!("Couldn't post receives: {}", e.error))?;
@@ -110,9 +114,17 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
         setup::pool(&conn.pd, cq_mod, size, AccessFlags::empty())?
     };
     let data = vec![0u8; size];
+    // The sends, checked once (signaled or not) and posted with a buffer.
+    let send = qp
+        .prepare_send(SendOp::Send, SendFlags::SIGNALED)
+        .or_fail("Couldn't prepare the send")?;
+    let send_unsignaled = qp
+        .prepare_send(SendOp::Send, SendFlags::empty())
+        .or_fail("Couldn't prepare the send")?;
     // The last receive and send completion, polled in place.
     let mut rslot: Option<Completion> = None;
     let mut sslot: Option<Completion> = None;
+    let mut sent: Option<SendCompletion> = None;
     let (send_cq, recv_cq) = (&conn.send_cq, &conn.recv_cq);
     let (send_ch, recv_ch) = (conn.send_ch.as_ref(), conn.recv_ch.as_ref());
     conn.oob.barrier()?;
@@ -133,7 +145,8 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
                 .or_fail("Couldn't post send")?;
         } else {
             let mr = sbufs.pop().ok_or("no free send buffer")?;
-            qp.post_send(rdma::SendWr::send(u64::from(n), mr).signaled(signaled))
+            let p = if signaled { &send } else { &send_unsignaled };
+            qp.post_prepared(p, u64::from(n), mr)
                 .map_err(|e| format!("Couldn't post send: {}", e.error))?;
         }
         stamps.push();
@@ -144,7 +157,13 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
                 rposted += 1;
             }
         }
-        if signaled {
+        if signaled && alone {
+            let c = io::wait_send(qp, &mut sent, &watch, "send")?;
+            for (_, b) in c.unsignaled.drain(..) {
+                sbufs.extend(b.into_one());
+            }
+            sbufs.extend(c.take_buffers().into_one());
+        } else if signaled {
             let c = io::wait_one_safe(send_cq, send_ch, &mut sslot, &watch, "send")?;
             for (_, b) in c.unsignaled.drain(..) {
                 sbufs.extend(b.into_one());
@@ -314,7 +333,12 @@ fn write_interleaved(
     conn.target
         .write_at(size - 1, &[0])
         .or_fail("Couldn't clear the target buffer")?;
+    let write = conn.qps[0]
+        .prepare_send(SendOp::Write(remote), SendFlags::SIGNALED)
+        .or_fail("Couldn't prepare the RDMA write")?;
+    let alone = conn.send_cq_alone(None);
     let mut slot: Option<Completion> = None;
+    let mut sent: Option<SendCompletion> = None;
     let mut wc = [ffi::ibv_wc::default(); 1];
     if let Some((_, raw_stamp)) = interleave.as_mut() {
         raw_stamp.clear();
@@ -361,11 +385,17 @@ fn write_interleaved(
         } else {
             let mut mr = smr.take().ok_or("the send buffer is still in flight")?;
             mr.as_mut_slice().or_fail("send buffer")?[size - 1] = n as u8;
-            qp.post_send(rdma::SendWr::write(u64::from(n), mr, remote))
+            qp.post_prepared(&write, u64::from(n), mr)
                 .map_err(|e| format!("Couldn't post send: {}", e.error))?;
             stamps.push();
-            let c = io::wait_one_safe(&conn.send_cq, None, &mut slot, &watch, "RDMA write")?;
-            smr = c.take_buffers().into_one();
+            smr = if alone {
+                io::wait_send(qp, &mut sent, &watch, "RDMA write")?
+                    .take_buffers()
+                    .into_one()
+            } else {
+                let c = io::wait_one_safe(&conn.send_cq, None, &mut slot, &watch, "RDMA write")?;
+                c.take_buffers().into_one()
+            };
         }
     }
     while rcnt < iters {
@@ -441,23 +471,33 @@ fn one_sided_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps
         "RDMA read"
     };
     let mut slot: Option<Completion> = None;
+    let mut sent: Option<SendCompletion> = None;
+    let alone = conn.send_cq_alone(conn.send_ch.as_ref());
+    let qp = &mut conn.qps[0];
+    let request = qp
+        .prepare_send(io::safe_op(verb, opts.atomic, remote), SendFlags::SIGNALED)
+        .or_fail("Couldn't prepare the request")?;
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
-    let qp = &mut conn.qps[0];
     for i in 1..=opts.iters {
         let m = mr.take().ok_or("the local buffer is still in flight")?;
-        let wr = io::safe_wr(verb, opts.atomic, u64::from(i), m, remote);
-        qp.post_send(wr)
+        qp.post_prepared(&request, u64::from(i), m)
             .map_err(|e| format!("Couldn't post send: {}", e.error))?;
         stamps.push();
-        let c = io::wait_one_safe(
-            &conn.send_cq,
-            conn.send_ch.as_ref(),
-            &mut slot,
-            &watch,
-            what,
-        )?;
-        mr = c.take_buffers().into_one();
+        mr = if alone {
+            io::wait_send(qp, &mut sent, &watch, what)?
+                .take_buffers()
+                .into_one()
+        } else {
+            let c = io::wait_one_safe(
+                &conn.send_cq,
+                conn.send_ch.as_ref(),
+                &mut slot,
+                &watch,
+                what,
+            )?;
+            c.take_buffers().into_one()
+        };
     }
     Ok(())
 }
