@@ -5,7 +5,10 @@
 mod common;
 
 use common::{take, wait};
-use rdma::{AccessFlags, AhAttr, Error, InlineSend, PostPath, QpType, SendWr, WcOpcode, WcStatus};
+use rdma::{
+    AccessFlags, AhAttr, Error, InlineSend, PostPath, QpType, SendCompletion, SendFlags, SendOp,
+    SendWr, WcOpcode, WcStatus,
+};
 
 const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
 
@@ -553,12 +556,286 @@ fn posts_and_polls_on_different_threads(path: PostPath) {
     );
 }
 
+/// Busy-polls `qp.poll_send_into` for one completion (10 s at most).
+fn wait_send<'s>(
+    qp: &rdma::QueuePair,
+    slot: &'s mut Option<SendCompletion>,
+) -> &'s mut SendCompletion {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while qp.poll_send_into(slot).unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "lost send completion");
+        std::thread::yield_now();
+    }
+    slot.as_mut().unwrap()
+}
+
+/// Prepared requests (`prepare_send` once, `post_prepared` with a new
+/// region each time) and the send-queue poll (`poll_send`/`_into`): A's send
+/// queue has a CQ to itself; B's send and receive queues share one.
+fn prepared_requests_and_the_send_queue_poll(path: PostPath) {
+    let access =
+        LW | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+    let ctx = common::open(&common::device_name());
+    let pd = ctx.alloc_pd().unwrap();
+    let a_send = ctx.create_cq(64, None, 0).unwrap();
+    let cq = ctx.create_cq(64, None, 0).unwrap();
+    let mut a = pd
+        .qp_builder(QpType::Rc, &a_send, &cq)
+        .post_path(path)
+        .build()
+        .unwrap();
+    let mut b = pd
+        .qp_builder(QpType::Rc, &cq, &cq)
+        .post_path(path)
+        .build()
+        .unwrap();
+    let gid_index = u8::try_from(common::gid_index()).unwrap();
+    let port = ctx.query_port(1).unwrap();
+    let gid = ctx.query_gid(1, u32::from(gid_index)).unwrap();
+    let mut init = rdma::InitAttr::new(1);
+    init.access = access;
+    for (me, peer) in [(&a, &b), (&b, &a)] {
+        me.to_init(&init).unwrap();
+        let ah = AhAttr::global(1, gid, gid_index);
+        let rtr = rdma::RtrAttr::new(ah, port.active_mtu, peer.qp_num(), 0);
+        me.to_rtr(Some(&rtr)).unwrap();
+        me.to_rts(&rdma::RtsAttr::new(0)).unwrap();
+    }
+    assert!(a.poll_send().unwrap().is_none(), "a new CQ is empty");
+    let mut target = pd.alloc_mr(4096, access).unwrap();
+    let remote = target.remote();
+
+    // One prepared WRITE, posted three times with three regions.
+    let write = a
+        .prepare_send(
+            SendOp::Write(remote.slice(0, 256).unwrap()),
+            SendFlags::SIGNALED,
+        )
+        .unwrap();
+    assert_eq!(write.op(), SendOp::Write(remote.slice(0, 256).unwrap()));
+    let mut slot = None;
+    for i in 0..3u8 {
+        let data = pattern(200 + usize::from(i), i);
+        let mr = pd.reg_mr(data.clone(), AccessFlags::empty()).unwrap();
+        a.post_prepared(&write, 100 + u64::from(i), mr).unwrap();
+        let c = wait_send(&a, &mut slot);
+        assert_eq!(
+            (c.wr_id, c.status, c.opcode),
+            (100 + u64::from(i), WcStatus::Success, WcOpcode::RdmaWrite)
+        );
+        assert_eq!(
+            c.take_buffers().into_one().unwrap().to_vec(),
+            data,
+            "the region comes back"
+        );
+        let mut now = vec![0; data.len()];
+        target.read_at(0, &mut now).unwrap();
+        assert_eq!(now, data, "write {i} landed");
+    }
+
+    // READ back into a region the device writes, then FETCH_ADD.
+    let read = a
+        .prepare_send(
+            SendOp::Read(remote.slice(0, 202).unwrap()),
+            SendFlags::SIGNALED,
+        )
+        .unwrap();
+    a.post_prepared(&read, 7, pd.alloc_mr(202, LW).unwrap())
+        .unwrap();
+    let c = wait_send(&a, &mut slot);
+    assert_eq!(
+        (c.wr_id, c.opcode, c.byte_len),
+        (7, WcOpcode::RdmaRead, 202)
+    );
+    assert_eq!(
+        c.take_buffers().into_one().unwrap().to_vec(),
+        pattern(202, 2)
+    );
+    target.write_at(1024, &41u64.to_ne_bytes()).unwrap();
+    let word = remote.slice(1024, 8).unwrap();
+    let add = a
+        .prepare_send(
+            SendOp::FetchAdd {
+                remote: word,
+                add: 1,
+            },
+            SendFlags::SIGNALED,
+        )
+        .unwrap();
+    for old in [41u64, 42] {
+        a.post_prepared(&add, old, pd.alloc_mr(8, LW).unwrap())
+            .unwrap();
+        let c = id_and_data(wait_send(&a, &mut slot));
+        assert_eq!(c, (old, old.to_ne_bytes().to_vec()));
+    }
+
+    // Unsignaled posts come back with the next signaled completion; the
+    // owned poll hands over the same.
+    let quiet = a
+        .prepare_send(SendOp::Write(remote), SendFlags::empty())
+        .unwrap();
+    a.post_prepared(
+        &quiet,
+        1,
+        pd.reg_mr(vec![1; 8], AccessFlags::empty()).unwrap(),
+    )
+    .unwrap();
+    a.post_prepared(
+        &quiet,
+        2,
+        pd.reg_mr(vec![2; 8], AccessFlags::empty()).unwrap(),
+    )
+    .unwrap();
+    a.post_prepared(
+        &write,
+        3,
+        pd.reg_mr(vec![3; 8], AccessFlags::empty()).unwrap(),
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut c = loop {
+        if let Some(c) = a.poll_send().unwrap() {
+            break c.ok(a.qp_num()).unwrap();
+        }
+        assert!(std::time::Instant::now() < deadline, "lost send completion");
+        std::thread::yield_now();
+    };
+    assert_eq!(c.wr_id, 3);
+    let quiet_back: Vec<(u64, Vec<u8>)> = c
+        .unsignaled
+        .drain(..)
+        .map(|(id, b)| (id, b.into_one().unwrap().to_vec()))
+        .collect();
+    assert_eq!(quiet_back, [(1, vec![1; 8]), (2, vec![2; 8])]);
+    assert_eq!(c.take_buffers().into_one().unwrap().to_vec(), vec![3; 8]);
+    assert_eq!(a.in_flight(), (0, 0));
+
+    // Bad input: refused before posting, the region handed back whole.
+    let long = pd.reg_mr(vec![9; 300], AccessFlags::empty()).unwrap();
+    let err = a.post_prepared(&write, 50, long).unwrap_err();
+    assert!(
+        matches!(
+            err.error,
+            Error::InvalidArgument {
+                verb: "ibv_post_send",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("300 bytes do not fit the remote range of 256 bytes"),
+        "{err}"
+    );
+    let (id, back) = err.returned.into_iter().next().unwrap();
+    assert_eq!((id, back.into_one().unwrap().to_vec()), (50, vec![9; 300]));
+    let err = a
+        .post_prepared(&read, 51, pd.alloc_mr(8, AccessFlags::empty()).unwrap())
+        .unwrap_err();
+    assert!(err.to_string().contains("without LOCAL_WRITE"), "{err}");
+    let err = a
+        .post_prepared(&add, 52, pd.alloc_mr(16, LW).unwrap())
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("needs one 8-byte local buffer, got 16"),
+        "{err}"
+    );
+    let other_pd = ctx.alloc_pd().unwrap();
+    let err = a
+        .post_prepared(
+            &write,
+            53,
+            other_pd.alloc_mr(8, AccessFlags::empty()).unwrap(),
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("another protection domain"),
+        "{err}"
+    );
+    let b_write = b
+        .prepare_send(SendOp::Write(remote), SendFlags::SIGNALED)
+        .unwrap();
+    let err = a
+        .post_prepared(&b_write, 54, pd.alloc_mr(8, AccessFlags::empty()).unwrap())
+        .unwrap_err();
+    assert!(err.to_string().contains("prepared by another QP"), "{err}");
+    for (op, flags, why) in [
+        (
+            SendOp::Send,
+            SendFlags::INLINE,
+            "inline data goes through post_send_inline",
+        ),
+        (
+            SendOp::LocalInvalidate(1),
+            SendFlags::SIGNALED,
+            "takes no memory",
+        ),
+        (
+            SendOp::FetchAdd {
+                remote: remote.slice(3, 8).unwrap(),
+                add: 1,
+            },
+            SendFlags::SIGNALED,
+            "not 8-byte aligned",
+        ),
+    ] {
+        let err = a.prepare_send(op, flags).unwrap_err();
+        assert!(err.to_string().contains(why), "{op:?}: {err}");
+    }
+    assert_eq!(a.in_flight(), (0, 0), "nothing refused was posted");
+
+    // B's send CQ also takes its receives: the send-queue poll refuses,
+    // and polls nothing.
+    b.post_send(SendWr::write(
+        60,
+        pd.alloc_mr(8, AccessFlags::empty()).unwrap(),
+        remote,
+    ))
+    .unwrap();
+    let err = b.poll_send().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidArgument {
+                verb: "ibv_poll_cq",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("receive queue"), "{err}");
+    assert_eq!(
+        wait(&cq, 1).pop().unwrap().wr_id,
+        60,
+        "the completion stayed in the CQ"
+    );
+
+    // A third QP sending on A's CQ: refused while it lives, fine after.
+    let c_qp = pd.qp_builder(QpType::Rc, &a_send, &cq).build().unwrap();
+    a.post_prepared(&write, 70, pd.alloc_mr(8, AccessFlags::empty()).unwrap())
+        .unwrap();
+    let err = a.poll_send().unwrap_err();
+    assert!(err.to_string().contains("another queue pair"), "{err}");
+    drop(c_qp);
+    assert_eq!(wait_send(&a, &mut slot).wr_id, 70);
+    assert_eq!(a.in_flight(), (0, 0));
+}
+
+/// A successful completion's id and the data of its region.
+fn id_and_data(c: &mut SendCompletion) -> (u64, Vec<u8>) {
+    assert!(c.is_success(), "{c:?}");
+    (c.wr_id, c.take_buffers().into_one().unwrap().to_vec())
+}
+
 legacy_and_auto!(
     multi_sge_batch_and_unsignaled_sends,
     inline_send_copies_at_post_time
 );
 
 both_paths!(
+    prepared_requests_and_the_send_queue_poll,
     posts_and_polls_on_different_threads,
     rc_send_receive_returns_memory_with_the_data,
     send_with_immediate_and_zero_length,
