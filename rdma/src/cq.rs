@@ -489,7 +489,7 @@ impl CompletionQueue {
     /// For an extended CQ, the lock that keeps a legacy poll and a cursor
     /// apart (an extended CQ must not be polled while a cursor is open).
     #[inline]
-    pub(crate) fn legacy_poll_guard(&self) -> Result<Option<std::sync::MutexGuard<'_, ()>>> {
+    fn legacy_poll_guard(&self) -> Result<Option<std::sync::MutexGuard<'_, ()>>> {
         match self.inner.ex {
             Some(_) => self
                 .inner
@@ -502,7 +502,7 @@ impl CompletionQueue {
     }
 
     #[cold]
-    pub(crate) fn poll_failed(&self, n: std::ffi::c_int) -> Error {
+    fn poll_failed(&self, n: std::ffi::c_int) -> Error {
         // Providers return a negative value without a usable errno.
         Error::verb_errno(
             "ibv_poll_cq",

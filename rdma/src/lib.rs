@@ -140,7 +140,7 @@ pub use qp::{
 pub use qp_ext::WrOpcode;
 pub use srq::{SharedReceiveQueue, SrqAttr, SrqType};
 pub use td::{ParentDomain, ThreadDomain};
-pub use wc::{Completion, SendCompletion, WcFlags, WcOpcode, WcStatus, WrBuffers};
+pub use wc::{Completion, WcFlags, WcOpcode, WcStatus, WrBuffers};
 pub use wr::{InlineSend, PostError, PreparedSend, SendFlags, SendOp, SendWr, UdDest};
 pub use xrc::{XrcDomain, XrcRecvQueuePair};
 

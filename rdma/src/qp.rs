@@ -11,7 +11,7 @@ use crate::error::{check_errno_ret, check_ptr, Error, Result};
 use crate::macros::c_enum;
 use crate::mr::{AccessFlags, RemoteMemory};
 use crate::track::{self, Pending, Tracker};
-use crate::wc::{SendCompletion, WrBuffers};
+use crate::wc::WrBuffers;
 use crate::wr::{InlineSend, PostError, PreparedSend, SendFlags, SendOp, SendWr, UdDest};
 use crate::{ffi, CompletionQueue, MemoryRegion, Mtu, ProtectionDomain};
 
@@ -1799,95 +1799,6 @@ impl QueuePair {
         PostError {
             error,
             returned: vec![(wr_id, WrBuffers::One(mr))],
-        }
-    }
-
-    /// Polls one completion of this QP's send queue from its send CQ
-    /// (`ibv_poll_cq(3)`), for a CQ that serves this send queue alone: the
-    /// quick path of a latency loop, which finds the request's memory
-    /// without looking up its queue and decodes only what a send completion
-    /// has. `Ok(None)` when the CQ is empty.
-    ///
-    /// A completion of an earlier QP that had this CQ comes back without
-    /// memory, as from [`CompletionQueue::poll`].
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] naming `ibv_poll_cq`, without polling, when
-    /// the CQ also serves this QP's receive queue or another QP (poll it
-    /// with [`CompletionQueue::poll`]); the errors of
-    /// [`CompletionQueue::poll_one`].
-    pub fn poll_send(&self) -> Result<Option<SendCompletion>> {
-        let mut slot = None;
-        self.poll_send_into(&mut slot)?;
-        Ok(slot)
-    }
-
-    /// [`QueuePair::poll_send`] into the caller's slot, as
-    /// [`CompletionQueue::poll_one_into`] does: a completion in the slot
-    /// from an earlier poll is overwritten (memory still in it is released
-    /// first), so a loop moves no completion around.
-    ///
-    /// # Errors
-    /// As [`QueuePair::poll_send`].
-    #[inline]
-    pub fn poll_send_into<'s>(
-        &self,
-        slot: &'s mut Option<SendCompletion>,
-    ) -> Result<Option<&'s mut SendCompletion>> {
-        let cq = &self.send_cq;
-        if cq.as_raw() == self.recv_cq.as_raw() {
-            return Err(self.send_cq_shared("this QP's receive queue"));
-        }
-        let _guard = cq.legacy_poll_guard()?;
-        if let Some(c) = slot {
-            // The last completion's memory goes now, before the lock.
-            c.release();
-        }
-        let registry = &cq.inner.registry;
-        let polled = registry.alone(&self.tracker, |later| {
-            let mut wc = std::mem::MaybeUninit::<ffi::ibv_wc>::uninit();
-            // SAFETY: `wc` has room for one entry.
-            let n = unsafe { ffi::ibv_poll_cq(cq.as_raw(), 1, wc.as_mut_ptr()) };
-            if n != 1 {
-                return n;
-            }
-            // SAFETY: ibv_poll_cq wrote the entry.
-            let wc = unsafe { wc.assume_init_ref() };
-            let c = match slot {
-                Some(c) => {
-                    c.set_raw(wc);
-                    c
-                }
-                None => slot.insert(SendCompletion::from_raw(wc)),
-            };
-            if let Some((serial, recv, seq)) = track::decode(wc.wr_id) {
-                if serial == self.tracker.serial && !recv {
-                    self.tracker.complete(false, seq, c, later, registry);
-                } else {
-                    // A queue that is gone (the only one registered is
-                    // this send queue): its memory was released.
-                    c.wr_id &= !track::TAG_BITS;
-                }
-            }
-            1
-        });
-        match polled {
-            Some(1) => Ok(slot.as_mut()),
-            Some(0) => Ok(None),
-            Some(n) => Err(cq.poll_failed(n)),
-            None => Err(self.send_cq_shared("another queue pair")),
-        }
-    }
-
-    #[cold]
-    fn send_cq_shared(&self, with: &str) -> Error {
-        Error::InvalidArgument {
-            verb: "ibv_poll_cq",
-            reason: format!(
-                "poll_send needs a CQ that serves QP {}'s send queue alone, but its send CQ \
-                 also serves {with}: poll the CQ",
-                self.qp_num()
-            ),
         }
     }
 

@@ -24,8 +24,6 @@ use crate::AddressHandle;
 
 pub(crate) const TAG: u64 = 1 << 63;
 const RECV: u64 = 1 << 62;
-/// The bits of our `wr_id`s that mark them as ours (and which queue).
-pub(crate) const TAG_BITS: u64 = TAG | RECV;
 const SERIAL_BITS: u32 = 30;
 const SERIAL_MASK: u32 = (1 << SERIAL_BITS) - 1;
 
@@ -132,30 +130,6 @@ impl<T> DerefMut for SpinGuard<'_, T> {
 impl<T> Drop for SpinGuard<'_, T> {
     fn drop(&mut self) {
         self.lock.locked.store(false, Ordering::Release);
-    }
-}
-
-/// What a completion hands back: the caller's `wr_id` and the request's
-/// memory, and that of the unsignaled requests it implies finished
-/// ([`Completion`] and [`crate::SendCompletion`]).
-pub(crate) trait Finished {
-    fn wr_id_mut(&mut self) -> &mut u64;
-    fn buffers_mut(&mut self) -> &mut WrBuffers;
-    fn unsignaled_mut(&mut self) -> &mut Vec<(u64, WrBuffers)>;
-}
-
-impl Finished for Completion {
-    #[inline]
-    fn wr_id_mut(&mut self) -> &mut u64 {
-        &mut self.wr_id
-    }
-    #[inline]
-    fn buffers_mut(&mut self) -> &mut WrBuffers {
-        &mut self.buffers
-    }
-    #[inline]
-    fn unsignaled_mut(&mut self) -> &mut Vec<(u64, WrBuffers)> {
-        &mut self.unsignaled
     }
 }
 
@@ -447,20 +421,11 @@ impl Queue {
     ///
     /// # Safety
     /// As [`Queue::advance`]; `tail` was loaded with Acquire by the consumer.
-    #[inline(always)]
+    #[inline]
     unsafe fn skip_holes(&self) {
-        if self.holes.load(Ordering::Relaxed) != 0 {
-            // SAFETY: the caller's contract.
-            unsafe { self.skip_holes_slow() }
+        if self.holes.load(Ordering::Relaxed) == 0 {
+            return;
         }
-    }
-
-    /// [`Queue::skip_holes`] when there are holes.
-    ///
-    /// # Safety
-    /// As [`Queue::skip_holes`].
-    #[cold]
-    unsafe fn skip_holes_slow(&self) {
         let tail = self.tail.load(Ordering::Acquire);
         while self.head.load(Ordering::Relaxed) != tail {
             let head = self.head.load(Ordering::Relaxed);
@@ -720,11 +685,11 @@ impl Tracker {
     /// entries kept alive (address handles, windows) goes to `later`, to be
     /// dropped once no lock is held.
     #[inline]
-    pub(crate) fn complete(
+    fn complete(
         &self,
         recv: bool,
         seq: u32,
-        c: &mut impl Finished,
+        c: &mut Completion,
         later: &mut Vec<Kept>,
         by: &Registry,
     ) {
@@ -735,7 +700,7 @@ impl Tracker {
             // A QP's completion on another CQ than its queue's: no provider
             // does that. Left bare rather than consumed by a second poller.
             None => {
-                *c.wr_id_mut() &= !(TAG | RECV);
+                c.wr_id &= !(TAG | RECV);
                 return;
             }
         };
@@ -760,8 +725,8 @@ impl Tracker {
                             _mw: mw,
                         }) = slot.take()
                         {
-                            *c.wr_id_mut() = wr_id;
-                            *c.buffers_mut() = buffers;
+                            c.wr_id = wr_id;
+                            c.buffers = buffers;
                             Kept::keep(later, ah, mw);
                         }
                     })
@@ -787,7 +752,7 @@ impl Tracker {
         q: &Queue,
         recv: bool,
         off: u32,
-        c: &mut impl Finished,
+        c: &mut Completion,
         later: &mut Vec<Kept>,
     ) {
         let done = if recv {
@@ -798,11 +763,11 @@ impl Tracker {
         } else {
             // Send queues complete in order: everything before it is done
             // too.
-            c.unsignaled_mut().reserve(off as usize);
+            c.unsignaled.reserve(off as usize);
             for _ in 0..off {
                 // SAFETY: the caller's contract; these are before `off`.
                 if let Some(p) = unsafe { q.advance() } {
-                    c.unsignaled_mut().push((p.wr_id, p.buffers));
+                    c.unsignaled.push((p.wr_id, p.buffers));
                     Kept::keep(later, p._ah, p._mw);
                 }
             }
@@ -812,8 +777,8 @@ impl Tracker {
         // SAFETY: the caller's contract.
         unsafe { q.skip_holes() };
         if let Some(p) = done {
-            *c.wr_id_mut() = p.wr_id;
-            *c.buffers_mut() = p.buffers;
+            c.wr_id = p.wr_id;
+            c.buffers = p.buffers;
             Kept::keep(later, p._ah, p._mw);
         }
     }
@@ -1033,25 +998,6 @@ impl Registry {
         }
         // The keep-alives are dropped here, after the locks.
         Kept::release(later);
-    }
-
-    /// Runs `poll` under the registry's lock when `t` is the only queue
-    /// registered (so every tracked completion on the CQ is `t`'s, and the
-    /// caller is its queues' consumer while `poll` runs); `None` otherwise,
-    /// without running it. What the completions kept alive is dropped
-    /// after the lock.
-    #[inline]
-    pub fn alone<R>(&self, t: &Tracker, poll: impl FnOnce(&mut Vec<Kept>) -> R) -> Option<R> {
-        let mut later = Vec::new();
-        let r = {
-            let list = self.list();
-            match list.as_slice() {
-                [(serial, _)] if *serial == t.serial => Some(poll(&mut later)),
-                _ => None,
-            }
-        };
-        Kept::release(later);
-        r
     }
 
     /// Resolves one completion with our id, under the registry's lock.

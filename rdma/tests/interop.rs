@@ -1242,6 +1242,31 @@ fn perf_raw_paths_run_the_same_tests() {
     assert!(perf_row(&out, 4096, 200)[3] > 0.0);
 }
 
+/// `--prepared`: the latency tests' safe path posts requests checked once
+/// (`prepare_send`/`post_prepared`), on both post paths.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn perf_prepared_requests_run_the_latency_tests() {
+    let cases: [(&str, &[&str], u64); 5] = [
+        ("write_lat", &["--post", "legacy"], 2),
+        ("send_lat", &["--post", "extended", "-s", "64"], 64),
+        ("read_lat", &["--post", "legacy"], 2),
+        ("atomic_lat", &["--post", "extended"], 8),
+        ("write_lat", &["--post", "legacy", "--interleave", "20"], 2),
+    ];
+    for (i, (test, extra, size)) in cases.into_iter().enumerate() {
+        let mut args = vec!["-n", "200", "--prepared"];
+        args.extend(extra);
+        let out = perf_pair(test, &args, 18890 + i as u16);
+        perf_row(&out, size, 200);
+        assert!(
+            !out.lines_starting(" Post            : safe, prepared requests")
+                .is_empty(),
+            "{test}: the header names the path:\n{out}"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn perf_interleave_times_both_paths_in_one_run() {

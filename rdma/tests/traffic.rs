@@ -6,8 +6,8 @@ mod common;
 
 use common::{take, wait};
 use rdma::{
-    AccessFlags, AhAttr, Error, InlineSend, PostPath, QpType, SendCompletion, SendFlags, SendOp,
-    SendWr, WcOpcode, WcStatus,
+    AccessFlags, AhAttr, Error, InlineSend, PostPath, QpType, SendFlags, SendOp, SendWr, WcOpcode,
+    WcStatus,
 };
 
 const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
@@ -556,72 +556,35 @@ fn posts_and_polls_on_different_threads(path: PostPath) {
     );
 }
 
-/// Busy-polls `qp.poll_send_into` for one completion (10 s at most).
-fn wait_send<'s>(
-    qp: &rdma::QueuePair,
-    slot: &'s mut Option<SendCompletion>,
-) -> &'s mut SendCompletion {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while qp.poll_send_into(slot).unwrap().is_none() {
-        assert!(std::time::Instant::now() < deadline, "lost send completion");
-        std::thread::yield_now();
-    }
-    slot.as_mut().unwrap()
-}
-
-/// Prepared requests (`prepare_send` once, `post_prepared` with a new
-/// region each time) and the send-queue poll (`poll_send`/`_into`): A's send
-/// queue has a CQ to itself; B's send and receive queues share one.
-fn prepared_requests_and_the_send_queue_poll(path: PostPath) {
+/// Prepared requests: `prepare_send` once, `post_prepared` with a new
+/// region each time; the completions give the regions back as for
+/// `post_send`.
+fn prepared_requests_post_with_a_new_region_each_time(path: PostPath) {
     let access =
         LW | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
-    let ctx = common::open(&common::device_name());
-    let pd = ctx.alloc_pd().unwrap();
-    let a_send = ctx.create_cq(64, None, 0).unwrap();
-    let cq = ctx.create_cq(64, None, 0).unwrap();
-    let mut a = pd
-        .qp_builder(QpType::Rc, &a_send, &cq)
-        .post_path(path)
-        .build()
-        .unwrap();
-    let mut b = pd
-        .qp_builder(QpType::Rc, &cq, &cq)
-        .post_path(path)
-        .build()
-        .unwrap();
-    let gid_index = u8::try_from(common::gid_index()).unwrap();
-    let port = ctx.query_port(1).unwrap();
-    let gid = ctx.query_gid(1, u32::from(gid_index)).unwrap();
-    let mut init = rdma::InitAttr::new(1);
-    init.access = access;
-    for (me, peer) in [(&a, &b), (&b, &a)] {
-        me.to_init(&init).unwrap();
-        let ah = AhAttr::global(1, gid, gid_index);
-        let rtr = rdma::RtrAttr::new(ah, port.active_mtu, peer.qp_num(), 0);
-        me.to_rtr(Some(&rtr)).unwrap();
-        me.to_rts(&rdma::RtsAttr::new(0)).unwrap();
-    }
-    assert!(a.poll_send().unwrap().is_none(), "a new CQ is empty");
-    let mut target = pd.alloc_mr(4096, access).unwrap();
+    let mut p = common::pair_with(QpType::Rc, access, |b| {
+        b.post_path(path);
+    });
+    let mut target = p.pd.alloc_mr(4096, access).unwrap();
     let remote = target.remote();
 
     // One prepared WRITE, posted three times with three regions.
-    let write = a
-        .prepare_send(
-            SendOp::Write(remote.slice(0, 256).unwrap()),
-            SendFlags::SIGNALED,
-        )
-        .unwrap();
-    assert_eq!(write.op(), SendOp::Write(remote.slice(0, 256).unwrap()));
-    let mut slot = None;
+    let window = remote.slice(0, 256).unwrap();
+    let write =
+        p.a.prepare_send(SendOp::Write(window), SendFlags::SIGNALED)
+            .unwrap();
+    assert_eq!(
+        (write.op(), write.flags()),
+        (SendOp::Write(window), SendFlags::SIGNALED)
+    );
     for i in 0..3u8 {
         let data = pattern(200 + usize::from(i), i);
-        let mr = pd.reg_mr(data.clone(), AccessFlags::empty()).unwrap();
-        a.post_prepared(&write, 100 + u64::from(i), mr).unwrap();
-        let c = wait_send(&a, &mut slot);
+        let mr = p.pd.reg_mr(data.clone(), AccessFlags::empty()).unwrap();
+        p.a.post_prepared(&write, 100 + u64::from(i), mr).unwrap();
+        let mut c = wait(&p.cq, 1).pop().unwrap().ok().unwrap();
         assert_eq!(
-            (c.wr_id, c.status, c.opcode),
-            (100 + u64::from(i), WcStatus::Success, WcOpcode::RdmaWrite)
+            (c.wr_id, c.opcode),
+            (100 + u64::from(i), WcOpcode::RdmaWrite)
         );
         assert_eq!(
             c.take_buffers().into_one().unwrap().to_vec(),
@@ -633,16 +596,16 @@ fn prepared_requests_and_the_send_queue_poll(path: PostPath) {
         assert_eq!(now, data, "write {i} landed");
     }
 
-    // READ back into a region the device writes, then FETCH_ADD.
-    let read = a
-        .prepare_send(
+    // READ back into a region the device writes, then FETCH_ADD twice.
+    let read =
+        p.a.prepare_send(
             SendOp::Read(remote.slice(0, 202).unwrap()),
             SendFlags::SIGNALED,
         )
         .unwrap();
-    a.post_prepared(&read, 7, pd.alloc_mr(202, LW).unwrap())
+    p.a.post_prepared(&read, 7, p.pd.alloc_mr(202, LW).unwrap())
         .unwrap();
-    let c = wait_send(&a, &mut slot);
+    let mut c = wait(&p.cq, 1).pop().unwrap().ok().unwrap();
     assert_eq!(
         (c.wr_id, c.opcode, c.byte_len),
         (7, WcOpcode::RdmaRead, 202)
@@ -653,8 +616,8 @@ fn prepared_requests_and_the_send_queue_poll(path: PostPath) {
     );
     target.write_at(1024, &41u64.to_ne_bytes()).unwrap();
     let word = remote.slice(1024, 8).unwrap();
-    let add = a
-        .prepare_send(
+    let add =
+        p.a.prepare_send(
             SendOp::FetchAdd {
                 remote: word,
                 add: 1,
@@ -663,56 +626,55 @@ fn prepared_requests_and_the_send_queue_poll(path: PostPath) {
         )
         .unwrap();
     for old in [41u64, 42] {
-        a.post_prepared(&add, old, pd.alloc_mr(8, LW).unwrap())
+        p.a.post_prepared(&add, old, p.pd.alloc_mr(8, LW).unwrap())
             .unwrap();
-        let c = id_and_data(wait_send(&a, &mut slot));
-        assert_eq!(c, (old, old.to_ne_bytes().to_vec()));
+        let mut c = wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+        assert_eq!(
+            (
+                c.wr_id,
+                c.opcode,
+                c.take_buffers().into_one().unwrap().to_vec()
+            ),
+            (old, WcOpcode::FetchAdd, old.to_ne_bytes().to_vec())
+        );
     }
 
-    // Unsignaled posts come back with the next signaled completion; the
-    // owned poll hands over the same.
-    let quiet = a
-        .prepare_send(SendOp::Write(remote), SendFlags::empty())
-        .unwrap();
-    a.post_prepared(
-        &quiet,
-        1,
-        pd.reg_mr(vec![1; 8], AccessFlags::empty()).unwrap(),
+    // SEND: unsignaled posts come back with the next signaled completion.
+    let recvs = p.pd.alloc_mr(3 * 8, LW).unwrap().chunks(8).unwrap();
+    p.b.post_recv_batch(
+        recvs
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| (10 + i as u64, m.into())),
     )
     .unwrap();
-    a.post_prepared(
-        &quiet,
-        2,
-        pd.reg_mr(vec![2; 8], AccessFlags::empty()).unwrap(),
-    )
-    .unwrap();
-    a.post_prepared(
-        &write,
-        3,
-        pd.reg_mr(vec![3; 8], AccessFlags::empty()).unwrap(),
-    )
-    .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut c = loop {
-        if let Some(c) = a.poll_send().unwrap() {
-            break c.ok(a.qp_num()).unwrap();
-        }
-        assert!(std::time::Instant::now() < deadline, "lost send completion");
-        std::thread::yield_now();
-    };
-    assert_eq!(c.wr_id, 3);
-    let quiet_back: Vec<(u64, Vec<u8>)> = c
+    let quiet = p.a.prepare_send(SendOp::Send, SendFlags::empty()).unwrap();
+    let loud = p.a.prepare_send(SendOp::Send, SendFlags::SIGNALED).unwrap();
+    for (id, req) in [(1u8, &quiet), (2, &quiet), (3, &loud)] {
+        let m = p.pd.reg_mr(vec![id; 8], AccessFlags::empty()).unwrap();
+        p.a.post_prepared(req, u64::from(id), m).unwrap();
+    }
+    let mut done = wait(&p.cq, 4);
+    let mut send = take(&mut done, 3).ok().unwrap();
+    let quiet_back: Vec<(u64, Vec<u8>)> = send
         .unsignaled
         .drain(..)
         .map(|(id, b)| (id, b.into_one().unwrap().to_vec()))
         .collect();
     assert_eq!(quiet_back, [(1, vec![1; 8]), (2, vec![2; 8])]);
-    assert_eq!(c.take_buffers().into_one().unwrap().to_vec(), vec![3; 8]);
-    assert_eq!(a.in_flight(), (0, 0));
+    assert_eq!(send.take_buffers().into_one().unwrap().to_vec(), vec![3; 8]);
+    for i in 0..3u8 {
+        let mut r = take(&mut done, 10 + u64::from(i)).ok().unwrap();
+        assert_eq!(
+            r.take_buffers().into_one().unwrap().to_vec(),
+            vec![i + 1; 8]
+        );
+    }
+    assert_eq!((p.a.in_flight(), p.b.in_flight()), ((0, 0), (0, 0)));
 
     // Bad input: refused before posting, the region handed back whole.
-    let long = pd.reg_mr(vec![9; 300], AccessFlags::empty()).unwrap();
-    let err = a.post_prepared(&write, 50, long).unwrap_err();
+    let long = p.pd.reg_mr(vec![9; 300], AccessFlags::empty()).unwrap();
+    let err = p.a.post_prepared(&write, 50, long).unwrap_err();
     assert!(
         matches!(
             err.error,
@@ -730,21 +692,21 @@ fn prepared_requests_and_the_send_queue_poll(path: PostPath) {
     );
     let (id, back) = err.returned.into_iter().next().unwrap();
     assert_eq!((id, back.into_one().unwrap().to_vec()), (50, vec![9; 300]));
-    let err = a
-        .post_prepared(&read, 51, pd.alloc_mr(8, AccessFlags::empty()).unwrap())
-        .unwrap_err();
+    let err =
+        p.a.post_prepared(&read, 51, p.pd.alloc_mr(8, AccessFlags::empty()).unwrap())
+            .unwrap_err();
     assert!(err.to_string().contains("without LOCAL_WRITE"), "{err}");
-    let err = a
-        .post_prepared(&add, 52, pd.alloc_mr(16, LW).unwrap())
-        .unwrap_err();
+    let err =
+        p.a.post_prepared(&add, 52, p.pd.alloc_mr(16, LW).unwrap())
+            .unwrap_err();
     assert!(
         err.to_string()
             .contains("needs one 8-byte local buffer, got 16"),
         "{err}"
     );
-    let other_pd = ctx.alloc_pd().unwrap();
-    let err = a
-        .post_prepared(
+    let other_pd = p.ctx.alloc_pd().unwrap();
+    let err =
+        p.a.post_prepared(
             &write,
             53,
             other_pd.alloc_mr(8, AccessFlags::empty()).unwrap(),
@@ -754,11 +716,15 @@ fn prepared_requests_and_the_send_queue_poll(path: PostPath) {
         err.to_string().contains("another protection domain"),
         "{err}"
     );
-    let b_write = b
-        .prepare_send(SendOp::Write(remote), SendFlags::SIGNALED)
-        .unwrap();
-    let err = a
-        .post_prepared(&b_write, 54, pd.alloc_mr(8, AccessFlags::empty()).unwrap())
+    let b_write =
+        p.b.prepare_send(SendOp::Write(remote), SendFlags::SIGNALED)
+            .unwrap();
+    let err =
+        p.a.post_prepared(
+            &b_write,
+            54,
+            p.pd.alloc_mr(8, AccessFlags::empty()).unwrap(),
+        )
         .unwrap_err();
     assert!(err.to_string().contains("prepared by another QP"), "{err}");
     for (op, flags, why) in [
@@ -781,52 +747,16 @@ fn prepared_requests_and_the_send_queue_poll(path: PostPath) {
             "not 8-byte aligned",
         ),
     ] {
-        let err = a.prepare_send(op, flags).unwrap_err();
+        let err = p.a.prepare_send(op, flags).unwrap_err();
         assert!(err.to_string().contains(why), "{op:?}: {err}");
     }
-    assert_eq!(a.in_flight(), (0, 0), "nothing refused was posted");
-
-    // B's send CQ also takes its receives: the send-queue poll refuses,
-    // and polls nothing.
-    b.post_send(SendWr::write(
-        60,
-        pd.alloc_mr(8, AccessFlags::empty()).unwrap(),
-        remote,
-    ))
-    .unwrap();
-    let err = b.poll_send().unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::InvalidArgument {
-                verb: "ibv_poll_cq",
-                ..
-            }
-        ),
-        "{err}"
-    );
-    assert!(err.to_string().contains("receive queue"), "{err}");
-    assert_eq!(
-        wait(&cq, 1).pop().unwrap().wr_id,
-        60,
-        "the completion stayed in the CQ"
-    );
-
-    // A third QP sending on A's CQ: refused while it lives, fine after.
-    let c_qp = pd.qp_builder(QpType::Rc, &a_send, &cq).build().unwrap();
-    a.post_prepared(&write, 70, pd.alloc_mr(8, AccessFlags::empty()).unwrap())
-        .unwrap();
-    let err = a.poll_send().unwrap_err();
-    assert!(err.to_string().contains("another queue pair"), "{err}");
-    drop(c_qp);
-    assert_eq!(wait_send(&a, &mut slot).wr_id, 70);
-    assert_eq!(a.in_flight(), (0, 0));
-}
-
-/// A successful completion's id and the data of its region.
-fn id_and_data(c: &mut SendCompletion) -> (u64, Vec<u8>) {
-    assert!(c.is_success(), "{c:?}");
-    (c.wr_id, c.take_buffers().into_one().unwrap().to_vec())
+    let ud = common::pair(QpType::Ud, AccessFlags::empty());
+    let err =
+        ud.a.prepare_send(SendOp::Send, SendFlags::SIGNALED)
+            .unwrap_err();
+    assert!(err.to_string().contains("needs an RC or UC QP"), "{err}");
+    assert_eq!(p.a.in_flight(), (0, 0), "nothing refused was posted");
+    assert!(p.cq.poll_one().unwrap().is_none(), "and nothing completed");
 }
 
 legacy_and_auto!(
@@ -835,7 +765,7 @@ legacy_and_auto!(
 );
 
 both_paths!(
-    prepared_requests_and_the_send_queue_poll,
+    prepared_requests_post_with_a_new_region_each_time,
     posts_and_polls_on_different_threads,
     rc_send_receive_returns_memory_with_the_data,
     send_with_immediate_and_zero_length,

@@ -13,7 +13,7 @@
 
 use rdma::{
     ffi, AccessFlags, Completion, CompletionChannel, CompletionQueue, MemoryRegion, PostPath,
-    QueuePair, RemoteMemory, SendCompletion, SendOp, SendWr, WcStatus,
+    QueuePair, RemoteMemory, SendOp, SendWr, WcStatus,
 };
 
 use crate::oob::Watch;
@@ -129,29 +129,6 @@ pub fn wait_one_safe<'s>(
     let c = slot.as_mut().ok_or("poll CQ: no completion in the slot")?;
     check(c, what)?;
     Ok(c)
-}
-
-/// Busy-polls `qp`'s send CQ, which serves its send queue alone, for one
-/// successful completion, into `slot` ([`QueuePair::poll_send_into`]).
-///
-/// # Errors
-/// Poll failures, or a completion with an error status.
-#[inline]
-pub fn wait_send<'s>(
-    qp: &QueuePair,
-    slot: &'s mut Option<SendCompletion>,
-    watch: &Watch<'_>,
-    what: &str,
-) -> Res<&'s mut SendCompletion> {
-    while qp.poll_send_into(slot).or_fail("poll CQ failed")?.is_none() {
-        watch.idle()?;
-    }
-    let c = slot.as_mut().ok_or("poll CQ: no completion in the slot")?;
-    if c.is_success() {
-        Ok(c)
-    } else {
-        Err(failed(what, c.status, c.vendor_err, c.wr_id))
-    }
 }
 
 /// Raw poll: `ibv_poll_cq` into `wc`; with a channel, sleeps while empty.

@@ -18,7 +18,7 @@
 //!   waits for its completion; a gap is one operation. The server waits.
 
 use rdma::{
-    ffi, AccessFlags, Completion, InlineSend, MemoryRegion, SendCompletion, SendFlags, SendOp,
+    ffi, AccessFlags, Completion, InlineSend, MemoryRegion, PreparedSend, SendFlags, SendOp,
     WrBuffers,
 };
 
@@ -89,6 +89,24 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
     Ok(())
 }
 
+/// `--prepared`: `op` checked once for `qp`, signaled and unsignaled.
+fn prepare(
+    qp: &rdma::QueuePair,
+    opts: &Opts,
+    op: SendOp,
+) -> Res<Option<(PreparedSend, PreparedSend)>> {
+    if !opts.prepared {
+        return Ok(None);
+    }
+    let signaled = qp
+        .prepare_send(op, SendFlags::SIGNALED)
+        .or_fail("Couldn't prepare the request")?;
+    let unsignaled = qp
+        .prepare_send(op, SendFlags::empty())
+        .or_fail("Couldn't prepare the request")?;
+    Ok(Some((signaled, unsignaled)))
+}
+
 /// Receives kept posted in `send_lat`.
 fn rx_slots(opts: &Opts, size: usize) -> u32 {
     setup::slots(size, opts.rx_depth.min(opts.iters))
@@ -99,7 +117,6 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
     let iters = opts.iters;
     let slots = rx_slots(opts, size);
     let bufs = setup::pool(&conn.pd, slots, size, AccessFlags::LOCAL_WRITE)?;
-    let alone = conn.send_cq_alone(conn.send_ch.as_ref());
     let qp = &mut conn.qps[0];
     qp.post_recv_batch(bufs.into_iter().map(|m| (0, WrBuffers::One(m))))
         .map_err(|e| format!("Couldn't post receives: {}", e.error))?;
@@ -114,17 +131,11 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
         setup::pool(&conn.pd, cq_mod, size, AccessFlags::empty())?
     };
     let data = vec![0u8; size];
-    // The sends, checked once (signaled or not) and posted with a buffer.
-    let send = qp
-        .prepare_send(SendOp::Send, SendFlags::SIGNALED)
-        .or_fail("Couldn't prepare the send")?;
-    let send_unsignaled = qp
-        .prepare_send(SendOp::Send, SendFlags::empty())
-        .or_fail("Couldn't prepare the send")?;
+    // `--prepared`: the sends checked once, signaled or not.
+    let prepared = prepare(qp, opts, SendOp::Send)?;
     // The last receive and send completion, polled in place.
     let mut rslot: Option<Completion> = None;
     let mut sslot: Option<Completion> = None;
-    let mut sent: Option<SendCompletion> = None;
     let (send_cq, recv_cq) = (&conn.send_cq, &conn.recv_cq);
     let (send_ch, recv_ch) = (conn.send_ch.as_ref(), conn.recv_ch.as_ref());
     conn.oob.barrier()?;
@@ -145,9 +156,14 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
                 .or_fail("Couldn't post send")?;
         } else {
             let mr = sbufs.pop().ok_or("no free send buffer")?;
-            let p = if signaled { &send } else { &send_unsignaled };
-            qp.post_prepared(p, u64::from(n), mr)
-                .map_err(|e| format!("Couldn't post send: {}", e.error))?;
+            match &prepared {
+                Some((send, unsignaled)) => {
+                    let p = if signaled { send } else { unsignaled };
+                    qp.post_prepared(p, u64::from(n), mr)
+                }
+                None => qp.post_send(rdma::SendWr::send(u64::from(n), mr).signaled(signaled)),
+            }
+            .map_err(|e| format!("Couldn't post send: {}", e.error))?;
         }
         stamps.push();
         if let (true, Some(c)) = (arrived, rslot.as_mut()) {
@@ -157,13 +173,7 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
                 rposted += 1;
             }
         }
-        if signaled && alone {
-            let c = io::wait_send(qp, &mut sent, &watch, "send")?;
-            for (_, b) in c.unsignaled.drain(..) {
-                sbufs.extend(b.into_one());
-            }
-            sbufs.extend(c.take_buffers().into_one());
-        } else if signaled {
+        if signaled {
             let c = io::wait_one_safe(send_cq, send_ch, &mut sslot, &watch, "send")?;
             for (_, b) in c.unsignaled.drain(..) {
                 sbufs.extend(b.into_one());
@@ -333,12 +343,8 @@ fn write_interleaved(
     conn.target
         .write_at(size - 1, &[0])
         .or_fail("Couldn't clear the target buffer")?;
-    let write = conn.qps[0]
-        .prepare_send(SendOp::Write(remote), SendFlags::SIGNALED)
-        .or_fail("Couldn't prepare the RDMA write")?;
-    let alone = conn.send_cq_alone(None);
+    let prepared = prepare(&conn.qps[0], opts, SendOp::Write(remote))?;
     let mut slot: Option<Completion> = None;
-    let mut sent: Option<SendCompletion> = None;
     let mut wc = [ffi::ibv_wc::default(); 1];
     if let Some((_, raw_stamp)) = interleave.as_mut() {
         raw_stamp.clear();
@@ -385,17 +391,14 @@ fn write_interleaved(
         } else {
             let mut mr = smr.take().ok_or("the send buffer is still in flight")?;
             mr.as_mut_slice().or_fail("send buffer")?[size - 1] = n as u8;
-            qp.post_prepared(&write, u64::from(n), mr)
-                .map_err(|e| format!("Couldn't post send: {}", e.error))?;
+            match &prepared {
+                Some((write, _)) => qp.post_prepared(write, u64::from(n), mr),
+                None => qp.post_send(rdma::SendWr::write(u64::from(n), mr, remote)),
+            }
+            .map_err(|e| format!("Couldn't post send: {}", e.error))?;
             stamps.push();
-            smr = if alone {
-                io::wait_send(qp, &mut sent, &watch, "RDMA write")?
-                    .take_buffers()
-                    .into_one()
-            } else {
-                let c = io::wait_one_safe(&conn.send_cq, None, &mut slot, &watch, "RDMA write")?;
-                c.take_buffers().into_one()
-            };
+            let c = io::wait_one_safe(&conn.send_cq, None, &mut slot, &watch, "RDMA write")?;
+            smr = c.take_buffers().into_one();
         }
     }
     while rcnt < iters {
@@ -471,33 +474,26 @@ fn one_sided_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps
         "RDMA read"
     };
     let mut slot: Option<Completion> = None;
-    let mut sent: Option<SendCompletion> = None;
-    let alone = conn.send_cq_alone(conn.send_ch.as_ref());
     let qp = &mut conn.qps[0];
-    let request = qp
-        .prepare_send(io::safe_op(verb, opts.atomic, remote), SendFlags::SIGNALED)
-        .or_fail("Couldn't prepare the request")?;
+    let prepared = prepare(qp, opts, io::safe_op(verb, opts.atomic, remote))?;
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
     for i in 1..=opts.iters {
         let m = mr.take().ok_or("the local buffer is still in flight")?;
-        qp.post_prepared(&request, u64::from(i), m)
-            .map_err(|e| format!("Couldn't post send: {}", e.error))?;
+        match &prepared {
+            Some((request, _)) => qp.post_prepared(request, u64::from(i), m),
+            None => qp.post_send(io::safe_wr(verb, opts.atomic, u64::from(i), m, remote)),
+        }
+        .map_err(|e| format!("Couldn't post send: {}", e.error))?;
         stamps.push();
-        mr = if alone {
-            io::wait_send(qp, &mut sent, &watch, what)?
-                .take_buffers()
-                .into_one()
-        } else {
-            let c = io::wait_one_safe(
-                &conn.send_cq,
-                conn.send_ch.as_ref(),
-                &mut slot,
-                &watch,
-                what,
-            )?;
-            c.take_buffers().into_one()
-        };
+        let c = io::wait_one_safe(
+            &conn.send_cq,
+            conn.send_ch.as_ref(),
+            &mut slot,
+            &watch,
+            what,
+        )?;
+        mr = c.take_buffers().into_one();
     }
     Ok(())
 }

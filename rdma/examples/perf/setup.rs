@@ -46,15 +46,6 @@ pub struct Conn {
     pub inline: u32,
 }
 
-impl Conn {
-    /// The first QP's send completions can be polled with
-    /// `QueuePair::poll_send`: busy polling (`ch` is `None`), and the send
-    /// CQ serves that send queue alone (one QP; receives on `recv_cq`).
-    pub fn send_cq_alone(&self, ch: Option<&CompletionChannel>) -> bool {
-        ch.is_none() && self.qps.len() == 1 && self.send_cq.as_raw() != self.recv_cq.as_raw()
-    }
-}
-
 /// A random 24-bit PSN.
 fn random_psn(salt: u32) -> u32 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -337,6 +328,8 @@ fn print_header(
     };
     let post = if opts.raw {
         "raw (prebuilt C work requests)"
+    } else if opts.prepared {
+        "safe, prepared requests (rdma crate)"
     } else {
         "safe (rdma crate)"
     };
