@@ -1627,10 +1627,10 @@ impl QueuePair {
     /// # fn f(qp: &mut rdma::QueuePair, cq: &rdma::CompletionQueue, mut mr: rdma::MemoryRegion,
     /// #      remote: rdma::RemoteMemory) -> Result<(), Box<dyn std::error::Error>> {
     /// use rdma::{SendFlags, SendOp};
-    /// let write = qp.prepare_send(SendOp::Write(remote), SendFlags::SIGNALED)?;
+    /// let mut write = qp.prepare_send(SendOp::Write(remote), SendFlags::SIGNALED)?;
     /// for i in 0..1000 {
     ///     mr.write_at(0, &[i as u8])?;
-    ///     qp.post_prepared(&write, i, mr)?;
+    ///     qp.post_prepared(&mut write, i, mr)?;
     ///     let done = loop {
     ///         if let Some(c) = cq.poll_one()? {
     ///             break c.ok()?;
@@ -1683,6 +1683,7 @@ impl QueuePair {
         Self::fill_send(&mut raw, &op, &None, None);
         Ok(PreparedSend {
             raw,
+            sge: ffi::ibv_sge::default(),
             op,
             flags,
             serial: self.tracker.serial,
@@ -1706,7 +1707,7 @@ impl QueuePair {
     #[inline]
     pub fn post_prepared(
         &mut self,
-        p: &PreparedSend,
+        p: &mut PreparedSend,
         wr_id: u64,
         mr: MemoryRegion,
     ) -> std::result::Result<(), PostError> {
@@ -1721,7 +1722,7 @@ impl QueuePair {
         {
             return Err(self.prepared_refused(p, wr_id, mr));
         }
-        let mut sge = mr.sge();
+        let sge = mr.sge();
         // SAFETY: `&mut self`: the only poster to this QP's send queue.
         let mut ring = unsafe { self.tracker.producer(false) };
         let rc = match self.qpx {
@@ -1739,15 +1740,15 @@ impl QueuePair {
                 }
             }
             None => {
-                let mut raw = p.raw;
-                raw.wr_id = ring.wr_id(0);
-                raw.sg_list = &mut sge;
+                p.sge = sge;
+                p.raw.wr_id = ring.wr_id(0);
+                p.raw.sg_list = &mut p.sge;
                 let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
                 // SAFETY: a well-formed request (checked when prepared, the
                 // region just now) whose one SGE points into `mr`, which is
                 // parked in the tracker below and published when `ring` is
                 // dropped (a poll that sees the completion first waits).
-                unsafe { ffi::ibv_post_send(self.as_raw(), &mut raw, &mut bad) }
+                unsafe { ffi::ibv_post_send(self.as_raw(), &mut p.raw, &mut bad) }
             }
         };
         if rc != 0 {

@@ -570,7 +570,7 @@ fn prepared_requests_post_with_a_new_region_each_time(path: PostPath) {
 
     // One prepared WRITE, posted three times with three regions.
     let window = remote.slice(0, 256).unwrap();
-    let write =
+    let mut write =
         p.a.prepare_send(SendOp::Write(window), SendFlags::SIGNALED)
             .unwrap();
     assert_eq!(
@@ -580,7 +580,8 @@ fn prepared_requests_post_with_a_new_region_each_time(path: PostPath) {
     for i in 0..3u8 {
         let data = pattern(200 + usize::from(i), i);
         let mr = p.pd.reg_mr(data.clone(), AccessFlags::empty()).unwrap();
-        p.a.post_prepared(&write, 100 + u64::from(i), mr).unwrap();
+        p.a.post_prepared(&mut write, 100 + u64::from(i), mr)
+            .unwrap();
         let mut c = wait(&p.cq, 1).pop().unwrap().ok().unwrap();
         assert_eq!(
             (c.wr_id, c.opcode),
@@ -597,13 +598,13 @@ fn prepared_requests_post_with_a_new_region_each_time(path: PostPath) {
     }
 
     // READ back into a region the device writes, then FETCH_ADD twice.
-    let read =
+    let mut read =
         p.a.prepare_send(
             SendOp::Read(remote.slice(0, 202).unwrap()),
             SendFlags::SIGNALED,
         )
         .unwrap();
-    p.a.post_prepared(&read, 7, p.pd.alloc_mr(202, LW).unwrap())
+    p.a.post_prepared(&mut read, 7, p.pd.alloc_mr(202, LW).unwrap())
         .unwrap();
     let mut c = wait(&p.cq, 1).pop().unwrap().ok().unwrap();
     assert_eq!(
@@ -616,7 +617,7 @@ fn prepared_requests_post_with_a_new_region_each_time(path: PostPath) {
     );
     target.write_at(1024, &41u64.to_ne_bytes()).unwrap();
     let word = remote.slice(1024, 8).unwrap();
-    let add =
+    let mut add =
         p.a.prepare_send(
             SendOp::FetchAdd {
                 remote: word,
@@ -626,7 +627,7 @@ fn prepared_requests_post_with_a_new_region_each_time(path: PostPath) {
         )
         .unwrap();
     for old in [41u64, 42] {
-        p.a.post_prepared(&add, old, p.pd.alloc_mr(8, LW).unwrap())
+        p.a.post_prepared(&mut add, old, p.pd.alloc_mr(8, LW).unwrap())
             .unwrap();
         let mut c = wait(&p.cq, 1).pop().unwrap().ok().unwrap();
         assert_eq!(
@@ -648,10 +649,11 @@ fn prepared_requests_post_with_a_new_region_each_time(path: PostPath) {
             .map(|(i, m)| (10 + i as u64, m.into())),
     )
     .unwrap();
-    let quiet = p.a.prepare_send(SendOp::Send, SendFlags::empty()).unwrap();
-    let loud = p.a.prepare_send(SendOp::Send, SendFlags::SIGNALED).unwrap();
-    for (id, req) in [(1u8, &quiet), (2, &quiet), (3, &loud)] {
+    let mut quiet = p.a.prepare_send(SendOp::Send, SendFlags::empty()).unwrap();
+    let mut loud = p.a.prepare_send(SendOp::Send, SendFlags::SIGNALED).unwrap();
+    for id in 1..=3u8 {
         let m = p.pd.reg_mr(vec![id; 8], AccessFlags::empty()).unwrap();
+        let req = if id < 3 { &mut quiet } else { &mut loud };
         p.a.post_prepared(req, u64::from(id), m).unwrap();
     }
     let mut done = wait(&p.cq, 4);
@@ -674,7 +676,7 @@ fn prepared_requests_post_with_a_new_region_each_time(path: PostPath) {
 
     // Bad input: refused before posting, the region handed back whole.
     let long = p.pd.reg_mr(vec![9; 300], AccessFlags::empty()).unwrap();
-    let err = p.a.post_prepared(&write, 50, long).unwrap_err();
+    let err = p.a.post_prepared(&mut write, 50, long).unwrap_err();
     assert!(
         matches!(
             err.error,
@@ -693,11 +695,15 @@ fn prepared_requests_post_with_a_new_region_each_time(path: PostPath) {
     let (id, back) = err.returned.into_iter().next().unwrap();
     assert_eq!((id, back.into_one().unwrap().to_vec()), (50, vec![9; 300]));
     let err =
-        p.a.post_prepared(&read, 51, p.pd.alloc_mr(8, AccessFlags::empty()).unwrap())
-            .unwrap_err();
+        p.a.post_prepared(
+            &mut read,
+            51,
+            p.pd.alloc_mr(8, AccessFlags::empty()).unwrap(),
+        )
+        .unwrap_err();
     assert!(err.to_string().contains("without LOCAL_WRITE"), "{err}");
     let err =
-        p.a.post_prepared(&add, 52, p.pd.alloc_mr(16, LW).unwrap())
+        p.a.post_prepared(&mut add, 52, p.pd.alloc_mr(16, LW).unwrap())
             .unwrap_err();
     assert!(
         err.to_string()
@@ -707,7 +713,7 @@ fn prepared_requests_post_with_a_new_region_each_time(path: PostPath) {
     let other_pd = p.ctx.alloc_pd().unwrap();
     let err =
         p.a.post_prepared(
-            &write,
+            &mut write,
             53,
             other_pd.alloc_mr(8, AccessFlags::empty()).unwrap(),
         )
@@ -716,12 +722,12 @@ fn prepared_requests_post_with_a_new_region_each_time(path: PostPath) {
         err.to_string().contains("another protection domain"),
         "{err}"
     );
-    let b_write =
+    let mut b_write =
         p.b.prepare_send(SendOp::Write(remote), SendFlags::SIGNALED)
             .unwrap();
     let err =
         p.a.post_prepared(
-            &b_write,
+            &mut b_write,
             54,
             p.pd.alloc_mr(8, AccessFlags::empty()).unwrap(),
         )

@@ -132,7 +132,7 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
     };
     let data = vec![0u8; size];
     // `--prepared`: the sends checked once, signaled or not.
-    let prepared = prepare(qp, opts, SendOp::Send)?;
+    let mut prepared = prepare(qp, opts, SendOp::Send)?;
     // The last receive and send completion, polled in place.
     let mut rslot: Option<Completion> = None;
     let mut sslot: Option<Completion> = None;
@@ -156,7 +156,7 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
                 .or_fail("Couldn't post send")?;
         } else {
             let mr = sbufs.pop().ok_or("no free send buffer")?;
-            match &prepared {
+            match &mut prepared {
                 Some((send, unsignaled)) => {
                     let p = if signaled { send } else { unsignaled };
                     qp.post_prepared(p, u64::from(n), mr)
@@ -343,7 +343,7 @@ fn write_interleaved(
     conn.target
         .write_at(size - 1, &[0])
         .or_fail("Couldn't clear the target buffer")?;
-    let prepared = prepare(&conn.qps[0], opts, SendOp::Write(remote))?;
+    let mut prepared = prepare(&conn.qps[0], opts, SendOp::Write(remote))?;
     let mut slot: Option<Completion> = None;
     let mut wc = [ffi::ibv_wc::default(); 1];
     if let Some((_, raw_stamp)) = interleave.as_mut() {
@@ -391,7 +391,7 @@ fn write_interleaved(
         } else {
             let mut mr = smr.take().ok_or("the send buffer is still in flight")?;
             mr.as_mut_slice().or_fail("send buffer")?[size - 1] = n as u8;
-            match &prepared {
+            match &mut prepared {
                 Some((write, _)) => qp.post_prepared(write, u64::from(n), mr),
                 None => qp.post_send(rdma::SendWr::write(u64::from(n), mr, remote)),
             }
@@ -475,12 +475,12 @@ fn one_sided_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps
     };
     let mut slot: Option<Completion> = None;
     let qp = &mut conn.qps[0];
-    let prepared = prepare(qp, opts, io::safe_op(verb, opts.atomic, remote))?;
+    let mut prepared = prepare(qp, opts, io::safe_op(verb, opts.atomic, remote))?;
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
     for i in 1..=opts.iters {
         let m = mr.take().ok_or("the local buffer is still in flight")?;
-        match &prepared {
+        match &mut prepared {
             Some((request, _)) => qp.post_prepared(request, u64::from(i), m),
             None => qp.post_send(io::safe_wr(verb, opts.atomic, u64::from(i), m, remote)),
         }
