@@ -1242,27 +1242,33 @@ fn perf_raw_paths_run_the_same_tests() {
     assert!(perf_row(&out, 4096, 200)[3] > 0.0);
 }
 
-/// `--prepared`: the latency tests' safe path posts requests checked once
-/// (`prepare_send`/`post_prepared`), on both post paths.
+/// The latency tests' safe path posts prepared requests
+/// (`prepare_send`/`post_prepared`) by default and builds every request for
+/// `post_send` with `--post-send`, on both post paths; the header says which.
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
-fn perf_prepared_requests_run_the_latency_tests() {
-    let cases: [(&str, &[&str], u64); 5] = [
+fn perf_latency_tests_post_prepared_or_built_requests() {
+    let cases: [(&str, &[&str], u64); 6] = [
         ("write_lat", &["--post", "legacy"], 2),
         ("send_lat", &["--post", "extended", "-s", "64"], 64),
-        ("read_lat", &["--post", "legacy"], 2),
+        ("read_lat", &["--post", "legacy", "--post-send"], 2),
         ("atomic_lat", &["--post", "extended"], 8),
         ("write_lat", &["--post", "legacy", "--interleave", "20"], 2),
+        ("send_lat", &["--post", "legacy", "--post-send"], 2),
     ];
     for (i, (test, extra, size)) in cases.into_iter().enumerate() {
-        let mut args = vec!["-n", "200", "--prepared"];
+        let mut args = vec!["-n", "200"];
         args.extend(extra);
         let out = perf_pair(test, &args, 18890 + i as u16);
         perf_row(&out, size, 200);
+        let post = if extra.contains(&"--post-send") {
+            " Post            : safe (rdma crate)"
+        } else {
+            " Post            : safe, prepared requests (rdma crate)"
+        };
         assert!(
-            !out.lines_starting(" Post            : safe, prepared requests")
-                .is_empty(),
-            "{test}: the header names the path:\n{out}"
+            !out.lines_starting(post).is_empty(),
+            "{test} {extra:?}: the header names the path:\n{out}"
         );
     }
 }

@@ -89,7 +89,8 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
     Ok(())
 }
 
-/// `--prepared`: `op` checked once for `qp`, signaled and unsignaled.
+/// `op` checked once for `qp`, signaled and unsignaled (`None` with
+/// `--post-send`).
 fn prepare(
     qp: &rdma::QueuePair,
     opts: &Opts,
@@ -131,7 +132,7 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
         setup::pool(&conn.pd, cq_mod, size, AccessFlags::empty())?
     };
     let data = vec![0u8; size];
-    // `--prepared`: the sends checked once, signaled or not.
+    // The sends checked once, signaled or not (unless `--post-send`).
     let mut prepared = prepare(qp, opts, SendOp::Send)?;
     // The last receive and send completion, polled in place.
     let mut rslot: Option<Completion> = None;
