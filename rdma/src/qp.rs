@@ -1713,7 +1713,10 @@ impl QueuePair {
     ) -> std::result::Result<(), PostError> {
         let len = mr.len();
         let max = self.max_msg.load(std::sync::atomic::Ordering::Relaxed) as usize;
+        // (`plain_sends` again: serials wrap after 2^30 QPs, and a template
+        // checked for an RC QP must never reach a UD one.)
         if p.serial != self.tracker.serial
+            || !self.plain_sends
             || len < p.min_len
             || len > p.max_len
             || (max != 0 && len > max)
