@@ -170,5 +170,6 @@ mod auto_traits {
         send_sync::<crate::XrcRecvQueuePair>();
         send_sync::<crate::NullMemoryRegion>();
         send_sync::<crate::ImportedMemoryRegion>();
+        send_sync::<crate::PreparedSend>();
     }
 }
