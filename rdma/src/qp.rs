@@ -1700,6 +1700,15 @@ impl QueuePair {
     /// where the device writes it). The region comes back with the
     /// completion.
     ///
+    /// The region moves into the queue, as with [`QueuePair::post_send`]:
+    ///
+    /// ```compile_fail
+    /// # fn f(qp: &mut rdma::QueuePair, p: &mut rdma::PreparedSend, mr: rdma::MemoryRegion) {
+    /// qp.post_prepared(p, 1, mr).unwrap();
+    /// let _ = mr.len(); // moved into the send queue
+    /// # }
+    /// ```
+    ///
     /// # Errors
     /// As [`QueuePair::post_send`], with the region in
     /// [`PostError::returned`]; [`Error::InvalidArgument`] also when `p` was
