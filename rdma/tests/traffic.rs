@@ -352,10 +352,10 @@ macro_rules! legacy_and_auto {
     };
 }
 
-/// Posts three 32-byte receives on `p.b` (ids 10..13) and three sends of
-/// bytes 1, 2, 3 on `p.a` (ids 20..23), signaled where `signaled(i)`.
-fn three_receives_and_sends(p: &mut common::Pair, signaled: impl Fn(u64) -> bool) {
-    let recvs = p.pd.alloc_mr(3 * 32, LW).unwrap().chunks(32).unwrap();
+/// Posts three `len`-byte receives on `p.b` (ids 10..13), pieces of one
+/// registration.
+fn three_receives(p: &mut common::Pair, len: usize) {
+    let recvs = p.pd.alloc_mr(3 * len, LW).unwrap().chunks(len).unwrap();
     p.b.post_recv_batch(
         recvs
             .into_iter()
@@ -363,6 +363,12 @@ fn three_receives_and_sends(p: &mut common::Pair, signaled: impl Fn(u64) -> bool
             .map(|(i, m)| (10 + i as u64, m.into())),
     )
     .unwrap();
+}
+
+/// Posts three 32-byte receives on `p.b` (ids 10..13) and three sends of
+/// bytes 1, 2, 3 on `p.a` (ids 20..23), signaled where `signaled(i)`.
+fn three_receives_and_sends(p: &mut common::Pair, signaled: impl Fn(u64) -> bool) {
+    three_receives(p, 32);
     for i in 0..3u64 {
         let m =
             p.pd.reg_mr(vec![i as u8 + 1; 32], AccessFlags::empty())
@@ -641,14 +647,7 @@ fn prepared_requests_post_with_a_new_region_each_time(path: PostPath) {
     }
 
     // SEND: unsignaled posts come back with the next signaled completion.
-    let recvs = p.pd.alloc_mr(3 * 8, LW).unwrap().chunks(8).unwrap();
-    p.b.post_recv_batch(
-        recvs
-            .into_iter()
-            .enumerate()
-            .map(|(i, m)| (10 + i as u64, m.into())),
-    )
-    .unwrap();
+    three_receives(&mut p, 8);
     let mut quiet = p.a.prepare_send(SendOp::Send, SendFlags::empty()).unwrap();
     let mut loud = p.a.prepare_send(SendOp::Send, SendFlags::SIGNALED).unwrap();
     for id in 1..=3u8 {
