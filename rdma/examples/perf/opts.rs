@@ -562,8 +562,11 @@ fn finish(mut o: Opts, g: Given) -> Result<Opts, ArgError> {
     if o.all && g.size.is_some() {
         return bad("-a and -s exclude each other");
     }
-    if g.post_send && (o.raw || kind != Kind::Lat) {
-        return bad("--post-send applies to the safe path of latency tests: leave out --raw");
+    if g.post_send && kind != Kind::Lat {
+        return bad("--post-send applies to latency tests (bandwidth tests always use post_send)");
+    }
+    if g.post_send && o.raw {
+        return bad("--post-send chooses how the safe path posts: leave out --raw");
     }
     o.prepared = kind == Kind::Lat && !o.raw && !g.post_send;
     if o.raw && o.post == PostPath::Auto {
@@ -650,7 +653,7 @@ mod tests {
     #[test]
     fn latency_tests_post_prepared_requests_unless_told() {
         assert!(p("write_lat").unwrap().prepared);
-        assert!(p("read_lat --interleave 50 host").is_err());
+        assert!(p("read_lat host").unwrap().prepared);
         assert!(p("write_lat --interleave 50").unwrap().prepared);
         assert!(!p("send_lat --post-send").unwrap().prepared);
         assert!(!p("write_lat --raw --post legacy").unwrap().prepared);
