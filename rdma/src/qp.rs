@@ -1617,8 +1617,9 @@ impl QueuePair {
     /// Checks a send request once, for [`QueuePair::post_prepared`] to post
     /// again and again with one region each time.
     ///
-    /// For RC and UC QPs (a UD destination or an XRC SRQ goes through
-    /// [`QueuePair::post_send`]); any operation that takes memory, with
+    /// For RC and UC QPs (UD: [`QueuePair::prepare_send_ud`]; a request to
+    /// an XRC SRQ goes through [`QueuePair::post_send`]); any operation that
+    /// takes memory, with
     /// `flags` (`SIGNALED`, `FENCE`, `SOLICITED`; not `INLINE`). A remote
     /// range bounds the regions it may be posted with, an atomic takes an
     /// 8-byte region.
@@ -1649,12 +1650,51 @@ impl QueuePair {
         if !self.plain_sends {
             return Err(self.invalid(format!(
                 "a prepared send needs an RC or UC QP with a send scatter entry; QP {} is {:?} \
-                 with max_send_sge {} (use post_send)",
+                 with max_send_sge {} (use prepare_send_ud for UD, post_send otherwise)",
                 self.qp_num(),
                 self.qp_type,
                 self.caps.max_send_sge
             )));
         }
+        self.prepare(op, flags, None)
+    }
+
+    /// [`QueuePair::prepare_send`] for a UD QP: every post goes to
+    /// `remote_qpn` (Q_Key `remote_qkey`) through `ah`, which the request
+    /// keeps alive, as does every post in flight. A SEND (with or without
+    /// immediate data) of at most the path MTU.
+    ///
+    /// # Errors
+    /// As [`QueuePair::prepare_send`]; [`Error::InvalidArgument`] also for a
+    /// QP that is not UD.
+    pub fn prepare_send_ud(
+        &self,
+        op: SendOp,
+        flags: SendFlags,
+        ah: &crate::AddressHandle,
+        remote_qpn: u32,
+        remote_qkey: u32,
+    ) -> Result<PreparedSend> {
+        if self.qp_type != QpType::Ud || self.caps.max_send_sge == 0 {
+            return Err(self.invalid(format!(
+                "prepare_send_ud needs a UD QP with a send scatter entry; QP {} is {:?} \
+                 with max_send_sge {} (use prepare_send)",
+                self.qp_num(),
+                self.qp_type,
+                self.caps.max_send_sge
+            )));
+        }
+        let dest = UdDest {
+            ah: ah.clone(),
+            remote_qpn,
+            remote_qkey,
+        };
+        self.prepare(op, flags, Some(dest))
+    }
+
+    /// The checks and the template of [`QueuePair::prepare_send`] and
+    /// [`QueuePair::prepare_send_ud`] (which checked the QP type).
+    fn prepare(&self, op: SendOp, flags: SendFlags, ud: Option<UdDest>) -> Result<PreparedSend> {
         if flags.contains(SendFlags::INLINE) {
             return Err(self.invalid(
                 "a prepared send posts a region; inline data goes through post_send_inline".into(),
@@ -1674,18 +1714,19 @@ impl QueuePair {
                 usize::try_from(remote.min(u64::from(u32::MAX))).unwrap_or(usize::MAX),
             )
         };
-        self.check_send(&op, min_len as u64, &None, None)?;
+        self.check_send(&op, min_len as u64, &ud, None)?;
         let mut raw = ffi::ibv_send_wr {
             num_sge: 1,
             send_flags: flags.bits(),
             ..Default::default()
         };
-        Self::fill_send(&mut raw, &op, &None, None);
+        Self::fill_send(&mut raw, &op, &ud, None);
         Ok(PreparedSend {
             raw,
             sge: ffi::ibv_sge::default(),
             op,
             flags,
+            ud,
             serial: self.tracker.serial,
             min_len,
             max_len,
@@ -1722,10 +1763,14 @@ impl QueuePair {
     ) -> std::result::Result<(), PostError> {
         let len = mr.len();
         let max = self.max_msg.load(std::sync::atomic::Ordering::Relaxed) as usize;
-        // (`plain_sends` again: serials wrap after 2^30 QPs, and a template
-        // checked for an RC QP must never reach a UD one.)
+        // (The QP's kind again: serials wrap after 2^30 QPs, and a template
+        // checked for an RC QP must never reach a UD one, nor the reverse.)
         if p.serial != self.tracker.serial
-            || !self.plain_sends
+            || !(if p.ud.is_some() {
+                self.qp_type == QpType::Ud
+            } else {
+                self.plain_sends
+            })
             || len < p.min_len
             || len > p.max_len
             || (max != 0 && len > max)
@@ -1746,7 +1791,7 @@ impl QueuePair {
                     ffi::ibv_wr_start(q);
                     (*q).wr_id = ring.wr_id(0);
                     (*q).wr_flags = p.flags.bits();
-                    Self::emit_op(q, &p.op, &None, None);
+                    Self::emit_op(q, &p.op, &p.ud, None);
                     ffi::ibv_wr_set_sge(q, sge.lkey, sge.addr, sge.length);
                     ffi::ibv_wr_complete(q)
                 }
@@ -1770,7 +1815,7 @@ impl QueuePair {
         ring.push(Pending {
             wr_id,
             buffers: WrBuffers::One(mr),
-            _ah: None,
+            _ah: p.ud.as_ref().map(|d| d.ah.clone()),
             _mw: None,
         });
         Ok(())
@@ -1790,7 +1835,7 @@ impl QueuePair {
             let len = Self::total_len(&buffers);
             match self
                 .check_buffers(&buffers, 1, p.local_write, "ibv_post_send")
-                .and_then(|()| self.check_send(&p.op, len, &None, None))
+                .and_then(|()| self.check_send(&p.op, len, &p.ud, None))
             {
                 Err(e) => e,
                 Ok(()) => self.invalid(format!(

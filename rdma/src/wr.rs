@@ -345,12 +345,16 @@ pub struct PreparedSend {
     /// The request as posted: each post writes `wr_id` and the scatter
     /// entry in place and hands this very struct to the provider (copying
     /// 128 bytes was measured to cost more than the post's checks under
-    /// emulation). `next` and the UD address handle are null; `sg_list`
-    /// points at `sge` during a post and is not read outside one.
+    /// emulation). `next` is null; the UD address handle is null or that of
+    /// `ud`; `sg_list` points at `sge` during a post and is not read outside
+    /// one.
     pub(crate) raw: ffi::ibv_send_wr,
     pub(crate) sge: ffi::ibv_sge,
     pub(crate) op: SendOp,
     pub(crate) flags: SendFlags,
+    /// A UD request's destination; its address handle is kept alive here
+    /// (for the template) and by every request in flight.
+    pub(crate) ud: Option<UdDest>,
     /// The serial of the QP it was checked for.
     pub(crate) serial: u32,
     /// Region lengths the request takes (8 and 8 for atomics; up to the
@@ -360,10 +364,11 @@ pub struct PreparedSend {
     pub(crate) local_write: bool,
 }
 
-// SAFETY: of the pointers in `raw`, `next` and the UD address handle are
-// null, and `sg_list` is only dereferenced (by the provider) inside a post,
-// which sets it to this struct's own `sge` first; the struct is plain data
-// otherwise.
+// SAFETY: of the pointers in `raw`, `next` is null, the UD address handle is
+// null or that of `ud` (an `AddressHandle`, which is Send and Sync, kept
+// alive by this struct), and `sg_list` is only dereferenced (by the provider)
+// inside a post, which sets it to this struct's own `sge` first; the struct
+// is plain data otherwise.
 unsafe impl Send for PreparedSend {}
 // SAFETY: as above; only a post changes it, through `&mut PreparedSend`.
 unsafe impl Sync for PreparedSend {}
@@ -373,6 +378,7 @@ impl std::fmt::Debug for PreparedSend {
         f.debug_struct("PreparedSend")
             .field("op", &self.op)
             .field("flags", &self.flags)
+            .field("ud", &self.ud)
             .field("len", &(self.min_len..=self.max_len))
             .finish_non_exhaustive()
     }

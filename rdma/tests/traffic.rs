@@ -764,6 +764,102 @@ fn prepared_requests_post_with_a_new_region_each_time(path: PostPath) {
     assert!(p.cq.poll_one().unwrap().is_none(), "and nothing completed");
 }
 
+/// `prepare_send_ud`: a UD SEND checked once with its destination, posted
+/// with a new region each time; the request keeps the address handle alive,
+/// and the QP kinds never mix.
+fn prepared_ud_sends_keep_their_address_handle(path: PostPath) {
+    let mut p = common::pair_with(QpType::Ud, AccessFlags::empty(), |b| {
+        b.post_path(path);
+    });
+    let gid = p.ctx.query_gid(1, u32::from(p.gid_index)).unwrap();
+    let ah =
+        p.pd.create_ah(&AhAttr::global(1, gid, p.gid_index))
+            .unwrap();
+    let mut send =
+        p.a.prepare_send_ud(
+            SendOp::SendWithImm(9),
+            SendFlags::SIGNALED,
+            &ah,
+            p.b.qp_num(),
+            common::QKEY,
+        )
+        .unwrap();
+    drop(ah); // the prepared request keeps it alive
+    for i in 0..3u8 {
+        // UD receives get the 40-byte GRH first.
+        p.b.post_recv(10 + u64::from(i), p.pd.alloc_mr(40 + 256, LW).unwrap())
+            .unwrap();
+        let data = pattern(100 + usize::from(i), i);
+        let m = p.pd.reg_mr(data.clone(), AccessFlags::empty()).unwrap();
+        p.a.post_prepared(&mut send, u64::from(i), m).unwrap();
+        let mut done = wait(&p.cq, 2);
+        let mut s = take(&mut done, u64::from(i)).ok().unwrap();
+        assert_eq!(s.take_buffers().into_one().unwrap().to_vec(), data);
+        let mut r = take(&mut done, 10 + u64::from(i)).ok().unwrap();
+        assert_eq!(
+            (r.byte_len as usize, r.imm(), r.src_qp),
+            (40 + data.len(), Some(9), p.a.qp_num())
+        );
+        assert_eq!(
+            &r.take_buffers().into_one().unwrap().to_vec()[40..40 + data.len()],
+            &data[..]
+        );
+    }
+    // Refused: a message past the path MTU, a UD template on an RC QP and
+    // an RC one on this QP, RDMA on UD, prepare_send_ud on RC.
+    let mtu = p.ctx.query_port(1).unwrap().active_mtu.bytes().unwrap();
+    let big =
+        p.pd.alloc_mr(mtu as usize + 1, AccessFlags::empty())
+            .unwrap();
+    let err = p.a.post_prepared(&mut send, 20, big).unwrap_err();
+    assert!(err.to_string().contains("must fit the path MTU"), "{err}");
+    let rc = common::pair(QpType::Rc, AccessFlags::empty());
+    let mut rc_send =
+        rc.a.prepare_send(SendOp::Send, SendFlags::SIGNALED)
+            .unwrap();
+    let err =
+        p.a.post_prepared(
+            &mut rc_send,
+            21,
+            p.pd.alloc_mr(8, AccessFlags::empty()).unwrap(),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("prepared by another QP"), "{err}");
+    let gid = rc.ctx.query_gid(1, u32::from(rc.gid_index)).unwrap();
+    let rc_ah = rc
+        .pd
+        .create_ah(&AhAttr::global(1, gid, rc.gid_index))
+        .unwrap();
+    let err =
+        rc.a.prepare_send_ud(SendOp::Send, SendFlags::SIGNALED, &rc_ah, 1, 1)
+            .unwrap_err();
+    assert!(err.to_string().contains("needs a UD QP"), "{err}");
+    let target =
+        p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
+    let ah =
+        p.pd.create_ah(&AhAttr::global(
+            1,
+            p.ctx.query_gid(1, u32::from(p.gid_index)).unwrap(),
+            p.gid_index,
+        ))
+        .unwrap();
+    let err =
+        p.a.prepare_send_ud(
+            SendOp::Write(target.remote()),
+            SendFlags::SIGNALED,
+            &ah,
+            1,
+            1,
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("UD QPs only support SEND"),
+        "{err}"
+    );
+    assert_eq!(p.a.in_flight(), (0, 0));
+}
+
 legacy_and_auto!(
     multi_sge_batch_and_unsignaled_sends,
     inline_send_copies_at_post_time
@@ -771,6 +867,7 @@ legacy_and_auto!(
 
 both_paths!(
     prepared_requests_post_with_a_new_region_each_time,
+    prepared_ud_sends_keep_their_address_handle,
     posts_and_polls_on_different_threads,
     rc_send_receive_returns_memory_with_the_data,
     send_with_immediate_and_zero_length,
