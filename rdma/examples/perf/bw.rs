@@ -3,10 +3,9 @@
 //! receives posted and times the first and last arrival. The servers of the
 //! other tests only wait at the barriers.
 
-use std::time::Instant;
-
 use rdma::{ffi, Completion, MemoryRegion, WrBuffers};
 
+use crate::clock;
 use crate::io::{self, RawRecv, RawSend, POLL_BATCH};
 use crate::opts::{Opts, Res, Verb};
 use crate::report::{self, BwStamps};
@@ -38,6 +37,7 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
             (false, _, true) => client_raw(conn, opts, size, &mut stamps)?,
         };
         let cpu1 = report::cpu_times();
+        stamps.finish();
         conn.oob.barrier()?;
         report::bw_line(size, &stamps, opts.no_peak || server);
         if opts.cpu {
@@ -92,7 +92,7 @@ fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps)
                 let signaled = n % cq_mod == 0 || n == iters;
                 let wr = io::safe_wr(verb, opts.atomic, io::wr_id(q, n), mr, conn.remote[q])
                     .signaled(signaled);
-                stamps.posted.push(Instant::now());
+                stamps.posted.push(clock::now());
                 qp.post_send(wr).map_err(|e| {
                     format!("Couldn't post send on QP {q} (request {n}): {}", e.error)
                 })?;
@@ -104,7 +104,7 @@ fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps)
             watch.idle()?;
             continue;
         }
-        let now = Instant::now();
+        let now = clock::now();
         for mut c in wcs.drain(..) {
             io::check(&c, "send")?;
             let (q, n) = io::split_id(c.wr_id);
@@ -163,7 +163,7 @@ fn client_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) 
                 let n = scnt[q] + 1;
                 let signaled = n % cq_mod == 0 || n == iters;
                 let addr = bases[q] + u64::from(scnt[q] % depth) * len as u64;
-                stamps.posted.push(Instant::now());
+                stamps.posted.push(clock::now());
                 // SAFETY: slot `scnt % depth` of the registration kept in
                 // `conn.raw_keep`; at most `depth` requests are in flight, so
                 // a slot is reused only after its request completed, and no
@@ -178,7 +178,7 @@ fn client_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) 
             watch.idle()?;
             continue;
         }
-        let now = Instant::now();
+        let now = clock::now();
         for w in &wc[..got] {
             let (q, n) = io::split_id(w.wr_id);
             let c = ccnt.get_mut(q).ok_or("completion for an unknown QP")?;
@@ -221,7 +221,7 @@ fn server_send_safe(
     let mut posted = vec![slots; nq];
     let mut got = 0usize;
     let mut first = None;
-    let mut last = Instant::now();
+    let mut last = clock::now();
     let mut wcs: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
     stamps.reset(1);
     conn.oob.barrier()?;
@@ -232,7 +232,7 @@ fn server_send_safe(
             watch.idle()?;
             continue;
         }
-        last = Instant::now();
+        last = clock::now();
         first.get_or_insert(last);
         for mut c in wcs.drain(..) {
             io::check(&c, "receive")?;
@@ -279,7 +279,7 @@ fn server_send_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwSta
     let mut posted = vec![slots; nq];
     let mut got = 0usize;
     let mut first = None;
-    let mut last = Instant::now();
+    let mut last = clock::now();
     let mut wc = [ffi::ibv_wc::default(); POLL_BATCH];
     stamps.reset(1);
     conn.oob.barrier()?;
@@ -290,7 +290,7 @@ fn server_send_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwSta
             watch.idle()?;
             continue;
         }
-        last = Instant::now();
+        last = clock::now();
         first.get_or_insert(last);
         for w in &wc[..n] {
             let (q, slot) = io::split_id(w.wr_id);

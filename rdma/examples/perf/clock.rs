@@ -1,10 +1,10 @@
-//! Latency timestamps: the TSC where there is one, as perftest reads it.
+//! Timestamps: the TSC where there is one, as perftest reads it.
 //!
 //! A `clock_gettime` can be a system call (in the TCG guest of `ci/bench`
 //! the clocksource is HPET, and a read costs more than a microsecond),
-//! while perftest stamps its latency tests with `rdtsc`. So on x86_64 the
-//! stamps are TSC ticks, converted to time with the rate measured against
-//! CLOCK_MONOTONIC over the run itself (from the first stamp to the last);
+//! while perftest stamps its tests with `rdtsc`. So on x86_64 the stamps are
+//! TSC ticks, converted to time with the rate measured against
+//! CLOCK_MONOTONIC over the run itself (from its start to its end);
 //! elsewhere they are CLOCK_MONOTONIC nanoseconds.
 
 use std::time::Instant;
@@ -12,10 +12,48 @@ use std::time::Instant;
 /// A series of timestamps and what they are worth in time.
 pub struct Stamps {
     ticks: Vec<u64>,
-    /// CLOCK_MONOTONIC and the tick counter, read together at the start.
+    rate: Rate,
+}
+
+/// What a tick is worth over one run: CLOCK_MONOTONIC and the tick counter
+/// read together at its start and at its end.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Rate {
     start: Option<(Instant, u64)>,
-    /// The same, at the last stamp (set by `finish`).
     end: Option<(Instant, u64)>,
+}
+
+impl Rate {
+    /// Starts the measurement (again).
+    pub fn start(&mut self) {
+        self.start = Some((Instant::now(), ticks()));
+        self.end = None;
+    }
+
+    /// Ends it.
+    pub fn finish(&mut self) {
+        self.end = Some((Instant::now(), ticks()));
+    }
+
+    /// Ticks per second (NaN before both ends are read, or if the clocks
+    /// did not move).
+    pub fn per_sec(&self) -> f64 {
+        if !cfg!(target_arch = "x86_64") {
+            return 1e9;
+        }
+        match (self.start, self.end) {
+            (Some((i0, t0)), Some((i1, t1))) if i1 > i0 && t1 > t0 => {
+                (t1 - t0) as f64 / (i1 - i0).as_secs_f64()
+            }
+            _ => f64::NAN,
+        }
+    }
+}
+
+/// The tick counter now.
+#[inline(always)]
+pub fn now() -> u64 {
+    ticks()
 }
 
 /// The name of the clock, for the header.
@@ -44,32 +82,28 @@ impl Stamps {
     pub fn with_capacity(n: usize) -> Self {
         Stamps {
             ticks: Vec::with_capacity(n),
-            start: None,
-            end: None,
+            rate: Rate::default(),
         }
     }
 
     /// Forgets the stamps (keeps the allocation).
     pub fn clear(&mut self) {
         self.ticks.clear();
-        self.start = None;
-        self.end = None;
+        self.rate = Rate::default();
     }
 
     /// Takes one stamp.
     #[inline(always)]
     pub fn push(&mut self) {
-        let t = ticks();
-        if self.start.is_none() {
-            self.start = Some((Instant::now(), t));
+        if self.rate.start.is_none() {
+            self.rate.start();
         }
-        self.ticks.push(t);
+        self.ticks.push(ticks());
     }
 
     /// Closes the series (reads CLOCK_MONOTONIC once more for the rate).
     pub fn finish(&mut self) {
-        let t = ticks();
-        self.end = Some((Instant::now(), t));
+        self.rate.finish();
     }
 
     pub fn len(&self) -> usize {
@@ -78,15 +112,7 @@ impl Stamps {
 
     /// Ticks per microsecond, measured over the series.
     fn ticks_per_us(&self) -> f64 {
-        if !cfg!(target_arch = "x86_64") {
-            return 1000.0;
-        }
-        match (self.start, self.end) {
-            (Some((i0, t0)), Some((i1, t1))) if i1 > i0 && t1 > t0 => {
-                (t1 - t0) as f64 / (i1 - i0).as_secs_f64() / 1e6
-            }
-            _ => f64::NAN,
-        }
+        self.rate.per_sec() / 1e6
     }
 
     /// The gaps between consecutive stamps, in microseconds.

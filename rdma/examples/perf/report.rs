@@ -1,8 +1,8 @@
 //! perftest's result tables, computed the way perftest computes them, from
-//! `std::time::Instant` (CLOCK_MONOTONIC) timestamps.
+//! the timestamps of `crate::clock` (TSC ticks on x86_64, as perftest's).
 
-use crate::clock::Stamps;
-use std::time::{Duration, Instant};
+use crate::clock::{Rate, Stamps};
+use std::time::Duration;
 
 /// perftest computes the peak bandwidth only up to this many messages (the
 /// search is quadratic).
@@ -36,21 +36,33 @@ pub fn footer() {
 
 /// The timestamps of a bandwidth run: one per posted request, and one per
 /// polled completion with the number of requests completed so far.
+/// Ticks of `crate::clock::now`, whose worth `rate` measures over the run
+/// (a CLOCK_MONOTONIC read per post cost the Rust side up to 1% of its
+/// bandwidth in the TCG guest, where the clocksource is HPET; perftest stamps
+/// with `rdtsc`).
 #[derive(Debug, Default)]
 pub struct BwStamps {
     /// When each request was posted (in order, over all QPs).
-    pub posted: Vec<Instant>,
+    pub posted: Vec<u64>,
     /// `(requests completed so far, when)` at each completion.
-    pub completed: Vec<(usize, Instant)>,
+    pub completed: Vec<(usize, u64)>,
+    rate: Rate,
 }
 
 impl BwStamps {
-    /// Empties both lists, keeping their memory, and makes room for `n`.
+    /// Empties both lists, keeping their memory, makes room for `n`, and
+    /// starts measuring the tick rate.
     pub fn reset(&mut self, n: usize) {
         self.posted.clear();
         self.completed.clear();
         self.posted.reserve(n);
         self.completed.reserve(n);
+        self.rate.start();
+    }
+
+    /// Ends the run's tick-rate measurement.
+    pub fn finish(&mut self) {
+        self.rate.finish();
     }
 }
 
@@ -61,15 +73,22 @@ impl BwStamps {
 /// later completion (perftest's search), or 0 with `no_peak` or above 20000
 /// messages.
 pub fn bw_line(size: usize, stamps: &BwStamps, no_peak: bool) {
+    match bw_figures(size, stamps, no_peak) {
+        Some((total, peak, avg, rate)) => {
+            println!(" {size:<10} {total:<16} {peak:<18.2} {avg:<20.2} {rate:.6}");
+        }
+        None => println!(" {size:<10} 0                (no completions)"),
+    }
+}
+
+/// The figures of [`bw_line`]: messages, peak and average MiB/s, Mpps.
+fn bw_figures(size: usize, stamps: &BwStamps, no_peak: bool) -> Option<(usize, f64, f64, f64)> {
     let total = stamps.completed.last().map_or(0, |c| c.0);
     let (Some(first), Some(&(_, last))) = (stamps.posted.first(), stamps.completed.last()) else {
-        println!(" {size:<10} {total:<16} (no completions)");
-        return;
+        return None;
     };
-    let secs = last
-        .saturating_duration_since(*first)
-        .as_secs_f64()
-        .max(1e-9);
+    let per_sec = stamps.rate.per_sec();
+    let secs = (last.saturating_sub(*first) as f64 / per_sec).max(1e-9);
     let avg = size as f64 * total as f64 / secs / MIB;
     let rate = total as f64 / secs / 1e6;
     let peak = if no_peak || total > PEAK_LIMIT || stamps.posted.len() < total {
@@ -79,7 +98,7 @@ pub fn bw_line(size: usize, stamps: &BwStamps, no_peak: bool) {
         for (i, t) in stamps.posted.iter().enumerate().take(total) {
             let from = stamps.completed.partition_point(|c| c.0 <= i);
             for &(n, tc) in &stamps.completed[from..] {
-                let per = tc.saturating_duration_since(*t).as_secs_f64() / (n - i) as f64;
+                let per = tc.saturating_sub(*t) as f64 / per_sec / (n - i) as f64;
                 if per > 0.0 && per < best {
                     best = per;
                 }
@@ -91,7 +110,7 @@ pub fn bw_line(size: usize, stamps: &BwStamps, no_peak: bool) {
             0.0
         }
     };
-    println!(" {size:<10} {total:<16} {peak:<18.2} {avg:<20.2} {rate:.6}");
+    Some((total, peak, avg, rate))
 }
 
 /// One row of the latency table from the post timestamps of a ping-pong:
@@ -271,6 +290,29 @@ mod tests {
         assert_eq!(s(123456.7), "123457");
         assert_eq!(s(0.0123456789), "0.0123457");
         assert_eq!(s(20.0), "20");
+    }
+
+    #[test]
+    fn bandwidth_follows_the_monotonic_clock() {
+        // Ten 1 MiB messages: all posted at once, one completing every ~2 ms.
+        let mut stamps = BwStamps::default();
+        stamps.reset(10);
+        let t0 = crate::clock::now();
+        stamps.posted.extend(std::iter::repeat(t0).take(10));
+        for n in 1..=10 {
+            let wait = std::time::Instant::now();
+            while wait.elapsed().as_micros() < 2000 {}
+            stamps.completed.push((n, crate::clock::now()));
+        }
+        stamps.finish();
+        let (total, peak, avg, rate) = bw_figures(1 << 20, &stamps, false).unwrap();
+        assert_eq!(total, 10);
+        // 10 MiB in ~20 ms: ~500 MiB/s (the host may be slow, never fast).
+        assert!((150.0..=520.0).contains(&avg), "average {avg} MiB/s");
+        assert!(peak >= avg, "peak {peak} below average {avg}");
+        // 1 MiB messages: messages per second equal MiB per second.
+        assert!((rate - avg / 1e6).abs() < 1e-9, "{rate} Mpps, {avg} MiB/s");
+        assert!(bw_figures(1 << 20, &BwStamps::default(), false).is_none());
     }
 
     #[test]
