@@ -266,14 +266,18 @@ fn uc_send_and_write(path: PostPath) {
     assert_eq!(target.to_vec(), pattern(256, 5));
 }
 
+/// An address handle to the test port's own GID (the pair's QPs are on it).
+fn local_ah(p: &common::Pair) -> rdma::AddressHandle {
+    let gid = p.ctx.query_gid(1, u32::from(p.gid_index)).unwrap();
+    p.pd.create_ah(&AhAttr::global(1, gid, p.gid_index))
+        .unwrap()
+}
+
 fn ud_send_with_grh_and_reply_address(path: PostPath) {
     let mut p = common::pair_with(QpType::Ud, AccessFlags::empty(), |b| {
         b.post_path(path);
     });
-    let gid = p.ctx.query_gid(1, u32::from(p.gid_index)).unwrap();
-    let ah =
-        p.pd.create_ah(&AhAttr::global(1, gid, p.gid_index))
-            .unwrap();
+    let ah = local_ah(&p);
     // UD receives get the 40-byte GRH first.
     p.b.post_recv(1, p.pd.alloc_mr(40 + 512, LW).unwrap())
         .unwrap();
@@ -562,6 +566,20 @@ fn posts_and_polls_on_different_threads(path: PostPath) {
     );
 }
 
+/// Asserts that `qp` refuses to post `foreign`, a request another QP
+/// prepared, with an 8-byte region of `pd`, and hands the region back.
+fn refuses_a_foreign_template(
+    qp: &mut rdma::QueuePair,
+    foreign: &mut rdma::PreparedSend,
+    pd: &rdma::ProtectionDomain,
+) {
+    let err = qp
+        .post_prepared(foreign, 99, pd.alloc_mr(8, AccessFlags::empty()).unwrap())
+        .unwrap_err();
+    assert!(err.to_string().contains("prepared by another QP"), "{err}");
+    assert_eq!(err.returned.len(), 1, "the region comes back");
+}
+
 /// Prepared requests: `prepare_send` once, `post_prepared` with a new
 /// region each time; the completions give the regions back as for
 /// `post_send`.
@@ -724,14 +742,7 @@ fn prepared_requests_post_with_a_new_region_each_time(path: PostPath) {
     let mut b_write =
         p.b.prepare_send(SendOp::Write(remote), SendFlags::SIGNALED)
             .unwrap();
-    let err =
-        p.a.post_prepared(
-            &mut b_write,
-            54,
-            p.pd.alloc_mr(8, AccessFlags::empty()).unwrap(),
-        )
-        .unwrap_err();
-    assert!(err.to_string().contains("prepared by another QP"), "{err}");
+    refuses_a_foreign_template(&mut p.a, &mut b_write, &p.pd);
     for (op, flags, why) in [
         (
             SendOp::Send,
@@ -771,10 +782,7 @@ fn prepared_ud_sends_keep_their_address_handle(path: PostPath) {
     let mut p = common::pair_with(QpType::Ud, AccessFlags::empty(), |b| {
         b.post_path(path);
     });
-    let gid = p.ctx.query_gid(1, u32::from(p.gid_index)).unwrap();
-    let ah =
-        p.pd.create_ah(&AhAttr::global(1, gid, p.gid_index))
-            .unwrap();
+    let ah = local_ah(&p);
     let mut send =
         p.a.prepare_send_ud(
             SendOp::SendWithImm(9),
@@ -817,19 +825,8 @@ fn prepared_ud_sends_keep_their_address_handle(path: PostPath) {
     let mut rc_send =
         rc.a.prepare_send(SendOp::Send, SendFlags::SIGNALED)
             .unwrap();
-    let err =
-        p.a.post_prepared(
-            &mut rc_send,
-            21,
-            p.pd.alloc_mr(8, AccessFlags::empty()).unwrap(),
-        )
-        .unwrap_err();
-    assert!(err.to_string().contains("prepared by another QP"), "{err}");
-    let gid = rc.ctx.query_gid(1, u32::from(rc.gid_index)).unwrap();
-    let rc_ah = rc
-        .pd
-        .create_ah(&AhAttr::global(1, gid, rc.gid_index))
-        .unwrap();
+    refuses_a_foreign_template(&mut p.a, &mut rc_send, &p.pd);
+    let rc_ah = local_ah(&rc);
     let err =
         rc.a.prepare_send_ud(SendOp::Send, SendFlags::SIGNALED, &rc_ah, 1, 1)
             .unwrap_err();
@@ -837,13 +834,7 @@ fn prepared_ud_sends_keep_their_address_handle(path: PostPath) {
     let target =
         p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
             .unwrap();
-    let ah =
-        p.pd.create_ah(&AhAttr::global(
-            1,
-            p.ctx.query_gid(1, u32::from(p.gid_index)).unwrap(),
-            p.gid_index,
-        ))
-        .unwrap();
+    let ah = local_ah(&p);
     let err =
         p.a.prepare_send_ud(
             SendOp::Write(target.remote()),
