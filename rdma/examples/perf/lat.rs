@@ -89,23 +89,19 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
     Ok(())
 }
 
-/// `op` checked once for `qp`, signaled and unsignaled (`None` with
-/// `--post-send`).
+/// `op` with `flags`, checked once for `qp` (`None` with `--post-send`).
 fn prepare(
     qp: &rdma::QueuePair,
     opts: &Opts,
     op: SendOp,
-) -> Res<Option<(PreparedSend, PreparedSend)>> {
+    flags: SendFlags,
+) -> Res<Option<PreparedSend>> {
     if !opts.prepared {
         return Ok(None);
     }
-    let signaled = qp
-        .prepare_send(op, SendFlags::SIGNALED)
-        .or_fail("Couldn't prepare the request")?;
-    let unsignaled = qp
-        .prepare_send(op, SendFlags::empty())
-        .or_fail("Couldn't prepare the request")?;
-    Ok(Some((signaled, unsignaled)))
+    qp.prepare_send(op, flags)
+        .or_fail("Couldn't prepare the request")
+        .map(Some)
 }
 
 /// Receives kept posted in `send_lat`.
@@ -133,7 +129,9 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
     };
     let data = vec![0u8; size];
     // The sends checked once, signaled or not (unless `--post-send`).
-    let mut prepared = prepare(qp, opts, SendOp::Send)?;
+    let signaled_send = prepare(qp, opts, SendOp::Send, SendFlags::SIGNALED)?;
+    let unsignaled_send = prepare(qp, opts, SendOp::Send, SendFlags::empty())?;
+    let mut prepared = signaled_send.zip(unsignaled_send);
     // The last receive and send completion, polled in place.
     let mut rslot: Option<Completion> = None;
     let mut sslot: Option<Completion> = None;
@@ -344,7 +342,12 @@ fn write_interleaved(
     conn.target
         .write_at(size - 1, &[0])
         .or_fail("Couldn't clear the target buffer")?;
-    let mut prepared = prepare(&conn.qps[0], opts, SendOp::Write(remote))?;
+    let mut prepared = prepare(
+        &conn.qps[0],
+        opts,
+        SendOp::Write(remote),
+        SendFlags::SIGNALED,
+    )?;
     let mut slot: Option<Completion> = None;
     let mut wc = [ffi::ibv_wc::default(); 1];
     if let Some((_, raw_stamp)) = interleave.as_mut() {
@@ -393,7 +396,7 @@ fn write_interleaved(
             let mut mr = smr.take().ok_or("the send buffer is still in flight")?;
             mr.as_mut_slice().or_fail("send buffer")?[size - 1] = n as u8;
             match &mut prepared {
-                Some((write, _)) => qp.post_prepared(write, u64::from(n), mr),
+                Some(write) => qp.post_prepared(write, u64::from(n), mr),
                 None => qp.post_send(rdma::SendWr::write(u64::from(n), mr, remote)),
             }
             .map_err(|e| format!("Couldn't post send: {}", e.error))?;
@@ -476,13 +479,14 @@ fn one_sided_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps
     };
     let mut slot: Option<Completion> = None;
     let qp = &mut conn.qps[0];
-    let mut prepared = prepare(qp, opts, io::safe_op(verb, opts.atomic, remote))?;
+    let op = io::safe_op(verb, opts.atomic, remote);
+    let mut prepared = prepare(qp, opts, op, SendFlags::SIGNALED)?;
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
     for i in 1..=opts.iters {
         let m = mr.take().ok_or("the local buffer is still in flight")?;
         match &mut prepared {
-            Some((request, _)) => qp.post_prepared(request, u64::from(i), m),
+            Some(request) => qp.post_prepared(request, u64::from(i), m),
             None => qp.post_send(io::safe_wr(verb, opts.atomic, u64::from(i), m, remote)),
         }
         .map_err(|e| format!("Couldn't post send: {}", e.error))?;

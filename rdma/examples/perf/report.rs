@@ -35,11 +35,10 @@ pub fn footer() {
 }
 
 /// The timestamps of a bandwidth run: one per posted request, and one per
-/// polled completion with the number of requests completed so far.
-/// Ticks of `crate::clock::now`, whose worth `rate` measures over the run
-/// (a CLOCK_MONOTONIC read per post cost the Rust side up to 1% of its
-/// bandwidth in the TCG guest, where the clocksource is HPET; perftest stamps
-/// with `rdtsc`).
+/// polled completion with the number of requests completed so far, in ticks
+/// of `crate::clock::now`, whose worth `rate` measures over the run (perftest
+/// stamps with `rdtsc`; a CLOCK_MONOTONIC read is an HPET access in the TCG
+/// guest).
 #[derive(Debug, Default)]
 pub struct BwStamps {
     /// When each request was posted (in order, over all QPs).
