@@ -236,11 +236,12 @@ impl SharedReceiveQueue {
 
     pub(crate) fn attach_cq(&self, cq: &Arc<CqInner>) {
         cq.registry.register(&self.inner.tracker);
-        self.inner
-            .cqs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Arc::downgrade(cq));
+        let mut cqs = self.inner.cqs.lock().unwrap_or_else(|p| p.into_inner());
+        // Once per CQ, however many of its QPs share this SRQ.
+        let cq_weak = Arc::downgrade(cq);
+        if !cqs.iter().any(|w| w.ptr_eq(&cq_weak)) {
+            cqs.push(cq_weak);
+        }
     }
 
     /// Receive requests posted and not completed yet.

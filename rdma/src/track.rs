@@ -926,37 +926,86 @@ pub(crate) fn post_recv_one(
 ///
 /// Holds each tracker strongly: a QP or SRQ unregisters itself after it is
 /// destroyed (and before it releases its memory), so resolving a batch takes
-/// one lock and no reference-count traffic.
+/// one lock and no reference-count traffic while the same queue keeps
+/// completing.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
-    /// `(serial, tracker)`, most recently resolved first: a CQ serves few
-    /// queues, and a linear scan of a short list beats hashing on the poll
-    /// path.
-    list: Spin<Vec<(u32, Arc<Tracker>)>>,
+    queues: Spin<Queues>,
+}
+
+/// A registry's queues: a map by serial, so that a CQ shared by thousands of
+/// QPs resolves a completion, registers and unregisters a QP in constant
+/// time, and in front of it the queue resolved last, so that a CQ serving
+/// one queue (or a burst of one queue's completions) never hashes.
+#[derive(Debug, Default)]
+struct Queues {
+    /// The queue resolved last: also in `map`, so dropping this reference
+    /// never frees a tracker (unregistering clears both, outside the lock).
+    last: Option<(u32, Arc<Tracker>)>,
+    map: std::collections::HashMap<u32, Arc<Tracker>, SerialHash>,
+}
+
+/// Hashes serials (a counter) with one multiplication: distinct serials get
+/// distinct low bits (the multiplier is odd) and well-mixed high bits, which
+/// is what the map's bucket index and tag take.
+#[derive(Debug, Default, Clone, Copy)]
+struct SerialHash;
+
+impl std::hash::BuildHasher for SerialHash {
+    type Hasher = SerialHasher;
+    fn build_hasher(&self) -> SerialHasher {
+        SerialHasher(0)
+    }
+}
+
+struct SerialHasher(u64);
+
+impl std::hash::Hasher for SerialHasher {
+    #[inline]
+    fn write_u32(&mut self, v: u32) {
+        self.0 = u64::from(v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only serials (u32) are hashed; any other key still gets a hash.
+        for &b in bytes {
+            self.write_u32(((self.0 >> 32) as u32) ^ u32::from(b));
+        }
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 impl Registry {
     #[inline]
-    fn list(&self) -> SpinGuard<'_, Vec<(u32, Arc<Tracker>)>> {
-        self.list.lock()
+    fn queues(&self) -> SpinGuard<'_, Queues> {
+        self.queues.lock()
     }
 
     pub fn register(&self, t: &Arc<Tracker>) {
-        let mut list = self.list();
-        if !list.iter().any(|(s, _)| *s == t.serial) {
-            list.insert(0, (t.serial, Arc::clone(t)));
-        }
+        // A tracker registered twice (an SRQ's, once per QP on this CQ) is
+        // kept once.
+        let mut q = self.queues();
+        q.map.entry(t.serial).or_insert_with(|| Arc::clone(t));
     }
 
     pub fn unregister(&self, serial: u32) {
-        let gone: Vec<_> = {
-            let mut list = self.list();
-            let (gone, kept) = list.drain(..).partition(|(s, _)| *s == serial);
-            *list = kept;
-            gone
+        let gone = {
+            let mut q = self.queues();
+            let last = q.last.take_if(|(s, _)| *s == serial);
+            (q.map.remove(&serial), last)
         };
         // Dropped outside the lock (a last tracker reference frees memory).
         drop(gone);
+    }
+
+    /// Number of queues registered.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.queues().map.len()
     }
 
     /// The completion of one polled work completion. For safe posts, the
@@ -975,7 +1024,7 @@ impl Registry {
     pub fn attach(&self, c: &mut Completion) {
         if c.wr_id & TAG != 0 {
             let mut later = Vec::new();
-            self.fill(&mut self.list(), c, &mut later);
+            self.fill(&mut self.queues(), c, &mut later);
             Kept::release(later);
         }
     }
@@ -986,12 +1035,12 @@ impl Registry {
         out.reserve(wcs.len());
         let mut later = Vec::new();
         {
-            let mut list = None;
+            let mut queues = None;
             for wc in wcs {
                 let mut c = Completion::from_raw(wc);
                 if c.wr_id & TAG != 0 {
-                    let list = list.get_or_insert_with(|| self.list());
-                    self.fill(list, &mut c, &mut later);
+                    let queues = queues.get_or_insert_with(|| self.queues());
+                    self.fill(queues, &mut c, &mut later);
                 }
                 out.push(c);
             }
@@ -1002,32 +1051,28 @@ impl Registry {
 
     /// Resolves one completion with our id, under the registry's lock.
     #[inline]
-    fn fill(
-        &self,
-        list: &mut SpinGuard<'_, Vec<(u32, Arc<Tracker>)>>,
-        c: &mut Completion,
-        later: &mut Vec<Kept>,
-    ) {
+    fn fill(&self, q: &mut SpinGuard<'_, Queues>, c: &mut Completion, later: &mut Vec<Kept>) {
         let Some((serial, recv, seq)) = decode(c.wr_id) else {
             return;
         };
-        let hit = match list.first() {
+        let q: &mut Queues = q;
+        let hit = match &q.last {
             Some((s, _)) if *s == serial => true,
-            _ => match list.iter().position(|(s, _)| *s == serial) {
-                Some(i) => {
-                    // Most recently used first.
-                    list[..=i].rotate_right(1);
+            _ => match q.map.get(&serial) {
+                Some(t) => {
+                    // The previous `last` is in the map too: replacing it
+                    // only lowers its count.
+                    q.last = Some((serial, Arc::clone(t)));
                     true
                 }
                 None => false,
             },
         };
-        if hit {
-            list[0].1.complete(recv, seq, c, later, self);
-        } else {
+        match (&q.last, hit) {
+            (Some((_, t)), true) => t.complete(recv, seq, c, later, self),
             // The queue is gone: its memory was released after it was
             // destroyed.
-            c.wr_id &= !(TAG | RECV);
+            _ => c.wr_id &= !(TAG | RECV),
         }
     }
 }
@@ -1143,6 +1188,55 @@ mod tests {
         let done = [reg.completion(&wc(id))];
         assert!(done[0].buffers.is_empty());
         assert_eq!(decode(done[0].wr_id), None);
+    }
+
+    #[test]
+    fn a_cq_shared_by_many_queues_resolves_each_completion() {
+        // Many QPs on one CQ (a server's connections): completions arrive
+        // interleaved, each finds its own queue; queues come and go.
+        const N: usize = if cfg!(miri) { 40 } else { 2000 };
+        let reg = Registry::default();
+        let qps: Vec<Arc<Tracker>> = (0..N).map(|_| qp(&reg)).collect();
+        assert_eq!(reg.len(), N);
+        // Registering again (an SRQ's tracker, once per QP) keeps one entry.
+        reg.register(&qps[0]);
+        assert_eq!(reg.len(), N);
+        let ids: Vec<u64> = qps
+            .iter()
+            .enumerate()
+            .map(|(i, t)| encode(t.serial, false, pending(t, false, i as u64)))
+            .collect();
+        // Every other queue goes away first (teardown order: unregister,
+        // then drain).
+        let mut qps: Vec<Option<Arc<Tracker>>> = qps.into_iter().map(Some).collect();
+        for slot in qps.iter_mut().skip(1).step_by(2) {
+            let mut t = slot.take().expect("registered above");
+            reg.unregister(t.serial);
+            assert_eq!(Arc::get_mut(&mut t).expect("unregistered").drain().len(), 1);
+        }
+        assert_eq!(reg.len(), N.div_ceil(2));
+        // Completions in an order that defeats a most-recently-used list:
+        // from the last queue to the first, the same queue never twice in
+        // a row.
+        let wcs: Vec<ffi::ibv_wc> = ids.iter().rev().map(|&id| wc(id)).collect();
+        let mut done = Vec::new();
+        reg.extend(&wcs, &mut done);
+        for (c, i) in done.iter().zip((0..N).rev()) {
+            if i % 2 == 0 {
+                assert_eq!(c.wr_id, i as u64, "queue {i} kept its request");
+            } else {
+                assert_eq!(decode(c.wr_id), None, "queue {i} is gone");
+                assert!(c.buffers.is_empty());
+            }
+        }
+        for t in qps.iter().flatten() {
+            assert_eq!(t.in_flight(), (0, 0));
+        }
+        // The queue resolved last can go too; its completions then pass.
+        let last = qps[0].take().expect("kept");
+        reg.unregister(last.serial);
+        assert_eq!(decode(reg.completion(&wc(ids[0])).wr_id), None);
+        assert_eq!(Arc::strong_count(&last), 1, "the registry let go of it");
     }
 
     #[test]
