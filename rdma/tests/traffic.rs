@@ -868,6 +868,98 @@ both_paths!(
     ud_send_with_grh_and_reply_address
 );
 
+/// One round of SEND traffic over every live pair: a 64-byte receive on
+/// each receiver (id 1000 + i), then a send from each sender (id i, bytes
+/// `pattern(64, seed + i)`) in an order that interleaves the QPs; every
+/// completion must come back on the shared CQs with its own QP's memory.
+fn send_round(
+    pd: &rdma::ProtectionDomain,
+    cqs: (&rdma::CompletionQueue, &rdma::CompletionQueue),
+    pairs: &mut [Option<(rdma::QueuePair, rdma::QueuePair)>],
+    seed: u8,
+) {
+    let live: Vec<usize> = (0..pairs.len()).filter(|&i| pairs[i].is_some()).collect();
+    for &i in &live {
+        let (_, b) = pairs[i].as_mut().unwrap();
+        b.post_recv(1000 + i as u64, pd.alloc_mr(64, LW).unwrap())
+            .unwrap();
+    }
+    // 7 is prime to the pair count: every pair once, neighbours apart.
+    for k in 0..pairs.len() {
+        let i = (k * 7) % pairs.len();
+        if let Some((a, _)) = pairs[i].as_mut() {
+            let m = pd
+                .reg_mr(
+                    pattern(64, seed.wrapping_add(i as u8)),
+                    AccessFlags::empty(),
+                )
+                .unwrap();
+            a.post_send(SendWr::send(i as u64, m)).unwrap();
+        }
+    }
+    for mut c in wait(cqs.0, live.len()) {
+        let i = c.wr_id as usize;
+        let (a, _) = pairs[i].as_ref().expect("a live sender");
+        assert_eq!(c.status, WcStatus::Success, "{c:?}");
+        assert_eq!(c.qp_num, a.qp_num(), "send {i} reports its own QP");
+        let m = c
+            .take_buffers()
+            .into_one()
+            .expect("the send buffer comes back");
+        assert_eq!(
+            m.as_slice().unwrap(),
+            &pattern(64, seed.wrapping_add(i as u8))[..]
+        );
+    }
+    for mut c in wait(cqs.1, live.len()) {
+        let i = (c.wr_id - 1000) as usize;
+        let (_, b) = pairs[i].as_ref().expect("a live receiver");
+        assert_eq!(c.status, WcStatus::Success, "{c:?}");
+        assert_eq!((c.qp_num, c.byte_len), (b.qp_num(), 64), "receive {i}");
+        let m = c
+            .take_buffers()
+            .into_one()
+            .expect("the receive buffer comes back");
+        assert_eq!(
+            m.as_slice().unwrap(),
+            &pattern(64, seed.wrapping_add(i as u8))[..]
+        );
+    }
+    for (a, b) in pairs.iter().flatten() {
+        assert_eq!((a.in_flight(), b.in_flight()), ((0, 0), (0, 0)));
+    }
+}
+
+/// Many connections on one send CQ and one receive CQ, as a server keeps
+/// them: completions of all QPs interleave and each returns its own QP's
+/// memory; QPs dropped between rounds leave the others' completions intact.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn many_qps_share_one_cq_and_each_completion_returns_its_memory() {
+    const PAIRS: usize = 48;
+    let ctx = common::open(&common::device_name());
+    let pd = ctx.alloc_pd().unwrap();
+    let send_cq = ctx.create_cq(256, None, 0).unwrap();
+    let recv_cq = ctx.create_cq(256, None, 0).unwrap();
+    let gid_index = u8::try_from(common::gid_index()).unwrap();
+    let builder = pd.qp_builder(QpType::Rc, &send_cq, &recv_cq);
+    let mut pairs: Vec<Option<(rdma::QueuePair, rdma::QueuePair)>> = (0..PAIRS)
+        .map(|_| {
+            let (a, b) = (builder.build().unwrap(), builder.build().unwrap());
+            common::connect(&ctx, &a, &b, gid_index);
+            common::connect(&ctx, &b, &a, gid_index);
+            Some((a, b))
+        })
+        .collect();
+    send_round(&pd, (&send_cq, &recv_cq), &mut pairs, 1);
+    // Every third connection goes away; the rest carry on.
+    for slot in pairs.iter_mut().step_by(3) {
+        *slot = None;
+    }
+    send_round(&pd, (&send_cq, &recv_cq), &mut pairs, 101);
+    assert_eq!(pairs.iter().flatten().count(), PAIRS - PAIRS.div_ceil(3));
+}
+
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn auto_path_picks_the_extended_api_on_rxe() {
