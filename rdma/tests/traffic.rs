@@ -897,33 +897,28 @@ fn send_round(
             a.post_send(SendWr::send(i as u64, m)).unwrap();
         }
     }
-    for mut c in wait(cqs.0, live.len()) {
-        let i = c.wr_id as usize;
-        let (a, _) = pairs[i].as_ref().expect("a live sender");
+    let check = |c: &mut rdma::Completion, qp: &rdma::QueuePair, i: usize| {
         assert_eq!(c.status, WcStatus::Success, "{c:?}");
-        assert_eq!(c.qp_num, a.qp_num(), "send {i} reports its own QP");
-        let m = c
-            .take_buffers()
-            .into_one()
-            .expect("the send buffer comes back");
+        assert_eq!(
+            c.qp_num,
+            qp.qp_num(),
+            "{:?} {i} reports its own QP",
+            c.opcode
+        );
+        let m = c.take_buffers().into_one().expect("the buffer comes back");
         assert_eq!(
             m.as_slice().unwrap(),
             &pattern(64, seed.wrapping_add(i as u8))[..]
         );
+    };
+    for mut c in wait(cqs.0, live.len()) {
+        let i = c.wr_id as usize;
+        check(&mut c, &pairs[i].as_ref().expect("a live sender").0, i);
     }
     for mut c in wait(cqs.1, live.len()) {
         let i = (c.wr_id - 1000) as usize;
-        let (_, b) = pairs[i].as_ref().expect("a live receiver");
-        assert_eq!(c.status, WcStatus::Success, "{c:?}");
-        assert_eq!((c.qp_num, c.byte_len), (b.qp_num(), 64), "receive {i}");
-        let m = c
-            .take_buffers()
-            .into_one()
-            .expect("the receive buffer comes back");
-        assert_eq!(
-            m.as_slice().unwrap(),
-            &pattern(64, seed.wrapping_add(i as u8))[..]
-        );
+        assert_eq!(c.byte_len, 64, "receive {i}");
+        check(&mut c, &pairs[i].as_ref().expect("a live receiver").1, i);
     }
     for (a, b) in pairs.iter().flatten() {
         assert_eq!((a.in_flight(), b.in_flight()), ((0, 0), (0, 0)));
