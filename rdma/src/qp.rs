@@ -1269,13 +1269,7 @@ impl QueuePair {
         };
         if rc != 0 {
             drop(ring);
-            let error =
-                check_errno_ret("ibv_post_send", || self.ctx_str("1 request not posted"), rc)
-                    .expect_err("rc != 0");
-            return Err(PostError {
-                error,
-                returned: vec![(wr.wr_id, wr.buffers)],
-            });
+            return Err(self.not_posted("ibv_post_send", rc, (wr.wr_id, wr.buffers)));
         }
         ring.push(Pending {
             wr_id: wr.wr_id,
@@ -1730,7 +1724,6 @@ impl QueuePair {
             serial: self.tracker.serial,
             min_len,
             max_len,
-            local_write: op.writes_local(),
         })
     }
 
@@ -1775,7 +1768,7 @@ impl QueuePair {
             || len > p.max_len
             || (max != 0 && len > max)
             || mr.pd().as_raw() != self.pd.as_raw()
-            || (p.local_write && !mr.access().contains(AccessFlags::LOCAL_WRITE))
+            || (p.op.writes_local() && !mr.access().contains(AccessFlags::LOCAL_WRITE))
         {
             return Err(self.prepared_refused(p, wr_id, mr));
         }
@@ -1810,7 +1803,7 @@ impl QueuePair {
         };
         if rc != 0 {
             drop(ring);
-            return Err(self.prepared_failed(rc, wr_id, mr));
+            return Err(self.not_posted("ibv_post_send", rc, (wr_id, WrBuffers::One(mr))));
         }
         ring.push(Pending {
             wr_id,
@@ -1834,7 +1827,7 @@ impl QueuePair {
         } else {
             let len = Self::total_len(&buffers);
             match self
-                .check_buffers(&buffers, 1, p.local_write, "ibv_post_send")
+                .check_buffers(&buffers, 1, p.op.writes_local(), "ibv_post_send")
                 .and_then(|()| self.check_send(&p.op, len, &p.ud, None))
             {
                 Err(e) => e,
@@ -1850,13 +1843,20 @@ impl QueuePair {
         }
     }
 
+    /// The provider refused a single request (`rc`, an errno value, not 0):
+    /// the error naming `verb`, and the request's memory back.
     #[cold]
-    fn prepared_failed(&self, rc: std::ffi::c_int, wr_id: u64, mr: MemoryRegion) -> PostError {
-        let error = check_errno_ret("ibv_post_send", || self.ctx_str("1 request not posted"), rc)
+    fn not_posted(
+        &self,
+        verb: &'static str,
+        rc: std::ffi::c_int,
+        req: (u64, WrBuffers),
+    ) -> PostError {
+        let error = check_errno_ret(verb, || self.ctx_str("1 request not posted"), rc)
             .expect_err("rc != 0");
         PostError {
             error,
-            returned: vec![(wr_id, WrBuffers::One(mr))],
+            returned: vec![req],
         }
     }
 
@@ -1904,15 +1904,7 @@ impl QueuePair {
         });
         match back {
             None => Ok(()),
-            Some(req) => Err(PostError {
-                error: check_errno_ret(
-                    "ibv_post_recv",
-                    || self.ctx_str("1 request not posted"),
-                    rc,
-                )
-                .expect_err("not posted"),
-                returned: vec![req],
-            }),
+            Some(req) => Err(self.not_posted("ibv_post_recv", rc, req)),
         }
     }
 

@@ -361,7 +361,6 @@ pub struct PreparedSend {
     /// remote range for RDMA).
     pub(crate) min_len: usize,
     pub(crate) max_len: usize,
-    pub(crate) local_write: bool,
 }
 
 // SAFETY: of the pointers in `raw`, `next` is null, the UD address handle is
