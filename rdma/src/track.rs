@@ -1056,23 +1056,19 @@ impl Registry {
             return;
         };
         let q: &mut Queues = q;
-        let hit = match &q.last {
-            Some((s, _)) if *s == serial => true,
-            _ => match q.map.get(&serial) {
-                Some(t) => {
-                    // The previous `last` is in the map too: replacing it
-                    // only lowers its count.
-                    q.last = Some((serial, Arc::clone(t)));
-                    true
-                }
-                None => false,
-            },
-        };
-        match (&q.last, hit) {
-            (Some((_, t)), true) => t.complete(recv, seq, c, later, self),
-            // The queue is gone: its memory was released after it was
-            // destroyed.
-            _ => c.wr_id &= !(TAG | RECV),
+        if !matches!(&q.last, Some((s, _)) if *s == serial) {
+            let Some(t) = q.map.get(&serial) else {
+                // The queue is gone: its memory was released after it was
+                // destroyed.
+                c.wr_id &= !(TAG | RECV);
+                return;
+            };
+            // The previous `last` is in the map too: replacing it only
+            // lowers its count.
+            q.last = Some((serial, Arc::clone(t)));
+        }
+        if let Some((_, t)) = &q.last {
+            t.complete(recv, seq, c, later, self);
         }
     }
 }
