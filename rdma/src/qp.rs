@@ -1029,6 +1029,15 @@ impl QueuePair {
                 ),
             });
         }
+        if local_write && bufs.is_shared() {
+            return Err(Error::InvalidArgument {
+                verb,
+                reason: "the device writes into this request's memory (a receive, RDMA READ \
+                         or atomic), and a shared region may only be read: post a region \
+                         of its own (WrBuffers::One)"
+                    .into(),
+            });
+        }
         let mut err = None;
         bufs.for_each(|m| {
             if err.is_some() {
@@ -1227,6 +1236,10 @@ impl QueuePair {
                 one = m.sge();
                 std::slice::from_mut(&mut one)
             }
+            WrBuffers::Shared(m) => {
+                one = m.sge();
+                std::slice::from_mut(&mut one)
+            }
             WrBuffers::Many(v) => {
                 many = [ffi::ibv_sge::default(); SHORT];
                 for (s, m) in many.iter_mut().zip(v) {
@@ -1325,6 +1338,11 @@ impl QueuePair {
                 && m.pd().as_raw() == self.pd.as_raw()
                 && u32::try_from(m.len()).is_ok()
                 && (!local_write || m.access().contains(AccessFlags::LOCAL_WRITE)))
+            .then_some(m.len() as u64),
+            WrBuffers::Shared(m) => (max_sge > 0
+                && !local_write
+                && m.pd().as_raw() == self.pd.as_raw()
+                && u32::try_from(m.len()).is_ok())
             .then_some(m.len() as u64),
             WrBuffers::Many(_) => None,
         }

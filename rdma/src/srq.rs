@@ -366,6 +366,13 @@ impl SharedReceiveQueue {
                     self.inner.max_sge
                 ));
             }
+            if b.is_shared() {
+                reason = Some(
+                    "a receive writes into its memory, and a shared region may only be read: \
+                     post a region of its own (WrBuffers::One)"
+                        .into(),
+                );
+            }
             b.for_each(|m| {
                 if reason.is_none() && !Arc::ptr_eq(&m.pd().inner, &self.inner.pd.inner) {
                     reason = Some("a memory region belongs to another protection domain".into());

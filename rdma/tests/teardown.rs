@@ -158,3 +158,44 @@ fn explicit_destroy_reports_success() {
     back.unsplit(tail).unwrap();
     back.destroy().map_err(|(_, e)| e).unwrap();
 }
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn shared_region_lives_while_requests_hold_it_and_goes_with_its_queue_pair() {
+    // Requests that share a region (`WrBuffers::Shared`) keep it registered
+    // after the caller dropped its own reference; dropping their QP (to ERR,
+    // flushed) releases them, and with the last one the registration.
+    let dev = common::device_name();
+    let before = resources(&dev);
+    {
+        let mut p = common::pair(QpType::Rc, AccessFlags::empty());
+        let with_pair = resources(&dev);
+        let shared =
+            std::sync::Arc::new(p.pd.reg_mr(vec![3u8; 4096], AccessFlags::empty()).unwrap());
+        let weak = std::sync::Arc::downgrade(&shared);
+        // No receive at the peer: the sends wait (RNR) or fail there, but
+        // stay the QP's until polled or flushed.
+        for i in 0..3 {
+            p.a.post_send(SendWr::send(
+                i,
+                rdma::WrBuffers::Shared(std::sync::Arc::clone(&shared)),
+            ))
+            .unwrap();
+        }
+        drop(shared);
+        assert_eq!(weak.strong_count(), 3, "the requests hold the region");
+        assert_eq!(resources(&dev).3, with_pair.3 + 1);
+        drop(p.a);
+        assert_eq!(weak.strong_count(), 0, "the flushed requests let it go");
+        assert_eq!(resources(&dev).3, with_pair.3, "and it is deregistered");
+        // Whatever the CQ still holds for the dropped QP polls harmlessly.
+        let mut left = Vec::new();
+        p.cq.poll(&mut left, 16).unwrap();
+    }
+    assert_eq!(
+        resources(&dev),
+        before,
+        "(pd, cq, qp, mr) back to the baseline"
+    );
+    assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
+}

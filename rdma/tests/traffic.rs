@@ -5,9 +5,11 @@
 mod common;
 
 use common::{take, wait};
+use std::sync::Arc;
+
 use rdma::{
     AccessFlags, AhAttr, Error, InlineSend, PostPath, QpType, SendFlags, SendOp, SendWr, WcOpcode,
-    WcStatus,
+    WcStatus, WrBuffers,
 };
 
 const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
@@ -303,6 +305,108 @@ fn ud_send_with_grh_and_reply_address(path: PostPath) {
         .unwrap();
     let mut done = wait(&p.cq, 2);
     assert_eq!(take(&mut done, 3).ok().unwrap().byte_len, 48);
+}
+
+/// One region in many requests at once (`WrBuffers::Shared`): SENDs on both
+/// QPs of the pair and RDMA WRITEs, all in flight together from the same
+/// bytes; every request holds a reference until its completion, and the
+/// region is the caller's alone again once all are polled. Requests that
+/// make the device write local memory refuse it, posting nothing.
+fn shared_region_in_many_requests_at_once(path: PostPath) {
+    let remote_access = LW | AccessFlags::REMOTE_WRITE;
+    let mut p = common::pair_with(QpType::Rc, remote_access, |b| {
+        b.post_path(path);
+    });
+    let data = pattern(4096, 9);
+    let shared = Arc::new(p.pd.reg_mr(data.clone(), AccessFlags::empty()).unwrap());
+    let target = p.pd.alloc_mr(2 * 4096, remote_access).unwrap();
+    three_receives(&mut p, 4096);
+    let back = p.pd.alloc_mr(2 * 4096, LW).unwrap().chunks(4096).unwrap();
+    p.a.post_recv_batch(
+        back.into_iter()
+            .enumerate()
+            .map(|(i, m)| (40 + i as u64, m.into())),
+    )
+    .unwrap();
+    for i in 0..3u64 {
+        p.a.post_send(SendWr::send(20 + i, WrBuffers::Shared(Arc::clone(&shared))))
+            .unwrap();
+    }
+    for i in 0..2u64 {
+        p.b.post_send(SendWr::send(50 + i, Arc::clone(&shared)))
+            .unwrap();
+        let at = target.remote().slice(i * 4096, 4096).unwrap();
+        p.a.post_send(SendWr::write(30 + i, Arc::clone(&shared), at))
+            .unwrap();
+    }
+    // Seven requests, each with its reference (or done, and its reference
+    // waiting in the CQ's completion for the poll).
+    assert_eq!(Arc::strong_count(&shared), 8);
+    let mut done = wait(&p.cq, 12);
+    for id in [10, 11, 12, 40, 41] {
+        let mut r = take(&mut done, id);
+        assert_eq!(r.status, WcStatus::Success, "{r:?}");
+        assert_eq!(r.byte_len, 4096);
+        let got = r.take_buffers().into_one().unwrap();
+        assert_eq!(got.as_slice().unwrap(), &data[..], "receive {id}");
+    }
+    for id in [20, 21, 22, 30, 31, 50, 51] {
+        let mut s = take(&mut done, id);
+        assert_eq!(s.status, WcStatus::Success, "{s:?}");
+        let b = s.take_buffers();
+        assert!(b.is_shared(), "request {id} gives back {b:?}");
+        let a = b.into_shared().unwrap();
+        assert!(Arc::ptr_eq(&a, &shared));
+    }
+    assert_eq!(target.to_vec(), [&data[..], &data[..]].concat());
+    assert_eq!(p.a.in_flight(), (0, 0));
+    assert_eq!(p.b.in_flight(), (0, 0));
+
+    // Requests whose device writes local memory refuse it, posting nothing.
+    let refusals = [
+        (
+            "RDMA READ",
+            p.a.post_send(SendWr::read(
+                60,
+                Arc::clone(&shared),
+                target.remote().slice(0, 4096).unwrap(),
+            )),
+        ),
+        (
+            "fetch-and-add",
+            p.a.post_send(SendWr::new(
+                61,
+                SendOp::FetchAdd {
+                    remote: target.remote().slice(0, 8).unwrap(),
+                    add: 1,
+                },
+                Arc::clone(&shared),
+            )),
+        ),
+        ("receive", p.b.post_recv(62, Arc::clone(&shared))),
+        (
+            "receive batch",
+            p.b.post_recv_batch([(63, WrBuffers::Shared(Arc::clone(&shared)))]),
+        ),
+    ];
+    for (what, r) in refusals {
+        let e = r.expect_err(what);
+        match &e.error {
+            Error::InvalidArgument { verb, reason } => {
+                assert!(verb.starts_with("ibv_post_"), "{what}: {verb}");
+                assert!(reason.contains("shared region"), "{what}: {reason}");
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+        assert_eq!(e.returned.len(), 1, "{what}");
+        assert!(e.returned[0].1.is_shared(), "{what}");
+    }
+    assert_eq!(p.a.in_flight(), (0, 0));
+    assert_eq!(p.b.in_flight(), (0, 0));
+    // Every reference came back: the region is the caller's alone again.
+    assert_eq!(Arc::strong_count(&shared), 1);
+    let mut mine = Arc::into_inner(shared).unwrap();
+    mine.as_mut_slice().unwrap().fill(0);
 }
 
 /// Runs a traffic test over both send paths: `NAME::legacy` uses
@@ -857,6 +961,7 @@ legacy_and_auto!(
 );
 
 both_paths!(
+    shared_region_in_many_requests_at_once,
     prepared_requests_post_with_a_new_region_each_time,
     prepared_ud_sends_keep_their_address_handle,
     posts_and_polls_on_different_threads,

@@ -3,6 +3,8 @@
 //! receives posted and times the first and last arrival. The servers of the
 //! other tests only wait at the barriers.
 
+use std::sync::Arc;
+
 use rdma::{ffi, Completion, MemoryRegion, WrBuffers};
 
 use crate::clock;
@@ -64,16 +66,30 @@ fn buf_len(opts: &Opts, size: usize) -> usize {
     }
 }
 
-/// Safe client: each request moves its own buffer into the queue; the
-/// completion (or, for unsignaled requests, the next signaled one) gives it
-/// back, and it is posted again. Returns the number of requests.
+/// Safe client: SEND and WRITE requests all share one region (which the
+/// device only reads), as perftest posts them all from one buffer; READ and
+/// atomic requests each move a region of their own into the queue, which
+/// the completion (or, for unsignaled requests, the next signaled one) gives
+/// back to be posted again. Returns the number of requests.
 fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) -> Res<usize> {
     let nq = conn.qps.len();
     let (depth, cq_mod) = depth_and_mod(opts, size);
     let len = buf_len(opts, size);
     let verb = opts.test.verb;
+    let shared = if io::shares_buffer(verb) {
+        let mr = conn
+            .pd
+            .alloc_mr(len, io::local_access(verb))
+            .map_err(|e| format!("Couldn't register the send buffer: {e}"))?;
+        Some(Arc::new(mr))
+    } else {
+        None
+    };
     let mut free: Vec<Vec<MemoryRegion>> = (0..nq)
-        .map(|_| setup::pool(&conn.pd, depth, len, io::local_access(verb)))
+        .map(|_| match shared {
+            Some(_) => Ok(Vec::new()),
+            None => setup::pool(&conn.pd, depth, len, io::local_access(verb)),
+        })
         .collect::<Res<_>>()?;
     let iters = opts.iters;
     let total = iters as usize * nq;
@@ -87,10 +103,16 @@ fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps)
     while done < total {
         for (q, qp) in conn.qps.iter_mut().enumerate() {
             while scnt[q] < iters && scnt[q] - ccnt[q] < depth {
-                let Some(mr) = free[q].pop() else { break };
+                let buffers = match &shared {
+                    Some(s) => WrBuffers::Shared(Arc::clone(s)),
+                    None => match free[q].pop() {
+                        Some(mr) => WrBuffers::One(mr),
+                        None => break,
+                    },
+                };
                 let n = scnt[q] + 1;
                 let signaled = n % cq_mod == 0 || n == iters;
-                let wr = io::safe_wr(verb, opts.atomic, io::wr_id(q, n), mr, conn.remote[q])
+                let wr = io::safe_wr(verb, opts.atomic, io::wr_id(q, n), buffers, conn.remote[q])
                     .signaled(signaled);
                 stamps.posted.push(clock::now());
                 qp.post_send(wr).map_err(|e| {
@@ -109,10 +131,16 @@ fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps)
             io::check(&c, "send")?;
             let (q, n) = io::split_id(c.wr_id);
             let pool = free.get_mut(q).ok_or("completion for an unknown QP")?;
+            // (A shared region's reference is dropped: `shared` keeps it.)
             for (_, b) in c.unsignaled.drain(..) {
+                if !b.is_shared() {
+                    pool.extend(b.into_one());
+                }
+            }
+            let b = c.take_buffers();
+            if !b.is_shared() {
                 pool.extend(b.into_one());
             }
-            pool.extend(c.take_buffers().into_one());
             done += (n - ccnt[q]) as usize;
             ccnt[q] = n;
             stamps.completed.push((done, now));
@@ -121,8 +149,9 @@ fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps)
     Ok(total)
 }
 
-/// Raw client: one registration per QP cut into `depth` slots, used in
-/// turn by prebuilt requests, as perftest cycles through its buffer.
+/// Raw client: prebuilt requests over one registration per QP: SEND and
+/// WRITE requests all from its start, as perftest's; READ and atomic
+/// requests in `depth` slots used in turn.
 fn client_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) -> Res<usize> {
     let nq = conn.qps.len();
     let (depth, cq_mod) = depth_and_mod(opts, size);
@@ -130,11 +159,12 @@ fn client_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) 
     let verb = opts.test.verb;
     let mut reqs = Vec::with_capacity(nq);
     let mut bases = Vec::with_capacity(nq);
+    let slots = if io::shares_buffer(verb) { 1 } else { depth };
     for q in 0..nq {
         let mr = conn
             .pd
-            .alloc_mr(len * depth as usize, io::local_access(verb))
-            .map_err(|e| format!("Couldn't register {depth} buffers of {len} bytes: {e}"))?;
+            .alloc_mr(len * slots as usize, io::local_access(verb))
+            .map_err(|e| format!("Couldn't register {slots} buffers of {len} bytes: {e}"))?;
         bases.push(mr.addr());
         reqs.push(RawSend::new(
             &conn.qps[q],
@@ -162,12 +192,14 @@ fn client_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) 
             while scnt[q] < iters && scnt[q] - ccnt[q] < depth {
                 let n = scnt[q] + 1;
                 let signaled = n % cq_mod == 0 || n == iters;
-                let addr = bases[q] + u64::from(scnt[q] % depth) * len as u64;
+                let addr = bases[q] + u64::from(scnt[q] % slots) * len as u64;
                 stamps.posted.push(clock::now());
-                // SAFETY: slot `scnt % depth` of the registration kept in
-                // `conn.raw_keep`; at most `depth` requests are in flight, so
-                // a slot is reused only after its request completed, and no
-                // Rust reference to it exists.
+                // SAFETY: slot `scnt % slots` of the registration kept in
+                // `conn.raw_keep`, to which no Rust reference exists. With
+                // one slot the device only reads it (SEND, WRITE), from any
+                // number of requests at once; with `depth` slots at most
+                // `depth` requests are in flight, so a slot the device writes
+                // is reused only after its request completed.
                 unsafe { reqs[q].post(qp, addr, io::wr_id(q, n), signaled) }
                     .map_err(|e| format!("QP {q}, request {n}: {e}"))?;
                 scnt[q] = n;

@@ -12,8 +12,8 @@
 //! how many requests of its QP are done, unsignaled ones included.
 
 use rdma::{
-    ffi, AccessFlags, Completion, CompletionChannel, CompletionQueue, MemoryRegion, PostPath,
-    QueuePair, RemoteMemory, SendOp, SendWr, WcStatus,
+    ffi, AccessFlags, Completion, CompletionChannel, CompletionQueue, PostPath, QueuePair,
+    RemoteMemory, SendOp, SendWr, WcStatus, WrBuffers,
 };
 
 use crate::oob::Watch;
@@ -183,15 +183,24 @@ pub fn wait_one_raw(
     Ok(wc[0].wr_id)
 }
 
-/// The safe request of `verb` over `mr`.
+/// The safe request of `verb` over `buffers`.
 pub fn safe_wr(
     verb: Verb,
     atomic: AtomicOp,
     id: u64,
-    mr: MemoryRegion,
+    buffers: impl Into<WrBuffers>,
     remote: RemoteMemory,
 ) -> SendWr {
-    SendWr::new(id, safe_op(verb, atomic, remote), mr)
+    SendWr::new(id, safe_op(verb, atomic, remote), buffers)
+}
+
+/// Whether the requests of `verb` only read their local buffer (SEND,
+/// RDMA WRITE), so that every request in flight can use the same one, as
+/// perftest's do: the safe path shares one region among them
+/// (`WrBuffers::Shared`), the raw path posts them all from one buffer.
+/// READ and atomic results are written locally: one buffer per request.
+pub fn shares_buffer(verb: Verb) -> bool {
+    matches!(verb, Verb::Send | Verb::Write)
 }
 
 /// The operation of `verb`'s requests (an atomic adds 1 or swaps 0 for 0).
