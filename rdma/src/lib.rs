@@ -39,7 +39,9 @@
 //! destroyed before the memory of its work in flight is released, and a
 //! forgotten handle keeps its registration alive. Regions a peer may write
 //! (`REMOTE_WRITE`, `REMOTE_ATOMIC`, `MW_BIND`) are never exposed as
-//! `&[u8]`. [`QueuePair::post_send_raw`] remains as `unsafe` for experts.
+//! `&[u8]`. One region can be the source of many SENDs and RDMA WRITEs in
+//! flight at once ([`WrBuffers::Shared`], an `Arc` per request).
+//! [`QueuePair::post_send_raw`] remains as `unsafe` for experts.
 //!
 //! ```no_run
 //! # fn main() -> rdma::Result<()> {

@@ -1772,6 +1772,41 @@ impl QueuePair {
         wr_id: u64,
         mr: MemoryRegion,
     ) -> std::result::Result<(), PostError> {
+        self.post_prepared_with(p, wr_id, WrBuffers::One(mr))
+    }
+
+    /// [`QueuePair::post_prepared`] with a region shared with other
+    /// requests and holders ([`WrBuffers::Shared`]): for SENDs and RDMA
+    /// WRITEs, which the device only reads; this request holds one reference
+    /// until its completion gives it back.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_prepared`]; [`Error::InvalidArgument`] also when
+    /// the prepared operation writes local memory (RDMA READ, atomics).
+    #[inline]
+    pub fn post_prepared_shared(
+        &mut self,
+        p: &mut PreparedSend,
+        wr_id: u64,
+        mr: std::sync::Arc<MemoryRegion>,
+    ) -> std::result::Result<(), PostError> {
+        self.post_prepared_with(p, wr_id, WrBuffers::Shared(mr))
+    }
+
+    /// The body of both: `buffers` is `One` or `Shared` (anything else is
+    /// refused with the full checks' reason).
+    #[inline(always)]
+    fn post_prepared_with(
+        &mut self,
+        p: &mut PreparedSend,
+        wr_id: u64,
+        buffers: WrBuffers,
+    ) -> std::result::Result<(), PostError> {
+        let (mr, shared) = match &buffers {
+            WrBuffers::One(m) => (m, false),
+            WrBuffers::Shared(a) => (&**a, true),
+            _ => return Err(self.prepared_refused(p, wr_id, buffers)),
+        };
         let len = mr.len();
         let max = self.max_msg.load(std::sync::atomic::Ordering::Relaxed) as usize;
         // (The QP's kind again: serials wrap after 2^30 QPs, and a template
@@ -1786,9 +1821,9 @@ impl QueuePair {
             || len > p.max_len
             || (max != 0 && len > max)
             || mr.pd().as_raw() != self.pd.as_raw()
-            || (p.op.writes_local() && !mr.access().contains(AccessFlags::LOCAL_WRITE))
+            || (p.op.writes_local() && (shared || !mr.access().contains(AccessFlags::LOCAL_WRITE)))
         {
-            return Err(self.prepared_refused(p, wr_id, mr));
+            return Err(self.prepared_refused(p, wr_id, buffers));
         }
         let sge = mr.sge();
         // SAFETY: `&mut self`: the only poster to this QP's send queue.
@@ -1797,7 +1832,7 @@ impl QueuePair {
             Some(qpx) => {
                 let q = qpx.as_ptr();
                 // SAFETY: a one-request batch on the live extended QP; the
-                // SGE points into `mr`, parked in the tracker below.
+                // SGE points into `buffers`' region, parked in the tracker below.
                 unsafe {
                     ffi::ibv_wr_start(q);
                     (*q).wr_id = ring.wr_id(0);
@@ -1813,7 +1848,7 @@ impl QueuePair {
                 p.raw.sg_list = &mut p.sge;
                 let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
                 // SAFETY: a well-formed request (checked when prepared, the
-                // region just now) whose one SGE points into `mr`, which is
+                // region just now) whose one SGE points into `buffers`' region, which is
                 // parked in the tracker below and published when `ring` is
                 // dropped (a poll that sees the completion first waits).
                 unsafe { ffi::ibv_post_send(self.as_raw(), &mut p.raw, &mut bad) }
@@ -1821,22 +1856,21 @@ impl QueuePair {
         };
         if rc != 0 {
             drop(ring);
-            return Err(self.not_posted("ibv_post_send", rc, (wr_id, WrBuffers::One(mr))));
+            return Err(self.not_posted("ibv_post_send", rc, (wr_id, buffers)));
         }
         ring.push(Pending {
             wr_id,
-            buffers: WrBuffers::One(mr),
+            buffers,
             _ah: p.ud.as_ref().map(|d| d.ah.clone()),
             _mw: None,
         });
         Ok(())
     }
 
-    /// Why [`QueuePair::post_prepared`] refused `mr` (the full checks of
+    /// Why [`QueuePair::post_prepared`] refused `buffers` (the full checks of
     /// [`QueuePair::post_send`] explain it).
     #[cold]
-    fn prepared_refused(&self, p: &PreparedSend, wr_id: u64, mr: MemoryRegion) -> PostError {
-        let buffers = WrBuffers::One(mr);
+    fn prepared_refused(&self, p: &PreparedSend, wr_id: u64, buffers: WrBuffers) -> PostError {
         let error = if p.serial != self.tracker.serial {
             self.invalid(format!(
                 "the request was prepared by another QP than QP {}",

@@ -313,13 +313,13 @@ fn ud_send_with_grh_and_reply_address(path: PostPath) {
 /// region is the caller's alone again once all are polled. Requests that
 /// make the device write local memory refuse it, posting nothing.
 fn shared_region_in_many_requests_at_once(path: PostPath) {
-    let remote_access = LW | AccessFlags::REMOTE_WRITE;
+    let remote_access = LW | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let mut p = common::pair_with(QpType::Rc, remote_access, |b| {
         b.post_path(path);
     });
     let data = pattern(4096, 9);
     let shared = Arc::new(p.pd.reg_mr(data.clone(), AccessFlags::empty()).unwrap());
-    let target = p.pd.alloc_mr(2 * 4096, remote_access).unwrap();
+    let mut target = p.pd.alloc_mr(2 * 4096, remote_access).unwrap();
     three_receives(&mut p, 4096);
     let back = p.pd.alloc_mr(2 * 4096, LW).unwrap().chunks(4096).unwrap();
     p.a.post_recv_batch(
@@ -403,6 +403,44 @@ fn shared_region_in_many_requests_at_once(path: PostPath) {
     }
     assert_eq!(p.a.in_flight(), (0, 0));
     assert_eq!(p.b.in_flight(), (0, 0));
+
+    // A prepared WRITE posted three times at once from the shared region,
+    // and a prepared READ that refuses it.
+    let second = target.remote().slice(4096, 4096).unwrap();
+    let mut write =
+        p.a.prepare_send(SendOp::Write(second), SendFlags::SIGNALED)
+            .unwrap();
+    target.write_at(4096, &[0u8; 4096]).unwrap();
+    for i in 0..3u64 {
+        p.a.post_prepared_shared(&mut write, 70 + i, Arc::clone(&shared))
+            .unwrap();
+    }
+    assert_eq!(Arc::strong_count(&shared), 4);
+    let mut done = wait(&p.cq, 3);
+    for i in 0..3u64 {
+        let mut c = take(&mut done, 70 + i);
+        assert_eq!(c.opcode, WcOpcode::RdmaWrite, "{c:?}");
+        assert!(Arc::ptr_eq(
+            &c.take_buffers().into_shared().unwrap(),
+            &shared
+        ));
+    }
+    let mut now = vec![0; 4096];
+    target.read_at(4096, &mut now).unwrap();
+    assert_eq!(now, data);
+    let mut read =
+        p.a.prepare_send(SendOp::Read(second), SendFlags::SIGNALED)
+            .unwrap();
+    let e =
+        p.a.post_prepared_shared(&mut read, 80, Arc::clone(&shared))
+            .expect_err("a READ writes its region");
+    assert!(
+        matches!(&e.error, Error::InvalidArgument { reason, .. } if reason.contains("shared region")),
+        "{e:?}"
+    );
+    assert!(e.returned[0].1.is_shared());
+    drop(e);
+    assert_eq!(p.a.in_flight(), (0, 0));
     // Every reference came back: the region is the caller's alone again.
     assert_eq!(Arc::strong_count(&shared), 1);
     let mut mine = Arc::into_inner(shared).unwrap();

@@ -349,6 +349,14 @@ fn print_header(
     if verb == Verb::Send {
         println!(" RX depth        : {}", opts.rx_depth);
     }
+    if opts.test.kind == Kind::Bw && !opts.is_server() {
+        let bufs = match (crate::io::shares_buffer(verb), opts.raw) {
+            (true, false) => "one region shared by every request (WrBuffers::Shared)",
+            (true, true) => "one buffer for every request",
+            (false, _) => "one per request in flight",
+        };
+        println!(" Local buffers   : {bufs}");
+    }
     if matches!(verb, Verb::Read | Verb::Atomic) {
         println!(" Outstand reads  : {out_reads}");
     }
