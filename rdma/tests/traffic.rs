@@ -447,6 +447,52 @@ fn shared_region_in_many_requests_at_once(path: PostPath) {
     mine.as_mut_slice().unwrap().fill(0);
 }
 
+/// The same shared region sent to two UD destinations at once (a fan-out:
+/// the pair's other QP and the sender itself), with a prepared UD send as
+/// the third request.
+fn shared_region_fans_out_over_ud(path: PostPath) {
+    let mut p = common::pair_with(QpType::Ud, AccessFlags::empty(), |b| {
+        b.post_path(path);
+    });
+    let ah = local_ah(&p);
+    let data = pattern(256, 4);
+    let shared = Arc::new(p.pd.reg_mr(data.clone(), AccessFlags::empty()).unwrap());
+    p.b.post_recv(1, p.pd.alloc_mr(40 + 256, LW).unwrap())
+        .unwrap();
+    p.b.post_recv(2, p.pd.alloc_mr(40 + 256, LW).unwrap())
+        .unwrap();
+    p.a.post_recv(3, p.pd.alloc_mr(40 + 256, LW).unwrap())
+        .unwrap();
+    p.a.post_send(SendWr::send(10, Arc::clone(&shared)).ud(&ah, p.b.qp_num(), common::QKEY))
+        .unwrap();
+    p.a.post_send(SendWr::send(11, Arc::clone(&shared)).ud(&ah, p.a.qp_num(), common::QKEY))
+        .unwrap();
+    let mut prepared =
+        p.a.prepare_send_ud(
+            SendOp::Send,
+            SendFlags::SIGNALED,
+            &ah,
+            p.b.qp_num(),
+            common::QKEY,
+        )
+        .unwrap();
+    p.a.post_prepared_shared(&mut prepared, 12, Arc::clone(&shared))
+        .unwrap();
+    assert_eq!(Arc::strong_count(&shared), 4);
+    let mut done = wait(&p.cq, 6);
+    for (id, from) in [(1, p.a.qp_num()), (2, p.a.qp_num()), (3, p.a.qp_num())] {
+        let mut r = take(&mut done, id).ok().unwrap();
+        assert_eq!((r.byte_len, r.src_qp), (40 + 256, from), "receive {id}");
+        let buf = r.take_buffers().into_one().unwrap();
+        assert_eq!(&buf.as_slice().unwrap()[40..], &data[..], "receive {id}");
+    }
+    for id in [10, 11, 12] {
+        let mut s = take(&mut done, id).ok().unwrap();
+        assert!(s.take_buffers().is_shared(), "send {id}");
+    }
+    assert_eq!(Arc::strong_count(&shared), 1);
+}
+
 /// Runs a traffic test over both send paths: `NAME::legacy` uses
 /// `ibv_post_send`, `NAME::extended` the `ibv_wr_*` API.
 macro_rules! both_paths {
@@ -1000,6 +1046,7 @@ legacy_and_auto!(
 
 both_paths!(
     shared_region_in_many_requests_at_once,
+    shared_region_fans_out_over_ud,
     prepared_requests_post_with_a_new_region_each_time,
     prepared_ud_sends_keep_their_address_handle,
     posts_and_polls_on_different_threads,
