@@ -388,6 +388,16 @@ fn shared_region_in_many_requests_at_once(path: PostPath) {
             "receive batch",
             p.b.post_recv_batch([(63, WrBuffers::Shared(Arc::clone(&shared)))]),
         ),
+        (
+            "SRQ receive",
+            p.pd.create_srq(rdma::SrqAttr {
+                max_wr: 4,
+                max_sge: 1,
+                srq_limit: 0,
+            })
+            .unwrap()
+            .post_recv(64, Arc::clone(&shared)),
+        ),
     ];
     for (what, r) in refusals {
         let e = r.expect_err(what);
