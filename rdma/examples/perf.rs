@@ -20,11 +20,12 @@
 //!   gaps between consecutive posts, halved for ping-pong tests (SEND,
 //!   WRITE), with the two largest gaps dropped.
 //!
-//! The safe path moves a registered buffer into every request and gets it
-//! back from the completion, so a bandwidth test needs one buffer per request
-//! in flight (perftest posts the same buffer again and again); buffers are
-//! registered before the timed loop and reused, and the loop allocates
-//! nothing itself. The out-of-band exchange over TCP is perf's own and does
+//! The safe path moves memory into every request and gets it back from the
+//! completion: SEND and WRITE requests all share one region the device only
+//! reads (`WrBuffers::Shared`), as perftest posts the same buffer again and
+//! again; READ and atomic requests, and receives, need one buffer each in
+//! flight. Buffers are registered before the timed loop and reused, and the
+//! loop allocates nothing itself. The out-of-band exchange over TCP is perf's own and does
 //! not interoperate with perftest.
 #![warn(clippy::undocumented_unsafe_blocks)]
 

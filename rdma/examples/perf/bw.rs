@@ -51,10 +51,16 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
 }
 
 /// Requests in flight per QP and completion moderation for `size`: the
-/// depth is `-t` unless the buffer budget allows fewer (huge messages); a
-/// completion is requested at least once per depth.
+/// depth is `-t`, as perftest's, for RDMA WRITEs (which share one buffer);
+/// READ and atomic requests need a buffer each, and SENDs a receive buffer
+/// each at the server: fewer when the buffer budget allows fewer (huge
+/// messages). A completion is requested at least once per depth.
 fn depth_and_mod(opts: &Opts, size: usize) -> (u32, u32) {
-    let depth = setup::slots(size.saturating_mul(opts.qps as usize), opts.tx_depth);
+    let depth = if opts.test.verb == Verb::Write {
+        opts.tx_depth.max(1)
+    } else {
+        setup::slots(size.saturating_mul(opts.qps as usize), opts.tx_depth)
+    };
     (depth, opts.cq_mod_for(size).min(depth))
 }
 

@@ -11,9 +11,10 @@ use rdma::{
 use crate::oob::{Dest, Oob};
 use crate::opts::{AtomicOp, Kind, Opts, OrFail, Res, Verb};
 
-/// Memory one pool of buffers may take (per side, per kind of buffer): the
-/// safe post path needs one region per request in flight, so large messages
-/// get fewer slots (and a shallower queue) instead of gigabytes of buffers.
+/// Memory one pool of buffers may take (per side, per kind of buffer): a
+/// request the device writes (receive, READ, atomic) needs a region of its
+/// own while in flight, so large messages get fewer slots (and a shallower
+/// queue) instead of gigabytes of buffers.
 pub const POOL_BUDGET: usize = 128 << 20;
 
 /// Everything a test runs on. Field order is drop order: the QPs are
