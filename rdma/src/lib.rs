@@ -173,5 +173,10 @@ mod auto_traits {
         send_sync::<crate::NullMemoryRegion>();
         send_sync::<crate::ImportedMemoryRegion>();
         send_sync::<crate::PreparedSend>();
+        // A shared region moves between threads inside the requests and
+        // completions that hold it.
+        send_sync::<crate::WrBuffers>();
+        send_sync::<crate::SendWr>();
+        send_sync::<std::sync::Arc<crate::MemoryRegion>>();
     }
 }
