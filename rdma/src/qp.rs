@@ -1032,10 +1032,7 @@ impl QueuePair {
         if local_write && bufs.is_shared() {
             return Err(Error::InvalidArgument {
                 verb,
-                reason: "the device writes into this request's memory (a receive, RDMA READ \
-                         or atomic), and a shared region may only be read: post a region \
-                         of its own (WrBuffers::One)"
-                    .into(),
+                reason: crate::wc::SHARED_IS_READ_ONLY.into(),
             });
         }
         let mut err = None;
@@ -1332,20 +1329,18 @@ impl QueuePair {
         max_sge: u32,
         local_write: bool,
     ) -> Option<u64> {
-        match bufs {
-            WrBuffers::None => Some(0),
-            WrBuffers::One(m) => (max_sge > 0
-                && m.pd().as_raw() == self.pd.as_raw()
-                && u32::try_from(m.len()).is_ok()
-                && (!local_write || m.access().contains(AccessFlags::LOCAL_WRITE)))
-            .then_some(m.len() as u64),
-            WrBuffers::Shared(m) => (max_sge > 0
-                && !local_write
-                && m.pd().as_raw() == self.pd.as_raw()
-                && u32::try_from(m.len()).is_ok())
-            .then_some(m.len() as u64),
-            WrBuffers::Many(_) => None,
-        }
+        let m = match bufs {
+            WrBuffers::None => return Some(0),
+            WrBuffers::Many(_) => return None,
+            _ => bufs.single()?,
+        };
+        // A shared region is never written by the device.
+        let writable = !bufs.is_shared() && m.access().contains(AccessFlags::LOCAL_WRITE);
+        (max_sge > 0
+            && m.pd().as_raw() == self.pd.as_raw()
+            && u32::try_from(m.len()).is_ok()
+            && (!local_write || writable))
+            .then_some(m.len() as u64)
     }
 
     /// Posts several send requests with one doorbell.
@@ -1802,10 +1797,8 @@ impl QueuePair {
         wr_id: u64,
         buffers: WrBuffers,
     ) -> std::result::Result<(), PostError> {
-        let (mr, shared) = match &buffers {
-            WrBuffers::One(m) => (m, false),
-            WrBuffers::Shared(a) => (&**a, true),
-            _ => return Err(self.prepared_refused(p, wr_id, buffers)),
+        let Some(mr) = buffers.single() else {
+            return Err(self.prepared_refused(p, wr_id, buffers));
         };
         let len = mr.len();
         let max = self.max_msg.load(std::sync::atomic::Ordering::Relaxed) as usize;
@@ -1821,7 +1814,8 @@ impl QueuePair {
             || len > p.max_len
             || (max != 0 && len > max)
             || mr.pd().as_raw() != self.pd.as_raw()
-            || (p.op.writes_local() && (shared || !mr.access().contains(AccessFlags::LOCAL_WRITE)))
+            || (p.op.writes_local()
+                && (buffers.is_shared() || !mr.access().contains(AccessFlags::LOCAL_WRITE)))
         {
             return Err(self.prepared_refused(p, wr_id, buffers));
         }

@@ -367,11 +367,7 @@ impl SharedReceiveQueue {
                 ));
             }
             if b.is_shared() {
-                reason = Some(
-                    "a receive writes into its memory, and a shared region may only be read: \
-                     post a region of its own (WrBuffers::One)"
-                        .into(),
-                );
+                reason = Some(crate::wc::SHARED_IS_READ_ONLY.into());
             }
             b.for_each(|m| {
                 if reason.is_none() && !Arc::ptr_eq(&m.pd().inner, &self.inner.pd.inner) {

@@ -153,6 +153,13 @@ pub enum WrBuffers {
     Shared(Arc<MemoryRegion>),
 }
 
+/// Why a request whose device writes its local memory (a receive, an RDMA
+/// READ, an atomic) refuses [`WrBuffers::Shared`]: the QP's and the SRQ's
+/// full checks give this reason.
+pub(crate) const SHARED_IS_READ_ONLY: &str =
+    "the device writes into this request's memory (a receive, RDMA READ or atomic), and a \
+     shared region may only be read: post a region of its own (WrBuffers::One)";
+
 impl WrBuffers {
     /// The regions as a `Vec`, in scatter/gather order. A `Shared` region
     /// is in it only when this was its last reference (`Arc::into_inner`);
@@ -202,6 +209,16 @@ impl WrBuffers {
     /// True for a `Shared` region (which the device may only read).
     pub fn is_shared(&self) -> bool {
         matches!(self, WrBuffers::Shared(_))
+    }
+
+    /// The region of a one-entry request (`One` or `Shared`).
+    #[inline]
+    pub(crate) fn single(&self) -> Option<&MemoryRegion> {
+        match self {
+            WrBuffers::One(m) => Some(m),
+            WrBuffers::Shared(a) => Some(a),
+            WrBuffers::None | WrBuffers::Many(_) => None,
+        }
     }
 
     pub(crate) fn for_each(&self, mut f: impl FnMut(&MemoryRegion)) {

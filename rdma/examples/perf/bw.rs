@@ -137,16 +137,12 @@ fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps)
             io::check(&c, "send")?;
             let (q, n) = io::split_id(c.wr_id);
             let pool = free.get_mut(q).ok_or("completion for an unknown QP")?;
-            // (A shared region's reference is dropped: `shared` keeps it.)
+            // (A shared region's reference gives no region back, `shared`
+            // holding another one: it is just dropped.)
             for (_, b) in c.unsignaled.drain(..) {
-                if !b.is_shared() {
-                    pool.extend(b.into_one());
-                }
-            }
-            let b = c.take_buffers();
-            if !b.is_shared() {
                 pool.extend(b.into_one());
             }
+            pool.extend(c.take_buffers().into_one());
             done += (n - ccnt[q]) as usize;
             ccnt[q] = n;
             stamps.completed.push((done, now));
