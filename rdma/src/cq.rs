@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::error::{check_errno_ret, check_minus_one, check_ptr, last_errno, Error, Result};
 use crate::track::Registry;
-use crate::wc::{Completion, WrBuffers};
+use crate::wc::Completion;
 use crate::{ffi, Context};
 
 // ---------------------------------------------------------------------------
@@ -200,8 +200,13 @@ pub(crate) struct CqInner {
     ex: Option<NonNull<ffi::ibv_cq_ex>>,
     /// `wc_flags` the extended CQ was created with.
     ex_flags: u64,
-    /// Held by an open [`PollCursor`]: one start/next/end sequence at a time.
+    /// For an extended CQ: held by an open [`PollCursor`] (one
+    /// start/next/end sequence at a time) and by every other poll, which
+    /// must not run while a cursor is open.
     poll_lock: Mutex<()>,
+    /// The thread holding an open cursor ([`thread_mark`]), 0 for none: a
+    /// poll from that thread would wait for itself, so it is refused.
+    cursor_thread: std::sync::atomic::AtomicUsize,
     pub(crate) registry: Registry,
     // Dropped after the CQ is destroyed (field order).
     channel: Option<CompletionChannel>,
@@ -223,6 +228,7 @@ impl Drop for CqInner {
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&(self.cq.as_ptr() as usize));
         }
+        self.resolve_leftovers();
         // SAFETY: every QP using the CQ holds an Arc, and every unacked event
         // holds one too, so no QP is attached and all events are acked.
         let rc = unsafe { ffi::ibv_destroy_cq(self.cq.as_ptr()) };
@@ -235,8 +241,62 @@ impl Drop for CqInner {
     }
 }
 
+impl CqInner {
+    /// Polls out and resolves the completions still in the CQ, so that the
+    /// queues that outlive it (a shared receive queue) get back the memory
+    /// of the requests that completed here, instead of holding it forever.
+    /// No QP uses the CQ any more (each holds it), so nothing adds to it.
+    fn resolve_leftovers(&self) {
+        let mut wcs = [std::mem::MaybeUninit::<ffi::ibv_wc>::uninit(); POLL_BATCH];
+        loop {
+            let mut r = self.registry.resolver();
+            // SAFETY: `wcs` has room for POLL_BATCH entries; the CQ is live.
+            let n = unsafe {
+                ffi::ibv_poll_cq(
+                    self.cq.as_ptr(),
+                    POLL_BATCH as std::ffi::c_int,
+                    wcs.as_mut_ptr().cast::<ffi::ibv_wc>(),
+                )
+            };
+            let Ok(n) = usize::try_from(n) else {
+                // An overrun: what it held is lost to us; leave it.
+                return;
+            };
+            // SAFETY: ibv_poll_cq wrote the first `n` entries.
+            let polled =
+                unsafe { std::slice::from_raw_parts(wcs.as_ptr().cast::<ffi::ibv_wc>(), n) };
+            let mut done = Vec::with_capacity(n);
+            for wc in polled {
+                let mut c = Completion::from_raw(wc);
+                r.attach(&mut c);
+                done.push(c);
+            }
+            if n < POLL_BATCH {
+                r.cq_empty();
+            }
+            // The memory goes after the lock.
+            drop(r);
+            drop(done);
+            if n < POLL_BATCH {
+                return;
+            }
+        }
+    }
+}
+
+/// An address that tells threads apart: that of a thread-local.
+fn thread_mark() -> usize {
+    thread_local!(static MARK: u8 = const { 0 });
+    MARK.with(|m| m as *const u8 as usize)
+}
+
 /// A completion queue (`struct ibv_cq`). A cheap `Clone` handle; QPs that
 /// use it keep it alive.
+///
+/// Any number of threads may poll it at once: each poll resolves its
+/// completions under one lock, from `ibv_poll_cq` to the memory attached, so
+/// every completion carries its own request's `wr_id` and memory whatever
+/// the interleaving.
 #[derive(Clone)]
 pub struct CompletionQueue {
     pub(crate) inner: Arc<CqInner>,
@@ -288,6 +348,7 @@ impl Context {
             ex,
             ex_flags,
             poll_lock: Mutex::new(()),
+            cursor_thread: std::sync::atomic::AtomicUsize::new(0),
             registry: Registry::default(),
             channel: channel.cloned(),
             ctx: self.clone(),
@@ -390,6 +451,7 @@ impl CompletionQueue {
         // Not initialised: an empty poll (the common case when spinning)
         // must not pay for clearing it; only the entries written are read.
         let mut wcs = [std::mem::MaybeUninit::<ffi::ibv_wc>::uninit(); POLL_BATCH];
+        let mut r = self.inner.registry.resolver();
         while total < max {
             let want = (max - total).min(POLL_BATCH);
             // SAFETY: `wcs` has room for `want` entries.
@@ -408,9 +470,15 @@ impl CompletionQueue {
             // plain data.
             let polled =
                 unsafe { std::slice::from_raw_parts(wcs.as_ptr().cast::<ffi::ibv_wc>(), n) };
-            self.inner.registry.extend(polled, out);
+            out.reserve(n);
+            for wc in polled {
+                let mut c = Completion::from_raw(wc);
+                r.attach(&mut c);
+                out.push(c);
+            }
             total += n;
             if n < want {
+                r.cq_empty();
                 break;
             }
         }
@@ -461,25 +529,33 @@ impl CompletionQueue {
     ) -> Result<Option<&'s mut Completion>> {
         let _guard = self.legacy_poll_guard()?;
         let mut wc = std::mem::MaybeUninit::<ffi::ibv_wc>::uninit();
+        let mut r = self.inner.registry.resolver();
         // SAFETY: `wc` has room for one entry.
         let n = unsafe { ffi::ibv_poll_cq(self.as_raw(), 1, wc.as_mut_ptr()) };
         match n {
-            0 => Ok(None),
+            0 => {
+                r.cq_empty();
+                Ok(None)
+            }
             1 => {
                 // SAFETY: ibv_poll_cq wrote the entry.
                 let wc = unsafe { wc.assume_init_ref() };
-                let c = match slot {
+                let (c, previous) = match slot {
                     Some(c) => {
-                        // The previous completion's memory goes now, before
-                        // any bookkeeping lock is taken.
-                        c.buffers = WrBuffers::None;
-                        c.unsignaled.clear();
+                        // The previous completion's memory is taken out now
+                        // and dropped after the lock.
+                        let previous = (
+                            std::mem::take(&mut c.buffers),
+                            std::mem::take(&mut c.unsignaled),
+                        );
                         c.set_raw(wc);
-                        c
+                        (c, Some(previous))
                     }
-                    None => slot.insert(Completion::from_raw(wc)),
+                    None => (slot.insert(Completion::from_raw(wc)), None),
                 };
-                self.inner.registry.attach(c);
+                r.attach(c);
+                drop(r);
+                drop(previous);
                 Ok(Some(c))
             }
             n => Err(self.poll_failed(n)),
@@ -491,14 +567,28 @@ impl CompletionQueue {
     #[inline]
     fn legacy_poll_guard(&self) -> Result<Option<std::sync::MutexGuard<'_, ()>>> {
         match self.inner.ex {
-            Some(_) => self
-                .inner
-                .poll_lock
-                .try_lock()
-                .map(Some)
-                .map_err(|_| self.cursor_open()),
+            Some(_) => self.poll_lock("ibv_poll_cq").map(Some),
             None => Ok(None),
         }
+    }
+
+    /// An extended CQ's poll lock: waits while another thread's cursor is
+    /// open; refused (`EBUSY`) when this thread's own cursor is.
+    fn poll_lock(&self, verb: &'static str) -> Result<std::sync::MutexGuard<'_, ()>> {
+        use std::sync::atomic::Ordering;
+        if self.inner.cursor_thread.load(Ordering::Relaxed) == thread_mark() {
+            return Err(Error::verb_errno(
+                verb,
+                "this thread has a poll cursor open on the CQ (drop it first)",
+                libc::EBUSY,
+            ));
+        }
+        // Nothing that holds the lock panics with it: no poisoning to heed.
+        Ok(self
+            .inner
+            .poll_lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()))
     }
 
     #[cold]
@@ -511,14 +601,6 @@ impl CompletionQueue {
                 self.inner.ctx.name()
             ),
             libc::EIO,
-        )
-    }
-
-    fn cursor_open(&self) -> Error {
-        Error::verb_errno(
-            "ibv_poll_cq",
-            "a poll cursor is open on this CQ (drop it first)",
-            libc::EBUSY,
         )
     }
 
@@ -541,10 +623,14 @@ impl CompletionQueue {
     /// # Ok(()) }
     /// ```
     ///
+    /// One cursor is open on a CQ at a time, and no other poll runs while it
+    /// is: a poll or `start_poll` from another thread waits for it to be
+    /// dropped.
+    ///
     /// # Errors
     /// [`Error::Unsupported`] for a CQ not made with `create_cq_ex`;
-    /// `EBUSY` when another cursor is open on it; [`Error::Verb`] naming
-    /// `ibv_start_poll`.
+    /// `EBUSY` when this thread has a cursor open on it already;
+    /// [`Error::Verb`] naming `ibv_start_poll`.
     pub fn start_poll(&self) -> Result<Option<PollCursor<'_>>> {
         let Some(ex) = self.inner.ex else {
             return Err(Error::Unsupported {
@@ -553,18 +639,15 @@ impl CompletionQueue {
                 source: None,
             });
         };
-        let guard = self.inner.poll_lock.try_lock().map_err(|_| {
-            Error::verb_errno(
-                "ibv_start_poll",
-                "a poll cursor is already open on this CQ",
-                libc::EBUSY,
-            )
-        })?;
+        let guard = self.poll_lock("ibv_start_poll")?;
         let mut attr = ffi::ibv_poll_cq_attr { comp_mask: 0 };
         // SAFETY: live extended CQ; the lock makes this the only sequence.
         let rc = unsafe { ffi::ibv_start_poll(ex.as_ptr(), &mut attr) };
         match rc {
             0 => {
+                self.inner
+                    .cursor_thread
+                    .store(thread_mark(), std::sync::atomic::Ordering::Relaxed);
                 let mut cursor = PollCursor {
                     cq: self,
                     ex,
@@ -574,7 +657,10 @@ impl CompletionQueue {
                 cursor.load();
                 Ok(Some(cursor))
             }
-            libc::ENOENT => Ok(None),
+            libc::ENOENT => {
+                self.inner.registry.resolver().cq_empty();
+                Ok(None)
+            }
             rc => check_errno_ret("ibv_start_poll", || "".into(), rc).map(|()| None),
         }
     }
@@ -706,7 +792,9 @@ impl PollCursor<'_> {
             }
             wc
         };
-        self.current = Some(self.cq.inner.registry.completion(&wc));
+        let mut c = Completion::from_raw(&wc);
+        self.cq.inner.registry.resolver().attach(&mut c);
+        self.current = Some(c);
     }
 
     /// The current completion.
@@ -746,7 +834,10 @@ impl PollCursor<'_> {
                 self.load();
                 Ok(true)
             }
-            libc::ENOENT => Ok(false),
+            libc::ENOENT => {
+                self.cq.inner.registry.resolver().cq_empty();
+                Ok(false)
+            }
             rc => check_errno_ret("ibv_next_poll", || "".into(), rc).map(|()| false),
         }
     }
@@ -756,6 +847,11 @@ impl Drop for PollCursor<'_> {
     fn drop(&mut self) {
         // SAFETY: ends the poll started by start_poll, exactly once.
         unsafe { ffi::ibv_end_poll(self.ex.as_ptr()) };
+        // Before the lock (a field) is released.
+        self.cq
+            .inner
+            .cursor_thread
+            .store(0, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -10,7 +10,7 @@ use crate::ah::AhAttr;
 use crate::error::{check_errno_ret, check_ptr, Error, Result};
 use crate::macros::c_enum;
 use crate::mr::{AccessFlags, RemoteMemory};
-use crate::track::{self, Pending, Tracker};
+use crate::track::{self, Pending, QpTracker, Serial};
 use crate::wc::WrBuffers;
 use crate::wr::{InlineSend, PostError, PreparedSend, SendFlags, SendOp, SendWr, UdDest};
 use crate::{ffi, CompletionQueue, MemoryRegion, Mtu, ProtectionDomain};
@@ -361,6 +361,7 @@ impl QueuePairBuilder {
     /// provider lacks; [`Error::Verb`] naming `ibv_create_qp` otherwise.
     pub fn build(&self) -> Result<QueuePair> {
         let mut attr = self.checked_init_attr()?;
+        let serial = allocate_serial("ibv_create_qp")?;
         let (qp, qpx, cap) = match self.post_path {
             PostPath::Legacy => (self.create_legacy(&mut attr)?, None, attr.cap),
             path => match self.create_extended(&attr) {
@@ -371,7 +372,7 @@ impl QueuePairBuilder {
                 Err(e) => return Err(e),
             },
         };
-        Ok(self.finish(qp, qpx, cap, None))
+        Ok(self.finish(qp, qpx, cap, None, serial))
     }
 
     /// The raw PD the QP will be created in.
@@ -451,6 +452,7 @@ impl QueuePairBuilder {
         owner: Arc<dyn QpOwner>,
     ) -> Result<QueuePair> {
         let attr = self.checked_init_attr()?;
+        let serial = allocate_serial("rdma_create_qp_ex")?;
         let legacy = self.post_path == PostPath::Legacy;
         let mut ex = self.init_attr_ex(&attr, legacy);
         let qp = match create(&mut ex) {
@@ -466,7 +468,7 @@ impl QueuePairBuilder {
         } else {
             None
         };
-        Ok(self.finish(qp, qpx, ex.cap, Some(owner)))
+        Ok(self.finish(qp, qpx, ex.cap, Some(owner), serial))
     }
 
     /// Wraps a created QP: registers its tracker with the CQs.
@@ -476,8 +478,13 @@ impl QueuePairBuilder {
         qpx: Option<NonNull<ffi::ibv_qp_ex>>,
         cap: ffi::ibv_qp_cap,
         owner: Option<Arc<dyn QpOwner>>,
+        serial: Serial,
     ) -> QueuePair {
-        let tracker = Tracker::for_qp(&self.send_cq.inner.registry, &self.recv_cq.inner.registry);
+        let tracker = QpTracker::new(
+            serial,
+            &self.send_cq.inner.registry,
+            &self.recv_cq.inner.registry,
+        );
         if let Some(srq) = &self.srq {
             srq.attach_cq(&self.recv_cq.inner);
         }
@@ -498,6 +505,19 @@ impl QueuePairBuilder {
             owner,
         }
     }
+}
+
+/// The identity of a new QP's or SRQ's tracker, taken before the object is
+/// created (so that running out is an error, not a created object to undo).
+pub(crate) fn allocate_serial(verb: &'static str) -> Result<Serial> {
+    Serial::allocate().ok_or_else(|| {
+        Error::verb_errno(
+            verb,
+            "2^30 queue pairs and shared receive queues are alive (or their completions \
+             still wait in CQs): no work request identity is left",
+            libc::ENOSPC,
+        )
+    })
 }
 
 /// Destroys a QP that another library created and owns (the connection
@@ -798,7 +818,7 @@ pub struct QueuePair {
     /// The largest message the QP may send, learnt at `to_init` from the
     /// port (`max_msg_sz`; the active MTU for UD); 0 until then.
     max_msg: std::sync::atomic::AtomicU32,
-    tracker: Arc<Tracker>,
+    tracker: Arc<QpTracker>,
     // Parents: released after the QP is destroyed (Drop runs first).
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
@@ -885,7 +905,47 @@ impl QueuePair {
     /// # Errors
     /// [`Error::Verb`] naming `ibv_modify_qp`, with the attribute mask; `EINVAL`
     /// for a transition or attribute the state machine does not allow.
+    ///
+    /// Moving to RESET empties both work queues: the memory of every request
+    /// still in flight is released (dropped) once the verb succeeded, as the
+    /// device no longer uses it and its completions may never come (rxe
+    /// makes none; mlx4, mlx5 and hns remove them from the CQ).
+    /// [`QueuePair::reset`] gives that memory back instead.
     pub fn modify(&self, attr: &QpAttr) -> Result<()> {
+        self.modify_raw(attr)?;
+        if attr.mask & ffi::IBV_QP_STATE != 0 && attr.raw.qp_state == ffi::IBV_QPS_RESET {
+            drop(self.reclaim());
+        }
+        Ok(())
+    }
+
+    /// Moves the QP to RESET (`ibv_modify_qp(3)`) and gives back the
+    /// requests that were in flight on its send and receive queue, oldest
+    /// first, sends before receives: RESET discards them, and their
+    /// completions may never be polled. The QP can then be brought up again
+    /// (INIT, RTR, RTS).
+    ///
+    /// # Errors
+    /// As [`QueuePair::modify`]; the requests stay in flight then.
+    pub fn reset(&self) -> Result<Vec<(u64, WrBuffers)>> {
+        self.modify_raw(QpAttr::new().state(QpState::Reset))?;
+        Ok(self
+            .reclaim()
+            .into_iter()
+            .map(|p| (p.wr_id, p.buffers))
+            .collect())
+    }
+
+    /// Takes every request in flight, as the consumer of each queue (under
+    /// its CQ's registry lock). No one posts meanwhile: posting needs the
+    /// QP mutably, and `&self` is held.
+    fn reclaim(&self) -> Vec<Pending> {
+        let mut all = self.send_cq.inner.registry.reclaim(&self.tracker, false);
+        all.extend(self.recv_cq.inner.registry.reclaim(&self.tracker, true));
+        all
+    }
+
+    fn modify_raw(&self, attr: &QpAttr) -> Result<()> {
         let mut raw = attr.raw;
         let mask = std::ffi::c_int::try_from(attr.mask).unwrap_or(std::ffi::c_int::MAX);
         // SAFETY: valid QP and attribute struct.
@@ -1734,7 +1794,7 @@ impl QueuePair {
             op,
             flags,
             ud,
-            serial: self.tracker.serial,
+            serial: self.tracker.serial(),
             min_len,
             max_len,
         })
@@ -1804,7 +1864,7 @@ impl QueuePair {
         let max = self.max_msg.load(std::sync::atomic::Ordering::Relaxed) as usize;
         // (The QP's kind again: serials wrap after 2^30 QPs, and a template
         // checked for an RC QP must never reach a UD one, nor the reverse.)
-        if p.serial != self.tracker.serial
+        if p.serial != self.tracker.serial()
             || !(if p.ud.is_some() {
                 self.qp_type == QpType::Ud
             } else {
@@ -1865,7 +1925,7 @@ impl QueuePair {
     /// [`QueuePair::post_send`] explain it).
     #[cold]
     fn prepared_refused(&self, p: &PreparedSend, wr_id: u64, buffers: WrBuffers) -> PostError {
-        let error = if p.serial != self.tracker.serial {
+        let error = if p.serial != self.tracker.serial() {
             self.invalid(format!(
                 "the request was prepared by another QP than QP {}",
                 self.qp_num()
@@ -1942,16 +2002,19 @@ impl QueuePair {
         }
         let qp = self.as_raw();
         // SAFETY: `&mut self`: the only poster to this QP's receive queue.
-        let ring = unsafe { self.tracker.producer(true) };
-        // SAFETY: `post_recv_one` hands over a well-formed request whose
-        // memory it parks in the tracker; the QP is live.
-        let (rc, back) = track::post_recv_one(ring, wr_id, buffers, |wr, bad| unsafe {
+        let mut ring = unsafe { self.tracker.producer(true) };
+        // SAFETY: `post_chain` hands over a well-formed request whose memory
+        // is parked below, before `ring` publishes it (a poll that sees the
+        // completion first waits for that); the QP is live.
+        let (rc, _) = track::post_chain(&[(ring.wr_id(0), &buffers)], |wr, bad| unsafe {
             ffi::ibv_post_recv(qp, wr, bad)
         });
-        match back {
-            None => Ok(()),
-            Some(req) => Err(self.not_posted("ibv_post_recv", rc, req)),
+        if rc != 0 {
+            drop(ring);
+            return Err(self.not_posted("ibv_post_recv", rc, (wr_id, buffers)));
         }
+        ring.push(Pending::memory(wr_id, buffers));
+        Ok(())
     }
 
     /// Posts several receive requests with one doorbell.
@@ -1988,12 +2051,24 @@ impl QueuePair {
         }
         let qp = self.as_raw();
         // SAFETY: `&mut self`: the only poster to this QP's receive queue.
-        let ring = unsafe { self.tracker.producer(true) };
-        // SAFETY: `post_recvs` hands over a well-formed chain whose memory it
-        // parks in the tracker; the QP is live.
-        let (rc, unposted) = track::post_recvs(ring, wrs, |chain, bad| unsafe {
+        let mut ring = unsafe { self.tracker.producer(true) };
+        let chain: Vec<(u64, &WrBuffers)> = wrs
+            .iter()
+            .enumerate()
+            .map(|(i, (_, b))| (ring.wr_id(i as u32), b))
+            .collect();
+        // SAFETY: `post_chain` hands over a well-formed chain whose memory
+        // is parked below, before `ring` publishes it; the QP is live.
+        let (rc, posted) = track::post_chain(&chain, |chain, bad| unsafe {
             ffi::ibv_post_recv(qp, chain, bad)
         });
+        drop(chain);
+        let mut wrs = wrs;
+        let unposted = wrs.split_off(posted);
+        for (wr_id, buffers) in wrs {
+            ring.push(Pending::memory(wr_id, buffers));
+        }
+        drop(ring);
         if rc == 0 {
             return Ok(());
         }
@@ -2180,14 +2255,18 @@ impl QueuePair {
             None => unsafe { ffi::ibv_destroy_qp(self.as_raw()) },
         };
         check_errno_ret("ibv_destroy_qp", || self.ctx_str("destroy"), rc)?;
-        self.send_cq.inner.registry.unregister(self.tracker.serial);
-        self.recv_cq.inner.registry.unregister(self.tracker.serial);
+        self.send_cq
+            .inner
+            .registry
+            .unregister(self.tracker.serial());
+        self.recv_cq
+            .inner
+            .registry
+            .unregister(self.tracker.serial());
         // Memory of requests still in flight goes back (is dropped) only now.
-        // Unregistered, the QP holds the only reference; were there another,
-        // the memory would go with it.
-        if let Some(t) = Arc::get_mut(&mut self.tracker) {
-            drop(t.drain());
-        }
+        // SAFETY: the QP is destroyed and unregistered, and `&mut self` holds
+        // it: nobody posts or polls its queues any more.
+        drop(unsafe { self.tracker.drain() });
         Ok(())
     }
 

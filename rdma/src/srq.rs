@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 use crate::cq::CqInner;
 use crate::error::{check_errno_ret, check_ptr, Error, Result};
 use crate::mr::AccessFlags;
-use crate::track::{self, Tracker};
+use crate::track::{Serial, SrqTracker, Tracked};
 use crate::wc::WrBuffers;
 use crate::wr::PostError;
 use crate::xrc::XrcdInner;
@@ -16,7 +16,7 @@ use crate::{ffi, CompletionQueue, ProtectionDomain, XrcDomain};
 
 pub(crate) struct SrqInner {
     srq: NonNull<ffi::ibv_srq>,
-    pub(crate) tracker: Arc<Tracker>,
+    pub(crate) tracker: Arc<SrqTracker>,
     max_sge: u32,
     /// CQs whose registry knows this SRQ's tracker.
     cqs: Mutex<Vec<Weak<CqInner>>>,
@@ -47,14 +47,11 @@ impl Drop for SrqInner {
         }
         for cq in self.cqs.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
             if let Some(cq) = cq.upgrade() {
-                cq.registry.unregister(self.tracker.serial);
+                cq.registry.unregister(self.tracker.serial());
             }
         }
-        // The device is done with the receive memory only now (were the
-        // tracker still referenced, the memory would go with it).
-        if let Some(t) = Arc::get_mut(&mut self.tracker) {
-            drop(t.drain());
-        }
+        // The device is done with the receive memory only now.
+        drop(self.tracker.drain());
     }
 }
 
@@ -115,11 +112,12 @@ impl ProtectionDomain {
         attr: SrqAttr,
         granted: &ffi::ibv_srq_attr,
         xrc: Option<(Arc<XrcdInner>, CompletionQueue)>,
+        serial: Serial,
     ) -> SharedReceiveQueue {
         let srq = SharedReceiveQueue {
             inner: Arc::new(SrqInner {
                 srq,
-                tracker: Tracker::shared(),
+                tracker: SrqTracker::new(serial),
                 max_sge: granted.max_sge.max(attr.max_sge),
                 cqs: Mutex::new(Vec::new()),
                 pd: self.clone(),
@@ -140,6 +138,7 @@ impl ProtectionDomain {
     /// [`Error::Verb`] naming `ibv_create_srq`.
     pub fn create_srq(&self, attr: SrqAttr) -> Result<SharedReceiveQueue> {
         self.check_srq_attr("ibv_create_srq", attr)?;
+        let serial = crate::qp::allocate_serial("ibv_create_srq")?;
         let mut init = ffi::ibv_srq_init_attr {
             srq_context: std::ptr::null_mut(),
             attr: ffi::ibv_srq_attr {
@@ -151,7 +150,7 @@ impl ProtectionDomain {
         // SAFETY: valid PD and init struct.
         let srq = unsafe { ffi::ibv_create_srq(self.as_raw(), &mut init) };
         let srq = check_ptr("ibv_create_srq", || format!("{attr:?}").into(), srq)?;
-        Ok(self.wrap_srq(srq, attr, &init.attr, None))
+        Ok(self.wrap_srq(srq, attr, &init.attr, None, serial))
     }
 
     /// Creates a shared receive queue of the given kind in this PD
@@ -173,6 +172,7 @@ impl ProtectionDomain {
     ) -> Result<SharedReceiveQueue> {
         const VERB: &str = "ibv_create_srq_ex";
         self.check_srq_attr(VERB, attr)?;
+        let serial = crate::qp::allocate_serial(VERB)?;
         let ctx = self.context();
         let mut init = ffi::ibv_srq_init_attr_ex {
             attr: ffi::ibv_srq_attr {
@@ -219,7 +219,7 @@ impl ProtectionDomain {
                     _ => e,
                 }
             })?;
-        Ok(self.wrap_srq(srq, attr, &init.attr, xrc))
+        Ok(self.wrap_srq(srq, attr, &init.attr, xrc, serial))
     }
 }
 
@@ -235,7 +235,8 @@ impl SharedReceiveQueue {
     }
 
     pub(crate) fn attach_cq(&self, cq: &Arc<CqInner>) {
-        cq.registry.register(&self.inner.tracker);
+        cq.registry
+            .register(Tracked::Srq(Arc::clone(&self.inner.tracker)));
         let mut cqs = self.inner.cqs.lock().unwrap_or_else(|p| p.into_inner());
         // Once per CQ, however many of its QPs share this SRQ.
         let cq_weak = Arc::downgrade(cq);
@@ -246,7 +247,7 @@ impl SharedReceiveQueue {
 
     /// Receive requests posted and not completed yet.
     pub fn in_flight(&self) -> usize {
-        self.inner.tracker.in_flight().1
+        self.inner.tracker.in_flight()
     }
 
     /// The SRQ number a remote XRC initiator names to reach this XRC SRQ
@@ -387,11 +388,9 @@ impl SharedReceiveQueue {
             }
         }
         let srq = self.as_raw();
-        // SAFETY: a shared receive queue's tracker takes its producer lock.
-        let ring = unsafe { self.inner.tracker.producer(true) };
-        // SAFETY: `post_recvs` hands over a well-formed chain whose memory it
-        // parks in the tracker; the SRQ is live.
-        let (rc, unposted) = track::post_recvs(ring, wrs, |chain, bad| unsafe {
+        // SAFETY: the tracker hands over a well-formed chain whose memory it
+        // has parked; the SRQ is live.
+        let (rc, unposted) = self.inner.tracker.post(wrs, |chain, bad| unsafe {
             ffi::ibv_post_srq_recv(srq, chain, bad)
         });
         if rc == 0 {

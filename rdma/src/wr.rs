@@ -407,8 +407,26 @@ pub struct PostError {
     pub returned: Vec<(u64, WrBuffers)>,
 }
 
-impl From<PostError> for crate::Error {
-    fn from(e: PostError) -> crate::Error {
-        e.error
+impl PostError {
+    /// The error alone, dropping the memory of the requests not posted: a
+    /// visible choice, where `?` would hide it.
+    ///
+    /// ```no_run
+    /// # fn f(qp: &mut rdma::QueuePair, mr: rdma::MemoryRegion) -> rdma::Result<()> {
+    /// qp.post_send(rdma::SendWr::send(1, mr))
+    ///     .map_err(rdma::PostError::drop_buffers)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// `?` alone does not compile: there is no `From<PostError>` for
+    /// [`crate::Error`], so the memory is never lost without a word.
+    ///
+    /// ```compile_fail
+    /// # fn f(qp: &mut rdma::QueuePair, mr: rdma::MemoryRegion) -> rdma::Result<()> {
+    /// qp.post_send(rdma::SendWr::send(1, mr))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn drop_buffers(self) -> crate::Error {
+        self.error
     }
 }

@@ -1273,7 +1273,8 @@ fn blocking_traffic(ip: IpAddr) {
         // The receive is posted before accepting: on iWARP a send that finds
         // none breaks the connection (no RNR retry).
         let conn = listener.accept_with(&opts, |qp, pd| {
-            qp.post_recv(1, pd.alloc_mr(64, LW)?)?;
+            qp.post_recv(1, pd.alloc_mr(64, LW)?)
+                .map_err(rdma::PostError::drop_buffers)?;
             Ok(())
         });
         let conn = conn.unwrap();

@@ -866,7 +866,8 @@ impl CmId {
                 let owner: Arc<dyn QpOwner> = Arc::new(CmQp {
                     id: Arc::clone(&id.inner),
                 });
-                Some(template.finish(qp, None, attr.cap, Some(owner)))
+                let serial = crate::qp::allocate_serial("rdma_get_request")?;
+                Some(template.finish(qp, None, attr.cap, Some(owner), serial))
             }
             _ => None,
         };

@@ -1,0 +1,396 @@
+//! Bookkeeping of the memory held by work requests in flight.
+//!
+//! Every work request posted through the safe API gets a `wr_id` of its own
+//! (bit 63 set, bit 62 for a receive, the 30-bit serial of its QP or SRQ and
+//! a 32-bit sequence number), and its memory is parked in its queue's
+//! tracker until the completion with that id is polled. The caller's own
+//! `wr_id` is kept beside the memory and put back into the [`Completion`].
+//!
+//! - A QP's send and receive queues ([`QpTracker`]) complete in posting
+//!   order, so each is a FIFO ([`queue::Queue`]): a completion also releases
+//!   the requests posted before it on the same queue (unsignaled sends, and
+//!   receives whose completions were lost: a provider that cleaned them out
+//!   of the CQ).
+//! - A shared receive queue ([`SrqTracker`]) completes in any order on
+//!   several CQs: its receives are kept by slot ([`slab::Slab`]).
+//! - A CQ's [`Registry`] finds the tracker of a completion by serial, under
+//!   one lock held from the poll to the resolution, so completions are
+//!   resolved in the CQ's order whichever threads poll.
+//! - Serials are unique among live trackers ([`serial`]), and a registry
+//!   keeps a destroyed queue's tracker until its CQ is next polled empty, so
+//!   a completion left in a CQ never resolves against another queue.
+//!
+//! Completions whose queue is gone find no tracker and are passed through
+//! without memory (the queue's drop destroyed it, then released the memory).
+
+mod lock;
+mod queue;
+mod recv;
+mod registry;
+mod serial;
+mod slab;
+
+use std::sync::Arc;
+
+use crate::ffi;
+use crate::wc::{Completion, WrBuffers};
+use crate::AddressHandle;
+
+pub(crate) use lock::Spin;
+use queue::Queue;
+pub(crate) use recv::post_chain;
+pub(crate) use registry::{Registry, Tracked};
+pub(crate) use serial::Serial;
+use slab::Slab;
+
+pub(crate) const TAG: u64 = 1 << 63;
+const RECV: u64 = 1 << 62;
+
+pub(crate) fn encode(serial: u32, recv: bool, seq: u32) -> u64 {
+    TAG | if recv { RECV } else { 0 } | (u64::from(serial & serial::MASK) << 32) | u64::from(seq)
+}
+
+pub(crate) fn decode(wr_id: u64) -> Option<(u32, bool, u32)> {
+    if wr_id & TAG == 0 {
+        return None;
+    }
+    let serial = ((wr_id >> 32) as u32) & serial::MASK;
+    Some((serial, wr_id & RECV != 0, wr_id as u32))
+}
+
+/// One work request in flight.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub wr_id: u64,
+    pub buffers: WrBuffers,
+    /// Keeps a UD destination alive until the send completes.
+    pub _ah: Option<AddressHandle>,
+    /// Keeps a memory window alive until its bind completes.
+    pub _mw: Option<Arc<crate::mw::MwInner>>,
+}
+
+impl Pending {
+    /// A request whose memory is all it keeps.
+    pub fn memory(wr_id: u64, buffers: WrBuffers) -> Pending {
+        Pending {
+            wr_id,
+            buffers,
+            _ah: None,
+            _mw: None,
+        }
+    }
+
+    /// Moves the request into `c`; what it kept alive goes to `later`.
+    #[inline]
+    fn finish(self, c: &mut Completion, later: &mut Vec<Kept>) {
+        c.wr_id = self.wr_id;
+        c.buffers = self.buffers;
+        Kept::keep(later, self._ah, self._mw);
+    }
+}
+
+/// One QP work queue's requests and the registry whose polls consume them.
+#[derive(Debug)]
+struct Ring {
+    queue: Queue,
+    /// The address of the registry (of the one CQ the queue completes on):
+    /// its polls, under its lock, are the queue's only consumer.
+    consumer: usize,
+}
+
+/// The right to add requests to a QP's queue (a post, which holds the QP
+/// mutably). Dropping it publishes what was pushed.
+pub(crate) struct Producer<'a> {
+    queue: &'a Queue,
+    /// The tracker's serial and which queue: what the `wr_id`s encode.
+    serial: u32,
+    recv: bool,
+}
+
+impl Producer<'_> {
+    /// Our `wr_id` for the request `i` places after the next one.
+    #[inline]
+    pub fn wr_id(&self, i: u32) -> u64 {
+        // SAFETY: a `Producer` is the queue's only producer while it lives.
+        let next = unsafe { self.queue.staged() };
+        encode(self.serial, self.recv, next.wrapping_add(i))
+    }
+
+    /// Parks a posted request's memory until its completion.
+    #[inline]
+    pub fn push(&mut self, p: Pending) {
+        // SAFETY: as in `wr_id`.
+        unsafe { self.queue.push(p) }
+    }
+}
+
+impl Drop for Producer<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        // SAFETY: as in `wr_id`.
+        unsafe { self.queue.publish() }
+    }
+}
+
+/// The in-flight work of one QP: its send and receive queue.
+#[derive(Debug)]
+pub(crate) struct QpTracker {
+    serial: Serial,
+    sq: Ring,
+    rq: Ring,
+}
+
+impl QpTracker {
+    /// A QP's tracker, registered with the registries of its CQs: its send
+    /// queue completes on the CQ of `send` (whose polls alone consume it),
+    /// its receive queue on that of `recv`.
+    pub fn new(serial: Serial, send: &Registry, recv: &Registry) -> Arc<QpTracker> {
+        let t = Arc::new(QpTracker {
+            serial,
+            sq: Ring {
+                queue: Queue::new(),
+                consumer: send.address(),
+            },
+            rq: Ring {
+                queue: Queue::new(),
+                consumer: recv.address(),
+            },
+        });
+        send.register(Tracked::Qp(Arc::clone(&t)));
+        if !std::ptr::eq(send, recv) {
+            recv.register(Tracked::Qp(Arc::clone(&t)));
+        }
+        t
+    }
+
+    pub fn serial(&self) -> u32 {
+        self.serial.get()
+    }
+
+    #[inline]
+    fn ring(&self, recv: bool) -> &Ring {
+        if recv {
+            &self.rq
+        } else {
+            &self.sq
+        }
+    }
+
+    /// Starts a post on the send (`recv` false) or receive queue: requests
+    /// handed to the provider while the producer lives are pushed to it
+    /// after the provider accepted them.
+    ///
+    /// # Safety
+    /// The caller is the only one posting to that queue until the producer
+    /// is dropped (it holds the `QueuePair` mutably).
+    #[inline]
+    pub unsafe fn producer(&self, recv: bool) -> Producer<'_> {
+        let queue = &self.ring(recv).queue;
+        // SAFETY: the caller's contract makes this the only producer.
+        unsafe { queue.begin() };
+        Producer {
+            queue,
+            serial: self.serial(),
+            recv,
+        }
+    }
+
+    /// Number of requests in flight on (send, receive) queue.
+    pub fn in_flight(&self) -> (usize, usize) {
+        (self.sq.queue.len(), self.rq.queue.len())
+    }
+
+    /// Takes everything in flight on one queue, for `by`'s registry, whose
+    /// lock the caller holds (see [`Registry::reclaim`]).
+    fn reclaim(&self, recv: bool, by: usize) -> Vec<Pending> {
+        let ring = self.ring(recv);
+        if ring.consumer != by {
+            return Vec::new();
+        }
+        // SAFETY: the consumer: the polls of `by`'s CQ, whose lock is held.
+        unsafe { ring.queue.drain() }
+    }
+
+    /// Removes and returns everything in flight, after the QP is destroyed
+    /// and unregistered.
+    ///
+    /// # Safety
+    /// Nobody posts to or consumes the queues any more: the QP is destroyed
+    /// (and its owner holds it mutably), and its registries no longer map
+    /// its serial.
+    pub unsafe fn drain(&self) -> Vec<Pending> {
+        // SAFETY: the caller's contract: this is the only consumer.
+        let mut all = unsafe { self.sq.queue.drain() };
+        // SAFETY: as above.
+        all.extend(unsafe { self.rq.queue.drain() });
+        all
+    }
+
+    /// Fills `c` (whose `wr_id` is our encoded id) from the matching entry,
+    /// for a poll of the CQ of registry `by` (whose lock the caller holds).
+    /// What the entries kept alive goes to `later`.
+    #[inline]
+    fn complete(&self, recv: bool, seq: u32, c: &mut Completion, later: &mut Vec<Kept>, by: usize) {
+        let ring = self.ring(recv);
+        if ring.consumer != by {
+            // A QP's completion on another CQ than its queue's: no provider
+            // does that. Left bare rather than consumed by a second poller.
+            c.wr_id &= !(TAG | RECV);
+            return;
+        }
+        let q = &ring.queue;
+        // SAFETY: this is the queue's only consumer: a QP's queue is
+        // consumed only by its CQ's polls, which hold that CQ's registry
+        // lock (checked just above), or by `drain` once nobody else can.
+        match unsafe { q.find(seq) } {
+            // Usually the oldest request in flight.
+            Some(0) => {
+                // SAFETY: the only consumer (above); `find` saw entry 0
+                // published.
+                unsafe {
+                    q.advance_with(|slot| {
+                        // Taken whole: the slot is left `None`, so emptying it
+                        // drops nothing.
+                        if let Some(p) = slot.take() {
+                            p.finish(c, later);
+                        }
+                    })
+                };
+            }
+            // SAFETY: the only consumer (above); `find` saw `off` published.
+            Some(off) => unsafe { Self::complete_after_others(q, off, c, later) },
+            // Not in flight (released already, or reclaimed at a RESET):
+            // left bare.
+            None => {}
+        }
+    }
+
+    /// [`QpTracker::complete`] when the completion is not for the oldest
+    /// request in flight: the queue completes in order, so the `off`
+    /// requests before it are done too (unsignaled sends; receives whose
+    /// completions the provider dropped). They come back in
+    /// [`Completion::unsignaled`].
+    ///
+    /// # Safety
+    /// As for [`Queue::advance`]: the caller is the only consumer, and
+    /// `off` is before the published tail.
+    #[cold]
+    unsafe fn complete_after_others(
+        q: &Queue,
+        off: u32,
+        c: &mut Completion,
+        later: &mut Vec<Kept>,
+    ) {
+        c.unsignaled.reserve(off as usize);
+        for _ in 0..off {
+            // SAFETY: the caller's contract; these are before `off`.
+            if let Some(p) = unsafe { q.advance() } {
+                c.unsignaled.push((p.wr_id, p.buffers));
+                Kept::keep(later, p._ah, p._mw);
+            }
+        }
+        // SAFETY: as above; the entry is at `head` now.
+        if let Some(p) = unsafe { q.advance() } {
+            p.finish(c, later);
+        }
+    }
+}
+
+/// The in-flight receives of one shared receive queue, by slot. Any handle
+/// posts, any CQ of its QPs polls: one lock serves both.
+#[derive(Debug)]
+pub(crate) struct SrqTracker {
+    serial: Serial,
+    slab: Spin<Slab>,
+}
+
+impl SrqTracker {
+    pub fn new(serial: Serial) -> Arc<SrqTracker> {
+        Arc::new(SrqTracker {
+            serial,
+            slab: Spin::default(),
+        })
+    }
+
+    pub fn serial(&self) -> u32 {
+        self.serial.get()
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.slab.lock().len()
+    }
+
+    /// Parks the requests' memory, posts them with `post` (see
+    /// [`post_chain`]) and takes back those not posted. All under the
+    /// SRQ's lock, which a poll resolving one of them waits for: the verb
+    /// only writes the provider's queue (it never blocks), and a completion
+    /// may arrive before it returns.
+    pub fn post(
+        &self,
+        wrs: Vec<(u64, WrBuffers)>,
+        post: impl FnOnce(*mut ffi::ibv_recv_wr, *mut *mut ffi::ibv_recv_wr) -> std::ffi::c_int,
+    ) -> (std::ffi::c_int, Vec<(u64, WrBuffers)>) {
+        let mut slab = self.slab.lock();
+        let mut slots = Vec::with_capacity(wrs.len());
+        let mut not_parked = Vec::new();
+        for (wr_id, buffers) in wrs {
+            match slab.insert(Pending::memory(wr_id, buffers)) {
+                Ok(slot) if not_parked.is_empty() => slots.push(slot),
+                // 2^32 receives in flight: the rest comes back unposted.
+                Ok(slot) => not_parked.extend(slab.remove(slot).map(|p| (p.wr_id, p.buffers))),
+                Err(p) => not_parked.push((p.wr_id, p.buffers)),
+            }
+        }
+        let serial = self.serial();
+        let chain: Vec<(u64, &WrBuffers)> = slots
+            .iter()
+            .filter_map(|&s| Some((encode(serial, true, s), &slab.get(s)?.buffers)))
+            .collect();
+        let (mut rc, posted) = post_chain(&chain, post);
+        drop(chain);
+        let mut back: Vec<(u64, WrBuffers)> = slots[posted..]
+            .iter()
+            .filter_map(|&s| slab.remove(s))
+            .map(|p| (p.wr_id, p.buffers))
+            .collect();
+        drop(slab);
+        if !not_parked.is_empty() && rc == 0 {
+            rc = libc::ENOMEM;
+        }
+        back.extend(not_parked);
+        (rc, back)
+    }
+
+    /// Fills `c` from slot `slot`, under the CQ's registry lock.
+    #[inline]
+    fn complete(&self, slot: u32, c: &mut Completion, later: &mut Vec<Kept>) {
+        let p = self.slab.lock().remove(slot);
+        if let Some(p) = p {
+            p.finish(c, later);
+        }
+    }
+
+    /// Takes every receive in flight (after the SRQ is destroyed).
+    pub fn drain(&self) -> Vec<Pending> {
+        self.slab.lock().drain()
+    }
+}
+
+/// Objects a finished request kept alive, dropped after the bookkeeping's
+/// locks are released (dropping one may call a verb).
+pub(crate) struct Kept {
+    _ah: Option<AddressHandle>,
+    _mw: Option<Arc<crate::mw::MwInner>>,
+}
+
+impl Kept {
+    #[inline]
+    fn keep(later: &mut Vec<Kept>, ah: Option<AddressHandle>, mw: Option<Arc<crate::mw::MwInner>>) {
+        if ah.is_some() || mw.is_some() {
+            later.push(Kept { _ah: ah, _mw: mw });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

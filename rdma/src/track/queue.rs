@@ -1,0 +1,332 @@
+//! The in-flight requests of one QP work queue: a FIFO with one producer
+//! and one consumer and no atomic read-modify-write on its hot paths.
+
+use std::cell::UnsafeCell;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
+
+use super::lock::backoff;
+use super::Pending;
+
+/// Entries per block of a [`Queue`] (a power of two, so indices that wrap at
+/// `u32::MAX` stay consistent).
+const BLOCK: usize = 32;
+
+/// A block of queue slots; blocks form a singly linked list from the
+/// consumer's block to the producer's.
+struct Block {
+    /// `None`: free (beyond the producer) or taken (behind the consumer).
+    slots: [UnsafeCell<Option<Pending>>; BLOCK],
+    next: AtomicPtr<Block>,
+}
+
+impl Block {
+    fn alloc() -> NonNull<Block> {
+        let b = Box::new(Block {
+            slots: std::array::from_fn(|_| UnsafeCell::new(None)),
+            next: AtomicPtr::new(std::ptr::null_mut()),
+        });
+        NonNull::from(Box::leak(b))
+    }
+}
+
+/// The requests in flight on one work queue, in posting order: a FIFO with
+/// one producer and one consumer at a time, whose hot paths use no atomic
+/// read-modify-write (the latency benchmark measured each locked
+/// instruction; see CONVENTIONS.md).
+///
+/// Slot `i` holds the request with sequence number `i` (wrapping at
+/// `u32::MAX`). The producer writes slots at and after `tail`, then
+/// publishes them by storing `tail` (Release); the consumer reads only slots
+/// before the `tail` it loaded (Acquire) and moves `head` on. The producer
+/// links a new block when it fills one, before publishing its last slot; the
+/// consumer frees (or hands back through `spare`) the blocks it has passed.
+/// Who may act as producer and consumer is decided by the [`Ring`] around it.
+pub(crate) struct Queue {
+    /// Published entries (sequence number of the next one), producer-written.
+    tail: AtomicU32,
+    /// Sequence number of the oldest entry, consumer-written.
+    head: AtomicU32,
+    /// Set by the producer while requests it handed to the provider may not
+    /// be published yet: their completion can be polled in that window.
+    posting: AtomicBool,
+    /// Producer only: the block holding slot `staged` (`None` until the
+    /// first push), and `staged` (the entries written, published or not).
+    prod: UnsafeCell<(Option<NonNull<Block>>, u32)>,
+    /// Consumer only: the block holding slot `head`. `None` until the first
+    /// push, which sets it before it publishes anything (the consumer reads
+    /// it only for a published entry, so after loading a tail past it).
+    cons: UnsafeCell<Option<NonNull<Block>>>,
+    /// A passed block the consumer hands back for reuse (null: none); only
+    /// the consumer stores a block and only the producer takes it.
+    spare: AtomicPtr<Block>,
+}
+
+// SAFETY: the queue owns `Pending` entries (which are Send) and its blocks;
+// the producer-only and consumer-only cells are reached only by the one
+// producer and the one consumer its `Ring` admits (see the unsafe methods'
+// contracts), and slots pass between them through the Release/Acquire pairs
+// on `tail`, `head` and `spare`.
+unsafe impl Send for Queue {}
+// SAFETY: as above.
+unsafe impl Sync for Queue {}
+
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<Pending>();
+};
+
+impl Queue {
+    /// An empty queue. Its first block is allocated by its first push: a
+    /// queue that is never posted to (a receive queue fed by an SRQ, a
+    /// connection set up and torn down) costs no block, and making one
+    /// touches no fresh memory (setting up many connections, cmtime measured
+    /// it: a page fault per QP).
+    pub(super) fn new() -> Queue {
+        Queue {
+            tail: AtomicU32::new(0),
+            head: AtomicU32::new(0),
+            posting: AtomicBool::new(false),
+            prod: UnsafeCell::new((None, 0)),
+            cons: UnsafeCell::new(None),
+            spare: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+
+    /// Entries in flight (a snapshot when other threads post or poll).
+    pub(super) fn len(&self) -> usize {
+        // Head first: the tail loaded after it is never behind it.
+        let head = self.head.load(Ordering::Acquire);
+        let tail = self.tail.load(Ordering::Acquire);
+        tail.wrapping_sub(head) as usize
+    }
+
+    // --- producer side ---
+
+    /// # Safety
+    /// The caller is the queue's only producer.
+    #[inline]
+    pub(super) unsafe fn staged(&self) -> u32 {
+        // SAFETY: producer-only cell, and the caller is the producer.
+        unsafe { (*self.prod.get()).1 }
+    }
+
+    /// Writes `p` as entry `staged` (not yet visible to the consumer).
+    ///
+    /// # Safety
+    /// The caller is the queue's only producer.
+    #[inline]
+    pub(super) unsafe fn push(&self, p: Pending) {
+        // SAFETY: producer-only cell, and the caller is the producer.
+        let (block, staged) = unsafe { &mut *self.prod.get() };
+        let block = match block {
+            Some(b) => b,
+            // SAFETY: the caller is the producer, and `prod` has no block,
+            // so this is the first push.
+            None => block.insert(unsafe { self.first_block() }),
+        };
+        // SAFETY: the producer's block is live (the consumer frees only
+        // blocks it has passed, and it never passes unpublished slots).
+        let b = unsafe { block.as_ref() };
+        let slot = b.slots[*staged as usize % BLOCK].get();
+        // SAFETY: slot `staged` is at or after `tail`, so the consumer does
+        // not touch it; it is free (`None`), so nothing is dropped.
+        unsafe { *slot = Some(p) };
+        *staged = staged.wrapping_add(1);
+        if *staged as usize % BLOCK == 0 {
+            let next = self.take_spare().unwrap_or_else(Block::alloc);
+            // Linked before `tail` publishes the block's last slot: a
+            // consumer that passes it finds the link.
+            b.next.store(next.as_ptr(), Ordering::Release);
+            *block = next;
+        }
+    }
+
+    /// Allocates the first block and makes it the consumer's too.
+    ///
+    /// # Safety
+    /// The caller is the producer, in the queue's first push.
+    #[cold]
+    unsafe fn first_block(&self) -> NonNull<Block> {
+        let b = Block::alloc();
+        // SAFETY: nothing is published yet, so the consumer does not read
+        // `cons` (it reads it only for an entry before the tail it loaded
+        // with Acquire); the Release store of `tail` that publishes the first
+        // entry publishes this write too.
+        unsafe { *self.cons.get() = Some(b) };
+        b
+    }
+
+    /// A block the consumer handed back, if any.
+    fn take_spare(&self) -> Option<NonNull<Block>> {
+        let s = NonNull::new(self.spare.load(Ordering::Acquire))?;
+        // Only the consumer stores into `spare`, and only when it is null:
+        // until this store, the slot keeps `s` and the consumer leaves it.
+        self.spare.store(std::ptr::null_mut(), Ordering::Release);
+        Some(s)
+    }
+
+    /// Marks the start of a post: completions of the requests handed to the
+    /// provider from now on may be polled before [`Queue::publish`].
+    ///
+    /// # Safety
+    /// The caller is the queue's only producer.
+    #[inline]
+    pub(super) unsafe fn begin(&self) {
+        self.posting.store(true, Ordering::Relaxed);
+        // The provider orders this store before the doorbell (a lock, a
+        // write barrier or a system call), so a consumer that sees a
+        // completion of this post sees `posting` set or the entry published.
+        // (Should it not, the consumer leaves the completion bare and the
+        // entry's memory is released when the QP goes: a leak, never a
+        // double use.)
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    }
+
+    /// Publishes the written entries and ends the post.
+    ///
+    /// # Safety
+    /// The caller is the queue's only producer.
+    #[inline]
+    pub(super) unsafe fn publish(&self) {
+        // SAFETY: the caller is the producer.
+        let staged = unsafe { self.staged() };
+        self.tail.store(staged, Ordering::Release);
+        self.posting.store(false, Ordering::Release);
+    }
+
+    // --- consumer side ---
+
+    /// The offset of entry `seq` from `head` when it is published; waits
+    /// while the producer is posting and `seq` may be one of its requests.
+    ///
+    /// # Safety
+    /// The caller is the queue's only consumer.
+    #[inline]
+    pub(super) unsafe fn find(&self, seq: u32) -> Option<u32> {
+        let head = self.head.load(Ordering::Relaxed);
+        let off = seq.wrapping_sub(head);
+        let mut spins = 0u32;
+        loop {
+            // `posting` first: once it reads false, the tail loaded after it
+            // includes everything the last post published.
+            let posting = self.posting.load(Ordering::Acquire);
+            let tail = self.tail.load(Ordering::Acquire);
+            if off < tail.wrapping_sub(head) {
+                return Some(off);
+            }
+            if !posting {
+                return None;
+            }
+            backoff(&mut spins);
+        }
+    }
+
+    /// Takes the entry at `head` and moves `head` on.
+    ///
+    /// # Safety
+    /// The caller is the queue's only consumer, and `head` is before the
+    /// `tail` it loaded ([`Queue::find`] returned an offset past it).
+    #[inline]
+    pub(super) unsafe fn advance(&self) -> Option<Pending> {
+        let mut out = None;
+        // SAFETY: the caller's contract.
+        unsafe { self.advance_with(|slot| out = slot.take()) };
+        out
+    }
+
+    /// Lets `f` take what it needs from the entry at `head` in place,
+    /// empties the slot and moves `head` on. In place: the
+    /// completion path copies only the fields it uses.
+    ///
+    /// # Safety
+    /// As [`Queue::advance`].
+    #[inline]
+    pub(super) unsafe fn advance_with(&self, f: impl FnOnce(&mut Option<Pending>)) {
+        let head = self.head.load(Ordering::Relaxed);
+        // SAFETY: consumer-only cell, and the caller is the consumer.
+        let Some(block) = (unsafe { &mut *self.cons.get() }).as_mut() else {
+            // Cannot happen: an entry was published, so pushed.
+            return;
+        };
+        // SAFETY: the consumer's block is live until the consumer frees it.
+        let b = unsafe { block.as_ref() };
+        // SAFETY: slot `head` is published (before the Acquire-loaded
+        // `tail`), so the producer no longer touches it.
+        let slot = unsafe { &mut *b.slots[head as usize % BLOCK].get() };
+        f(slot);
+        *slot = None;
+        let next = head.wrapping_add(1);
+        if next as usize % BLOCK == 0 {
+            // The producer linked the next block before publishing `head`.
+            let Some(n) = NonNull::new(b.next.load(Ordering::Acquire)) else {
+                // Cannot happen (see above); stay put rather than lose track.
+                return;
+            };
+            let old = std::mem::replace(block, n);
+            // SAFETY: every slot of `old` is behind `head` now: neither side
+            // uses it again.
+            unsafe { self.recycle(old) };
+        }
+        self.head.store(next, Ordering::Release);
+    }
+
+    /// Hands a passed block back to the producer, or frees it.
+    ///
+    /// # Safety
+    /// The caller is the consumer and owns `b` (every slot is behind
+    /// `head`, so empty).
+    unsafe fn recycle(&self, b: NonNull<Block>) {
+        // SAFETY: owned by the caller.
+        unsafe { b.as_ref() }
+            .next
+            .store(std::ptr::null_mut(), Ordering::Relaxed);
+        if self.spare.load(Ordering::Acquire).is_null() {
+            self.spare.store(b.as_ptr(), Ordering::Release);
+        } else {
+            // SAFETY: allocated by `Block::alloc` (a Box) and owned here.
+            drop(unsafe { Box::from_raw(b.as_ptr()) });
+        }
+    }
+
+    /// Removes every published entry, oldest first.
+    ///
+    /// # Safety
+    /// The caller is the queue's only consumer.
+    pub(super) unsafe fn drain(&self) -> Vec<Pending> {
+        let mut all = Vec::new();
+        while self.head.load(Ordering::Relaxed) != self.tail.load(Ordering::Acquire) {
+            // SAFETY: the caller is the consumer; `head` is before the tail
+            // just loaded.
+            if let Some(p) = unsafe { self.advance() } {
+                all.push(p);
+            }
+        }
+        all
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self`: no producer or consumer runs.
+        drop(unsafe { self.drain() });
+        // Free the chain from the consumer's block (the producer's is its
+        // last), then the spare.
+        let mut b = *self.cons.get_mut();
+        while let Some(blk) = b {
+            // SAFETY: the chain's blocks are owned by the queue, which goes.
+            let boxed = unsafe { Box::from_raw(blk.as_ptr()) };
+            b = NonNull::new(boxed.next.load(Ordering::Relaxed));
+        }
+        if let Some(s) = NonNull::new(*self.spare.get_mut()) {
+            // SAFETY: as above.
+            drop(unsafe { Box::from_raw(s.as_ptr()) });
+        }
+    }
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue").field("len", &self.len()).finish()
+    }
+}

@@ -1,0 +1,83 @@
+//! Receive posting, shared by QPs (`ibv_post_recv`) and shared receive
+//! queues (`ibv_post_srq_recv`): the C chain built from requests that carry
+//! our `wr_id`s, handed to the verb.
+
+use std::ffi::c_int;
+
+use crate::ffi;
+use crate::wc::WrBuffers;
+
+/// Scatter entries one request may have without the chain touching the heap.
+const SHORT: usize = 4;
+
+/// Posts `reqs` (our `wr_id`, the request's memory) with `post`, given the
+/// chain and the bad-request out-pointer. Returns the provider's code and how
+/// many requests, from the first, were posted. The memory stays where the
+/// caller keeps it: parked already (an SRQ, whose completions may arrive
+/// before this returns) or parked after (a QP's producer publishes it).
+pub(crate) fn post_chain(
+    reqs: &[(u64, &WrBuffers)],
+    post: impl FnOnce(*mut ffi::ibv_recv_wr, *mut *mut ffi::ibv_recv_wr) -> c_int,
+) -> (c_int, usize) {
+    match reqs {
+        [] => (0, 0),
+        [(id, b)] if b.len() <= SHORT => {
+            // One request (a latency loop's): no heap.
+            let mut sges = [ffi::ibv_sge::default(); SHORT];
+            let mut n = 0;
+            b.for_each(|m| {
+                sges[n] = m.sge();
+                n += 1;
+            });
+            let mut wr = request(*id, &mut sges[..n]);
+            let mut bad = std::ptr::null_mut();
+            let rc = post(&mut wr, &mut bad);
+            (rc, usize::from(rc == 0))
+        }
+        _ => {
+            let mut sges: Vec<ffi::ibv_sge> = Vec::new();
+            let mut sge_at = Vec::with_capacity(reqs.len());
+            for (_, b) in reqs {
+                sge_at.push((sges.len(), b.len()));
+                b.for_each(|m| sges.push(m.sge()));
+            }
+            let mut chain: Vec<ffi::ibv_recv_wr> = reqs
+                .iter()
+                .zip(&sge_at)
+                .map(|((id, _), &(at, n))| request(*id, &mut sges[at..at + n]))
+                .collect();
+            let base = chain.as_mut_ptr();
+            for i in 1..chain.len() {
+                // SAFETY: `i` and `i - 1` are in bounds; `chain` is not
+                // reallocated from here on.
+                unsafe { (*base.add(i - 1)).next = base.add(i) };
+            }
+            let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
+            let rc = post(base, &mut bad);
+            let posted = if rc == 0 {
+                reqs.len()
+            } else if bad.is_null() {
+                0
+            } else {
+                // SAFETY: the provider points `bad` into the chain it was
+                // given.
+                usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+            };
+            (rc, posted)
+        }
+    }
+}
+
+/// One receive request over `sges` (empty: a zero-length receive).
+fn request(wr_id: u64, sges: &mut [ffi::ibv_sge]) -> ffi::ibv_recv_wr {
+    ffi::ibv_recv_wr {
+        wr_id,
+        next: std::ptr::null_mut(),
+        sg_list: if sges.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            sges.as_mut_ptr()
+        },
+        num_sge: sges.len() as c_int,
+    }
+}

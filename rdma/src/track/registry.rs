@@ -1,0 +1,241 @@
+//! A CQ's registry: the queues whose completions its polls resolve.
+
+use std::sync::Arc;
+
+use super::lock::{Spin, SpinGuard};
+use super::{decode, Kept, QpTracker, SrqTracker, RECV, TAG};
+use crate::wc::Completion;
+
+/// A queue whose completions a CQ may report.
+#[derive(Debug, Clone)]
+pub(crate) enum Tracked {
+    Qp(Arc<QpTracker>),
+    Srq(Arc<SrqTracker>),
+}
+
+impl Tracked {
+    fn serial(&self) -> u32 {
+        match self {
+            Tracked::Qp(t) => t.serial(),
+            Tracked::Srq(t) => t.serial(),
+        }
+    }
+}
+
+/// The queues whose completions a CQ may report, by serial.
+///
+/// Its lock is held from `ibv_poll_cq` to the last completion of that poll
+/// resolved (see [`Registry::resolver`]): completions are resolved in the
+/// order the CQ gave them, whichever threads poll, and a send completion
+/// that releases earlier unsignaled requests never overtakes the completion
+/// of one of them.
+///
+/// Holds each tracker strongly: a QP or SRQ unregisters itself after it is
+/// destroyed (and before it releases its memory), so resolving a batch takes
+/// one lock and no reference-count traffic while the same queue keeps
+/// completing.
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    queues: Spin<Queues>,
+}
+
+/// A registry's queues: a map by serial, so that a CQ shared by thousands of
+/// QPs resolves a completion, registers and unregisters a QP in constant
+/// time, and in front of it the queue resolved last, so that a CQ serving
+/// one queue (or a burst of one queue's completions) never hashes.
+#[derive(Debug, Default)]
+struct Queues {
+    /// The queue resolved last: also in `map`, so dropping this reference
+    /// never frees a tracker (unregistering clears both, outside the lock).
+    last: Option<(u32, Tracked)>,
+    map: std::collections::HashMap<u32, Tracked, SerialHash>,
+    /// Unregistered queues, kept (with their serials) until the CQ is next
+    /// seen empty: until then it may hold completions of theirs, which must
+    /// not meet a new queue under the same serial.
+    retired: Vec<Tracked>,
+}
+
+/// Hashes serials (a counter) with one multiplication: distinct serials get
+/// distinct low bits (the multiplier is odd) and well-mixed high bits, which
+/// is what the map's bucket index and tag take.
+#[derive(Debug, Default, Clone, Copy)]
+struct SerialHash;
+
+impl std::hash::BuildHasher for SerialHash {
+    type Hasher = SerialHasher;
+    fn build_hasher(&self) -> SerialHasher {
+        SerialHasher(0)
+    }
+}
+
+struct SerialHasher(u64);
+
+impl std::hash::Hasher for SerialHasher {
+    #[inline]
+    fn write_u32(&mut self, v: u32) {
+        self.0 = u64::from(v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only serials (u32) are hashed; any other key still gets a hash.
+        for &b in bytes {
+            self.write_u32(((self.0 >> 32) as u32) ^ u32::from(b));
+        }
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl Registry {
+    pub fn register(&self, t: Tracked) {
+        // A tracker registered twice (an SRQ's, once per QP on this CQ) is
+        // kept once.
+        let mut q = self.queues.lock();
+        q.map.entry(t.serial()).or_insert(t);
+    }
+
+    /// Removes the queue with `serial` (destroyed: the device makes no more
+    /// completions for it) and keeps it until the CQ is next polled empty.
+    pub fn unregister(&self, serial: u32) {
+        let last = {
+            let mut q = self.queues.lock();
+            let last = q.last.take_if(|(s, _)| *s == serial);
+            if let Some(t) = q.map.remove(&serial) {
+                q.retired.push(t);
+            }
+            last
+        };
+        // Dropped outside the lock (it never is the last reference: `retired`
+        // holds one).
+        drop(last);
+    }
+
+    /// Takes the lock for one poll of the CQ: resolve what it returns with
+    /// [`Resolver::attach`], and say when the CQ was found empty.
+    #[inline]
+    pub fn resolver(&self) -> Resolver<'_> {
+        Resolver {
+            registry: self.address(),
+            queues: Some(self.queues.lock()),
+            later: Vec::new(),
+            retired: Vec::new(),
+        }
+    }
+
+    /// What a QP's queue records as the registry whose polls consume it.
+    pub(super) fn address(&self) -> usize {
+        self as *const Registry as usize
+    }
+
+    /// Takes every request in flight on `t`'s send (`recv` false) or
+    /// receive queue, as the consumer: after a RESET, which empties the
+    /// queue without completions on some providers (rxe) and removes them
+    /// from the CQ on others (mlx4, mlx5, hns).
+    pub fn reclaim(&self, t: &QpTracker, recv: bool) -> Vec<super::Pending> {
+        let _q = self.queues.lock();
+        t.reclaim(recv, self.address())
+    }
+
+    /// Number of queues registered.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.queues.lock().map.len()
+    }
+
+    /// Number of unregistered queues kept for completions still in the CQ.
+    #[cfg(test)]
+    pub(super) fn retired(&self) -> usize {
+        self.queues.lock().retired.len()
+    }
+
+    /// Resolves one polled work completion (what a poll does for each).
+    #[cfg(test)]
+    pub(super) fn completion(&self, wc: &crate::ffi::ibv_wc) -> Completion {
+        let mut c = Completion::from_raw(wc);
+        self.resolver().attach(&mut c);
+        c
+    }
+
+    /// Resolves a batch, as one poll does.
+    #[cfg(test)]
+    pub(super) fn extend(&self, wcs: &[crate::ffi::ibv_wc], out: &mut Vec<Completion>) {
+        let mut r = self.resolver();
+        for wc in wcs {
+            let mut c = Completion::from_raw(wc);
+            r.attach(&mut c);
+            out.push(c);
+        }
+    }
+}
+
+/// A registry held for one poll of its CQ. What finished requests kept alive
+/// (address handles, windows) and the queues released by an empty poll are
+/// dropped after the lock is released: dropping them may call a verb.
+pub(crate) struct Resolver<'a> {
+    /// The registry's address: a QP's queue is consumed only by the polls
+    /// of its own CQ.
+    registry: usize,
+    queues: Option<SpinGuard<'a, Queues>>,
+    later: Vec<Kept>,
+    retired: Vec<Tracked>,
+}
+
+impl Resolver<'_> {
+    /// Attaches the memory of a safe post to `c` (built from a polled work
+    /// completion): the caller's `wr_id` replaces ours.
+    #[inline]
+    pub fn attach(&mut self, c: &mut Completion) {
+        if c.wr_id & TAG != 0 {
+            self.fill(c);
+        }
+    }
+
+    /// The CQ was just found empty: every completion of an unregistered
+    /// queue is gone from it, so those queues (and their serials) can go.
+    #[inline]
+    pub fn cq_empty(&mut self) {
+        if let Some(q) = &mut self.queues {
+            if !q.retired.is_empty() {
+                self.retired = std::mem::take(&mut q.retired);
+            }
+        }
+    }
+
+    /// Resolves one completion with our id, under the registry's lock.
+    #[inline]
+    fn fill(&mut self, c: &mut Completion) {
+        let Some((serial, recv, seq)) = decode(c.wr_id) else {
+            return;
+        };
+        let Some(q) = self.queues.as_deref_mut() else {
+            return;
+        };
+        if !matches!(&q.last, Some((s, _)) if *s == serial) {
+            let Some(t) = q.map.get(&serial) else {
+                // The queue is gone: its memory was released after it was
+                // destroyed.
+                c.wr_id &= !(TAG | RECV);
+                return;
+            };
+            // The previous `last` is in the map too: replacing it only
+            // lowers its count.
+            q.last = Some((serial, t.clone()));
+        }
+        let Some((_, t)) = &q.last else { return };
+        match t {
+            Tracked::Qp(t) => t.complete(recv, seq, c, &mut self.later, self.registry),
+            Tracked::Srq(t) => t.complete(seq, c, &mut self.later),
+        }
+    }
+}
+
+impl Drop for Resolver<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        // Unlock first, then drop what the section took out.
+        self.queues = None;
+    }
+}
