@@ -66,7 +66,7 @@
 //! Other operations (binding, creating the QP before connecting,
 //! disconnecting, destroying, the getters, ...) run beside the event reader,
 //! as in C. The rules and the librdmacm facts behind them are written down
-//! in `cm/id.rs` ("Locking").
+//! in `cm/id/locking.rs`.
 //!
 //! # Example
 //! ```no_run
