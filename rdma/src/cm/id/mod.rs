@@ -33,7 +33,7 @@ use crate::{ffi, Context, ProtectionDomain, QpType, QueuePairBuilder};
 pub(crate) use locking::Access;
 use locking::Exposure;
 pub use multicast::McJoinFlags;
-pub use options::{CmOption, Ece};
+pub use options::CmOption;
 pub(crate) use qp::cm_qp_owner;
 
 /// The owner of an id, which events name: its `context` holds a weak

@@ -7,18 +7,9 @@ use std::fmt;
 use super::locking::{Access, Start};
 use super::{verb, CmId, IdState};
 use crate::error::Result;
-use crate::ffi;
 #[allow(unused_imports)] // used by the docs below
 use crate::Error;
-
-/// Enhanced connection establishment options (`struct ibv_ece`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Ece {
-    /// The vendor (IEEE OUI).
-    pub vendor_id: u32,
-    /// Vendor-specific option bits.
-    pub options: u32,
-}
+use crate::{ffi, Ece};
 
 /// An option for [`CmId::set_option`] (`rdma_set_option(3)`).
 #[derive(Clone, Copy)]
@@ -126,11 +117,7 @@ impl CmId {
     /// [`Error::Verb`] naming `rdma_set_local_ece` (`EOPNOTSUPP` where the
     /// device has no ECE).
     pub fn set_local_ece(&self, ece: Ece) -> Result<()> {
-        let mut raw_ece = ffi::ibv_ece {
-            vendor_id: ece.vendor_id,
-            options: ece.options,
-            comp_mask: 0,
-        };
+        let mut raw_ece = ece.to_raw();
         // SAFETY: valid id and struct.
         let rc = self.with(Access::Conn, |raw, _| unsafe {
             ffi::rdma_set_local_ece(raw, &mut raw_ece)
@@ -149,9 +136,6 @@ impl CmId {
             ffi::rdma_get_remote_ece(raw, &mut e)
         });
         verb("rdma_get_remote_ece", String::new, rc)?;
-        Ok(Ece {
-            vendor_id: e.vendor_id,
-            options: e.options,
-        })
+        Ok(Ece::from_raw(&e))
     }
 }
