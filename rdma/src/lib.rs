@@ -96,6 +96,7 @@ mod cq;
 mod device;
 mod device_attr;
 mod dm;
+mod ece;
 mod error;
 mod fork;
 mod gid;
@@ -123,6 +124,7 @@ pub use cq::{CompletionChannel, CompletionQueue, CqEvent, CqModeration, PollCurs
 pub use device::{device_by_name, devices, Device, Guid, NodeType, TransportType};
 pub use device_attr::{AtomicCap, DeviceAttr, DeviceCapFlags};
 pub use dm::{DeviceMemory, DeviceMemoryRegion};
+pub use ece::Ece;
 pub use error::{teardown_failures, Error, Result};
 pub use fork::{fork_init, is_fork_initialized, ForkStatus};
 pub use gid::{Gid, GidEntry, GidType};

@@ -7,8 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::event::CmEvent;
-use super::id;
+use super::event::{self, CmEvent};
 use super::CmEventType;
 use crate::error::{check_minus_one, check_ptr, last_errno, Error, Result};
 use crate::ffi;
@@ -17,7 +16,7 @@ pub(crate) struct ChannelInner {
     ch: NonNull<ffi::rdma_event_channel>,
     /// Held around `rdma_get_cm_event`, whose processing may touch the id
     /// an event reports, and around the operations on this channel's ids
-    /// that such processing could overlap ("Locking" in `id.rs`).
+    /// that such processing could overlap (the rules in `cm/id/locking.rs`).
     lock: Mutex<()>,
     /// Whether [`EventChannel::get_event`] returns `EAGAIN` instead of waiting.
     nonblocking: AtomicBool,
@@ -227,7 +226,7 @@ impl EventChannel {
                 match NonNull::new(raw) {
                     // SAFETY: a fresh event from rdma_get_cm_event on this
                     // channel, not acknowledged yet; the channel lock is held.
-                    Some(raw) => unsafe { id::wrap_event(raw, self) },
+                    Some(raw) => unsafe { event::wrap_event(raw, self) },
                     None => None,
                 }
             };

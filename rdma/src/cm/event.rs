@@ -2,8 +2,10 @@
 
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
 
-use super::id::CmId;
+use super::channel::EventChannel;
+use super::id::{owner, CmId, IdInner};
 use super::CmEventType;
 use crate::{ffi, AhAttr, Error};
 
@@ -266,6 +268,66 @@ impl CmEvent {
             event: self.event,
             status: self.status,
             private_data: self.private_data().to_vec(),
+        }
+    }
+}
+
+/// Turns a fresh event into a [`CmEvent`] holding its ids, or acknowledges it
+/// at once when its id is being destroyed (which waits for that). Lowers
+/// the id's exposure for the event (R1 in `cm/id/locking.rs`).
+///
+/// # Safety
+/// `raw` comes from `rdma_get_cm_event` on `channel`, is not acknowledged
+/// yet, and the channel's lock is held.
+pub(crate) unsafe fn wrap_event(
+    raw: NonNull<ffi::rdma_cm_event>,
+    channel: &EventChannel,
+) -> Option<CmEvent> {
+    // SAFETY: a live event.
+    let r = unsafe { raw.as_ref() };
+    // SAFETY: the event's id is live until the event is acknowledged.
+    let datagram = unsafe { (*r.id).qp_type } == ffi::IBV_QPT_UD;
+    if r.event == ffi::RDMA_CM_EVENT_CONNECT_REQUEST {
+        // SAFETY: the listener is live until the request is acknowledged.
+        let Some(listener) = (unsafe { owner(r.listen_id) }) else {
+            // The listener is being destroyed: drop the request.
+            // SAFETY: the new id belongs to nobody else yet; the event is
+            // acknowledged once, after which the listener's destroy goes on.
+            unsafe {
+                ffi::rdma_destroy_id(r.id);
+                ffi::rdma_ack_cm_event(raw.as_ptr());
+            }
+            return None;
+        };
+        // SAFETY: librdmacm made the new id for this request; it is ours now.
+        let new_raw = unsafe { NonNull::new_unchecked(r.id) };
+        let new = IdInner::new(new_raw, listener.ps, false, Some(channel.clone()));
+        // A passive id is connecting from its birth (L6 in `cm/id/locking.rs`).
+        new.exposure.connected.store(true, Ordering::Release);
+        listener.outstanding.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: the request counts against the listener, which the event holds.
+        return Some(unsafe {
+            CmEvent::new(
+                raw,
+                CmId { inner: new },
+                Some(CmId { inner: listener }),
+                datagram,
+            )
+        });
+    }
+    // SAFETY: the id is live until the event is acknowledged.
+    match unsafe { owner(r.id) } {
+        Some(inner) => {
+            inner.exposure.processed(r.event);
+            inner.outstanding.fetch_add(1, Ordering::AcqRel);
+            // SAFETY: the event counts against its id, which it holds.
+            Some(unsafe { CmEvent::new(raw, CmId { inner }, None, datagram) })
+        }
+        None => {
+            // The id is being destroyed and waits for this acknowledgement.
+            // SAFETY: acknowledged exactly once.
+            unsafe { ffi::rdma_ack_cm_event(raw.as_ptr()) };
+            None
         }
     }
 }

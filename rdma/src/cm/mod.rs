@@ -66,7 +66,7 @@
 //! Other operations (binding, creating the QP before connecting,
 //! disconnecting, destroying, the getters, ...) run beside the event reader,
 //! as in C. The rules and the librdmacm facts behind them are written down
-//! in `cm/id.rs` ("Locking").
+//! in `cm/id/locking.rs`.
 //!
 //! # Example
 //! ```no_run
@@ -104,8 +104,12 @@ pub use addrinfo::{create_ep, getaddrinfo, AddrInfo, AddrInfoEntry, AddrInfoFlag
 pub use channel::EventChannel;
 pub use device::get_devices;
 pub use event::{CmEvent, ConnParam, UdParam};
-pub use id::{CmId, CmOption, Ece, McJoinFlags};
+pub use id::{CmId, CmOption, McJoinFlags};
 pub use verbs::get_comp;
+// `Ece` lives at the crate root, next to the QP's own ECE calls; the
+// connection manager carries it too.
+#[doc(no_inline)]
+pub use crate::Ece;
 
 #[allow(unused_imports)] // used by the docs above
 use crate::Context;
