@@ -52,7 +52,9 @@
 //! let mut qp = pd.qp_builder(QpType::Rc, &cq, &cq).build()?;
 //! // ... to_init / to_rtr / to_rts against a peer ...
 //! let msg = pd.reg_mr(b"hello".to_vec(), AccessFlags::empty())?;
-//! qp.post_send(SendWr::send(1, msg))?;
+//! // A failed post gives the message back; here it is dropped on purpose.
+//! qp.post_send(SendWr::send(1, msg))
+//!     .map_err(rdma::PostError::drop_buffers)?;
 //! let mut done = Vec::new();
 //! while cq.poll(&mut done, 1)? == 0 {}
 //! let mut c = done.pop().unwrap().ok()?;
@@ -108,7 +110,6 @@ mod odp;
 mod pd;
 mod port;
 mod qp;
-mod qp_ext;
 mod srq;
 pub mod sysfs;
 mod td;
@@ -141,11 +142,12 @@ pub use qp::{
     InitAttr, PostPath, QpAttr, QpCaps, QpCreateFlags, QpState, QpType, QueuePair,
     QueuePairBuilder, RtrAttr, RtsAttr,
 };
-pub use qp_ext::WrOpcode;
 pub use srq::{SharedReceiveQueue, SrqAttr, SrqType};
 pub use td::{ParentDomain, ThreadDomain};
-pub use wc::{Completion, WcFlags, WcOpcode, WcStatus, WrBuffers};
-pub use wr::{InlineSend, PostError, PreparedSend, SendFlags, SendOp, SendWr, UdDest};
+pub use wc::{Completion, WcFlags, WcOpcode, WcStatus};
+pub use wr::{
+    InlineSend, PostError, PreparedSend, SendFlags, SendOp, SendWr, UdDest, WrBuffers, WrOpcode,
+};
 pub use xrc::{XrcDomain, XrcRecvQueuePair};
 
 #[cfg(test)]

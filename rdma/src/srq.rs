@@ -9,8 +9,8 @@ use crate::cq::CqInner;
 use crate::error::{check_errno_ret, check_ptr, Error, Result};
 use crate::mr::AccessFlags;
 use crate::track::{Serial, SrqTracker, Tracked};
-use crate::wc::WrBuffers;
 use crate::wr::PostError;
+use crate::wr::WrBuffers;
 use crate::xrc::XrcdInner;
 use crate::{ffi, CompletionQueue, ProtectionDomain, XrcDomain};
 
@@ -368,7 +368,7 @@ impl SharedReceiveQueue {
                 ));
             }
             if b.is_shared() {
-                reason = Some(crate::wc::SHARED_IS_READ_ONLY.into());
+                reason = Some(crate::wr::SHARED_IS_READ_ONLY.into());
             }
             b.for_each(|m| {
                 if reason.is_none() && !Arc::ptr_eq(&m.pd().inner, &self.inner.pd.inner) {

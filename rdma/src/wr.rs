@@ -1,8 +1,182 @@
 //! Work requests for the safe post path.
 
+use crate::macros::c_enum;
 use crate::mr::RemoteMemory;
-use crate::wc::WrBuffers;
 use crate::{ffi, AddressHandle, MemoryRegion};
+use std::sync::Arc;
+
+c_enum! {
+    /// `enum ibv_wr_opcode`: the operation of a send work request.
+    pub enum WrOpcode: u32 {
+        /// RDMA write.
+        RdmaWrite = ffi::IBV_WR_RDMA_WRITE,
+        /// RDMA write with immediate data.
+        RdmaWriteWithImm = ffi::IBV_WR_RDMA_WRITE_WITH_IMM,
+        /// Send.
+        Send = ffi::IBV_WR_SEND,
+        /// Send with immediate data.
+        SendWithImm = ffi::IBV_WR_SEND_WITH_IMM,
+        /// RDMA read.
+        RdmaRead = ffi::IBV_WR_RDMA_READ,
+        /// Atomic compare and swap.
+        AtomicCmpAndSwp = ffi::IBV_WR_ATOMIC_CMP_AND_SWP,
+        /// Atomic fetch and add.
+        AtomicFetchAndAdd = ffi::IBV_WR_ATOMIC_FETCH_AND_ADD,
+        /// Local invalidate.
+        LocalInv = ffi::IBV_WR_LOCAL_INV,
+        /// Memory window bind.
+        BindMw = ffi::IBV_WR_BIND_MW,
+        /// Send with invalidate.
+        SendWithInv = ffi::IBV_WR_SEND_WITH_INV,
+        /// TCP segmentation offload (raw packet QPs).
+        Tso = ffi::IBV_WR_TSO,
+        /// Driver-specific.
+        Driver1 = ffi::IBV_WR_DRIVER1,
+        /// Atomic write.
+        AtomicWrite = ffi::IBV_WR_ATOMIC_WRITE,
+    }
+}
+
+/// The memory a work request used, given back with its completion.
+///
+/// A request owns its memory until the completion hands it back: `One` and
+/// `Many` move regions into the queue. `Shared` lends a region that the
+/// device only reads (the gather list of a SEND or an RDMA WRITE) to any
+/// number of requests at once, on one queue pair or many: each request
+/// holds one `Arc` reference until its completion, so the region stays
+/// registered while any of them is in flight, and nobody can get `&mut`
+/// access to it (`Arc::get_mut` and `Arc::into_inner` succeed only once
+/// every request gave its reference back). Requests that make the device
+/// write local memory (receives, RDMA READ, atomics) refuse it.
+///
+/// ```
+/// # fn demo(qp: &mut rdma::QueuePair, qp2: &mut rdma::QueuePair, pd: &rdma::ProtectionDomain)
+/// #     -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use rdma::{AccessFlags, SendWr, WrBuffers};
+/// let mut block = pd.alloc_mr(4096, AccessFlags::empty())?;
+/// block.as_mut_slice()?.fill(7);
+/// let block = Arc::new(block);
+/// // The same bytes to two peers at once (two replicas, say).
+/// qp.post_send(SendWr::send(1, WrBuffers::Shared(Arc::clone(&block))))
+///     .map_err(rdma::PostError::drop_buffers)?;
+/// qp2.post_send(SendWr::send(2, WrBuffers::Shared(Arc::clone(&block))))
+///     .map_err(rdma::PostError::drop_buffers)?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Default)]
+pub enum WrBuffers {
+    /// None (inline data, or a zero-length operation).
+    #[default]
+    None,
+    /// One region (one scatter/gather entry).
+    One(MemoryRegion),
+    /// Several regions, in scatter/gather order.
+    Many(Vec<MemoryRegion>),
+    /// One region that the device only reads, shared with other requests
+    /// and holders (one scatter/gather entry).
+    Shared(Arc<MemoryRegion>),
+}
+
+/// Why a request whose device writes its local memory (a receive, an RDMA
+/// READ, an atomic) refuses [`WrBuffers::Shared`]: the QP's and the SRQ's
+/// full checks give this reason.
+pub(crate) const SHARED_IS_READ_ONLY: &str =
+    "the device writes into this request's memory (a receive, RDMA READ or atomic), and a \
+     shared region may only be read: post a region of its own (WrBuffers::One)";
+
+impl WrBuffers {
+    /// The regions as a `Vec`, in scatter/gather order. A `Shared` region
+    /// is in it only when this was its last reference (`Arc::into_inner`);
+    /// otherwise its other holders keep it.
+    pub fn into_vec(self) -> Vec<MemoryRegion> {
+        match self {
+            WrBuffers::None => Vec::new(),
+            WrBuffers::One(m) => vec![m],
+            WrBuffers::Many(v) => v,
+            WrBuffers::Shared(a) => Arc::into_inner(a).into_iter().collect(),
+        }
+    }
+
+    /// The only region, if there is exactly one (for `Shared`: if this was
+    /// its last reference, as [`WrBuffers::into_vec`]).
+    pub fn into_one(self) -> Option<MemoryRegion> {
+        match self {
+            WrBuffers::One(m) => Some(m),
+            WrBuffers::Many(mut v) if v.len() == 1 => v.pop(),
+            WrBuffers::Shared(a) => Arc::into_inner(a),
+            _ => None,
+        }
+    }
+
+    /// The shared region of a `Shared` request.
+    pub fn into_shared(self) -> Option<Arc<MemoryRegion>> {
+        match self {
+            WrBuffers::Shared(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The number of regions.
+    pub fn len(&self) -> usize {
+        match self {
+            WrBuffers::None => 0,
+            WrBuffers::One(_) | WrBuffers::Shared(_) => 1,
+            WrBuffers::Many(v) => v.len(),
+        }
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// True for a `Shared` region (which the device may only read).
+    pub fn is_shared(&self) -> bool {
+        matches!(self, WrBuffers::Shared(_))
+    }
+
+    /// The region of a one-entry request (`One` or `Shared`).
+    #[inline]
+    pub(crate) fn single(&self) -> Option<&MemoryRegion> {
+        match self {
+            WrBuffers::One(m) => Some(m),
+            WrBuffers::Shared(a) => Some(a),
+            WrBuffers::None | WrBuffers::Many(_) => None,
+        }
+    }
+
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&MemoryRegion)) {
+        match self {
+            WrBuffers::None => {}
+            WrBuffers::One(m) => f(m),
+            WrBuffers::Many(v) => v.iter().for_each(f),
+            WrBuffers::Shared(a) => f(a),
+        }
+    }
+}
+
+impl From<MemoryRegion> for WrBuffers {
+    fn from(m: MemoryRegion) -> Self {
+        WrBuffers::One(m)
+    }
+}
+
+impl From<Arc<MemoryRegion>> for WrBuffers {
+    fn from(a: Arc<MemoryRegion>) -> Self {
+        WrBuffers::Shared(a)
+    }
+}
+
+impl From<Vec<MemoryRegion>> for WrBuffers {
+    fn from(v: Vec<MemoryRegion>) -> Self {
+        if v.is_empty() {
+            WrBuffers::None
+        } else {
+            WrBuffers::Many(v)
+        }
+    }
+}
 
 bitflags::bitflags! {
     /// `enum ibv_send_flags`.
@@ -397,11 +571,14 @@ impl PreparedSend {
 
 /// A failed post: the error, and the memory of every request that was not
 /// posted, as `(wr_id, memory)`, so nothing is lost.
-#[derive(Debug, thiserror::Error)]
-#[error("{error}")]
+///
+/// Not a `std::error::Error`, and not convertible into [`crate::Error`]: `?`
+/// would drop the memory unseen. Take it back from
+/// [`PostError::returned`], or drop it on purpose with
+/// [`PostError::drop_buffers`].
+#[derive(Debug)]
 pub struct PostError {
     /// What went wrong.
-    #[source]
     pub error: crate::Error,
     /// The requests that were not posted, with their memory.
     pub returned: Vec<(u64, WrBuffers)>,
@@ -418,15 +595,46 @@ impl PostError {
     /// # Ok(()) }
     /// ```
     ///
-    /// `?` alone does not compile: there is no `From<PostError>` for
-    /// [`crate::Error`], so the memory is never lost without a word.
+    /// `?` alone does not compile, into [`crate::Error`] or any boxed
+    /// error, so the memory is never lost without a word:
     ///
     /// ```compile_fail
     /// # fn f(qp: &mut rdma::QueuePair, mr: rdma::MemoryRegion) -> rdma::Result<()> {
     /// qp.post_send(rdma::SendWr::send(1, mr))?;
     /// # Ok(()) }
     /// ```
+    ///
+    /// ```compile_fail
+    /// # fn f(qp: &mut rdma::QueuePair, mr: rdma::MemoryRegion)
+    /// #     -> Result<(), Box<dyn std::error::Error>> {
+    /// qp.post_send(rdma::SendWr::send(1, mr))?;
+    /// # Ok(()) }
+    /// ```
     pub fn drop_buffers(self) -> crate::Error {
         self.error
+    }
+}
+
+impl std::fmt::Display for PostError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({} requests not posted, their memory in PostError::returned)",
+            self.error,
+            self.returned.len()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WrOpcode;
+
+    #[test]
+    fn wr_opcodes_keep_unknown_values() {
+        assert_eq!(WrOpcode::from_raw(0), WrOpcode::RdmaWrite);
+        assert_eq!(WrOpcode::from_raw(15), WrOpcode::AtomicWrite);
+        assert_eq!(WrOpcode::from_raw(14), WrOpcode::Unknown(14));
+        assert_eq!(WrOpcode::Unknown(14).to_raw(), 14);
     }
 }

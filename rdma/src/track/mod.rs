@@ -33,7 +33,8 @@ mod slab;
 use std::sync::Arc;
 
 use crate::ffi;
-use crate::wc::{Completion, WrBuffers};
+use crate::wc::Completion;
+use crate::wr::WrBuffers;
 use crate::AddressHandle;
 
 pub(crate) use lock::Spin;

@@ -5,7 +5,7 @@
 use std::ffi::c_int;
 
 use crate::ffi;
-use crate::wc::WrBuffers;
+use crate::wr::WrBuffers;
 
 /// Scatter entries one request may have without the chain touching the heap.
 const SHORT: usize = 4;

@@ -4,42 +4,11 @@
 
 use std::borrow::Cow;
 
-use crate::cm::Ece;
+use super::QueuePair;
 use crate::error::{check_errno_ret, Error, Result};
-use crate::macros::c_enum;
-use crate::{ffi, QueuePair};
-
-c_enum! {
-    /// `enum ibv_wr_opcode`: the operation of a send work request.
-    pub enum WrOpcode: u32 {
-        /// RDMA write.
-        RdmaWrite = ffi::IBV_WR_RDMA_WRITE,
-        /// RDMA write with immediate data.
-        RdmaWriteWithImm = ffi::IBV_WR_RDMA_WRITE_WITH_IMM,
-        /// Send.
-        Send = ffi::IBV_WR_SEND,
-        /// Send with immediate data.
-        SendWithImm = ffi::IBV_WR_SEND_WITH_IMM,
-        /// RDMA read.
-        RdmaRead = ffi::IBV_WR_RDMA_READ,
-        /// Atomic compare and swap.
-        AtomicCmpAndSwp = ffi::IBV_WR_ATOMIC_CMP_AND_SWP,
-        /// Atomic fetch and add.
-        AtomicFetchAndAdd = ffi::IBV_WR_ATOMIC_FETCH_AND_ADD,
-        /// Local invalidate.
-        LocalInv = ffi::IBV_WR_LOCAL_INV,
-        /// Memory window bind.
-        BindMw = ffi::IBV_WR_BIND_MW,
-        /// Send with invalidate.
-        SendWithInv = ffi::IBV_WR_SEND_WITH_INV,
-        /// TCP segmentation offload (raw packet QPs).
-        Tso = ffi::IBV_WR_TSO,
-        /// Driver-specific.
-        Driver1 = ffi::IBV_WR_DRIVER1,
-        /// Atomic write.
-        AtomicWrite = ffi::IBV_WR_ATOMIC_WRITE,
-    }
-}
+use crate::ffi;
+use crate::wr::WrOpcode;
+use crate::Ece;
 
 impl QueuePair {
     fn describe(&self, what: impl std::fmt::Display) -> Cow<'static, str> {
@@ -104,18 +73,5 @@ impl QueuePair {
         // SAFETY: valid QP; flags must be 0 in this rdma-core version.
         let rc = unsafe { ffi::ibv_query_qp_data_in_order(self.as_raw(), op.to_raw(), 0) };
         rc == 1
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::WrOpcode;
-
-    #[test]
-    fn wr_opcodes_keep_unknown_values() {
-        assert_eq!(WrOpcode::from_raw(0), WrOpcode::RdmaWrite);
-        assert_eq!(WrOpcode::from_raw(15), WrOpcode::AtomicWrite);
-        assert_eq!(WrOpcode::from_raw(14), WrOpcode::Unknown(14));
-        assert_eq!(WrOpcode::Unknown(14).to_raw(), 14);
     }
 }

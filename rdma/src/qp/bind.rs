@@ -1,0 +1,102 @@
+//! Binding memory windows: type 1 through `ibv_bind_mw(3)`, type 2 as a
+//! send request through the QP's submit.
+
+use std::sync::Arc;
+
+use super::send::{Op, Outgoing};
+use super::QueuePair;
+use crate::error::{check_errno_ret, Result};
+use crate::mr::{AccessFlags, RemoteMemory};
+use crate::track::Pending;
+use crate::wr::{SendFlags, WrBuffers};
+use crate::{ffi, MemoryRegion};
+
+impl QueuePair {
+    /// Binds `mw` to `offset..offset + len` of `mr` with `access`, and returns
+    /// what a peer needs to use the window. Type 1 windows use
+    /// `ibv_bind_mw(3)`; type 2 windows post an `IBV_WR_BIND_MW` request with
+    /// the next rkey (`ibv_inc_rkey`). Either way a completion with `wr_id`
+    /// follows (opcode `BindMw`); the window and the region's registration
+    /// stay alive until then, and the registration for as long as the window
+    /// is bound.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `mr` lacks `MW_BIND`, the range does not
+    /// fit, or the PDs differ; [`Error::Verb`] naming `ibv_bind_mw` or
+    /// `ibv_post_send`.
+    pub fn bind_mw(
+        &mut self,
+        wr_id: u64,
+        mw: &mut crate::MemoryWindow,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<RemoteMemory> {
+        let type2 = mw.mw_type() == crate::MwType::Type2;
+        let next_rkey = if type2 {
+            // SAFETY: a pure function of its argument.
+            unsafe { ffi::ibv_inc_rkey(mw.rkey()) }
+        } else {
+            0
+        };
+        let (info, _) = mw.bind_info(mr, offset, len, access, next_rkey)?;
+        // SAFETY: `&mut self`: the only poster to this QP's send queue.
+        let mut ring = unsafe { self.owned.tracker.producer(false) };
+        let rc = if type2 {
+            let req = Outgoing {
+                op: Op::BindMw {
+                    mw: mw.as_raw(),
+                    rkey: next_rkey,
+                    info: &info,
+                },
+                flags: SendFlags::SIGNALED,
+                ud: None,
+                xrc_srqn: None,
+                sges: &[],
+                inline: false,
+            };
+            self.submit(std::slice::from_ref(&req), &ring).0
+        } else {
+            let mut bind = ffi::ibv_mw_bind {
+                wr_id: ring.wr_id(0),
+                send_flags: ffi::IBV_SEND_SIGNALED,
+                bind_info: info,
+            };
+            // SAFETY: live QP, window and region; the bind request is copied.
+            unsafe { ffi::ibv_bind_mw(self.as_raw(), mw.as_raw(), &mut bind) }
+        };
+        if rc == 0 {
+            mw.hold(mr);
+            ring.push(Pending {
+                wr_id,
+                buffers: WrBuffers::None,
+                _ah: None,
+                _mw: Some(Arc::clone(&mw.inner)),
+            });
+        }
+        drop(ring);
+        let verb = if type2 {
+            "ibv_post_send"
+        } else {
+            "ibv_bind_mw"
+        };
+        check_errno_ret(
+            verb,
+            || self.ctx_str(format_args!("bind {:?}", mw.mw_type())),
+            rc,
+        )?;
+        let rkey = if type2 {
+            next_rkey
+        } else {
+            // SAFETY: ibv_bind_mw stored the new rkey in the window.
+            unsafe { (*mw.as_raw()).rkey }
+        };
+        mw.set_rkey(rkey);
+        Ok(RemoteMemory {
+            addr: info.addr,
+            len: info.length,
+            rkey,
+        })
+    }
+}

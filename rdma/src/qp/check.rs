@@ -1,0 +1,308 @@
+//! The checks of a send request: a quick predicate for the common case,
+//! then the full checks, which explain what is wrong.
+
+use super::{QpType, QueuePair};
+use crate::error::{Error, Result};
+use crate::mr::AccessFlags;
+use crate::wr::{InlineSend, SendOp, SendWr, UdDest, WrBuffers};
+
+impl QueuePair {
+    /// The one check of a send request: the quick predicate, which accepts
+    /// only what the full checks accept, then, for anything else, the full
+    /// checks, which produce the error (or accept the unusual request).
+    #[inline]
+    pub(super) fn check_send_wr(&self, wr: &SendWr) -> Result<()> {
+        if self.send_plainly_valid(wr) {
+            return Ok(());
+        }
+        self.check_send_wr_fully(wr)
+    }
+
+    #[cold]
+    fn check_send_wr_fully(&self, wr: &SendWr) -> Result<()> {
+        self.check_buffers(
+            &wr.buffers,
+            self.caps.max_send_sge,
+            wr.op.writes_local(),
+            "ibv_post_send",
+        )?;
+        self.check_send(&wr.op, Self::total_len(&wr.buffers), &wr.ud, wr.xrc_srqn)
+    }
+
+    /// The checks of an inline send.
+    pub(super) fn check_inline(&self, wr: &InlineSend<'_>) -> Result<()> {
+        if wr.data.len() > self.caps.max_inline_data as usize {
+            return Err(self.invalid(format!(
+                "{} bytes of inline data, but QP {} allows {}",
+                wr.data.len(),
+                self.qp_num(),
+                self.caps.max_inline_data
+            )));
+        }
+        if matches!(
+            wr.op,
+            SendOp::Read(_) | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+        ) {
+            return Err(self.invalid("only SEND and RDMA WRITE can be inline".into()));
+        }
+        self.check_send(&wr.op, wr.data.len() as u64, &wr.ud, wr.xrc_srqn)
+    }
+
+    pub(super) fn check_buffers(
+        &self,
+        bufs: &WrBuffers,
+        max_sge: u32,
+        local_write: bool,
+        verb: &'static str,
+    ) -> Result<()> {
+        if bufs.len() > max_sge as usize {
+            return Err(Error::InvalidArgument {
+                verb,
+                reason: format!(
+                    "{} scatter/gather entries, but QP {} allows {max_sge}",
+                    bufs.len(),
+                    self.qp_num()
+                ),
+            });
+        }
+        if local_write && bufs.is_shared() {
+            return Err(Error::InvalidArgument {
+                verb,
+                reason: crate::wr::SHARED_IS_READ_ONLY.into(),
+            });
+        }
+        let mut err = None;
+        bufs.for_each(|m| {
+            if err.is_some() {
+                return;
+            }
+            if m.pd().as_raw() != self.pd.as_raw() {
+                err = Some(format!(
+                    "a memory region ({m:?}) belongs to another protection domain"
+                ));
+            } else if u32::try_from(m.len()).is_err() {
+                err = Some(format!(
+                    "a memory region of {} bytes is longer than one SGE can be",
+                    m.len()
+                ));
+            } else if local_write && !m.access().contains(AccessFlags::LOCAL_WRITE) {
+                err = Some(format!(
+                    "the device must write into a region registered without LOCAL_WRITE ({m:?})"
+                ));
+            }
+        });
+        match err {
+            Some(reason) => Err(Error::InvalidArgument { verb, reason }),
+            None => Ok(()),
+        }
+    }
+
+    pub(super) fn total_len(bufs: &WrBuffers) -> u64 {
+        let mut n = 0u64;
+        bufs.for_each(|m| n += m.len() as u64);
+        n
+    }
+
+    pub(super) fn check_send(
+        &self,
+        op: &SendOp,
+        len: u64,
+        ud: &Option<UdDest>,
+        xrc_srqn: Option<u32>,
+    ) -> Result<()> {
+        let max = u64::from(self.max_msg.load(std::sync::atomic::Ordering::Relaxed));
+        if max != 0 && len > max {
+            return Err(self.invalid(format!(
+                "a {len}-byte message exceeds the port's limit of {max} bytes{}",
+                if self.qp_type == QpType::Ud {
+                    " (a UD message must fit the path MTU)"
+                } else {
+                    " (max_msg_sz)"
+                }
+            )));
+        }
+        if let Some(remote) = op.remote() {
+            if op.is_atomic() {
+                if len != 8 {
+                    return Err(self.invalid(format!(
+                        "an atomic operation needs one 8-byte local buffer, got {len} bytes"
+                    )));
+                }
+                if remote.addr % 8 != 0 {
+                    return Err(self.invalid(format!(
+                        "atomic target address {:#x} is not 8-byte aligned",
+                        remote.addr
+                    )));
+                }
+                if remote.len < 8 {
+                    return Err(self.invalid(format!("atomic target of {} bytes", remote.len)));
+                }
+            } else if len > remote.len {
+                return Err(self.invalid(format!(
+                    "{len} bytes do not fit the remote range of {} bytes",
+                    remote.len
+                )));
+            }
+        }
+        check_destination(self.qp_type, op, ud.is_some(), xrc_srqn).map_err(|r| self.invalid(r))
+    }
+
+    /// A quick check that accepts only requests [`Self::check_buffers`] and
+    /// [`Self::check_send`] would accept: at most one region of this QP's
+    /// PD, no UD destination or XRC SRQ (nor a UD or XRC_SEND QP), no
+    /// atomics. Everything else (and every error)
+    /// goes through the full checks.
+    #[inline]
+    fn send_plainly_valid(&self, wr: &SendWr) -> bool {
+        if !self.plain_sends || wr.ud.is_some() || wr.xrc_srqn.is_some() {
+            return false;
+        }
+        // `plain_sends`: the QP has a send scatter entry.
+        let Some(len) = self.buffers_plainly_valid(&wr.buffers, 1, wr.op.writes_local()) else {
+            return false;
+        };
+        let max = u64::from(self.max_msg.load(std::sync::atomic::Ordering::Relaxed));
+        if max != 0 && len > max {
+            return false;
+        }
+        match wr.op {
+            SendOp::Send
+            | SendOp::SendWithImm(_)
+            | SendOp::SendWithInvalidate(_)
+            | SendOp::LocalInvalidate(_) => true,
+            SendOp::Write(r) | SendOp::WriteWithImm(r, _) | SendOp::Read(r) => len <= r.len,
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => false,
+        }
+    }
+
+    /// The quick half of [`Self::check_buffers`] for the common case: no
+    /// region, or one region of this QP's PD that one SGE can describe
+    /// (with `LOCAL_WRITE` when the device writes it). Returns the length,
+    /// or `None` for anything the full checks must look at.
+    #[inline]
+    pub(super) fn buffers_plainly_valid(
+        &self,
+        bufs: &WrBuffers,
+        max_sge: u32,
+        local_write: bool,
+    ) -> Option<u64> {
+        let m = match bufs {
+            WrBuffers::None => return Some(0),
+            WrBuffers::Many(_) => return None,
+            _ => bufs.single()?,
+        };
+        // A shared region is never written by the device.
+        let writable = !bufs.is_shared() && m.access().contains(AccessFlags::LOCAL_WRITE);
+        (max_sge > 0
+            && m.pd().as_raw() == self.pd.as_raw()
+            && u32::try_from(m.len()).is_ok()
+            && (!local_write || writable))
+            .then_some(m.len() as u64)
+    }
+}
+
+/// Whether a send's destination fits the QP type: a UD QP needs an address
+/// (and sends only), an XRC_SEND QP needs the remote XRC SRQ number, and no
+/// other QP type takes either. The error is the reason, for
+/// [`Error::InvalidArgument`].
+fn check_destination(
+    qp_type: QpType,
+    op: &SendOp,
+    ud: bool,
+    xrc_srqn: Option<u32>,
+) -> std::result::Result<(), String> {
+    match (qp_type, ud) {
+        (QpType::Ud, false) => return Err("a UD send needs a destination (SendWr::ud)".into()),
+        (QpType::Ud, true) if op.remote().is_some() => {
+            return Err("UD QPs only support SEND".into())
+        }
+        (t, true) if t != QpType::Ud => {
+            return Err(format!("a {t:?} QP does not take a UD destination"))
+        }
+        _ => {}
+    }
+    match (qp_type, xrc_srqn) {
+        (QpType::XrcSend, None) => Err("an XRC_SEND QP needs the remote XRC SRQ number of \
+             every request (SendWr::xrc_remote_srqn)"
+            .into()),
+        (t, Some(n)) if t != QpType::XrcSend => Err(format!(
+            "a {t:?} QP does not take a remote XRC SRQ number ({n}): only XRC_SEND QPs do"
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mr::RemoteMemory;
+
+    const REMOTE: RemoteMemory = RemoteMemory {
+        addr: 0x1000,
+        len: 64,
+        rkey: 7,
+    };
+
+    #[test]
+    fn xrc_send_qps_need_the_remote_srq_number() {
+        let err = check_destination(QpType::XrcSend, &SendOp::Send, false, None).unwrap_err();
+        assert!(
+            err.contains("XRC_SEND QP needs the remote XRC SRQ number"),
+            "{err}"
+        );
+        assert!(err.contains("SendWr::xrc_remote_srqn"), "{err}");
+        for op in [SendOp::Send, SendOp::Write(REMOTE), SendOp::Read(REMOTE)] {
+            assert_eq!(
+                check_destination(QpType::XrcSend, &op, false, Some(5)),
+                Ok(())
+            );
+        }
+        // A UD address is no substitute, and is refused on its own.
+        let err = check_destination(QpType::XrcSend, &SendOp::Send, true, Some(5)).unwrap_err();
+        assert!(
+            err.contains("XrcSend QP does not take a UD destination"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn other_qps_refuse_a_remote_srq_number() {
+        for t in [QpType::Rc, QpType::Uc, QpType::Ud, QpType::XrcRecv] {
+            let ud = t == QpType::Ud;
+            assert_eq!(
+                check_destination(t, &SendOp::Send, ud, None),
+                Ok(()),
+                "{t:?}"
+            );
+            let err = check_destination(t, &SendOp::Send, ud, Some(42)).unwrap_err();
+            assert!(
+                err.contains(&format!(
+                    "a {t:?} QP does not take a remote XRC SRQ number (42)"
+                )),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn ud_destination_rules_are_unchanged() {
+        let err = check_destination(QpType::Ud, &SendOp::Send, false, None).unwrap_err();
+        assert!(err.contains("needs a destination"), "{err}");
+        let err = check_destination(QpType::Ud, &SendOp::Write(REMOTE), true, None).unwrap_err();
+        assert!(err.contains("only support SEND"), "{err}");
+        let err = check_destination(QpType::Rc, &SendOp::Send, true, None).unwrap_err();
+        assert!(
+            err.contains("Rc QP does not take a UD destination"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn builders_set_the_remote_srq_number() {
+        let wr = SendWr::send(1, crate::WrBuffers::None).xrc_remote_srqn(77);
+        assert_eq!(wr.xrc_srqn, Some(77));
+        assert_eq!(SendWr::send(1, crate::WrBuffers::None).xrc_srqn, None);
+        let inline = InlineSend::send(2, b"x").xrc_remote_srqn(78);
+        assert_eq!(inline.xrc_srqn, Some(78));
+    }
+}

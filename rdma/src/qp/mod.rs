@@ -1,0 +1,308 @@
+//! Queue pairs (`ibv_create_qp(3)`, `ibv_modify_qp(3)`, `ibv_query_qp(3)`,
+//! `ibv_post_send(3)`, `ibv_post_recv(3)`).
+//!
+//! The files follow a request's way: [`builder`] creates the QP and chooses
+//! its send path once; [`attr`] moves it between states; a send is checked
+//! once ([`check`]: the quick predicate, then the explaining checks) and
+//! handed to the provider by one submit ([`send`]), whose front ends are
+//! `post_send`, `post_send_batch`, `post_send_inline` and a window's bind
+//! ([`bind`]); [`prepared`] is the narrower entry point that reuses one
+//! checked request; [`recv`] posts receives (the chain is shared with shared
+//! receive queues, in `track`); [`raw`] is the untracked path for experts.
+
+mod attr;
+mod bind;
+mod builder;
+mod check;
+mod ext;
+mod prepared;
+mod raw;
+mod recv;
+mod send;
+
+use std::borrow::Cow;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::error::{check_errno_ret, Error, Result};
+use crate::macros::c_enum;
+use crate::track::{QpTracker, Serial};
+use crate::{ffi, CompletionQueue, ProtectionDomain};
+
+pub use attr::{InitAttr, QpAttr, RtrAttr, RtsAttr};
+pub use builder::{PostPath, QpCaps, QpCreateFlags, QueuePairBuilder};
+
+c_enum! {
+    /// `enum ibv_qp_type`.
+    pub enum QpType: u32 {
+        /// Reliable connected.
+        Rc = ffi::IBV_QPT_RC,
+        /// Unreliable connected.
+        Uc = ffi::IBV_QPT_UC,
+        /// Unreliable datagram.
+        Ud = ffi::IBV_QPT_UD,
+        /// Raw packet.
+        RawPacket = ffi::IBV_QPT_RAW_PACKET,
+        /// XRC initiator.
+        XrcSend = ffi::IBV_QPT_XRC_SEND,
+        /// XRC target.
+        XrcRecv = ffi::IBV_QPT_XRC_RECV,
+        /// Driver-specific.
+        Driver = ffi::IBV_QPT_DRIVER,
+    }
+}
+
+c_enum! {
+    /// `enum ibv_qp_state`.
+    pub enum QpState: u32 {
+        /// Reset.
+        Reset = ffi::IBV_QPS_RESET,
+        /// Initialised.
+        Init = ffi::IBV_QPS_INIT,
+        /// Ready to receive.
+        Rtr = ffi::IBV_QPS_RTR,
+        /// Ready to send.
+        Rts = ffi::IBV_QPS_RTS,
+        /// Send queue drained.
+        Sqd = ffi::IBV_QPS_SQD,
+        /// Send queue error.
+        Sqe = ffi::IBV_QPS_SQE,
+        /// Error.
+        Err = ffi::IBV_QPS_ERR,
+    }
+}
+
+/// A queue pair (`struct ibv_qp`). Unique owner: not `Clone`.
+///
+/// Dropping it moves the QP to the error state, destroys it, and only then
+/// releases the memory of the work requests still in flight.
+pub struct QueuePair {
+    /// The C object, with the only `Drop` that destroys it. First, so that
+    /// the QP is destroyed before the parents below are released.
+    owned: OwnedQp,
+    /// How sends reach the provider, chosen when the QP was built.
+    path: SendPath,
+    qp_type: QpType,
+    caps: QpCaps,
+    /// Sends of this QP may take the quick check: its type needs no UD
+    /// destination or XRC SRQ, and it has a send scatter entry (set once).
+    plain_sends: bool,
+    /// The largest message the QP may send, learnt at `to_init` from the
+    /// port (`max_msg_sz`; the active MTU for UD); 0 until then.
+    max_msg: std::sync::atomic::AtomicU32,
+    srq: Option<crate::SharedReceiveQueue>,
+    pd: ProtectionDomain,
+}
+
+// SAFETY: a QP may be used from any thread; posting needs `&mut self`, and
+// the tracker's consumers take their CQ's registry lock.
+unsafe impl Send for QueuePair {}
+// SAFETY: `&self` methods (query, modify) are thread-safe verbs.
+unsafe impl Sync for QueuePair {}
+
+/// How a QP's sends reach the provider: chosen once, when it is built.
+#[derive(Debug, Clone, Copy)]
+enum SendPath {
+    /// `ibv_post_send` with `struct ibv_send_wr` chains.
+    Legacy,
+    /// `ibv_wr_*` for every request.
+    Extended(NonNull<ffi::ibv_qp_ex>),
+    /// [`PostPath::Auto`] on a provider with `ibv_wr_*`: requests with one
+    /// scatter entry or none go through it; scatter lists and inline data
+    /// through `ibv_post_send`.
+    Mixed(NonNull<ffi::ibv_qp_ex>),
+}
+
+/// The C QP and what its destruction touches: the tracker whose memory is
+/// released after it, the CQs whose registries know it. The only `Drop` of
+/// a queue pair.
+struct OwnedQp {
+    qp: NonNull<ffi::ibv_qp>,
+    /// For a QP the connection manager created: destroys it, and keeps the
+    /// `rdma_cm_id` alive until then.
+    owner: Option<Arc<dyn QpOwner>>,
+    tracker: Arc<QpTracker>,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    /// Set by [`QueuePair::destroy`]: the drop has nothing left to do.
+    destroyed: bool,
+}
+
+impl OwnedQp {
+    fn describe(&self, what: &str) -> Cow<'static, str> {
+        // SAFETY: reads a field of a live QP.
+        let qpn = unsafe { (*self.qp.as_ptr()).qp_num };
+        Cow::Owned(format!(
+            "QP {qpn} on {}: {what}",
+            self.send_cq.context().name()
+        ))
+    }
+
+    /// Moves the QP to the error state (so completions of the work in flight
+    /// reach the CQs of any other consumer), destroys it, after which the
+    /// device no longer touches the memory of its requests, and releases
+    /// that memory.
+    fn destroy(&mut self) -> Result<()> {
+        let mut err = ffi::ibv_qp_attr {
+            qp_state: ffi::IBV_QPS_ERR,
+            ..Default::default()
+        };
+        // SAFETY: a live QP and attribute struct. A failure (a QP still in
+        // RESET) is no reason not to destroy it.
+        let _ = unsafe {
+            ffi::ibv_modify_qp(
+                self.qp.as_ptr(),
+                &mut err,
+                ffi::IBV_QP_STATE as std::ffi::c_int,
+            )
+        };
+        let rc = match &self.owner {
+            Some(owner) => owner.destroy_qp(self.qp.as_ptr()),
+            // SAFETY: a live QP, destroyed once (`destroyed` guards the drop).
+            None => unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) },
+        };
+        check_errno_ret("ibv_destroy_qp", || self.describe("destroy"), rc)?;
+        self.destroyed = true;
+        let serial = self.tracker.serial();
+        self.send_cq.inner.registry.unregister(serial);
+        self.recv_cq.inner.registry.unregister(serial);
+        // SAFETY: the QP is destroyed and unregistered, and its owner is held
+        // mutably: nobody posts to or polls its queues any more.
+        drop(unsafe { self.tracker.drain() });
+        Ok(())
+    }
+}
+
+impl Drop for OwnedQp {
+    fn drop(&mut self) {
+        if self.destroyed {
+            return;
+        }
+        if let Err(e) = self.destroy() {
+            crate::error::teardown_failed(format_args!(
+                "{e}; leaking the QP and the memory of its work in flight"
+            ));
+            // The device may still use the memory: never free it (the
+            // tracker, which owns it, is never dropped).
+            std::mem::forget(Arc::clone(&self.tracker));
+        }
+    }
+}
+
+impl QueuePair {
+    /// The raw QP, valid while this handle lives.
+    pub fn as_raw(&self) -> *mut ffi::ibv_qp {
+        self.owned.qp.as_ptr()
+    }
+
+    /// The QP number.
+    pub fn qp_num(&self) -> u32 {
+        // SAFETY: reads a field of a live QP.
+        unsafe { (*self.as_raw()).qp_num }
+    }
+
+    /// The send path in use.
+    pub fn post_path(&self) -> PostPath {
+        match self.path {
+            SendPath::Legacy => PostPath::Legacy,
+            SendPath::Extended(_) | SendPath::Mixed(_) => PostPath::Extended,
+        }
+    }
+
+    /// The QP type.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    /// The queue sizes the provider actually gave.
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.pd
+    }
+
+    /// The send CQ.
+    pub fn send_cq(&self) -> &CompletionQueue {
+        &self.owned.send_cq
+    }
+
+    /// The receive CQ.
+    pub fn recv_cq(&self) -> &CompletionQueue {
+        &self.owned.recv_cq
+    }
+
+    /// The shared receive queue, if the QP uses one.
+    pub fn srq(&self) -> Option<&crate::SharedReceiveQueue> {
+        self.srq.as_ref()
+    }
+
+    /// Work requests posted through the safe API and not completed yet
+    /// (send queue, receive queue).
+    pub fn in_flight(&self) -> (usize, usize) {
+        self.owned.tracker.in_flight()
+    }
+
+    pub(super) fn ctx_str(&self, what: impl fmt::Display) -> Cow<'static, str> {
+        Cow::Owned(format!(
+            "QP {} on {}: {what}",
+            self.qp_num(),
+            self.pd.context().name()
+        ))
+    }
+
+    pub(super) fn invalid(&self, reason: String) -> Error {
+        let _ = self;
+        Error::InvalidArgument {
+            verb: "ibv_post_send",
+            reason,
+        }
+    }
+
+    /// Destroys the QP now, reporting failure (`ibv_destroy_qp(3)`).
+    ///
+    /// # Errors
+    /// Gives the QP back with the error; its memory stays held.
+    #[allow(clippy::result_large_err)] // the rusqlite-style `close` signature, rarely taken
+    pub fn destroy(mut self) -> std::result::Result<(), (Self, Error)> {
+        match self.owned.destroy() {
+            // The rest is released as any drop does; the QP's own drop
+            // finds it destroyed.
+            Ok(()) => Ok(()),
+            Err(e) => Err((self, e)),
+        }
+    }
+}
+
+impl fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qp_num", &self.qp_num())
+            .field("qp_type", &self.qp_type)
+            .field("caps", &self.caps)
+            .finish()
+    }
+}
+
+/// The identity of a new QP's or SRQ's tracker, taken before the object is
+/// created (so that running out is an error, not a created object to undo).
+pub(crate) fn allocate_serial(verb: &'static str) -> Result<Serial> {
+    Serial::allocate().ok_or_else(|| {
+        Error::verb_errno(
+            verb,
+            "2^30 queue pairs and shared receive queues are alive (or their completions \
+             still wait in CQs): no work request identity is left",
+            libc::ENOSPC,
+        )
+    })
+}
+
+/// Destroys a QP that another library created and owns (the connection
+/// manager's `rdma_create_qp`): `ibv_destroy_qp` and the owner's bookkeeping.
+pub(crate) trait QpOwner: Send + Sync {
+    /// Destroys `qp`; returns 0 or an errno value.
+    fn destroy_qp(&self, qp: *mut ffi::ibv_qp) -> std::ffi::c_int;
+}

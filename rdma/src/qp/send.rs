@@ -1,0 +1,522 @@
+//! Posting sends: the front ends (`post_send`, `post_send_batch`,
+//! `post_send_inline`, a type 2 window's bind) over one check each and one
+//! submit, which takes the path the QP was built with.
+
+use std::ffi::c_int;
+use std::ptr::NonNull;
+
+use super::{QueuePair, SendPath};
+use crate::error::{check_errno_ret, Result};
+use crate::ffi;
+use crate::track::{Pending, Producer};
+use crate::wr::{InlineSend, PostError, SendFlags, SendOp, SendWr, UdDest, WrBuffers};
+
+/// Scatter entries one request may have without the post touching the heap.
+const SHORT: usize = 4;
+
+/// One request as the submit sees it: checked, its memory held by the caller
+/// (parked in the tracker after the submit).
+pub(super) struct Outgoing<'a> {
+    pub op: Op<'a>,
+    pub flags: SendFlags,
+    pub ud: Option<&'a UdDest>,
+    pub xrc_srqn: Option<u32>,
+    /// The scatter list; for inline data, one entry (lkey 0) over the bytes,
+    /// or none.
+    pub sges: &'a [ffi::ibv_sge],
+    pub inline: bool,
+}
+
+/// What a request does.
+#[derive(Clone, Copy)]
+pub(super) enum Op<'a> {
+    Send(&'a SendOp),
+    /// Binds a type 2 window (`IBV_WR_BIND_MW`).
+    BindMw {
+        mw: *mut ffi::ibv_mw,
+        rkey: u32,
+        info: &'a ffi::ibv_mw_bind_info,
+    },
+}
+
+impl<'a> Outgoing<'a> {
+    /// A prepared request's operation (its region is set by each post).
+    pub(super) fn prepared(op: &'a SendOp, flags: SendFlags, ud: Option<&'a UdDest>) -> Self {
+        Outgoing {
+            op: Op::Send(op),
+            flags,
+            ud,
+            xrc_srqn: None,
+            sges: &[],
+            inline: false,
+        }
+    }
+}
+
+impl SendPath {
+    /// The extended QP for a post whose requests have at most `sges` scatter
+    /// entries (or inline data), or `None` for `ibv_post_send`.
+    #[inline]
+    pub(super) fn extended(self, sges: usize, inline: bool) -> Option<NonNull<ffi::ibv_qp_ex>> {
+        match self {
+            SendPath::Legacy => None,
+            SendPath::Extended(q) => Some(q),
+            SendPath::Mixed(q) => (sges <= 1 && !inline).then_some(q),
+        }
+    }
+}
+
+impl QueuePair {
+    /// Posts one send request (`ibv_post_send(3)`). Its memory is held until
+    /// its completion (or, if unsignaled, a later one) is polled.
+    ///
+    /// The memory moves into the queue: it cannot be touched until the
+    /// completion gives it back.
+    ///
+    /// ```compile_fail
+    /// # fn f(qp: &mut rdma::QueuePair, mr: rdma::MemoryRegion) {
+    /// qp.post_send(rdma::SendWr::send(1, mr)).unwrap();
+    /// let _ = mr.as_slice(); // moved into the send queue
+    /// # }
+    /// ```
+    ///
+    /// Posting needs the QP exclusively:
+    ///
+    /// ```compile_fail
+    /// # fn f(qp: &rdma::QueuePair, mr: rdma::MemoryRegion) {
+    /// qp.post_send(rdma::SendWr::send(1, mr)).unwrap(); // needs &mut QueuePair
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// The error and the request's memory: [`crate::Error::InvalidArgument`]
+    /// for a request the QP cannot take (too many SGEs, wrong PD, misaligned
+    /// atomic, missing `LOCAL_WRITE`, ...), [`crate::Error::Verb`] naming
+    /// `ibv_post_send` (e.g. `EINVAL` in a state that cannot send, `ENOMEM`
+    /// when the send queue is full).
+    pub fn post_send(&mut self, wr: SendWr) -> std::result::Result<(), PostError> {
+        if wr.buffers.len() > SHORT {
+            return self.post_send_batch(std::iter::once(wr));
+        }
+        if let Err(error) = self.check_send_wr(&wr) {
+            return Err(PostError {
+                error,
+                returned: vec![(wr.wr_id, wr.buffers)],
+            });
+        }
+        // The scatter list, on the stack.
+        let mut sges = [ffi::ibv_sge::default(); SHORT];
+        let mut n = 0;
+        wr.buffers.for_each(|m| {
+            sges[n] = m.sge();
+            n += 1;
+        });
+        // SAFETY: `&mut self`: the only poster to this QP's send queue.
+        let mut ring = unsafe { self.owned.tracker.producer(false) };
+        let req = Outgoing {
+            op: Op::Send(&wr.op),
+            flags: wr.flags,
+            ud: wr.ud.as_ref(),
+            xrc_srqn: wr.xrc_srqn,
+            sges: &sges[..n],
+            inline: false,
+        };
+        let (rc, _) = self.submit(std::slice::from_ref(&req), &ring);
+        if rc != 0 {
+            drop(ring);
+            return Err(self.not_posted("ibv_post_send", rc, (wr.wr_id, wr.buffers)));
+        }
+        ring.push(Pending {
+            wr_id: wr.wr_id,
+            buffers: wr.buffers,
+            _ah: wr.ud.map(|d| d.ah),
+            _mw: None,
+        });
+        Ok(())
+    }
+
+    /// Posts several send requests with one doorbell.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_send`]; requests not posted come back in
+    /// [`PostError::returned`], in order.
+    pub fn post_send_batch(
+        &mut self,
+        wrs: impl IntoIterator<Item = SendWr>,
+    ) -> std::result::Result<(), PostError> {
+        let wrs: Vec<SendWr> = wrs.into_iter().collect();
+        let give_back = |wrs: Vec<SendWr>, error| PostError {
+            error,
+            returned: wrs.into_iter().map(|w| (w.wr_id, w.buffers)).collect(),
+        };
+        if let Some(error) = wrs.iter().find_map(|w| self.check_send_wr(w).err()) {
+            return Err(give_back(wrs, error));
+        }
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let mut sges: Vec<ffi::ibv_sge> = Vec::new();
+        let mut sge_at = Vec::with_capacity(wrs.len());
+        for w in &wrs {
+            sge_at.push((sges.len(), w.buffers.len()));
+            w.buffers.for_each(|m| sges.push(m.sge()));
+        }
+        let reqs: Vec<Outgoing<'_>> = wrs
+            .iter()
+            .zip(&sge_at)
+            .map(|(w, &(at, n))| Outgoing {
+                op: Op::Send(&w.op),
+                flags: w.flags,
+                ud: w.ud.as_ref(),
+                xrc_srqn: w.xrc_srqn,
+                sges: &sges[at..at + n],
+                inline: false,
+            })
+            .collect();
+        // SAFETY: `&mut self`: the only poster to this QP's send queue.
+        let mut ring = unsafe { self.owned.tracker.producer(false) };
+        let (rc, posted) = self.submit(&reqs, &ring);
+        drop(reqs);
+        let mut rest = wrs;
+        let unposted = rest.split_off(posted);
+        for w in rest {
+            ring.push(Pending {
+                wr_id: w.wr_id,
+                buffers: w.buffers,
+                _ah: w.ud.map(|d| d.ah),
+                _mw: None,
+            });
+        }
+        drop(ring);
+        if rc == 0 {
+            return Ok(());
+        }
+        let qpn = self.qp_num();
+        let total = posted + unposted.len();
+        let err = check_errno_ret(
+            "ibv_post_send",
+            || {
+                format!(
+                    "QP {qpn}: {} of {total} requests not posted",
+                    unposted.len()
+                )
+                .into()
+            },
+            rc,
+        )
+        .expect_err("rc != 0");
+        Err(give_back(unposted, err))
+    }
+
+    /// Posts a send whose data is copied at post time (`IBV_SEND_INLINE`).
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] when the data exceeds
+    /// `max_inline_data`, [`crate::Error::Verb`] naming `ibv_post_send`.
+    pub fn post_send_inline(&mut self, wr: InlineSend<'_>) -> Result<()> {
+        self.check_inline(&wr)?;
+        let sge = ffi::ibv_sge {
+            addr: wr.data.as_ptr() as u64,
+            length: wr.data.len() as u32,
+            lkey: 0,
+        };
+        let n = usize::from(!wr.data.is_empty());
+        // SAFETY: `&mut self`: the only poster to this QP's send queue.
+        let mut ring = unsafe { self.owned.tracker.producer(false) };
+        let req = Outgoing {
+            op: Op::Send(&wr.op),
+            flags: wr.flags,
+            ud: wr.ud.as_ref(),
+            xrc_srqn: wr.xrc_srqn,
+            sges: &std::slice::from_ref(&sge)[..n],
+            inline: true,
+        };
+        // The data is copied by the provider during the submit.
+        let (rc, _) = self.submit(std::slice::from_ref(&req), &ring);
+        if rc == 0 {
+            ring.push(Pending {
+                wr_id: wr.wr_id,
+                buffers: WrBuffers::None,
+                _ah: wr.ud.map(|d| d.ah),
+                _mw: None,
+            });
+        }
+        drop(ring);
+        check_errno_ret("ibv_post_send", || self.ctx_str("inline send"), rc)
+    }
+
+    /// Hands checked requests to the provider on the QP's path: the one
+    /// place that calls `ibv_post_send` or `ibv_wr_*` for them. Returns the
+    /// errno (0 when all were posted) and how many, from the first, were.
+    /// The caller holds the requests' memory and parks the posted ones
+    /// through `ring` (whose ids the requests get) before publishing it.
+    pub(super) fn submit(&self, reqs: &[Outgoing<'_>], ring: &Producer<'_>) -> (c_int, usize) {
+        let widest = reqs.iter().map(|r| r.sges.len()).max().unwrap_or(0);
+        let inline = reqs.iter().any(|r| r.inline);
+        match self.path.extended(widest, inline) {
+            Some(q) => Self::submit_extended(q, reqs, ring),
+            None => self.submit_legacy(reqs, ring),
+        }
+    }
+
+    /// `ibv_post_send` over a chain built from `reqs`.
+    fn submit_legacy(&self, reqs: &[Outgoing<'_>], ring: &Producer<'_>) -> (c_int, usize) {
+        // One request (the common case) needs no heap.
+        let mut single = [ffi::ibv_send_wr::default()];
+        let mut many: Vec<ffi::ibv_send_wr> = Vec::new();
+        let raw: &mut [ffi::ibv_send_wr] = if reqs.len() == 1 {
+            &mut single
+        } else {
+            many.resize_with(reqs.len(), Default::default);
+            &mut many
+        };
+        for (i, (r, w)) in reqs.iter().zip(raw.iter_mut()).enumerate() {
+            let mut flags = r.flags;
+            flags.set(SendFlags::INLINE, r.inline);
+            w.wr_id = ring.wr_id(i as u32);
+            w.sg_list = if r.sges.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                // The provider only reads the list.
+                r.sges.as_ptr().cast_mut()
+            };
+            w.num_sge = r.sges.len() as c_int;
+            w.send_flags = flags.bits();
+            fill_request(w, r);
+        }
+        let base = raw.as_mut_ptr();
+        for i in 1..raw.len() {
+            // SAFETY: `i` and `i - 1` are in bounds of `raw`, which is not
+            // reallocated from here on.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        }
+        let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: a well-formed chain on this live QP whose SGEs point into
+        // memory the caller holds until it is parked (a poll that sees a
+        // completion first waits for the producer to publish it).
+        let rc = unsafe { ffi::ibv_post_send(self.as_raw(), base, &mut bad) };
+        let posted = if rc == 0 {
+            reqs.len()
+        } else if bad.is_null() {
+            0
+        } else {
+            // SAFETY: `bad` points into `raw`.
+            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+        };
+        (rc, posted)
+    }
+
+    /// The `ibv_wr_*` path: all requests or none.
+    fn submit_extended(
+        qpx: NonNull<ffi::ibv_qp_ex>,
+        reqs: &[Outgoing<'_>],
+        ring: &Producer<'_>,
+    ) -> (c_int, usize) {
+        let q = qpx.as_ptr();
+        // SAFETY: `q` is the extended view of this live QP; the batch is
+        // started, filled and completed within this call (`&mut` of the QP
+        // is held by the caller's producer), and every SGE points into
+        // memory the caller holds; inline data is copied by the provider.
+        unsafe {
+            ffi::ibv_wr_start(q);
+            for (i, r) in reqs.iter().enumerate() {
+                (*q).wr_id = ring.wr_id(i as u32);
+                (*q).wr_flags = (r.flags - SendFlags::INLINE).bits();
+                emit_op(q, r);
+                match (r.inline, r.sges) {
+                    (true, [s]) => {
+                        ffi::ibv_wr_set_inline_data(q, s.addr as *mut _, s.length as usize)
+                    }
+                    (true, _) => ffi::ibv_wr_set_inline_data(q, std::ptr::null_mut(), 0),
+                    (false, []) => ffi::ibv_wr_set_sge_list(q, 0, std::ptr::null()),
+                    (false, [s]) => ffi::ibv_wr_set_sge(q, s.lkey, s.addr, s.length),
+                    (false, list) => ffi::ibv_wr_set_sge_list(q, list.len(), list.as_ptr()),
+                }
+            }
+            let rc = ffi::ibv_wr_complete(q);
+            (rc, if rc == 0 { reqs.len() } else { 0 })
+        }
+    }
+
+    /// The provider refused a single request (`rc`, an errno value, not 0):
+    /// the error naming `verb`, and the request's memory back.
+    #[cold]
+    pub(super) fn not_posted(
+        &self,
+        verb: &'static str,
+        rc: c_int,
+        req: (u64, WrBuffers),
+    ) -> PostError {
+        let error = check_errno_ret(verb, || self.ctx_str("1 request not posted"), rc)
+            .expect_err("rc != 0");
+        PostError {
+            error,
+            returned: vec![req],
+        }
+    }
+}
+
+/// Writes what `r` does into a legacy request: the opcode and its
+/// operands, the UD address, the remote XRC SRQ.
+pub(super) fn fill_request(raw: &mut ffi::ibv_send_wr, r: &Outgoing<'_>) {
+    match r.op {
+        Op::Send(op) => fill_send(raw, op),
+        Op::BindMw { mw, rkey, info } => {
+            raw.opcode = ffi::IBV_WR_BIND_MW;
+            raw.__bindgen_anon_2.bind_mw = ffi::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
+                mw,
+                rkey,
+                bind_info: *info,
+            };
+        }
+    }
+    if let Some(d) = r.ud {
+        raw.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+            ah: d.ah.as_raw(),
+            remote_qpn: d.remote_qpn,
+            remote_qkey: d.remote_qkey,
+        };
+    }
+    if let Some(remote_srqn) = r.xrc_srqn {
+        raw.qp_type = ffi::ibv_send_wr__bindgen_ty_3 {
+            xrc: ffi::ibv_send_wr__bindgen_ty_3__bindgen_ty_1 { remote_srqn },
+        };
+    }
+}
+
+/// The opcode of `op` and its operands, in a legacy request.
+fn fill_send(raw: &mut ffi::ibv_send_wr, op: &SendOp) {
+    raw.opcode = op.opcode();
+    if let Some(imm) = op.imm() {
+        raw.__bindgen_anon_1.imm_data = imm.to_be();
+    }
+    if let Some(rkey) = op.invalidate() {
+        raw.__bindgen_anon_1.invalidate_rkey = rkey;
+    }
+    match *op {
+        SendOp::Write(r) | SendOp::WriteWithImm(r, _) | SendOp::Read(r) => {
+            raw.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                remote_addr: r.addr,
+                rkey: r.rkey,
+            };
+        }
+        SendOp::CompareSwap {
+            remote,
+            compare,
+            swap,
+        } => {
+            raw.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                remote_addr: remote.addr,
+                compare_add: compare,
+                swap,
+                rkey: remote.rkey,
+            };
+        }
+        SendOp::FetchAdd { remote, add } => {
+            raw.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                remote_addr: remote.addr,
+                compare_add: add,
+                swap: 0,
+                rkey: remote.rkey,
+            };
+        }
+        SendOp::Send
+        | SendOp::SendWithImm(_)
+        | SendOp::SendWithInvalidate(_)
+        | SendOp::LocalInvalidate(_) => {}
+    }
+}
+
+/// Emits the `ibv_wr_*` call of `r`'s operation (and the UD address or the
+/// remote XRC SRQ) on an open batch.
+///
+/// # Safety
+/// `q` is a live extended QP between `ibv_wr_start` and `ibv_wr_complete`,
+/// with `wr_id` and `wr_flags` already set; a window to bind is live.
+pub(super) unsafe fn emit_op(q: *mut ffi::ibv_qp_ex, r: &Outgoing<'_>) {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        match r.op {
+            Op::Send(op) => match *op {
+                SendOp::Send => ffi::ibv_wr_send(q),
+                SendOp::SendWithImm(imm) => ffi::ibv_wr_send_imm(q, imm.to_be()),
+                SendOp::Write(m) => ffi::ibv_wr_rdma_write(q, m.rkey, m.addr),
+                SendOp::WriteWithImm(m, imm) => {
+                    ffi::ibv_wr_rdma_write_imm(q, m.rkey, m.addr, imm.to_be())
+                }
+                SendOp::Read(m) => ffi::ibv_wr_rdma_read(q, m.rkey, m.addr),
+                SendOp::CompareSwap {
+                    remote,
+                    compare,
+                    swap,
+                } => ffi::ibv_wr_atomic_cmp_swp(q, remote.rkey, remote.addr, compare, swap),
+                SendOp::FetchAdd { remote, add } => {
+                    ffi::ibv_wr_atomic_fetch_add(q, remote.rkey, remote.addr, add)
+                }
+                SendOp::SendWithInvalidate(rkey) => ffi::ibv_wr_send_inv(q, rkey),
+                SendOp::LocalInvalidate(rkey) => ffi::ibv_wr_local_inv(q, rkey),
+            },
+            Op::BindMw { mw, rkey, info } => ffi::ibv_wr_bind_mw(q, mw, rkey, info),
+        }
+        if let Some(d) = r.ud {
+            ffi::ibv_wr_set_ud_addr(q, d.ah.as_raw(), d.remote_qpn, d.remote_qkey);
+        }
+        if let Some(remote_srqn) = r.xrc_srqn {
+            ffi::ibv_wr_set_xrc_srqn(q, remote_srqn);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mr::RemoteMemory;
+
+    const REMOTE: RemoteMemory = RemoteMemory {
+        addr: 0x1000,
+        len: 64,
+        rkey: 7,
+    };
+
+    fn filled(op: &SendOp, xrc_srqn: Option<u32>) -> ffi::ibv_send_wr {
+        let mut raw = ffi::ibv_send_wr::default();
+        let mut r = Outgoing::prepared(op, SendFlags::SIGNALED, None);
+        r.xrc_srqn = xrc_srqn;
+        fill_request(&mut raw, &r);
+        raw
+    }
+
+    #[test]
+    fn legacy_request_carries_the_remote_srq_number() {
+        let raw = filled(&SendOp::SendWithImm(9), Some(0x00ab_cdef));
+        assert_eq!(raw.opcode, ffi::IBV_WR_SEND_WITH_IMM);
+        // SAFETY: `xrc` is the union's only member, just written.
+        assert_eq!(unsafe { raw.qp_type.xrc.remote_srqn }, 0x00ab_cdef);
+        // SAFETY: the immediate-data member was written for SEND_WITH_IMM.
+        assert_eq!(unsafe { raw.__bindgen_anon_1.imm_data }, 9u32.to_be());
+
+        let raw = filled(&SendOp::Write(REMOTE), Some(3));
+        // SAFETY: as above.
+        assert_eq!(unsafe { raw.qp_type.xrc.remote_srqn }, 3);
+        // SAFETY: the rdma member was written for RDMA WRITE.
+        let rdma = unsafe { raw.wr.rdma };
+        assert_eq!((rdma.remote_addr, rdma.rkey), (REMOTE.addr, REMOTE.rkey));
+
+        // Without one the field stays zero, as before.
+        let raw = filled(&SendOp::Send, None);
+        // SAFETY: as above (zeroed by Default).
+        assert_eq!(unsafe { raw.qp_type.xrc.remote_srqn }, 0);
+    }
+
+    #[test]
+    fn the_send_path_is_chosen_per_post_only_by_what_the_qp_was_built_with() {
+        let q = NonNull::<ffi::ibv_qp_ex>::dangling();
+        assert_eq!(SendPath::Legacy.extended(1, false), None);
+        assert_eq!(SendPath::Extended(q).extended(4, true), Some(q));
+        // Auto: one scatter entry or none through ibv_wr_*, the rest legacy.
+        assert_eq!(SendPath::Mixed(q).extended(1, false), Some(q));
+        assert_eq!(SendPath::Mixed(q).extended(0, false), Some(q));
+        assert_eq!(SendPath::Mixed(q).extended(2, false), None);
+        assert_eq!(SendPath::Mixed(q).extended(1, true), None);
+    }
+}
