@@ -4,16 +4,16 @@ use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// The lock of the data path's bookkeeping (a CQ's registry; the producers
-/// and consumers of a shared receive queue's ring).
+/// The lock of the data path's bookkeeping (a CQ's registry, held from the
+/// poll to the resolution; a shared receive queue's slots).
 ///
-/// Its critical sections are a few instructions long (push or pop one
-/// entry, find a tracker), never block and never run user code, and nearly
-/// always find the lock free: one atomic exchange to take it and a plain
+/// Its critical sections are short (a poll of the provider's queue and the
+/// lookups that follow; a post to an SRQ), never block and never run user
+/// code, and nearly always find the lock free: one atomic exchange to take it and a plain
 /// store to release it, without `Mutex`'s poisoning bookkeeping, which the
 /// latency benchmark measured on every post and completion. A waiter spins
 /// briefly, then yields its CPU. Nothing is ever dropped under it except
-/// what the section itself moves (see `Tracker::complete`).
+/// what the section itself moves (see `Resolver`).
 pub(crate) struct Spin<T> {
     locked: AtomicBool,
     value: UnsafeCell<T>,
