@@ -102,6 +102,50 @@ fn pieces_copies_and_bounds() {
     assert!(remote.slice(90, 11).is_none());
 }
 
+/// `read_at`/`write_at`/`to_vec` at every start alignment, on remotely
+/// writable registrations (per-element atomic copies) and local ones (plain
+/// copies), of a caller's buffer and of an allocated one, against a `Vec`
+/// kept alongside.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn copies_at_every_alignment() {
+    let ctx = common::open(&common::device_name());
+    let pd = ctx.alloc_pd().unwrap();
+    for access in [
+        AccessFlags::LOCAL_WRITE,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    ] {
+        let boxed: Vec<u8> = (0..300u32).map(|i| (i % 251) as u8).collect();
+        let regions = [
+            pd.reg_mr(boxed, access).unwrap(),
+            pd.alloc_mr(300, access).unwrap(),
+        ];
+        for mut mr in regions {
+            let mut model = mr.to_vec();
+            assert_eq!(model.len(), 300);
+            for offset in 0..17 {
+                for len in [0, 1, 7, 8, 9, 31, 32, 33, 63, 64, 65, 250] {
+                    let data: Vec<u8> = (0..len).map(|i| (i * 3 + offset + len) as u8).collect();
+                    mr.write_at(offset, &data).unwrap();
+                    model[offset..offset + len].copy_from_slice(&data);
+                    let mut out = vec![0xee; len + 2];
+                    mr.read_at(offset, &mut out[1..=len]).unwrap();
+                    assert_eq!(
+                        out[1..=len],
+                        data[..],
+                        "{access:?} at {offset}, {len} bytes"
+                    );
+                    assert_eq!((out[0], out[len + 1]), (0xee, 0xee), "wrote outside `out`");
+                }
+            }
+            assert_eq!(mr.to_vec(), model, "{access:?}");
+            let tail = mr.split_off(123).unwrap();
+            assert_eq!(tail.to_vec(), model[123..], "{access:?}");
+            assert_eq!(mr.to_vec(), model[..123], "{access:?}");
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn foreign_memory_registration() {
