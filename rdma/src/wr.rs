@@ -37,6 +37,48 @@ c_enum! {
     }
 }
 
+/// A C work request that points to the next one of its chain.
+pub(crate) trait Linked: Sized {
+    fn set_next(&mut self, next: *mut Self);
+}
+
+impl Linked for ffi::ibv_send_wr {
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+impl Linked for ffi::ibv_recv_wr {
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+/// Links `reqs` into one chain, first to last, and returns its head; the
+/// chain stays valid while `reqs` is neither moved nor reallocated.
+pub(crate) fn link<T: Linked>(reqs: &mut [T]) -> *mut T {
+    let base = reqs.as_mut_ptr();
+    for i in 1..reqs.len() {
+        // SAFETY: `i` and `i - 1` are in bounds of `reqs`.
+        unsafe { (*base.add(i - 1)).set_next(base.add(i)) };
+    }
+    base
+}
+
+/// How many requests of the `len`-long chain from `base` a post verb took:
+/// all when it returned 0, otherwise those before `bad`, where it stopped.
+pub(crate) fn posted<T>(rc: std::ffi::c_int, base: *mut T, bad: *mut T, len: usize) -> usize {
+    if rc == 0 {
+        len
+    } else if bad.is_null() {
+        0
+    } else {
+        // SAFETY: the verb points `bad` into the chain it was given, which
+        // starts at `base`.
+        usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+    }
+}
+
 /// The memory a work request used, given back with its completion.
 ///
 /// A request owns its memory until the completion hands it back: `One` and

@@ -9,7 +9,9 @@ use super::{QueuePair, SendPath};
 use crate::error::{check_errno_ret, Result};
 use crate::ffi;
 use crate::track::{Pending, Producer};
-use crate::wr::{InlineSend, PostError, SendFlags, SendOp, SendWr, UdDest, WrBuffers};
+use crate::wr::{
+    link, posted, InlineSend, PostError, SendFlags, SendOp, SendWr, UdDest, WrBuffers,
+};
 
 /// Scatter entries one request may have without the post touching the heap.
 const SHORT: usize = 4;
@@ -284,26 +286,13 @@ impl QueuePair {
             w.send_flags = flags.bits();
             fill_request(w, r);
         }
-        let base = raw.as_mut_ptr();
-        for i in 1..raw.len() {
-            // SAFETY: `i` and `i - 1` are in bounds of `raw`, which is not
-            // reallocated from here on.
-            unsafe { (*base.add(i - 1)).next = base.add(i) };
-        }
+        let base = link(raw);
         let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: a well-formed chain on this live QP whose SGEs point into
         // memory the caller holds until it is parked (a poll that sees a
         // completion first waits for the producer to publish it).
         let rc = unsafe { ffi::ibv_post_send(self.as_raw(), base, &mut bad) };
-        let posted = if rc == 0 {
-            reqs.len()
-        } else if bad.is_null() {
-            0
-        } else {
-            // SAFETY: `bad` points into `raw`.
-            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
-        };
-        (rc, posted)
+        (rc, posted(rc, base, bad, reqs.len()))
     }
 
     /// The `ibv_wr_*` path: all requests or none.

@@ -5,7 +5,7 @@
 use std::ffi::c_int;
 
 use crate::ffi;
-use crate::wr::WrBuffers;
+use crate::wr::{link, posted, WrBuffers};
 
 /// Scatter entries one request may have without the chain touching the heap.
 const SHORT: usize = 4;
@@ -46,24 +46,10 @@ pub(crate) fn post_chain(
                 .zip(&sge_at)
                 .map(|((id, _), &(at, n))| request(*id, &mut sges[at..at + n]))
                 .collect();
-            let base = chain.as_mut_ptr();
-            for i in 1..chain.len() {
-                // SAFETY: `i` and `i - 1` are in bounds; `chain` is not
-                // reallocated from here on.
-                unsafe { (*base.add(i - 1)).next = base.add(i) };
-            }
+            let base = link(&mut chain);
             let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
             let rc = post(base, &mut bad);
-            let posted = if rc == 0 {
-                reqs.len()
-            } else if bad.is_null() {
-                0
-            } else {
-                // SAFETY: the provider points `bad` into the chain it was
-                // given.
-                usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
-            };
-            (rc, posted)
+            (rc, posted(rc, base, bad, reqs.len()))
         }
     }
 }
