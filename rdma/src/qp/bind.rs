@@ -21,8 +21,8 @@ impl QueuePair {
     /// is bound.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `mr` lacks `MW_BIND`, the range does not
-    /// fit, or the PDs differ; [`Error::Verb`] naming `ibv_bind_mw` or
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `mr` lacks `MW_BIND`, the range does not
+    /// fit, or the PDs differ; [`Error::Verb`](crate::Error::Verb) naming `ibv_bind_mw` or
     /// `ibv_post_send`.
     pub fn bind_mw(
         &mut self,

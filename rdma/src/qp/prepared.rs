@@ -40,7 +40,7 @@ impl QueuePair {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming `ibv_post_send` for a request
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming `ibv_post_send` for a request
     /// [`QueuePair::post_send`] would refuse whatever the region, or that
     /// has no region to take.
     pub fn prepare_send(&self, op: SendOp, flags: SendFlags) -> Result<PreparedSend> {
@@ -62,7 +62,7 @@ impl QueuePair {
     /// immediate data) of at most the path MTU.
     ///
     /// # Errors
-    /// As [`QueuePair::prepare_send`]; [`Error::InvalidArgument`] also for a
+    /// As [`QueuePair::prepare_send`]; [`Error::InvalidArgument`](crate::Error::InvalidArgument) also for a
     /// QP that is not UD.
     pub fn prepare_send_ud(
         &self,
@@ -148,7 +148,7 @@ impl QueuePair {
     ///
     /// # Errors
     /// As [`QueuePair::post_send`], with the region in
-    /// [`PostError::returned`]; [`Error::InvalidArgument`] also when `p` was
+    /// [`PostError::returned`]; [`Error::InvalidArgument`](crate::Error::InvalidArgument) also when `p` was
     /// prepared by another QP.
     #[inline]
     pub fn post_prepared(
@@ -166,7 +166,7 @@ impl QueuePair {
     /// until its completion gives it back.
     ///
     /// # Errors
-    /// As [`QueuePair::post_prepared`]; [`Error::InvalidArgument`] also when
+    /// As [`QueuePair::post_prepared`]; [`Error::InvalidArgument`](crate::Error::InvalidArgument) also when
     /// the prepared operation writes local memory (RDMA READ, atomics).
     #[inline]
     pub fn post_prepared_shared(

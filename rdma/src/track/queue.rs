@@ -41,7 +41,7 @@ impl Block {
 /// before the `tail` it loaded (Acquire) and moves `head` on. The producer
 /// links a new block when it fills one, before publishing its last slot; the
 /// consumer frees (or hands back through `spare`) the blocks it has passed.
-/// Who may act as producer and consumer is decided by the [`Ring`] around it.
+/// Who may act as producer and consumer is decided by the `Ring` around it.
 pub(crate) struct Queue {
     /// Published entries (sequence number of the next one), producer-written.
     tail: AtomicU32,
