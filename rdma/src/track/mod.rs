@@ -82,11 +82,11 @@ impl Pending {
     }
 
     /// Moves the request into `c`; what it kept alive goes to `later`.
-    #[inline]
-    fn finish(self, c: &mut Completion, later: &mut Vec<Kept>) {
+    #[inline(always)]
+    fn finish(self, c: &mut Completion, later: &mut Later) {
         c.wr_id = self.wr_id;
         c.buffers = self.buffers;
-        Kept::keep(later, self._ah, self._mw);
+        later.keep(self._ah, self._mw);
     }
 }
 
@@ -231,7 +231,7 @@ impl QpTracker {
     /// for a poll of the CQ of registry `by` (whose lock the caller holds).
     /// What the entries kept alive goes to `later`.
     #[inline]
-    fn complete(&self, recv: bool, seq: u32, c: &mut Completion, later: &mut Vec<Kept>, by: usize) {
+    fn complete(&self, recv: bool, seq: u32, c: &mut Completion, later: &mut Later, by: usize) {
         let ring = self.ring(recv);
         if ring.consumer != by {
             // A QP's completion on another CQ than its queue's: no provider
@@ -276,18 +276,13 @@ impl QpTracker {
     /// As for [`Queue::advance`]: the caller is the only consumer, and
     /// `off` is before the published tail.
     #[cold]
-    unsafe fn complete_after_others(
-        q: &Queue,
-        off: u32,
-        c: &mut Completion,
-        later: &mut Vec<Kept>,
-    ) {
+    unsafe fn complete_after_others(q: &Queue, off: u32, c: &mut Completion, later: &mut Later) {
         c.unsignaled.reserve(off as usize);
         for _ in 0..off {
             // SAFETY: the caller's contract; these are before `off`.
             if let Some(p) = unsafe { q.advance() } {
                 c.unsignaled.push((p.wr_id, p.buffers));
-                Kept::keep(later, p._ah, p._mw);
+                later.keep(p._ah, p._mw);
             }
         }
         // SAFETY: as above; the entry is at `head` now.
@@ -364,7 +359,7 @@ impl SrqTracker {
 
     /// Fills `c` from slot `slot`, under the CQ's registry lock.
     #[inline]
-    fn complete(&self, slot: u32, c: &mut Completion, later: &mut Vec<Kept>) {
+    fn complete(&self, slot: u32, c: &mut Completion, later: &mut Later) {
         let p = self.slab.lock().remove(slot);
         if let Some(p) = p {
             p.finish(c, later);
@@ -384,12 +379,27 @@ pub(crate) struct Kept {
     _mw: Option<Arc<crate::mw::MwInner>>,
 }
 
-impl Kept {
+/// What a resolution takes out and drops only after the registry's lock:
+/// the keep-alives of finished requests, the queues an empty poll released.
+/// Nothing is allocated in the common case (neither), so that dropping it is
+/// a test, not a call per poll (callgrind: two empty `Vec`s cost 22
+/// instructions a poll).
+#[derive(Default)]
+pub(crate) struct Later(Option<Box<(Vec<Kept>, Vec<Tracked>)>>);
+
+impl Later {
     #[inline]
-    fn keep(later: &mut Vec<Kept>, ah: Option<AddressHandle>, mw: Option<Arc<crate::mw::MwInner>>) {
+    fn keep(&mut self, ah: Option<AddressHandle>, mw: Option<Arc<crate::mw::MwInner>>) {
         if ah.is_some() || mw.is_some() {
-            later.push(Kept { _ah: ah, _mw: mw });
+            let (kept, _) = &mut **self.0.get_or_insert_with(Default::default);
+            kept.push(Kept { _ah: ah, _mw: mw });
         }
+    }
+
+    /// Takes the unregistered queues to drop.
+    fn retire(&mut self, queues: Vec<Tracked>) {
+        let (_, retired) = &mut **self.0.get_or_insert_with(Default::default);
+        retired.extend(queues);
     }
 }
 

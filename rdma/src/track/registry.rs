@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::lock::{Spin, SpinGuard};
-use super::{decode, Kept, QpTracker, SrqTracker, RECV, TAG};
+use super::{decode, Later, QpTracker, SrqTracker, RECV, TAG};
 use crate::wc::Completion;
 
 /// A queue whose completions a CQ may report.
@@ -119,9 +119,8 @@ impl Registry {
     pub fn resolver(&self) -> Resolver<'_> {
         Resolver {
             registry: self.address(),
-            queues: Some(self.queues.lock()),
-            later: Vec::new(),
-            retired: Vec::new(),
+            queues: self.queues.lock(),
+            later: Later::default(),
         }
     }
 
@@ -178,9 +177,9 @@ pub(crate) struct Resolver<'a> {
     /// The registry's address: a QP's queue is consumed only by the polls
     /// of its own CQ.
     registry: usize,
-    queues: Option<SpinGuard<'a, Queues>>,
-    later: Vec<Kept>,
-    retired: Vec<Tracked>,
+    // Field order: the lock is released before `later` is dropped.
+    queues: SpinGuard<'a, Queues>,
+    later: Later,
 }
 
 impl Resolver<'_> {
@@ -197,10 +196,9 @@ impl Resolver<'_> {
     /// queue is gone from it, so those queues (and their serials) can go.
     #[inline]
     pub fn cq_empty(&mut self) {
-        if let Some(q) = &mut self.queues {
-            if !q.retired.is_empty() {
-                self.retired = std::mem::take(&mut q.retired);
-            }
+        if !self.queues.retired.is_empty() {
+            let retired = std::mem::take(&mut self.queues.retired);
+            self.later.retire(retired);
         }
     }
 
@@ -210,9 +208,7 @@ impl Resolver<'_> {
         let Some((serial, recv, seq)) = decode(c.wr_id) else {
             return;
         };
-        let Some(q) = self.queues.as_deref_mut() else {
-            return;
-        };
+        let q: &mut Queues = &mut self.queues;
         if !matches!(&q.last, Some((s, _)) if *s == serial) {
             let Some(t) = q.map.get(&serial) else {
                 // The queue is gone: its memory was released after it was
@@ -229,13 +225,5 @@ impl Resolver<'_> {
             Tracked::Qp(t) => t.complete(recv, seq, c, &mut self.later, self.registry),
             Tracked::Srq(t) => t.complete(seq, c, &mut self.later),
         }
-    }
-}
-
-impl Drop for Resolver<'_> {
-    #[inline]
-    fn drop(&mut self) {
-        // Unlock first, then drop what the section took out.
-        self.queues = None;
     }
 }
