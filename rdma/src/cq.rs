@@ -543,19 +543,22 @@ impl CompletionQueue {
                 let (c, previous) = match slot {
                     Some(c) => {
                         // The previous completion's memory is taken out now
-                        // and dropped after the lock.
-                        let previous = (
-                            std::mem::take(&mut c.buffers),
-                            std::mem::take(&mut c.unsignaled),
-                        );
+                        // and dropped after the lock (dropping a region may
+                        // call a verb).
+                        let buffers = std::mem::take(&mut c.buffers);
+                        let unsignaled =
+                            (!c.unsignaled.is_empty()).then(|| std::mem::take(&mut c.unsignaled));
                         c.set_raw(wc);
-                        (c, Some(previous))
+                        (c, Some((buffers, unsignaled)))
                     }
                     None => (slot.insert(Completion::from_raw(wc)), None),
                 };
                 r.attach(c);
                 drop(r);
-                drop(previous);
+                if let Some((buffers, unsignaled)) = previous {
+                    drop(buffers);
+                    drop(unsignaled);
+                }
                 Ok(Some(c))
             }
             n => Err(self.poll_failed(n)),

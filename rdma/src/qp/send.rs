@@ -106,13 +106,23 @@ impl QueuePair {
                 returned: vec![(wr.wr_id, wr.buffers)],
             });
         }
-        // The scatter list, on the stack.
-        let mut sges = [ffi::ibv_sge::default(); SHORT];
-        let mut n = 0;
-        wr.buffers.for_each(|m| {
-            sges[n] = m.sge();
-            n += 1;
-        });
+        // The scatter list, on the stack, written only as far as it goes.
+        let one;
+        let mut many;
+        let sges: &[ffi::ibv_sge] = match (&wr.buffers, wr.buffers.single()) {
+            (_, Some(m)) => {
+                one = m.sge();
+                std::slice::from_ref(&one)
+            }
+            (WrBuffers::Many(v), None) => {
+                many = [ffi::ibv_sge::default(); SHORT];
+                for (s, m) in many.iter_mut().zip(v) {
+                    *s = m.sge();
+                }
+                &many[..v.len()]
+            }
+            _ => &[],
+        };
         // SAFETY: `&mut self`: the only poster to this QP's send queue.
         let mut ring = unsafe { self.owned.tracker.producer(false) };
         let req = Outgoing {
@@ -120,7 +130,7 @@ impl QueuePair {
             flags: wr.flags,
             ud: wr.ud.as_ref(),
             xrc_srqn: wr.xrc_srqn,
-            sges: &sges[..n],
+            sges,
             inline: false,
         };
         let (rc, _) = self.submit(std::slice::from_ref(&req), &ring);
@@ -252,9 +262,15 @@ impl QueuePair {
     /// errno (0 when all were posted) and how many, from the first, were.
     /// The caller holds the requests' memory and parks the posted ones
     /// through `ring` (whose ids the requests get) before publishing it.
+    #[inline(always)]
     pub(super) fn submit(&self, reqs: &[Outgoing<'_>], ring: &Producer<'_>) -> (c_int, usize) {
-        let widest = reqs.iter().map(|r| r.sges.len()).max().unwrap_or(0);
-        let inline = reqs.iter().any(|r| r.inline);
+        let (widest, inline) = match reqs {
+            [r] => (r.sges.len(), r.inline),
+            _ => (
+                reqs.iter().map(|r| r.sges.len()).max().unwrap_or(0),
+                reqs.iter().any(|r| r.inline),
+            ),
+        };
         match self.path.extended(widest, inline) {
             Some(q) => Self::submit_extended(q, reqs, ring),
             None => self.submit_legacy(reqs, ring),
@@ -262,6 +278,7 @@ impl QueuePair {
     }
 
     /// `ibv_post_send` over a chain built from `reqs`.
+    #[inline]
     fn submit_legacy(&self, reqs: &[Outgoing<'_>], ring: &Producer<'_>) -> (c_int, usize) {
         // One request (the common case) needs no heap.
         let mut single = [ffi::ibv_send_wr::default()];
@@ -347,6 +364,7 @@ impl QueuePair {
 
 /// Writes what `r` does into a legacy request: the opcode and its
 /// operands, the UD address, the remote XRC SRQ.
+#[inline]
 pub(super) fn fill_request(raw: &mut ffi::ibv_send_wr, r: &Outgoing<'_>) {
     match r.op {
         Op::Send(op) => fill_send(raw, op),

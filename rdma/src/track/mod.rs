@@ -388,12 +388,17 @@ pub(crate) struct Kept {
 pub(crate) struct Later(Option<Box<(Vec<Kept>, Vec<Tracked>)>>);
 
 impl Later {
-    #[inline]
+    #[inline(always)]
     fn keep(&mut self, ah: Option<AddressHandle>, mw: Option<Arc<crate::mw::MwInner>>) {
         if ah.is_some() || mw.is_some() {
-            let (kept, _) = &mut **self.0.get_or_insert_with(Default::default);
-            kept.push(Kept { _ah: ah, _mw: mw });
+            self.push(Kept { _ah: ah, _mw: mw });
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn push(&mut self, k: Kept) {
+        self.0.get_or_insert_with(Default::default).0.push(k);
     }
 
     /// Takes the unregistered queues to drop.
