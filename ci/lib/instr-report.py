@@ -24,6 +24,7 @@ import os
 import re
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in ci/lib
 here = os.path.dirname(os.path.abspath(__file__))
 spec = importlib.util.spec_from_file_location("callgrind_split", os.path.join(here, "callgrind-split.py"))
 cgsplit = importlib.util.module_from_spec(spec)
@@ -159,10 +160,12 @@ def main():
     print("Windows: M messages each, from doorbell FROM to doorbell N - TAIL, in the runs with -n N1 and -n N2 "
           "together (send_lat: TAIL is the 512 receives both tools keep posted; in the last 512 iterations they "
           "post none again). A window "
-          "above the median holds extra polls (an answer came after the wait had ended); a window of `perf`'s "
-          "bandwidth tests also moves by a few instructions with the allocator's state. Last column: the whole "
-          "process's (count(N2) - count(N1)) / (N2 - N1), which also holds what runs after the loop and grows "
-          "with N (the latency statistics sort the samples) and the polls that found nothing:")
+          "above the median holds extra polls (an answer came after the wait had ended); the windows of the 2 B "
+          "bandwidth tests also differ by a few instructions among themselves (perftest's alternate between two "
+          "counts, `perf`'s follow the allocator's state). Last column: the whole process's (count(N2) - "
+          "count(N1)) / (N2 - N1), which also holds whatever runs outside the loop and grows with N (the "
+          "latency statistics sort the samples; perftest measures the CPU frequency by spinning on "
+          "gettimeofday) and the polls that found nothing:")
     print()
     print("| test | size [B] | tool | N1, N2 | M | FROM | TAIL | windows | identical to the median | "
           "min - max per message | whole process, difference |")
