@@ -247,40 +247,56 @@ impl CqInner {
     /// of the requests that completed here, instead of holding it forever.
     /// No QP uses the CQ any more (each holds it), so nothing adds to it.
     fn resolve_leftovers(&self) {
+        let mut done = Vec::with_capacity(POLL_BATCH);
+        // Each batch's memory goes with `done.clear()`, after the lock.
+        while let Ok(POLL_BATCH) = self.poll_into(&mut done, POLL_BATCH) {
+            done.clear();
+        }
+    }
+
+    /// Polls up to `max` completions into `out` and resolves them, under the
+    /// registry's lock from the first `ibv_poll_cq` to the last completion;
+    /// the provider's negative return on failure (an overrun).
+    fn poll_into(
+        &self,
+        out: &mut Vec<Completion>,
+        max: usize,
+    ) -> std::result::Result<usize, std::ffi::c_int> {
+        let mut total = 0;
+        // Not initialised: an empty poll (the common case when spinning)
+        // must not pay for clearing it; only the entries written are read.
         let mut wcs = [std::mem::MaybeUninit::<ffi::ibv_wc>::uninit(); POLL_BATCH];
-        loop {
-            let mut r = self.registry.resolver();
-            // SAFETY: `wcs` has room for POLL_BATCH entries; the CQ is live.
+        let mut r = self.registry.resolver();
+        while total < max {
+            let want = (max - total).min(POLL_BATCH);
+            // SAFETY: `wcs` has room for `want` entries; the CQ is live.
             let n = unsafe {
                 ffi::ibv_poll_cq(
                     self.cq.as_ptr(),
-                    POLL_BATCH as std::ffi::c_int,
+                    want as std::ffi::c_int,
                     wcs.as_mut_ptr().cast::<ffi::ibv_wc>(),
                 )
             };
             let Ok(n) = usize::try_from(n) else {
-                // An overrun: what it held is lost to us; leave it.
-                return;
+                return Err(n);
             };
-            // SAFETY: ibv_poll_cq wrote the first `n` entries.
+            // SAFETY: ibv_poll_cq wrote the first `n` entries; `ibv_wc` is
+            // plain data.
             let polled =
                 unsafe { std::slice::from_raw_parts(wcs.as_ptr().cast::<ffi::ibv_wc>(), n) };
-            let mut done = Vec::with_capacity(n);
+            out.reserve(n);
             for wc in polled {
                 let mut c = Completion::from_raw(wc);
                 r.attach(&mut c);
-                done.push(c);
+                out.push(c);
             }
-            if n < POLL_BATCH {
+            total += n;
+            if n < want {
                 r.cq_empty();
-            }
-            // The memory goes after the lock.
-            drop(r);
-            drop(done);
-            if n < POLL_BATCH {
-                return;
+                break;
             }
         }
+        Ok(total)
     }
 }
 
@@ -447,42 +463,9 @@ impl CompletionQueue {
     /// [`Error::Verb`] naming `ibv_poll_cq` (a CQ overrun).
     pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
         let _guard = self.legacy_poll_guard()?;
-        let mut total = 0;
-        // Not initialised: an empty poll (the common case when spinning)
-        // must not pay for clearing it; only the entries written are read.
-        let mut wcs = [std::mem::MaybeUninit::<ffi::ibv_wc>::uninit(); POLL_BATCH];
-        let mut r = self.inner.registry.resolver();
-        while total < max {
-            let want = (max - total).min(POLL_BATCH);
-            // SAFETY: `wcs` has room for `want` entries.
-            let n = unsafe {
-                ffi::ibv_poll_cq(
-                    self.as_raw(),
-                    want as std::ffi::c_int,
-                    wcs.as_mut_ptr().cast::<ffi::ibv_wc>(),
-                )
-            };
-            if n < 0 {
-                return Err(self.poll_failed(n));
-            }
-            let n = n as usize;
-            // SAFETY: ibv_poll_cq wrote the first `n` entries; `ibv_wc` is
-            // plain data.
-            let polled =
-                unsafe { std::slice::from_raw_parts(wcs.as_ptr().cast::<ffi::ibv_wc>(), n) };
-            out.reserve(n);
-            for wc in polled {
-                let mut c = Completion::from_raw(wc);
-                r.attach(&mut c);
-                out.push(c);
-            }
-            total += n;
-            if n < want {
-                r.cq_empty();
-                break;
-            }
-        }
-        Ok(total)
+        self.inner
+            .poll_into(out, max)
+            .map_err(|n| self.poll_failed(n))
     }
 
     /// Polls one completion (`ibv_poll_cq(3)` for one entry): `None` when

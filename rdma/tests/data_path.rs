@@ -169,17 +169,7 @@ fn an_srq_receive_completed_into_a_cq_dropped_unpolled_comes_back() {
         .unwrap();
     let send_cq = ctx.create_cq(64, None, 0).unwrap();
     let lost_cq = ctx.create_cq(64, None, 0).unwrap();
-    let r1 = pd
-        .qp_builder(QpType::Rc, &lost_cq, &lost_cq)
-        .srq(&srq)
-        .build()
-        .unwrap();
-    let mut s1 = pd
-        .qp_builder(QpType::Rc, &send_cq, &send_cq)
-        .build()
-        .unwrap();
-    common::connect(&ctx, &r1, &s1, gid_index);
-    common::connect(&ctx, &s1, &r1, gid_index);
+    let (r1, mut s1) = srq_receiver_and_sender(&ctx, &srq, &lost_cq, &send_cq, gid_index);
     srq.post_recv(1, pd.alloc_mr(64, LW).unwrap()).unwrap();
     s1.post_send(SendWr::send(7, pd.alloc_mr(8, LW).unwrap()))
         .unwrap();
@@ -196,17 +186,7 @@ fn an_srq_receive_completed_into_a_cq_dropped_unpolled_comes_back() {
     );
     // Another QP keeps receiving from the SRQ.
     let recv_cq = ctx.create_cq(64, None, 0).unwrap();
-    let r2 = pd
-        .qp_builder(QpType::Rc, &recv_cq, &recv_cq)
-        .srq(&srq)
-        .build()
-        .unwrap();
-    let mut s2 = pd
-        .qp_builder(QpType::Rc, &send_cq, &send_cq)
-        .build()
-        .unwrap();
-    common::connect(&ctx, &r2, &s2, gid_index);
-    common::connect(&ctx, &s2, &r2, gid_index);
+    let (_receiver, mut s2) = srq_receiver_and_sender(&ctx, &srq, &recv_cq, &send_cq, gid_index);
     for i in 0..200u64 {
         srq.post_recv(1000 + i, pd.alloc_mr(64, LW).unwrap())
             .unwrap();
@@ -218,6 +198,27 @@ fn an_srq_receive_completed_into_a_cq_dropped_unpolled_comes_back() {
         common::wait(&send_cq, 1);
         assert_eq!(srq.in_flight(), 0);
     }
+}
+
+/// An RC QP receiving from `srq` on `recv_cq`, and a sender on `send_cq`,
+/// connected to each other.
+fn srq_receiver_and_sender(
+    ctx: &rdma::Context,
+    srq: &rdma::SharedReceiveQueue,
+    recv_cq: &rdma::CompletionQueue,
+    send_cq: &rdma::CompletionQueue,
+    gid_index: u8,
+) -> (rdma::QueuePair, rdma::QueuePair) {
+    let pd = srq.pd();
+    let r = pd
+        .qp_builder(QpType::Rc, recv_cq, recv_cq)
+        .srq(srq)
+        .build()
+        .unwrap();
+    let s = pd.qp_builder(QpType::Rc, send_cq, send_cq).build().unwrap();
+    common::connect(ctx, &r, &s, gid_index);
+    common::connect(ctx, &s, &r, gid_index);
+    (r, s)
 }
 
 /// Posts `n` receives of 64 bytes on `qp`, wr_ids from `first`.

@@ -130,7 +130,7 @@ struct OwnedQp {
 }
 
 impl OwnedQp {
-    fn describe(&self, what: &str) -> Cow<'static, str> {
+    fn describe(&self, what: impl fmt::Display) -> Cow<'static, str> {
         // SAFETY: reads a field of a live QP.
         let qpn = unsafe { (*self.qp.as_ptr()).qp_num };
         Cow::Owned(format!(
@@ -247,11 +247,7 @@ impl QueuePair {
     }
 
     pub(super) fn ctx_str(&self, what: impl fmt::Display) -> Cow<'static, str> {
-        Cow::Owned(format!(
-            "QP {} on {}: {what}",
-            self.qp_num(),
-            self.pd.context().name()
-        ))
+        self.owned.describe(what)
     }
 
     pub(super) fn invalid(&self, reason: String) -> Error {

@@ -138,12 +138,7 @@ impl QueuePair {
             drop(ring);
             return Err(self.not_posted("ibv_post_send", rc, (wr.wr_id, wr.buffers)));
         }
-        ring.push(Pending {
-            wr_id: wr.wr_id,
-            buffers: wr.buffers,
-            _ah: wr.ud.map(|d| d.ah),
-            _mw: None,
-        });
+        ring.push(Pending::send(wr));
         Ok(())
     }
 
@@ -192,12 +187,7 @@ impl QueuePair {
         let mut rest = wrs;
         let unposted = rest.split_off(posted);
         for w in rest {
-            ring.push(Pending {
-                wr_id: w.wr_id,
-                buffers: w.buffers,
-                _ah: w.ud.map(|d| d.ah),
-                _mw: None,
-            });
+            ring.push(Pending::send(w));
         }
         drop(ring);
         if rc == 0 {

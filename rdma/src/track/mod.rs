@@ -81,6 +81,17 @@ impl Pending {
         }
     }
 
+    /// A posted send request: its memory, and its UD destination's address
+    /// handle, held until its completion.
+    pub fn send(wr: crate::wr::SendWr) -> Pending {
+        Pending {
+            wr_id: wr.wr_id,
+            buffers: wr.buffers,
+            _ah: wr.ud.map(|d| d.ah),
+            _mw: None,
+        }
+    }
+
     /// Moves the request into `c`; what it kept alive goes to `later`.
     #[inline(always)]
     fn finish(self, c: &mut Completion, later: &mut Later) {
@@ -328,15 +339,19 @@ impl SrqTracker {
     ) -> (std::ffi::c_int, Vec<(u64, WrBuffers)>) {
         let mut slab = self.slab.lock();
         let mut slots = Vec::with_capacity(wrs.len());
+        let mut wrs = wrs.into_iter();
+        // 2^32 receives in flight: what does not fit comes back unposted.
         let mut not_parked = Vec::new();
-        for (wr_id, buffers) in wrs {
+        for (wr_id, buffers) in wrs.by_ref() {
             match slab.insert(Pending::memory(wr_id, buffers)) {
-                Ok(slot) if not_parked.is_empty() => slots.push(slot),
-                // 2^32 receives in flight: the rest comes back unposted.
-                Ok(slot) => not_parked.extend(slab.remove(slot).map(|p| (p.wr_id, p.buffers))),
-                Err(p) => not_parked.push((p.wr_id, p.buffers)),
+                Ok(slot) => slots.push(slot),
+                Err(p) => {
+                    not_parked.push((p.wr_id, p.buffers));
+                    break;
+                }
             }
         }
+        not_parked.extend(wrs);
         let serial = self.serial();
         let chain: Vec<(u64, &WrBuffers)> = slots
             .iter()
