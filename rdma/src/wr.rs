@@ -605,9 +605,19 @@ impl PreparedSend {
         self.op
     }
 
-    /// The send flags of every post.
+    /// The send flags of the next post.
     pub fn flags(&self) -> SendFlags {
         self.flags
+    }
+
+    /// Whether the next posts ask for a completion (`SIGNALED`), as a
+    /// bandwidth loop does once every so many requests. An unsignaled
+    /// request's memory comes back with the next signaled completion of its
+    /// queue, in [`Completion::unsignaled`](crate::Completion::unsignaled).
+    #[inline]
+    pub fn set_signaled(&mut self, signaled: bool) {
+        self.flags.set(SendFlags::SIGNALED, signaled);
+        self.raw.send_flags = self.flags.bits();
     }
 }
 

@@ -146,7 +146,7 @@ pub struct Opts {
     pub post: PostPath,
     /// `--raw`: post prebuilt C work requests through the `unsafe` raw API.
     pub raw: bool,
-    /// Latency tests' safe path posts requests checked once
+    /// The safe path posts requests checked once
     /// (`QueuePair::prepare_send`/`post_prepared`); `--post-send` builds
     /// every request for `QueuePair::post_send` instead.
     pub prepared: bool,
@@ -269,7 +269,7 @@ const FLAGS: &[Flag] = &[
     Flag { short: Some('u'), long: "qp-timeout", value: Some("timeout"), key: Key::QpTimeout, help: "ACK timeout exponent: 4.096 us * 2^timeout, 0 for none (default 14, 67 ms)" },
     Flag { short: None, long: "post", value: Some("path"), key: Key::Post, help: "send path: legacy (ibv_post_send, default, as perftest on rxe), extended (ibv_wr_*) or auto" },
     Flag { short: None, long: "raw", value: None, key: Key::Raw, help: "post prebuilt C work requests (unsafe post_send_raw/post_recv_raw, ibv_wr_* for --post extended) and poll with ibv_poll_cq, instead of the safe API" },
-    Flag { short: None, long: "post-send", value: None, key: Key::PostSend, help: "latency tests: the safe path builds every request and posts it with post_send, instead of posting requests prepared once (prepare_send/post_prepared, the default)" },
+    Flag { short: None, long: "post-send", value: None, key: Key::PostSend, help: "the safe path builds every request and posts it with post_send, instead of posting requests prepared once (prepare_send/post_prepared, the default; perftest also builds its requests once)" },
     Flag { short: None, long: "interleave", value: Some("iterations"), key: Key::Interleave, help: "write_lat: alternate blocks of this many iterations between the safe and the raw path in one run; prints each path's latency and safe/raw, which slow periods of the host hit alike" },
     Flag { short: Some('H'), long: "report-histogram", value: None, key: Key::Histogram, help: "latency tests: print every sample, sorted (perftest's format)" },
     Flag { short: Some('U'), long: "report-unsorted", value: None, key: Key::Unsorted, help: "latency tests: print every sample in the order taken" },
@@ -562,13 +562,10 @@ fn finish(mut o: Opts, g: Given) -> Result<Opts, ArgError> {
     if o.all && g.size.is_some() {
         return bad("-a and -s exclude each other");
     }
-    if g.post_send && kind != Kind::Lat {
-        return bad("--post-send applies to latency tests (bandwidth tests always use post_send)");
-    }
     if g.post_send && o.raw {
         return bad("--post-send chooses how the safe path posts: leave out --raw");
     }
-    o.prepared = kind == Kind::Lat && !o.raw && !g.post_send;
+    o.prepared = !o.raw && !g.post_send;
     if o.raw && o.post == PostPath::Auto {
         return bad("--raw needs an explicit path: --post legacy or --post extended");
     }
@@ -642,7 +639,6 @@ mod tests {
             "write_lat --interleave 0",
             "write_lat --interleave 50 --raw",
             "write_lat --interleave 50 --post auto",
-            "write_bw --post-send",
             "write_lat --post-send --raw",
         ] {
             assert!(matches!(p(s), Err(ArgError::Bad(_))), "{s:?} accepted");
@@ -651,13 +647,15 @@ mod tests {
     }
 
     #[test]
-    fn latency_tests_post_prepared_requests_unless_told() {
+    fn the_safe_path_posts_prepared_requests_unless_told() {
         assert!(p("write_lat").unwrap().prepared);
         assert!(p("read_lat host").unwrap().prepared);
         assert!(p("write_lat --interleave 50").unwrap().prepared);
+        assert!(p("write_bw").unwrap().prepared);
         assert!(!p("send_lat --post-send").unwrap().prepared);
+        assert!(!p("write_bw --post-send").unwrap().prepared);
         assert!(!p("write_lat --raw --post legacy").unwrap().prepared);
-        assert!(!p("write_bw").unwrap().prepared);
+        assert!(!p("write_bw --raw --post legacy").unwrap().prepared);
     }
 
     #[test]

@@ -286,20 +286,23 @@ impl QpTracker {
     /// # Safety
     /// As for [`Queue::advance`]: the caller is the only consumer, and
     /// `off` is before the published tail.
-    #[cold]
+    #[inline(never)]
     unsafe fn complete_after_others(q: &Queue, off: u32, c: &mut Completion, later: &mut Later) {
         c.unsignaled.reserve(off as usize);
-        for _ in 0..off {
-            // SAFETY: the caller's contract; these are before `off`.
-            if let Some(p) = unsafe { q.advance() } {
-                c.unsignaled.push((p.wr_id, p.buffers));
-                later.keep(p._ah, p._mw);
-            }
-        }
-        // SAFETY: as above; the entry is at `head` now.
-        if let Some(p) = unsafe { q.advance() } {
-            p.finish(c, later);
-        }
+        let mut before = off;
+        // SAFETY: the caller's contract: the `off` entries before the
+        // completion's and that one are published, and this is the consumer.
+        unsafe {
+            q.advance_n(off as usize + 1, |p| {
+                if before == 0 {
+                    p.finish(c, later);
+                } else {
+                    before -= 1;
+                    later.keep(p._ah, p._mw);
+                    c.unsignaled.push((p.wr_id, p.buffers));
+                }
+            })
+        };
     }
 }
 

@@ -300,6 +300,35 @@ fn queue_crosses_blocks_and_reuses_them() {
 }
 
 #[test]
+fn runs_of_unsignaled_requests_are_released_across_block_boundaries() {
+    // A signaled completion every `period` requests, the run starting at
+    // every offset within a block: each completion gives back exactly the
+    // requests since the previous one, in order, whatever blocks they span.
+    let reg = Registry::default();
+    let t = qp(&reg);
+    let mut next = 0u64;
+    for period in [1u64, 2, 31, 32, 33, 64, 65, 100] {
+        for _ in 0..3 {
+            let first = next;
+            let mut last = 0;
+            for _ in 0..period {
+                last = pending(&t, false, next);
+                next += 1;
+            }
+            let c = reg.completion(&wc(last));
+            assert_eq!(c.wr_id, next - 1);
+            let got: Vec<u64> = c.unsignaled.iter().map(|(id, _)| *id).collect();
+            assert_eq!(
+                got,
+                (first..next - 1).collect::<Vec<_>>(),
+                "period {period}"
+            );
+            assert_eq!(t.in_flight(), (0, 0));
+        }
+    }
+}
+
+#[test]
 fn a_queue_that_never_had_an_entry_leaves_completions_bare() {
     let reg = Registry::default();
     let t = qp(&reg);
