@@ -1,4 +1,4 @@
-//! Build script of `rdma-sys`.
+//! Build script of `rdma-verbs-sys` (folder `rdma-sys/`).
 //!
 //! 1. Finds libibverbs and librdmacm (pkg-config, or `RDMA_CORE_INCLUDE_DIR` +
 //!    `RDMA_CORE_LIB_DIR`).
@@ -79,8 +79,8 @@ fn main() {
 
 fn fail(what: &str, detail: &str) -> ! {
     panic!(
-        "\n\nrdma-sys: {what}\n\n{detail}\n\n\
-         rdma-sys needs rdma-core's development files (rdma-core >= 44: libibverbs >= {MIN_IBVERBS}, \
+        "\n\nrdma-verbs-sys: {what}\n\n{detail}\n\n\
+         rdma-verbs-sys needs rdma-core's development files (rdma-core >= 44: libibverbs >= {MIN_IBVERBS}, \
          librdmacm >= {MIN_RDMACM}) and libclang for bindgen:\n\
          \x20 Debian/Ubuntu: apt-get install libibverbs-dev librdmacm-dev pkg-config clang libclang-dev\n\
          \x20 Fedora/RHEL:   dnf install rdma-core-devel pkgconf-pkg-config clang-devel\n\

@@ -85,7 +85,7 @@
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-/// The raw bindings (`rdma-sys`), for what the safe API does not cover yet.
+/// The raw bindings (package `rdma-verbs-sys`), for what the safe API does not cover yet.
 pub use rdma_sys as ffi;
 
 mod macros;
