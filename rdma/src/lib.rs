@@ -221,6 +221,12 @@
 #![doc(test(attr(deny(warnings), allow(dead_code))))]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+// The README's Rust example is compiled as a doc example (only under `cargo test --doc`:
+// the packaged crate carries the README at its root, where this path does not lead).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeExample;
+
 /// The raw bindings (package `rdma-verbs-sys`), for what the safe API does not cover yet.
 pub use rdma_sys as ffi;
 
