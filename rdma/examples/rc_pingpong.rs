@@ -13,11 +13,12 @@
 //! here owns its buffer: the memory moves into the work request and comes
 //! back with its completion (`rdma`'s safe post path).
 
-mod pingpong;
+mod common;
 
+use common::pingpong;
 use std::process::ExitCode;
 
-use pingpong::{Dest, Opts, OrFail, Res, Tool, Traffic, Unsupported};
+use common::pingpong::{Dest, Opts, OrFail, Res, Tool, Traffic, Unsupported};
 use rdma::ffi;
 use rdma::{AccessFlags, InitAttr, PostPath, QpType, RtrAttr, RtsAttr};
 
