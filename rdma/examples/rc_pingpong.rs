@@ -36,11 +36,6 @@ const TOOL: Tool = Tool {
                   which the safe API cannot express",
         },
         Unsupported {
-            short: 'P',
-            long: "prefetch",
-            why: "ibv_advise_mr is not wrapped",
-        },
-        Unsupported {
             short: 'j',
             long: "dm",
             why: "device memory (ibv_alloc_dm) is not wrapped",
@@ -53,6 +48,9 @@ fn main() -> ExitCode {
 }
 
 fn run(opts: &Opts) -> Res<()> {
+    if opts.prefetch && !opts.odp {
+        return Err("prefetch is valid only with on-demand memory region (-o)".into());
+    }
     let (ctx, port) = pingpong::open_device(opts)?;
     let access = if opts.odp {
         pingpong::odp_access(&ctx, ffi::IBV_ODP_SUPPORT_RECV, "receives")?

@@ -104,6 +104,8 @@ pub struct Opts {
     pub chk: bool,
     /// Register memory with on-demand paging.
     pub odp: bool,
+    /// Prefetch the on-demand regions before the run (`ibv_advise_mr`).
+    pub prefetch: bool,
     /// Completion timestamps (an extended CQ).
     pub ts: bool,
     /// Post sends with the `ibv_wr_*` API (an extended QP).
@@ -139,6 +141,7 @@ enum Key {
     GidIdx,
     Chk,
     Odp,
+    Prefetch,
     Ts,
     NewSend,
     Help,
@@ -179,6 +182,7 @@ fn flags(tool: &Tool, extra: &[ExtraFlag]) -> Vec<Flag> {
     }
     if tool.rc_flags {
         v.push(f('o', "odp", false, Key::Odp));
+        v.push(f('P', "prefetch", false, Key::Prefetch));
         v.push(f('t', "ts", false, Key::Ts));
         v.push(f('N', "new_send", false, Key::NewSend));
     }
@@ -241,6 +245,10 @@ pub fn usage_with(tool: &Tool, extra: &[ExtraFlag]) -> String {
     );
     if tool.rc_flags {
         line("-o, --odp", "register the buffers with on-demand paging");
+        line(
+            "-P, --prefetch",
+            "prefetch the on-demand buffers (ibv_advise_mr) before the run (needs -o)",
+        );
         line(
             "-t, --ts",
             "read completion timestamps (extended CQ) and print receive intervals",
@@ -342,6 +350,7 @@ fn apply(
         Key::Events => opts.events = true,
         Key::Chk => opts.chk = true,
         Key::Odp => opts.odp = true,
+        Key::Prefetch => opts.prefetch = true,
         Key::Ts => opts.ts = true,
         Key::NewSend => opts.new_send = true,
         Key::Help => return Err(ArgError::Help),
@@ -415,6 +424,7 @@ pub fn parse_args_with(
         gid_idx: None,
         chk: false,
         odp: false,
+        prefetch: false,
         ts: false,
         new_send: false,
         host: None,

@@ -124,6 +124,14 @@ mod tests {
     }
 
     #[test]
+    fn prefetch_is_a_flag_of_rc_pingpong() {
+        let o = parse(&["-o", "--prefetch"]).unwrap();
+        assert!(o.odp && o.prefetch);
+        assert!(!parse(&["-o"]).unwrap().prefetch);
+        assert!(usage(&RC).contains("-P, --prefetch"));
+    }
+
+    #[test]
     fn extra_flags_parse_and_validate() {
         const EXTRA: &[ExtraFlag] = &[
             ExtraFlag {

@@ -4,8 +4,8 @@ use super::*;
 use std::time::{Duration, Instant};
 
 use rdma::{
-    AccessFlags, Completion, CompletionChannel, CompletionQueue, InlineSend, MemoryRegion,
-    ProtectionDomain, QueuePair, SendWr, UdDest, WcStatus,
+    AccessFlags, AdviseFlags, Completion, CompletionChannel, CompletionQueue, InlineSend,
+    MemoryRegion, MrAdvice, ProtectionDomain, QueuePair, SendWr, UdDest, WcStatus,
 };
 
 /// The bytes every message carries. With `-c`: 0x7b with a 0 at the start of
@@ -141,9 +141,6 @@ impl Traffic {
             .or_fail(&format!(
                 "Couldn't register {total} bytes of receive buffers"
             ))?;
-        let free = recv
-            .chunks(piece)
-            .or_fail("Couldn't cut the receive buffers")?;
         let send = if inline {
             SendBuf::Inline(data.clone())
         } else {
@@ -152,6 +149,23 @@ impl Traffic {
                     .or_fail("Couldn't register the send buffer")?,
             ))
         };
+        if opts.prefetch {
+            // As the C tool: fault the on-demand pages in before the run and
+            // wait for it (FLUSH); a failure is reported, not fatal.
+            let mut advised = pd.advise_mr(MrAdvice::PrefetchWrite, AdviseFlags::FLUSH, &[&recv]);
+            if let (Ok(()), SendBuf::Region(Some(mr))) = (&advised, &send) {
+                advised = pd.advise_mr(MrAdvice::Prefetch, AdviseFlags::FLUSH, &[mr]);
+            }
+            if let Err(e) = advised {
+                eprintln!(
+                    "Couldn't prefetch MR({}). Continue anyway ({e})",
+                    e.errno().unwrap_or(0)
+                );
+            }
+        }
+        let free = recv
+            .chunks(piece)
+            .or_fail("Couldn't cut the receive buffers")?;
         Ok(Traffic {
             size: opts.size,
             headroom,
