@@ -38,7 +38,9 @@ const TOOL: Tool = Tool {
         Unsupported {
             short: 'j',
             long: "dm",
-            why: "device memory (ibv_alloc_dm) is not wrapped",
+            why: "a region of device memory (Context::alloc_dm, ProtectionDomain::reg_dm_mr) \
+                  cannot be posted through the safe API yet (work requests take MemoryRegions), \
+                  and soft-RoCE and soft-iWARP have no device memory to test a raw path on",
         },
     ],
 };
