@@ -1,4 +1,4 @@
-//! Build script of `rdma-sys`.
+//! Build script of `rdma-verbs-sys` (folder `rdma-sys/`).
 //!
 //! 1. Finds libibverbs and librdmacm (pkg-config, or `RDMA_CORE_INCLUDE_DIR` +
 //!    `RDMA_CORE_LIB_DIR`).
@@ -79,8 +79,8 @@ fn main() {
 
 fn fail(what: &str, detail: &str) -> ! {
     panic!(
-        "\n\nrdma-sys: {what}\n\n{detail}\n\n\
-         rdma-sys needs rdma-core's development files (rdma-core >= 44: libibverbs >= {MIN_IBVERBS}, \
+        "\n\nrdma-verbs-sys: {what}\n\n{detail}\n\n\
+         rdma-verbs-sys needs rdma-core's development files (rdma-core >= 44: libibverbs >= {MIN_IBVERBS}, \
          librdmacm >= {MIN_RDMACM}) and libclang for bindgen:\n\
          \x20 Debian/Ubuntu: apt-get install libibverbs-dev librdmacm-dev pkg-config clang libclang-dev\n\
          \x20 Fedora/RHEL:   dnf install rdma-core-devel pkgconf-pkg-config clang-devel\n\
@@ -191,7 +191,10 @@ fn generate_bindings(libs: &Libs, wrapper: &Path, out: &Path) {
     let mut builder = bindgen::Builder::default()
         .header(wrapper.to_str().expect("UTF-8 path"))
         .parse_callbacks(Box::new(Callbacks))
-        .rust_target(bindgen::RustTarget::stable(82, 0).expect("known Rust version"))
+        // The workspace's MSRV. 1.83 and not 1.82: bindgen 0.73 emits a `const unsafe fn`
+        // taking `&mut self` (`__IncompleteArrayField::as_mut`) whatever the target, and
+        // `&mut` in a const fn is stable since 1.83.
+        .rust_target(bindgen::RustTarget::stable(83, 0).expect("known Rust version"))
         .allowlist_function("ibv_.*|_ibv_.*|__ibv_.*|___ibv_.*|verbs_.*|rdma_.*")
         .allowlist_type("ibv_.*|_ibv_.*|_compat_ibv_.*|ib_uverbs_.*|verbs_.*|rdma_.*")
         .allowlist_var("IBV_.*|IB_UVERBS_.*|RDMA_.*|VERBS_.*")

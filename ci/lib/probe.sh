@@ -2,7 +2,7 @@
 # ci/lib/probe.sh: the machine-speed probe of the benchmarks (ci/bench,
 # ci/bench-lat, ci/bench-cmtime). ci/lib/speed-probe.c times a fixed compute
 # loop; the host's speed moves by a third between runs a second apart and the
-# guest's by up to 2x (BENCHMARKS.md, session 12), so each table records the
+# guest's by up to 2x (docs/benchmarks-log.md, session 12), so each table records the
 # probe next to its results. It explains a table; nothing filters or rescales
 # runs by it.
 

@@ -6,7 +6,7 @@
  * CLOCK_MONOTONIC; prints the milliseconds it took. ci/bench runs it on both
  * vCPUs of the guest before every pair, and natively on the host before the
  * VM boots, so that each table records how much the machine's own speed
- * moved while it was measured (BENCHMARKS.md, session 12).
+ * moved while it was measured (docs/benchmarks-log.md, session 12).
  *
  *   speed-probe [STEPS]     (default 4000000)
  */

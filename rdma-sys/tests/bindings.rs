@@ -107,7 +107,7 @@ fn docs_snapshot_is_current() {
         + &std::fs::read_to_string(format!("{out}/macro_aliases.rs")).unwrap();
     let header = format!(
         "// Snapshot for docs.rs: libibverbs {}, librdmacm {}. Regenerate with\n\
-         // RDMA_SYS_BLESS=1 cargo test -p rdma-sys --test bindings docs_snapshot\n",
+         // RDMA_SYS_BLESS=1 cargo test -p rdma-verbs-sys --test bindings docs_snapshot\n",
         rdma_sys::IBVERBS_VERSION,
         rdma_sys::RDMACM_VERSION
     );
@@ -135,6 +135,6 @@ fn docs_snapshot_is_current() {
     }
     assert!(
         committed == expected,
-        "src/docsrs_bindings.rs is stale: run RDMA_SYS_BLESS=1 cargo test -p rdma-sys --test bindings docs_snapshot"
+        "src/docsrs_bindings.rs is stale: run RDMA_SYS_BLESS=1 cargo test -p rdma-verbs-sys --test bindings docs_snapshot"
     );
 }

@@ -6,34 +6,32 @@
 //!   -n, --count=COUNT     exit after COUNT events (default: run until killed)
 //! ```
 
+mod common;
+
 use std::process::ExitCode;
 
+use common::args::{self, Flag};
+
 fn run() -> Result<(), String> {
+    const FLAGS: [Flag; 3] = [
+        Flag::new('d', "ib-dev", true),
+        Flag::new('n', "count", true),
+        Flag::new('h', "help", false),
+    ];
+    let parsed = args::parse(std::env::args().skip(1), &FLAGS)?;
+    if let Some(op) = parsed.operands.first() {
+        return Err(format!("unexpected argument '{op}'"));
+    }
     let mut device = None;
     let mut count: Option<u64> = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) => (f.to_string(), Some(v.to_string())),
-            None => (a.clone(), None),
-        };
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .ok_or(format!("{flag} needs a value"))
-        };
-        match flag.as_str() {
-            "-d" | "--ib-dev" => device = Some(value()?),
-            "-n" | "--count" => {
-                let v = value()?;
-                count = Some(v.parse().map_err(|_| format!("bad count {v:?}"))?);
-            }
-            "-h" | "--help" => {
+    for f in parsed.flags {
+        match f.index {
+            0 => device = Some(f.value),
+            1 => count = Some(args::number('n', &f.value)?),
+            _ => {
                 println!("usage: asyncwatch [-d DEVICE] [-n COUNT]");
                 return Ok(());
             }
-            other => return Err(format!("unknown option {other}")),
         }
     }
     let dev = match device {

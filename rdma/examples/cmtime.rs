@@ -26,7 +26,7 @@
 //! are destroyed just before the `destroy` step, which then times the ids
 //! alone, as the C tool's does.
 
-mod cmcommon;
+mod common;
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cmcommon::{get_rdma_addr, getopt, number, OrFail, Res};
+use common::cm::{get_rdma_addr, getopt, number, OrFail, Res};
 use rdma::cm::{AddrInfoFlags, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use rdma::{CompletionQueue, QpType, QueuePair};
 

@@ -10,8 +10,11 @@
 //!                         a verbs context (rdma::sysfs)
 //! ```
 
+mod common;
+
 use std::process::ExitCode;
 
+use common::args::{self, Flag};
 use rdma::sysfs::{RdmaDevice, Sysfs};
 use rdma::{Context, Device};
 
@@ -29,6 +32,21 @@ fn usage() -> ExitCode {
 }
 
 fn parse_args() -> Result<Args, String> {
+    const FLAGS: [Flag; 5] = [
+        Flag::new('d', "ib-dev", true),
+        Flag::new('i', "ib-port", true),
+        Flag::new('l', "list", false),
+        Flag::new('v', "verbose", false),
+        Flag {
+            short: None,
+            long: "sysfs",
+            value: false,
+        },
+    ];
+    let parsed = args::parse(std::env::args().skip(1), &FLAGS)?;
+    if let Some(op) = parsed.operands.first() {
+        return Err(format!("unexpected argument '{op}'"));
+    }
     let mut args = Args {
         device: None,
         port: None,
@@ -36,28 +54,13 @@ fn parse_args() -> Result<Args, String> {
         verbose: false,
         sysfs: false,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) => (f.to_string(), Some(v.to_string())),
-            None => (a.clone(), None),
-        };
-        let mut value = |name: &str| {
-            inline
-                .clone()
-                .or_else(|| it.next())
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
-        match flag.as_str() {
-            "-d" | "--ib-dev" => args.device = Some(value("-d")?),
-            "-i" | "--ib-port" => {
-                let v = value("-i")?;
-                args.port = Some(v.parse().map_err(|_| format!("bad port {v:?}"))?);
-            }
-            "-l" | "--list" => args.list = true,
-            "-v" | "--verbose" => args.verbose = true,
-            "--sysfs" => args.sysfs = true,
-            other => return Err(format!("unknown option {other}")),
+    for f in parsed.flags {
+        match f.index {
+            0 => args.device = Some(f.value),
+            1 => args.port = Some(args::number('i', &f.value)?),
+            2 => args.list = true,
+            3 => args.verbose = true,
+            _ => args.sysfs = true,
         }
     }
     Ok(args)

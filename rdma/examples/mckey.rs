@@ -26,13 +26,13 @@
 //! no create flags), and `-M` fails to join (the kernel's `ENOTSUPP`, 524:
 //! `AF_IB` groups need an InfiniBand port).
 
-mod cmcommon;
+mod common;
 
 use std::net::{Ipv6Addr, SocketAddr};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use cmcommon::{c_number, getopt, host_ip, number, poll_n, OrFail, Res, GRH_LEN};
+use common::cm::{c_number, getopt, host_ip, number, poll_n, OrFail, Res, GRH_LEN};
 use rdma::cm::{CmAddr, CmEventType, CmId, EventChannel, IbAddr, McJoinFlags, PortSpace};
 use rdma::{
     AccessFlags, AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QpCreateFlags,
@@ -118,7 +118,7 @@ fn parse(args: &[String]) -> Res<Opts> {
 }
 
 fn main() -> ExitCode {
-    cmcommon::cmatose_main("mckey", parse, usage, run)
+    common::cm::cmatose_main("mckey", parse, usage, run)
 }
 
 /// One group membership. Field order is drop order.

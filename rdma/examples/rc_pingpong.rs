@@ -13,11 +13,12 @@
 //! here owns its buffer: the memory moves into the work request and comes
 //! back with its completion (`rdma`'s safe post path).
 
-mod pingpong;
+mod common;
 
+use common::pingpong;
 use std::process::ExitCode;
 
-use pingpong::{Dest, Opts, OrFail, Res, Tool, Traffic, Unsupported};
+use common::pingpong::{Dest, Opts, OrFail, Res, Tool, Traffic, Unsupported};
 use rdma::ffi;
 use rdma::{AccessFlags, InitAttr, PostPath, QpType, RtrAttr, RtsAttr};
 
@@ -35,14 +36,11 @@ const TOOL: Tool = Tool {
                   which the safe API cannot express",
         },
         Unsupported {
-            short: 'P',
-            long: "prefetch",
-            why: "ibv_advise_mr is not wrapped",
-        },
-        Unsupported {
             short: 'j',
             long: "dm",
-            why: "device memory (ibv_alloc_dm) is not wrapped",
+            why: "a region of device memory (Context::alloc_dm, ProtectionDomain::reg_dm_mr) \
+                  cannot be posted through the safe API yet (work requests take MemoryRegions), \
+                  and soft-RoCE and soft-iWARP have no device memory to test a raw path on",
         },
     ],
 };
@@ -52,6 +50,9 @@ fn main() -> ExitCode {
 }
 
 fn run(opts: &Opts) -> Res<()> {
+    if opts.prefetch && !opts.odp {
+        return Err("prefetch is valid only with on-demand memory region (-o)".into());
+    }
     let (ctx, port) = pingpong::open_device(opts)?;
     let access = if opts.odp {
         pingpong::odp_access(&ctx, ffi::IBV_ODP_SUPPORT_RECV, "receives")?

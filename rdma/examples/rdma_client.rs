@@ -10,11 +10,11 @@
 //! Prints `rdma_client: start` and, at the end, `rdma_client: end N` with
 //! N = 0 on success, as the C tool does.
 
-mod cmcommon;
+mod common;
 
 use std::process::ExitCode;
 
-use cmcommon::{getopt, OrFail, Res};
+use common::cm::{getopt, OrFail, Res};
 use rdma::cm::{self, AddrInfoHints, ConnParam, PortSpace};
 use rdma::{InlineSend, SendWr, WcStatus};
 
@@ -62,7 +62,7 @@ fn run(server: &str, port: &str) -> Res<()> {
     let info = cm::getaddrinfo(Some(server), Some(port), Some(&hints))
         .map_err(|e| format!("rdma_getaddrinfo: {e}"))?;
     let (id, _) = cm::create_ep(&info.first(), None).or_fail("rdma_create_ep")?;
-    let mut qp = cmcommon::endpoint_qp(&id, "rdma_create_ep", MSG_LEN as u32)?;
+    let mut qp = common::cm::endpoint_qp(&id, "rdma_create_ep", MSG_LEN as u32)?;
     let inline = qp.caps().max_inline_data as usize >= MSG_LEN;
     if !inline {
         println!("rdma_client: device doesn't support IBV_SEND_INLINE, using sge sends");

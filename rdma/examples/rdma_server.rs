@@ -10,11 +10,11 @@
 //! Prints `rdma_server: start` and, at the end, `rdma_server: end N` with
 //! N = 0 on success, as the C tool does.
 
-mod cmcommon;
+mod common;
 
 use std::process::ExitCode;
 
-use cmcommon::{getopt, OrFail, Res};
+use common::cm::{getopt, OrFail, Res};
 use rdma::cm::{self, AddrInfoFlags, AddrInfoHints, ConnParam, PortSpace};
 use rdma::{InlineSend, SendWr, WcStatus};
 
@@ -65,7 +65,7 @@ fn run(server: &str, port: &str) -> Res<()> {
     let (listen_id, _) = cm::create_ep(&info.first(), None).or_fail("rdma_create_ep")?;
     listen_id.listen(0).or_fail("rdma_listen")?;
     let (id, _) = listen_id.get_request().or_fail("rdma_get_request")?;
-    let mut qp = cmcommon::endpoint_qp(&id, "rdma_create_qp", MSG_LEN as u32)?;
+    let mut qp = common::cm::endpoint_qp(&id, "rdma_create_qp", MSG_LEN as u32)?;
     let inline = qp.caps().max_inline_data as usize >= MSG_LEN;
     if !inline {
         println!("rdma_server: device doesn't support IBV_SEND_INLINE, using sge sends");

@@ -26,14 +26,14 @@
 //! path); the sink, which the peer writes, is read with
 //! [`MemoryRegion::read_at`].
 
-mod cmcommon;
+mod common;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use cmcommon::{c_str, getopt, host_ip, number, rearm, wait_readable, OrFail, Res};
+use common::cm::{c_str, getopt, host_ip, number, rearm, wait_readable, OrFail, Res};
 use rdma::cm::{CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use rdma::{
     AccessFlags, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain, QpType,

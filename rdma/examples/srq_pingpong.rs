@@ -32,11 +32,12 @@
 //! comes back with its completion (`rdma`'s safe post path), whichever QP
 //! consumed it.
 
-mod pingpong;
+mod common;
 
+use common::pingpong;
 use std::time::{Duration, Instant};
 
-use pingpong::{
+use common::pingpong::{
     Dest, ExtraFlag, ExtraKind, ExtraValue, Opts, OrFail, Res, Tool, RECV_WRID, SEND_WRID,
 };
 use rdma::ffi;

@@ -9,11 +9,12 @@
 //! Run with `--help` for the options. UC has no acknowledgements and no
 //! retries: a lost message stalls the run, as with the C tool.
 
-mod pingpong;
+mod common;
 
+use common::pingpong;
 use std::process::ExitCode;
 
-use pingpong::{Dest, Opts, OrFail, Res, Tool, Traffic};
+use common::pingpong::{Dest, Opts, OrFail, Res, Tool, Traffic};
 use rdma::{AccessFlags, InitAttr, QpType, RtrAttr, RtsAttr};
 
 const TOOL: Tool = Tool {

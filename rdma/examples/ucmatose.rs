@@ -22,12 +22,12 @@
 //! client fails to resolve the route (`ENODEV`), at the same step and with
 //! the same error as the C tool.
 
-mod cmcommon;
+mod common;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use cmcommon::{c_number, get_rdma_addr, getopt, number, poll_n, OrFail, Res};
+use common::cm::{c_number, get_rdma_addr, getopt, number, poll_n, OrFail, Res};
 use rdma::cm::{
     AddrInfoFlags, CmAddr, CmEvent, CmEventType, CmId, CmOption, ConnParam, EventChannel, PortSpace,
 };
@@ -94,7 +94,7 @@ fn parse(args: &[String]) -> Res<Opts> {
         match flag {
             's' => o.dst = Some(v),
             'b' => o.src = Some(v),
-            'f' => (o.flags, o.family) = cmcommon::address_format(&v),
+            'f' => (o.flags, o.family) = common::cm::address_format(&v),
             'P' => {
                 let p = v.to_ascii_lowercase();
                 if p.starts_with("ib") {
@@ -120,7 +120,7 @@ fn parse(args: &[String]) -> Res<Opts> {
 }
 
 fn main() -> ExitCode {
-    cmcommon::cmatose_main("ucmatose", parse, usage, run)
+    common::cm::cmatose_main("ucmatose", parse, usage, run)
 }
 
 /// One connection. Field order is drop order: the QP before its CQs and

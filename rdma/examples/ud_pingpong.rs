@@ -10,11 +10,12 @@
 //! not exceed the port's active MTU; every receive buffer has 40 bytes more
 //! in front for the Global Routing Header.
 
-mod pingpong;
+mod common;
 
+use common::pingpong;
 use std::process::ExitCode;
 
-use pingpong::{Dest, Opts, OrFail, Res, Tool, Traffic, GRH_LEN, UD_QKEY};
+use common::pingpong::{Dest, Opts, OrFail, Res, Tool, Traffic, GRH_LEN, UD_QKEY};
 use rdma::{AccessFlags, InitAttr, QpType, RtsAttr, UdDest};
 
 const TOOL: Tool = Tool {

@@ -24,12 +24,12 @@
 //! client fails to resolve the route (`ENODEV`), at the same step and with
 //! the same error as the C tool.
 
-mod cmcommon;
+mod common;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use cmcommon::{c_number, get_rdma_addr, getopt, number, poll_n, OrFail, Res, GRH_LEN};
+use common::cm::{c_number, get_rdma_addr, getopt, number, poll_n, OrFail, Res, GRH_LEN};
 use rdma::cm::{
     AddrInfoFlags, CmAddr, CmEvent, CmEventType, CmId, CmOption, ConnParam, EventChannel, PortSpace,
 };
@@ -94,7 +94,7 @@ fn parse(args: &[String]) -> Res<Opts> {
             'S' => o.size = number(flag, &v)?,
             't' => o.tos = Some(c_number(flag, &v)? as u8),
             'p' => o.ps = PortSpace::from_raw(c_number(flag, &v)? as u32),
-            'f' => (o.flags, o.family) = cmcommon::address_format(&v),
+            'f' => (o.flags, o.family) = common::cm::address_format(&v),
             'P' => {
                 let p = v.to_ascii_lowercase();
                 if p.starts_with("ipoib") {
@@ -113,7 +113,7 @@ fn parse(args: &[String]) -> Res<Opts> {
 }
 
 fn main() -> ExitCode {
-    cmcommon::cmatose_main("udaddy", parse, usage, run)
+    common::cm::cmatose_main("udaddy", parse, usage, run)
 }
 
 /// One datagram connection. Field order is drop order: the QP and AH go

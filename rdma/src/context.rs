@@ -99,6 +99,30 @@ impl Drop for ContextInner {
 /// `Context` is a cheap handle: cloning it clones an `Arc`, and every object
 /// created from it keeps it open, so the device is closed when the last of them
 /// is dropped.
+///
+/// # Examples
+/// List the devices, open one by name and read its limits and first port, as
+/// `ibv_devinfo` does:
+///
+/// ```no_run
+/// # fn main() -> rdma::Result<()> {
+/// for dev in rdma::devices()? {
+///     println!("{} ({}, GUID {})", dev.name(), dev.transport_type(), dev.guid());
+/// }
+/// let ctx = rdma::Context::open("rxe0")?;
+/// let attr = ctx.query_device()?;
+/// println!("firmware {}, {} ports, up to {} QPs", attr.fw_ver(), ctx.port_count(), attr.max_qp());
+/// let port = ctx.query_port(1)?;
+/// println!("port 1: {}, MTU {:?}, {}", port.state, port.active_mtu, port.link_layer);
+/// let gid = ctx.query_gid(1, 0)?;
+/// println!("GID[0] {gid}");
+/// // Everything made from the context keeps it open.
+/// let pd = ctx.alloc_pd()?;
+/// drop(ctx);
+/// # drop(pd);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Context {
     inner: Arc<ContextInner>,

@@ -1,6 +1,20 @@
 //! Safe bindings to rdma-core: InfiniBand verbs (`libibverbs`) and the RDMA
 //! connection manager (`librdmacm`).
 //!
+//! The package is `rdma-verbs` (the names `rdma` and `rdma-sys` on crates.io
+//! belong to other crates); its library is called `rdma`:
+//!
+//! ```toml
+//! [dependencies]
+//! rdma-verbs = "0.1"
+//! ```
+//!
+//! Where to start: the [tour](#tour-connect-exchange-a-remotememory-rdma-write-with-immediate-tear-down)
+//! below, then [`Context`], [`ProtectionDomain`], [`MemoryRegion`],
+//! [`QueuePair`], [`CompletionQueue`], and [`cm::blocking`] for connections.
+//! The raw bindings are [`ffi`]. Building needs rdma-core's headers and
+//! libclang (see the README).
+//!
 //! # Object graph
 //! ```text
 //! devices() -> Device --open--> Context   (or Context::import_device(dup of cmd_fd), see `import`)
@@ -43,23 +57,142 @@
 //! flight at once ([`WrBuffers::Shared`], an `Arc` per request).
 //! [`QueuePair::post_send_raw`] remains as `unsafe` for experts.
 //!
+//! Two queue pairs of one device connected to each other by hand (the way
+//! `rc_pingpong` does it after exchanging addresses over TCP; the
+//! [`cm`] module does it for you), one SEND from `a` to `b`:
+//!
 //! ```no_run
+//! use rdma::{AccessFlags, AhAttr, InitAttr, PostError, QpType, RtrAttr, RtsAttr, SendWr};
 //! # fn main() -> rdma::Result<()> {
-//! use rdma::{AccessFlags, QpType, SendWr};
 //! let ctx = rdma::Context::open("rxe0")?;
 //! let pd = ctx.alloc_pd()?;
 //! let cq = ctx.create_cq(64, None, 0)?;
-//! let mut qp = pd.qp_builder(QpType::Rc, &cq, &cq).build()?;
-//! // ... to_init / to_rtr / to_rts against a peer ...
+//! let mut a = pd.qp_builder(QpType::Rc, &cq, &cq).build()?;
+//! let mut b = pd.qp_builder(QpType::Rc, &cq, &cq).build()?;
+//! // RESET -> INIT -> RTR -> RTS, each QP aimed at the other. On RoCE the
+//! // address is a GID (soft-RoCE: index 1, the IPv4 one).
+//! let gid_index = 1;
+//! let gid = ctx.query_gid(1, gid_index.into())?;
+//! let mtu = ctx.query_port(1)?.active_mtu;
+//! for (me, peer) in [(&a, &b), (&b, &a)] {
+//!     me.to_init(&InitAttr::new(1))?;
+//!     let ah = AhAttr::global(1, gid, gid_index);
+//!     me.to_rtr(Some(&RtrAttr::new(ah, mtu, peer.qp_num(), 0)))?;
+//!     me.to_rts(&RtsAttr::new(0))?;
+//! }
+//! // The memory moves into the queue with the request; a failed post gives
+//! // it back (here it is dropped on purpose).
+//! let buf = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+//! b.post_recv(1, buf).map_err(PostError::drop_buffers)?;
 //! let msg = pd.reg_mr(b"hello".to_vec(), AccessFlags::empty())?;
-//! // A failed post gives the message back; here it is dropped on purpose.
-//! qp.post_send(SendWr::send(1, msg))
-//!     .map_err(rdma::PostError::drop_buffers)?;
+//! a.post_send(SendWr::send(2, msg)).map_err(PostError::drop_buffers)?;
+//! // ... and comes back with the completion, with the request's `wr_id`.
 //! let mut done = Vec::new();
-//! while cq.poll(&mut done, 1)? == 0 {}
-//! let mut c = done.pop().unwrap().ok()?;
-//! let msg = c.take_buffers().into_one().unwrap(); // the memory is back
-//! # let _ = msg;
+//! while done.len() < 2 {
+//!     cq.poll(&mut done, 2)?;
+//! }
+//! for c in done {
+//!     let mut c = c.ok()?;
+//!     let memory = c.take_buffers().into_one().expect("one region per request");
+//!     if c.wr_id == 1 {
+//!         assert_eq!(&memory.as_slice()?[..c.byte_len as usize], b"hello");
+//!     }
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Tour: connect, exchange a [`RemoteMemory`], RDMA WRITE with immediate, tear down
+//! A server and a client in one program, on two threads, through the
+//! connection manager's blocking layer ([`cm::blocking`]). The server grants
+//! the client write access to a region and sends it the region's address,
+//! length and rkey; the client writes into it with an RDMA WRITE that carries
+//! an immediate value, which consumes a receive at the server and tells it
+//! the bytes are there. `ip` is an address of an RDMA device (soft-RoCE
+//! included: see the README). The device test `tests/tour.rs` runs this
+//! code, line for line.
+//!
+//! ```no_run
+//! use std::net::SocketAddr;
+//!
+//! use rdma::cm::blocking::{ConnectOptions, Connection, Listener};
+//! use rdma::{AccessFlags, PostError, RemoteMemory, SendWr, WcOpcode};
+//!
+//! # fn main() -> rdma::Result<()> {
+//! # let ip: std::net::IpAddr = "10.8.0.1".parse().unwrap();
+//! // Server: listen on port 0 (any free port) and read back the port.
+//! let listener = Listener::bind(SocketAddr::new(ip, 0), 8)?;
+//! let addr = listener.local_addr().expect("bound to an address");
+//! let server = std::thread::spawn(move || -> rdma::Result<(Vec<u8>, Option<u32>)> {
+//!     // Before accepting: the region the client may write, and the receive
+//!     // its WRITE with immediate will consume (it carries no bytes).
+//!     let mut target = None;
+//!     let mut conn = listener.accept_with(&ConnectOptions::default(), |qp, pd| {
+//!         let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+//!         target = Some(pd.alloc_mr(4096, access)?);
+//!         qp.post_recv(1, Vec::new()).map_err(PostError::drop_buffers)
+//!     })?;
+//!     let target = target.expect("set by the closure");
+//!     // Tell the client where to write: a SEND of the region's description.
+//!     let desc = target.remote().to_bytes().to_vec();
+//!     let desc = conn.pd().reg_mr(desc, AccessFlags::empty())?;
+//!     conn.qp()
+//!         .post_send(SendWr::send(2, desc))
+//!         .map_err(PostError::drop_buffers)?;
+//!     // Two completions: the SEND's (its memory comes back) and the receive's.
+//!     let mut done = Vec::new();
+//!     while done.len() < 2 {
+//!         conn.cq().poll(&mut done, 2)?;
+//!     }
+//!     let mut imm = None;
+//!     for c in done {
+//!         let c = c.ok()?;
+//!         if c.opcode == WcOpcode::RecvRdmaWithImm {
+//!             imm = c.imm();
+//!         }
+//!     }
+//!     // The region grants remote write, so it is read by copying out.
+//!     let mut bytes = vec![0; 15];
+//!     target.read_at(0, &mut bytes)?;
+//!     conn.wait_disconnected()?;
+//!     Ok((bytes, imm))
+//! });
+//!
+//! // Client: post the receive for the description before connecting (on
+//! // iWARP a SEND that finds no receive breaks the connection).
+//! let opts = ConnectOptions::default();
+//! let mut conn = Connection::connect_with(addr, &opts, |qp, pd| {
+//!     let buf = pd.alloc_mr(RemoteMemory::ENCODED_LEN, AccessFlags::LOCAL_WRITE)?;
+//!     qp.post_recv(1, buf).map_err(PostError::drop_buffers)
+//! })?;
+//! let mut c = loop {
+//!     if let Some(c) = conn.cq().poll_one()? {
+//!         break c.ok()?;
+//!     }
+//! };
+//! let buf = c.take_buffers().into_one().expect("the receive's region");
+//! let remote =
+//!     RemoteMemory::from_bytes(&buf.as_slice()?[..c.byte_len as usize]).expect("20 bytes");
+//! // RDMA WRITE with immediate: the bytes land in the server's region, the
+//! // immediate value in the completion of the server's receive.
+//! let msg = conn
+//!     .pd()
+//!     .reg_mr(b"hello over RDMA".to_vec(), AccessFlags::empty())?;
+//! conn.qp()
+//!     .post_send(SendWr::write(2, msg, remote).with_imm(42))
+//!     .map_err(PostError::drop_buffers)?;
+//! loop {
+//!     if let Some(c) = conn.cq().poll_one()? {
+//!         c.ok()?;
+//!         break;
+//!     }
+//! }
+//! // Tear down: disconnect, then drop. Dropping in any order is fine: each
+//! // object keeps what it needs alive and the last drop frees it.
+//! conn.disconnect()?;
+//! drop(conn);
+//! let (bytes, imm) = server.join().expect("the server thread")?;
+//! assert_eq!((&bytes[..], imm), (&b"hello over RDMA"[..], Some(42)));
 //! # Ok(())
 //! # }
 //! ```
@@ -83,9 +216,18 @@
 //! safe by itself.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
+// Doc examples are code a reader copies: no warnings in them (functions that only
+// give an example a signature are allowed to go unused).
+#![doc(test(attr(deny(warnings), allow(dead_code))))]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-/// The raw bindings (`rdma-sys`), for what the safe API does not cover yet.
+// The README's Rust example is compiled as a doc example (only under `cargo test --doc`:
+// the packaged crate carries the README at its root, where this path does not lead).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeExample;
+
+/// The raw bindings (package `rdma-verbs-sys`), for what the safe API does not cover yet.
 pub use rdma_sys as ffi;
 
 mod macros;

@@ -393,6 +393,42 @@ impl Drop for MrInner {
 /// A registered memory region, or a piece of one (`struct ibv_mr`).
 ///
 /// Unique owner of the bytes `addr()..addr() + len()`. Not `Clone`.
+///
+/// A region moves into a work request when it is posted and comes back with
+/// the request's completion ([`crate::Completion::take_buffers`]), so the
+/// device never uses memory Rust could free. A region a peer may write
+/// (`REMOTE_WRITE`, `REMOTE_ATOMIC`, `MW_BIND`) gives no `&[u8]`: its bytes
+/// can change at any moment, so they are copied in and out.
+///
+/// # Examples
+/// ```no_run
+/// use rdma::AccessFlags;
+/// # fn main() -> rdma::Result<()> {
+/// let ctx = rdma::Context::open("rxe0")?;
+/// let pd = ctx.alloc_pd()?;
+///
+/// // Local memory: plain slices.
+/// let mut local = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+/// local.as_mut_slice()?[..5].copy_from_slice(b"hello");
+/// assert_eq!(&local.as_slice()?[..5], b"hello");
+///
+/// // Memory a peer may write: copies only, and a description for the peer.
+/// let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+/// let mut shared = pd.alloc_mr(4096, access)?;
+/// assert!(shared.as_slice().is_err());
+/// shared.write_at(0, b"ready")?;
+/// let mut word = [0; 5];
+/// shared.read_at(0, &mut word)?;
+/// let remote = shared.remote(); // address, length and rkey
+/// let to_send: [u8; 20] = remote.to_bytes();
+///
+/// // One registration, several pieces: each can be posted on its own.
+/// let pieces = local.chunks(16)?;
+/// assert_eq!(pieces.len(), 4);
+/// # let _ = to_send;
+/// # Ok(())
+/// # }
+/// ```
 pub struct MemoryRegion {
     inner: Arc<MrInner>,
     offset: usize,
@@ -411,6 +447,39 @@ pub struct RemoteMemory {
 }
 
 impl RemoteMemory {
+    /// The length of [`RemoteMemory::to_bytes`]: 20 bytes.
+    pub const ENCODED_LEN: usize = 20;
+
+    /// The description as bytes to send to a peer: `addr`, `len` and `rkey`,
+    /// each in network byte order (big-endian), 8 + 8 + 4 bytes.
+    ///
+    /// ```
+    /// use rdma::RemoteMemory;
+    /// let remote = RemoteMemory { addr: 0x7f00_1000, len: 4096, rkey: 0x1234 };
+    /// let bytes = remote.to_bytes();
+    /// assert_eq!(RemoteMemory::from_bytes(&bytes), Some(remote));
+    /// ```
+    pub fn to_bytes(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut out = [0; Self::ENCODED_LEN];
+        out[..8].copy_from_slice(&self.addr.to_be_bytes());
+        out[8..16].copy_from_slice(&self.len.to_be_bytes());
+        out[16..].copy_from_slice(&self.rkey.to_be_bytes());
+        out
+    }
+
+    /// Reads what [`RemoteMemory::to_bytes`] wrote: `None` unless `bytes` is
+    /// exactly [`RemoteMemory::ENCODED_LEN`] long.
+    pub fn from_bytes(bytes: &[u8]) -> Option<RemoteMemory> {
+        let bytes: &[u8; Self::ENCODED_LEN] = bytes.try_into().ok()?;
+        let (addr, rest) = bytes.split_at(8);
+        let (len, rkey) = rest.split_at(8);
+        Some(RemoteMemory {
+            addr: u64::from_be_bytes(addr.try_into().ok()?),
+            len: u64::from_be_bytes(len.try_into().ok()?),
+            rkey: u32::from_be_bytes(rkey.try_into().ok()?),
+        })
+    }
+
     /// The sub-range `offset..offset + len`, or `None` if it does not fit.
     pub fn slice(&self, offset: u64, len: u64) -> Option<RemoteMemory> {
         (offset.checked_add(len)? <= self.len).then_some(RemoteMemory {
@@ -937,6 +1006,26 @@ mod tests {
     //! checks are the point.
 
     use super::*;
+
+    #[test]
+    fn remote_memory_bytes_are_big_endian_and_exactly_twenty() {
+        let remote = RemoteMemory {
+            addr: 0x0102_0304_0506_0708,
+            len: 0x1112_1314_1516_1718,
+            rkey: 0x2122_2324,
+        };
+        let bytes = remote.to_bytes();
+        assert_eq!(
+            bytes,
+            [
+                1, 2, 3, 4, 5, 6, 7, 8, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x21, 0x22,
+                0x23, 0x24
+            ]
+        );
+        assert_eq!(RemoteMemory::from_bytes(&bytes), Some(remote));
+        assert_eq!(RemoteMemory::from_bytes(&bytes[..19]), None);
+        assert_eq!(RemoteMemory::from_bytes(&[0; 21]), None);
+    }
 
     /// Stands for `MrInner`: the memory moves into a struct, then into an
     /// `Arc`, as a registration's does.

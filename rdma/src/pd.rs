@@ -66,6 +66,32 @@ impl Drop for PdInner {
 
 /// A protection domain (`struct ibv_pd`). A cheap `Clone` handle; memory
 /// regions, queue pairs and address handles created in it keep it alive.
+///
+/// # Examples
+/// Memory and queue pairs are made in a protection domain; a QP may only use
+/// memory registered in its own.
+///
+/// ```no_run
+/// use rdma::{AccessFlags, QpType};
+/// # fn main() -> rdma::Result<()> {
+/// let ctx = rdma::Context::open("rxe0")?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(64, None, 0)?;
+/// // 4 KiB of zeroed memory the device may write (receives, READ results).
+/// let buf = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+/// // Memory the program already has: the region owns it from now on.
+/// let msg = pd.reg_mr(b"hello".to_vec(), AccessFlags::empty())?;
+/// // An RC queue pair whose sends and receives complete on `cq`.
+/// let qp = pd
+///     .qp_builder(QpType::Rc, &cq, &cq)
+///     .max_send_wr(16)
+///     .max_recv_wr(16)
+///     .build()?;
+/// println!("QP {} in PD {}", qp.qp_num(), pd.handle());
+/// # drop((buf, msg));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct ProtectionDomain {
     pub(crate) inner: Arc<PdInner>,

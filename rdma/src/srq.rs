@@ -57,6 +57,38 @@ impl Drop for SrqInner {
 
 /// A shared receive queue (`struct ibv_srq`): one pool of receive requests
 /// for many QPs. A cheap `Clone` handle; QPs attached to it keep it alive.
+///
+/// # Examples
+/// Two QPs take their receives from one pool; a receive's memory comes back
+/// on the CQ of the QP that consumed it.
+///
+/// ```no_run
+/// use rdma::{AccessFlags, PostError, QpType, SrqAttr};
+/// # fn main() -> rdma::Result<()> {
+/// let ctx = rdma::Context::open("rxe0")?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(256, None, 0)?;
+/// let srq = pd.create_srq(SrqAttr { max_wr: 128, max_sge: 1, srq_limit: 0 })?;
+/// for i in 0..64 {
+///     let buf = pd.alloc_mr(1024, AccessFlags::LOCAL_WRITE)?;
+///     srq.post_recv(i, buf).map_err(PostError::drop_buffers)?;
+/// }
+/// let a = pd.qp_builder(QpType::Rc, &cq, &cq).srq(&srq).build()?;
+/// let b = pd.qp_builder(QpType::Rc, &cq, &cq).srq(&srq).build()?;
+/// // ... connect `a` and `b` to their peers; then each receive completion
+/// // names its QP (`qp_num`) and gives its memory back.
+/// let mut done = Vec::new();
+/// cq.poll(&mut done, 16)?;
+/// for mut c in done {
+///     let from = if c.qp_num == a.qp_num() { "a" } else { "b" };
+///     let buf = c.take_buffers().into_one();
+///     println!("{} bytes for {from}", c.byte_len);
+///     # drop(buf);
+/// }
+/// # drop(b);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct SharedReceiveQueue {
     pub(crate) inner: Arc<SrqInner>,

@@ -958,7 +958,7 @@ fn iwarp_resolves_beside_the_reader_while_ids_go_and_a_listener_comes() {
 /// reads: first with nothing else on the channel, while other ids of the
 /// channel are destroyed, and then with a listener on the same channel (the
 /// cases a cheaper exclusion between calls and the reader would have to
-/// tell apart; BENCHMARKS.md, cmtime, session 6). Every resolved id reads
+/// tell apart; docs/benchmarks-log.md, cmtime, session 6). Every resolved id reads
 /// back the destination it was given; nothing hangs.
 fn resolves_beside_the_reader(ip: IpAddr, n: usize) {
     use std::sync::atomic::{AtomicBool, Ordering};

@@ -67,6 +67,30 @@ impl Default for ConnectOptions {
 ///
 /// Field order is teardown order: the QP is destroyed before its CQ and PD,
 /// and the id after them.
+///
+/// # Examples
+/// Connect, send one message, wait for its completion, disconnect.
+///
+/// ```no_run
+/// use rdma::cm::blocking::{ConnectOptions, Connection};
+/// use rdma::{AccessFlags, PostError, SendWr};
+/// # fn main() -> rdma::Result<()> {
+/// let dst = "10.8.0.1:7471".parse().unwrap();
+/// let mut conn = Connection::connect(dst, &ConnectOptions::default())?;
+/// let msg = conn.pd().reg_mr(b"ping".to_vec(), AccessFlags::empty())?;
+/// conn.qp()
+///     .post_send(SendWr::send(1, msg))
+///     .map_err(PostError::drop_buffers)?;
+/// let done = loop {
+///     if let Some(c) = conn.cq().poll_one()? {
+///         break c.ok()?;
+///     }
+/// };
+/// println!("sent {} ({:?})", done.wr_id, done.opcode);
+/// conn.disconnect()?;
+/// # Ok(())
+/// # }
+/// ```
 pub struct Connection {
     qp: QueuePair,
     cq: CompletionQueue,
@@ -238,6 +262,36 @@ impl fmt::Debug for Connection {
 }
 
 /// A listening id with its own event channel.
+///
+/// # Examples
+/// Serve connections one after the other; each gets its own event channel,
+/// so it can be handed to another thread and outlive the listener.
+///
+/// ```no_run
+/// use rdma::cm::blocking::{ConnectOptions, Listener};
+/// use rdma::{AccessFlags, PostError};
+/// # fn main() -> rdma::Result<()> {
+/// let listener = Listener::bind("0.0.0.0:7471".parse().unwrap(), 16)?;
+/// let opts = ConnectOptions::default();
+/// loop {
+///     // Post a receive before accepting: the client may send at once.
+///     let conn = listener.accept_with(&opts, |qp, pd| {
+///         let buf = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+///         qp.post_recv(1, buf).map_err(PostError::drop_buffers)
+///     })?;
+///     std::thread::spawn(move || -> rdma::Result<()> {
+///         let mut c = loop {
+///             if let Some(c) = conn.cq().poll_one()? {
+///                 break c.ok()?;
+///             }
+///         };
+///         let buf = c.take_buffers().into_one().expect("the receive's region");
+///         println!("{:?}", &buf.as_slice()?[..c.byte_len as usize]);
+///         conn.wait_disconnected()
+///     });
+/// }
+/// # }
+/// ```
 pub struct Listener {
     id: CmId,
     channel: EventChannel,

@@ -71,6 +71,32 @@ impl ChannelInner {
 /// [`EventChannel::set_nonblocking`] asked it not to, so the descriptor can be
 /// handed to any poller ([`AsFd`]). With an edge-triggered poller, call
 /// [`EventChannel::try_get_event`] until it returns `Ok(None)`.
+///
+/// # Examples
+/// One channel reports the events of every id made on it; an event is
+/// acknowledged (`rdma_ack_cm_event(3)`) when it is dropped.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use rdma::cm::{CmEventType, EventChannel, PortSpace};
+/// # fn main() -> rdma::Result<()> {
+/// let channel = EventChannel::new()?;
+/// let listener = channel.create_id(PortSpace::Tcp)?;
+/// listener.bind_addr("10.8.0.1:7471".parse::<std::net::SocketAddr>().unwrap())?;
+/// listener.listen(16)?;
+/// while let Some(event) = channel.get_event_timeout(Duration::from_secs(10))? {
+///     match event.event_type() {
+///         CmEventType::ConnectRequest => {
+///             // `event.id()` is the new connection's id: make its QP, accept.
+///             println!("request with {} bytes of private data", event.private_data().len());
+///         }
+///         CmEventType::Disconnected => println!("{:?} left", event.id().peer_addr()),
+///         other => println!("{other} (status {})", event.status()),
+///     }
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct EventChannel {
     pub(crate) inner: Arc<ChannelInner>,

@@ -60,6 +60,7 @@
 //!     }
 //! }
 //! let port = sysfs.find_port_name("rxe0/1")?;
+//! println!("rxe0/1 is {}", port.state()?);
 //! # Ok(())
 //! # }
 //! ```

@@ -190,6 +190,45 @@ impl Drop for IdInner {
 /// A communication identifier (`struct rdma_cm_id`): the connection
 /// manager's socket.
 ///
+/// # Examples
+/// The active side of a connection, step by step (the [`blocking`] layer
+/// does the same in one call): resolve the address and the route, make a
+/// QP on the device the route goes through, connect.
+///
+/// [`blocking`]: crate::cm::blocking
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use rdma::cm::{CmEventType, ConnParam, EventChannel, PortSpace};
+/// use rdma::{QpState, QpType};
+/// # fn main() -> rdma::Result<()> {
+/// let t = Duration::from_secs(5);
+/// let channel = EventChannel::new()?;
+/// let id = channel.create_id(PortSpace::Tcp)?;
+/// let dst: std::net::SocketAddr = "10.8.0.1:7471".parse().unwrap();
+/// id.resolve_addr(None, dst, t)?;
+/// drop(channel.wait_for(&id, &[CmEventType::AddrResolved], "resolve_addr", t)?);
+/// id.resolve_route(t)?;
+/// drop(channel.wait_for(&id, &[CmEventType::RouteResolved], "resolve_route", t)?);
+/// // The id knows its device now.
+/// let ctx = id.context()?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(64, None, 0)?;
+/// let qp = pd.qp_builder(QpType::Rc, &cq, &cq).build()?;
+/// id.modify_qp(&qp, QpState::Init)?; // post the first receives after this
+/// id.connect_qp(&qp, &ConnParam::default())?;
+/// let wanted = [CmEventType::ConnectResponse, CmEventType::Established];
+/// let event = channel.wait_for(&id, &wanted, "connect", t)?;
+/// if event.event_type() == CmEventType::ConnectResponse {
+///     id.establish_qp(&qp)?;
+/// }
+/// drop(event);
+/// // ... traffic on `qp` ...
+/// id.disconnect()?;
+/// # Ok(())
+/// # }
+/// ```
+///
 /// A cheap `Clone` handle: the id is destroyed (`rdma_destroy_id(3)`) when
 /// the last handle, the last event about it, the last QP it made and the last
 /// borrowed context from it are gone.

@@ -1,8 +1,7 @@
 //! Code shared by the connection manager examples (`rping`, `rdma_server`,
-//! `rdma_client`, `udaddy`, `mckey`, `ucmatose`, `cmtime`): getopt-style
-//! flags, address lookup as rdma-core's examples do it, waiting on several
-//! descriptors, and the completion loop helpers.
-#![allow(dead_code)] // every example uses a different subset
+//! `rdma_client`, `udaddy`, `mckey`, `ucmatose`, `cmtime`): address lookup
+//! as rdma-core's examples do it, waiting on several descriptors, and the
+//! completion loop helpers. Their flags go through [`getopt`].
 
 use std::net::{IpAddr, ToSocketAddrs};
 use std::os::fd::RawFd;
@@ -11,102 +10,11 @@ use std::time::{Duration, Instant};
 use rdma::cm::{self, AddrInfoFlags, AddrInfoHints, CmAddr, PortSpace};
 use rdma::{Completion, CompletionChannel, CompletionQueue};
 
-/// A failure: the text to print (already in the C tool's words where it has
-/// some).
-pub type Res<T> = Result<T, String>;
-
-/// Adds what failed to an error.
-pub trait OrFail<T> {
-    /// `Err(e)` becomes `Err("{what}: {e}")`.
-    fn or_fail(self, what: &str) -> Res<T>;
-}
-
-impl<T, E: std::fmt::Display> OrFail<T> for Result<T, E> {
-    fn or_fail(self, what: &str) -> Res<T> {
-        self.map_err(|e| format!("{what}: {e}"))
-    }
-}
-
-/// Parses `args` (without the program name) like POSIX `getopt(3)` with
-/// `spec` (`"a:b"`: `-a` takes a value, `-b` does not). Values may be glued
-/// (`-p7174`) or separate (`-p 7174`); flags may be grouped (`-vV`).
-/// Parsing stops at `--` or the first operand; operands are an error, as
-/// none of the tools takes any.
-///
-/// # Errors
-/// The unknown flag, a missing value, or a stray operand.
-pub fn getopt(args: &[String], spec: &str) -> Res<Vec<(char, Option<String>)>> {
-    let takes_value = |c: char| -> Option<bool> {
-        let i = spec.find(c)?;
-        Some(spec[i + c.len_utf8()..].starts_with(':'))
-    };
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < args.len() {
-        let arg = &args[i];
-        i += 1;
-        if arg == "--" {
-            break;
-        }
-        let Some(flags) = arg.strip_prefix('-').filter(|f| !f.is_empty()) else {
-            return Err(format!("unexpected argument '{arg}'"));
-        };
-        for (at, c) in flags.char_indices() {
-            if c == ':' {
-                return Err("invalid option -- ':'".into());
-            }
-            match takes_value(c) {
-                None => return Err(format!("invalid option -- '{c}'")),
-                Some(false) => out.push((c, None)),
-                Some(true) => {
-                    let rest = &flags[at + c.len_utf8()..];
-                    let value = if !rest.is_empty() {
-                        rest.to_string()
-                    } else if i < args.len() {
-                        i += 1;
-                        args[i - 1].clone()
-                    } else {
-                        return Err(format!("option requires an argument -- '{c}'"));
-                    };
-                    out.push((c, Some(value)));
-                    break;
-                }
-            }
-        }
-    }
-    if i < args.len() {
-        return Err(format!("unexpected argument '{}'", args[i]));
-    }
-    Ok(out)
-}
-
-/// `atoi(3)`: optional sign and leading decimal digits; anything else is 0.
-/// The C tools take numbers this way; the examples refuse what `atoi`
-/// would silently turn into 0 or truncate.
-///
-/// # Errors
-/// Text that is not a whole decimal number.
-pub fn number<T: std::str::FromStr>(flag: char, v: &str) -> Res<T> {
-    v.trim()
-        .parse()
-        .map_err(|_| format!("invalid number '{v}' for -{flag}"))
-}
-
-/// `strtol(v, NULL, 0)`: decimal, `0x` hexadecimal or `0` octal.
-///
-/// # Errors
-/// Text that is not a number.
-pub fn c_number(flag: char, v: &str) -> Res<u64> {
-    let s = v.trim();
-    let r = if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        u64::from_str_radix(h, 16)
-    } else if s.len() > 1 && s.starts_with('0') {
-        u64::from_str_radix(&s[1..], 8)
-    } else {
-        s.parse()
-    };
-    r.map_err(|_| format!("invalid number '{v}' for -{flag}"))
-}
+// Each example uses some of these: unused in one is not unused in all.
+#[allow(unused_imports)]
+pub use super::args::{c_number, getopt, number};
+#[allow(unused_imports)]
+pub use super::{OrFail, Res};
 
 /// An IP address for a host name or literal (`getaddrinfo(3)`, first
 /// answer), as `rping` and `mckey` resolve `-a`/`-I`/`-b`/`-m`.
@@ -271,34 +179,10 @@ pub fn us(from: Instant, to: Instant) -> f64 {
 mod tests {
     use super::*;
 
-    fn args(a: &[&str]) -> Vec<String> {
-        a.iter().map(|s| s.to_string()).collect()
-    }
-
     #[test]
-    fn getopt_like_posix() {
-        let o = getopt(&args(&["-s", "-a10.8.0.1", "-p", "7", "-vV"]), "a:p:svV").unwrap();
-        assert_eq!(
-            o,
-            vec![
-                ('s', None),
-                ('a', Some("10.8.0.1".into())),
-                ('p', Some("7".into())),
-                ('v', None),
-                ('V', None)
-            ]
-        );
-        assert!(getopt(&args(&["-x"]), "a:").is_err());
-        assert!(getopt(&args(&["-a"]), "a:").is_err());
-        assert!(getopt(&args(&["stray"]), "a:").is_err());
-    }
-
-    #[test]
-    fn c_numbers() {
-        assert_eq!(c_number('p', "0x111").unwrap(), 0x111);
-        assert_eq!(c_number('p', "010").unwrap(), 8);
-        assert_eq!(c_number('p', "2").unwrap(), 2);
+    fn c_strings_end_at_the_first_nul() {
         assert_eq!(c_str(b"ab\0cd"), "ab");
+        assert_eq!(c_str(b"abc"), "abc");
     }
 }
 

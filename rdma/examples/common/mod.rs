@@ -1,0 +1,29 @@
+//! Code the examples share (every example but `perf`, which has its own):
+//! the error helpers and the command-line parser here, the connection
+//! manager tools' helpers in [`cm`], and the `*_pingpong` tools' flags,
+//! device setup, handshake and traffic in [`pingpong`].
+//!
+//! Each example includes the whole module (`mod common;`) and uses its part.
+#![allow(dead_code)] // every example uses a different subset
+
+pub mod args;
+pub mod cm;
+pub mod pingpong;
+
+use std::fmt::Display;
+
+/// A failure: the text to print (already in the C tool's words where it has
+/// some). Every example prints `NAME: message` and exits 1.
+pub type Res<T> = Result<T, String>;
+
+/// Adds what failed to an error.
+pub trait OrFail<T> {
+    /// `Err(e)` becomes `Err("{what}: {e}")`.
+    fn or_fail(self, what: &str) -> Res<T>;
+}
+
+impl<T, E: Display> OrFail<T> for Result<T, E> {
+    fn or_fail(self, what: &str) -> Res<T> {
+        self.map_err(|e| format!("{what}: {e}"))
+    }
+}
