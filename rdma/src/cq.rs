@@ -529,23 +529,19 @@ impl CompletionQueue {
                 let wc = unsafe { wc.assume_init_ref() };
                 let (c, previous) = match slot {
                     Some(c) => {
-                        // The previous completion's memory is taken out now
-                        // and dropped after the lock (dropping a region may
-                        // call a verb).
-                        let buffers = std::mem::take(&mut c.buffers);
-                        let unsignaled =
-                            (!c.unsignaled.is_empty()).then(|| std::mem::take(&mut c.unsignaled));
+                        // Memory the caller left in the previous completion
+                        // is taken out now and dropped after the lock
+                        // (dropping a region may call a verb). Usually
+                        // there is none: a test, not a move.
+                        let previous = c.holds_memory().then(|| c.take_memory());
                         c.set_raw(wc);
-                        (c, Some((buffers, unsignaled)))
+                        (c, previous)
                     }
                     None => (slot.insert(Completion::from_raw(wc)), None),
                 };
                 r.attach(c);
                 drop(r);
-                if let Some((buffers, unsignaled)) = previous {
-                    drop(buffers);
-                    drop(unsignaled);
-                }
+                drop(previous);
                 Ok(Some(c))
             }
             n => Err(self.poll_failed(n)),

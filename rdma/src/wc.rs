@@ -221,6 +221,22 @@ impl Completion {
         std::mem::take(&mut self.buffers)
     }
 
+    /// Whether any memory is left in it (its own, or unsignaled requests').
+    #[inline]
+    pub(crate) fn holds_memory(&self) -> bool {
+        !matches!(self.buffers, WrBuffers::None) || !self.unsignaled.is_empty()
+    }
+
+    /// Takes all the memory left in it (what [`Completion::holds_memory`]
+    /// found), to be dropped out of line.
+    #[cold]
+    pub(crate) fn take_memory(&mut self) -> Box<(WrBuffers, Vec<(u64, WrBuffers)>)> {
+        Box::new((
+            std::mem::take(&mut self.buffers),
+            std::mem::take(&mut self.unsignaled),
+        ))
+    }
+
     /// `Ok(self)` when successful, else an error describing the failure.
     ///
     /// # Errors

@@ -124,10 +124,11 @@ fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps)
     while done < total {
         for (q, qp) in conn.qps.iter_mut().enumerate() {
             while scnt[q] < iters && scnt[q] - ccnt[q] < depth {
-                let buffers = match &shared {
-                    Some(s) => WrBuffers::Shared(Arc::clone(s)),
+                // The shared region, or a region of the pool.
+                let own = match &shared {
+                    Some(_) => None,
                     None => match free[q].pop() {
-                        Some(mr) => WrBuffers::One(mr),
+                        Some(mr) => Some(mr),
                         None => break,
                     },
                 };
@@ -135,19 +136,23 @@ fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps)
                 let signaled = n % cq_mod == 0 || n == iters;
                 let id = io::wr_id(q, n);
                 stamps.posted.push(clock::now());
-                match (&mut prepared[q], buffers) {
-                    (Some(p), WrBuffers::Shared(s)) => {
+                match (&mut prepared[q], &shared, own) {
+                    (Some(p), Some(s), _) => {
                         p.set_signaled(signaled);
-                        qp.post_prepared_shared(p, id, s)
+                        qp.post_prepared_shared(p, id, Arc::clone(s))
                     }
-                    (Some(p), WrBuffers::One(mr)) => {
+                    (Some(p), None, Some(mr)) => {
                         p.set_signaled(signaled);
                         qp.post_prepared(p, id, mr)
                     }
-                    (_, buffers) => qp.post_send(
-                        io::safe_wr(verb, opts.atomic, id, buffers, conn.remote[q])
-                            .signaled(signaled),
-                    ),
+                    (_, s, mr) => {
+                        let buffers = match (s, mr) {
+                            (Some(s), _) => WrBuffers::Shared(Arc::clone(s)),
+                            (None, mr) => mr.map_or(WrBuffers::None, WrBuffers::One),
+                        };
+                        let wr = io::safe_wr(verb, opts.atomic, id, buffers, conn.remote[q]);
+                        qp.post_send(wr.signaled(signaled))
+                    }
                 }
                 .map_err(|e| format!("Couldn't post send on QP {q} (request {n}): {}", e.error))?;
                 scnt[q] = n;

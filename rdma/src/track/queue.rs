@@ -130,8 +130,9 @@ impl Queue {
         let b = unsafe { block.as_ref() };
         let slot = b.slots[*staged as usize % BLOCK].get();
         // SAFETY: slot `staged` is at or after `tail`, so the consumer does
-        // not touch it; it is free (`None`), so nothing is dropped.
-        unsafe { *slot = Some(p) };
+        // not touch it; it is free (`None`: nothing to drop), so it is
+        // written without reading it first.
+        unsafe { slot.write(Some(p)) };
         *staged = staged.wrapping_add(1);
         if *staged as usize % BLOCK == 0 {
             let next = self.take_spare().unwrap_or_else(Block::alloc);
