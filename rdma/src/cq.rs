@@ -509,7 +509,7 @@ impl CompletionQueue {
     ///
     /// # Errors
     /// As [`CompletionQueue::poll`].
-    #[inline]
+    #[inline(always)]
     pub fn poll_one_into<'s>(
         &self,
         slot: &'s mut Option<Completion>,
@@ -553,9 +553,17 @@ impl CompletionQueue {
     #[inline]
     fn legacy_poll_guard(&self) -> Result<Option<std::sync::MutexGuard<'_, ()>>> {
         match self.inner.ex {
-            Some(_) => self.poll_lock("ibv_poll_cq").map(Some),
+            Some(_) => self.extended_poll_guard(),
             None => Ok(None),
         }
+    }
+
+    /// [`CompletionQueue::legacy_poll_guard`] of an extended CQ: out of line,
+    /// so that a plain CQ's poll stays small enough to be inlined.
+    #[cold]
+    #[inline(never)]
+    fn extended_poll_guard(&self) -> Result<Option<std::sync::MutexGuard<'_, ()>>> {
+        self.poll_lock("ibv_poll_cq").map(Some)
     }
 
     /// An extended CQ's poll lock: waits while another thread's cursor is

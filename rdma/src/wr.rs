@@ -142,6 +142,7 @@ impl WrBuffers {
 
     /// The only region, if there is exactly one (for `Shared`: if this was
     /// its last reference, as [`WrBuffers::into_vec`]).
+    #[inline]
     pub fn into_one(self) -> Option<MemoryRegion> {
         match self {
             WrBuffers::One(m) => Some(m),

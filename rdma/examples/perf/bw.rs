@@ -170,10 +170,15 @@ fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps)
             io::check(c, "send")?;
             let (q, n) = io::split_id(c.wr_id);
             let pool = free.get_mut(q).ok_or("completion for an unknown QP")?;
-            // (A shared region's reference gives no region back, `shared`
-            // holding another one: it is just dropped.)
-            for (_, b) in c.unsignaled.drain(..) {
-                pool.extend(b.into_one());
+            if c.unsignaled.is_empty() {
+            } else if shared.is_some() {
+                // A shared region's references give no region back
+                // (`shared` holds another one): they are just dropped.
+                c.unsignaled.clear();
+            } else {
+                for (_, b) in c.unsignaled.drain(..) {
+                    pool.extend(b.into_one());
+                }
             }
             pool.extend(c.take_buffers().into_one());
             done += (n - ccnt[q]) as usize;

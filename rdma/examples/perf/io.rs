@@ -99,7 +99,7 @@ pub fn poll_safe(
 ///
 /// # Errors
 /// Poll failures, or a completion with an error status.
-#[inline]
+#[inline(always)]
 pub fn wait_one_safe<'s>(
     cq: &CompletionQueue,
     ch: Option<&CompletionChannel>,

@@ -12,6 +12,13 @@ use super::Pending;
 /// `u32::MAX` stay consistent).
 const BLOCK: usize = 32;
 
+/// Passed blocks the consumer keeps for the producer while it has not taken
+/// the last ones handed back: a completion that releases a run of unsignaled
+/// requests passes several blocks at once, which the producer then needs
+/// one by one (callgrind: a `malloc` and a `free` per block otherwise). More
+/// are freed.
+const KEEP_PASSED: u32 = 4;
+
 /// A block of queue slots; blocks form a singly linked list from the
 /// consumer's block to the producer's.
 struct Block {
@@ -40,7 +47,8 @@ impl Block {
 /// publishes them by storing `tail` (Release); the consumer reads only slots
 /// before the `tail` it loaded (Acquire) and moves `head` on. The producer
 /// links a new block when it fills one, before publishing its last slot; the
-/// consumer frees (or hands back through `spare`) the blocks it has passed.
+/// consumer hands the blocks it has passed back through `spare` (or frees
+/// them).
 /// Who may act as producer and consumer is decided by the `Ring` around it.
 pub(crate) struct Queue {
     /// Published entries (sequence number of the next one), producer-written.
@@ -57,9 +65,15 @@ pub(crate) struct Queue {
     /// push, which sets it before it publishes anything (the consumer reads
     /// it only for a published entry, so after loading a tail past it).
     cons: UnsafeCell<Option<NonNull<Block>>>,
-    /// A passed block the consumer hands back for reuse (null: none); only
-    /// the consumer stores a block and only the producer takes it.
+    /// Consumer only: passed blocks not handed back yet (a chain through
+    /// `next`), and how many.
+    passed: UnsafeCell<(Option<NonNull<Block>>, u32)>,
+    /// Passed blocks the consumer hands back for reuse, a chain through
+    /// `next` (null: none); only the consumer stores one, only into a null
+    /// `spare`, and only the producer takes it (whole).
     spare: AtomicPtr<Block>,
+    /// Producer only: the blocks it took from `spare` and has not used yet.
+    reuse: UnsafeCell<Option<NonNull<Block>>>,
 }
 
 // SAFETY: the queue owns `Pending` entries (which are Send) and its blocks;
@@ -89,7 +103,9 @@ impl Queue {
             posting: AtomicBool::new(false),
             prod: UnsafeCell::new((None, 0)),
             cons: UnsafeCell::new(None),
+            passed: UnsafeCell::new((None, 0)),
             spare: AtomicPtr::new(std::ptr::null_mut()),
+            reuse: UnsafeCell::new(None),
         }
     }
 
@@ -135,7 +151,8 @@ impl Queue {
         unsafe { slot.write(Some(p)) };
         *staged = staged.wrapping_add(1);
         if *staged as usize % BLOCK == 0 {
-            let next = self.take_spare().unwrap_or_else(Block::alloc);
+            // SAFETY: the caller is the producer.
+            let next = unsafe { self.next_block() };
             // Linked before `tail` publishes the block's last slot: a
             // consumer that passes it finds the link.
             b.next.store(next.as_ptr(), Ordering::Release);
@@ -158,13 +175,33 @@ impl Queue {
         b
     }
 
-    /// A block the consumer handed back, if any.
-    fn take_spare(&self) -> Option<NonNull<Block>> {
-        let s = NonNull::new(self.spare.load(Ordering::Acquire))?;
-        // Only the consumer stores into `spare`, and only when it is null:
-        // until this store, the slot keeps `s` and the consumer leaves it.
-        self.spare.store(std::ptr::null_mut(), Ordering::Release);
-        Some(s)
+    /// A block for the producer to fill next: one the consumer handed back,
+    /// or a new one.
+    ///
+    /// # Safety
+    /// The caller is the queue's only producer.
+    unsafe fn next_block(&self) -> NonNull<Block> {
+        // SAFETY: producer-only cell, and the caller is the producer.
+        let reuse = unsafe { &mut *self.reuse.get() };
+        if reuse.is_none() {
+            *reuse = NonNull::new(self.spare.load(Ordering::Acquire));
+            if reuse.is_some() {
+                // Only the consumer stores into `spare`, and only when it is
+                // null: until this store, it leaves the chain alone. The
+                // Acquire load above made the chain's links visible.
+                self.spare.store(std::ptr::null_mut(), Ordering::Release);
+            }
+        }
+        match *reuse {
+            Some(b) => {
+                // SAFETY: a block of the chain the producer owns now.
+                let b_ref = unsafe { b.as_ref() };
+                *reuse = NonNull::new(b_ref.next.load(Ordering::Relaxed));
+                b_ref.next.store(std::ptr::null_mut(), Ordering::Relaxed);
+                b
+            }
+            None => Block::alloc(),
+        }
     }
 
     /// Marks the start of a post: completions of the requests handed to the
@@ -321,21 +358,35 @@ impl Queue {
         self.head.store(head, Ordering::Release);
     }
 
-    /// Hands a passed block back to the producer, or frees it.
+    /// Keeps a passed block for the producer (or frees it, when enough are
+    /// kept), and hands the kept ones back when the producer has taken the
+    /// last ones.
     ///
     /// # Safety
     /// The caller is the consumer and owns `b` (every slot is behind
     /// `head`, so empty).
     unsafe fn recycle(&self, b: NonNull<Block>) {
-        // SAFETY: owned by the caller.
-        unsafe { b.as_ref() }
-            .next
-            .store(std::ptr::null_mut(), Ordering::Relaxed);
-        if self.spare.load(Ordering::Acquire).is_null() {
-            self.spare.store(b.as_ptr(), Ordering::Release);
+        // SAFETY: consumer-only cell, and the caller is the consumer.
+        let (kept, n) = unsafe { &mut *self.passed.get() };
+        if *n < KEEP_PASSED {
+            // SAFETY: owned by the caller.
+            unsafe { b.as_ref() }.next.store(
+                kept.map_or(std::ptr::null_mut(), NonNull::as_ptr),
+                Ordering::Relaxed,
+            );
+            *kept = Some(b);
+            *n += 1;
         } else {
             // SAFETY: allocated by `Block::alloc` (a Box) and owned here.
             drop(unsafe { Box::from_raw(b.as_ptr()) });
+        }
+        if self.spare.load(Ordering::Acquire).is_null() {
+            if let Some(chain) = kept.take() {
+                *n = 0;
+                // Release: the chain's links are visible to the producer
+                // that loads it with Acquire.
+                self.spare.store(chain.as_ptr(), Ordering::Release);
+            }
         }
     }
 
@@ -368,9 +419,18 @@ impl Drop for Queue {
             let boxed = unsafe { Box::from_raw(blk.as_ptr()) };
             b = NonNull::new(boxed.next.load(Ordering::Relaxed));
         }
-        if let Some(s) = NonNull::new(*self.spare.get_mut()) {
-            // SAFETY: as above.
-            drop(unsafe { Box::from_raw(s.as_ptr()) });
+        let chains = [
+            NonNull::new(*self.spare.get_mut()),
+            self.passed.get_mut().0,
+            *self.reuse.get_mut(),
+        ];
+        for mut b in chains {
+            while let Some(blk) = b {
+                // SAFETY: a chain of unused blocks owned by the queue, which
+                // goes.
+                let boxed = unsafe { Box::from_raw(blk.as_ptr()) };
+                b = NonNull::new(boxed.next.load(Ordering::Relaxed));
+            }
         }
     }
 }

@@ -22,16 +22,22 @@ pub(crate) fn post_chain(
     match reqs {
         [] => (0, 0),
         [(id, b)] if b.len() <= SHORT => {
-            // One request (a latency loop's): no heap.
-            let mut sges = [ffi::ibv_sge::default(); SHORT];
-            let mut n = 0;
-            b.for_each(|m| {
-                sges[n] = m.sge();
-                n += 1;
-            });
-            let mut wr = request(*id, &mut sges[..n]);
+            // One request (a latency loop's): no heap, and only the entries
+            // it has written on the stack (callgrind: clearing four cost
+            // more than the post's own bookkeeping).
             let mut bad = std::ptr::null_mut();
-            let rc = post(&mut wr, &mut bad);
+            let rc = if let Some(m) = b.single() {
+                let mut sge = m.sge();
+                post(&mut request(*id, std::slice::from_mut(&mut sge)), &mut bad)
+            } else {
+                let mut sges = [ffi::ibv_sge::default(); SHORT];
+                let mut n = 0;
+                b.for_each(|m| {
+                    sges[n] = m.sge();
+                    n += 1;
+                });
+                post(&mut request(*id, &mut sges[..n]), &mut bad)
+            };
             (rc, usize::from(rc == 0))
         }
         _ => {

@@ -477,6 +477,44 @@ fn a_qp_queue_between_a_producer_and_a_consumer_thread() {
 }
 
 #[test]
+fn runs_released_by_one_thread_feed_the_blocks_another_thread_posts_into() {
+    // A signaled request every 70: each completion releases a run that
+    // spans blocks, which the consumer hands back to the producer as a
+    // chain while the producer keeps posting (the blocks' reuse path).
+    const N: u32 = if cfg!(miri) { 350 } else { 35_000 };
+    const PERIOD: u32 = 70;
+    let reg = Arc::new(Registry::default());
+    let t = qp(&reg);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(u64, u32)>(4);
+    let producer = {
+        let t = Arc::clone(&t);
+        std::thread::spawn(move || {
+            for i in 0..N {
+                // SAFETY: the only producer of this queue.
+                let mut p = unsafe { t.producer(false) };
+                let id = p.wr_id(0);
+                p.push(Pending::memory(u64::from(i), WrBuffers::None));
+                drop(p);
+                if (i + 1) % PERIOD == 0 {
+                    tx.send((id, i)).unwrap();
+                }
+            }
+        })
+    };
+    let mut next = 0u64;
+    for (id, i) in rx.iter() {
+        let c = reg.completion(&wc(id));
+        assert_eq!(c.wr_id, u64::from(i));
+        let got: Vec<u64> = c.unsignaled.iter().map(|(id, _)| *id).collect();
+        assert_eq!(got, (next..u64::from(i)).collect::<Vec<_>>());
+        next = u64::from(i) + 1;
+    }
+    producer.join().unwrap();
+    assert_eq!(next, u64::from(N));
+    assert_eq!(t.in_flight(), (0, 0));
+}
+
+#[test]
 fn two_pollers_of_one_cq_resolve_in_the_cq_s_order() {
     // Regression (issue 20, item 5): a poll took completions off the CQ
     // outside the registry's lock, so another poller could resolve a later
