@@ -91,10 +91,12 @@ pub use rdma_sys as ffi;
 mod macros;
 
 mod ah;
+pub mod aio;
 mod async_event;
 pub mod cm;
 mod context;
 mod cq;
+mod cq_wait;
 mod device;
 mod device_attr;
 mod dm;
@@ -108,8 +110,10 @@ mod mw;
 mod null_mr;
 mod odp;
 mod pd;
+mod pool;
 mod port;
 mod qp;
+mod remote;
 mod srq;
 pub mod sysfs;
 mod td;
@@ -137,6 +141,7 @@ pub use odp::{
     AdviseFlags, ImplicitOdpRegion, MrAdvice, OdpCaps, OdpGeneralCaps, OdpTransportCaps,
 };
 pub use pd::ProtectionDomain;
+pub use pool::BufferPool;
 pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortState};
 pub use qp::{
     InitAttr, PostPath, QpAttr, QpCaps, QpCreateFlags, QpState, QpType, QueuePair,

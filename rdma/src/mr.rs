@@ -400,7 +400,12 @@ pub struct MemoryRegion {
 }
 
 /// What a peer needs to address memory remotely: its address, length and rkey.
+///
+/// [`RemoteMemory::to_bytes`] is its stable wire encoding; with the `serde`
+/// feature it is also `Serialize`/`Deserialize` (a struct of its three
+/// fields).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RemoteMemory {
     /// Virtual address (or offset for zero-based regions).
     pub addr: u64,
