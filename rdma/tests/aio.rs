@@ -690,3 +690,121 @@ fn sixty_four(ip: IpAddr) {
     });
     assert_eq!(rdma::teardown_failures(), 0);
 }
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn a_dropped_post_waiting_for_room_posts_nothing_and_frees_its_memory() {
+    let mut l = looped(|b| {
+        b.max_send_wr(2).max_recv_wr(16);
+    });
+    let depth = l.a.caps().max_send_wr as usize;
+    runtime().block_on(async {
+        let driver = CqChannel::new(&l.channel, &Tokio).unwrap();
+        let mut acq_a = AsyncCq::new(&driver, &l.cq_a).unwrap();
+        let mut acq_b = AsyncCq::new(&driver, &l.cq_b).unwrap();
+        // No receive at b yet: the sends wait in RNR retries (rxe retries
+        // forever with RNR retry 7), so the send queue stays full.
+        for i in 0..depth as u64 {
+            l.a.post_send(SendWr::send(i, msg(&l.pd, i))).unwrap();
+        }
+        assert_eq!(l.a.in_flight().0, depth);
+        let shared = std::sync::Arc::new(l.pd.reg_mr(vec![9; 8], AccessFlags::empty()).unwrap());
+        {
+            let wr = SendWr::send(99, rdma::WrBuffers::Shared(std::sync::Arc::clone(&shared)));
+            let mut f = pin!(acq_a.post_send(&mut l.a, wr));
+            assert!(poll_once(f.as_mut()).is_pending(), "the send queue is full");
+        }
+        // Dropped while waiting for room: not posted, and the request's
+        // reference to the memory went with the future.
+        assert_eq!(l.a.in_flight().0, depth);
+        assert_eq!(std::sync::Arc::strong_count(&shared), 1);
+        // send_room owns nothing: dropped at its await point, nothing moves.
+        {
+            let mut f = pin!(acq_a.send_room(&l.a));
+            assert!(poll_once(f.as_mut()).is_pending());
+        }
+        for i in 0..depth as u64 {
+            l.b.post_recv(i, l.pd.alloc_mr(8, LW).unwrap()).unwrap();
+        }
+        for i in 0..depth as u64 {
+            let c = bounded("a send after RNR", acq_a.next()).await.unwrap();
+            assert_eq!((c.wr_id, c.status), (i, WcStatus::Success));
+        }
+        for i in 0..depth as u64 {
+            check_recv(bounded("a receive", acq_b.next()).await.unwrap(), i);
+        }
+        // Room again: the same memory posts at once.
+        l.b.post_recv(99, l.pd.alloc_mr(8, LW).unwrap()).unwrap();
+        let wr = SendWr::send(99, rdma::WrBuffers::Shared(std::sync::Arc::clone(&shared)));
+        bounded("a post with room", acq_a.post_send(&mut l.a, wr))
+            .await
+            .map_err(rdma::PostError::drop_buffers)
+            .unwrap();
+        let c = bounded("its completion", acq_a.next()).await.unwrap();
+        assert_eq!(c.wr_id, 99);
+        drop(c);
+        assert_eq!(std::sync::Arc::strong_count(&shared), 1);
+    });
+    drop(l);
+    assert_eq!(rdma::teardown_failures(), 0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn dropped_batch_accept_and_disconnect_futures_leave_nothing_behind() {
+    let ip = roce_ip();
+    runtime().block_on(async {
+        let cm = aio::tokio::cm_channel().unwrap();
+        let mut listener = cm.listen(SocketAddr::new(ip, 0), 16).unwrap();
+        let addr = SocketAddr::new(ip, listener.id().src_port());
+        let mut id = cm.create_id(PortSpace::Tcp).unwrap();
+        bounded("the address", id.resolve_addr(None, addr, T))
+            .await
+            .unwrap();
+        bounded("the route", id.resolve_route(T)).await.unwrap();
+        let ctx = id.id().context().unwrap();
+        let mut c = end(&ctx, &Tokio);
+        // batch() dropped while waiting: no completion is lost (none yet).
+        {
+            let mut out = Vec::new();
+            let mut f = pin!(c.acq.batch(&mut out, 4));
+            assert!(poll_once(f.as_mut()).is_pending());
+        }
+        let param = ConnParam::default();
+        let mut connect = Box::pin(id.connect(&c.qp, &param));
+        assert!(poll_once(connect.as_mut()).is_pending());
+        let incoming = bounded("the request", listener.get_request())
+            .await
+            .unwrap();
+        let ctx = incoming.context().unwrap();
+        let s = end(&ctx, &Tokio);
+        // The accept is sent, then its future dropped before ESTABLISHED:
+        // the connection is abandoned and the server's id destroyed.
+        let accept_param = ConnParam::default();
+        {
+            let mut accept = pin!(incoming.accept(&s.qp, &accept_param));
+            assert!(poll_once(accept.as_mut()).is_pending());
+        }
+        drop(s);
+        // The client hears about it one way or another, in bounded time.
+        let connected = bounded("the client's connect", connect.as_mut()).await;
+        drop(connect);
+        match connected {
+            Ok(_) => {
+                // Connected before the server's id went (its REP was out). A
+                // disconnect dropped after its call: its DISCONNECTED (which
+                // waits for the CM's DREQ timeout, the peer being gone) would
+                // go to the mailbox; dropping the id with the event pending
+                // or held must not hang.
+                {
+                    let mut f = pin!(id.disconnect());
+                    let _ = poll_once(f.as_mut());
+                }
+                drop(c);
+                drop(id);
+            }
+            Err(e) => assert!(matches!(e, Error::CmEvent { .. }), "{e}"),
+        }
+    });
+    assert_eq!(rdma::teardown_failures(), 0);
+}
