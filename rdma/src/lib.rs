@@ -74,6 +74,16 @@
 //! needs `&mut QueuePair`; an extended-CQ [`PollCursor`] is `!Send` and
 //! excludes other polls of its CQ while it lives.
 //!
+//! # Async
+//! [`aio`] awaits completions ([`aio::AsyncCq`]), connection manager events
+//! and connection steps ([`aio::AsyncCmId`], a two-phase
+//! [`aio::Incoming`]), room in a queue before posting, and device events,
+//! from any reactor: the core takes a small readiness trait, and the
+//! `tokio` and `async-io` features provide adapters. Every future may be
+//! dropped at any await point without losing a completion or an event, or
+//! leaving an event unacknowledged. Without a runtime,
+//! [`CompletionQueue::wait`] sleeps on a CQ's channel with a timeout.
+//!
 //! # Fork
 //! On kernels without copy-on-fork (before Linux 5.13), a process that forks
 //! while it has registered memory must call [`fork_init`] (or set

@@ -69,3 +69,62 @@ impl Wake for DriverWaker {
         self.0.wake_all();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Wake, Waker};
+
+    use super::{DriverWaker, Waiters};
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn counter() -> (Arc<Count>, Waker) {
+        let c = Arc::new(Count(AtomicUsize::new(0)));
+        (Arc::clone(&c), Waker::from(c))
+    }
+
+    fn n(c: &Count) -> usize {
+        c.0.load(Ordering::SeqCst)
+    }
+
+    #[test]
+    fn a_key_wakes_only_its_waiter_once() {
+        let w = Waiters::default();
+        let (a, wa) = counter();
+        let (b, wb) = counter();
+        w.register(1, &wa);
+        w.register(1, &wa); // the same waker again: kept once
+        w.register(2, &wb);
+        w.wake(1);
+        assert_eq!((n(&a), n(&b)), (1, 0));
+        // Woken waiters are forgotten until they wait again.
+        w.wake(1);
+        assert_eq!(n(&a), 1);
+        w.remove(2);
+        w.wake(2);
+        assert_eq!(n(&b), 0);
+    }
+
+    #[test]
+    fn the_driver_waker_wakes_every_waiter_and_a_new_waker_replaces_the_old() {
+        let w = Arc::new(Waiters::default());
+        let (a, wa) = counter();
+        let (old, wold) = counter();
+        let (new, wnew) = counter();
+        w.register(1, &wa);
+        w.register(2, &wold);
+        w.register(2, &wnew); // the task of key 2 moved to another waker
+        let driver = Waker::from(Arc::new(DriverWaker(Arc::clone(&w))));
+        driver.wake_by_ref();
+        assert_eq!((n(&a), n(&old), n(&new)), (1, 0, 1));
+        driver.wake();
+        assert_eq!((n(&a), n(&new)), (1, 1), "nobody was waiting any more");
+    }
+}
