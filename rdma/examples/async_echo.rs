@@ -2,9 +2,13 @@
 //! (`rdma::aio`, tokio, one thread each).
 //!
 //! ```text
-//! async_echo -s [-a addr] [-p port] [-N clients] [-S size] [-D depth]
+//! async_echo -s [-a addr] [-p port] [-N clients] [-S size] [-D depth] [-T]
 //! async_echo -c -a addr [-p port] [-n connections] [-m messages] [-S size] [-D depth]
 //! ```
+//!
+//! `-T` runs the same server on the blocking layer instead, one thread per
+//! connection (`rdma::cm::blocking`, `CompletionQueue::wait`): the baseline
+//! the async server is compared with.
 //!
 //! The server accepts connections (all at once, one task each) and sends
 //! every message back; it exits after `-N` clients have come and gone (0:
@@ -30,7 +34,7 @@ use rdma::cm::{ConnParam, PortSpace};
 use rdma::{AccessFlags, BufferPool, QpState, QpType, SendWr, WcOpcode, WcStatus};
 
 const USAGE: &str = "\
-async_echo -s [-a addr] [-p port] [-N clients] [-S size] [-D depth]
+async_echo -s [-a addr] [-p port] [-N clients] [-S size] [-D depth] [-T]
 async_echo -c -a addr [-p port] [-n connections] [-m messages] [-S size] [-D depth]";
 
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -49,6 +53,7 @@ struct Opts {
     messages: u64,
     size: usize,
     depth: u32,
+    threads: bool,
 }
 
 fn parse(args: &[String]) -> Res<Opts> {
@@ -61,6 +66,7 @@ fn parse(args: &[String]) -> Res<Opts> {
         messages: 1000,
         size: 64,
         depth: 8,
+        threads: false,
     };
     let mut side = None;
     let mut it = args.iter();
@@ -70,6 +76,7 @@ fn parse(args: &[String]) -> Res<Opts> {
         match a.as_str() {
             "-s" => side = Some(true),
             "-c" => side = Some(false),
+            "-T" => o.threads = true,
             "-a" => o.addr = value()?.parse().map_err(|_| "-a: an IP address")?,
             "-p" => o.port = u16::try_from(num(value()?)?).map_err(|_| "-p: a port")?,
             "-N" => o.clients = num(value()?)?,
@@ -93,6 +100,15 @@ fn main() -> ExitCode {
             return ExitCode::from(22);
         }
     };
+    if o.server && o.threads {
+        return match threaded::server(&o) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("async_echo: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -236,6 +252,106 @@ async fn echo(incoming: Incoming, o: &Opts) -> Res<()> {
     let _ = qp.to_error();
     let _ = id.id().disconnect();
     Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// The blocking server: one thread per connection
+
+mod threaded {
+    use std::time::Duration;
+
+    use rdma::cm::blocking::{ConnectOptions, Connection, Listener};
+    use rdma::cm::CmEventType;
+    use rdma::{AccessFlags, BufferPool, SendWr, WcOpcode, WcStatus};
+
+    use super::{fail, Opts, Res, RECV};
+
+    /// How long a wait for a completion lasts before the connection's
+    /// events are looked at (a disconnection flushes nothing here).
+    const TICK: Duration = Duration::from_millis(20);
+
+    pub(super) fn server(o: &Opts) -> Res<()> {
+        let listener = Listener::bind(std::net::SocketAddr::new(o.addr, o.port), 1024)
+            .map_err(fail("rdma_listen"))?;
+        println!("listening on port {}", listener.id().src_port());
+        let opts = ConnectOptions {
+            timeout: Duration::from_secs(30),
+            max_send_wr: o.depth,
+            max_recv_wr: o.depth,
+            cqe: o.depth * 4,
+            ..ConnectOptions::default()
+        };
+        let mut threads = Vec::new();
+        let mut accepted = 0;
+        while o.clients == 0 || accepted < o.clients {
+            let mut pending = match listener.incoming(&opts) {
+                Ok(p) => p,
+                // No request within the timeout: keep listening.
+                Err(e) if e.errno() == Some(libc::ETIMEDOUT) => continue,
+                Err(e) => return Err(format!("rdma_accept: {e}")),
+            };
+            let pool = BufferPool::new(
+                pending.pd(),
+                o.size,
+                2 * o.depth as usize,
+                AccessFlags::LOCAL_WRITE,
+            )
+            .map_err(fail("BufferPool"))?;
+            for i in 0..o.depth {
+                let slot = pool.take().ok_or("pool empty")?;
+                pending
+                    .qp()
+                    .post_recv(RECV | u64::from(i), slot)
+                    .map_err(|e| format!("ibv_post_recv: {e}"))?;
+            }
+            let conn = pending
+                .accept(&opts.conn_param)
+                .map_err(fail("rdma_accept"))?;
+            accepted += 1;
+            threads.push(std::thread::spawn(move || echo(conn, &pool)));
+        }
+        let mut result = Ok(());
+        for t in threads {
+            if let Err(e) = t.join().map_err(|_| "a thread panicked".to_string())? {
+                eprintln!("connection: {e}");
+                result = Err("a connection failed".into());
+            }
+        }
+        result
+    }
+
+    fn echo(mut conn: Connection, pool: &BufferPool) -> Res<()> {
+        loop {
+            let Some(mut c) = conn.cq().wait(Some(TICK)).map_err(fail("wait"))? else {
+                if let Some(e) = conn.next_event(Duration::ZERO).map_err(fail("event"))? {
+                    if e.event_type() == CmEventType::Disconnected {
+                        let _ = conn.qp().to_error();
+                        let _ = conn.id().disconnect();
+                        return Ok(());
+                    }
+                }
+                continue;
+            };
+            if c.status != WcStatus::Success {
+                return Err(format!("completion {}: {}", c.wr_id, c.status));
+            }
+            let buf = c
+                .take_buffers()
+                .into_one()
+                .ok_or("a completion without its buffer")?;
+            if c.opcode == WcOpcode::Recv {
+                let slot = pool.take().ok_or("pool empty")?;
+                conn.qp()
+                    .post_recv(c.wr_id, slot)
+                    .map_err(|e| format!("ibv_post_recv: {e}"))?;
+                conn.qp()
+                    .post_send(SendWr::send(c.wr_id & !RECV, buf))
+                    .map_err(|e| format!("post echo: {e}"))?;
+            } else {
+                pool.put(buf).map_err(|_| "not a slot of the pool")?;
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------

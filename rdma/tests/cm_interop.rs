@@ -1026,14 +1026,14 @@ fn iwarp_async_rping_serves_thirty_two_clients_at_once_c_clients_among_them() {
     many_clients(&iwarp_ip(), 7407, 32, 4);
 }
 
-fn async_echo(ip: &str, port: u16) {
+fn async_echo(ip: &str, port: u16, threads: bool) {
     let p = port.to_string();
+    let mut server_args = args(&["-s", "-a", ip, "-p", &p, "-N", "8"]);
+    if threads {
+        server_args.push("-T".into());
+    }
     let (s, c) = pair(
-        (
-            "async_echo",
-            Side::Rust,
-            args(&["-s", "-a", ip, "-p", &p, "-N", "8"]),
-        ),
+        ("async_echo", Side::Rust, server_args),
         (
             "async_echo",
             Side::Rust,
@@ -1053,11 +1053,19 @@ fn async_echo(ip: &str, port: u16) {
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn async_echo_eight_connections() {
-    async_echo(&roce_ip(), 7408);
+    async_echo(&roce_ip(), 7408, false);
+}
+
+/// The blocking, thread-per-connection server (`-T`), the async one's
+/// baseline.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn async_echo_client_against_the_threaded_blocking_server() {
+    async_echo(&roce_ip(), 7410, true);
 }
 
 #[test]
 #[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
 fn iwarp_async_echo_eight_connections() {
-    async_echo(&iwarp_ip(), 7409);
+    async_echo(&iwarp_ip(), 7409, false);
 }
