@@ -184,12 +184,18 @@ async fn server(o: Opts) -> Res<()> {
     result
 }
 
+/// Slots a connection's pool needs: `depth` posted receives, up to `depth`
+/// echoes in flight (their completions possibly polled and not handled
+/// yet), and the receive being replaced.
+fn pool_slots(depth: u32) -> usize {
+    2 * depth as usize + 1
+}
+
 async fn echo(incoming: Incoming, o: &Opts) -> Res<()> {
     let ctx = incoming.context().map_err(fail("context"))?;
     let pd = ctx.alloc_pd().map_err(fail("ibv_alloc_pd"))?;
     let (mut qp, mut acq) = endpoint(&ctx, &pd, o.depth)?;
-    // Twice the depth: `depth` posted receives and up to `depth` echoes.
-    let pool = BufferPool::new(&pd, o.size, 2 * o.depth as usize, AccessFlags::LOCAL_WRITE)
+    let pool = BufferPool::new(&pd, o.size, pool_slots(o.depth), AccessFlags::LOCAL_WRITE)
         .map_err(fail("BufferPool"))?;
     incoming
         .id()
@@ -293,7 +299,7 @@ mod threaded {
             let pool = BufferPool::new(
                 pending.pd(),
                 o.size,
-                2 * o.depth as usize,
+                super::pool_slots(o.depth),
                 AccessFlags::LOCAL_WRITE,
             )
             .map_err(fail("BufferPool"))?;
@@ -425,7 +431,16 @@ async fn load(cm: &CmChannel, o: &Opts, n: u64) -> Res<u64> {
         sent += 1;
     }
     while back < o.messages {
-        let mut c = acq.next().await.map_err(fail("poll"))?;
+        let mut c = tokio::select! {
+            c = acq.next() => c.map_err(fail("poll"))?,
+            e = id.next_event() => {
+                let e = e.map_err(fail("rdma_get_cm_event"))?;
+                if e.event_type() == rdma::cm::CmEventType::Disconnected {
+                    return Err(format!("the server disconnected after {back} echoes"));
+                }
+                continue;
+            }
+        };
         if c.status != WcStatus::Success {
             return Err(format!("completion {}: {}", c.wr_id, c.status));
         }
