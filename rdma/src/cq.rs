@@ -19,9 +19,21 @@ pub(crate) struct ChannelInner {
     ch: NonNull<ffi::ibv_comp_channel>,
     /// CQs attached to the channel, by `ibv_cq` address, to map events back.
     cqs: Mutex<HashMap<usize, Weak<CqInner>>>,
+    /// Who reads the channel's events: nobody in particular
+    /// ([`CHANNEL_FREE`]), an `aio::CqChannel` ([`CHANNEL_ASYNC`]) or a
+    /// blocking [`CompletionQueue::wait`] ([`CHANNEL_WAITING`]). Two readers
+    /// would take each other's events (`cq_wait.rs`, `aio/cq.rs`).
+    pub(crate) mode: std::sync::atomic::AtomicU8,
     // Dropped after the channel is destroyed (field order).
-    ctx: Context,
+    pub(crate) ctx: Context,
 }
+
+/// [`ChannelInner::mode`]: no reader claims the channel.
+pub(crate) const CHANNEL_FREE: u8 = 0;
+/// [`ChannelInner::mode`]: an `aio::CqChannel` reads it.
+pub(crate) const CHANNEL_ASYNC: u8 = 1;
+/// [`ChannelInner::mode`]: a blocking [`CompletionQueue::wait`] reads it.
+pub(crate) const CHANNEL_WAITING: u8 = 2;
 
 // SAFETY: a comp channel is a file descriptor; ibv_get_cq_event and friends
 // may be called from any thread.
@@ -72,6 +84,7 @@ impl Context {
             inner: Arc::new(ChannelInner {
                 ch,
                 cqs: Mutex::new(HashMap::new()),
+                mode: std::sync::atomic::AtomicU8::new(CHANNEL_FREE),
                 ctx: self.clone(),
             }),
         })
@@ -137,8 +150,12 @@ impl CompletionChannel {
     ///
     /// # Errors
     /// [`Error::Verb`] naming `ibv_get_cq_event`; `EAGAIN` (see
-    /// [`Error::errno`]) when non-blocking and no event is pending.
+    /// [`Error::errno`]) when non-blocking and no event is pending;
+    /// [`Error::Async`] (`EBUSY`) while an `aio::CqChannel` or a
+    /// [`CompletionQueue::wait`] reads the channel (the two readers would
+    /// take each other's events).
     pub fn get_event(&self) -> Result<CqEvent> {
+        self.check_unclaimed("CompletionChannel::get_event")?;
         loop {
             let mut cq: *mut ffi::ibv_cq = std::ptr::null_mut();
             let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
@@ -166,6 +183,53 @@ impl CompletionChannel {
                 }
             }
         }
+    }
+}
+
+impl CompletionChannel {
+    pub(crate) fn same_channel(&self, other: &CompletionChannel) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Refuses a reader of the channel while another one claims it.
+    pub(crate) fn check_unclaimed(&self, operation: &'static str) -> Result<()> {
+        match self.inner.mode.load(std::sync::atomic::Ordering::Acquire) {
+            CHANNEL_ASYNC => Err(Error::Async {
+                operation,
+                reason: "the completion channel is driven by an rdma::aio::CqChannel: \
+                         await its CQs (rdma::aio::AsyncCq) instead of mixing blocking \
+                         and async waits"
+                    .into(),
+                errno: libc::EBUSY,
+            }),
+            CHANNEL_WAITING => Err(Error::Async {
+                operation,
+                reason: "a blocking CompletionQueue::wait is reading the completion channel".into(),
+                errno: libc::EBUSY,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Claims the channel for one reader (`mode`), or says who has it.
+    pub(crate) fn claim(&self, operation: &'static str, mode: u8) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        match self.inner.mode.compare_exchange(
+            CHANNEL_FREE,
+            mode,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => Ok(()),
+            Err(_) => self.check_unclaimed(operation),
+        }
+    }
+
+    /// Gives up a claim taken with [`CompletionChannel::claim`].
+    pub(crate) fn release(&self) {
+        self.inner
+            .mode
+            .store(CHANNEL_FREE, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -342,6 +406,7 @@ impl Context {
                 reason: format!("cqe {cqe} is outside 1..={max} (the device's max_cqe)"),
             });
         }
+        self.check_channel_context("ibv_create_cq", channel)?;
         let ch = channel.map_or(std::ptr::null_mut(), CompletionChannel::as_raw);
         let n = std::ffi::c_int::try_from(cqe).unwrap_or(std::ffi::c_int::MAX);
         let vector = std::ffi::c_int::try_from(comp_vector).unwrap_or(std::ffi::c_int::MAX);
@@ -354,6 +419,25 @@ impl Context {
             cq,
         )?;
         Ok(self.wrap_cq(cq, None, 0, channel))
+    }
+
+    /// A CQ signals a channel of its own context only.
+    fn check_channel_context(
+        &self,
+        verb: &'static str,
+        channel: Option<&CompletionChannel>,
+    ) -> Result<()> {
+        match channel {
+            Some(ch) if ch.inner.ctx.as_raw() != self.as_raw() => Err(Error::InvalidArgument {
+                verb,
+                reason: format!(
+                    "the completion channel belongs to another context ({} opened \
+                     separately): create it with this context's create_comp_channel",
+                    ch.inner.ctx.name()
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 
     fn wrap_cq(
@@ -405,6 +489,7 @@ impl Context {
                 reason: format!("cqe {cqe} is outside 1..={max} (the device's max_cqe)"),
             });
         }
+        self.check_channel_context("ibv_create_cq_ex", channel)?;
         let mut wc_flags = u64::from(ffi::IBV_WC_STANDARD_FLAGS);
         if timestamps {
             wc_flags |= u64::from(ffi::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP);

@@ -135,6 +135,19 @@ pub enum Error {
         /// The private data the event carried (a reject's reason, ...).
         private_data: Vec<u8>,
     },
+    /// The async layer (`rdma::aio`), or a wait it excludes, was used in a
+    /// way that cannot work: a CQ without a completion channel, a channel
+    /// two readers would share, a runtime adapter outside its runtime.
+    #[error("{operation}: {reason}")]
+    Async {
+        /// What was called, e.g. `AsyncCq::new`.
+        operation: &'static str,
+        /// What was wrong, and what to do instead.
+        reason: Cow<'static, str>,
+        /// `EINVAL` for a wrong argument, `EBUSY` for a second reader of a
+        /// channel, `ENXIO` outside a runtime.
+        errno: i32,
+    },
 }
 
 fn private_data_suffix(data: &[u8]) -> String {
@@ -178,6 +191,7 @@ impl Error {
                 .or(Some(libc::EINVAL)),
             Error::NotFound { .. } => Some(libc::ENODEV),
             Error::CmEvent { event, status, .. } => Some(crate::cm::event_errno(*event, *status)),
+            Error::Async { errno, .. } => Some(*errno),
         }
     }
 
@@ -214,7 +228,7 @@ impl From<Error> for io::Error {
             } => source.kind(),
             Error::Sysfs { source: None, .. } => io::ErrorKind::InvalidData,
             Error::NotFound { .. } => io::ErrorKind::NotFound,
-            Error::CmEvent { .. } => {
+            Error::CmEvent { .. } | Error::Async { .. } => {
                 io::Error::from_raw_os_error(e.errno().unwrap_or(libc::EIO)).kind()
             }
             _ => io::ErrorKind::InvalidInput,

@@ -162,7 +162,7 @@
 //! // iWARP a SEND that finds no receive breaks the connection).
 //! let opts = ConnectOptions::default();
 //! let mut conn = Connection::connect_with(addr, &opts, |qp, pd| {
-//!     let buf = pd.alloc_mr(RemoteMemory::ENCODED_LEN, AccessFlags::LOCAL_WRITE)?;
+//!     let buf = pd.alloc_mr(RemoteMemory::WIRE_LEN, AccessFlags::LOCAL_WRITE)?;
 //!     qp.post_recv(1, buf).map_err(PostError::drop_buffers)
 //! })?;
 //! let mut c = loop {
@@ -171,8 +171,7 @@
 //!     }
 //! };
 //! let buf = c.take_buffers().into_one().expect("the receive's region");
-//! let remote =
-//!     RemoteMemory::from_bytes(&buf.as_slice()?[..c.byte_len as usize]).expect("20 bytes");
+//! let remote = RemoteMemory::from_bytes(&buf.as_slice()?[..c.byte_len as usize])?;
 //! // RDMA WRITE with immediate: the bytes land in the server's region, the
 //! // immediate value in the completion of the server's receive.
 //! let msg = conn
@@ -207,6 +206,16 @@
 //! needs `&mut QueuePair`; an extended-CQ [`PollCursor`] is `!Send` and
 //! excludes other polls of its CQ while it lives.
 //!
+//! # Async
+//! [`aio`] awaits completions ([`aio::AsyncCq`]), connection manager events
+//! and connection steps ([`aio::AsyncCmId`], a two-phase
+//! [`aio::Incoming`]), room in a queue before posting, and device events,
+//! from any reactor: the core takes a small readiness trait, and the
+//! `tokio` and `async-io` features provide adapters. Every future may be
+//! dropped at any await point without losing a completion or an event, or
+//! leaving an event unacknowledged. Without a runtime,
+//! [`CompletionQueue::wait`] sleeps on a CQ's channel with a timeout.
+//!
 //! # Fork
 //! On kernels without copy-on-fork (before Linux 5.13), a process that forks
 //! while it has registered memory must call [`fork_init`] (or set
@@ -233,10 +242,12 @@ pub use rdma_sys as ffi;
 mod macros;
 
 mod ah;
+pub mod aio;
 mod async_event;
 pub mod cm;
 mod context;
 mod cq;
+mod cq_wait;
 mod device;
 mod device_attr;
 mod dm;
@@ -250,8 +261,10 @@ mod mw;
 mod null_mr;
 mod odp;
 mod pd;
+mod pool;
 mod port;
 mod qp;
+mod remote;
 mod srq;
 pub mod sysfs;
 mod td;
@@ -279,6 +292,7 @@ pub use odp::{
     AdviseFlags, ImplicitOdpRegion, MrAdvice, OdpCaps, OdpGeneralCaps, OdpTransportCaps,
 };
 pub use pd::ProtectionDomain;
+pub use pool::BufferPool;
 pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortState};
 pub use qp::{
     InitAttr, PostPath, QpAttr, QpCaps, QpCreateFlags, QpState, QpType, QueuePair,

@@ -436,7 +436,12 @@ pub struct MemoryRegion {
 }
 
 /// What a peer needs to address memory remotely: its address, length and rkey.
+///
+/// [`RemoteMemory::to_bytes`] is its stable wire encoding; with the `serde`
+/// feature it is also `Serialize`/`Deserialize` (a struct of its three
+/// fields).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RemoteMemory {
     /// Virtual address (or offset for zero-based regions).
     pub addr: u64,
@@ -447,39 +452,6 @@ pub struct RemoteMemory {
 }
 
 impl RemoteMemory {
-    /// The length of [`RemoteMemory::to_bytes`]: 20 bytes.
-    pub const ENCODED_LEN: usize = 20;
-
-    /// The description as bytes to send to a peer: `addr`, `len` and `rkey`,
-    /// each in network byte order (big-endian), 8 + 8 + 4 bytes.
-    ///
-    /// ```
-    /// use rdma::RemoteMemory;
-    /// let remote = RemoteMemory { addr: 0x7f00_1000, len: 4096, rkey: 0x1234 };
-    /// let bytes = remote.to_bytes();
-    /// assert_eq!(RemoteMemory::from_bytes(&bytes), Some(remote));
-    /// ```
-    pub fn to_bytes(&self) -> [u8; Self::ENCODED_LEN] {
-        let mut out = [0; Self::ENCODED_LEN];
-        out[..8].copy_from_slice(&self.addr.to_be_bytes());
-        out[8..16].copy_from_slice(&self.len.to_be_bytes());
-        out[16..].copy_from_slice(&self.rkey.to_be_bytes());
-        out
-    }
-
-    /// Reads what [`RemoteMemory::to_bytes`] wrote: `None` unless `bytes` is
-    /// exactly [`RemoteMemory::ENCODED_LEN`] long.
-    pub fn from_bytes(bytes: &[u8]) -> Option<RemoteMemory> {
-        let bytes: &[u8; Self::ENCODED_LEN] = bytes.try_into().ok()?;
-        let (addr, rest) = bytes.split_at(8);
-        let (len, rkey) = rest.split_at(8);
-        Some(RemoteMemory {
-            addr: u64::from_be_bytes(addr.try_into().ok()?),
-            len: u64::from_be_bytes(len.try_into().ok()?),
-            rkey: u32::from_be_bytes(rkey.try_into().ok()?),
-        })
-    }
-
     /// The sub-range `offset..offset + len`, or `None` if it does not fit.
     pub fn slice(&self, offset: u64, len: u64) -> Option<RemoteMemory> {
         (offset.checked_add(len)? <= self.len).then_some(RemoteMemory {
@@ -1006,26 +978,6 @@ mod tests {
     //! checks are the point.
 
     use super::*;
-
-    #[test]
-    fn remote_memory_bytes_are_big_endian_and_exactly_twenty() {
-        let remote = RemoteMemory {
-            addr: 0x0102_0304_0506_0708,
-            len: 0x1112_1314_1516_1718,
-            rkey: 0x2122_2324,
-        };
-        let bytes = remote.to_bytes();
-        assert_eq!(
-            bytes,
-            [
-                1, 2, 3, 4, 5, 6, 7, 8, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x21, 0x22,
-                0x23, 0x24
-            ]
-        );
-        assert_eq!(RemoteMemory::from_bytes(&bytes), Some(remote));
-        assert_eq!(RemoteMemory::from_bytes(&bytes[..19]), None);
-        assert_eq!(RemoteMemory::from_bytes(&[0; 21]), None);
-    }
 
     /// Stands for `MrInner`: the memory moves into a struct, then into an
     /// `Arc`, as a registration's does.

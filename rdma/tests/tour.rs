@@ -56,7 +56,7 @@ fn tour() -> rdma::Result<()> {
     // iWARP a SEND that finds no receive breaks the connection).
     let opts = ConnectOptions::default();
     let mut conn = Connection::connect_with(addr, &opts, |qp, pd| {
-        let buf = pd.alloc_mr(RemoteMemory::ENCODED_LEN, AccessFlags::LOCAL_WRITE)?;
+        let buf = pd.alloc_mr(RemoteMemory::WIRE_LEN, AccessFlags::LOCAL_WRITE)?;
         qp.post_recv(1, buf).map_err(PostError::drop_buffers)
     })?;
     let mut c = loop {
@@ -65,8 +65,7 @@ fn tour() -> rdma::Result<()> {
         }
     };
     let buf = c.take_buffers().into_one().expect("the receive's region");
-    let remote =
-        RemoteMemory::from_bytes(&buf.as_slice()?[..c.byte_len as usize]).expect("20 bytes");
+    let remote = RemoteMemory::from_bytes(&buf.as_slice()?[..c.byte_len as usize])?;
     // RDMA WRITE with immediate: the bytes land in the server's region, the
     // immediate value in the completion of the server's receive.
     let msg = conn

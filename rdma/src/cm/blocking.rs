@@ -65,6 +65,10 @@ impl Default for ConnectOptions {
 
 /// A connected RC queue pair with its CQ, PD and connection manager id.
 ///
+/// The CQ has a completion channel of its own: wait for a completion with a
+/// bound with [`CompletionQueue::wait`] (`conn.cq().wait(Some(timeout))`)
+/// instead of spinning on [`CompletionQueue::poll`].
+///
 /// Field order is teardown order: the QP is destroyed before its CQ and PD,
 /// and the id after them.
 ///
@@ -107,7 +111,9 @@ fn resources(
 ) -> Result<(ProtectionDomain, CompletionQueue, QueuePair)> {
     let ctx = id.context()?;
     let pd = ctx.alloc_pd()?;
-    let cq = ctx.create_cq(opts.cqe, None, 0)?;
+    // With a channel of its own, so that `cq().wait(timeout)` can sleep.
+    let channel = ctx.create_comp_channel()?;
+    let cq = ctx.create_cq(opts.cqe, Some(&channel), 0)?;
     let qp = pd
         .qp_builder(QpType::Rc, &cq, &cq)
         .max_send_wr(opts.max_send_wr)
@@ -349,7 +355,8 @@ impl Listener {
     /// As [`Listener::accept`], calling `prepare` with the new QP and its PD
     /// before accepting, to post the first receives (see
     /// [`Connection::connect_with`]; on iWARP this is required when the peer
-    /// sends first).
+    /// sends first). To send the peer something made on the new PD (the rkey
+    /// of a region), use [`Listener::incoming`] instead.
     ///
     /// # Errors
     /// As [`Listener::accept`], and the error `prepare` returns (the request
@@ -359,6 +366,38 @@ impl Listener {
         opts: &ConnectOptions,
         prepare: impl FnOnce(&mut QueuePair, &ProtectionDomain) -> Result<()>,
     ) -> Result<Connection> {
+        let mut pending = self.incoming(opts)?;
+        if let Err(e) = prepare(&mut pending.qp, &pending.pd) {
+            let _ = pending.id.reject(&[]);
+            return Err(e);
+        }
+        pending.accept(&opts.conn_param)
+    }
+
+    /// The first phase of a two-phase accept: waits (at most the timeout)
+    /// for a connection request, gives it an event channel of its own, and
+    /// makes its PD, CQ and QP (in INIT, so receives can be posted) without
+    /// answering it. Register memory on [`PendingConnection::pd`], put its
+    /// [`crate::RemoteMemory::to_bytes`] in the private data, and
+    /// [`PendingConnection::accept`].
+    ///
+    /// ```no_run
+    /// use rdma::cm::{blocking::{ConnectOptions, Listener}, ConnParam};
+    /// # fn main() -> rdma::Result<()> {
+    /// let listener = Listener::bind("10.8.0.1:7471".parse().unwrap(), 8)?;
+    /// let opts = ConnectOptions::default();
+    /// let pending = listener.incoming(&opts)?;
+    /// let target = pending
+    ///     .pd()
+    ///     .alloc_mr(4096, rdma::AccessFlags::LOCAL_WRITE | rdma::AccessFlags::REMOTE_WRITE)?;
+    /// let conn = pending.accept(&ConnParam::with_private_data(&target.remote().to_bytes()))?;
+    /// # drop(conn); Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// `ETIMEDOUT` when no request comes within the timeout; the errors of
+    /// the calls on the way (the request is then rejected).
+    pub fn incoming(&self, opts: &ConnectOptions) -> Result<PendingConnection> {
         let t = opts.timeout;
         let deadline = std::time::Instant::now() + t;
         let request = loop {
@@ -377,20 +416,22 @@ impl Listener {
         let id = request.id().clone();
         let private_data = request.private_data().to_vec();
         drop(request);
-        let channel = EventChannel::new()?;
-        id.migrate_id(Some(&channel))?;
-        let (pd, cq, mut qp) = resources(&id, opts)?;
-        // INIT first: providers refuse receives on a QP in RESET.
-        let ready = id
-            .modify_qp(&qp, QpState::Init)
-            .and_then(|()| prepare(&mut qp, &pd))
-            .and_then(|()| id.accept_qp(&qp, &opts.conn_param));
-        if let Err(e) = ready {
-            let _ = id.reject(&[]);
-            return Err(e);
-        }
-        drop(channel.wait_for(&id, &[CmEventType::Established], "rdma_accept", t)?);
-        Ok(Connection {
+        let made = (|| {
+            let channel = EventChannel::new()?;
+            id.migrate_id(Some(&channel))?;
+            let (pd, cq, qp) = resources(&id, opts)?;
+            // INIT first: providers refuse receives on a QP in RESET.
+            id.modify_qp(&qp, QpState::Init)?;
+            Ok((channel, pd, cq, qp))
+        })();
+        let (channel, pd, cq, qp) = match made {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = id.reject(&[]);
+                return Err(e);
+            }
+        };
+        Ok(PendingConnection {
             qp,
             cq,
             pd,
@@ -399,6 +440,95 @@ impl Listener {
             id,
             channel,
         })
+    }
+}
+
+/// A connection request with its PD, CQ and QP made, not answered yet
+/// ([`Listener::incoming`]). Dropped unanswered, its id is destroyed, which
+/// rejects it.
+///
+/// Field order is teardown order, as in [`Connection`].
+pub struct PendingConnection {
+    qp: QueuePair,
+    cq: CompletionQueue,
+    pd: ProtectionDomain,
+    private_data: Vec<u8>,
+    timeout: Duration,
+    id: CmId,
+    channel: EventChannel,
+}
+
+impl PendingConnection {
+    /// The new QP, in INIT (post the first receives here).
+    pub fn qp(&mut self) -> &mut QueuePair {
+        &mut self.qp
+    }
+
+    /// The connection's protection domain: memory registered here can be
+    /// advertised in the accept's private data.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.pd
+    }
+
+    /// The completion queue of both queues.
+    pub fn cq(&self) -> &CompletionQueue {
+        &self.cq
+    }
+
+    /// The connection manager id of the request.
+    pub fn id(&self) -> &CmId {
+        &self.id
+    }
+
+    /// The private data the peer sent with its request (on InfiniBand/RoCE
+    /// padded with zeros to the REQ's fixed size).
+    pub fn peer_private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+
+    /// Accepts with `param` (its private data goes to the peer) and waits
+    /// for `ESTABLISHED`.
+    ///
+    /// # Errors
+    /// As [`CmId::accept_qp`]; `ETIMEDOUT` or [`Error::CmEvent`] when
+    /// `ESTABLISHED` does not come.
+    pub fn accept(self, param: &ConnParam) -> Result<Connection> {
+        if let Err(e) = self.id.accept_qp(&self.qp, param) {
+            let _ = self.id.reject(&[]);
+            return Err(e);
+        }
+        drop(self.channel.wait_for(
+            &self.id,
+            &[CmEventType::Established],
+            "rdma_accept",
+            self.timeout,
+        )?);
+        Ok(Connection {
+            qp: self.qp,
+            cq: self.cq,
+            pd: self.pd,
+            private_data: self.private_data,
+            timeout: self.timeout,
+            id: self.id,
+            channel: self.channel,
+        })
+    }
+
+    /// Rejects the request with `private_data` ([`CmId::reject`]).
+    ///
+    /// # Errors
+    /// As [`CmId::reject`].
+    pub fn reject(self, private_data: &[u8]) -> Result<()> {
+        self.id.reject(private_data)
+    }
+}
+
+impl fmt::Debug for PendingConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PendingConnection")
+            .field("qp", &self.qp)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
     }
 }
 

@@ -20,6 +20,8 @@ pub(crate) struct ChannelInner {
     lock: Mutex<()>,
     /// Whether [`EventChannel::get_event`] returns `EAGAIN` instead of waiting.
     nonblocking: AtomicBool,
+    /// An `aio::CmChannel` reads the channel: the other readers refuse it.
+    pub(crate) driven: AtomicBool,
 }
 
 // SAFETY: the channel is a file descriptor; librdmacm's calls on it may come
@@ -117,6 +119,7 @@ impl EventChannel {
                 ch,
                 lock: Mutex::new(()),
                 nonblocking: AtomicBool::new(false),
+                driven: AtomicBool::new(false),
             }),
         };
         channel.set_fd_nonblocking()?;
@@ -234,8 +237,25 @@ impl EventChannel {
     /// Returns the next event if one is pending, without waiting.
     ///
     /// # Errors
-    /// [`Error::Verb`] naming `rdma_get_cm_event`.
+    /// [`Error::Verb`] naming `rdma_get_cm_event`; [`Error::Async`]
+    /// (`EBUSY`) while an `rdma::aio::CmChannel` reads the channel (the two
+    /// readers would take each other's events; the same for
+    /// [`EventChannel::get_event`] and the other waits, which call this).
     pub fn try_get_event(&self) -> Result<Option<CmEvent>> {
+        if self.inner.driven.load(Ordering::Acquire) {
+            return Err(Error::Async {
+                operation: "EventChannel::get_event",
+                reason: "the event channel is driven by an rdma::aio::CmChannel: await \
+                         its ids' events (rdma::aio::AsyncCmId) instead"
+                    .into(),
+                errno: libc::EBUSY,
+            });
+        }
+        self.read_event()
+    }
+
+    /// [`EventChannel::try_get_event`] for the channel's driver.
+    pub(crate) fn read_event(&self) -> Result<Option<CmEvent>> {
         loop {
             let outcome = {
                 let _guard = self.inner.lock();

@@ -1,0 +1,473 @@
+//! An echo server and a load-generating client on the async layer
+//! (`rdma::aio`, tokio, one thread each).
+//!
+//! ```text
+//! async_echo -s [-a addr] [-p port] [-N clients] [-S size] [-D depth] [-T]
+//! async_echo -c -a addr [-p port] [-n connections] [-m messages] [-S size] [-D depth]
+//! ```
+//!
+//! `-T` runs the same server on the blocking layer instead, one thread per
+//! connection (`rdma::cm::blocking`, `CompletionQueue::wait`): the baseline
+//! the async server is compared with.
+//!
+//! The server accepts connections (all at once, one task each) and sends
+//! every message back; it exits after `-N` clients have come and gone (0:
+//! serves until killed). Messages are `-S` bytes on both sides. Its receive
+//! buffers come from a
+//! [`rdma::BufferPool`]: a received buffer is sent back as it is (the memory
+//! moves from the receive's completion into the echo's request) and returns
+//! to the pool with the echo's completion.
+//!
+//! The client opens `-n` connections at once, keeps `-D` messages in flight
+//! on each until `-m` have come back, and prints the rate:
+//!
+//! ```text
+//! 8 connections x 1000 messages of 64 bytes: 8000 echoes in 1.234 s, 6483 messages/s
+//! ```
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use rdma::aio::{tokio as rt, AsyncCq, CmChannel, Incoming};
+use rdma::cm::{ConnParam, PortSpace};
+use rdma::{AccessFlags, BufferPool, QpState, QpType, SendWr, WcOpcode, WcStatus};
+
+const USAGE: &str = "\
+async_echo -s [-a addr] [-p port] [-N clients] [-S size] [-D depth] [-T]
+async_echo -c -a addr [-p port] [-n connections] [-m messages] [-S size] [-D depth]";
+
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Receive work requests have this bit; sends do not.
+const RECV: u64 = 1 << 63;
+
+type Res<T> = Result<T, String>;
+
+#[derive(Debug, Clone)]
+struct Opts {
+    server: bool,
+    addr: IpAddr,
+    port: u16,
+    clients: u64,
+    connections: u64,
+    messages: u64,
+    size: usize,
+    depth: u32,
+    threads: bool,
+}
+
+fn parse(args: &[String]) -> Res<Opts> {
+    let mut o = Opts {
+        server: false,
+        addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        port: 7175,
+        clients: 0,
+        connections: 1,
+        messages: 1000,
+        size: 64,
+        depth: 8,
+        threads: false,
+    };
+    let mut side = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = || it.next().cloned().ok_or(format!("{a} needs a value"));
+        let num = |v: String| v.parse::<u64>().map_err(|_| format!("{a}: bad number {v}"));
+        match a.as_str() {
+            "-s" => side = Some(true),
+            "-c" => side = Some(false),
+            "-T" => o.threads = true,
+            "-a" => o.addr = value()?.parse().map_err(|_| "-a: an IP address")?,
+            "-p" => o.port = u16::try_from(num(value()?)?).map_err(|_| "-p: a port")?,
+            "-N" => o.clients = num(value()?)?,
+            "-n" => o.connections = num(value()?)?.max(1),
+            "-m" => o.messages = num(value()?)?.max(1),
+            "-S" => o.size = (num(value()?)? as usize).max(1),
+            "-D" => o.depth = u32::try_from(num(value()?)?.clamp(1, 256)).unwrap_or(8),
+            _ => return Err(format!("unknown argument {a}")),
+        }
+    }
+    o.server = side.ok_or("-s or -c")?;
+    Ok(o)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let o = match parse(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("async_echo: {e}\n{USAGE}");
+            return ExitCode::from(22);
+        }
+    };
+    if o.server && o.threads {
+        return match threaded::server(&o) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("async_echo: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let local = tokio::task::LocalSet::new();
+    let result = local.block_on(&runtime, async {
+        if o.server {
+            server(o).await
+        } else {
+            client(o).await
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("async_echo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn fail<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+/// A CQ with a channel of its own, awaited on tokio, and an RC QP on it.
+fn endpoint(
+    ctx: &rdma::Context,
+    pd: &rdma::ProtectionDomain,
+    depth: u32,
+) -> Res<(rdma::QueuePair, AsyncCq)> {
+    let channel = ctx.create_comp_channel().map_err(fail("channel"))?;
+    let cq = ctx
+        .create_cq(depth * 4, Some(&channel), 0)
+        .map_err(fail("ibv_create_cq"))?;
+    let acq = rt::completions(&cq).map_err(fail("rdma::aio"))?;
+    let qp = pd
+        .qp_builder(QpType::Rc, &cq, &cq)
+        .max_send_wr(depth)
+        .max_recv_wr(depth)
+        .build()
+        .map_err(fail("ibv_create_qp"))?;
+    Ok((qp, acq))
+}
+
+// ---------------------------------------------------------------------------
+// Server
+
+async fn server(o: Opts) -> Res<()> {
+    let cm = rt::cm_channel().map_err(fail("rdma_create_event_channel"))?;
+    let mut listener = cm
+        .listen(SocketAddr::new(o.addr, o.port), 1024)
+        .map_err(fail("rdma_listen"))?;
+    println!("listening on port {}", listener.id().src_port());
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut accepted = 0;
+    while o.clients == 0 || accepted < o.clients {
+        let incoming = listener
+            .get_request()
+            .await
+            .map_err(fail("rdma_get_cm_event"))?;
+        accepted += 1;
+        let o = o.clone();
+        tasks.spawn_local(async move { echo(incoming, &o).await });
+    }
+    let mut result = Ok(());
+    while let Some(r) = tasks.join_next().await {
+        if let Err(e) = r.map_err(|e| e.to_string()).and_then(|r| r) {
+            eprintln!("connection: {e}");
+            result = Err("a connection failed".into());
+        }
+    }
+    result
+}
+
+/// Slots a connection's pool needs: `depth` posted receives, up to `depth`
+/// echoes in flight (their completions possibly polled and not handled
+/// yet), and the receive being replaced.
+fn pool_slots(depth: u32) -> usize {
+    2 * depth as usize + 1
+}
+
+async fn echo(incoming: Incoming, o: &Opts) -> Res<()> {
+    let ctx = incoming.context().map_err(fail("context"))?;
+    let pd = ctx.alloc_pd().map_err(fail("ibv_alloc_pd"))?;
+    let (mut qp, mut acq) = endpoint(&ctx, &pd, o.depth)?;
+    let pool = BufferPool::new(&pd, o.size, pool_slots(o.depth), AccessFlags::LOCAL_WRITE)
+        .map_err(fail("BufferPool"))?;
+    incoming
+        .id()
+        .modify_qp(&qp, QpState::Init)
+        .map_err(fail("ibv_modify_qp"))?;
+    for i in 0..o.depth {
+        let slot = pool.take().ok_or("pool empty")?;
+        qp.post_recv(RECV | u64::from(i), slot)
+            .map_err(|e| format!("ibv_post_recv: {e}"))?;
+    }
+    let mut id = incoming
+        .accept(&qp, &ConnParam::default())
+        .await
+        .map_err(fail("rdma_accept"))?;
+    loop {
+        let c = tokio::select! {
+            c = acq.next() => c.map_err(fail("poll"))?,
+            e = id.next_event() => {
+                let e = e.map_err(fail("rdma_get_cm_event"))?;
+                if e.event_type() == rdma::cm::CmEventType::Disconnected {
+                    break;
+                }
+                continue;
+            }
+        };
+        let mut c = c;
+        if c.status == WcStatus::WrFlushErr {
+            break;
+        }
+        if c.status != WcStatus::Success {
+            return Err(format!("completion {}: {}", c.wr_id, c.status));
+        }
+        let buf = c
+            .take_buffers()
+            .into_one()
+            .ok_or("a completion without its buffer")?;
+        match c.opcode {
+            WcOpcode::Recv => {
+                if c.byte_len as usize != buf.len() {
+                    return Err(format!(
+                        "a message of {} bytes: client and server need the same -S ({})",
+                        c.byte_len,
+                        buf.len()
+                    ));
+                }
+                // A new receive first, then the echo: the client's next
+                // message may follow the echo at once.
+                let slot = pool.take().ok_or("pool empty")?;
+                qp.post_recv(c.wr_id, slot)
+                    .map_err(|e| format!("ibv_post_recv: {e}"))?;
+                // The received buffer itself goes back to the client.
+                acq.post_send(&mut qp, SendWr::send(c.wr_id & !RECV, buf))
+                    .await
+                    .map_err(|e| format!("post echo: {e}"))?;
+            }
+            // The echo went out: its buffer returns to the pool.
+            _ => pool.put(buf).map_err(|_| "not a slot of the pool")?,
+        }
+    }
+    let _ = qp.to_error();
+    let _ = id.id().disconnect();
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// The blocking server: one thread per connection
+
+mod threaded {
+    use std::time::Duration;
+
+    use rdma::cm::blocking::{ConnectOptions, Connection, Listener};
+    use rdma::cm::CmEventType;
+    use rdma::{AccessFlags, BufferPool, SendWr, WcOpcode, WcStatus};
+
+    use super::{fail, Opts, Res, RECV};
+
+    /// How long a wait for a completion lasts before the connection's
+    /// events are looked at (a disconnection flushes nothing here).
+    const TICK: Duration = Duration::from_millis(20);
+
+    pub(super) fn server(o: &Opts) -> Res<()> {
+        let listener = Listener::bind(std::net::SocketAddr::new(o.addr, o.port), 1024)
+            .map_err(fail("rdma_listen"))?;
+        println!("listening on port {}", listener.id().src_port());
+        let opts = ConnectOptions {
+            timeout: Duration::from_secs(30),
+            max_send_wr: o.depth,
+            max_recv_wr: o.depth,
+            cqe: o.depth * 4,
+            ..ConnectOptions::default()
+        };
+        let mut threads = Vec::new();
+        let mut accepted = 0;
+        while o.clients == 0 || accepted < o.clients {
+            let mut pending = match listener.incoming(&opts) {
+                Ok(p) => p,
+                // No request within the timeout: keep listening.
+                Err(e) if e.errno() == Some(libc::ETIMEDOUT) => continue,
+                Err(e) => return Err(format!("rdma_accept: {e}")),
+            };
+            let pool = BufferPool::new(
+                pending.pd(),
+                o.size,
+                super::pool_slots(o.depth),
+                AccessFlags::LOCAL_WRITE,
+            )
+            .map_err(fail("BufferPool"))?;
+            for i in 0..o.depth {
+                let slot = pool.take().ok_or("pool empty")?;
+                pending
+                    .qp()
+                    .post_recv(RECV | u64::from(i), slot)
+                    .map_err(|e| format!("ibv_post_recv: {e}"))?;
+            }
+            let conn = pending
+                .accept(&opts.conn_param)
+                .map_err(fail("rdma_accept"))?;
+            accepted += 1;
+            threads.push(std::thread::spawn(move || echo(conn, &pool)));
+        }
+        let mut result = Ok(());
+        for t in threads {
+            if let Err(e) = t.join().map_err(|_| "a thread panicked".to_string())? {
+                eprintln!("connection: {e}");
+                result = Err("a connection failed".into());
+            }
+        }
+        result
+    }
+
+    fn echo(mut conn: Connection, pool: &BufferPool) -> Res<()> {
+        loop {
+            let Some(mut c) = conn.cq().wait(Some(TICK)).map_err(fail("wait"))? else {
+                if let Some(e) = conn.next_event(Duration::ZERO).map_err(fail("event"))? {
+                    if e.event_type() == CmEventType::Disconnected {
+                        let _ = conn.qp().to_error();
+                        let _ = conn.id().disconnect();
+                        return Ok(());
+                    }
+                }
+                continue;
+            };
+            if c.status != WcStatus::Success {
+                return Err(format!("completion {}: {}", c.wr_id, c.status));
+            }
+            let buf = c
+                .take_buffers()
+                .into_one()
+                .ok_or("a completion without its buffer")?;
+            if c.opcode == WcOpcode::Recv {
+                let slot = pool.take().ok_or("pool empty")?;
+                conn.qp()
+                    .post_recv(c.wr_id, slot)
+                    .map_err(|e| format!("ibv_post_recv: {e}"))?;
+                conn.qp()
+                    .post_send(SendWr::send(c.wr_id & !RECV, buf))
+                    .map_err(|e| format!("post echo: {e}"))?;
+            } else {
+                pool.put(buf).map_err(|_| "not a slot of the pool")?;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Client
+
+async fn client(o: Opts) -> Res<()> {
+    let cm = rt::cm_channel().map_err(fail("rdma_create_event_channel"))?;
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..o.connections {
+        let (cm, o) = (cm.clone(), o.clone());
+        tasks.spawn_local(async move { load(&cm, &o, n).await });
+    }
+    let mut echoes = 0;
+    while let Some(r) = tasks.join_next().await {
+        echoes += r.map_err(|e| e.to_string())??;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{} connections x {} messages of {} bytes: {echoes} echoes in {secs:.3} s, {:.0} messages/s",
+        o.connections,
+        o.messages,
+        o.size,
+        echoes as f64 / secs
+    );
+    Ok(())
+}
+
+/// One connection: `depth` messages in flight until `messages` came back;
+/// returns how many did.
+async fn load(cm: &CmChannel, o: &Opts, n: u64) -> Res<u64> {
+    let mut id = cm
+        .create_id(PortSpace::Tcp)
+        .map_err(fail("rdma_create_id"))?;
+    let dst = SocketAddr::new(o.addr, o.port);
+    id.resolve_addr(None, dst, RESOLVE_TIMEOUT)
+        .await
+        .map_err(fail("rdma_resolve_addr"))?;
+    id.resolve_route(RESOLVE_TIMEOUT)
+        .await
+        .map_err(fail("rdma_resolve_route"))?;
+    let ctx = id.id().context().map_err(fail("context"))?;
+    let pd = ctx.alloc_pd().map_err(fail("ibv_alloc_pd"))?;
+    let (mut qp, mut acq) = endpoint(&ctx, &pd, o.depth)?;
+    id.id()
+        .modify_qp(&qp, QpState::Init)
+        .map_err(fail("ibv_modify_qp"))?;
+    for i in 0..o.depth {
+        let buf = pd
+            .alloc_mr(o.size, AccessFlags::LOCAL_WRITE)
+            .map_err(fail("alloc_mr"))?;
+        qp.post_recv(RECV | u64::from(i), buf)
+            .map_err(|e| format!("ibv_post_recv: {e}"))?;
+    }
+    id.connect(&qp, &ConnParam::default())
+        .await
+        .map_err(fail("rdma_connect"))?;
+    let mut sent = 0u64;
+    let mut back = 0u64;
+    // Send buffers come back with their completions and are reused.
+    let mut spare: Vec<rdma::MemoryRegion> = Vec::new();
+    while sent < o.messages && sent < u64::from(o.depth) {
+        let mut m = pd
+            .alloc_mr(o.size, AccessFlags::empty())
+            .map_err(fail("alloc_mr"))?;
+        m.write_at(0, &(n << 32 | sent).to_be_bytes()[..o.size.min(8)])
+            .map_err(fail("write"))?;
+        acq.post_send(&mut qp, SendWr::send(sent, m))
+            .await
+            .map_err(|e| format!("post: {e}"))?;
+        sent += 1;
+    }
+    while back < o.messages {
+        let mut c = tokio::select! {
+            c = acq.next() => c.map_err(fail("poll"))?,
+            e = id.next_event() => {
+                let e = e.map_err(fail("rdma_get_cm_event"))?;
+                if e.event_type() == rdma::cm::CmEventType::Disconnected {
+                    return Err(format!("the server disconnected after {back} echoes"));
+                }
+                continue;
+            }
+        };
+        if c.status != WcStatus::Success {
+            return Err(format!("completion {}: {}", c.wr_id, c.status));
+        }
+        let buf = c
+            .take_buffers()
+            .into_one()
+            .ok_or("a completion without its buffer")?;
+        if c.opcode != WcOpcode::Recv {
+            spare.push(buf);
+            continue;
+        }
+        back += 1;
+        qp.post_recv(c.wr_id, buf)
+            .map_err(|e| format!("ibv_post_recv: {e}"))?;
+        if sent < o.messages {
+            let m = match spare.pop() {
+                Some(m) => m,
+                None => pd
+                    .alloc_mr(o.size, AccessFlags::empty())
+                    .map_err(fail("alloc_mr"))?,
+            };
+            acq.post_send(&mut qp, SendWr::send(sent, m))
+                .await
+                .map_err(|e| format!("post: {e}"))?;
+            sent += 1;
+        }
+    }
+    let _ = id.disconnect().await;
+    Ok(back)
+}

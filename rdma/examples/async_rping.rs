@@ -1,0 +1,661 @@
+//! rping on the async layer (`rdma::aio`, tokio): speaks rdma-core's `rping`
+//! protocol, so either side can be the C tool, and serves many clients at
+//! once on one thread (C `rping -s` takes them one by one; `-P` gives each a
+//! thread).
+//!
+//! ```text
+//! async_rping -s [-vVd] [-S size] [-a addr] [-p port] [-P | -N clients]
+//! async_rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port] [-N connections]
+//! ```
+//!
+//! `-N` is this port's own flag: the server exits after serving that many
+//! clients (default 1, as `rping -s`; `-P` serves until killed), the client
+//! opens that many connections at once, each running `-C` pings.
+//!
+//! The protocol (see `rping.rs`): the client advertises its source buffer
+//! (16 bytes: address, rkey, length, big-endian), the server RDMA READs it
+//! and answers "go ahead", the client advertises its sink, the server RDMA
+//! WRITEs the text into it and answers again; `-V` compares.
+//!
+//! Each connection is a task of one `current_thread` runtime: a CQ awaited
+//! through [`rdma::aio::AsyncCq`] and its connection manager id through
+//! [`rdma::aio::AsyncCmId`], selected together (both are cancel-safe, so
+//! the branch that loses the race loses nothing).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use rdma::aio::{tokio as rt, AsyncCmId, AsyncCq, CmChannel};
+use rdma::cm::{CmEventType, ConnParam, PortSpace};
+use rdma::{
+    AccessFlags, MemoryRegion, ProtectionDomain, QpState, QpType, QueuePair, RemoteMemory, SendWr,
+    WcOpcode, WcStatus,
+};
+
+const USAGE: &str = "\
+async_rping -s [-vVd] [-S size] [-a addr] [-p port] [-P | -N clients]
+async_rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port] [-N connections]
+\t-c\t\tclient side
+\t-I\t\tSource address to bind to for client.
+\t-s\t\tserver side.
+\t-v\t\tdisplay ping data to stdout
+\t-V\t\tvalidate ping data
+\t-d\t\tdebug printfs
+\t-S size \tping data size
+\t-C count\tping count times
+\t-a addr\t\taddress
+\t-p port\t\tport
+\t-P\t\tpersistent server: serve clients (at once) until killed
+\t-N n\t\tserver: exit after n clients; client: n connections at once";
+
+/// Length of a control message (`struct rping_rdma_info`).
+const INFO_LEN: usize = 16;
+const MAX_SIZE: usize = 64 * 1024 - 1;
+const MIN_SIZE: usize = 26;
+const SQ_DEPTH: u32 = 16;
+const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
+
+const WR_SEND: u64 = 1;
+const WR_RECV: u64 = 2;
+const WR_RDMA: u64 = 3;
+
+type Res<T> = Result<T, String>;
+
+#[derive(Debug, Clone)]
+struct Opts {
+    server: bool,
+    addr: IpAddr,
+    src: Option<IpAddr>,
+    port: u16,
+    count: u64,
+    size: usize,
+    verbose: bool,
+    validate: bool,
+    debug: bool,
+    persistent: bool,
+    n: u64,
+}
+
+fn host_ip(s: &str) -> Res<IpAddr> {
+    if let Ok(ip) = s.parse() {
+        return Ok(ip);
+    }
+    (s, 0)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .map(|a| a.ip())
+        .ok_or_else(|| format!("cannot resolve {s}"))
+}
+
+fn parse(args: &[String]) -> Res<Opts> {
+    let mut o = Opts {
+        server: false,
+        addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        src: None,
+        port: 7174,
+        count: 0,
+        size: 64,
+        verbose: false,
+        validate: false,
+        debug: false,
+        persistent: false,
+        n: 1,
+    };
+    let mut side = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let Some(flags) = a.strip_prefix('-') else {
+            return Err(format!("unexpected argument {a}"));
+        };
+        let mut chars = flags.chars();
+        while let Some(f) = chars.next() {
+            let mut value = || -> Res<String> {
+                let rest: String = chars.by_ref().collect();
+                if !rest.is_empty() {
+                    return Ok(rest);
+                }
+                it.next()
+                    .cloned()
+                    .ok_or_else(|| format!("-{f} needs a value"))
+            };
+            let num = |v: String| {
+                v.parse::<u64>()
+                    .map_err(|_| format!("-{f}: bad number {v}"))
+            };
+            match f {
+                's' => side = Some(true),
+                'c' => side = Some(false),
+                'v' => o.verbose = true,
+                'V' => o.validate = true,
+                'd' => o.debug = true,
+                'P' => o.persistent = true,
+                'a' => o.addr = host_ip(&value()?)?,
+                'I' => o.src = Some(host_ip(&value()?)?),
+                'p' => o.port = u16::try_from(num(value()?)?).map_err(|_| "-p: bad port")?,
+                'C' => o.count = num(value()?)?,
+                'N' => o.n = num(value()?)?.max(1),
+                'S' => {
+                    let size = num(value()?)? as usize;
+                    if !(MIN_SIZE..=MAX_SIZE).contains(&size) {
+                        return Err(format!(
+                            "Invalid size {size} (valid range is {MIN_SIZE} to {})",
+                            MAX_SIZE + 1
+                        ));
+                    }
+                    o.size = size;
+                }
+                _ => return Err(format!("unknown option -{f}")),
+            }
+        }
+    }
+    o.server = side.ok_or("-s or -c")?;
+    Ok(o)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let o = match parse(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("async_rping: {e}\n{USAGE}");
+            return ExitCode::from(22);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let local = tokio::task::LocalSet::new();
+    let result = local.block_on(&runtime, async {
+        if o.server {
+            server(o).await
+        } else {
+            clients(o).await
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn fail<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+/// The control message describing `mem` (`rping_format_send`).
+fn info(mem: RemoteMemory, size: usize) -> [u8; INFO_LEN] {
+    let mut m = [0u8; INFO_LEN];
+    m[..8].copy_from_slice(&mem.addr.to_be_bytes());
+    m[8..12].copy_from_slice(&mem.rkey.to_be_bytes());
+    m[12..].copy_from_slice(&(size as u32).to_be_bytes());
+    m
+}
+
+fn parse_info(m: &[u8; INFO_LEN]) -> RemoteMemory {
+    let addr = u64::from_be_bytes(m[..8].try_into().expect("8 bytes"));
+    let rkey = u32::from_be_bytes(m[8..12].try_into().expect("4 bytes"));
+    let len = u32::from_be_bytes(m[12..16].try_into().expect("4 bytes"));
+    RemoteMemory {
+        addr,
+        len: u64::from(len),
+        rkey,
+    }
+}
+
+/// The text up to its NUL.
+fn c_str(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+/// The ping text: `rdma-ping-N: `, then letters from `first` up to `z`
+/// wrapping to `A`, then a NUL in the last byte.
+fn fill(buf: &mut [u8], ping: u64, first: u8) {
+    let head = format!("rdma-ping-{}: ", ping as i32);
+    let n = head.len().min(buf.len() - 1);
+    buf[..n].copy_from_slice(&head.as_bytes()[..n]);
+    let mut c = first;
+    for b in &mut buf[n..] {
+        *b = c;
+        c = if c >= 122 { 65 } else { c + 1 };
+    }
+    let last = buf.len() - 1;
+    buf[last] = 0;
+}
+
+/// What a wait brought.
+enum Got {
+    Recv([u8; INFO_LEN]),
+    Rdma(MemoryRegion),
+    Disconnected,
+}
+
+/// One connection. Field order is drop order: the QP before its CQ's
+/// `AsyncCq` and PD, the id last.
+struct Conn {
+    qp: QueuePair,
+    acq: AsyncCq,
+    pd: ProtectionDomain,
+    /// The send buffer, when not in flight.
+    send_mr: Option<MemoryRegion>,
+    /// A control message that came while waiting for the send buffer.
+    pending: Option<[u8; INFO_LEN]>,
+    id: AsyncCmId,
+    debug: bool,
+}
+
+impl Conn {
+    /// PD, CQ (with a channel of its own, awaited on tokio) and QP on the
+    /// id's device, the QP in INIT with its receive posted.
+    fn setup(id: AsyncCmId, o: &Opts) -> Res<Conn> {
+        let ctx = id.id().context().map_err(fail("ibv_alloc_pd failed"))?;
+        let pd = ctx.alloc_pd().map_err(fail("ibv_alloc_pd failed"))?;
+        let channel = ctx
+            .create_comp_channel()
+            .map_err(fail("ibv_create_comp_channel failed"))?;
+        let cq = ctx
+            .create_cq(SQ_DEPTH * 2, Some(&channel), 0)
+            .map_err(fail("ibv_create_cq failed"))?;
+        let acq = rt::completions(&cq).map_err(fail("rdma::aio"))?;
+        let mut qp = pd
+            .qp_builder(QpType::Rc, &cq, &cq)
+            .max_send_wr(SQ_DEPTH)
+            .max_recv_wr(2)
+            .build()
+            .map_err(fail("ibv_create_qp"))?;
+        id.id()
+            .modify_qp(&qp, QpState::Init)
+            .map_err(fail("ibv_modify_qp"))?;
+        let recv = pd
+            .alloc_mr(INFO_LEN, AccessFlags::LOCAL_WRITE)
+            .map_err(fail("recv_buf reg_mr failed"))?;
+        qp.post_recv(WR_RECV, recv)
+            .map_err(|e| format!("ibv_post_recv failed: {e}"))?;
+        let send_mr = pd
+            .alloc_mr(INFO_LEN, AccessFlags::empty())
+            .map_err(fail("send_buf reg_mr failed"))?;
+        Ok(Conn {
+            qp,
+            acq,
+            pd,
+            send_mr: Some(send_mr),
+            pending: None,
+            id,
+            debug: o.debug,
+        })
+    }
+
+    fn param() -> ConnParam {
+        ConnParam {
+            responder_resources: 1,
+            initiator_depth: 1,
+            ..ConnParam::default()
+        }
+    }
+
+    /// The next completion or connection event that matters. A send's
+    /// completion gives the send buffer back; with `until_send` the wait
+    /// ends there (`Ok(None)`).
+    async fn wait(&mut self, until_send: bool) -> Res<Option<Got>> {
+        loop {
+            let (acq, id) = (&mut self.acq, &mut self.id);
+            tokio::select! {
+                c = acq.next() => {
+                    let mut c = c.map_err(fail("poll error"))?;
+                    if c.status == WcStatus::WrFlushErr {
+                        return Ok(Some(Got::Disconnected));
+                    }
+                    if c.status != WcStatus::Success {
+                        return Err(format!("cq completion failed status {}", c.status.to_raw()));
+                    }
+                    match c.opcode {
+                        WcOpcode::Send => {
+                            self.send_mr = c.take_buffers().into_one();
+                            if until_send {
+                                return Ok(None);
+                            }
+                        }
+                        WcOpcode::Recv => {
+                            if c.byte_len as usize != INFO_LEN {
+                                return Err(format!("Received bogus data, size {}", c.byte_len));
+                            }
+                            let mr = c.take_buffers().into_one().expect("the receive buffer");
+                            let mut msg = [0u8; INFO_LEN];
+                            mr.read_at(0, &mut msg).map_err(fail("read"))?;
+                            self.qp
+                                .post_recv(WR_RECV, mr)
+                                .map_err(|e| format!("post recv error: {e}"))?;
+                            return Ok(Some(Got::Recv(msg)));
+                        }
+                        WcOpcode::RdmaRead | WcOpcode::RdmaWrite => {
+                            let mr = c.take_buffers().into_one().expect("the RDMA buffer");
+                            return Ok(Some(Got::Rdma(mr)));
+                        }
+                        other => return Err(format!("unknown completion {other:?}")),
+                    }
+                }
+                e = id.next_event() => {
+                    let e = e.map_err(fail("rdma_get_cm_event"))?;
+                    if self.debug {
+                        println!("cma_event type {} cma_id {:p}", e.event_type(), e.id().as_raw());
+                    }
+                    match e.event_type() {
+                        CmEventType::Disconnected => return Ok(Some(Got::Disconnected)),
+                        CmEventType::DeviceRemoval => {
+                            return Err("cma detected device removal!!!!".into())
+                        }
+                        CmEventType::Established | CmEventType::TimewaitExit => {}
+                        t => eprintln!("unhandled event: {t}, ignoring"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends a control message once the previous send is back.
+    async fn send(&mut self, msg: &[u8; INFO_LEN]) -> Res<()> {
+        while self.send_mr.is_none() {
+            match self.wait(true).await? {
+                None => {}
+                Some(Got::Recv(m)) if self.pending.is_none() => self.pending = Some(m),
+                Some(Got::Recv(_)) => return Err("unexpected control message".into()),
+                Some(Got::Rdma(_)) => return Err("unexpected RDMA completion".into()),
+                Some(Got::Disconnected) => return Err("disconnected while sending".into()),
+            }
+        }
+        let mut mr = self.send_mr.take().expect("checked above");
+        mr.write_at(0, msg).map_err(fail("write"))?;
+        self.qp
+            .post_send(SendWr::send(WR_SEND, mr))
+            .map_err(|e| format!("post send error {e}"))
+    }
+
+    /// The next control message; `None` on disconnection.
+    async fn recv(&mut self, state: &str) -> Res<Option<[u8; INFO_LEN]>> {
+        if let Some(m) = self.pending.take() {
+            return Ok(Some(m));
+        }
+        match self.wait(false).await? {
+            Some(Got::Recv(m)) => Ok(Some(m)),
+            Some(Got::Disconnected) => Ok(None),
+            _ => Err(format!("wait for {state}: unexpected completion")),
+        }
+    }
+
+    /// The RDMA READ or WRITE just posted; `None` on disconnection.
+    async fn rdma(&mut self, state: &str) -> Res<MemoryRegion> {
+        match self.wait(false).await? {
+            Some(Got::Rdma(mr)) => Ok(mr),
+            Some(Got::Disconnected) => Err(format!("wait for {state}: disconnected")),
+            _ => Err(format!("wait for {state}: unexpected completion")),
+        }
+    }
+
+    /// `rping_disconnect` for a QP this program made: error state, then
+    /// `rdma_disconnect`.
+    fn disconnect(&self) {
+        let _ = self.qp.to_error();
+        let _ = self.id.id().disconnect();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Client
+
+async fn clients(o: Opts) -> Res<()> {
+    let cm = rt::cm_channel().map_err(fail("rdma_create_event_channel"))?;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..o.n {
+        let (cm, o) = (cm.clone(), o.clone());
+        tasks.spawn_local(async move { client(&cm, &o).await });
+    }
+    let mut result = Ok(());
+    while let Some(r) = tasks.join_next().await {
+        if let Err(e) = r.map_err(|e| e.to_string()).and_then(|r| r) {
+            eprintln!("{e}");
+            result = Err("rping client failed".to_string());
+        }
+    }
+    result
+}
+
+async fn client(cm: &CmChannel, o: &Opts) -> Res<()> {
+    let mut id = cm
+        .create_id(PortSpace::Tcp)
+        .map_err(fail("rdma_create_id"))?;
+    let dst = SocketAddr::new(o.addr, o.port);
+    let src = o.src.map(|ip| SocketAddr::new(ip, 0).into());
+    id.resolve_addr(src, dst, RESOLVE_TIMEOUT)
+        .await
+        .map_err(fail("rdma_resolve_addr"))?;
+    id.resolve_route(RESOLVE_TIMEOUT)
+        .await
+        .map_err(fail("rdma_resolve_route"))?;
+    let mut conn = Conn::setup(id, o)?;
+    let mut start = conn
+        .pd
+        .alloc_mr(o.size, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+        .map_err(fail("start_buf reg_mr failed"))?;
+    let sink = conn
+        .pd
+        .alloc_mr(o.size, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .map_err(fail("rdma_buf reg_mr failed"))?;
+    conn.id
+        .connect(&conn.qp, &Conn::param())
+        .await
+        .map_err(fail("rdma_connect"))?;
+    let result = pings(o, &mut conn, &mut start, &sink).await;
+    conn.disconnect();
+    result
+}
+
+async fn pings(
+    o: &Opts,
+    conn: &mut Conn,
+    start: &mut MemoryRegion,
+    sink: &MemoryRegion,
+) -> Res<()> {
+    let mut first: u8 = 65;
+    let mut ping: u64 = 0;
+    let mut text = vec![0u8; o.size];
+    while o.count == 0 || ping < o.count {
+        fill(&mut text, ping, first);
+        first = if first >= 122 { 65 } else { first + 1 };
+        start.write_at(0, &text).map_err(fail("write"))?;
+        conn.send(&info(start.remote(), o.size)).await?;
+        if conn.recv("RDMA_WRITE_ADV").await?.is_none() {
+            return Err("wait for RDMA_WRITE_ADV state: disconnected".into());
+        }
+        conn.send(&info(sink.remote(), o.size)).await?;
+        if conn.recv("RDMA_WRITE_COMPLETE").await?.is_none() {
+            return Err("wait for RDMA_WRITE_COMPLETE state: disconnected".into());
+        }
+        let got = sink.to_vec();
+        if o.validate && got != text {
+            return Err("data mismatch!".into());
+        }
+        if o.verbose {
+            println!("ping data: {}", c_str(&got));
+        }
+        ping += 1;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Server
+
+async fn server(o: Opts) -> Res<()> {
+    let cm = rt::cm_channel().map_err(fail("rdma_create_event_channel"))?;
+    let mut listener = cm
+        .listen(SocketAddr::new(o.addr, o.port), 128)
+        .map_err(fail("rdma_bind_addr/rdma_listen"))?;
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut accepted = 0;
+    while o.persistent || accepted < o.n {
+        let incoming = listener
+            .get_request()
+            .await
+            .map_err(fail("rdma_get_cm_event"))?;
+        accepted += 1;
+        let o = o.clone();
+        tasks.spawn_local(async move {
+            let id = incoming.id().clone();
+            let r = serve(incoming, &o).await;
+            if let Err(e) = &r {
+                eprintln!("{e} (connection {:p})", id.as_raw());
+            }
+            r
+        });
+    }
+    let mut result = Ok(());
+    while let Some(r) = tasks.join_next().await {
+        if r.map_err(|e| e.to_string()).and_then(|r| r).is_err() {
+            result = Err("rping server failed".to_string());
+        }
+    }
+    result
+}
+
+/// Accepts a request and answers pings until the client disconnects.
+async fn serve(incoming: rdma::aio::Incoming, o: &Opts) -> Res<()> {
+    // Phase one of the accept: the connection's resources on its device.
+    let ctx = incoming.context().map_err(fail("ibv_alloc_pd failed"))?;
+    let pd = ctx.alloc_pd().map_err(fail("ibv_alloc_pd failed"))?;
+    let channel = ctx
+        .create_comp_channel()
+        .map_err(fail("ibv_create_comp_channel failed"))?;
+    let cq = ctx
+        .create_cq(SQ_DEPTH * 2, Some(&channel), 0)
+        .map_err(fail("ibv_create_cq failed"))?;
+    let acq = rt::completions(&cq).map_err(fail("rdma::aio"))?;
+    let mut qp = pd
+        .qp_builder(QpType::Rc, &cq, &cq)
+        .max_send_wr(SQ_DEPTH)
+        .max_recv_wr(2)
+        .build()
+        .map_err(fail("ibv_create_qp"))?;
+    incoming
+        .id()
+        .modify_qp(&qp, QpState::Init)
+        .map_err(fail("ibv_modify_qp"))?;
+    let recv = pd
+        .alloc_mr(INFO_LEN, AccessFlags::LOCAL_WRITE)
+        .map_err(fail("recv_buf reg_mr failed"))?;
+    qp.post_recv(WR_RECV, recv)
+        .map_err(|e| format!("ibv_post_recv failed: {e}"))?;
+    let send_mr = pd
+        .alloc_mr(INFO_LEN, AccessFlags::empty())
+        .map_err(fail("send_buf reg_mr failed"))?;
+    // Phase two.
+    let id = incoming
+        .accept(&qp, &Conn::param())
+        .await
+        .map_err(fail("rdma_accept"))?;
+    let mut conn = Conn {
+        qp,
+        acq,
+        pd,
+        send_mr: Some(send_mr),
+        pending: None,
+        id,
+        debug: o.debug,
+    };
+    let result = answer(o, &mut conn).await;
+    conn.disconnect();
+    result
+}
+
+async fn answer(o: &Opts, conn: &mut Conn) -> Res<()> {
+    let mut buf = conn
+        .pd
+        .alloc_mr(o.size, AccessFlags::LOCAL_WRITE)
+        .map_err(fail("rdma_buf reg_mr failed"))?;
+    loop {
+        let Some(msg) = conn.recv("RDMA_READ_ADV").await? else {
+            return Ok(());
+        };
+        let remote = parse_info(&msg);
+        let len = remote.len as usize;
+        if len == 0 || len > buf.len() {
+            return Err(format!(
+                "client buffer of {len} bytes does not fit the server's {} (-S)",
+                buf.len()
+            ));
+        }
+        let tail = (len < buf.len())
+            .then(|| buf.split_off(len))
+            .transpose()
+            .map_err(fail("split"))?;
+        conn.qp
+            .post_send(SendWr::read(WR_RDMA, buf, remote))
+            .map_err(|e| format!("post send error {e}"))?;
+        buf = conn.rdma("RDMA_READ_COMPLETE").await?;
+        if let Some(t) = tail {
+            buf.unsplit(t).map_err(|_| "buffer pieces do not join")?;
+        }
+        let text = c_str(&buf.to_vec());
+        if o.verbose {
+            println!("server ping data: {text}");
+        }
+        conn.send(&[0; INFO_LEN]).await?;
+        let Some(msg) = conn.recv("RDMA_WRITE_ADV").await? else {
+            return Ok(());
+        };
+        let sink = parse_info(&msg);
+        let n = (text.len() + 1).min(buf.len());
+        if n as u64 > sink.len {
+            return Err(format!(
+                "client sink of {} bytes is too small for {n}",
+                sink.len
+            ));
+        }
+        let tail = (n < buf.len())
+            .then(|| buf.split_off(n))
+            .transpose()
+            .map_err(fail("split"))?;
+        let remote = RemoteMemory {
+            len: n as u64,
+            ..sink
+        };
+        conn.qp
+            .post_send(SendWr::write(WR_RDMA, buf, remote))
+            .map_err(|e| format!("post send error {e}"))?;
+        buf = conn.rdma("RDMA_WRITE_COMPLETE").await?;
+        if let Some(t) = tail {
+            buf.unsplit(t).map_err(|_| "buffer pieces do not join")?;
+        }
+        conn.send(&[0; INFO_LEN]).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ping_text_matches_rping() {
+        let mut b = vec![0u8; 64];
+        fill(&mut b, 0, 65);
+        assert_eq!(
+            c_str(&b),
+            "rdma-ping-0: ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqr"
+        );
+    }
+
+    #[test]
+    fn options_parse_like_rping() {
+        let a = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
+        let o = parse(&a("-c -a 10.8.0.1 -p 7000 -C 5 -vV -S 100 -N 8")).unwrap();
+        assert!(!o.server && o.verbose && o.validate);
+        assert_eq!((o.port, o.count, o.size, o.n), (7000, 5, 100, 8));
+        assert!(parse(&a("-s -S 10")).unwrap_err().contains("Invalid size"));
+        assert!(parse(&a("-a 1.2.3.4")).is_err());
+    }
+}

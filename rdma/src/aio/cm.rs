@@ -1,0 +1,570 @@
+//! Connection manager event channels driven by a reactor, and ids whose
+//! connection steps are futures.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use super::wake::{DriverWaker, Waiters};
+use super::{reactor_error, would_block, Reactor, Readiness};
+use crate::cm::{CmAddr, CmEvent, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
+use crate::error::{Error, Result};
+use crate::QueuePair;
+
+/// The waiter key of [`CmChannel::next_event`] (ids use their address).
+const UNROUTED: usize = 0;
+
+#[derive(Default)]
+struct CmState {
+    /// Events of the ids with an [`AsyncCmId`], by id (a connect request
+    /// under its listener). Each event holds its id and is acknowledged
+    /// when dropped.
+    boxes: HashMap<usize, VecDeque<CmEvent>>,
+    /// Events of other ids, for [`CmChannel::next_event`].
+    unrouted: VecDeque<CmEvent>,
+}
+
+struct CmShared {
+    /// Dropped first (field order): the registration goes while the
+    /// descriptor is open.
+    readiness: Box<dyn Readiness>,
+    state: Mutex<CmState>,
+    waiters: Arc<Waiters>,
+    driver_waker: Waker,
+    channel: EventChannel,
+}
+
+fn id_key(id: &CmId) -> usize {
+    Arc::as_ptr(&id.inner) as usize
+}
+
+impl CmShared {
+    fn state(&self) -> MutexGuard<'_, CmState> {
+        // Nothing panics while holding it.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Ready with the next event for `key` (an id, or [`UNROUTED`]); reads
+    /// the channel (every pending event, until `EAGAIN`) while there is none.
+    fn poll_event(&self, key: usize, cx: &mut Context<'_>) -> Poll<Result<CmEvent>> {
+        self.waiters.register(key, cx.waker());
+        let mut woken = Vec::new();
+        let (read, mine) = {
+            let mut st = self.state();
+            if let Some(e) = pop(&mut st, key) {
+                return Poll::Ready(Ok(e));
+            }
+            let mut failure = None;
+            let mut dcx = Context::from_waker(&self.driver_waker);
+            let read = self.readiness.poll_read(&mut dcx, &mut || loop {
+                match self.channel.read_event() {
+                    Ok(Some(event)) => woken.push(route(&mut st, event)),
+                    Ok(None) => return Err(would_block()),
+                    Err(e) => {
+                        let io = io::Error::other(e.to_string());
+                        failure = Some(e);
+                        return Err(io);
+                    }
+                }
+            });
+            let read: Poll<Result<()>> = match (read, failure) {
+                (Poll::Ready(Err(_)), Some(e)) => Poll::Ready(Err(e)),
+                (Poll::Ready(Err(e)), None) => {
+                    Poll::Ready(Err(reactor_error("rdma_get_cm_event", e)))
+                }
+                (_, _) => Poll::Pending,
+            };
+            (read, pop(&mut st, key))
+        };
+        for k in woken {
+            if k != key {
+                self.waiters.wake(k);
+            }
+        }
+        match (mine, read) {
+            (Some(e), _) => Poll::Ready(Ok(e)),
+            (None, Poll::Ready(Err(e))) => Poll::Ready(Err(e)),
+            (None, _) => Poll::Pending,
+        }
+    }
+
+    /// Registers `id`: its events go to a mailbox of its own, and those
+    /// already waiting among the unrouted ones move there.
+    fn register(self: &Arc<Self>, id: CmId, operation: &'static str) -> Result<AsyncCmId> {
+        let key = id_key(&id);
+        let mut st = self.state();
+        if st.boxes.contains_key(&key) {
+            return Err(Error::Async {
+                operation,
+                reason: "the id already has an AsyncCmId (one async handle per id)".into(),
+                errno: libc::EBUSY,
+            });
+        }
+        let (mine, rest): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut st.unrouted)
+            .into_iter()
+            .partition(|e| about(e) == key);
+        st.unrouted = rest;
+        st.boxes.insert(key, mine);
+        drop(st);
+        Ok(AsyncCmId {
+            chan: Arc::clone(self),
+            id,
+            key,
+        })
+    }
+}
+
+/// The key an event is routed by: its id, or for a connect request the
+/// listener.
+fn about(e: &CmEvent) -> usize {
+    id_key(e.listen_id().unwrap_or(e.id()))
+}
+
+/// Puts `event` where its waiter looks; returns that waiter's key.
+fn route(st: &mut CmState, event: CmEvent) -> usize {
+    let key = about(&event);
+    match st.boxes.get_mut(&key) {
+        Some(b) => {
+            b.push_back(event);
+            key
+        }
+        None => {
+            st.unrouted.push_back(event);
+            UNROUTED
+        }
+    }
+}
+
+fn pop(st: &mut CmState, key: usize) -> Option<CmEvent> {
+    if key == UNROUTED {
+        st.unrouted.pop_front()
+    } else {
+        st.boxes.get_mut(&key)?.pop_front()
+    }
+}
+
+impl Drop for CmShared {
+    fn drop(&mut self) {
+        self.channel.inner.driven.store(false, Ordering::Release);
+    }
+}
+
+/// An [`EventChannel`] driven by a reactor: reads its events and hands each
+/// to the [`AsyncCmId`] it is about (a connect request to its listener), or,
+/// for an id without one, to [`CmChannel::next_event`].
+///
+/// While it lives it is the channel's only reader: the channel's own
+/// `get_event`, `try_get_event`, `get_event_timeout` and `wait_for` refuse
+/// (`EBUSY`). A cheap `Clone` handle.
+///
+/// An event holds its id until it is dropped, and `rdma_destroy_id` waits
+/// for that: events wait in their id's mailbox, which goes (acknowledging
+/// them) with the id's [`AsyncCmId`]; events of ids without one wait for
+/// [`CmChannel::next_event`] or for the last handle of the channel.
+#[derive(Clone)]
+pub struct CmChannel {
+    shared: Arc<CmShared>,
+}
+
+impl CmChannel {
+    /// Drives `channel` from `reactor` (its descriptor is always
+    /// non-blocking).
+    ///
+    /// # Errors
+    /// [`Error::Async`] (`EBUSY`) when another `CmChannel` drives it; the
+    /// reactor's errors ([`Error::Async`] outside its runtime).
+    pub fn new(channel: &EventChannel, reactor: &dyn Reactor) -> Result<CmChannel> {
+        if channel.inner.driven.swap(true, Ordering::AcqRel) {
+            return Err(Error::Async {
+                operation: "CmChannel::new",
+                reason: "another CmChannel drives the event channel".into(),
+                errno: libc::EBUSY,
+            });
+        }
+        let readiness = reactor
+            .register(channel.as_fd())
+            .inspect_err(|_| channel.inner.driven.store(false, Ordering::Release))?;
+        let waiters = Arc::new(Waiters::default());
+        Ok(CmChannel {
+            shared: Arc::new(CmShared {
+                readiness,
+                state: Mutex::new(CmState::default()),
+                driver_waker: Waker::from(Arc::new(DriverWaker(Arc::clone(&waiters)))),
+                waiters,
+                channel: channel.clone(),
+            }),
+        })
+    }
+
+    /// The event channel.
+    pub fn channel(&self) -> &EventChannel {
+        &self.shared.channel
+    }
+
+    /// Creates an id on the channel ([`EventChannel::create_id`]), with its
+    /// mailbox.
+    ///
+    /// # Errors
+    /// As [`EventChannel::create_id`].
+    pub fn create_id(&self, ps: PortSpace) -> Result<AsyncCmId> {
+        let id = self.shared.channel.create_id(ps)?;
+        self.shared.register(id, "CmChannel::create_id")
+    }
+
+    /// Gives an existing id of this channel a mailbox: its events go there
+    /// from now on (with those already read and not taken).
+    ///
+    /// # Errors
+    /// [`Error::Async`]: `EINVAL` for an id of another channel (or a
+    /// synchronous one), `EBUSY` when the id already has an `AsyncCmId`.
+    pub fn register(&self, id: &CmId) -> Result<AsyncCmId> {
+        match id.channel() {
+            Some(ch) if ch.same_channel(&self.shared.channel) => {}
+            _ => {
+                return Err(Error::Async {
+                    operation: "CmChannel::register",
+                    reason: "the id reports to another event channel (or is synchronous): \
+                             migrate it first (CmId::migrate_id)"
+                        .into(),
+                    errno: libc::EINVAL,
+                })
+            }
+        }
+        self.shared.register(id.clone(), "CmChannel::register")
+    }
+
+    /// Creates an id, binds it to `addr` (port 0: any free port) and
+    /// listens.
+    ///
+    /// # Errors
+    /// As [`CmId::bind_addr`] and [`CmId::listen`].
+    pub fn listen(&self, addr: std::net::SocketAddr, backlog: i32) -> Result<AsyncCmId> {
+        let id = self.create_id(PortSpace::Tcp)?;
+        id.id().bind_addr(addr)?;
+        id.id().listen(backlog)?;
+        Ok(id)
+    }
+
+    /// Polls for the next event of an id without an [`AsyncCmId`].
+    ///
+    /// # Errors
+    /// As [`EventChannel::try_get_event`]; the reactor's failure as
+    /// [`Error::Verb`] naming `rdma_get_cm_event`.
+    pub fn poll_event(&self, cx: &mut Context<'_>) -> Poll<Result<CmEvent>> {
+        self.shared.poll_event(UNROUTED, cx)
+    }
+
+    /// Waits for the next event of an id without an [`AsyncCmId`]. One
+    /// task at a time should wait here (the last one registered is woken).
+    ///
+    /// Cancel safety: events are read into the channel's queues, never into
+    /// the future: dropping it loses nothing.
+    ///
+    /// # Errors
+    /// As [`CmChannel::poll_event`].
+    pub fn next_event(&self) -> impl Future<Output = Result<CmEvent>> + '_ {
+        std::future::poll_fn(move |cx| self.poll_event(cx))
+    }
+}
+
+impl fmt::Debug for CmChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.shared.state();
+        f.debug_struct("CmChannel")
+            .field("channel", &self.shared.channel)
+            .field("ids", &st.boxes.len())
+            .field("unrouted", &st.unrouted.len())
+            .finish()
+    }
+}
+
+/// A [`CmId`] with a mailbox in its [`CmChannel`]: its events, awaited, and
+/// its connection steps as futures.
+///
+/// Waiting takes `&mut self`: one task waits for an id's events at a time.
+/// Dropping the handle drops (acknowledges) the events still in the mailbox;
+/// the id itself goes when its last [`CmId`] handle does.
+///
+/// Cancel safety of the steps: each step makes its call (`rdma_connect`,
+/// ...) in the first poll, then waits for its event. Dropped while waiting,
+/// the step's event stays in the mailbox and [`AsyncCmId::next_event`]
+/// returns it; the step is not redone, and a step that waits for another
+/// event type next (the following step) reports the left-over event as an
+/// [`Error::CmEvent`]. Nothing is acknowledged late: the mailbox goes with
+/// this handle.
+pub struct AsyncCmId {
+    chan: Arc<CmShared>,
+    id: CmId,
+    key: usize,
+}
+
+impl AsyncCmId {
+    /// The id.
+    pub fn id(&self) -> &CmId {
+        &self.id
+    }
+
+    /// The driver of the id's channel.
+    pub fn channel(&self) -> CmChannel {
+        CmChannel {
+            shared: Arc::clone(&self.chan),
+        }
+    }
+
+    /// Polls for the id's next event (for a listener: the next connect
+    /// request).
+    ///
+    /// # Errors
+    /// As [`CmChannel::poll_event`].
+    pub fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Result<CmEvent>> {
+        self.chan.poll_event(self.key, cx)
+    }
+
+    /// Waits for the id's next event.
+    ///
+    /// Cancel safety: the event is taken from the mailbox only in the poll
+    /// that returns it; dropping the future loses nothing.
+    ///
+    /// # Errors
+    /// As [`CmChannel::poll_event`].
+    pub fn next_event(&mut self) -> impl Future<Output = Result<CmEvent>> + '_ {
+        std::future::poll_fn(move |cx| self.poll_event(cx))
+    }
+
+    /// Waits for the id's next event and checks that it is one of `wanted`
+    /// with status 0.
+    ///
+    /// Cancel safety: as [`AsyncCmId::next_event`].
+    ///
+    /// # Errors
+    /// [`Error::CmEvent`] for another event (naming `operation`), or as
+    /// [`AsyncCmId::next_event`].
+    pub async fn expect(
+        &mut self,
+        wanted: &[CmEventType],
+        operation: &'static str,
+    ) -> Result<CmEvent> {
+        let event = self.next_event().await?;
+        if wanted.contains(&event.event_type()) && event.status() == 0 {
+            Ok(event)
+        } else {
+            Err(event.into_error(operation))
+        }
+    }
+
+    /// Resolves `dst` ([`CmId::resolve_addr`]) and waits for
+    /// `ADDR_RESOLVED`.
+    ///
+    /// Cancel safety: see the type's documentation.
+    ///
+    /// # Errors
+    /// As [`CmId::resolve_addr`]; [`Error::CmEvent`] for `ADDR_ERROR` (or
+    /// another event).
+    pub async fn resolve_addr(
+        &mut self,
+        src: Option<CmAddr>,
+        dst: impl Into<CmAddr>,
+        timeout: Duration,
+    ) -> Result<()> {
+        self.id.resolve_addr(src, dst, timeout)?;
+        drop(
+            self.expect(&[CmEventType::AddrResolved], "rdma_resolve_addr")
+                .await?,
+        );
+        Ok(())
+    }
+
+    /// Resolves the route ([`CmId::resolve_route`]) and waits for
+    /// `ROUTE_RESOLVED`.
+    ///
+    /// Cancel safety: see the type's documentation.
+    ///
+    /// # Errors
+    /// As [`CmId::resolve_route`]; [`Error::CmEvent`] for `ROUTE_ERROR`.
+    pub async fn resolve_route(&mut self, timeout: Duration) -> Result<()> {
+        self.id.resolve_route(timeout)?;
+        drop(
+            self.expect(&[CmEventType::RouteResolved], "rdma_resolve_route")
+                .await?,
+        );
+        Ok(())
+    }
+
+    /// Connects with `qp` ([`CmId::connect_qp`]) and waits until the
+    /// connection is up: after `CONNECT_RESPONSE` (InfiniBand/RoCE) it moves
+    /// the QP to RTS and establishes ([`CmId::establish_qp`]); on iWARP the
+    /// event is `ESTABLISHED`. Returns the peer's connection parameters
+    /// (its private data).
+    ///
+    /// Cancel safety: see the type's documentation. Dropped before the
+    /// response, the request stays out; dropping the id abandons it.
+    ///
+    /// # Errors
+    /// As [`CmId::connect_qp`] and [`CmId::establish_qp`];
+    /// [`Error::CmEvent`] for `REJECTED` (with the peer's private data),
+    /// `UNREACHABLE`, `CONNECT_ERROR`.
+    pub async fn connect(&mut self, qp: &QueuePair, param: &ConnParam) -> Result<ConnParam> {
+        self.id.connect_qp(qp, param)?;
+        let event = self
+            .expect(
+                &[CmEventType::ConnectResponse, CmEventType::Established],
+                "rdma_connect",
+            )
+            .await?;
+        let peer = event.conn_param().cloned().unwrap_or_default();
+        let response = event.event_type() == CmEventType::ConnectResponse;
+        drop(event);
+        if response {
+            self.id.establish_qp(qp)?;
+        }
+        Ok(peer)
+    }
+
+    /// Waits for the next connection request on a listening id, and returns
+    /// it with a mailbox of its own: [`Incoming::accept`] or
+    /// [`Incoming::reject`] it, after making the connection's PD, memory and
+    /// QP on [`Incoming::context`] (two-phase accept).
+    ///
+    /// Cancel safety: as [`AsyncCmId::next_event`].
+    ///
+    /// # Errors
+    /// [`Error::CmEvent`] for another event of the listener; as
+    /// [`AsyncCmId::next_event`].
+    pub async fn get_request(&mut self) -> Result<Incoming> {
+        let event = self
+            .expect(&[CmEventType::ConnectRequest], "rdma_listen")
+            .await?;
+        let param = event.conn_param().cloned().unwrap_or_default();
+        let id = event.id().clone();
+        drop(event);
+        let id = self.chan.register(id, "AsyncCmId::get_request")?;
+        Ok(Incoming { id, param })
+    }
+
+    /// Disconnects ([`CmId::disconnect`]) and waits for `DISCONNECTED`.
+    ///
+    /// Cancel safety: see the type's documentation.
+    ///
+    /// # Errors
+    /// As [`CmId::disconnect`]; [`Error::CmEvent`] for another event.
+    pub async fn disconnect(&mut self) -> Result<()> {
+        self.id.disconnect()?;
+        drop(
+            self.expect(&[CmEventType::Disconnected], "rdma_disconnect")
+                .await?,
+        );
+        Ok(())
+    }
+
+    /// Waits until the peer disconnects (`DISCONNECTED`), then completes the
+    /// disconnection from this side.
+    ///
+    /// Cancel safety: as [`AsyncCmId::next_event`].
+    ///
+    /// # Errors
+    /// [`Error::CmEvent`] for another event; as [`AsyncCmId::next_event`].
+    pub async fn disconnected(&mut self) -> Result<()> {
+        drop(
+            self.expect(&[CmEventType::Disconnected], "wait for DISCONNECTED")
+                .await?,
+        );
+        // Already disconnected locally (iWARP) is fine.
+        let _ = self.id.disconnect();
+        Ok(())
+    }
+}
+
+impl Drop for AsyncCmId {
+    fn drop(&mut self) {
+        let mailbox = self.chan.state().boxes.remove(&self.key);
+        self.chan.waiters.remove(self.key);
+        // Outside the lock: acknowledging may let the id be destroyed.
+        drop(mailbox);
+    }
+}
+
+impl fmt::Debug for AsyncCmId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AsyncCmId").field("id", &self.id).finish()
+    }
+}
+
+/// A connection request taken from a listener and not answered yet: the
+/// first phase of a two-phase accept. Make the connection's resources on
+/// [`Incoming::context`] (the PD, memory whose rkey the private data of the
+/// accept can carry, the CQ and QP), then [`Incoming::accept`].
+///
+/// Dropped unanswered, the request's id is destroyed, which rejects it.
+pub struct Incoming {
+    id: AsyncCmId,
+    param: ConnParam,
+}
+
+impl Incoming {
+    /// The new connection's id.
+    pub fn id(&self) -> &CmId {
+        self.id.id()
+    }
+
+    /// The device the request came in on (borrowed from the id).
+    ///
+    /// # Errors
+    /// As [`CmId::context`].
+    pub fn context(&self) -> Result<crate::Context> {
+        self.id.id().context()
+    }
+
+    /// What the peer sent with its request.
+    pub fn conn_param(&self) -> &ConnParam {
+        &self.param
+    }
+
+    /// The peer's private data.
+    pub fn private_data(&self) -> &[u8] {
+        &self.param.private_data
+    }
+
+    /// Accepts with `qp` ([`CmId::accept_qp`]) and `param` (its private data
+    /// may carry the rkey of memory registered on the connection's PD), and
+    /// waits for `ESTABLISHED`. Returns the connection's id.
+    ///
+    /// Cancel safety: dropped before `ESTABLISHED`, the future drops the
+    /// id's handle (and its mailbox, acknowledging its events): the
+    /// connection is abandoned and the id destroyed once its last handle
+    /// goes; nothing is left unacknowledged.
+    ///
+    /// # Errors
+    /// As [`CmId::accept_qp`]; [`Error::CmEvent`] for another event.
+    pub async fn accept(self, qp: &QueuePair, param: &ConnParam) -> Result<AsyncCmId> {
+        let mut id = self.id;
+        id.id.accept_qp(qp, param)?;
+        drop(
+            id.expect(&[CmEventType::Established], "rdma_accept")
+                .await?,
+        );
+        Ok(id)
+    }
+
+    /// Rejects the request ([`CmId::reject`]) with `private_data`.
+    ///
+    /// # Errors
+    /// As [`CmId::reject`].
+    pub fn reject(self, private_data: &[u8]) -> Result<()> {
+        self.id.id().reject(private_data)
+    }
+}
+
+impl fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Incoming")
+            .field("id", &self.id)
+            .field("param", &self.param)
+            .finish()
+    }
+}

@@ -1,0 +1,569 @@
+//! Completion channels driven by a reactor, and awaitable CQs.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use super::wake::{DriverWaker, Waiters};
+use super::{reactor_error, Reactor, Readiness};
+use crate::cq::CHANNEL_ASYNC;
+use crate::error::{Error, Result};
+use crate::{
+    ffi, Completion, CompletionChannel, CompletionQueue, PostError, QueuePair, SendWr, WrBuffers,
+};
+
+/// Completions one `ibv_poll_cq` round fetches into an [`AsyncCq`].
+const POLL_BATCH: usize = 16;
+/// Events of one CQ acknowledged together (`ibv_ack_cq_events` takes the
+/// CQ's lock; the rest wait in the count until the CQ's handle goes).
+const ACK_BATCH: u32 = 64;
+
+/// One CQ signalling the channel that has an [`AsyncCq`].
+struct CqEntry {
+    /// Holds the CQ while it has unacknowledged events: `ibv_destroy_cq`
+    /// waits for them.
+    cq: CompletionQueue,
+    /// Events read and not acknowledged yet.
+    unacked: u32,
+    /// An event came since the CQ's waiter last looked.
+    fired: bool,
+}
+
+impl CqEntry {
+    fn ack(&mut self) {
+        if self.unacked > 0 {
+            // SAFETY: `unacked` events of this CQ were returned by
+            // ibv_get_cq_event and not acknowledged; the CQ is alive (held).
+            unsafe { ffi::ibv_ack_cq_events(self.cq.as_raw(), self.unacked) };
+            self.unacked = 0;
+        }
+    }
+}
+
+#[derive(Default)]
+struct ChanState {
+    /// The CQs with an [`AsyncCq`], by `ibv_cq` address.
+    cqs: HashMap<usize, CqEntry>,
+}
+
+struct ChanShared {
+    /// Dropped first (field order): the registration goes while the
+    /// descriptor is open.
+    readiness: Box<dyn Readiness>,
+    state: Mutex<ChanState>,
+    waiters: Arc<Waiters>,
+    /// Given to the reactor: wakes every waiter (see `wake.rs`).
+    driver_waker: Waker,
+    /// The descriptor was blocking before: made blocking again on drop.
+    was_blocking: bool,
+    channel: CompletionChannel,
+}
+
+impl ChanShared {
+    fn state(&self) -> MutexGuard<'_, ChanState> {
+        // Nothing panics while holding it.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Ready once the CQ `key` fired since its waiter last looked; reads the
+    /// channel (every pending event, until `EAGAIN`) while not.
+    fn poll_fired(&self, key: usize, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        self.waiters.register(key, cx.waker());
+        let mut fired = Vec::new();
+        let (read, mine) = {
+            let mut st = self.state();
+            if take_fired(&mut st, key) {
+                return Poll::Ready(Ok(()));
+            }
+            let mut dcx = Context::from_waker(&self.driver_waker);
+            let read = self
+                .readiness
+                .poll_read(&mut dcx, &mut || drain(&self.channel, &mut st, &mut fired));
+            (read, take_fired(&mut st, key))
+        };
+        for k in fired {
+            if k != key {
+                self.waiters.wake(k);
+            }
+        }
+        match read {
+            Poll::Ready(Err(e)) => Poll::Ready(Err(reactor_error("ibv_get_cq_event", e))),
+            _ if mine => Poll::Ready(Ok(())),
+            _ => Poll::Pending,
+        }
+    }
+}
+
+fn take_fired(st: &mut ChanState, key: usize) -> bool {
+    st.cqs
+        .get_mut(&key)
+        .is_some_and(|e| std::mem::take(&mut e.fired))
+}
+
+/// Reads every pending event of `channel` (non-blocking), noting which CQs
+/// fired in `fired`; ends with the `EAGAIN` that tells the reactor the
+/// descriptor is drained.
+fn drain(
+    channel: &CompletionChannel,
+    st: &mut ChanState,
+    fired: &mut Vec<usize>,
+) -> io::Result<()> {
+    loop {
+        let mut cq: *mut ffi::ibv_cq = std::ptr::null_mut();
+        let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: a live channel whose descriptor is non-blocking; valid
+        // out-pointers.
+        let rc = unsafe { ffi::ibv_get_cq_event(channel.as_raw(), &mut cq, &mut ctx) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let key = cq as usize;
+        match st.cqs.get_mut(&key) {
+            Some(entry) => {
+                entry.unacked += 1;
+                entry.fired = true;
+                if entry.unacked >= ACK_BATCH {
+                    entry.ack();
+                }
+                fired.push(key);
+            }
+            // A CQ nobody awaits: its next waiter arms and polls anyway.
+            // SAFETY: an event of `cq` from ibv_get_cq_event, acknowledged
+            // once; the CQ cannot be destroyed before this.
+            None => unsafe { ffi::ibv_ack_cq_events(cq, 1) },
+        }
+    }
+}
+
+impl Drop for ChanShared {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for entry in st.cqs.values_mut() {
+            entry.ack();
+        }
+        if self.was_blocking {
+            // Best effort: the descriptor is the channel's, still open.
+            let _ = self.channel.set_nonblocking(false);
+        }
+        self.channel.release();
+    }
+}
+
+/// A [`CompletionChannel`] driven by a reactor: the source of the wake-ups
+/// of every [`AsyncCq`] whose CQ signals it.
+///
+/// While it lives it is the channel's only reader: the blocking
+/// [`CompletionChannel::get_event`] and [`CompletionQueue::wait`] refuse
+/// the channel (`EBUSY`), and a second `CqChannel` on it is refused too. A
+/// cheap `Clone` handle; the channel is released when the last handle and
+/// the last [`AsyncCq`] are gone.
+#[derive(Clone)]
+pub struct CqChannel {
+    shared: Arc<ChanShared>,
+}
+
+impl CqChannel {
+    /// Drives `channel` from `reactor`: makes its descriptor non-blocking
+    /// (until the driver goes) and registers it.
+    ///
+    /// # Errors
+    /// [`Error::Async`] (`EBUSY`) when another `CqChannel` or a blocking
+    /// wait reads the channel; the reactor's errors ([`Error::Async`]
+    /// outside its runtime); [`Error::Verb`] naming `fcntl`.
+    pub fn new(channel: &CompletionChannel, reactor: &dyn Reactor) -> Result<CqChannel> {
+        channel.claim("CqChannel::new", CHANNEL_ASYNC)?;
+        let setup = || -> Result<(bool, Box<dyn Readiness>)> {
+            // SAFETY: fcntl(F_GETFL) on the channel's open descriptor.
+            let flags = unsafe { libc::fcntl(channel.as_raw_fd(), libc::F_GETFL) };
+            let was_blocking = flags >= 0 && flags & libc::O_NONBLOCK == 0;
+            channel.set_nonblocking(true)?;
+            let readiness = reactor.register(channel.as_fd()).inspect_err(|_| {
+                if was_blocking {
+                    let _ = channel.set_nonblocking(false);
+                }
+            })?;
+            Ok((was_blocking, readiness))
+        };
+        let (was_blocking, readiness) = setup().inspect_err(|_| channel.release())?;
+        let waiters = Arc::new(Waiters::default());
+        Ok(CqChannel {
+            shared: Arc::new(ChanShared {
+                readiness,
+                state: Mutex::new(ChanState::default()),
+                driver_waker: Waker::from(Arc::new(DriverWaker(Arc::clone(&waiters)))),
+                waiters,
+                was_blocking,
+                channel: channel.clone(),
+            }),
+        })
+    }
+
+    /// The channel.
+    pub fn channel(&self) -> &CompletionChannel {
+        &self.shared.channel
+    }
+}
+
+impl fmt::Debug for CqChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CqChannel")
+            .field("channel", &self.shared.channel)
+            .field("cqs", &self.shared.state().cqs.len())
+            .finish()
+    }
+}
+
+/// The completions of one CQ, awaited: [`AsyncCq::next`] (or the `Stream`
+/// with a runtime feature), [`AsyncCq::batch`], and waiting for room in a
+/// queue pair's queues.
+///
+/// The only async waiter of its CQ (a second `AsyncCq` of the CQ is
+/// refused); other threads may still poll the CQ directly, and a completion
+/// goes to whoever polls it. Completions polled but not yet returned wait in
+/// the `AsyncCq`, never in a future: dropping a future loses none.
+pub struct AsyncCq {
+    chan: Arc<ChanShared>,
+    cq: CompletionQueue,
+    key: usize,
+    /// The CQ is armed and its event not seen yet.
+    armed: bool,
+    /// Polled, not returned yet.
+    ready: VecDeque<Completion>,
+    scratch: Vec<Completion>,
+}
+
+impl AsyncCq {
+    /// Awaits the completions of `cq`, which must signal `channel`'s
+    /// completion channel.
+    ///
+    /// # Errors
+    /// [`Error::Async`]: `EINVAL` for a CQ created without a completion
+    /// channel or signalling another channel, `EBUSY` when the CQ already
+    /// has an `AsyncCq`.
+    pub fn new(channel: &CqChannel, cq: &CompletionQueue) -> Result<AsyncCq> {
+        let invalid = |reason: &'static str| Error::Async {
+            operation: "AsyncCq::new",
+            reason: reason.into(),
+            errno: libc::EINVAL,
+        };
+        let Some(own) = cq.channel() else {
+            return Err(invalid(
+                "the CQ was created without a completion channel, so it can never signal \
+                 one: create it with Context::create_cq(.., Some(&channel), ..)",
+            ));
+        };
+        if !own.same_channel(&channel.shared.channel) {
+            return Err(invalid(
+                "the CQ signals another completion channel than the CqChannel drives",
+            ));
+        }
+        let key = cq.as_raw() as usize;
+        let mut st = channel.shared.state();
+        if st.cqs.contains_key(&key) {
+            return Err(Error::Async {
+                operation: "AsyncCq::new",
+                reason: "the CQ already has an AsyncCq (one async waiter per CQ)".into(),
+                errno: libc::EBUSY,
+            });
+        }
+        st.cqs.insert(
+            key,
+            CqEntry {
+                cq: cq.clone(),
+                unacked: 0,
+                fired: false,
+            },
+        );
+        drop(st);
+        Ok(AsyncCq {
+            chan: Arc::clone(&channel.shared),
+            cq: cq.clone(),
+            key,
+            armed: false,
+            ready: VecDeque::new(),
+            scratch: Vec::with_capacity(POLL_BATCH),
+        })
+    }
+
+    /// The CQ.
+    pub fn cq(&self) -> &CompletionQueue {
+        &self.cq
+    }
+
+    /// Completions polled from the CQ and not returned yet (by a future
+    /// that was dropped, or by waiting for room in a queue).
+    pub fn buffered(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// Makes sure completions are buffered: polls the CQ, and when it is
+    /// empty arms it, polls again, and waits for its event. With `more`,
+    /// polls for new completions even when some are buffered.
+    fn poll_fill(&mut self, cx: &mut Context<'_>, more: bool) -> Poll<Result<()>> {
+        loop {
+            if !more && !self.ready.is_empty() {
+                return Poll::Ready(Ok(()));
+            }
+            self.scratch.clear();
+            let n = match self.cq.poll(&mut self.scratch, POLL_BATCH) {
+                Ok(n) => n,
+                Err(e) => return Poll::Ready(Err(e)),
+            };
+            self.ready.extend(self.scratch.drain(..));
+            if n > 0 {
+                return Poll::Ready(Ok(()));
+            }
+            if !self.armed {
+                // Arm, then poll again before waiting: a completion that
+                // came after the poll above and before the arm sends no
+                // event.
+                if let Err(e) = self.cq.req_notify(false) {
+                    return Poll::Ready(Err(e));
+                }
+                self.armed = true;
+                continue;
+            }
+            match self.chan.poll_fired(self.key, cx) {
+                Poll::Ready(Ok(())) => self.armed = false,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    /// Polls for the next completion: `Ready` with it (memory included),
+    /// `Pending` with `cx` registered for the CQ's next event.
+    ///
+    /// # Errors
+    /// As [`CompletionQueue::poll`] and [`CompletionQueue::req_notify`];
+    /// the reactor's failure as [`Error::Verb`] naming `ibv_get_cq_event`.
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Completion>> {
+        match self.poll_fill(cx, false) {
+            Poll::Ready(Ok(())) => match self.ready.pop_front() {
+                Some(c) => Poll::Ready(Ok(c)),
+                None => Poll::Pending,
+            },
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Waits for the next completion.
+    ///
+    /// Cancel safety: dropping the future loses nothing. Completions are
+    /// moved out of the CQ into this `AsyncCq` and returned one per call, so
+    /// one polled while the future was dropped is returned by the next call;
+    /// an armed CQ stays armed and its event is noted for the next call.
+    ///
+    /// # Errors
+    /// As [`AsyncCq::poll_next`].
+    #[allow(clippy::should_implement_trait)] // a future, as `StreamExt::next`
+    pub fn next(&mut self) -> impl Future<Output = Result<Completion>> + '_ {
+        std::future::poll_fn(move |cx| self.poll_next(cx))
+    }
+
+    /// Waits for at least one completion and moves up to `max` into `out`
+    /// (appending); returns how many.
+    ///
+    /// Cancel safety: as [`AsyncCq::next`]; `out` gets completions only when
+    /// the future completes.
+    ///
+    /// # Errors
+    /// As [`AsyncCq::poll_next`].
+    pub fn batch<'a>(
+        &'a mut self,
+        out: &'a mut Vec<Completion>,
+        max: usize,
+    ) -> impl Future<Output = Result<usize>> + 'a {
+        std::future::poll_fn(move |cx| {
+            if max == 0 {
+                return Poll::Ready(Ok(0));
+            }
+            match self.poll_fill(cx, false) {
+                Poll::Ready(Ok(())) => {
+                    let n = self.ready.len().min(max);
+                    out.extend(self.ready.drain(..n));
+                    Poll::Ready(Ok(n))
+                }
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+    }
+
+    /// Takes every buffered completion without waiting (see
+    /// [`AsyncCq::buffered`]).
+    pub fn take_buffered(&mut self) -> Vec<Completion> {
+        self.ready.drain(..).collect()
+    }
+
+    fn check_cq(&self, operation: &'static str, cq: &CompletionQueue, which: &str) -> Result<()> {
+        if cq.as_raw() == self.cq.as_raw() {
+            return Ok(());
+        }
+        Err(Error::Async {
+            operation,
+            reason: format!(
+                "the QP's {which} CQ is not this AsyncCq's CQ: no completion polled here \
+                 can make room in it"
+            )
+            .into(),
+            errno: libc::EINVAL,
+        })
+    }
+
+    /// Polls until `room` says the QP has room, polling completions of this
+    /// CQ (into the buffer) to make it.
+    fn poll_room(&mut self, cx: &mut Context<'_>, room: impl Fn() -> bool) -> Poll<Result<()>> {
+        loop {
+            if room() {
+                return Poll::Ready(Ok(()));
+            }
+            match self.poll_fill(cx, true) {
+                Poll::Ready(Ok(())) => {}
+                other => return other,
+            }
+        }
+    }
+
+    /// Waits until `qp`'s send queue has room for another request: fewer
+    /// requests in flight ([`QueuePair::in_flight`]) than its
+    /// `max_send_wr`. The completions polled to make room stay buffered for
+    /// [`AsyncCq::next`]. Unsignaled sends leave the queue only with a later
+    /// signaled one, so a queue full of unsignaled sends never makes room.
+    ///
+    /// Cancel safety: owns nothing; dropping it loses nothing.
+    ///
+    /// # Errors
+    /// [`Error::Async`] (`EINVAL`) when `qp`'s send CQ is not this CQ; as
+    /// [`AsyncCq::poll_next`].
+    pub fn send_room<'a>(&'a mut self, qp: &'a QueuePair) -> impl Future<Output = Result<()>> + 'a {
+        let check = self.check_cq("AsyncCq::send_room", qp.send_cq(), "send");
+        let max = usize::try_from(qp.caps().max_send_wr).unwrap_or(usize::MAX);
+        let mut check = Some(check);
+        std::future::poll_fn(move |cx| {
+            if let Some(Err(e)) = check.take() {
+                return Poll::Ready(Err(e));
+            }
+            self.poll_room(cx, || qp.in_flight().0 < max)
+        })
+    }
+
+    /// Waits until `qp`'s receive queue has room for another receive (see
+    /// [`AsyncCq::send_room`]).
+    ///
+    /// Cancel safety: owns nothing; dropping it loses nothing.
+    ///
+    /// # Errors
+    /// [`Error::Async`] (`EINVAL`) when `qp` uses a shared receive queue or
+    /// its receive CQ is not this CQ; as [`AsyncCq::poll_next`].
+    pub fn recv_room<'a>(&'a mut self, qp: &'a QueuePair) -> impl Future<Output = Result<()>> + 'a {
+        let check = if qp.srq().is_some() {
+            Err(Error::Async {
+                operation: "AsyncCq::recv_room",
+                reason: "the QP receives through a shared receive queue".into(),
+                errno: libc::EINVAL,
+            })
+        } else {
+            self.check_cq("AsyncCq::recv_room", qp.recv_cq(), "receive")
+        };
+        let max = usize::try_from(qp.caps().max_recv_wr).unwrap_or(usize::MAX);
+        let mut check = Some(check);
+        std::future::poll_fn(move |cx| {
+            if let Some(Err(e)) = check.take() {
+                return Poll::Ready(Err(e));
+            }
+            self.poll_room(cx, || qp.in_flight().1 < max)
+        })
+    }
+
+    /// Posts `wr` to `qp` ([`QueuePair::post_send`]) once its send queue
+    /// has room ([`AsyncCq::send_room`]), instead of failing with `ENOMEM`.
+    ///
+    /// Cancel safety: the request is posted in the poll that completes the
+    /// future, never before. Dropped earlier, the future drops the request
+    /// unposted, with its memory: the device never saw it. To keep the
+    /// request across a cancellation, await [`AsyncCq::send_room`] and post
+    /// it yourself.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_send`], and the errors of
+    /// [`AsyncCq::send_room`], with the request's memory in
+    /// [`PostError::returned`].
+    pub async fn post_send(
+        &mut self,
+        qp: &mut QueuePair,
+        wr: SendWr,
+    ) -> std::result::Result<(), PostError> {
+        if let Err(error) = self.send_room(qp).await {
+            return Err(PostError {
+                error,
+                returned: vec![(wr.wr_id(), wr.into_buffers())],
+            });
+        }
+        qp.post_send(wr)
+    }
+
+    /// Posts a receive into `buffers` ([`QueuePair::post_recv`]; a
+    /// [`crate::MemoryRegion`] converts with `.into()`) once the
+    /// receive queue has room ([`AsyncCq::recv_room`]).
+    ///
+    /// Cancel safety: as [`AsyncCq::post_send`].
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_recv`] and [`AsyncCq::recv_room`].
+    pub async fn post_recv(
+        &mut self,
+        qp: &mut QueuePair,
+        wr_id: u64,
+        buffers: WrBuffers,
+    ) -> std::result::Result<(), PostError> {
+        if let Err(error) = self.recv_room(qp).await {
+            return Err(PostError {
+                error,
+                returned: vec![(wr_id, buffers)],
+            });
+        }
+        qp.post_recv(wr_id, buffers)
+    }
+}
+
+impl Drop for AsyncCq {
+    fn drop(&mut self) {
+        let entry = {
+            let mut st = self.chan.state();
+            let mut entry = st.cqs.remove(&self.key);
+            if let Some(e) = &mut entry {
+                e.ack();
+            }
+            entry
+        };
+        self.chan.waiters.remove(self.key);
+        // Outside the lock: releasing the CQ may destroy it.
+        drop(entry);
+    }
+}
+
+impl fmt::Debug for AsyncCq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AsyncCq")
+            .field("cq", &self.cq)
+            .field("armed", &self.armed)
+            .field("buffered", &self.ready.len())
+            .finish()
+    }
+}
+
+#[cfg(any(feature = "tokio", feature = "async-io"))]
+impl futures_core::Stream for AsyncCq {
+    type Item = Result<Completion>;
+
+    /// Never ends: every item is the next completion, or an error.
+    fn poll_next(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        AsyncCq::poll_next(self.get_mut(), cx).map(Some)
+    }
+}
