@@ -136,6 +136,9 @@ pub fn for_each_frame<R: Read + Send>(
                     .map_err(|e| CaptureError::Format(format!("{e:?}")))?;
                 stalled = true;
             }
+            Err(PcapError::UnexpectedEof) => {
+                return Err(CaptureError::Truncated { frames: number })
+            }
             Err(PcapError::ReadError) => {
                 return Err(CaptureError::Io(std::io::Error::other("read failed")))
             }

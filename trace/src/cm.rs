@@ -37,7 +37,7 @@ pub struct MadHeader {
 /// A CM message's own fields. Communication IDs are the sender's ("local") and the peer's
 /// ("remote").
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(tag = "msg")]
+#[serde(tag = "msg", rename_all = "UPPERCASE")]
 pub enum CmMessage {
     /// Connection request.
     Req {
@@ -233,7 +233,7 @@ pub fn parse(data: &[u8]) -> Result<Option<CmMad>, Short> {
             r.u32("REQ")?; // LIDs
             let local_gid = r.array::<16>("REQ")?;
             let remote_gid = r.array::<16>("REQ")?;
-            r.take(48, "REQ")?; // rest of the primary path, alternate path
+            r.take(52, "REQ")?; // rest of the primary path (44 bytes), alternate path (44)
             let private = r.take(92, "REQ private data")?.to_vec();
             // rdma_cm's service IDs: port space << 16 | port (TCP 0x106, UDP 0x111, IB 0x13f).
             let ip = if matches!(service_id >> 16, 0x0106 | 0x0111 | 0x013f) {
@@ -388,12 +388,12 @@ pub(crate) mod tests {
         b[50] = 3 << 4;
         b[56..72].copy_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 8, 0, 1]);
         // rdma_cm header: version 0, IPv4, port 0x5555, 10.8.0.1 -> 10.8.0.2
-        b[136] = 0;
-        b[137] = 0x40;
-        b[138..140].copy_from_slice(&0x5555u16.to_be_bytes());
-        b[152..156].copy_from_slice(&[10, 8, 0, 1]);
-        b[168..172].copy_from_slice(&[10, 8, 0, 2]);
-        b[172] = 0x99;
+        b[140] = 0;
+        b[141] = 0x40;
+        b[142..144].copy_from_slice(&0x5555u16.to_be_bytes());
+        b[156..160].copy_from_slice(&[10, 8, 0, 1]);
+        b[172..176].copy_from_slice(&[10, 8, 0, 2]);
+        b[176] = 0x99;
         let m = parse(&mad(0x10, &b)).unwrap().unwrap();
         assert_eq!(m.header.transaction_id, 0x1234_5678_9abc_def0);
         let CmMessage::Req {
@@ -467,9 +467,8 @@ pub(crate) mod tests {
             "DREP"
         );
         // Cut short anywhere: an error, never a panic.
-        // (a REQ's fields and private data end 4 bytes before the MAD does)
         let full = mad(0x10, &b);
-        for cut in 0..252 {
+        for cut in 0..full.len() {
             assert!(parse(&full[..cut]).is_err(), "cut {cut}");
         }
         // Another management class.

@@ -324,7 +324,9 @@ pub struct IbPacket<'a> {
     pub ieth: Option<u32>,
     /// Payload without the padding.
     pub payload: &'a [u8],
-    /// The invariant CRC as carried, `None` when the capture cut it off.
+    /// The invariant CRC as carried, read in wire order as tshark shows it (the CRC value
+    /// byte-swapped: RoCEv2 carries it least significant byte first); `None` when the capture
+    /// cut it off.
     pub icrc: Option<u32>,
     /// Bytes of headers (BTH through the last extended header).
     pub header_len: usize,
@@ -456,7 +458,7 @@ pub fn parse(data: &[u8], complete: bool) -> Result<IbPacket<'_>, IbError> {
             }));
         };
         let (body, crc) = rest.split_at(body_len);
-        p.icrc = Some(u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]));
+        p.icrc = Some(u32::from_be_bytes([crc[0], crc[1], crc[2], crc[3]]));
         let pad = usize::from(bth.pad);
         let Some(payload_len) = body.len().checked_sub(pad) else {
             return Err(IbError::BadPad(bth));

@@ -111,7 +111,7 @@ pub fn decode(linktype: i32, data: &[u8]) -> Decoded<'_> {
             .checked_sub(4)
             .and_then(|n| payload.get(..n))
             .and_then(|body| icrc::compute(d.ip_header.bytes(), header, body))
-            .map(|c| c == carried),
+            .map(|c| c.swap_bytes() == carried),
         None => None,
     };
     let cm = (p.bth.dest_qp == 1 && p.transport == ib::Transport::Ud)

@@ -58,6 +58,7 @@ pub struct FlowKey {
 
 /// What a reassembled message is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Kind {
     /// SEND (also with immediate or invalidate).
     Send,
@@ -66,6 +67,7 @@ pub enum Kind {
     /// RDMA READ: the response data, with the request's rkey and address.
     Read,
     /// Compare and swap.
+    #[serde(rename = "CMP_SWAP")]
     CompareSwap,
     /// Fetch and add.
     FetchAdd,
