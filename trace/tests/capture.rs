@@ -372,8 +372,10 @@ fn capture_rping_cm_read_write() {
     let _path = WirePath::up();
     let cap = Tcpdump::start("rping");
     let (count, size) = (3, 100);
+    // The server listens on every device (0.0.0.0): ci/vm puts siw0 on veth1 beside rxe1, and
+    // a listener bound to 10.8.0.2 would go to whichever device rdma_cm finds first for it.
     let (sout, _) = pair(
-        &format!("rping -s -a {IP1} -C {count} -S {size} -v"),
+        &format!("rping -s -a 0.0.0.0 -C {count} -S {size} -v"),
         &format!("rping -c -a {IP1} -I {IP0} -C {count} -S {size} -v"),
         0,
     );
