@@ -1,0 +1,547 @@
+//! `rdma-trace`: RDMA traffic from a packet capture, packet by packet or as messages.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::net::IpAddr;
+use std::process::ExitCode;
+
+use rdma_trace::bytes::hex;
+use rdma_trace::cm::CmMessage;
+use rdma_trace::reasm::{Assembler, Message};
+use rdma_trace::{decode, for_each_frame, CaptureError, Decoded, RocePacket};
+use serde::Serialize;
+
+const USAGE: &str = "\
+Usage: rdma-trace COMMAND [OPTIONS] FILE
+
+Commands:
+  show      one line per RDMA packet (RoCEv2, IB CM on QP1)
+  messages  packets reassembled into messages: SEND, WRITE, READ, atomics, with
+            their length and the SHA-256 of their payload; incomplete ones say why
+
+Options:
+  --json          one JSON object per line
+  --qp QPN        only this QP (destination QP, or UD source QP); decimal or 0x hex
+  --conn IP[,IP]  only traffic from or to IP (with two, only between them)
+  --op NAME       only opcodes (show) or kinds (messages) whose name contains NAME
+  -h, --help      this text
+
+FILE is a pcap or pcapng capture; `-` reads standard input.
+";
+
+#[derive(Default)]
+struct Filter {
+    qp: Option<u32>,
+    conn: Vec<IpAddr>,
+    op: Option<String>,
+}
+
+impl Filter {
+    fn addrs(&self, src: IpAddr, dst: IpAddr) -> bool {
+        match self.conn.as_slice() {
+            [] => true,
+            [a] => src == *a || dst == *a,
+            [a, b, ..] => (src == *a && dst == *b) || (src == *b && dst == *a),
+        }
+    }
+
+    fn name(&self, name: &str) -> bool {
+        self.op.as_deref().is_none_or(|want| {
+            name.to_ascii_uppercase()
+                .contains(&want.to_ascii_uppercase())
+        })
+    }
+
+    fn packet(&self, p: &RocePacket<'_>) -> bool {
+        self.addrs(p.src, p.dst)
+            && self
+                .qp
+                .is_none_or(|q| p.ib.bth.dest_qp == q || p.ib.deth.is_some_and(|d| d.src_qp == q))
+            && self.name(p.ib.op.name())
+    }
+
+    fn message(&self, m: &Message) -> bool {
+        self.addrs(m.flow.src, m.flow.dst)
+            && self
+                .qp
+                .is_none_or(|q| m.flow.qp == q || m.src_qp == Some(q))
+            && self.name(m.kind.name())
+    }
+}
+
+struct Args {
+    command: String,
+    json: bool,
+    filter: Filter,
+    file: String,
+}
+
+fn parse_qp(s: &str) -> Result<u32, String> {
+    let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u32::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    v.map_err(|_| format!("--qp: '{s}' is not a QP number"))
+}
+
+fn parse_args(args: &[String]) -> Result<Args, String> {
+    let mut it = args.iter();
+    let command = it.next().ok_or("no command given")?.clone();
+    if command != "show" && command != "messages" {
+        return Err(format!("unknown command '{command}'"));
+    }
+    let mut json = false;
+    let mut filter = Filter::default();
+    let mut file = None;
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| it.next().cloned().ok_or(format!("{name} needs a value"));
+        match a.as_str() {
+            "--json" => json = true,
+            "--qp" => filter.qp = Some(parse_qp(&value("--qp")?)?),
+            "--conn" => {
+                for ip in value("--conn")?.split(',') {
+                    filter.conn.push(
+                        ip.parse()
+                            .map_err(|_| format!("--conn: '{ip}' is not an IP address"))?,
+                    );
+                }
+            }
+            "--op" => filter.op = Some(value("--op")?),
+            "-" => file = Some("-".to_string()),
+            s if s.starts_with('-') => return Err(format!("unknown option '{s}'")),
+            s => {
+                if file.replace(s.to_string()).is_some() {
+                    return Err("more than one FILE".into());
+                }
+            }
+        }
+    }
+    Ok(Args {
+        command,
+        json,
+        filter,
+        file: file.ok_or("no FILE given")?,
+    })
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        print!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    let args = match parse_args(&args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("rdma-trace: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let stdout = std::io::stdout();
+    let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
+    let result = if args.file == "-" {
+        run(&args, std::io::stdin(), &mut out)
+    } else {
+        match File::open(&args.file) {
+            Ok(f) => run(&args, f, &mut out),
+            Err(e) => {
+                eprintln!("rdma-trace: {}: {e}", args.file);
+                return ExitCode::FAILURE;
+            }
+        }
+    };
+    if let Err(e) = out.flush() {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("rdma-trace: writing: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        // A capture cut short (a capture still being written, a killed tcpdump): what was
+        // there has been decoded; say so, but it is not a failure of the tool.
+        Err(e @ CaptureError::Truncated { .. }) => {
+            eprintln!("rdma-trace: warning: {e}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("rdma-trace: {}: {e}", args.file);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run<R: std::io::Read + Send>(
+    args: &Args,
+    input: R,
+    out: &mut impl Write,
+) -> Result<(), CaptureError> {
+    let mut asm = Assembler::new();
+    let mut write_failed = false;
+    let messages = args.command == "messages";
+    let r = for_each_frame(input, |frame| {
+        if write_failed {
+            return;
+        }
+        let d = decode(frame.linktype, frame.data);
+        let res = if messages {
+            if let Decoded::Roce(p) = &d {
+                asm.push(frame.number, p);
+            }
+            asm.drain()
+                .filter(|m| args.filter.message(m))
+                .try_for_each(|m| print_message(out, &m, args.json))
+        } else {
+            print_packet(out, &frame, &d, args)
+        };
+        write_failed = res.is_err();
+    });
+    if messages && !write_failed {
+        asm.finish();
+        let mut res = Ok(());
+        for m in asm.drain() {
+            if args.filter.message(&m) {
+                res = res.and_then(|()| print_message(out, &m, args.json));
+            }
+        }
+        let s = asm.stats();
+        eprintln!(
+            "rdma-trace: {} RoCE packets, {} messages complete, {} incomplete, {} duplicate and {} out-of-order packets, {} ACKs, {} NAKs",
+            s.packets, s.complete, s.incomplete, s.duplicates, s.out_of_order, s.acks, s.naks
+        );
+        let _ = res;
+    }
+    r.map(|_| ())
+}
+
+fn print_message(out: &mut impl Write, m: &Message, json: bool) -> std::io::Result<()> {
+    if json {
+        serde_json::to_writer(&mut *out, m)?;
+        return writeln!(out);
+    }
+    write!(
+        out,
+        "{} {} -> {} qp=0x{:06x}",
+        m.kind.name(),
+        m.flow.src,
+        m.flow.dst,
+        m.flow.qp
+    )?;
+    if let Some(q) = m.src_qp {
+        write!(out, " src_qp=0x{q:06x}")?;
+    }
+    write!(
+        out,
+        " psn={}-{} frames={}-{} packets={} len={}",
+        m.first_psn, m.last_psn, m.first_frame, m.last_frame, m.packets, m.length
+    )?;
+    if let (Some(rkey), Some(va)) = (m.rkey, m.va) {
+        write!(out, " rkey=0x{rkey:08x} va=0x{va:x}")?;
+    }
+    if let Some(d) = m.dma_len {
+        write!(out, " dma_len={d}")?;
+    }
+    if let Some(i) = m.imm {
+        write!(out, " imm=0x{i:08x}")?;
+    }
+    if let Some(i) = m.invalidate {
+        write!(out, " invalidate=0x{i:08x}")?;
+    }
+    if let Some(a) = m.atomic {
+        write!(
+            out,
+            " swap_add=0x{:x} compare=0x{:x}",
+            a.swap_add, a.compare
+        )?;
+        if let Some(o) = a.original {
+            write!(out, " original=0x{o:x}")?;
+        }
+    }
+    if m.duplicates > 0 {
+        write!(out, " dup={}", m.duplicates)?;
+    }
+    if m.out_of_order > 0 {
+        write!(out, " reordered={}", m.out_of_order)?;
+    }
+    if let Some(h) = &m.sha256 {
+        write!(out, " sha256={h}")?;
+    }
+    if let Some(why) = &m.incomplete {
+        write!(out, " INCOMPLETE: {why}")?;
+    }
+    writeln!(out)
+}
+
+#[derive(Serialize)]
+struct PacketJson<'a> {
+    frame: u64,
+    time: f64,
+    src: IpAddr,
+    dst: IpAddr,
+    src_port: u16,
+    transport: &'static str,
+    op: &'static str,
+    bth: rdma_trace::ib::Bth,
+    deth: Option<rdma_trace::ib::Deth>,
+    xrc_srq: Option<u32>,
+    reth: Option<rdma_trace::ib::Reth>,
+    aeth: Option<rdma_trace::ib::Aeth>,
+    atomic: Option<rdma_trace::ib::AtomicEth>,
+    atomic_ack: Option<u64>,
+    imm: Option<u32>,
+    ieth: Option<u32>,
+    payload_len: usize,
+    icrc: Option<u32>,
+    icrc_ok: Option<bool>,
+    truncated: bool,
+    cm: Option<&'a rdma_trace::cm::CmMad>,
+    cm_error: Option<String>,
+}
+
+fn print_packet(
+    out: &mut impl Write,
+    frame: &rdma_trace::Frame<'_>,
+    d: &Decoded<'_>,
+    args: &Args,
+) -> std::io::Result<()> {
+    let p = match d {
+        Decoded::Roce(p) => p,
+        Decoded::BadRoce { src, dst, error } => {
+            if !args.filter.addrs(*src, *dst)
+                || args.filter.qp.is_some()
+                || args.filter.op.is_some()
+            {
+                return Ok(());
+            }
+            if args.json {
+                let v = serde_json::json!({
+                    "frame": frame.number, "src": src, "dst": dst, "error": error.to_string()
+                });
+                serde_json::to_writer(&mut *out, &v)?;
+                return writeln!(out);
+            }
+            return writeln!(
+                out,
+                "{} {:.6} {src} -> {dst} RoCEv2 {error}",
+                frame.number, frame.time
+            );
+        }
+        Decoded::Other | Decoded::NotIp(_) => return Ok(()),
+    };
+    if !args.filter.packet(p) {
+        return Ok(());
+    }
+    let ib = &p.ib;
+    if args.json {
+        let (cm, cm_error) = match &p.cm {
+            Some(Ok(c)) => (Some(c), None),
+            Some(Err(s)) => (
+                None,
+                Some(format!(
+                    "truncated {}: {} of {} bytes",
+                    s.what, s.have, s.need
+                )),
+            ),
+            None => (None, None),
+        };
+        let j = PacketJson {
+            frame: frame.number,
+            time: frame.time,
+            src: p.src,
+            dst: p.dst,
+            src_port: p.src_port,
+            transport: ib.transport.name(),
+            op: ib.op.name(),
+            bth: ib.bth,
+            deth: ib.deth,
+            xrc_srq: ib.xrc_srq,
+            reth: ib.reth,
+            aeth: ib.aeth,
+            atomic: ib.atomic,
+            atomic_ack: ib.atomic_ack,
+            imm: ib.imm,
+            ieth: ib.ieth,
+            payload_len: ib.payload.len(),
+            icrc: ib.icrc,
+            icrc_ok: p.icrc_ok,
+            truncated: !p.complete,
+            cm,
+            cm_error,
+        };
+        serde_json::to_writer(&mut *out, &j)?;
+        return writeln!(out);
+    }
+    write!(
+        out,
+        "{} {:.6} {} -> {} {} {} qp=0x{:06x} psn={}",
+        frame.number,
+        frame.time,
+        p.src,
+        p.dst,
+        ib.transport.name(),
+        ib.op.name(),
+        ib.bth.dest_qp,
+        ib.bth.psn
+    )?;
+    if ib.bth.ack_req {
+        write!(out, " A")?;
+    }
+    if ib.bth.se {
+        write!(out, " SE")?;
+    }
+    if let Some(d) = ib.deth {
+        write!(out, " qkey=0x{:08x} src_qp=0x{:06x}", d.qkey, d.src_qp)?;
+    }
+    if let Some(x) = ib.xrc_srq {
+        write!(out, " xrc_srq=0x{x:06x}")?;
+    }
+    if let Some(r) = ib.reth {
+        write!(
+            out,
+            " va=0x{:x} rkey=0x{:08x} dma_len={}",
+            r.va, r.rkey, r.dma_len
+        )?;
+    }
+    if let Some(a) = ib.atomic {
+        write!(
+            out,
+            " va=0x{:x} rkey=0x{:08x} swap_add=0x{:x} compare=0x{:x}",
+            a.va, a.rkey, a.swap_add, a.compare
+        )?;
+    }
+    if let Some(a) = ib.aeth {
+        write!(
+            out,
+            " {} syndrome=0x{:02x} msn={}",
+            a.kind(),
+            a.syndrome,
+            a.msn
+        )?;
+    }
+    if let Some(o) = ib.atomic_ack {
+        write!(out, " original=0x{o:x}")?;
+    }
+    if let Some(i) = ib.imm {
+        write!(out, " imm=0x{i:08x}")?;
+    }
+    if let Some(i) = ib.ieth {
+        write!(out, " invalidate=0x{i:08x}")?;
+    }
+    if !ib.payload.is_empty() {
+        write!(out, " len={}", ib.payload.len())?;
+    }
+    match (p.complete, p.icrc_ok) {
+        (false, _) => write!(out, " TRUNCATED")?,
+        (true, Some(false)) => write!(out, " ICRC-BAD")?,
+        _ => {}
+    }
+    match &p.cm {
+        Some(Ok(c)) => write_cm(out, &c.message)?,
+        Some(Err(s)) => write!(
+            out,
+            " CM truncated {}: {} of {} bytes",
+            s.what, s.have, s.need
+        )?,
+        None => {}
+    }
+    writeln!(out)
+}
+
+fn write_cm(out: &mut impl Write, m: &CmMessage) -> std::io::Result<()> {
+    write!(out, " CM {}", m.name())?;
+    let private = match m {
+        CmMessage::Req {
+            local_comm_id,
+            service_id,
+            local_qpn,
+            starting_psn,
+            ip,
+            private,
+            ..
+        } => {
+            write!(
+                out,
+                " comm=0x{local_comm_id:08x} service=0x{service_id:016x} qpn=0x{local_qpn:06x} start_psn={starting_psn}"
+            )?;
+            if let Some(ip) = ip {
+                write!(out, " rdma_cm {}:{} -> {}", ip.src, ip.src_port, ip.dst)?;
+                // rdma_cm's 36-byte header comes before the application's data.
+                return write_private(out, private.get(36..).unwrap_or(&[]));
+            }
+            private
+        }
+        CmMessage::Rep {
+            local_comm_id,
+            remote_comm_id,
+            local_qpn,
+            starting_psn,
+            private,
+            ..
+        } => {
+            write!(
+                out,
+                " comm=0x{local_comm_id:08x} remote=0x{remote_comm_id:08x} qpn=0x{local_qpn:06x} start_psn={starting_psn}"
+            )?;
+            private
+        }
+        CmMessage::Rej {
+            local_comm_id,
+            remote_comm_id,
+            reason,
+            private,
+            ..
+        } => {
+            write!(
+                out,
+                " comm=0x{local_comm_id:08x} remote=0x{remote_comm_id:08x} reason={reason}"
+            )?;
+            private
+        }
+        CmMessage::Dreq {
+            local_comm_id,
+            remote_comm_id,
+            remote_qpn,
+            private,
+        } => {
+            write!(
+                out,
+                " comm=0x{local_comm_id:08x} remote=0x{remote_comm_id:08x} remote_qpn=0x{remote_qpn:06x}"
+            )?;
+            private
+        }
+        CmMessage::Rtu {
+            local_comm_id,
+            remote_comm_id,
+            private,
+        }
+        | CmMessage::Drep {
+            local_comm_id,
+            remote_comm_id,
+            private,
+        }
+        | CmMessage::Mra {
+            local_comm_id,
+            remote_comm_id,
+            private,
+        } => {
+            write!(
+                out,
+                " comm=0x{local_comm_id:08x} remote=0x{remote_comm_id:08x}"
+            )?;
+            private
+        }
+        CmMessage::Other { attribute_id } => {
+            return write!(out, " attribute=0x{attribute_id:04x}");
+        }
+    };
+    write_private(out, private)
+}
+
+/// Private data, without its trailing zeros (most of it is padding).
+fn write_private(out: &mut impl Write, p: &[u8]) -> std::io::Result<()> {
+    let used = p.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    if used > 0 {
+        write!(out, " private={}", hex(&p[..used]))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,1003 @@
+//! Reassembly of RoCEv2 packets into messages.
+//!
+//! A *flow* is one direction of traffic to one QP: source IP, destination IP, destination QP.
+//! Its packets carry one PSN sequence, so a multi-packet message (SEND, RDMA WRITE, READ
+//! response) is its FIRST packet and the packets at the following PSNs up to its LAST, whatever
+//! order the capture holds them in. The payload is hashed as soon as it is in order; only
+//! packets that arrive ahead of a gap are kept, so memory follows what is outstanding, not the
+//! size of the capture.
+//!
+//! - WRITEs carry the rkey, address and DMA length of their RETH (first packet); the reassembled
+//!   length is checked against it.
+//! - A READ request (requester -> responder) is remembered by its PSN until the responder's
+//!   READ response FIRST/ONLY with that PSN comes back on the reverse direction, which makes the
+//!   response message a READ with the request's rkey, address and length. A READ that is
+//!   retried from the middle (a new request at a later PSN, address advanced by what arrived) is
+//!   continued, not started again.
+//! - Atomics are paired with their ATOMIC ACK by PSN in the same way.
+//! - A packet whose PSN lies in a message already completed or seen is a duplicate
+//!   (a retransmission) and is counted, not hashed twice.
+//! - At the end, or when a flow has moved far past them, open messages, packets without their
+//!   FIRST, READs without responses and atomics without their ACK are reported as incomplete.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::bytes::hex;
+use crate::ib::{AtomicEth, Op, Position, Reth};
+use crate::RocePacket;
+
+const PSN_MASK: u32 = 0x00ff_ffff;
+
+fn psn_add(a: u32, b: u32) -> u32 {
+    a.wrapping_add(b) & PSN_MASK
+}
+
+fn psn_sub(a: u32, b: u32) -> u32 {
+    a.wrapping_sub(b) & PSN_MASK
+}
+
+/// Whether `p` lies in `first..=last` (PSNs wrap at 2^24).
+fn psn_in(p: u32, first: u32, last: u32) -> bool {
+    psn_sub(p, first) <= psn_sub(last, first)
+}
+
+/// One direction of traffic to one QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct FlowKey {
+    /// Source IP address.
+    pub src: IpAddr,
+    /// Destination IP address.
+    pub dst: IpAddr,
+    /// Destination QP.
+    pub qp: u32,
+}
+
+/// What a reassembled message is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Kind {
+    /// SEND (also with immediate or invalidate).
+    Send,
+    /// RDMA WRITE (also with immediate).
+    Write,
+    /// RDMA READ: the response data, with the request's rkey and address.
+    Read,
+    /// Compare and swap.
+    #[serde(rename = "CMP_SWAP")]
+    CompareSwap,
+    /// Fetch and add.
+    FetchAdd,
+}
+
+impl Kind {
+    /// Upper-case name, as `messages` prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Send => "SEND",
+            Kind::Write => "WRITE",
+            Kind::Read => "READ",
+            Kind::CompareSwap => "CMP_SWAP",
+            Kind::FetchAdd => "FETCH_ADD",
+        }
+    }
+
+    fn of(op: Op) -> Option<Kind> {
+        use Op::*;
+        Some(match op {
+            SendFirst | SendMiddle | SendLast | SendLastImm | SendOnly | SendOnlyImm
+            | SendLastInv | SendOnlyInv => Kind::Send,
+            WriteFirst | WriteMiddle | WriteLast | WriteLastImm | WriteOnly | WriteOnlyImm => {
+                Kind::Write
+            }
+            ReadResponseFirst | ReadResponseMiddle | ReadResponseLast | ReadResponseOnly => {
+                Kind::Read
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// A reassembled (or incomplete) message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Message {
+    /// SEND, WRITE, READ or an atomic.
+    pub kind: Kind,
+    /// The direction the data went: for a READ, responder to requester.
+    pub flow: FlowKey,
+    /// UD: the sender's QP (DETH).
+    pub src_qp: Option<u32>,
+    /// PSN of the first packet.
+    pub first_psn: u32,
+    /// PSN of the last packet.
+    pub last_psn: u32,
+    /// Packets hashed into the message (duplicates excluded).
+    pub packets: u32,
+    /// Frame number of the first packet (for a READ, of the request).
+    pub first_frame: u64,
+    /// Frame number of the packet that completed (or last touched) the message.
+    pub last_frame: u64,
+    /// Payload bytes.
+    pub length: u64,
+    /// SHA-256 of the payload, lower-case hex; `None` when incomplete.
+    pub sha256: Option<String>,
+    /// WRITE/READ: the RETH of the request; atomics: address and rkey.
+    pub rkey: Option<u32>,
+    /// Remote address.
+    pub va: Option<u64>,
+    /// WRITE/READ: the DMA length the RETH announced.
+    pub dma_len: Option<u32>,
+    /// Immediate data.
+    pub imm: Option<u32>,
+    /// SEND with invalidate: the rkey invalidated.
+    pub invalidate: Option<u32>,
+    /// Atomics: swap (or add) data, compare data, and the original value the ACK returned.
+    pub atomic: Option<AtomicValues>,
+    /// Retransmitted packets seen for this message.
+    pub duplicates: u32,
+    /// Packets that arrived ahead of a gap.
+    pub out_of_order: u32,
+    /// `None` when complete, else why not.
+    pub incomplete: Option<String>,
+}
+
+/// The operands and result of an atomic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct AtomicValues {
+    /// Swap (compare and swap) or add (fetch and add) operand.
+    pub swap_add: u64,
+    /// Compare operand.
+    pub compare: u64,
+    /// The value before the operation, from the ATOMIC ACK.
+    pub original: Option<u64>,
+}
+
+/// Counters over the whole capture.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    /// RoCEv2 packets fed in.
+    pub packets: u64,
+    /// ACKs (positive).
+    pub acks: u64,
+    /// NAKs and RNR NAKs.
+    pub naks: u64,
+    /// Retransmitted data packets.
+    pub duplicates: u64,
+    /// Data packets that arrived ahead of a gap.
+    pub out_of_order: u64,
+    /// Messages completed.
+    pub complete: u64,
+    /// Messages reported incomplete.
+    pub incomplete: u64,
+    /// Packets whose payload the capture cut off.
+    pub truncated: u64,
+}
+
+/// Limits that bound memory.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Packets a flow may carry past an open message or a waiting packet before it is given up
+    /// as incomplete.
+    pub max_age: u64,
+    /// Packets ahead of a gap kept per flow; the oldest is dropped (reported) beyond it.
+    pub max_pending: usize,
+    /// Outstanding READ requests and atomics kept; the oldest is dropped (reported) beyond it.
+    pub max_requests: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_age: 1 << 16,
+            max_pending: 4096,
+            max_requests: 1 << 16,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Frag {
+    frame: u64,
+    op: Op,
+    data: Vec<u8>,
+    complete: bool,
+    imm: Option<u32>,
+    ieth: Option<u32>,
+    seen_at: u64,
+}
+
+#[derive(Debug)]
+struct Open {
+    kind: Kind,
+    first_psn: u32,
+    next_psn: u32,
+    first_frame: u64,
+    last_frame: u64,
+    hasher: Sha256,
+    length: u64,
+    packets: u32,
+    reth: Option<Reth>,
+    src_qp: Option<u32>,
+    imm: Option<u32>,
+    invalidate: Option<u32>,
+    truncated: bool,
+    duplicates: u32,
+    out_of_order: u32,
+    progress_at: u64,
+}
+
+#[derive(Debug, Default)]
+struct Flow {
+    open: Vec<Open>,
+    pending: HashMap<u32, Frag>,
+    done: VecDeque<(u32, u32)>,
+    packets: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Request {
+    frame: u64,
+    op: Op,
+    reth: Option<Reth>,
+    atomic: Option<AtomicEth>,
+    responder_flow: FlowKey,
+}
+
+/// Key of an outstanding request: requester, responder, PSN.
+type ReqKey = (IpAddr, IpAddr, u32);
+
+/// The reassembler. Feed it packets in capture order with [`Assembler::push`]; completed
+/// messages come out of [`Assembler::drain`]; [`Assembler::finish`] reports what is left.
+#[derive(Debug, Default)]
+pub struct Assembler {
+    flows: HashMap<FlowKey, Flow>,
+    requests: HashMap<ReqKey, Request>,
+    request_order: VecDeque<ReqKey>,
+    out: Vec<Message>,
+    stats: Stats,
+    limits: Limits,
+}
+
+impl Assembler {
+    /// A reassembler with the default limits.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A reassembler with the given limits.
+    pub fn with_limits(limits: Limits) -> Self {
+        Assembler {
+            limits,
+            ..Self::default()
+        }
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Messages completed (or given up) since the last call, in that order.
+    pub fn drain(&mut self) -> std::vec::Drain<'_, Message> {
+        self.out.drain(..)
+    }
+
+    /// Open messages and packets waiting for a gap to fill, over all flows.
+    pub fn outstanding(&self) -> usize {
+        self.flows
+            .values()
+            .map(|f| f.open.len() + f.pending.len())
+            .sum::<usize>()
+            + self.requests.len()
+    }
+
+    /// Feeds one packet (frame number `frame`).
+    pub fn push(&mut self, frame: u64, p: &RocePacket<'_>) {
+        self.stats.packets += 1;
+        let ib = &p.ib;
+        let key = FlowKey {
+            src: p.src,
+            dst: p.dst,
+            qp: ib.bth.dest_qp,
+        };
+        match ib.op {
+            Op::ReadRequest | Op::CompareSwap | Op::FetchAdd => {
+                self.request(frame, key, p);
+                return;
+            }
+            Op::Acknowledge => {
+                self.ack(p);
+                return;
+            }
+            Op::AtomicAcknowledge => {
+                self.ack(p);
+                self.atomic_ack(frame, key, p);
+                return;
+            }
+            Op::Cnp => return,
+            _ => {}
+        }
+        if ib.aeth.is_some() {
+            self.ack(p);
+        }
+        let (Some(kind), Some(pos)) = (Kind::of(ib.op), ib.op.position()) else {
+            return;
+        };
+        if !p.complete {
+            self.stats.truncated += 1;
+        }
+        let frag = Frag {
+            frame,
+            op: ib.op,
+            data: Vec::new(),
+            complete: p.complete,
+            imm: ib.imm,
+            ieth: ib.ieth,
+            seen_at: 0,
+        };
+        let psn = ib.bth.psn;
+        let read_req = if matches!(pos, Position::First | Position::Only) && kind == Kind::Read {
+            self.take_request((p.dst, p.src, psn))
+        } else {
+            None
+        };
+        let mut flow = self.flows.remove(&key).unwrap_or_default();
+        flow.packets += 1;
+        let now = flow.packets;
+        let dup = flow.done.iter().any(|&(a, b)| psn_in(psn, a, b))
+            || flow.pending.contains_key(&psn)
+            || flow
+                .open
+                .iter()
+                .any(|o| psn_in(psn, o.first_psn, psn_add(o.next_psn, PSN_MASK)));
+        if dup {
+            self.stats.duplicates += 1;
+            if let Some(o) = flow
+                .open
+                .iter_mut()
+                .find(|o| psn_in(psn, o.first_psn, o.next_psn))
+            {
+                o.duplicates += 1;
+            }
+        } else {
+            match pos {
+                Position::First | Position::Only => {
+                    // A READ retried from the middle: its response starts with FIRST at the
+                    // PSN the earlier responses stopped at, for the rest of the same buffer.
+                    let continued = read_req.and_then(|rq| {
+                        let r = rq.reth?;
+                        flow.open.iter().position(|o| {
+                            o.kind == Kind::Read
+                                && o.next_psn == psn
+                                && o.reth.is_some_and(|or| {
+                                    or.rkey == r.rkey && or.va.wrapping_add(o.length) == r.va
+                                })
+                        })
+                    });
+                    if let Some(i) = continued {
+                        self.absorb(key, &mut flow, i, frag, p.ib.payload, now);
+                    } else {
+                        // An open message expecting this PSN never got its LAST.
+                        if let Some(i) = flow.open.iter().position(|o| o.next_psn == psn) {
+                            let o = flow.open.swap_remove(i);
+                            self.give_up(key, o, "a new message began before its LAST");
+                        }
+                        let reth = if kind == Kind::Read {
+                            read_req.and_then(|r| r.reth)
+                        } else {
+                            ib.reth
+                        };
+                        let o = Open {
+                            kind,
+                            first_psn: psn,
+                            next_psn: psn,
+                            first_frame: read_req.map_or(frame, |r| r.frame),
+                            last_frame: frame,
+                            hasher: Sha256::new(),
+                            length: 0,
+                            packets: 0,
+                            reth,
+                            src_qp: ib.deth.map(|d| d.src_qp),
+                            imm: None,
+                            invalidate: None,
+                            truncated: false,
+                            duplicates: 0,
+                            out_of_order: 0,
+                            progress_at: now,
+                        };
+                        flow.open.push(o);
+                        let i = flow.open.len() - 1;
+                        self.absorb(key, &mut flow, i, frag, p.ib.payload, now);
+                    }
+                }
+                Position::Middle | Position::Last => {
+                    if let Some(i) = flow
+                        .open
+                        .iter()
+                        .position(|o| o.next_psn == psn && o.kind == kind)
+                    {
+                        self.absorb(key, &mut flow, i, frag, p.ib.payload, now);
+                    } else {
+                        self.stats.out_of_order += 1;
+                        let mut frag = frag;
+                        frag.data = p.ib.payload.to_vec();
+                        frag.seen_at = now;
+                        flow.pending.insert(psn, frag);
+                        if flow.pending.len() > self.limits.max_pending {
+                            self.drop_oldest_pending(key, &mut flow);
+                        }
+                    }
+                }
+            }
+        }
+        if now % 1024 == 0 {
+            self.sweep(key, &mut flow, now);
+        }
+        self.flows.insert(key, flow);
+    }
+
+    /// Hashes `payload` into open message `i` at its next PSN, then every waiting packet that
+    /// follows; completes the message at its LAST.
+    fn absorb(
+        &mut self,
+        key: FlowKey,
+        flow: &mut Flow,
+        i: usize,
+        frag: Frag,
+        payload: &[u8],
+        now: u64,
+    ) {
+        let Some(o) = flow.open.get_mut(i) else {
+            return;
+        };
+        let mut last = hash_one(o, &frag, payload, now);
+        while !last {
+            let Some(next) = flow.pending.remove(&o.next_psn) else {
+                break;
+            };
+            if Kind::of(next.op) != Some(o.kind)
+                || matches!(next.op.position(), Some(Position::First | Position::Only))
+            {
+                flow.pending.insert(o.next_psn, next);
+                break;
+            }
+            o.out_of_order += 1;
+            last = hash_one(o, &next, &next.data, now);
+        }
+        if last {
+            let o = flow.open.swap_remove(i);
+            flow.done.push_back((o.first_psn, psn_sub(o.next_psn, 1)));
+            if flow.done.len() > 256 {
+                flow.done.pop_front();
+            }
+            self.emit(key, o, None);
+        }
+    }
+
+    fn emit(&mut self, flow: FlowKey, o: Open, incomplete: Option<String>) {
+        let incomplete = incomplete.or_else(|| {
+            if o.truncated {
+                Some("the capture cut off some of its payload".into())
+            } else if o.kind == Kind::Read && o.reth.is_none() {
+                Some("READ response without its request in the capture".into())
+            } else {
+                match o.reth {
+                    Some(r) if o.kind != Kind::Send && u64::from(r.dma_len) != o.length => Some(
+                        format!("{} bytes where the RETH announced {}", o.length, r.dma_len),
+                    ),
+                    _ => None,
+                }
+            }
+        });
+        if incomplete.is_some() {
+            self.stats.incomplete += 1;
+        } else {
+            self.stats.complete += 1;
+        }
+        let sha256 = incomplete.is_none().then(|| hex(&o.hasher.finalize()));
+        self.out.push(Message {
+            kind: o.kind,
+            flow,
+            src_qp: o.src_qp,
+            first_psn: o.first_psn,
+            last_psn: psn_sub(o.next_psn, 1),
+            packets: o.packets,
+            first_frame: o.first_frame,
+            last_frame: o.last_frame,
+            length: o.length,
+            sha256,
+            rkey: o.reth.map(|r| r.rkey),
+            va: o.reth.map(|r| r.va),
+            dma_len: o.reth.map(|r| r.dma_len),
+            imm: o.imm,
+            invalidate: o.invalidate,
+            atomic: None,
+            duplicates: o.duplicates,
+            out_of_order: o.out_of_order,
+            incomplete,
+        });
+    }
+
+    fn give_up(&mut self, key: FlowKey, o: Open, why: &str) {
+        let why = format!("{why} (next PSN {} missing)", o.next_psn);
+        self.emit(key, o, Some(why));
+    }
+
+    fn ack(&mut self, p: &RocePacket<'_>) {
+        match p.ib.aeth.map(|a| a.syndrome >> 5) {
+            Some(0) => self.stats.acks += 1,
+            Some(_) => self.stats.naks += 1,
+            None => {}
+        }
+    }
+
+    fn request(&mut self, frame: u64, key: FlowKey, p: &RocePacket<'_>) {
+        let rk = (p.src, p.dst, p.ib.bth.psn);
+        if self.requests.contains_key(&rk) {
+            self.stats.duplicates += 1;
+            return;
+        }
+        self.requests.insert(
+            rk,
+            Request {
+                frame,
+                op: p.ib.op,
+                reth: p.ib.reth,
+                atomic: p.ib.atomic,
+                responder_flow: key,
+            },
+        );
+        self.request_order.push_back(rk);
+        while self.requests.len() > self.limits.max_requests {
+            let Some(old) = self.request_order.pop_front() else {
+                break;
+            };
+            if let Some(r) = self.requests.remove(&old) {
+                self.unanswered(old, r);
+            }
+        }
+        if self.request_order.len() > 2 * self.limits.max_requests.max(16) {
+            let requests = &self.requests;
+            self.request_order.retain(|k| requests.contains_key(k));
+        }
+    }
+
+    fn take_request(&mut self, rk: ReqKey) -> Option<Request> {
+        self.requests.remove(&rk)
+    }
+
+    fn atomic_ack(&mut self, frame: u64, key: FlowKey, p: &RocePacket<'_>) {
+        let Some(r) = self.take_request((p.dst, p.src, p.ib.bth.psn)) else {
+            return;
+        };
+        let kind = if r.op == Op::FetchAdd {
+            Kind::FetchAdd
+        } else {
+            Kind::CompareSwap
+        };
+        self.stats.complete += 1;
+        self.out.push(atomic_message(
+            kind,
+            key,
+            p.ib.bth.psn,
+            r,
+            frame,
+            p.ib.atomic_ack,
+            None,
+        ));
+    }
+
+    fn unanswered(&mut self, (_, _, psn): ReqKey, r: Request) {
+        self.stats.incomplete += 1;
+        let (kind, why) = match r.op {
+            Op::ReadRequest => (Kind::Read, "READ request without a response"),
+            Op::FetchAdd => (Kind::FetchAdd, "atomic without its ACK"),
+            _ => (Kind::CompareSwap, "atomic without its ACK"),
+        };
+        if kind == Kind::Read {
+            self.out.push(Message {
+                kind,
+                flow: r.responder_flow,
+                src_qp: None,
+                first_psn: psn,
+                last_psn: psn,
+                packets: 0,
+                first_frame: r.frame,
+                last_frame: r.frame,
+                length: 0,
+                sha256: None,
+                rkey: r.reth.map(|x| x.rkey),
+                va: r.reth.map(|x| x.va),
+                dma_len: r.reth.map(|x| x.dma_len),
+                imm: None,
+                invalidate: None,
+                atomic: None,
+                duplicates: 0,
+                out_of_order: 0,
+                incomplete: Some(why.into()),
+            });
+        } else {
+            let flow = r.responder_flow;
+            self.out.push(atomic_message(
+                kind,
+                flow,
+                psn,
+                r,
+                r.frame,
+                None,
+                Some(why.into()),
+            ));
+        }
+    }
+
+    fn drop_oldest_pending(&mut self, key: FlowKey, flow: &mut Flow) {
+        let oldest = flow
+            .pending
+            .iter()
+            .min_by_key(|(_, f)| f.seen_at)
+            .map(|(&psn, _)| psn);
+        if let Some(psn) = oldest {
+            if let Some(f) = flow.pending.remove(&psn) {
+                self.orphan(
+                    key,
+                    psn,
+                    f,
+                    "packet whose FIRST never came (too many waiting)",
+                );
+            }
+        }
+    }
+
+    fn orphan(&mut self, key: FlowKey, psn: u32, f: Frag, why: &str) {
+        self.stats.incomplete += 1;
+        self.out.push(Message {
+            kind: Kind::of(f.op).unwrap_or(Kind::Send),
+            flow: key,
+            src_qp: None,
+            first_psn: psn,
+            last_psn: psn,
+            packets: 1,
+            first_frame: f.frame,
+            last_frame: f.frame,
+            length: f.data.len() as u64,
+            sha256: None,
+            rkey: None,
+            va: None,
+            dma_len: None,
+            imm: f.imm,
+            invalidate: f.ieth,
+            atomic: None,
+            duplicates: 0,
+            out_of_order: 0,
+            incomplete: Some(why.into()),
+        });
+    }
+
+    /// Gives up on what a flow has moved far past.
+    fn sweep(&mut self, key: FlowKey, flow: &mut Flow, now: u64) {
+        let max_age = self.limits.max_age;
+        let mut i = 0;
+        while i < flow.open.len() {
+            if now.saturating_sub(flow.open[i].progress_at) > max_age {
+                let o = flow.open.swap_remove(i);
+                self.give_up(key, o, "no progress");
+            } else {
+                i += 1;
+            }
+        }
+        let stale: Vec<u32> = flow
+            .pending
+            .iter()
+            .filter(|(_, f)| now.saturating_sub(f.seen_at) > max_age)
+            .map(|(&p, _)| p)
+            .collect();
+        for psn in stale {
+            if let Some(f) = flow.pending.remove(&psn) {
+                self.orphan(key, psn, f, "packet whose FIRST never came");
+            }
+        }
+    }
+
+    /// Ends the capture: everything still open is reported incomplete, in flow order.
+    pub fn finish(&mut self) {
+        let mut flows: Vec<(FlowKey, Flow)> = self.flows.drain().collect();
+        flows.sort_by_key(|(k, _)| (k.src, k.dst, k.qp));
+        for (key, mut flow) in flows {
+            flow.open.sort_by_key(|o| o.first_frame);
+            for o in flow.open.drain(..) {
+                self.give_up(key, o, "capture ended before its LAST");
+            }
+            let mut pending: Vec<(u32, Frag)> = flow.pending.drain().collect();
+            pending.sort_by_key(|(_, f)| f.frame);
+            for (psn, f) in pending {
+                self.orphan(key, psn, f, "packet whose FIRST is not in the capture");
+            }
+        }
+        let order: Vec<ReqKey> = self.request_order.drain(..).collect();
+        for k in order {
+            if let Some(r) = self.requests.remove(&k) {
+                self.unanswered(k, r);
+            }
+        }
+    }
+}
+
+fn atomic_message(
+    kind: Kind,
+    flow: FlowKey,
+    psn: u32,
+    r: Request,
+    last_frame: u64,
+    original: Option<u64>,
+    incomplete: Option<String>,
+) -> Message {
+    Message {
+        kind,
+        flow,
+        src_qp: None,
+        first_psn: psn,
+        last_psn: psn,
+        packets: 1,
+        first_frame: r.frame,
+        last_frame,
+        length: 8,
+        sha256: None,
+        rkey: r.atomic.map(|a| a.rkey),
+        va: r.atomic.map(|a| a.va),
+        dma_len: None,
+        imm: None,
+        invalidate: None,
+        atomic: r.atomic.map(|a| AtomicValues {
+            swap_add: a.swap_add,
+            compare: a.compare,
+            original,
+        }),
+        duplicates: 0,
+        out_of_order: 0,
+        incomplete,
+    }
+}
+
+fn hash_one(o: &mut Open, frag: &Frag, payload: &[u8], now: u64) -> bool {
+    o.hasher.update(payload);
+    o.length += payload.len() as u64;
+    o.packets += 1;
+    o.next_psn = psn_add(o.next_psn, 1);
+    o.last_frame = frag.frame;
+    o.progress_at = now;
+    if !frag.complete {
+        o.truncated = true;
+    }
+    let last = matches!(frag.op.position(), Some(Position::Last | Position::Only));
+    if last {
+        o.imm = frag.imm;
+        o.invalidate = frag.ieth;
+    }
+    last
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ib;
+
+    const A: [u8; 4] = [10, 8, 0, 1];
+    const B: [u8; 4] = [10, 8, 0, 2];
+
+    fn reth(va: u64, rkey: u32, len: u32) -> Vec<u8> {
+        let mut v = va.to_be_bytes().to_vec();
+        v.extend_from_slice(&rkey.to_be_bytes());
+        v.extend_from_slice(&len.to_be_bytes());
+        v
+    }
+
+    /// Feeds `(from, opcode, qp, psn, ext, payload)` packets, numbered from 1, and finishes.
+    /// From, opcode, destination QP, PSN, extended headers, payload.
+    type Pkt = ([u8; 4], u8, u32, u32, Vec<u8>, Vec<u8>);
+
+    fn run(pkts: &[Pkt]) -> (Vec<Message>, Stats) {
+        let mut asm = Assembler::new();
+        let mut out = Vec::new();
+        for (n, (from, op, qp, psn, ext, payload)) in pkts.iter().enumerate() {
+            let to = if *from == A { B } else { A };
+            let bytes = ib::build(*op, *qp, *psn, ext, payload);
+            let p = RocePacket {
+                src: IpAddr::from(*from),
+                dst: IpAddr::from(to),
+                src_port: 49152,
+                ib: ib::parse(&bytes, true).unwrap(),
+                complete: true,
+                icrc_ok: None,
+                cm: None,
+            };
+            asm.push(n as u64 + 1, &p);
+            out.extend(asm.drain());
+        }
+        asm.finish();
+        out.extend(asm.drain());
+        (out, asm.stats())
+    }
+
+    fn sha(b: &[u8]) -> Option<String> {
+        Some(hex(&Sha256::digest(b)))
+    }
+
+    #[test]
+    fn send_in_three_packets_out_of_order_with_a_retransmission() {
+        let data: Vec<u8> = (0..2500u32).map(|i| (i % 251) as u8).collect();
+        let (f, m, l) = (&data[..1024], &data[1024..2048], &data[2048..]);
+        let (msgs, stats) = run(&[
+            (A, 0x00, 0x11, 100, vec![], f.to_vec()),
+            (A, 0x02, 0x11, 102, vec![], l.to_vec()), // ahead of the gap
+            (A, 0x01, 0x11, 101, vec![], m.to_vec()),
+            (A, 0x02, 0x11, 102, vec![], l.to_vec()), // retransmitted
+            (A, 0x04, 0x11, 103, vec![], b"next".to_vec()),
+        ]);
+        assert_eq!(msgs.len(), 2, "{msgs:#?}");
+        let m0 = &msgs[0];
+        assert_eq!((m0.kind, m0.length, m0.packets), (Kind::Send, 2500, 3));
+        assert_eq!((m0.first_psn, m0.last_psn, m0.out_of_order), (100, 102, 1));
+        assert_eq!(m0.sha256, sha(&data));
+        assert_eq!(m0.incomplete, None);
+        assert_eq!(msgs[1].sha256, sha(b"next"));
+        assert_eq!(
+            (stats.duplicates, stats.complete, stats.incomplete),
+            (1, 2, 0)
+        );
+    }
+
+    #[test]
+    fn write_checks_the_reth_length_and_carries_the_immediate() {
+        let mut last_ext = vec![];
+        last_ext.extend_from_slice(&0xfeedu32.to_be_bytes());
+        let (msgs, _) = run(&[
+            (
+                A,
+                0x06,
+                0x11,
+                0xff_fffe,
+                reth(0x1000, 0x42, 1030),
+                vec![1; 1024],
+            ),
+            (A, 0x09, 0x11, 0xff_ffff, last_ext, vec![2; 6]),
+            (A, 0x0a, 0x11, 0, reth(0x2000, 0x42, 10), vec![3; 4]),
+        ]);
+        assert_eq!(msgs.len(), 2);
+        let w = &msgs[0];
+        assert_eq!(
+            (w.kind, w.rkey, w.va, w.dma_len),
+            (Kind::Write, Some(0x42), Some(0x1000), Some(1030))
+        );
+        assert_eq!(
+            (w.imm, w.length, w.incomplete.as_deref()),
+            (Some(0xfeed), 1030, None)
+        );
+        // PSNs wrap at 2^24.
+        assert_eq!((w.first_psn, w.last_psn), (0xff_fffe, 0xff_ffff));
+        assert!(msgs[1]
+            .incomplete
+            .as_deref()
+            .unwrap()
+            .contains("RETH announced 10"));
+        assert_eq!(msgs[1].sha256, None);
+    }
+
+    #[test]
+    fn read_response_is_matched_to_its_request_and_a_retry_from_the_middle_continues_it() {
+        let aeth = vec![0x1f, 0, 0, 1];
+        let data: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+        let (msgs, stats) = run(&[
+            (A, 0x0c, 0x22, 500, reth(0x9000, 0x77, 3000), vec![]),
+            (B, 0x0d, 0x11, 500, aeth.clone(), data[..1024].to_vec()),
+            // the middle response is lost; A asks again for the rest
+            (
+                A,
+                0x0c,
+                0x22,
+                501,
+                reth(0x9000 + 1024, 0x77, 3000 - 1024),
+                vec![],
+            ),
+            (B, 0x0d, 0x11, 501, aeth.clone(), data[1024..2048].to_vec()),
+            (B, 0x0f, 0x11, 502, aeth.clone(), data[2048..].to_vec()),
+            // a request nobody answers
+            (A, 0x0c, 0x22, 503, reth(0xa000, 0x78, 8), vec![]),
+        ]);
+        assert_eq!(msgs.len(), 2, "{msgs:#?}");
+        let r = &msgs[0];
+        assert_eq!(
+            (r.kind, r.rkey, r.va, r.dma_len),
+            (Kind::Read, Some(0x77), Some(0x9000), Some(3000))
+        );
+        assert_eq!(
+            (r.length, r.first_frame, r.sha256.clone()),
+            (3000, 1, sha(&data))
+        );
+        assert_eq!(r.flow.src, IpAddr::from(B));
+        assert_eq!(
+            msgs[1].incomplete.as_deref(),
+            Some("READ request without a response")
+        );
+        assert_eq!(msgs[1].rkey, Some(0x78));
+        assert_eq!(stats.naks, 0);
+        assert_eq!(stats.acks, 3);
+    }
+
+    #[test]
+    fn atomics_pair_with_their_ack_and_ud_keeps_the_source_qp() {
+        let mut ateth = 0x3000u64.to_be_bytes().to_vec();
+        ateth.extend_from_slice(&0x55u32.to_be_bytes());
+        ateth.extend_from_slice(&5u64.to_be_bytes());
+        ateth.extend_from_slice(&0u64.to_be_bytes());
+        let mut ack = vec![0, 0, 0, 1];
+        ack.extend_from_slice(&40u64.to_be_bytes());
+        let mut deth = 0x1111_1111u32.to_be_bytes().to_vec();
+        deth.extend_from_slice(&0x33u32.to_be_bytes());
+        let (msgs, _) = run(&[
+            (A, 0x14, 0x22, 7, ateth, vec![]),
+            (B, 0x12, 0x11, 7, ack, vec![]),
+            (A, 0x64, 0x99, 1, deth, b"datagram".to_vec()),
+        ]);
+        assert_eq!(msgs.len(), 2);
+        assert_eq!(msgs[0].kind, Kind::FetchAdd);
+        assert_eq!(
+            msgs[0].atomic,
+            Some(AtomicValues {
+                swap_add: 5,
+                compare: 0,
+                original: Some(40)
+            })
+        );
+        assert_eq!(
+            (msgs[1].src_qp, msgs[1].sha256.clone()),
+            (Some(0x33), sha(b"datagram"))
+        );
+    }
+
+    #[test]
+    fn what_never_completes_is_reported_at_the_end() {
+        let (msgs, stats) = run(&[
+            (A, 0x00, 0x11, 10, vec![], vec![1; 1024]),
+            (A, 0x01, 0x11, 11, vec![], vec![1; 1024]),
+            (A, 0x02, 0x11, 40, vec![], vec![1; 8]), // its FIRST is not in the capture
+        ]);
+        assert_eq!(msgs.len(), 2);
+        assert!(msgs[0]
+            .incomplete
+            .as_deref()
+            .unwrap()
+            .starts_with("capture ended"));
+        assert_eq!((msgs[0].length, msgs[0].packets), (2048, 2));
+        assert!(msgs[1].incomplete.as_deref().unwrap().contains("FIRST"));
+        assert_eq!(stats.incomplete, 2);
+    }
+
+    #[test]
+    fn memory_stays_bounded_when_first_packets_never_come() {
+        let mut asm = Assembler::with_limits(Limits {
+            max_age: 100,
+            max_pending: 50,
+            max_requests: 10,
+        });
+        let mut reported = 0;
+        for i in 0..10_000u32 {
+            let bytes = ib::build(0x01, 0x11, i * 2, &[], &[0; 64]);
+            let p = RocePacket {
+                src: IpAddr::from(A),
+                dst: IpAddr::from(B),
+                src_port: 1,
+                ib: ib::parse(&bytes, true).unwrap(),
+                complete: true,
+                icrc_ok: None,
+                cm: None,
+            };
+            asm.push(u64::from(i), &p);
+            reported += asm.drain().count();
+            assert!(asm.outstanding() <= 50, "{}", asm.outstanding());
+        }
+        assert!(reported >= 9_950);
+    }
+}

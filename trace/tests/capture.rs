@@ -1,0 +1,413 @@
+//! Device tests: real RoCEv2 traffic captured with tcpdump, decoded by `rdma-trace` and checked
+//! against tshark (every packet's header fields) and against what the applications sent
+//! (message counts, lengths, digests).
+//!
+//! rxe hands packets between its own QPs straight back to itself, so nothing would be on a wire
+//! to capture. The tests add a second rxe (rxe1) on veth1 and route 10.8.0.1 <-> 10.8.0.2
+//! across the veth pair (`../shared/kernel-peers.md` §3 of the project's notes), capture on
+//! veth0, and undo all of it when they end. They need root, `RDMA_TEST_DEVICE=rxe0` on veth0
+//! (10.8.0.1) and veth1 (10.8.0.2) as `ci/vm` sets up, tcpdump and tshark.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+mod common;
+use common::{compare_with_tshark, messages, of_kind, sha};
+
+const IP0: &str = "10.8.0.1";
+const IP1: &str = "10.8.0.2";
+
+fn sh(cmd: &str) -> (bool, String) {
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(cmd)
+        .output()
+        .expect("bash runs");
+    let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
+    s.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), s)
+}
+
+fn must(cmd: &str) -> String {
+    let (ok, out) = sh(cmd);
+    assert!(ok, "`{cmd}` failed:\n{out}");
+    out
+}
+
+/// Polls `cond` every 50 ms until it holds or `secs` pass.
+fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn gid_index(dev: &str, ip: &str) -> String {
+    let hex: Vec<String> = ip
+        .split('.')
+        .map(|o| format!("{:02x}", o.parse::<u8>().unwrap()))
+        .collect();
+    let suffix = format!("ffff:{}{}:{}{}", hex[0], hex[1], hex[2], hex[3]);
+    let dir = format!("/sys/class/infiniband/{dev}/ports/1/gids");
+    for i in 0..16 {
+        if let Ok(g) = fs::read_to_string(format!("{dir}/{i}")) {
+            if g.trim().ends_with(&suffix) {
+                return i.to_string();
+            }
+        }
+    }
+    panic!("{dev} has no RoCE v2 GID for {ip}");
+}
+
+fn sent_pkts(dev: &str) -> u64 {
+    fs::read_to_string(format!(
+        "/sys/class/infiniband/{dev}/ports/1/hw_counters/sent_pkts"
+    ))
+    .ok()
+    .and_then(|s| s.trim().parse().ok())
+    .unwrap_or_else(|| panic!("no sent_pkts counter for {dev}"))
+}
+
+const UNDO: &str = "rdma link del rxe1 2>/dev/null; \
+    ip rule add pref 0 lookup local 2>/dev/null; \
+    ip rule del pref 20 2>/dev/null; ip rule del pref 10 2>/dev/null; ip rule del pref 11 2>/dev/null; \
+    ip route flush table 100 2>/dev/null; ip route flush table 101 2>/dev/null; true";
+
+/// The capture path: rxe1 on veth1 and policy routing across the veth pair. Dropping it
+/// restores the guest's network as it was.
+struct WirePath {
+    sysctls: Vec<(String, String)>,
+    gid0: String,
+    gid1: String,
+}
+
+impl WirePath {
+    fn up() -> WirePath {
+        let dev = std::env::var("RDMA_TEST_DEVICE")
+            .expect("RDMA_TEST_DEVICE must name the device under test (rxe0)");
+        assert!(
+            Path::new(&format!("/sys/class/infiniband/{dev}")).exists(),
+            "RDMA_TEST_DEVICE={dev} does not exist"
+        );
+        assert_eq!(
+            dev, "rxe0",
+            "the capture path is built for ci/vm's rxe0 on veth0"
+        );
+        for tool in [
+            "tcpdump",
+            "tshark",
+            "ibv_rc_pingpong",
+            "ib_write_bw",
+            "rping",
+        ] {
+            assert!(
+                sh(&format!("command -v {tool}")).0,
+                "{tool} is not installed (ci/setup)"
+            );
+        }
+        // Leftovers of a run that was killed.
+        sh(UNDO);
+        let mut sysctls = Vec::new();
+        for k in ["all", "default", "veth0", "veth1"] {
+            for s in ["accept_local", "rp_filter"] {
+                let key = format!("net.ipv4.conf.{k}.{s}");
+                let old = must(&format!("sysctl -n {key}")).trim().to_string();
+                sysctls.push((key, old));
+            }
+        }
+        let mut path = WirePath {
+            sysctls,
+            gid0: String::new(),
+            gid1: String::new(),
+        };
+        must("rdma link add rxe1 type rxe netdev veth1");
+        must(
+            "ip -batch - <<EOF
+route add 10.8.0.0/24 dev veth0 table 100
+route add 10.8.0.0/24 dev veth1 table 101
+rule add pref 10 iif lo to 10.8.0.2 lookup 100
+rule add pref 11 iif lo to 10.8.0.1 lookup 101
+rule add pref 20 lookup local
+rule del pref 0
+EOF",
+        );
+        for k in ["all", "default", "veth0", "veth1"] {
+            must(&format!(
+                "sysctl -qw net.ipv4.conf.{k}.accept_local=1 net.ipv4.conf.{k}.rp_filter=0"
+            ));
+        }
+        let mut gid1 = String::new();
+        wait_for(10, "rxe1's RoCE v2 GID", || {
+            gid1 = std::panic::catch_unwind(|| gid_index("rxe1", IP1)).unwrap_or_default();
+            !gid1.is_empty()
+        });
+        path.gid0 = gid_index("rxe0", IP0);
+        path.gid1 = gid1;
+        path
+    }
+}
+
+impl Drop for WirePath {
+    fn drop(&mut self) {
+        sh(UNDO);
+        for (k, v) in &self.sysctls {
+            sh(&format!("sysctl -qw {k}={v}"));
+        }
+    }
+}
+
+/// tcpdump on veth0, RoCEv2 only.
+struct Tcpdump {
+    child: Child,
+    file: PathBuf,
+    err: PathBuf,
+    sent_before: u64,
+}
+
+fn count_frames(file: &Path) -> u64 {
+    let Ok(f) = fs::File::open(file) else {
+        return 0;
+    };
+    let mut n = 0;
+    let _ = rdma_trace::for_each_frame(f, |_| n += 1);
+    n
+}
+
+impl Tcpdump {
+    fn start(name: &str) -> Tcpdump {
+        let dir = std::env::temp_dir().join(format!("rdma-trace-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let file = dir.join(format!("{name}.pcap"));
+        let err = dir.join(format!("{name}.tcpdump.err"));
+        let _ = fs::remove_file(&file);
+        let child = Command::new("tcpdump")
+            .args(["-Z", "root", "-U", "-i", "veth0", "-w"])
+            .arg(&file)
+            .args(["udp", "port", "4791"])
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&err).unwrap())
+            .spawn()
+            .expect("tcpdump starts");
+        wait_for(20, "tcpdump to listen", || {
+            fs::read_to_string(&err).is_ok_and(|s| s.contains("listening on"))
+        });
+        Tcpdump {
+            child,
+            file,
+            err,
+            sent_before: sent_pkts("rxe0") + sent_pkts("rxe1"),
+        }
+    }
+
+    /// Waits until the file holds every packet rxe0 and rxe1 sent since the start, then stops.
+    fn stop(mut self) -> PathBuf {
+        let mut want = 0;
+        let mut have = 0;
+        let end = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < end {
+            want = sent_pkts("rxe0") + sent_pkts("rxe1") - self.sent_before;
+            have = count_frames(&self.file);
+            if have >= want {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        sh(&format!("kill -INT {}", self.child.id()));
+        let _ = self.child.wait();
+        assert_eq!(
+            have,
+            want,
+            "tcpdump captured {have} of the {want} packets rxe0 and rxe1 sent: {}",
+            fs::read_to_string(&self.err).unwrap_or_default()
+        );
+        // RDMA_TEST_TRACE_KEEP=DIR keeps the captures (how tests/data's fixtures were made).
+        if let Ok(dir) = std::env::var("RDMA_TEST_TRACE_KEEP") {
+            fs::copy(
+                &self.file,
+                Path::new(&dir).join(self.file.file_name().unwrap()),
+            )
+            .unwrap();
+        }
+        self.file.clone()
+    }
+}
+
+/// Runs `server` in the background and `client` in the foreground, both under a timeout, the
+/// client once the server listens on TCP `port` (port 0: once an rdma_cm id listens).
+fn pair(server: &str, client: &str, port: u16) -> (String, String) {
+    let srv = Command::new("bash")
+        .arg("-c")
+        .arg(format!("timeout 90 {server}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("server starts");
+    if port != 0 {
+        wait_for(30, "the server to listen", || {
+            sh(&format!("ss -Hltn 'sport = :{port}'"))
+                .1
+                .contains("LISTEN")
+        });
+    } else {
+        wait_for(30, "the server's rdma_cm id to listen", || {
+            sh("rdma resource show cm_id").1.contains("LISTEN")
+        });
+    }
+    let (ok, cout) = sh(&format!("timeout 90 {client}"));
+    let out = srv.wait_with_output().unwrap();
+    let sout = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(ok, "client `{client}` failed:\n{cout}\nserver:\n{sout}");
+    assert!(
+        out.status.success(),
+        "server `{server}` failed:\n{sout}\nclient:\n{cout}"
+    );
+    (sout, cout)
+}
+
+#[test]
+#[ignore = "needs an RDMA device (rxe0 on veth0 in ci/vm), root, tcpdump and tshark"]
+fn capture_rc_pingpong_sends() {
+    let path = WirePath::up();
+    let cap = Tcpdump::start("rc_pingpong");
+    let args = "-s 3000 -n 3 -m 1024";
+    pair(
+        &format!("ibv_rc_pingpong -d rxe1 -g {} {args}", path.gid1),
+        &format!("ibv_rc_pingpong -d rxe0 -g {} {args} 127.0.0.1", path.gid0),
+        18515,
+    );
+    let file = cap.stop();
+    let (pkts, payloads) = compare_with_tshark(&file);
+    let msgs = messages(&file, &payloads, &pkts);
+    // ibv_rc_pingpong fills its buffer with 0x7b; each side sends 3 messages of 3000 bytes.
+    let sends = of_kind(&msgs, "SEND");
+    assert_eq!(sends.len(), 6, "{msgs:?}");
+    for m in sends {
+        assert_eq!(m["length"], 3000);
+        assert_eq!(m["sha256"].as_str().unwrap(), sha(&[0x7b; 3000]));
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (rxe0 on veth0 in ci/vm), root, tcpdump and tshark"]
+fn capture_ud_pingpong_datagrams() {
+    let path = WirePath::up();
+    let cap = Tcpdump::start("ud_pingpong");
+    let args = "-s 500 -n 3";
+    pair(
+        &format!("ibv_ud_pingpong -d rxe1 -g {} {args}", path.gid1),
+        &format!("ibv_ud_pingpong -d rxe0 -g {} {args} 127.0.0.1", path.gid0),
+        18515,
+    );
+    let file = cap.stop();
+    let (pkts, payloads) = compare_with_tshark(&file);
+    let msgs = messages(&file, &payloads, &pkts);
+    let sends = of_kind(&msgs, "SEND");
+    assert_eq!(sends.len(), 6, "{msgs:?}");
+    for m in sends {
+        assert_eq!(m["length"], 500);
+        assert!(m["src_qp"].is_u64(), "{m}");
+        assert_eq!(m["sha256"].as_str().unwrap(), sha(&[0x7b; 500]));
+    }
+}
+
+/// perftest fills its buffers with random bytes: the digests are checked against tshark's
+/// payloads, the counts and lengths against the arguments.
+fn perftest(tool: &str, kind: &str, extra: &str) {
+    let path = WirePath::up();
+    let cap = Tcpdump::start(tool);
+    let (size, iters) = (5000u64, 8u64);
+    let args = format!("-s {size} -n {iters} -F {extra}");
+    pair(
+        &format!("{tool} -d rxe1 -x {} {args}", path.gid1),
+        &format!("{tool} -d rxe0 -x {} {args} 127.0.0.1", path.gid0),
+        18515,
+    );
+    let file = cap.stop();
+    let (pkts, payloads) = compare_with_tshark(&file);
+    let msgs = messages(&file, &payloads, &pkts);
+    let ms = of_kind(&msgs, kind);
+    assert!(
+        ms.len() as u64 >= iters,
+        "{} {kind} messages: {msgs:?}",
+        ms.len()
+    );
+    for m in &ms {
+        assert_eq!(m["length"].as_u64(), Some(size), "{m}");
+        if kind != "SEND" {
+            assert_eq!(m["dma_len"].as_u64(), Some(size), "{m}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (rxe0 on veth0 in ci/vm), root, tcpdump and tshark"]
+fn capture_perftest_write() {
+    perftest("ib_write_bw", "WRITE", "");
+}
+
+#[test]
+#[ignore = "needs an RDMA device (rxe0 on veth0 in ci/vm), root, tcpdump and tshark"]
+fn capture_perftest_read() {
+    perftest("ib_read_bw", "READ", "");
+}
+
+#[test]
+#[ignore = "needs an RDMA device (rxe0 on veth0 in ci/vm), root, tcpdump and tshark"]
+fn capture_perftest_send() {
+    perftest("ib_send_bw", "SEND", "");
+}
+
+#[test]
+#[ignore = "needs an RDMA device (rxe0 on veth0 in ci/vm), root, tcpdump and tshark"]
+fn capture_rping_cm_read_write() {
+    let _path = WirePath::up();
+    let cap = Tcpdump::start("rping");
+    let (count, size) = (3, 100);
+    // The server listens on every device (0.0.0.0): ci/vm puts siw0 on veth1 beside rxe1, and
+    // a listener bound to 10.8.0.2 would go to whichever device rdma_cm finds first for it.
+    let (sout, _) = pair(
+        &format!("rping -s -a 0.0.0.0 -C {count} -S {size} -v"),
+        &format!("rping -c -a {IP1} -I {IP0} -C {count} -S {size} -v"),
+        0,
+    );
+    let file = cap.stop();
+    let (pkts, payloads) = compare_with_tshark(&file);
+    let msgs = messages(&file, &payloads, &pkts);
+    // The server READs the client's ping buffer and WRITEs it back: `size` bytes, the text it
+    // prints and a NUL.
+    let printed: Vec<String> = sout
+        .lines()
+        .filter_map(|l| l.strip_prefix("server ping data: "))
+        .map(|s| {
+            let mut b = s.as_bytes().to_vec();
+            b.resize(size, 0);
+            sha(&b)
+        })
+        .collect();
+    assert_eq!(printed.len(), count, "server output:\n{sout}");
+    for kind in ["READ", "WRITE"] {
+        let ms = of_kind(&msgs, kind);
+        let digests: Vec<String> = ms
+            .iter()
+            .map(|m| m["sha256"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(digests, printed, "{kind} messages: {ms:?}");
+    }
+    // The connection was set up and torn down through the CM on QP1.
+    let cm: Vec<&str> = pkts
+        .values()
+        .filter_map(|p| p.pointer("/cm/message/msg").and_then(Value::as_str))
+        .collect();
+    for m in ["REQ", "REP", "RTU", "DREQ", "DREP"] {
+        assert!(cm.contains(&m), "no CM {m} in the capture: {cm:?}");
+    }
+}

@@ -1,0 +1,252 @@
+//! What the capture tests share: the tshark oracle and the message checks.
+#![allow(dead_code)] // each test file uses its part
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// The tshark fields compared with `rdma-trace show --json`, and where each sits in its JSON.
+const FIELDS: &[(&str, &str)] = &[
+    ("infiniband.bth.opcode", "bth.opcode"),
+    ("infiniband.bth.se", "bth.se"),
+    ("infiniband.bth.m", "bth.migreq"),
+    ("infiniband.bth.padcnt", "bth.pad"),
+    ("infiniband.bth.tver", "bth.tver"),
+    ("infiniband.bth.p_key", "bth.pkey"),
+    ("infiniband.bth.destqp", "bth.dest_qp"),
+    ("infiniband.bth.a", "bth.ack_req"),
+    ("infiniband.bth.psn", "bth.psn"),
+    ("infiniband.deth.q_key", "deth.qkey"),
+    ("infiniband.deth.srcqp", "deth.src_qp"),
+    ("infiniband.reth.va", "reth.va"),
+    ("infiniband.reth.r_key", "reth.rkey"),
+    ("infiniband.reth.dmalen", "reth.dma_len"),
+    ("infiniband.aeth.syndrome", "aeth.syndrome"),
+    ("infiniband.aeth.msn", "aeth.msn"),
+    ("infiniband.atomiceth.swapdt", "atomic.swap_add"),
+    ("infiniband.atomiceth.cmpdt", "atomic.compare"),
+    ("infiniband.atomicacketh.origremdt", "atomic_ack"),
+    ("infiniband.immdt", "imm"),
+    ("infiniband.ieth", "ieth"),
+    ("infiniband.invariant.crc", "icrc"),
+    ("infiniband.mad.attributeid", "cm.header.attribute_id"),
+    ("infiniband.mad.transactionid", "cm.header.transaction_id"),
+    ("infiniband.cm.req.localqpn", "cm.message.local_qpn@REQ"),
+    ("infiniband.cm.req.startpsn", "cm.message.starting_psn@REQ"),
+    ("infiniband.cm.req.serviceid", "cm.message.service_id@REQ"),
+    (
+        "infiniband.cm.req.ip_cm.sport",
+        "cm.message.ip.src_port@REQ",
+    ),
+    ("infiniband.cm.rep.localqpn", "cm.message.local_qpn@REP"),
+    ("infiniband.cm.rep.startpsn", "cm.message.starting_psn@REP"),
+    (
+        "infiniband.cm.rep.remotecommid",
+        "cm.message.remote_comm_id@REP",
+    ),
+    (
+        "infiniband.cm.rtu.localcommid",
+        "cm.message.local_comm_id@RTU",
+    ),
+    (
+        "infiniband.cm.dreq.localcommid",
+        "cm.message.local_comm_id@DREQ",
+    ),
+    (
+        "infiniband.cm.drsp.localcommid",
+        "cm.message.local_comm_id@DREP",
+    ),
+];
+
+/// A tshark value as a number: decimal, 0x hex, a boolean, or hex bytes (with or without ':').
+fn tshark_number(v: &str) -> Option<u64> {
+    let v = v.trim();
+    if v.is_empty() {
+        return None;
+    }
+    match v {
+        "True" | "true" => return Some(1),
+        "False" | "false" => return Some(0),
+        _ => {}
+    }
+    if let Some(h) = v.strip_prefix("0x") {
+        return u64::from_str_radix(h, 16).ok();
+    }
+    if let Ok(n) = v.parse() {
+        return Some(n);
+    }
+    u64::from_str_radix(&v.replace(':', ""), 16).ok()
+}
+
+fn json_number(pkt: &Value, path: &str) -> Option<u64> {
+    let (path, msg) = match path.split_once('@') {
+        Some((p, m)) => (p, Some(m)),
+        None => (path, None),
+    };
+    if let Some(m) = msg {
+        if pkt.pointer("/cm/message/msg").and_then(Value::as_str) != Some(m) {
+            return None;
+        }
+    }
+    let ptr = format!("/{}", path.replace('.', "/"));
+    match pkt.pointer(&ptr)? {
+        Value::Bool(b) => Some(u64::from(*b)),
+        Value::Number(n) => n.as_u64(),
+        _ => None,
+    }
+}
+
+pub fn trace_json(cmd: &str, file: &Path) -> Vec<Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_rdma-trace"))
+        .args([cmd, "--json"])
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rdma-trace {cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Every packet's fields from tshark equal rdma-trace's; returns the packets, by frame number,
+/// and each frame's payload as tshark shows it (hex), for the digests.
+pub fn compare_with_tshark(file: &Path) -> (HashMap<u64, Value>, HashMap<u64, Vec<u8>>) {
+    let mut cmd = Command::new("tshark");
+    cmd.args(["-r"]).arg(file).args([
+        "--disable-heuristic",
+        "rpcrdma_infiniband",
+        "-T",
+        "fields",
+        "-E",
+        "separator=/t",
+        "-E",
+        "occurrence=f",
+        "-e",
+        "frame.number",
+        "-e",
+        "infiniband.payload",
+        "-e",
+        "data.data",
+    ]);
+    for (f, _) in FIELDS {
+        cmd.args(["-e", f]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "tshark: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let ours: HashMap<u64, Value> = trace_json("show", file)
+        .into_iter()
+        .map(|p| (p["frame"].as_u64().unwrap(), p))
+        .collect();
+    let mut payloads = HashMap::new();
+    let mut rows = 0;
+    for line in text.lines() {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let frame: u64 = cols[0].parse().unwrap();
+        rows += 1;
+        let pkt = ours
+            .get(&frame)
+            .unwrap_or_else(|| panic!("frame {frame}: tshark decodes it, rdma-trace does not"));
+        assert_eq!(
+            pkt["icrc_ok"],
+            Value::Bool(true),
+            "frame {frame}: ICRC check failed"
+        );
+        let hexdata = if cols[1].is_empty() { cols[2] } else { cols[1] };
+        let bytes: Vec<u8> = (0..hexdata.len() / 2)
+            .map(|i| u8::from_str_radix(&hexdata[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        payloads.insert(frame, bytes);
+        for (i, (field, path)) in FIELDS.iter().enumerate() {
+            let theirs = tshark_number(cols.get(i + 3).copied().unwrap_or(""));
+            let mine = json_number(pkt, path);
+            assert_eq!(
+                mine, theirs,
+                "frame {frame}: {field} is {theirs:?} in tshark, {mine:?} in rdma-trace ({path})"
+            );
+        }
+    }
+    assert_eq!(
+        rows,
+        ours.len(),
+        "tshark and rdma-trace see different packet counts"
+    );
+    assert!(rows > 0, "empty capture");
+    (ours, payloads)
+}
+
+pub fn sha(b: &[u8]) -> String {
+    rdma_trace::bytes::hex(&Sha256::digest(b))
+}
+
+/// The reassembled messages of `file`, each checked complete and with a digest equal to the
+/// SHA-256 of tshark's payloads of its packets in PSN order.
+pub fn messages(
+    file: &Path,
+    payloads: &HashMap<u64, Vec<u8>>,
+    pkts: &HashMap<u64, Value>,
+) -> Vec<Value> {
+    let msgs = trace_json("messages", file);
+    // Payload by (src, dst, qp, psn), first copy seen.
+    let mut by_psn: HashMap<(String, String, u64, u64), Vec<u8>> = HashMap::new();
+    let mut frames: Vec<&u64> = pkts.keys().collect();
+    frames.sort();
+    for f in frames {
+        let p = &pkts[f];
+        let key = (
+            p["src"].as_str().unwrap().to_string(),
+            p["dst"].as_str().unwrap().to_string(),
+            p["bth"]["dest_qp"].as_u64().unwrap(),
+            p["bth"]["psn"].as_u64().unwrap(),
+        );
+        by_psn.entry(key).or_insert_with(|| payloads[f].clone());
+    }
+    for m in &msgs {
+        if !m["incomplete"].is_null() {
+            panic!("incomplete message: {m}");
+        }
+        // Atomics have no digest; tshark shows QP1's MADs as fields, not as a payload.
+        if m["sha256"].is_null() || m["flow"]["qp"] == 1 {
+            continue;
+        }
+        let (first, last) = (
+            m["first_psn"].as_u64().unwrap(),
+            m["last_psn"].as_u64().unwrap(),
+        );
+        let mut data = Vec::new();
+        let mut psn = first;
+        loop {
+            let key = (
+                m["flow"]["src"].as_str().unwrap().to_string(),
+                m["flow"]["dst"].as_str().unwrap().to_string(),
+                m["flow"]["qp"].as_u64().unwrap(),
+                psn,
+            );
+            data.extend_from_slice(by_psn.get(&key).expect("tshark saw the packet"));
+            if psn == last {
+                break;
+            }
+            psn = (psn + 1) & 0xff_ffff;
+        }
+        assert_eq!(m["length"].as_u64().unwrap(), data.len() as u64, "{m}");
+        assert_eq!(m["sha256"].as_str().unwrap(), sha(&data), "{m}");
+    }
+    msgs
+}
+
+pub fn of_kind<'a>(msgs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    msgs.iter().filter(|m| m["kind"] == kind).collect()
+}
