@@ -96,7 +96,13 @@ impl Pending {
     #[inline(always)]
     fn finish(self, c: &mut Completion, later: &mut Later) {
         c.wr_id = self.wr_id;
-        c.buffers = self.buffers;
+        // `c` comes without memory from every poll (a test here, where an
+        // assignment would run the drop glue of the old value under the
+        // lock); anything else goes to `later`.
+        let old = std::mem::replace(&mut c.buffers, self.buffers);
+        if !matches!(old, WrBuffers::None) {
+            later.keep_memory(old);
+        }
         later.keep(self._ah, self._mw);
     }
 }
@@ -405,7 +411,7 @@ pub(crate) struct Kept {
 #[derive(Default)]
 pub(crate) struct Later(std::mem::ManuallyDrop<Option<Box<Deferred>>>);
 
-type Deferred = (Vec<Kept>, Vec<Tracked>);
+type Deferred = (Vec<Kept>, Vec<Tracked>, Vec<WrBuffers>);
 
 impl Drop for Later {
     /// A test in line; the drop itself out of line (callgrind: the drop glue
@@ -441,6 +447,13 @@ impl Later {
 
     fn deferred(&mut self) -> &mut Deferred {
         self.0.get_or_insert_with(Default::default)
+    }
+
+    /// Takes memory to drop after the lock.
+    #[cold]
+    #[inline(never)]
+    fn keep_memory(&mut self, m: WrBuffers) {
+        self.deferred().2.push(m);
     }
 
     /// Takes the unregistered queues to drop.
