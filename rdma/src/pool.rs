@@ -21,13 +21,18 @@ struct PoolInner {
 /// [`MemoryRegion`] piece, posted by value and back with its completion.
 ///
 /// ```no_run
-/// # fn f(pd: &rdma::ProtectionDomain, qp: &mut rdma::QueuePair) -> rdma::Result<()> {
+/// # fn f(pd: &rdma::ProtectionDomain, qp: &mut rdma::QueuePair,
+/// #      cq: &rdma::CompletionQueue) -> rdma::Result<()> {
 /// let pool = rdma::BufferPool::new(pd, 4096, 64, rdma::AccessFlags::LOCAL_WRITE)?;
 /// let slot = pool.take().expect("a free slot");
 /// qp.post_recv(1, slot).map_err(rdma::PostError::drop_buffers)?;
 /// // ... the completion gives the slot back:
-/// # let mut c: rdma::Completion = todo!();
-/// let slot = c.take_buffers().into_one().unwrap();
+/// let mut c = loop {
+///     if let Some(c) = cq.poll_one()? {
+///         break c.ok()?;
+///     }
+/// };
+/// let slot = c.take_buffers().into_one().expect("the receive's slot");
 /// pool.put(slot).expect("a slot of this pool");
 /// # Ok(()) }
 /// ```

@@ -13,7 +13,7 @@
 //! let ctx = rdma::Context::open("rxe0")?;
 //! let channel = ctx.create_comp_channel()?;
 //! let cq = ctx.create_cq(64, Some(&channel), 0)?;
-//! let mut completions = tokio::completions(&cq)?;
+//! let completions = tokio::completions(&cq)?;
 //! let cm = tokio::cm_channel()?;
 //! let mut listener = cm.listen("10.8.0.1:7471".parse().unwrap(), 16)?;
 //! let request = listener.get_request().await?;
