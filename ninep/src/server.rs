@@ -155,8 +155,9 @@ async fn connection(incoming: Incoming, export: &Export, config: &Config) -> Res
         qp.post_recv(RECV | u64::from(i), slot)
             .map_err(|e| format!("ibv_post_recv: {e}"))?;
     }
+    ready_qp(incoming.id(), &qp)?;
     let mut id = incoming
-        .accept(&qp, &ConnParam::default())
+        .accept_ready(&qp, &ConnParam::default())
         .await
         .map_err(fail("rdma_accept"))?;
 
@@ -240,6 +241,25 @@ async fn connection(incoming: Incoming, export: &Export, config: &Config) -> Res
     };
     break_with(&mut qp, &id);
     result
+}
+
+/// Moves the QP to RTR and RTS with the connection manager's attributes,
+/// except the retry counts on InfiniBand/RoCE: Linux's 9P client asks for
+/// none (its connection parameters are all zero), so one ACK timeout or one
+/// reply that finds no receive posted would end the connection. Ours retries
+/// 7 times on timeout and without limit on RNR, with an ACK timeout of at
+/// least 4.096 µs × 2^14 (67 ms). On iWARP the CM gives no such attributes
+/// (TCP retransmits), and none are added.
+fn ready_qp(id: &rdma::cm::CmId, qp: &rdma::QueuePair) -> Res<()> {
+    id.modify_qp(qp, QpState::Rtr).map_err(fail("QP to RTR"))?;
+    let mut rts = id
+        .init_qp_attr(QpState::Rts)
+        .map_err(fail("rdma_init_qp_attr"))?;
+    if rts.mask() & rdma::ffi::IBV_QP_RETRY_CNT != 0 {
+        let timeout = rts.as_raw().timeout.max(14);
+        rts.retry_cnt(7).rnr_retry(7).timeout(timeout);
+    }
+    qp.modify(&rts).map_err(fail("QP to RTS"))
 }
 
 /// Stops the QP (its receives flush) and disconnects.

@@ -1,0 +1,297 @@
+//! The Linux kernel's 9P client (`trans=rdma`) mounts `rdma-9p serve` and
+//! does what a user would; the served directory, read directly, is the
+//! oracle. Device tests: they need root, the `9pnet_rdma` module and an
+//! RDMA device (`ci/vm run`); a requested device that is missing fails.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+fn required_env(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!(
+            "{var} is not set: this test needs an RDMA device. Run it in the VM (ci/vm run ...)."
+        )
+    })
+}
+
+/// The device must exist: its sysfs entry is checked, not assumed.
+fn require_device(name: &str) {
+    let p = format!("/sys/class/infiniband/{name}");
+    assert!(
+        Path::new(&p).exists(),
+        "requested RDMA device {name} is missing"
+    );
+}
+
+fn run(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn tmpdir(what: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("rdma-9p-{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
+/// The server process, killed on drop.
+struct Server {
+    child: Child,
+}
+
+impl Server {
+    fn start(addr: &str, port: u16, dir: &Path) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rdma-9p"))
+            .args(["serve", "--addr", addr, "--port", &port.to_string()])
+            .arg(dir)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("rdma-9p starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("rdma-9p says it listens within 30 s");
+        assert!(line.contains("serving"), "rdma-9p said {line:?}");
+        Server { child }
+    }
+
+    fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A kernel 9P mount, unmounted on drop (lazily when a test failed).
+struct Mount {
+    at: PathBuf,
+    mounted: bool,
+}
+
+impl Mount {
+    fn new(addr: &str, port: u16, at: &Path) -> Mount {
+        std::fs::create_dir_all(at).unwrap();
+        let opts = format!("trans=rdma,port={port},version=9p2000.L");
+        // A hung connection must fail the test, not hang it.
+        run(
+            "timeout",
+            &[
+                "60",
+                "mount",
+                "-t",
+                "9p",
+                "-o",
+                &opts,
+                addr,
+                at.to_str().unwrap(),
+            ],
+        );
+        Mount {
+            at: at.to_path_buf(),
+            mounted: true,
+        }
+    }
+
+    fn p(&self, rel: &str) -> PathBuf {
+        self.at.join(rel)
+    }
+
+    fn unmount(mut self) {
+        run("timeout", &["60", "umount", self.at.to_str().unwrap()]);
+        self.mounted = false;
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = Command::new("umount").arg("-l").arg(&self.at).status();
+        }
+    }
+}
+
+fn sha(p: &Path) -> Vec<u8> {
+    let mut f = std::fs::File::open(p).unwrap();
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    h.finalize().to_vec()
+}
+
+fn kernel_client_uses_the_server(addr: &str, port: u16, tag: &str) {
+    run("modprobe", &["9pnet_rdma"]);
+    run("modprobe", &["9p"]);
+    let export = tmpdir(&format!("export-{tag}"));
+    let mnt = tmpdir(&format!("mnt-{tag}"));
+    let mnt2 = tmpdir(&format!("mnt2-{tag}"));
+    let outside = tmpdir(&format!("outside-{tag}"));
+    std::fs::write(outside.join("secret"), b"s").unwrap();
+    let mut server = Server::start(addr, port, &export);
+    let m = Mount::new(addr, port, &mnt);
+
+    eprintln!("kernel_mount: mounted");
+    // Create, write, read back through the mount and in the export.
+    std::fs::write(m.p("hello.txt"), b"hello over rdma\n").unwrap();
+    assert_eq!(
+        std::fs::read(m.p("hello.txt")).unwrap(),
+        b"hello over rdma\n"
+    );
+    assert_eq!(
+        std::fs::read(export.join("hello.txt")).unwrap(),
+        b"hello over rdma\n"
+    );
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("hello.txt"))
+        .unwrap();
+    f.write_all(b"more\n").unwrap();
+    drop(f);
+    assert_eq!(
+        std::fs::read(export.join("hello.txt")).unwrap(),
+        b"hello over rdma\nmore\n"
+    );
+
+    eprintln!("kernel_mount: create/write/read ok");
+    // mkdir / rmdir.
+    std::fs::create_dir_all(m.p("a/b/c")).unwrap();
+    assert!(export.join("a/b/c").is_dir());
+    std::fs::remove_dir(m.p("a/b/c")).unwrap();
+    assert!(!export.join("a/b/c").exists());
+
+    // rename, within and across directories.
+    std::fs::rename(m.p("hello.txt"), m.p("a/renamed.txt")).unwrap();
+    assert!(!export.join("hello.txt").exists());
+    assert_eq!(
+        std::fs::read(m.p("a/renamed.txt")).unwrap(),
+        b"hello over rdma\nmore\n"
+    );
+
+    // symlink / readlink.
+    symlink("renamed.txt", m.p("a/link")).unwrap();
+    assert_eq!(
+        std::fs::read_link(m.p("a/link")).unwrap(),
+        Path::new("renamed.txt")
+    );
+    assert_eq!(
+        std::fs::read_link(export.join("a/link")).unwrap(),
+        Path::new("renamed.txt")
+    );
+    assert_eq!(std::fs::read(m.p("a/link")).unwrap().len(), 21);
+
+    // Hard link, chmod, truncate.
+    std::fs::hard_link(m.p("a/renamed.txt"), m.p("hard")).unwrap();
+    assert_eq!(std::fs::metadata(export.join("hard")).unwrap().nlink(), 2);
+    std::fs::set_permissions(m.p("hard"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(
+        std::fs::metadata(export.join("a/renamed.txt"))
+            .unwrap()
+            .mode()
+            & 0o777,
+        0o600
+    );
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.p("hard"))
+        .unwrap()
+        .set_len(5)
+        .unwrap();
+    assert_eq!(
+        std::fs::read(export.join("a/renamed.txt")).unwrap(),
+        b"hello"
+    );
+
+    eprintln!("kernel_mount: names, links, modes ok");
+    // A multi-MiB file, checked by digest on both sides.
+    let big: Vec<u8> = (0..(8u32 << 20))
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(m.p("big.bin"), &big).unwrap();
+    let want = Sha256::digest(&big).to_vec();
+    assert_eq!(sha(&export.join("big.bin")), want);
+    assert_eq!(sha(&m.p("big.bin")), want);
+
+    eprintln!("kernel_mount: 8 MiB file ok");
+    // ls -lR sees everything.
+    let ls = run("ls", &["-lR", m.at.to_str().unwrap()]);
+    for name in ["renamed.txt", "link -> renamed.txt", "hard", "big.bin", "b"] {
+        assert!(ls.contains(name), "ls -lR lacks {name}:\n{ls}");
+    }
+
+    // Escapes through the mount: a rename across the root fails, and a
+    // symlink planted in the export that points out is only ever resolved
+    // by the client (the server never follows it: tests/session.rs).
+    let e = std::fs::rename(m.p("hard"), outside.join("stolen")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{e}");
+    assert!(!outside.join("stolen").exists());
+    let e = std::fs::hard_link(m.p("hard"), outside.join("stolen")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{e}");
+
+    eprintln!("kernel_mount: escapes refused");
+    // A second client beside the first; when it leaves, the first is served on.
+    let m2 = Mount::new(addr, port, &mnt2);
+    assert_eq!(std::fs::read(m2.p("a/renamed.txt")).unwrap(), b"hello");
+    m2.unmount();
+    std::fs::remove_file(m.p("hard")).unwrap();
+    std::fs::remove_file(m.p("a/link")).unwrap();
+    std::fs::remove_file(m.p("a/renamed.txt")).unwrap();
+    std::fs::remove_dir(m.p("a/b")).unwrap();
+    std::fs::remove_dir(m.p("a")).unwrap();
+    std::fs::remove_file(m.p("big.bin")).unwrap();
+    assert_eq!(std::fs::read_dir(&export).unwrap().count(), 0);
+
+    eprintln!("kernel_mount: second client ok");
+    // A clean unmount; the server outlives it.
+    m.unmount();
+    assert!(server.alive(), "rdma-9p exited with its client");
+    let _ = std::fs::remove_dir_all(&export);
+    let _ = std::fs::remove_dir_all(&outside);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (rxe0), root and the 9pnet_rdma module: run in ci/vm"]
+fn kernel_mount_over_rxe() {
+    require_device(&required_env("RDMA_TEST_DEVICE"));
+    let ip = required_env("RDMA_TEST_IP");
+    kernel_client_uses_the_server(&ip, 5640, "rxe");
+}
+
+#[test]
+#[ignore = "needs an iWARP device (siw0), root and the 9pnet_rdma module: run in ci/vm"]
+fn kernel_mount_over_iwarp() {
+    require_device(&required_env("RDMA_TEST_IWARP_DEVICE"));
+    let ip = required_env("RDMA_TEST_IWARP_IP");
+    kernel_client_uses_the_server(&ip, 5641, "iwarp");
+}
