@@ -4,6 +4,9 @@
 //! - [`proto`]: the messages, decoded and encoded with every length checked.
 //! - [`fs`]: the served directory and a connection's fids; nothing resolves
 //!   outside the directory (`openat2` with `RESOLVE_BENEATH`).
+//! - [`client`]: a client transport built like Linux's `trans_rdma` (states,
+//!   queue depths, `excess_rc`, a CM timeout, the kernel's options) and a
+//!   small 9P client on it.
 //! - [`server`]: RDMA CM on the crate's async layer (tokio): one QP per
 //!   client, every message one SEND, receives of the largest msize always
 //!   posted (before the connection is accepted, too).
@@ -16,6 +19,7 @@
 //! ```
 #![doc(test(attr(deny(warnings))))]
 
+pub mod client;
 pub mod fs;
 pub mod proto;
 pub mod server;

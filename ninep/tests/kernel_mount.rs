@@ -3,91 +3,17 @@
 //! oracle. Device tests: they need root, the `9pnet_rdma` module and an
 //! RDMA device (`ci/vm run`); a requested device that is missing fails.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-fn required_env(var: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| {
-        panic!(
-            "{var} is not set: this test needs an RDMA device. Run it in the VM (ci/vm run ...)."
-        )
-    })
-}
-
-/// The device must exist: its sysfs entry is checked, not assumed.
-fn require_device(name: &str) {
-    let p = format!("/sys/class/infiniband/{name}");
-    assert!(
-        Path::new(&p).exists(),
-        "requested RDMA device {name} is missing"
-    );
-}
-
-fn run(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn tmpdir(what: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!("rdma-9p-{what}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&p);
-    std::fs::create_dir_all(&p).unwrap();
-    p
-}
-
-/// The server process, killed on drop.
-struct Server {
-    child: Child,
-}
-
-impl Server {
-    fn start(addr: &str, port: u16, dir: &Path) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rdma-9p"))
-            .args(["serve", "--addr", addr, "--port", &port.to_string()])
-            .arg(dir)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("rdma-9p starts");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("rdma-9p says it listens within 30 s");
-        assert!(line.contains("serving"), "rdma-9p said {line:?}");
-        Server { child }
-    }
-
-    fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+mod common;
+use common::{require_device, required_env, run, tmpdir, Server};
 
 /// A kernel 9P mount, unmounted on drop (lazily when a test failed).
 struct Mount {
