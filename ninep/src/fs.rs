@@ -741,7 +741,7 @@ impl<'e> Session<'e> {
 fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> R<usize> {
     let mut done = 0;
     while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
+        match file.read_at(&mut buf[done..], offset.saturating_add(done as u64)) {
             Ok(0) => break,
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
