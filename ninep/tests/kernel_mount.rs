@@ -160,56 +160,9 @@ fn kernel_client_uses_the_server(addr: &str, port: u16, tag: &str) {
     );
 
     eprintln!("kernel_mount: names, links, modes ok");
-    // A multi-MiB file, checked by digest on both sides.
-    let big: Vec<u8> = (0..(8u32 << 20))
-        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
-        .collect();
-    std::fs::write(m.p("big.bin"), &big).unwrap();
-    let want = Sha256::digest(&big).to_vec();
-    assert_eq!(sha(&export.join("big.bin")), want);
-    assert_eq!(sha(&m.p("big.bin")), want);
-
-    eprintln!("kernel_mount: 8 MiB file ok");
-    // Several writers at once (requests in flight together on one QP).
-    let writers: Vec<_> = (0..4u8)
-        .map(|w| {
-            let path = m.p(&format!("w{w}"));
-            std::thread::spawn(move || {
-                let data = vec![w + 1; 1 << 20];
-                std::fs::write(&path, &data).unwrap();
-                Sha256::digest(&data).to_vec()
-            })
-        })
-        .collect();
-    for (w, t) in writers.into_iter().enumerate() {
-        let want = t.join().expect("a writer");
-        assert_eq!(sha(&export.join(format!("w{w}"))), want);
-        std::fs::remove_file(m.p(&format!("w{w}"))).unwrap();
-    }
-
-    // A source tree copied in, compared by diff -r.
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    run(
-        "cp",
-        &["-r", src.to_str().unwrap(), m.p("src").to_str().unwrap()],
-    );
-    run(
-        "diff",
-        &["-r", src.to_str().unwrap(), m.p("src").to_str().unwrap()],
-    );
-    run(
-        "diff",
-        &[
-            "-r",
-            src.to_str().unwrap(),
-            export.join("src").to_str().unwrap(),
-        ],
-    );
-    run("rm", &["-r", m.p("src").to_str().unwrap()]);
-
     // ls -lR sees everything.
     let ls = run("ls", &["-lR", m.at.to_str().unwrap()]);
-    for name in ["renamed.txt", "link -> renamed.txt", "hard", "big.bin", "b"] {
+    for name in ["renamed.txt", "link -> renamed.txt", "hard", "b"] {
         assert!(ls.contains(name), "ls -lR lacks {name}:\n{ls}");
     }
 
@@ -232,7 +185,6 @@ fn kernel_client_uses_the_server(addr: &str, port: u16, tag: &str) {
     std::fs::remove_file(m.p("a/renamed.txt")).unwrap();
     std::fs::remove_dir(m.p("a/b")).unwrap();
     std::fs::remove_dir(m.p("a")).unwrap();
-    std::fs::remove_file(m.p("big.bin")).unwrap();
     assert_eq!(std::fs::read_dir(&export).unwrap().count(), 0);
 
     eprintln!("kernel_mount: second client ok");
@@ -353,4 +305,82 @@ fn kernel_mount_server_killed_over_iwarp() {
     require_device(&required_env("RDMA_TEST_IWARP_DEVICE"));
     let ip = required_env("RDMA_TEST_IWARP_IP");
     server_killed_during_writes(&ip, 5643, "iwarp");
+}
+
+/// Bulk traffic through the kernel's mount: a multi-MiB file, several
+/// writers at once, a source tree copied in.
+fn bulk_transfers(addr: &str, port: u16, tag: &str) {
+    run("modprobe", &["9pnet_rdma"]);
+    run("modprobe", &["9p"]);
+    let export = tmpdir(&format!("bulk-export-{tag}"));
+    let mnt = tmpdir(&format!("bulk-mnt-{tag}"));
+    let mut server = Server::start(addr, port, &export);
+    let m = Mount::new(addr, port, &mnt);
+    // A multi-MiB file, checked by digest on both sides.
+    let big: Vec<u8> = (0..(8u32 << 20))
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(m.p("big.bin"), &big).unwrap();
+    let want = Sha256::digest(&big).to_vec();
+    assert_eq!(sha(&export.join("big.bin")), want);
+    assert_eq!(sha(&m.p("big.bin")), want);
+
+    // Several writers at once (requests in flight together on one QP).
+    let writers: Vec<_> = (0..4u8)
+        .map(|w| {
+            let path = m.p(&format!("w{w}"));
+            std::thread::spawn(move || {
+                let data = vec![w + 1; 1 << 20];
+                std::fs::write(&path, &data).unwrap();
+                Sha256::digest(&data).to_vec()
+            })
+        })
+        .collect();
+    for (w, t) in writers.into_iter().enumerate() {
+        let want = t.join().expect("a writer");
+        assert_eq!(sha(&export.join(format!("w{w}"))), want);
+        std::fs::remove_file(m.p(&format!("w{w}"))).unwrap();
+    }
+
+    // A source tree copied in, compared by diff -r.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    run(
+        "cp",
+        &["-r", src.to_str().unwrap(), m.p("src").to_str().unwrap()],
+    );
+    run(
+        "diff",
+        &["-r", src.to_str().unwrap(), m.p("src").to_str().unwrap()],
+    );
+    run(
+        "diff",
+        &[
+            "-r",
+            src.to_str().unwrap(),
+            export.join("src").to_str().unwrap(),
+        ],
+    );
+    run("rm", &["-r", m.p("src").to_str().unwrap()]);
+
+    std::fs::remove_file(m.p("big.bin")).unwrap();
+    assert_eq!(std::fs::read_dir(&export).unwrap().count(), 0);
+    m.unmount();
+    assert!(server.alive(), "rdma-9p exited with its client");
+    let _ = std::fs::remove_dir_all(&export);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (rxe0), root and the 9pnet_rdma module: run in ci/vm"]
+fn kernel_mount_bulk_over_rxe() {
+    require_device(&required_env("RDMA_TEST_DEVICE"));
+    let ip = required_env("RDMA_TEST_IP");
+    bulk_transfers(&ip, 5644, "rxe");
+}
+
+#[test]
+#[ignore = "needs an iWARP device (siw0), root and the 9pnet_rdma module: run in ci/vm"]
+fn kernel_mount_bulk_over_iwarp() {
+    require_device(&required_env("RDMA_TEST_IWARP_DEVICE"));
+    let ip = required_env("RDMA_TEST_IWARP_IP");
+    bulk_transfers(&ip, 5645, "iwarp");
 }
