@@ -551,6 +551,29 @@ impl Incoming {
         Ok(id)
     }
 
+    /// Accepts with a QP the caller has already moved to RTS itself (with
+    /// [`CmId::init_qp_attr`]'s attributes, changed where it must: more
+    /// transport retries than the peer's request asked for, say), sending
+    /// `param` with `qp`'s number ([`CmId::accept`]), and waits for
+    /// `ESTABLISHED`. Returns the connection's id.
+    ///
+    /// Cancel safety: as [`Incoming::accept`].
+    ///
+    /// # Errors
+    /// As [`CmId::accept`]; [`Error::CmEvent`] for another event.
+    pub async fn accept_ready(self, qp: &QueuePair, param: &ConnParam) -> Result<AsyncCmId> {
+        let mut id = self.id;
+        let mut p = param.clone();
+        p.qp_num = qp.qp_num();
+        p.srq = qp.srq().is_some();
+        id.id.accept(&p)?;
+        drop(
+            id.expect(&[CmEventType::Established], "rdma_accept")
+                .await?,
+        );
+        Ok(id)
+    }
+
     /// Rejects the request ([`CmId::reject`]) with `private_data`.
     ///
     /// # Errors

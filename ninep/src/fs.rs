@@ -1,0 +1,806 @@
+//! The served directory and one connection's session: fids and the
+//! operations of 9P2000.L on them.
+//!
+//! # Staying beneath the root
+//! A fid is a path relative to the served directory made only of plain
+//! names (`..` in a walk drops the last one, never above the root; a name
+//! with `/`, an empty name or `.` is refused). Every use resolves it with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` from the root's
+//! descriptor, so a symlink or a rename that would lead outside fails with
+//! `EXDEV` instead. Operations on a name (create, unlink, rename, link,
+//! readlink, times) resolve its directory that way and then act on the one
+//! name with the `*at` call that does not follow it.
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::fs::{File, Metadata};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::proto::{
+    setattr, Attr, DirEntry, Flock, Qid, Request, Rmsg, SetAttr, StatFs, Tmsg, GETATTR_BASIC,
+    IOHDRSZ, NOFID, QTDIR, QTSYMLINK, VERSION,
+};
+use crate::sys;
+
+/// The smallest msize this server agrees to (room for a reply header and
+/// a directory entry of a long name).
+pub const MIN_MSIZE: u32 = 4096;
+/// `n_uname` when the client sends none.
+const NONUNAME: u32 = u32::MAX;
+
+/// What is served: a directory, opened once.
+#[derive(Debug)]
+pub struct Export {
+    root: OwnedFd,
+    read_only: bool,
+    max_fids: usize,
+}
+
+impl Export {
+    /// Opens `dir` to serve it.
+    ///
+    /// # Errors
+    /// When `dir` cannot be opened as a directory.
+    pub fn new(dir: &Path, read_only: bool, max_fids: usize) -> io::Result<Export> {
+        let root = File::open(dir)?;
+        if !root.metadata()?.is_dir() {
+            return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
+        }
+        Ok(Export {
+            root: root.into(),
+            read_only,
+            max_fids,
+        })
+    }
+
+    /// Whether changes are refused.
+    pub fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn open(&self, rel: &Path, flags: libc::c_int, mode: u32) -> io::Result<OwnedFd> {
+        sys::openat2_beneath(&self.root, rel.as_os_str(), flags, mode)
+    }
+
+    /// An `O_PATH` descriptor of `rel` itself (a symlink is not followed).
+    fn opath(&self, rel: &Path) -> io::Result<File> {
+        Ok(self.open(rel, libc::O_PATH | libc::O_NOFOLLOW, 0)?.into())
+    }
+
+    fn meta(&self, rel: &Path) -> io::Result<Metadata> {
+        self.opath(rel)?.metadata()
+    }
+
+    /// The directory `rel` as an `O_PATH` descriptor, for `*at` calls.
+    fn dir(&self, rel: &Path) -> io::Result<File> {
+        Ok(self.open(rel, libc::O_PATH | libc::O_DIRECTORY, 0)?.into())
+    }
+
+    /// `rel`'s directory and last name; the root has neither (`EBUSY`).
+    fn parent(&self, rel: &Path) -> io::Result<(File, OsString)> {
+        let name = rel.file_name().ok_or_else(|| errno(libc::EBUSY))?;
+        let dir = rel.parent().unwrap_or(Path::new(""));
+        Ok((self.dir(dir)?, name.to_os_string()))
+    }
+}
+
+fn errno(e: i32) -> io::Error {
+    io::Error::from_raw_os_error(e)
+}
+
+/// A name a client may create or walk to: not empty, not `.` or `..`, no
+/// `/` or NUL.
+pub fn check_name(name: &[u8]) -> io::Result<&OsStr> {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
+    {
+        return Err(errno(libc::EINVAL));
+    }
+    Ok(OsStr::from_bytes(name))
+}
+
+fn qid_of(m: &Metadata) -> Qid {
+    let ft = m.file_type();
+    Qid {
+        ty: if ft.is_dir() {
+            QTDIR
+        } else if ft.is_symlink() {
+            QTSYMLINK
+        } else {
+            0
+        },
+        version: 0,
+        path: m.ino(),
+    }
+}
+
+fn dtype(ft: std::fs::FileType) -> u8 {
+    if ft.is_dir() {
+        libc::DT_DIR
+    } else if ft.is_symlink() {
+        libc::DT_LNK
+    } else if ft.is_file() {
+        libc::DT_REG
+    } else if ft.is_fifo() {
+        libc::DT_FIFO
+    } else if ft.is_socket() {
+        libc::DT_SOCK
+    } else if ft.is_char_device() {
+        libc::DT_CHR
+    } else if ft.is_block_device() {
+        libc::DT_BLK
+    } else {
+        libc::DT_UNKNOWN
+    }
+}
+
+#[derive(Debug)]
+struct DirCache {
+    /// `(qid, d_type, name)`, `.` and `..` first.
+    entries: Vec<(Qid, u8, OsString)>,
+}
+
+#[derive(Debug)]
+enum Open {
+    File { file: File, writable: bool },
+    Dir { file: File, cache: Option<DirCache> },
+}
+
+#[derive(Debug)]
+struct Fid {
+    path: PathBuf,
+    uid: u32,
+    open: Option<Open>,
+}
+
+/// One connection's state: its msize and its fids. Dropping it closes
+/// every file the client had open.
+#[derive(Debug)]
+pub struct Session<'e> {
+    export: &'e Export,
+    max_msize: u32,
+    msize: u32,
+    fids: HashMap<u32, Fid>,
+    read_buf: Vec<u8>,
+}
+
+type R<T> = io::Result<T>;
+
+impl<'e> Session<'e> {
+    /// A session that will agree to an msize of at most `max_msize`.
+    pub fn new(export: &'e Export, max_msize: u32) -> Session<'e> {
+        Session {
+            export,
+            max_msize: max_msize.max(MIN_MSIZE),
+            msize: max_msize.max(MIN_MSIZE),
+            fids: HashMap::new(),
+            read_buf: Vec::new(),
+        }
+    }
+
+    /// The negotiated msize (the maximum until `Tversion`).
+    pub fn msize(&self) -> u32 {
+        self.msize
+    }
+
+    /// How many fids are in use.
+    pub fn fids(&self) -> usize {
+        self.fids.len()
+    }
+
+    /// Handles one message and writes its reply at the end of `out`.
+    ///
+    /// # Errors
+    /// A message whose header is not sound (size field wrong, shorter than
+    /// a header): the connection should be closed. Everything else,
+    /// malformed bodies included, gets a reply (`Rlerror`).
+    pub fn handle(
+        &mut self,
+        msg: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), crate::proto::DecodeError> {
+        if msg.len() > self.msize as usize {
+            // Larger than agreed: answered if the header is sound.
+            let (_, tag, _) = crate::proto::split(msg)?;
+            Rmsg::Lerror {
+                ecode: libc::EMSGSIZE as u32,
+            }
+            .encode(tag, out);
+            return Ok(());
+        }
+        let req = match Request::decode(msg) {
+            Ok(r) => r,
+            Err(bad) => {
+                let tag = bad.tag.ok_or_else(|| bad.error.clone())?;
+                let ecode = match bad.error {
+                    crate::proto::DecodeError::UnknownType(_) => libc::EOPNOTSUPP,
+                    _ => libc::EPROTO,
+                };
+                Rmsg::Lerror {
+                    ecode: ecode as u32,
+                }
+                .encode(tag, out);
+                return Ok(());
+            }
+        };
+        let tag = req.tag;
+        let mut data = std::mem::take(&mut self.read_buf);
+        match self.dispatch(req.msg, &mut data) {
+            Ok(r) => r.encode(tag, out),
+            Err(e) => Rmsg::Lerror {
+                ecode: e.raw_os_error().unwrap_or(libc::EIO) as u32,
+            }
+            .encode(tag, out),
+        };
+        data.clear();
+        self.read_buf = data;
+        Ok(())
+    }
+
+    fn fid(&self, fid: u32) -> R<&Fid> {
+        self.fids.get(&fid).ok_or_else(|| errno(libc::EBADF))
+    }
+
+    fn fid_mut(&mut self, fid: u32) -> R<&mut Fid> {
+        self.fids.get_mut(&fid).ok_or_else(|| errno(libc::EBADF))
+    }
+
+    fn writable(&self) -> R<()> {
+        if self.export.read_only {
+            Err(errno(libc::EROFS))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn new_fid(&mut self, newfid: u32, fid: Fid) -> R<()> {
+        if newfid == NOFID {
+            return Err(errno(libc::EINVAL));
+        }
+        if self.fids.contains_key(&newfid) {
+            return Err(errno(libc::EBADF));
+        }
+        if self.fids.len() >= self.export.max_fids {
+            return Err(errno(libc::EMFILE));
+        }
+        self.fids.insert(newfid, fid);
+        Ok(())
+    }
+
+    /// Sets the owner of something just created when running as root.
+    fn own(&self, dir: &File, name: &OsStr, uid: u32, gid: u32) -> R<()> {
+        if sys::euid() != 0 {
+            return Ok(());
+        }
+        let f: File = sys::openat2_beneath(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?.into();
+        sys::fchown_fd(&f, uid, gid)
+    }
+
+    fn dispatch<'d>(&mut self, m: Tmsg<'_>, data: &'d mut Vec<u8>) -> R<Rmsg<'d>> {
+        let ex = self.export;
+        match m {
+            Tmsg::Version { msize, version } => {
+                self.fids.clear();
+                self.msize = msize.clamp(MIN_MSIZE, self.max_msize);
+                let version: &'static [u8] = if version.starts_with(VERSION) {
+                    VERSION
+                } else {
+                    b"unknown"
+                };
+                Ok(Rmsg::Version {
+                    msize: self.msize,
+                    version,
+                })
+            }
+            Tmsg::Auth { .. } => Err(errno(libc::EOPNOTSUPP)),
+            Tmsg::Attach {
+                fid,
+                uname: _,
+                n_uname,
+                ..
+            } => {
+                let m = ex.meta(Path::new(""))?;
+                let uid = if n_uname == NONUNAME { 0 } else { n_uname };
+                self.new_fid(
+                    fid,
+                    Fid {
+                        path: PathBuf::new(),
+                        uid,
+                        open: None,
+                    },
+                )?;
+                Ok(Rmsg::Attach { qid: qid_of(&m) })
+            }
+            Tmsg::Flush { .. } => Ok(Rmsg::Flush),
+            Tmsg::Walk { fid, newfid, names } => {
+                let f = self.fid(fid)?;
+                if f.open.is_some() {
+                    return Err(errno(libc::EBADF));
+                }
+                let (mut path, uid) = (f.path.clone(), f.uid);
+                let mut qids = Vec::with_capacity(names.len());
+                for (i, name) in names.iter().enumerate() {
+                    let next = if *name == b".." {
+                        path.parent().map(Path::to_path_buf).unwrap_or_default()
+                    } else {
+                        match check_name(name) {
+                            Ok(n) => path.join(n),
+                            Err(e) if i == 0 => return Err(e),
+                            Err(_) => break,
+                        }
+                    };
+                    match ex.meta(&next) {
+                        Ok(m) => qids.push(qid_of(&m)),
+                        Err(e) if i == 0 => return Err(e),
+                        Err(_) => break,
+                    }
+                    path = next;
+                }
+                if qids.len() == names.len() {
+                    let nf = Fid {
+                        path,
+                        uid,
+                        open: None,
+                    };
+                    if newfid == fid {
+                        self.fids.insert(fid, nf);
+                    } else {
+                        self.new_fid(newfid, nf)?;
+                    }
+                }
+                Ok(Rmsg::Walk { qids })
+            }
+            Tmsg::Lopen { fid, flags } => {
+                let f = self.fid(fid)?;
+                if f.open.is_some() {
+                    return Err(errno(libc::EBADF));
+                }
+                let m = ex.meta(&f.path)?;
+                let open = if m.is_dir() {
+                    let fd = ex.open(&f.path, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+                    Open::Dir {
+                        file: fd.into(),
+                        cache: None,
+                    }
+                } else {
+                    let acc = flags as libc::c_int & libc::O_ACCMODE;
+                    let trunc = flags as libc::c_int & libc::O_TRUNC;
+                    if acc != libc::O_RDONLY || trunc != 0 {
+                        self.writable()?;
+                    }
+                    let fd = ex.open(&f.path, acc | trunc | libc::O_NOFOLLOW, 0)?;
+                    Open::File {
+                        file: fd.into(),
+                        writable: acc != libc::O_RDONLY,
+                    }
+                };
+                self.fid_mut(fid)?.open = Some(open);
+                Ok(Rmsg::Lopen {
+                    qid: qid_of(&m),
+                    iounit: 0,
+                })
+            }
+            Tmsg::Lcreate {
+                fid,
+                name,
+                flags,
+                mode,
+                gid,
+            } => {
+                self.writable()?;
+                let name = check_name(name)?;
+                let f = self.fid(fid)?;
+                if f.open.is_some() {
+                    return Err(errno(libc::EBADF));
+                }
+                let dir = ex.dir(&f.path)?;
+                let acc = flags as libc::c_int & libc::O_ACCMODE;
+                let extra = flags as libc::c_int & (libc::O_EXCL | libc::O_TRUNC);
+                let fd = sys::openat2_beneath(
+                    &dir,
+                    name,
+                    acc | extra | libc::O_CREAT | libc::O_NOFOLLOW,
+                    mode,
+                )?;
+                let file = File::from(fd);
+                let (uid, path) = (f.uid, f.path.join(name));
+                self.own(&dir, name, uid, gid)?;
+                let m = file.metadata()?;
+                let f = self.fid_mut(fid)?;
+                f.path = path;
+                f.open = Some(Open::File {
+                    file,
+                    writable: acc != libc::O_RDONLY,
+                });
+                Ok(Rmsg::Lcreate {
+                    qid: qid_of(&m),
+                    iounit: 0,
+                })
+            }
+            Tmsg::Read { fid, offset, count } => {
+                let Some(Open::File { file, .. }) = &self.fid(fid)?.open else {
+                    return Err(errno(libc::EBADF));
+                };
+                let max = (self.msize as usize).saturating_sub(IOHDRSZ);
+                let n = (count as usize).min(max);
+                data.resize(n, 0);
+                let got = read_full_at(file, data, offset)?;
+                data.truncate(got);
+                Ok(Rmsg::Read { data })
+            }
+            Tmsg::Write {
+                fid,
+                offset,
+                data: bytes,
+            } => {
+                self.writable()?;
+                let Some(Open::File { file, writable }) = &self.fid(fid)?.open else {
+                    return Err(errno(libc::EBADF));
+                };
+                if !writable {
+                    return Err(errno(libc::EBADF));
+                }
+                file.write_all_at(bytes, offset)?;
+                Ok(Rmsg::Write {
+                    count: bytes.len() as u32,
+                })
+            }
+            Tmsg::Clunk { fid } => {
+                self.fids.remove(&fid).ok_or_else(|| errno(libc::EBADF))?;
+                Ok(Rmsg::Clunk)
+            }
+            Tmsg::Remove { fid } => {
+                // The fid goes whatever happens.
+                let f = self.fids.remove(&fid).ok_or_else(|| errno(libc::EBADF))?;
+                self.writable()?;
+                let m = ex.meta(&f.path)?;
+                let (dir, name) = ex.parent(&f.path)?;
+                let flags = if m.is_dir() { libc::AT_REMOVEDIR } else { 0 };
+                sys::unlinkat(&dir, &name, flags)?;
+                Ok(Rmsg::Remove)
+            }
+            Tmsg::Statfs { fid } => {
+                let f = ex.opath(&self.fid(fid)?.path)?;
+                let s = sys::fstatfs(&f)?;
+                Ok(Rmsg::Statfs(StatFs {
+                    ty: s.f_type as u32,
+                    bsize: s.f_bsize as u32,
+                    blocks: s.f_blocks,
+                    bfree: s.f_bfree,
+                    bavail: s.f_bavail,
+                    files: s.f_files,
+                    ffree: s.f_ffree,
+                    fsid: 0,
+                    namelen: s.f_namelen as u32,
+                }))
+            }
+            Tmsg::Symlink {
+                fid,
+                name,
+                target,
+                gid,
+            } => {
+                self.writable()?;
+                let name = check_name(name)?;
+                if target.is_empty() || target.contains(&0) {
+                    return Err(errno(libc::EINVAL));
+                }
+                let f = self.fid(fid)?;
+                let dir = ex.dir(&f.path)?;
+                sys::symlinkat(OsStr::from_bytes(target), &dir, name)?;
+                self.own(&dir, name, f.uid, gid)?;
+                let m = ex.meta(&f.path.join(name))?;
+                Ok(Rmsg::Symlink { qid: qid_of(&m) })
+            }
+            Tmsg::Mknod {
+                dfid,
+                name,
+                mode,
+                major,
+                minor,
+                gid,
+            } => {
+                self.writable()?;
+                let name = check_name(name)?;
+                let f = self.fid(dfid)?;
+                let dir = ex.dir(&f.path)?;
+                sys::mknodat(&dir, name, mode, libc::makedev(major, minor))?;
+                self.own(&dir, name, f.uid, gid)?;
+                let m = ex.meta(&f.path.join(name))?;
+                Ok(Rmsg::Mknod { qid: qid_of(&m) })
+            }
+            Tmsg::Mkdir {
+                dfid,
+                name,
+                mode,
+                gid,
+            } => {
+                self.writable()?;
+                let name = check_name(name)?;
+                let f = self.fid(dfid)?;
+                let dir = ex.dir(&f.path)?;
+                sys::mkdirat(&dir, name, mode)?;
+                self.own(&dir, name, f.uid, gid)?;
+                let m = ex.meta(&f.path.join(name))?;
+                Ok(Rmsg::Mkdir { qid: qid_of(&m) })
+            }
+            Tmsg::Rename { fid, dfid, name } => {
+                self.writable()?;
+                let name = check_name(name)?;
+                let from = self.fid(fid)?.path.clone();
+                let to_dir = self.fid(dfid)?.path.clone();
+                let (odir, oname) = ex.parent(&from)?;
+                let ndir = ex.dir(&to_dir)?;
+                sys::renameat(&odir, &oname, &ndir, name)?;
+                self.renamed(&from, &to_dir.join(name));
+                Ok(Rmsg::Rename)
+            }
+            Tmsg::Renameat {
+                olddirfid,
+                oldname,
+                newdirfid,
+                newname,
+            } => {
+                self.writable()?;
+                let (oname, nname) = (check_name(oldname)?, check_name(newname)?);
+                let op = self.fid(olddirfid)?.path.clone();
+                let np = self.fid(newdirfid)?.path.clone();
+                let (odir, ndir) = (ex.dir(&op)?, ex.dir(&np)?);
+                sys::renameat(&odir, oname, &ndir, nname)?;
+                self.renamed(&op.join(oname), &np.join(nname));
+                Ok(Rmsg::Renameat)
+            }
+            Tmsg::Readlink { fid } => {
+                let (dir, name) = ex.parent(&self.fid(fid)?.path)?;
+                let target = sys::readlinkat(&dir, &name)?;
+                *data = target;
+                Ok(Rmsg::Readlink { target: data })
+            }
+            Tmsg::Getattr { fid, .. } => {
+                let m = ex.meta(&self.fid(fid)?.path)?;
+                Ok(Rmsg::Getattr(Box::new(attr_of(&m))))
+            }
+            Tmsg::Setattr { fid, attr } => {
+                self.writable()?;
+                let path = self.fid(fid)?.path.clone();
+                self.setattr(&path, &attr)?;
+                Ok(Rmsg::Setattr)
+            }
+            Tmsg::Xattrwalk { .. } | Tmsg::Xattrcreate { .. } => Err(errno(libc::EOPNOTSUPP)),
+            Tmsg::Readdir { fid, offset, count } => {
+                let max = (self.msize as usize).saturating_sub(IOHDRSZ);
+                let limit = (count as usize).min(max);
+                let f = self.fid_mut(fid)?;
+                let path = f.path.clone();
+                let Some(Open::Dir { file, cache }) = &mut f.open else {
+                    return Err(errno(libc::EBADF));
+                };
+                if offset == 0 || cache.is_none() {
+                    *cache = Some(list_dir(ex, &path, file)?);
+                }
+                let entries = cache.as_ref().map(|c| &c.entries[..]).unwrap_or(&[]);
+                let start = usize::try_from(offset).unwrap_or(usize::MAX);
+                for (i, (qid, ty, name)) in entries.iter().enumerate().skip(start) {
+                    let e = DirEntry {
+                        qid: *qid,
+                        offset: i as u64 + 1,
+                        ty: *ty,
+                        name: name.as_bytes(),
+                    };
+                    if data.len() + e.len() > limit {
+                        break;
+                    }
+                    e.encode(data);
+                }
+                Ok(Rmsg::Readdir { data })
+            }
+            Tmsg::Fsync { fid, datasync } => {
+                match &self.fid(fid)?.open {
+                    Some(Open::File { file, .. }) | Some(Open::Dir { file, .. }) => {
+                        if datasync != 0 {
+                            file.sync_data()?
+                        } else {
+                            file.sync_all()?
+                        }
+                    }
+                    None => return Err(errno(libc::EBADF)),
+                }
+                Ok(Rmsg::Fsync)
+            }
+            // Locks are granted (every client shares this process, so POSIX
+            // locks taken here would never conflict): advisory locking
+            // between clients is not enforced.
+            Tmsg::Lock { fid, .. } => {
+                self.fid(fid)?;
+                Ok(Rmsg::Lock { status: 0 })
+            }
+            Tmsg::Getlock { fid, lock } => {
+                self.fid(fid)?;
+                let client_id: &'static [u8] = b"";
+                Ok(Rmsg::Getlock {
+                    lock: Flock {
+                        ty: libc::F_UNLCK as u8,
+                        flags: 0,
+                        start: lock.start,
+                        length: lock.length,
+                        proc_id: lock.proc_id,
+                        client_id,
+                    },
+                })
+            }
+            Tmsg::Link { dfid, fid, name } => {
+                self.writable()?;
+                let name = check_name(name)?;
+                let (odir, oname) = ex.parent(&self.fid(fid)?.path)?;
+                let ndir = ex.dir(&self.fid(dfid)?.path)?;
+                sys::linkat(&odir, &oname, &ndir, name)?;
+                Ok(Rmsg::Link)
+            }
+            Tmsg::Unlinkat { dfid, name, flags } => {
+                self.writable()?;
+                let name = check_name(name)?;
+                let dir = ex.dir(&self.fid(dfid)?.path)?;
+                let flags = flags as libc::c_int & libc::AT_REMOVEDIR;
+                sys::unlinkat(&dir, name, flags)?;
+                Ok(Rmsg::Unlinkat)
+            }
+        }
+    }
+
+    /// Moves every fid at or under `from` to `to`.
+    fn renamed(&mut self, from: &Path, to: &Path) {
+        for f in self.fids.values_mut() {
+            if let Ok(rest) = f.path.strip_prefix(from) {
+                // (`join("")` would add a trailing slash.)
+                f.path = if rest.as_os_str().is_empty() {
+                    to.to_path_buf()
+                } else {
+                    to.join(rest)
+                };
+            }
+        }
+    }
+
+    fn setattr(&self, path: &Path, a: &SetAttr) -> R<()> {
+        let ex = self.export;
+        let obj = ex.opath(path)?;
+        let m = obj.metadata()?;
+        if a.valid & setattr::MODE != 0 {
+            if m.file_type().is_symlink() {
+                return Err(errno(libc::EOPNOTSUPP));
+            }
+            // Through the descriptor's /proc link: exactly the object
+            // resolved beneath the root, whatever happens to its name.
+            let proc = format!("/proc/self/fd/{}", obj.as_raw_fd());
+            std::fs::set_permissions(proc, std::fs::Permissions::from_mode(a.mode & 0o7777))?;
+        }
+        if a.valid & (setattr::UID | setattr::GID) != 0 {
+            let uid = if a.valid & setattr::UID != 0 {
+                a.uid
+            } else {
+                u32::MAX
+            };
+            let gid = if a.valid & setattr::GID != 0 {
+                a.gid
+            } else {
+                u32::MAX
+            };
+            sys::fchown_fd(&obj, uid, gid)?;
+        }
+        if a.valid & setattr::SIZE != 0 {
+            if !m.is_file() {
+                return Err(errno(libc::EINVAL));
+            }
+            let f: File = ex.open(path, libc::O_WRONLY | libc::O_NOFOLLOW, 0)?.into();
+            f.set_len(a.size)?;
+        }
+        if a.valid & (setattr::ATIME | setattr::MTIME) != 0 {
+            let t = |on: u32, set: u32, sec: u64, nsec: u64| libc::timespec {
+                tv_sec: if a.valid & set != 0 {
+                    sec as libc::time_t
+                } else {
+                    0
+                },
+                tv_nsec: if a.valid & on == 0 {
+                    libc::UTIME_OMIT
+                } else if a.valid & set != 0 {
+                    nsec as libc::c_long
+                } else {
+                    libc::UTIME_NOW
+                },
+            };
+            let times = [
+                t(
+                    setattr::ATIME,
+                    setattr::ATIME_SET,
+                    a.atime_sec,
+                    a.atime_nsec,
+                ),
+                t(
+                    setattr::MTIME,
+                    setattr::MTIME_SET,
+                    a.mtime_sec,
+                    a.mtime_nsec,
+                ),
+            ];
+            match path.file_name() {
+                Some(name) => {
+                    let dir = ex.dir(path.parent().unwrap_or(Path::new("")))?;
+                    sys::utimensat(&dir, name, times)?;
+                }
+                None => sys::utimensat(&ex.root, OsStr::new("."), times)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> R<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset.saturating_add(done as u64)) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+fn attr_of(m: &Metadata) -> Attr {
+    Attr {
+        valid: GETATTR_BASIC,
+        qid: qid_of(m),
+        mode: m.mode(),
+        uid: m.uid(),
+        gid: m.gid(),
+        nlink: m.nlink(),
+        rdev: m.rdev(),
+        size: m.size(),
+        blksize: m.blksize(),
+        blocks: m.blocks(),
+        atime_sec: m.atime() as u64,
+        atime_nsec: m.atime_nsec() as u64,
+        mtime_sec: m.mtime() as u64,
+        mtime_nsec: m.mtime_nsec() as u64,
+        ctime_sec: m.ctime() as u64,
+        ctime_nsec: m.ctime_nsec() as u64,
+        ..Attr::default()
+    }
+}
+
+/// Lists an open directory: `.`, `..`, then its entries.
+fn list_dir(ex: &Export, path: &Path, file: &File) -> R<DirCache> {
+    let me = file.metadata()?;
+    let parent = match path.parent() {
+        Some(p) => ex.meta(p)?,
+        None => me.clone(),
+    };
+    let mut entries = vec![
+        (qid_of(&me), libc::DT_DIR, OsString::from(".")),
+        (qid_of(&parent), libc::DT_DIR, OsString::from("..")),
+    ];
+    // The open descriptor's /proc link is the directory itself, resolved
+    // beneath the root when it was opened.
+    for e in std::fs::read_dir(format!("/proc/self/fd/{}", file.as_raw_fd()))? {
+        let e = e?;
+        let ft = e.file_type()?;
+        let qid = Qid {
+            ty: if ft.is_dir() {
+                QTDIR
+            } else if ft.is_symlink() {
+                QTSYMLINK
+            } else {
+                0
+            },
+            version: 0,
+            path: std::os::unix::fs::DirEntryExt::ino(&e),
+        };
+        entries.push((qid, dtype(ft), e.file_name()));
+    }
+    Ok(DirCache { entries })
+}

@@ -1,0 +1,206 @@
+//! The few system calls `std` does not offer, each a small safe wrapper.
+//!
+//! Every path argument here is a single name component (checked by the
+//! caller, [`crate::fs::check_name`]) or a path relative to a directory
+//! descriptor that is resolved with `openat2(RESOLVE_BENEATH)`, so nothing
+//! here can reach outside the served directory.
+
+use std::ffi::{CString, OsStr};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+
+fn cstr(s: &OsStr) -> io::Result<CString> {
+    CString::new(s.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// `struct open_how` of `linux/openat2.h` (libc's is `non_exhaustive`).
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// `openat2(dir, path, {flags, mode, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS})`:
+/// `path` is resolved beneath `dir`; `..` that would climb above it, an
+/// absolute path or a symlink that leads out fail with `EXDEV`.
+pub fn openat2_beneath(
+    dir: &impl AsRawFd,
+    path: &OsStr,
+    flags: libc::c_int,
+    mode: u32,
+) -> io::Result<OwnedFd> {
+    let path = cstr(if path.is_empty() {
+        OsStr::new(".")
+    } else {
+        path
+    })?;
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 {
+            u64::from(mode & 0o7777)
+        } else {
+            0
+        },
+        resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: `path` is a NUL-terminated string and `how` a valid
+    // `open_how` whose size is passed; both outlive the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            path.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = libc::c_int::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: the kernel just returned this descriptor, and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `mkdirat(dir, name, mode)`.
+pub fn mkdirat(dir: &impl AsRawFd, name: &OsStr, mode: u32) -> io::Result<()> {
+    let name = cstr(name)?;
+    // SAFETY: `name` is NUL-terminated and outlives the call.
+    check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode & 0o7777) })
+}
+
+/// `mknodat(dir, name, mode, dev)`.
+pub fn mknodat(dir: &impl AsRawFd, name: &OsStr, mode: u32, dev: u64) -> io::Result<()> {
+    let name = cstr(name)?;
+    // SAFETY: `name` is NUL-terminated and outlives the call.
+    check(unsafe { libc::mknodat(dir.as_raw_fd(), name.as_ptr(), mode, dev) })
+}
+
+/// `symlinkat(target, dir, name)`.
+pub fn symlinkat(target: &OsStr, dir: &impl AsRawFd, name: &OsStr) -> io::Result<()> {
+    let (target, name) = (cstr(target)?, cstr(name)?);
+    // SAFETY: both strings are NUL-terminated and outlive the call.
+    check(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) })
+}
+
+/// `readlinkat(dir, name)`.
+pub fn readlinkat(dir: &impl AsRawFd, name: &OsStr) -> io::Result<Vec<u8>> {
+    let name = cstr(name)?;
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: `name` is NUL-terminated; `buf` has `buf.len()` writable bytes.
+    let n = unsafe {
+        libc::readlinkat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+/// `linkat(olddir, oldname, newdir, newname, 0)`: a symlink is linked, not followed.
+pub fn linkat(
+    olddir: &impl AsRawFd,
+    oldname: &OsStr,
+    newdir: &impl AsRawFd,
+    newname: &OsStr,
+) -> io::Result<()> {
+    let (o, n) = (cstr(oldname)?, cstr(newname)?);
+    // SAFETY: both strings are NUL-terminated and outlive the call.
+    check(unsafe {
+        libc::linkat(
+            olddir.as_raw_fd(),
+            o.as_ptr(),
+            newdir.as_raw_fd(),
+            n.as_ptr(),
+            0,
+        )
+    })
+}
+
+/// `renameat(olddir, oldname, newdir, newname)`.
+pub fn renameat(
+    olddir: &impl AsRawFd,
+    oldname: &OsStr,
+    newdir: &impl AsRawFd,
+    newname: &OsStr,
+) -> io::Result<()> {
+    let (o, n) = (cstr(oldname)?, cstr(newname)?);
+    // SAFETY: both strings are NUL-terminated and outlive the call.
+    check(unsafe {
+        libc::renameat(
+            olddir.as_raw_fd(),
+            o.as_ptr(),
+            newdir.as_raw_fd(),
+            n.as_ptr(),
+        )
+    })
+}
+
+/// `unlinkat(dir, name, flags)` (`AT_REMOVEDIR` or 0).
+pub fn unlinkat(dir: &impl AsRawFd, name: &OsStr, flags: libc::c_int) -> io::Result<()> {
+    let name = cstr(name)?;
+    // SAFETY: `name` is NUL-terminated and outlives the call.
+    check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) })
+}
+
+/// `fchownat(fd, "", uid, gid, AT_EMPTY_PATH)`: the object `fd` refers to
+/// (an `O_PATH` descriptor of a symlink changes the link). `u32::MAX`
+/// leaves a field as it is.
+pub fn fchown_fd(fd: &impl AsRawFd, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: the path is a static empty C string.
+    check(unsafe {
+        libc::fchownat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            uid,
+            gid,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+}
+
+/// `utimensat(dir, name, times, AT_SYMLINK_NOFOLLOW)`.
+pub fn utimensat(dir: &impl AsRawFd, name: &OsStr, times: [libc::timespec; 2]) -> io::Result<()> {
+    let name = cstr(name)?;
+    // SAFETY: `name` is NUL-terminated and `times` two valid timespecs, both
+    // outliving the call.
+    check(unsafe {
+        libc::utimensat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+}
+
+/// `fstatfs(fd)`.
+pub fn fstatfs(fd: &impl AsRawFd) -> io::Result<libc::statfs> {
+    // SAFETY: all-zero is a valid `statfs` (plain integers).
+    let mut s: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `s` is a writable `statfs`.
+    check(unsafe { libc::fstatfs(fd.as_raw_fd(), &mut s) })?;
+    Ok(s)
+}
+
+/// The effective user id.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}

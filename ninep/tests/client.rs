@@ -1,0 +1,173 @@
+//! The crate's own client transport against `rdma-9p serve` over RDMA:
+//! the operations, escape attempts on the wire (which the kernel's client
+//! never sends, since it resolves symlinks and `..` itself), malformed
+//! messages, and a connection closed for one while another is served on.
+//! Device tests: run them in `ci/vm`.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::symlink;
+use std::time::Duration;
+
+use rdma_9p::client::{Client, ClientError, Options, Transport};
+use rdma_9p::proto::{Request, Rmsg, Tmsg, QTDIR, QTSYMLINK};
+
+mod common;
+use common::{require_device, required_env, tmpdir, Server};
+
+const MSIZE: u32 = 131072;
+
+async fn connect(ip: &str, port: u16) -> Client {
+    let opts = Options::parse(&format!("trans=rdma,port={port},sq=8,rq=8,timeout=20000"))
+        .expect("options");
+    let addr: SocketAddr = format!("{ip}:{port}").parse().unwrap();
+    let t = Transport::connect(addr, &opts, MSIZE as usize)
+        .await
+        .expect("connects");
+    Client::new(t, MSIZE).await.expect("Tversion")
+}
+
+async fn checks(ip: &str, port: u16, tag: &str) {
+    let export = tmpdir(&format!("client-export-{tag}"));
+    let outside = tmpdir(&format!("client-outside-{tag}"));
+    std::fs::write(outside.join("secret"), b"s").unwrap();
+    symlink(&outside, export.join("out")).unwrap();
+    let _server = Server::start(ip, port, &export);
+
+    let mut c = connect(ip, port).await;
+    assert_eq!(c.msize(), MSIZE);
+    let root = c.attach(0).await.unwrap();
+    assert_eq!(root.ty, QTDIR);
+    assert!(c.walk(0, 1, &[]).await.unwrap().is_empty());
+    c.create(1, b"f", libc::O_RDWR as u32, 0o644).await.unwrap();
+    // Writes of the largest size msize allows, then reads, compared with
+    // the file itself.
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let chunk = MSIZE as usize - 23;
+    let mut off = 0;
+    while off < data.len() {
+        let end = (off + chunk).min(data.len());
+        let n = c.write(1, off as u64, &data[off..end]).await.unwrap();
+        assert_eq!(n as usize, end - off);
+        off = end;
+    }
+    assert_eq!(std::fs::read(export.join("f")).unwrap(), data);
+    let mut back = Vec::new();
+    loop {
+        let got = c.read(1, back.len() as u64, MSIZE).await.unwrap();
+        assert!(got.len() <= MSIZE as usize - 11);
+        if got.is_empty() {
+            break;
+        }
+        back.extend_from_slice(&got);
+    }
+    assert_eq!(back, data);
+    c.clunk(1).await.unwrap();
+    // Readdir of the root.
+    c.walk(0, 2, &[]).await.unwrap();
+    c.open(2, 0).await.unwrap();
+    let mut names = c.readdir(2).await.unwrap();
+    names.sort();
+    assert_eq!(
+        names,
+        vec![
+            b".".to_vec(),
+            b"..".to_vec(),
+            b"f".to_vec(),
+            b"out".to_vec()
+        ]
+    );
+    c.clunk(2).await.unwrap();
+
+    // Escapes: `..` stops at the root; a symlink out can be walked to but
+    // not through or opened.
+    let q = c.walk(0, 3, &[b"..", b".."]).await.unwrap();
+    assert_eq!(q, vec![root, root]);
+    c.clunk(3).await.unwrap();
+    let q = c.walk(0, 4, &[b"out", b"secret"]).await.unwrap();
+    assert_eq!(q.len(), 1, "the walk stops at the link");
+    assert_eq!(q[0].ty, QTSYMLINK);
+    c.walk(0, 4, &[b"out"]).await.unwrap();
+    match c.walk(4, 5, &[b"secret"]).await {
+        Err(ClientError::Lerror(e)) => assert_eq!(e, libc::EXDEV as u32),
+        other => panic!("walked out of the root: {other:?}"),
+    }
+    match c.open(4, 0).await {
+        Err(ClientError::Lerror(e)) => assert_eq!(e, libc::ELOOP as u32),
+        other => panic!("opened a link out of the root: {other:?}"),
+    }
+    match c.walk(0, 6, &[b"../x"]).await {
+        Err(ClientError::Lerror(e)) => assert_eq!(e, libc::EINVAL as u32),
+        other => panic!("a name with a slash: {other:?}"),
+    }
+
+    // A body cut short gets Rlerror with its tag; the connection goes on.
+    let mut m = Vec::new();
+    Request {
+        tag: 9,
+        msg: Tmsg::Mkdir {
+            dfid: 0,
+            name: b"d",
+            mode: 0o755,
+            gid: 0,
+        },
+    }
+    .encode(&mut m);
+    m.truncate(m.len() - 3);
+    let n = m.len() as u32;
+    m[..4].copy_from_slice(&n.to_le_bytes());
+    let r = c.send_raw(&m).await.unwrap();
+    assert_eq!(
+        Rmsg::decode(&r).unwrap(),
+        (
+            9,
+            Rmsg::Lerror {
+                ecode: libc::EPROTO as u32
+            }
+        )
+    );
+
+    // A second client sends a message whose size field lies: the server
+    // closes that connection (no reply), and the first is served on.
+    let mut bad = connect(ip, port).await;
+    bad.set_wait(Duration::from_secs(5));
+    let mut lie = m.clone();
+    lie[..4].copy_from_slice(&(n + 100).to_le_bytes());
+    let r = bad.send_raw(&lie).await;
+    assert!(r.is_err(), "a reply to a message whose size lies: {r:?}");
+    drop(bad);
+    assert!(export.join("f").exists());
+    c.walk(0, 7, &[b"f"]).await.unwrap();
+    c.open(7, 0).await.unwrap();
+    assert_eq!(c.read(7, 0, 4).await.unwrap(), &data[..4]);
+    c.clunk(7).await.unwrap();
+    c.close().await.unwrap();
+    let _ = std::fs::remove_dir_all(&export);
+    let _ = std::fs::remove_dir_all(&outside);
+}
+
+fn run_checks(ip: &str, port: u16, tag: &str) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async {
+        tokio::time::timeout(Duration::from_secs(240), checks(ip, port, tag))
+            .await
+            .expect("the client checks finish within 240 s")
+    });
+}
+
+#[test]
+#[ignore = "needs an RDMA device (rxe0): run in ci/vm"]
+fn client_against_server_over_rxe() {
+    require_device(&required_env("RDMA_TEST_DEVICE"));
+    run_checks(&required_env("RDMA_TEST_IP"), 5650, "rxe");
+}
+
+#[test]
+#[ignore = "needs an iWARP device (siw0): run in ci/vm"]
+fn client_against_server_over_iwarp() {
+    require_device(&required_env("RDMA_TEST_IWARP_DEVICE"));
+    run_checks(&required_env("RDMA_TEST_IWARP_IP"), 5651, "iwarp");
+}
