@@ -142,6 +142,10 @@ pub struct Message {
     pub out_of_order: u32,
     /// `None` when complete, else why not.
     pub incomplete: Option<String>,
+    /// The payload itself, when [`Limits::keep_data`] allows it (the RPC layer needs the
+    /// headers SENDs carry, and chunk data spanning several messages).
+    #[serde(skip)]
+    pub data: Option<Vec<u8>>,
 }
 
 /// The operands and result of an atomic.
@@ -186,6 +190,9 @@ pub struct Limits {
     pub max_pending: usize,
     /// Outstanding READ requests and atomics kept; the oldest is dropped (reported) beyond it.
     pub max_requests: usize,
+    /// Payload bytes of a message kept for [`Message::data`] (0: none; a longer message
+    /// comes out without its data). Memory then follows the open messages times this.
+    pub keep_data: u64,
 }
 
 impl Default for Limits {
@@ -194,6 +201,7 @@ impl Default for Limits {
             max_age: 1 << 16,
             max_pending: 4096,
             max_requests: 1 << 16,
+            keep_data: 0,
         }
     }
 }
@@ -227,6 +235,7 @@ struct Open {
     duplicates: u32,
     out_of_order: u32,
     progress_at: u64,
+    data: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Default)]
@@ -407,6 +416,7 @@ impl Assembler {
                             duplicates: 0,
                             out_of_order: 0,
                             progress_at: now,
+                            data: (self.limits.keep_data > 0).then(Vec::new),
                         };
                         flow.open.push(o);
                         let i = flow.open.len() - 1;
@@ -453,7 +463,8 @@ impl Assembler {
         let Some(o) = flow.open.get_mut(i) else {
             return;
         };
-        let mut last = hash_one(o, &frag, payload, now);
+        let keep = self.limits.keep_data;
+        let mut last = hash_one(o, &frag, payload, now, keep);
         while !last {
             let Some(next) = flow.pending.remove(&o.next_psn) else {
                 break;
@@ -465,7 +476,7 @@ impl Assembler {
                 break;
             }
             o.out_of_order += 1;
-            last = hash_one(o, &next, &next.data, now);
+            last = hash_one(o, &next, &next.data, now, keep);
         }
         if last {
             let o = flow.open.swap_remove(i);
@@ -518,6 +529,7 @@ impl Assembler {
             duplicates: o.duplicates,
             out_of_order: o.out_of_order,
             incomplete,
+            data: o.data,
         });
     }
 
@@ -618,6 +630,7 @@ impl Assembler {
                 duplicates: 0,
                 out_of_order: 0,
                 incomplete: Some(why.into()),
+                data: None,
             });
         } else {
             let flow = r.responder_flow;
@@ -673,6 +686,7 @@ impl Assembler {
             duplicates: 0,
             out_of_order: 0,
             incomplete: Some(why.into()),
+            data: None,
         });
     }
 
@@ -758,11 +772,19 @@ fn atomic_message(
         duplicates: 0,
         out_of_order: 0,
         incomplete,
+        data: None,
     }
 }
 
-fn hash_one(o: &mut Open, frag: &Frag, payload: &[u8], now: u64) -> bool {
+fn hash_one(o: &mut Open, frag: &Frag, payload: &[u8], now: u64, keep: u64) -> bool {
     o.hasher.update(payload);
+    if let Some(d) = &mut o.data {
+        if (d.len() + payload.len()) as u64 <= keep {
+            d.extend_from_slice(payload);
+        } else {
+            o.data = None;
+        }
+    }
     o.length += payload.len() as u64;
     o.packets += 1;
     o.next_psn = psn_add(o.next_psn, 1);
@@ -981,6 +1003,7 @@ mod tests {
             max_age: 100,
             max_pending: 50,
             max_requests: 10,
+            keep_data: 0,
         });
         let mut reported = 0;
         for i in 0..10_000u32 {
