@@ -13,7 +13,9 @@
 //!   READ response FIRST/ONLY with that PSN comes back on the reverse direction, which makes the
 //!   response message a READ with the request's rkey, address and length. A READ that is
 //!   retried from the middle (a new request at a later PSN, address advanced by what arrived) is
-//!   continued, not started again.
+//!   continued, not started again. A responder may answer such a retry with MIDDLE/LAST
+//!   packets from the retry's PSN (rxe does, resending what the requester already had): a
+//!   response packet at the PSN of an outstanding request answers it.
 //! - Atomics are paired with their ATOMIC ACK by PSN in the same way.
 //! - A packet whose PSN lies in a message already completed or seen is a duplicate
 //!   (a retransmission) and is counted, not hashed twice.
@@ -353,6 +355,16 @@ impl Assembler {
         } else {
             None
         };
+        if kind == Kind::Read && matches!(pos, Position::Middle | Position::Last) {
+            let rk = (p.dst, p.src, psn);
+            if self
+                .requests
+                .get(&rk)
+                .is_some_and(|r| r.op == Op::ReadRequest)
+            {
+                self.requests.remove(&rk);
+            }
+        }
         let mut flow = self.flows.remove(&key).unwrap_or_default();
         flow.packets += 1;
         let now = flow.packets;
@@ -946,6 +958,27 @@ mod tests {
         assert_eq!(msgs[1].rkey, Some(0x78));
         assert_eq!(stats.naks, 0);
         assert_eq!(stats.acks, 3);
+    }
+
+    #[test]
+    fn a_read_retried_from_the_middle_and_answered_with_middle_packets_is_answered() {
+        // As rxe did in an NFS capture: the whole response arrives, the requester asks again
+        // from PSN 11 (address advanced by 1024) and the responder resends MIDDLE and LAST.
+        let aeth = vec![0x1f, 0, 0, 1];
+        let data: Vec<u8> = (0..3072u32).map(|i| (i * 3) as u8).collect();
+        let (msgs, stats) = run(&[
+            (A, 0x0c, 0x22, 10, reth(0x9000, 0x77, 3072), vec![]),
+            (B, 0x0d, 0x11, 10, aeth.clone(), data[..1024].to_vec()),
+            (B, 0x0e, 0x11, 11, vec![], data[1024..2048].to_vec()),
+            (B, 0x0f, 0x11, 12, aeth.clone(), data[2048..].to_vec()),
+            (A, 0x0c, 0x22, 11, reth(0x9400, 0x77, 2048), vec![]),
+            (B, 0x0e, 0x11, 11, vec![], data[1024..2048].to_vec()),
+            (B, 0x0f, 0x11, 12, aeth.clone(), data[2048..].to_vec()),
+        ]);
+        assert_eq!(msgs.len(), 1, "{msgs:#?}");
+        assert_eq!((msgs[0].length, msgs[0].incomplete.clone()), (3072, None));
+        assert_eq!(msgs[0].sha256, sha(&data));
+        assert_eq!((stats.duplicates, stats.incomplete), (2, 0));
     }
 
     #[test]

@@ -82,8 +82,10 @@ pub struct ChunkReport {
 /// One side (call or reply) of an RPC as its SEND carried it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Side {
-    /// Frame number of the SEND's last packet.
+    /// Frame number of the SEND's first packet (the one with the transport header).
     pub frame: u64,
+    /// Frame number of its last packet.
+    pub last_frame: u64,
     /// RPC-over-RDMA procedure (`RDMA_MSG`, `RDMA_NOMSG`, `RDMA_ERROR`).
     pub proc: &'static str,
     /// Credits asked for (call) or granted (reply).
@@ -389,7 +391,8 @@ impl Tracker {
         let as_reply = (dst, src, h.xid);
         let inline = data.get(h.header_len..).unwrap_or(&[]);
         let side = Side {
-            frame: m.last_frame,
+            frame: m.first_frame,
+            last_frame: m.last_frame,
             proc: h.proc.name(),
             credits: h.credits,
             inline: match h.proc {
