@@ -233,6 +233,8 @@ fn run_rpc<R: std::io::Read + Send>(
 ) -> Result<(), CaptureError> {
     let mut asm = Assembler::with_limits(Limits {
         keep_data: RPC_KEEP,
+        // The tracker hashes chunks; hashing each WRITE and READ as well doubled the cost.
+        hash_kept: false,
         ..Limits::default()
     });
     let mut rpcs = Tracker::new();

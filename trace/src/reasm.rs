@@ -195,6 +195,11 @@ pub struct Limits {
     /// Payload bytes of a message kept for [`Message::data`] (0: none; a longer message
     /// comes out without its data). Memory then follows the open messages times this.
     pub keep_data: u64,
+    /// Whether a WRITE or READ whose payload is kept in [`Message::data`] is also hashed into
+    /// [`Message::sha256`] (SENDs always are). A consumer that hashes the data itself (the RPC
+    /// layer hashes whole chunks) turns it off: SHA-256 is most of the cost, and its
+    /// messages then come out complete with `sha256: None`.
+    pub hash_kept: bool,
 }
 
 impl Default for Limits {
@@ -204,6 +209,7 @@ impl Default for Limits {
             max_pending: 4096,
             max_requests: 1 << 16,
             keep_data: 0,
+            hash_kept: true,
         }
     }
 }
@@ -238,6 +244,8 @@ struct Open {
     out_of_order: u32,
     progress_at: u64,
     data: Option<Vec<u8>>,
+    /// Hashing waits: the payload is kept in `data` and not hashed (`Limits::hash_kept`).
+    deferred: bool,
 }
 
 #[derive(Debug, Default)]
@@ -428,7 +436,17 @@ impl Assembler {
                             duplicates: 0,
                             out_of_order: 0,
                             progress_at: now,
-                            data: (self.limits.keep_data > 0).then(Vec::new),
+                            // Sized once from the RETH: growing a 128 KiB
+                            // buffer by doubling cost more than the rest of `rpc`.
+                            data: (self.limits.keep_data > 0).then(|| {
+                                let want = reth.map_or(0, |r| u64::from(r.dma_len));
+                                Vec::with_capacity(
+                                    usize::try_from(want.min(self.limits.keep_data)).unwrap_or(0),
+                                )
+                            }),
+                            deferred: self.limits.keep_data > 0
+                                && !self.limits.hash_kept
+                                && kind != Kind::Send,
                         };
                         flow.open.push(o);
                         let i = flow.open.len() - 1;
@@ -520,7 +538,7 @@ impl Assembler {
         } else {
             self.stats.complete += 1;
         }
-        let sha256 = incomplete.is_none().then(|| hex(&o.hasher.finalize()));
+        let sha256 = (incomplete.is_none() && !o.deferred).then(|| hex(&o.hasher.finalize()));
         self.out.push(Message {
             kind: o.kind,
             flow,
@@ -789,13 +807,23 @@ fn atomic_message(
 }
 
 fn hash_one(o: &mut Open, frag: &Frag, payload: &[u8], now: u64, keep: u64) -> bool {
-    o.hasher.update(payload);
-    if let Some(d) = &mut o.data {
-        if (d.len() + payload.len()) as u64 <= keep {
+    match &mut o.data {
+        Some(d) if (d.len() + payload.len()) as u64 <= keep => {
             d.extend_from_slice(payload);
-        } else {
+            if !o.deferred {
+                o.hasher.update(payload);
+            }
+        }
+        Some(d) => {
+            // Too long to keep: what was kept unhashed is hashed now, the rest as it comes.
+            if o.deferred {
+                o.hasher.update(&d[..]);
+                o.deferred = false;
+            }
+            o.hasher.update(payload);
             o.data = None;
         }
+        None => o.hasher.update(payload),
     }
     o.length += payload.len() as u64;
     o.packets += 1;
@@ -833,7 +861,11 @@ mod tests {
     type Pkt = ([u8; 4], u8, u32, u32, Vec<u8>, Vec<u8>);
 
     fn run(pkts: &[Pkt]) -> (Vec<Message>, Stats) {
-        let mut asm = Assembler::new();
+        run_with(Limits::default(), pkts)
+    }
+
+    fn run_with(limits: Limits, pkts: &[Pkt]) -> (Vec<Message>, Stats) {
+        let mut asm = Assembler::with_limits(limits);
         let mut out = Vec::new();
         for (n, (from, op, qp, psn, ext, payload)) in pkts.iter().enumerate() {
             let to = if *from == A { B } else { A };
@@ -982,6 +1014,45 @@ mod tests {
     }
 
     #[test]
+    fn kept_payloads_come_out_whole_and_hashing_them_can_be_left_to_the_consumer() {
+        let limits = Limits {
+            keep_data: 1500,
+            hash_kept: false,
+            ..Limits::default()
+        };
+        let w: Vec<u8> = (0..1400u32).map(|i| (i % 199) as u8).collect();
+        let big: Vec<u8> = (0..2048u32).map(|i| (i % 197) as u8).collect();
+        let (msgs, _) = run_with(
+            limits,
+            &[
+                (A, 0x06, 0x11, 1, reth(0x10, 1, 1400), w[..1024].to_vec()),
+                (A, 0x08, 0x11, 2, vec![], w[1024..].to_vec()),
+                (A, 0x04, 0x11, 3, vec![], b"call".to_vec()),
+                (A, 0x06, 0x11, 4, reth(0x10, 1, 2048), big[..1024].to_vec()),
+                (A, 0x08, 0x11, 5, vec![], big[1024..].to_vec()),
+            ],
+        );
+        assert_eq!(msgs.len(), 3);
+        // Kept, not hashed, complete.
+        assert_eq!(
+            (
+                msgs[0].data.as_deref(),
+                msgs[0].sha256.clone(),
+                msgs[0].incomplete.clone()
+            ),
+            (Some(&w[..]), None, None)
+        );
+        // SENDs are always hashed.
+        assert_eq!(msgs[1].sha256, sha(b"call"));
+        assert_eq!(msgs[1].data.as_deref(), Some(&b"call"[..]));
+        // Too long to keep: hashed after all, the kept part first.
+        assert_eq!(
+            (msgs[2].data.clone(), msgs[2].sha256.clone()),
+            (None, sha(&big))
+        );
+    }
+
+    #[test]
     fn atomics_pair_with_their_ack_and_ud_keeps_the_source_qp() {
         let mut ateth = 0x3000u64.to_be_bytes().to_vec();
         ateth.extend_from_slice(&0x55u32.to_be_bytes());
@@ -1037,6 +1108,7 @@ mod tests {
             max_pending: 50,
             max_requests: 10,
             keep_data: 0,
+            hash_kept: true,
         });
         let mut reported = 0;
         for i in 0..10_000u32 {

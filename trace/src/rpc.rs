@@ -189,15 +189,32 @@ impl Seg {
     }
 }
 
+/// A chunk's data in order: its digest, length and first bytes.
+#[derive(Debug)]
+struct Acc {
+    hasher: Sha256,
+    length: u64,
+    head: Vec<u8>,
+}
+
+impl Acc {
+    fn hash(&mut self, d: &[u8]) {
+        self.hasher.update(d);
+        self.length += d.len() as u64;
+        if self.head.len() < HEAD {
+            let n = (HEAD - self.head.len()).min(d.len());
+            self.head.extend_from_slice(d.get(..n).unwrap_or(&[]));
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Chunk {
     kind: ChunkKind,
     position: Option<u32>,
     segs: Vec<Seg>,
     cur: usize,
-    hasher: Sha256,
-    length: u64,
-    head: Vec<u8>,
+    acc: Acc,
     lost: u32,
 }
 
@@ -208,27 +225,34 @@ impl Chunk {
             position,
             segs: segs.iter().map(Seg::new).collect(),
             cur: 0,
-            hasher: Sha256::new(),
-            length: 0,
-            head: Vec::new(),
+            acc: Acc {
+                hasher: Sha256::new(),
+                length: 0,
+                head: Vec::new(),
+            },
             lost: 0,
         }
     }
 
-    fn hash(&mut self, d: &[u8]) {
-        self.hasher.update(d);
-        self.length += d.len() as u64;
-        if self.head.len() < HEAD {
-            let n = (HEAD - self.head.len()).min(d.len());
-            self.head.extend_from_slice(d.get(..n).unwrap_or(&[]));
+    /// Places the data an RDMA operation moved at `va` of segment `si`: hashed at once when it
+    /// is the next the chunk needs (the common case: no copy), else kept until it is.
+    fn place(&mut self, si: usize, va: u64, d: &[u8]) {
+        let Some(seg) = self.segs.get_mut(si) else {
+            return;
+        };
+        if si == self.cur && va == seg.offset.wrapping_add(seg.received) {
+            seg.received += d.len() as u64;
+            self.acc.hash(d);
+        } else {
+            seg.ahead.insert(va, d.to_vec());
         }
+        self.advance();
     }
 
     /// Hashes what is contiguous, segment after segment.
     fn advance(&mut self) {
         let kind = self.kind;
         while let Some(seg) = self.segs.get_mut(self.cur) {
-            let mut hashed: Vec<Vec<u8>> = Vec::new();
             loop {
                 let next = seg.offset.wrapping_add(seg.received);
                 let Some((&va, _)) = seg.ahead.range(..=next).next_back() else {
@@ -240,13 +264,10 @@ impl Chunk {
                 let skip = usize::try_from(next - va).unwrap_or(usize::MAX);
                 if let Some(rest) = d.get(skip..).filter(|r| !r.is_empty()) {
                     seg.received += rest.len() as u64;
-                    hashed.push(rest.to_vec());
+                    self.acc.hash(rest);
                 }
             }
             let done = seg.received >= seg.target(kind).unwrap_or(u64::from(seg.offered));
-            for d in hashed {
-                self.hash(&d);
-            }
             if done {
                 self.cur += 1;
             } else {
@@ -274,10 +295,10 @@ impl Chunk {
                     received: s.received,
                 })
                 .collect(),
-            length: self.length,
+            length: self.acc.length,
             sha256: self
                 .complete()
-                .then(|| hex(&self.hasher.clone().finalize())),
+                .then(|| hex(&self.acc.hasher.clone().finalize())),
         }
     }
 
@@ -299,7 +320,7 @@ impl Chunk {
             .iter()
             .map(|s| s.target(self.kind).unwrap_or(u64::from(s.offered)))
             .sum();
-        format!("{name} chunk {i}: {} of {want} bytes", self.length)
+        format!("{name} chunk {i}: {} of {want} bytes", self.acc.length)
     }
 }
 
@@ -556,9 +577,8 @@ impl Tracker {
                     }
                     let room = usize::try_from(end - va).unwrap_or(usize::MAX);
                     let d = d.get(..room.min(d.len())).unwrap_or(&[]);
-                    seg.ahead.insert(va, d.to_vec());
+                    chunk.place(si, va, d);
                 }
-                chunk.advance();
             }
             _ => chunk.lost += 1,
         }
@@ -593,13 +613,13 @@ impl Tracker {
                 .iter()
                 .find(|ch| ch.kind == ChunkKind::Read && ch.position == Some(0))
             {
-                c.rpc = call_fields(&ch.head);
+                c.rpc = call_fields(&ch.acc.head);
             }
         }
         let mut status = c.reply.as_ref().and_then(|r| r.status.clone());
         if c.reply.as_ref().is_some_and(|r| r.rpc_from_chunk) {
             if let Some(ch) = c.chunks.iter().find(|ch| ch.kind == ChunkKind::Reply) {
-                if let Ok(RpcBody::Reply(s)) = parse_rpc(&ch.head).map(|r| r.body) {
+                if let Ok(RpcBody::Reply(s)) = parse_rpc(&ch.acc.head).map(|r| r.body) {
                     status = Some(s.name());
                 }
             }
@@ -617,7 +637,7 @@ impl Tracker {
             c.chunks
                 .iter()
                 .filter(|ch| ch.kind == k)
-                .map(|ch| ch.length)
+                .map(|ch| ch.acc.length)
                 .sum()
         };
         let (reads, writes, reply_chunk) = (

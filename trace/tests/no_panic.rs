@@ -79,6 +79,7 @@ fn mutated_packets_decode_or_fail_cleanly_and_reassembly_survives_them() {
         max_pending: 64,
         max_requests: 64,
         keep_data: 1 << 16,
+        hash_kept: false,
     });
     let mut rpcs = Tracker::with_limits(RpcLimits { max_calls: 32 });
     let end = Instant::now() + budget();
