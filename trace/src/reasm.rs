@@ -376,7 +376,10 @@ impl Assembler {
         let mut flow = self.flows.remove(&key).unwrap_or_default();
         flow.packets += 1;
         let now = flow.packets;
-        let dup = flow.done.iter().any(|&(a, b)| psn_in(psn, a, b))
+        // The common case, the PSN an open message waits for, is not a duplicate: the scan
+        // of the last 256 completed ranges is skipped (it was a seventh of `rpc`'s time).
+        let expected = flow.open.iter().any(|o| o.next_psn == psn);
+        let dup = (!expected && flow.done.iter().any(|&(a, b)| psn_in(psn, a, b)))
             || flow.pending.contains_key(&psn)
             || flow
                 .open
