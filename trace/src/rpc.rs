@@ -17,10 +17,13 @@
 //! - The reply (matched to its call by client, server and XID) says how much of each write
 //!   chunk and of the reply chunk was used; the RPC is complete when its reply is in and every
 //!   chunk holds the bytes the call (read chunks) or the reply (write and reply chunks) says.
-//! - Read chunks' data belongs at their XDR position in the call; a position-zero read chunk
+//! - Read chunks' data belongs at their XDR position in the call: a call with one read chunk
+//!   gets the digest of the whole message, the inline part with the chunk's data (XDR-padded)
+//!   spliced in at its position, hashed as the chunk's data comes. A position-zero read chunk
 //!   (RDMA_NOMSG) or the reply chunk holds the whole RPC message, whose header is decoded from
 //!   it. A call's reassembled length is its inline part plus its read chunks, a reply's its
-//!   inline part plus its write chunks (or its reply chunk).
+//!   inline part plus its write chunks (or its reply chunk); where a write chunk's data sits in
+//!   the reply is the upper protocol's business (NFS), so such a reply has chunk digests only.
 //! - What never completes (a call without its reply, a reply without its call, a chunk missing
 //!   data) is reported as incomplete, with why.
 
@@ -96,6 +99,12 @@ pub struct Side {
     pub length: u64,
     /// SHA-256 of the SEND's payload (transport header included).
     pub send_sha256: Option<String>,
+    /// SHA-256 of the reassembled RPC message: the inline part with its read chunk spliced in
+    /// at its XDR position (padded to 4 bytes), the position-zero read chunk or the reply chunk
+    /// that holds it, or the inline part alone. `None` when it cannot be formed here: a reply
+    /// with write chunks (where their data sits is the upper protocol's business), several
+    /// read chunks, or a chunk incomplete.
+    pub sha256: Option<String>,
 }
 
 /// An RPC call and its reply.
@@ -195,11 +204,17 @@ struct Acc {
     hasher: Sha256,
     length: u64,
     head: Vec<u8>,
+    /// The whole call's digest, for the read chunk spliced into it: the inline part before
+    /// the chunk's position is already in it.
+    splice: Option<Sha256>,
 }
 
 impl Acc {
     fn hash(&mut self, d: &[u8]) {
         self.hasher.update(d);
+        if let Some(m) = &mut self.splice {
+            m.update(d);
+        }
         self.length += d.len() as u64;
         if self.head.len() < HEAD {
             let n = (HEAD - self.head.len()).min(d.len());
@@ -229,6 +244,7 @@ impl Chunk {
                 hasher: Sha256::new(),
                 length: 0,
                 head: Vec::new(),
+                splice: None,
             },
             lost: 0,
         }
@@ -327,6 +343,8 @@ impl Chunk {
 #[derive(Debug)]
 struct ReplyInfo {
     side: Side,
+    /// The inline RPC message's digest (RDMA_MSG).
+    inline_sha256: Option<String>,
     status: Option<String>,
     rpc_from_chunk: bool,
 }
@@ -334,6 +352,10 @@ struct ReplyInfo {
 #[derive(Debug)]
 struct Call {
     seq: u64,
+    /// The inline part after the spliced read chunk's position.
+    splice_rest: Option<Vec<u8>>,
+    /// The inline RPC message's digest, when there are no chunks to splice.
+    inline_sha256: Option<String>,
     side: Option<Side>,
     rpc: Option<(u32, u32, u32)>,
     rpc_from_chunk: bool,
@@ -422,6 +444,7 @@ impl Tracker {
             },
             length: 0,
             send_sha256: m.sha256.clone(),
+            sha256: None,
         };
         let is_reply = match h.proc {
             Proc::Msg => match parse_rpc(inline).map(|r| r.body) {
@@ -464,6 +487,31 @@ impl Tracker {
                 self.handles.insert((key.0, s.handle), (key, ci, si));
             }
         }
+        // The whole call's digest: the inline part alone, or with its one read chunk spliced
+        // in at its position (the inline part before it hashed now, the chunk as it comes).
+        let (mut splice_rest, mut inline_sha256) = (None, None);
+        if h.proc == Proc::Msg {
+            let positions: Vec<u32> = chunks
+                .iter()
+                .filter(|c| c.kind == ChunkKind::Read)
+                .filter_map(|c| c.position)
+                .collect();
+            match positions.as_slice() {
+                [] => inline_sha256 = Some(hex(&Sha256::digest(inline))),
+                &[pos] if pos > 0 => {
+                    let at = usize::try_from(pos).unwrap_or(usize::MAX);
+                    if let (Some(before), Some(after), Some(c)) =
+                        (inline.get(..at), inline.get(at..), chunks.first_mut())
+                    {
+                        let mut m = Sha256::new();
+                        m.update(before);
+                        c.acc.splice = Some(m);
+                        splice_rest = Some(after.to_vec());
+                    }
+                }
+                _ => {}
+            }
+        }
         let rpc = match h.proc {
             Proc::Msg => call_fields(inline),
             _ => None,
@@ -473,6 +521,8 @@ impl Tracker {
             key,
             Call {
                 seq: self.seq,
+                splice_rest,
+                inline_sha256,
                 side: Some(side),
                 rpc,
                 rpc_from_chunk: h.proc == Proc::NoMsg,
@@ -548,6 +598,7 @@ impl Tracker {
         }
         call.reply = Some(ReplyInfo {
             side,
+            inline_sha256: (h.proc == Proc::Msg).then(|| hex(&Sha256::digest(inline))),
             status,
             rpc_from_chunk: h.proc == Proc::NoMsg,
         });
@@ -645,13 +696,54 @@ impl Tracker {
             sum(ChunkKind::Write),
             sum(ChunkKind::Reply),
         );
+        let all_complete = c.chunks.iter().all(Chunk::complete);
+        let chunk_digest = |k: ChunkKind, pos: Option<u32>| -> Option<String> {
+            let mut of_kind = c.chunks.iter().filter(|ch| ch.kind == k);
+            match (of_kind.next(), of_kind.next()) {
+                (Some(ch), None) if ch.complete() && (pos.is_none() || ch.position == pos) => {
+                    Some(hex(&ch.acc.hasher.clone().finalize()))
+                }
+                _ => None,
+            }
+        };
+        let call_sha256 = if let Some(h) = &c.inline_sha256 {
+            Some(h.clone())
+        } else if c.rpc_from_chunk {
+            chunk_digest(ChunkKind::Read, Some(0))
+        } else {
+            match (&c.splice_rest, c.chunks.first()) {
+                (Some(rest), Some(ch)) if ch.complete() => ch.acc.splice.clone().map(|mut m| {
+                    // XDR pads the chunk's data item to a multiple of 4 bytes.
+                    let pad = (4 - ch.acc.length % 4) % 4;
+                    let zeros = [0u8; 3];
+                    m.update(
+                        zeros
+                            .get(..usize::try_from(pad).unwrap_or(0))
+                            .unwrap_or(&[]),
+                    );
+                    m.update(rest);
+                    hex(&m.finalize())
+                }),
+                _ => None,
+            }
+        };
+        let reply_from_chunk = c.reply.as_ref().is_some_and(|r| r.rpc_from_chunk);
+        let reply_sha256 = if reply_from_chunk {
+            chunk_digest(ChunkKind::Reply, None)
+        } else if writes == 0 && all_complete {
+            c.reply.as_ref().and_then(|r| r.inline_sha256.clone())
+        } else {
+            None
+        };
         let call = c.side.map(|mut s| {
             s.length = s.inline + reads;
+            s.sha256 = call_sha256;
             s
         });
         let reply = c.reply.map(|r| {
             let mut s = r.side;
             s.length = s.inline + writes + reply_chunk;
+            s.sha256 = reply_sha256;
             s
         });
         if incomplete.is_some() {
@@ -910,9 +1002,44 @@ mod tests {
         assert_eq!(r.incomplete, None, "{r:#?}");
         assert_eq!((r.program, r.procedure), (Some(100_003), Some(16)));
         assert_eq!(r.status.as_deref(), Some("SUCCESS"));
+        // The chunks hold the whole messages.
+        assert_eq!(r.call.as_ref().unwrap().sha256, sha(&body));
+        assert_eq!(r.reply.as_ref().unwrap().sha256, sha(&rep));
         assert_eq!(r.call.as_ref().unwrap().length, body.len() as u64);
         assert_eq!(r.reply.as_ref().unwrap().length, rep.len() as u64);
         assert_eq!(r.chunks[1].sha256, sha(&rep));
+    }
+
+    #[test]
+    fn a_read_chunk_is_spliced_into_the_call_at_its_position_with_its_xdr_padding() {
+        // An RPC whose opaque argument (5 bytes) went in a read chunk at position 48: the
+        // call's digest is the inline part up to 48, the data, 3 zeros, the rest.
+        let mut inline = nfs_call(0x61, 7, &[0xcc; 8]);
+        inline.extend_from_slice(&words(&[0xdead]));
+        let data = b"12345".to_vec();
+        let reads = [ReadSegment {
+            position: 48,
+            segment: seg(0x40, 5, 0x100),
+        }];
+        let mut call = build_header(0x61, 1, Proc::Msg, &reads, &[], None);
+        call.extend_from_slice(&inline);
+        let mut reply = build_header(0x61, 1, Proc::Msg, &[], &[], None);
+        let reply_inline = success(0x61, &[9; 12]);
+        reply.extend_from_slice(&reply_inline);
+        let (rpcs, _) = run(&[
+            msg(Kind::Send, C, S, call),
+            rdma(Kind::Read, 0x40, 0x100, data.clone()),
+            msg(Kind::Send, S, C, reply),
+        ]);
+        let mut whole = inline[..48].to_vec();
+        whole.extend_from_slice(&data);
+        whole.extend_from_slice(&[0, 0, 0]);
+        whole.extend_from_slice(&inline[48..]);
+        let r = &rpcs[0];
+        assert_eq!(r.incomplete, None);
+        assert_eq!(r.call.as_ref().unwrap().sha256, sha(&whole));
+        // A reply without chunks: its inline part.
+        assert_eq!(r.reply.as_ref().unwrap().sha256, sha(&reply_inline));
     }
 
     #[test]

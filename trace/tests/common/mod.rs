@@ -288,6 +288,15 @@ pub fn check_nfs_rpcs(file: &Path, content: &[u8]) -> Vec<Value> {
         assert!(r["incomplete"].is_null(), "incomplete RPC: {r}");
         assert!(r["call"].is_object() && r["reply"].is_object(), "{r}");
         assert_eq!(r["status"], "SUCCESS", "{r}");
+        // The whole call can be formed (inline, or with its read chunk spliced in); the reply
+        // too, unless write chunks carried part of it.
+        assert!(r["call"]["sha256"].is_string(), "{r}");
+        let written = r["chunks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["kind"] == "write" && c["length"].as_u64() > Some(0));
+        assert_eq!(r["reply"]["sha256"].is_string(), !written, "{r}");
     }
     // NFSv3 READ (6): the data comes back in write chunks; WRITE (7): it goes in read chunks.
     for (procedure, kind) in [(6, "write"), (7, "read")] {
