@@ -7,7 +7,10 @@
 //!   its invariant CRC, [`cm`] decodes the connection manager's MADs on QP1;
 //! - [`reasm`] puts packets back together into messages: SENDs by connection, QP and PSN, RDMA
 //!   WRITEs with the rkey and address of their first packet, READ responses matched to their
-//!   request, retransmissions and packets out of order, and what stayed incomplete.
+//!   request, retransmissions and packets out of order, and what stayed incomplete;
+//! - [`rpcrdma`] decodes RPC-over-RDMA version 1 headers (RFC 8166) and the RPC header inside;
+//! - [`rpc`] pairs RPC calls with their replies and reassembles their chunks (read chunks from
+//!   RDMA READs, write and reply chunks from RDMA WRITEs) from the messages of [`reasm`].
 //!
 //! Nothing here panics on input: every length is checked, a packet cut short is reported as such.
 //!
@@ -32,6 +35,8 @@ pub mod ib;
 pub mod icrc;
 pub mod net;
 pub mod reasm;
+pub mod rpc;
+pub mod rpcrdma;
 
 use std::net::IpAddr;
 

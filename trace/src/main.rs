@@ -7,7 +7,8 @@ use std::process::ExitCode;
 
 use rdma_trace::bytes::hex;
 use rdma_trace::cm::CmMessage;
-use rdma_trace::reasm::{Assembler, Message};
+use rdma_trace::reasm::{Assembler, Limits, Message};
+use rdma_trace::rpc::{Rpc, Tracker};
 use rdma_trace::{decode, for_each_frame, CaptureError, Decoded, RocePacket};
 use serde::Serialize;
 
@@ -18,10 +19,14 @@ Commands:
   show      one line per RDMA packet (RoCEv2, IB CM on QP1)
   messages  packets reassembled into messages: SEND, WRITE, READ, atomics, with
             their length and the SHA-256 of their payload; incomplete ones say why
+  rpc       RPC-over-RDMA: calls paired with their replies by XID, with their chunks
+            (read, write, reply) reassembled from the RDMA READs and WRITEs that moved
+            them, their sizes and digests; incomplete ones say why
 
 Options:
   --json          one JSON object per line
   --qp QPN        only this QP (destination QP, or UD source QP); decimal or 0x hex
+                  (show, messages)
   --conn IP[,IP]  only traffic from or to IP (with two, only between them)
   --op NAME       only opcodes (show) or kinds (messages) whose name contains NAME
   -h, --help      this text
@@ -87,7 +92,7 @@ fn parse_qp(s: &str) -> Result<u32, String> {
 fn parse_args(args: &[String]) -> Result<Args, String> {
     let mut it = args.iter();
     let command = it.next().ok_or("no command given")?.clone();
-    if command != "show" && command != "messages" {
+    if !["show", "messages", "rpc"].contains(&command.as_str()) {
         return Err(format!("unknown command '{command}'"));
     }
     let mut json = false;
@@ -176,6 +181,9 @@ fn run<R: std::io::Read + Send>(
     input: R,
     out: &mut impl Write,
 ) -> Result<(), CaptureError> {
+    if args.command == "rpc" {
+        return run_rpc(args, input, out);
+    }
     let mut asm = Assembler::new();
     let mut write_failed = false;
     let messages = args.command == "messages";
@@ -212,6 +220,109 @@ fn run<R: std::io::Read + Send>(
         let _ = res;
     }
     r.map(|_| ())
+}
+
+/// Payload kept per message for the RPC layer: RPC-over-RDMA moves at most a few MiB per
+/// RDMA operation (NFS: 1 MiB), and only messages being reassembled hold it.
+const RPC_KEEP: u64 = 16 << 20;
+
+fn run_rpc<R: std::io::Read + Send>(
+    args: &Args,
+    input: R,
+    out: &mut impl Write,
+) -> Result<(), CaptureError> {
+    let mut asm = Assembler::with_limits(Limits {
+        keep_data: RPC_KEEP,
+        // The tracker hashes chunks; hashing each WRITE and READ as well doubled the cost.
+        hash_kept: false,
+        ..Limits::default()
+    });
+    let mut rpcs = Tracker::new();
+    let mut write_failed = false;
+    let r = for_each_frame(input, |frame| {
+        if write_failed {
+            return;
+        }
+        if let Decoded::Roce(p) = decode(frame.linktype, frame.data) {
+            asm.push(frame.number, &p);
+            for m in asm.drain() {
+                rpcs.push(&m);
+            }
+        }
+        write_failed = rpcs
+            .drain()
+            .filter(|r| args.filter.addrs(r.client, r.server))
+            .try_for_each(|r| print_rpc(out, &r, args.json))
+            .is_err();
+    });
+    if !write_failed {
+        asm.finish();
+        for m in asm.drain() {
+            rpcs.push(&m);
+        }
+        rpcs.finish();
+        let res = rpcs
+            .drain()
+            .filter(|r| args.filter.addrs(r.client, r.server))
+            .try_for_each(|r| print_rpc(out, &r, args.json));
+        let s = rpcs.stats();
+        eprintln!(
+            "rdma-trace: {} calls, {} replies, {} RPCs complete, {} incomplete, {} other SENDs, {} RDMA operations outside any chunk",
+            s.calls, s.replies, s.complete, s.incomplete, s.other_sends, s.unmatched_rdma
+        );
+        let _ = res;
+    }
+    r.map(|_| ())
+}
+
+fn print_rpc(out: &mut impl Write, r: &Rpc, json: bool) -> std::io::Result<()> {
+    if json {
+        serde_json::to_writer(&mut *out, r)?;
+        return writeln!(out);
+    }
+    write!(out, "RPC xid=0x{:08x} {} -> {}", r.xid, r.client, r.server)?;
+    match (r.program, r.version, r.procedure) {
+        (Some(p), Some(v), Some(c)) => write!(out, " prog={p} vers={v} proc={c}")?,
+        _ => write!(out, " prog=?")?,
+    }
+    for (name, side) in [("call", &r.call), ("reply", &r.reply)] {
+        if let Some(s) = side {
+            write!(
+                out,
+                " {name}={} frame={} inline={} len={}",
+                s.proc, s.frame, s.inline, s.length
+            )?;
+        }
+    }
+    if let Some(s) = &r.status {
+        write!(out, " status={s}")?;
+    }
+    for c in &r.chunks {
+        let kind = match c.kind {
+            rdma_trace::rpc::ChunkKind::Read => "read",
+            rdma_trace::rpc::ChunkKind::Write => "write",
+            rdma_trace::rpc::ChunkKind::Reply => "reply",
+        };
+        write!(out, " [{kind}")?;
+        if let Some(p) = c.position {
+            write!(out, "@{p}")?;
+        }
+        for s in &c.segments {
+            write!(out, " 0x{:08x}:{}", s.handle, s.used.unwrap_or(s.offered))?;
+        }
+        write!(out, " len={}", c.length)?;
+        if let Some(h) = &c.sha256 {
+            write!(out, " sha256={h}")?;
+        }
+        write!(out, "]")?;
+    }
+    if r.retransmissions > 0 {
+        write!(out, " retransmitted={}", r.retransmissions)?;
+    }
+    if let Some(why) = &r.incomplete {
+        write!(out, " INCOMPLETE: {why}")?;
+    }
+    writeln!(out)
 }
 
 fn print_message(out: &mut impl Write, m: &Message, json: bool) -> std::io::Result<()> {

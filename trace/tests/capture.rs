@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod common;
-use common::{compare_with_tshark, messages, of_kind, sha};
+use common::{check_nfs_rpcs, compare_with_tshark, messages, nfs_content, of_kind, sha};
 
 const IP0: &str = "10.8.0.1";
 const IP1: &str = "10.8.0.2";
@@ -73,8 +73,11 @@ fn sent_pkts(dev: &str) -> u64 {
     .unwrap_or_else(|| panic!("no sent_pkts counter for {dev}"))
 }
 
+// `ip rule add` does not refuse a duplicate: adding the local rule back when it is there would
+// leave a second copy after `up` deletes one, local delivery would win, and the traffic would
+// never cross the veth pair (the NFS test then went over siw0 on lo, capturing nothing).
 const UNDO: &str = "rdma link del rxe1 2>/dev/null; \
-    ip rule add pref 0 lookup local 2>/dev/null; \
+    ip rule show pref 0 | grep -q 'lookup local' || ip rule add pref 0 lookup local; \
     ip rule del pref 20 2>/dev/null; ip rule del pref 10 2>/dev/null; ip rule del pref 11 2>/dev/null; \
     ip route flush table 100 2>/dev/null; ip route flush table 101 2>/dev/null; true";
 
@@ -141,6 +144,12 @@ EOF",
                 "sysctl -qw net.ipv4.conf.{k}.accept_local=1 net.ipv4.conf.{k}.rp_filter=0"
             ));
         }
+        let route = must("ip route get 10.8.0.2");
+        assert!(
+            route.contains("dev veth0"),
+            "10.8.0.2 is not routed across the veth pair:\n{route}{}",
+            must("ip rule")
+        );
         let mut gid1 = String::new();
         wait_for(10, "rxe1's RoCE v2 GID", || {
             gid1 = std::panic::catch_unwind(|| gid_index("rxe1", IP1)).unwrap_or_default();
@@ -409,5 +418,93 @@ fn capture_rping_cm_read_write() {
         .collect();
     for m in ["REQ", "REP", "RTU", "DREQ", "DREP"] {
         assert!(cm.contains(&m), "no CM {m} in the capture: {cm:?}");
+    }
+}
+
+/// The kernel's NFS server exporting a tmpfs over RDMA (port 20049), as in
+/// `../shared/kernel-peers.md` §1 of the project's notes. Dropping it stops what it started
+/// (by process id) and unmounts what it mounted.
+struct NfsServer {
+    pids: Vec<String>,
+}
+
+impl NfsServer {
+    fn up() -> NfsServer {
+        for tool in ["rpc.nfsd", "exportfs", "rpc.mountd", "rpcbind", "mount.nfs"] {
+            assert!(
+                sh(&format!("command -v {tool}")).0,
+                "{tool} is not installed (ci/setup: nfs-kernel-server)"
+            );
+        }
+        let mut server = NfsServer { pids: Vec::new() };
+        must("modprobe nfsd && modprobe rpcrdma");
+        must("mountpoint -q /proc/fs/nfsd || mount -t nfsd nfsd /proc/fs/nfsd");
+        must("mkdir -p /export /run/rpcbind /mnt/nfs /var/lib/nfs");
+        must("mountpoint -q /export || mount -t tmpfs -o size=64m tmpfs /export");
+        fs::write(
+            "/etc/exports",
+            "/export 10.8.0.0/24(rw,no_root_squash,insecure,fsid=0,no_subtree_check)\n",
+        )
+        .expect("/etc/exports is writable (ci/vm's overlay)");
+        for (daemon, start) in [("rpcbind", "rpcbind -w"), ("rpc.mountd", "rpc.mountd")] {
+            if !sh(&format!("pidof {daemon}")).0 {
+                must(start);
+                server
+                    .pids
+                    .push(must(&format!("pidof {daemon}")).trim().to_string());
+            }
+        }
+        must("exportfs -ra");
+        must("rpc.nfsd --grace-time 10 --lease-time 10 4");
+        must("echo 'rdma 20049' > /proc/fs/nfsd/portlist");
+        server
+    }
+}
+
+impl Drop for NfsServer {
+    fn drop(&mut self) {
+        sh("umount /mnt/nfs 2>/dev/null; rpc.nfsd 0; exportfs -ua; umount /export");
+        for pid in &self.pids {
+            sh(&format!("kill {pid}"));
+        }
+    }
+}
+
+const NFS_MOUNT: &str =
+    "timeout 60 mount -t nfs -o vers=3,nolock,proto=rdma,port=20049 10.8.0.2:/export /mnt/nfs";
+
+/// NFSv3 over RDMA, the kernel's client (rxe0, 10.8.0.1) and server (rxe1, 10.8.0.2), across
+/// the captured veth pair: a file of known content is written through the mount, the mount is
+/// dropped (so nothing is cached) and the file read back. The capture's packets are checked
+/// against tshark, its messages for completeness, and its RPCs: every call paired with its
+/// reply, the WRITE calls' read chunks and the READ replies' write chunks each holding the
+/// whole file (lengths and digests), transport and RPC headers equal to tshark's.
+#[test]
+#[ignore = "needs an RDMA device (rxe0 on veth0 in ci/vm), root, tcpdump, tshark and nfs-kernel-server"]
+fn capture_nfs3_over_rdma_write_and_read_a_file() {
+    let _path = WirePath::up();
+    let _server = NfsServer::up();
+    // One full 128 KiB RPC (the mount's rsize and wsize) and a tail that is not a whole page.
+    let content = nfs_content(150_000);
+    let cap = Tcpdump::start("nfs3");
+    must(NFS_MOUNT);
+    fs::write("/mnt/nfs/file", &content).unwrap();
+    must("sync /mnt/nfs/file && umount /mnt/nfs");
+    must(NFS_MOUNT);
+    let back = fs::read("/mnt/nfs/file").unwrap();
+    must("umount /mnt/nfs");
+    assert!(back == content, "the file read back differs");
+    let file = cap.stop();
+    let (pkts, payloads) = compare_with_tshark(&file);
+    messages(&file, &payloads, &pkts);
+    let rpcs = check_nfs_rpcs(&file, &content);
+    let procs: Vec<u64> = rpcs
+        .iter()
+        .filter(|r| r["program"] == 100_003)
+        .filter_map(|r| r["procedure"].as_u64())
+        .collect();
+    // NFSv3 WRITE (7), COMMIT (21) and READ (6) all went over RDMA.
+    for p in [6, 7, 21] {
+        assert!(procs.contains(&p), "no NFSv3 procedure {p}: {procs:?}");
     }
 }

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 mod common;
-use common::{compare_with_tshark, messages, of_kind, sha, trace_json};
+use common::{
+    check_nfs_rpcs, compare_with_tshark, messages, nfs_content, of_kind, sha, trace_json,
+};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -89,6 +91,42 @@ fn rping_reads_and_writes_back_the_same_buffers_over_a_cm_connection() {
         (req["src"].as_str(), req["dst"].as_str()),
         (Some("10.8.0.1"), Some("10.8.0.2"))
     );
+}
+
+/// The kernel's NFSv3 client writing 150000 bytes to the kernel's server over RDMA and reading
+/// them back (`capture_nfs3_over_rdma_write_and_read_a_file`): every call paired with its reply,
+/// the file whole in the WRITE calls' read chunks and in the READ replies' write chunks, headers
+/// equal to tshark's.
+#[test]
+fn nfs3_over_rdma_rpcs_pair_and_their_chunks_carry_the_file() {
+    let f = fixture("nfs3.pcap");
+    let (pkts, payloads) = compare_with_tshark(&f);
+    messages(&f, &payloads, &pkts);
+    let rpcs = check_nfs_rpcs(&f, &nfs_content(150_000));
+    assert_eq!(rpcs.len(), 28);
+    // One full 128 KiB READ and WRITE, and the 18928-byte tail of each.
+    for procedure in [6, 7] {
+        let mut lens: Vec<u64> = rpcs
+            .iter()
+            .filter(|r| r["procedure"] == procedure)
+            .flat_map(|r| r["chunks"].as_array().unwrap())
+            .map(|c| c["length"].as_u64().unwrap())
+            .collect();
+        lens.sort();
+        assert_eq!(lens, [18928, 131072], "procedure {procedure}");
+    }
+    // The text form names the chunk and its digest.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rdma-trace"))
+        .args(["rpc", "--conn", "10.8.0.2"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.lines().count(), 28);
+    assert!(text.contains(&format!(
+        "[read@112 0x00000832:18928 len=18928 sha256={}]",
+        sha(&nfs_content(150_000)[131_072..])
+    )));
 }
 
 #[test]

@@ -6,7 +6,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use rdma_trace::reasm::{Assembler, Limits};
+use rdma_trace::reasm::{Assembler, FlowKey, Kind, Limits, Message};
+use rdma_trace::rpc::{RpcLimits, Tracker};
+use rdma_trace::rpcrdma::{self, Proc, ReadSegment, Segment};
 use rdma_trace::{cm, decode, for_each_frame, ib, Decoded};
 
 struct Rng(u64);
@@ -76,7 +78,10 @@ fn mutated_packets_decode_or_fail_cleanly_and_reassembly_survives_them() {
         max_age: 512,
         max_pending: 64,
         max_requests: 64,
+        keep_data: 1 << 16,
+        hash_kept: false,
     });
+    let mut rpcs = Tracker::with_limits(RpcLimits { max_calls: 32 });
     let end = Instant::now() + budget();
     let (mut n, mut roce) = (0u64, 0u64);
     while Instant::now() < end {
@@ -87,17 +92,23 @@ fn mutated_packets_decode_or_fail_cleanly_and_reassembly_survives_them() {
             if let Decoded::Roce(p) = decode(1, &f) {
                 roce += 1;
                 asm.push(n, &p);
-                asm.drain().for_each(drop);
+                asm.drain().for_each(|m| rpcs.push(&m));
+                rpcs.drain().for_each(drop);
                 assert!(asm.outstanding() <= 64 * 64 + 64);
+                assert!(rpcs.outstanding() <= 32);
             }
             // The RDMA layers directly, on the frame's tail.
             let off = rng.below(f.len());
             let _ = ib::parse(&f[off..], rng.below(2) == 0);
             let _ = cm::parse(&f[off..]);
+            let _ = rpcrdma::parse_header(&f[off..]);
+            let _ = rpcrdma::parse_rpc(&f[off..]);
         }
     }
     asm.finish();
-    asm.drain().for_each(drop);
+    asm.drain().for_each(|m| rpcs.push(&m));
+    rpcs.finish();
+    rpcs.drain().for_each(drop);
     assert!(n > 1000 && roce > 100, "{n} frames, {roce} decoded as RoCE");
 }
 
@@ -111,7 +122,8 @@ fn random_bytes_and_mutated_capture_files_never_panic() {
     let mut rng = Rng(0x1234_5678_9abc_def1);
     let end = Instant::now() + budget();
     let mut rounds = 0;
-    while Instant::now() < end {
+    // At least 20 rounds however slow the machine (a loaded host ran fewer than 10 in 3 s).
+    while rounds < 20 || Instant::now() < end {
         rounds += 1;
         let mut file = files[rng.below(files.len())].clone();
         for _ in 0..rng.below(8) {
@@ -132,4 +144,99 @@ fn random_bytes_and_mutated_capture_files_never_panic() {
         let _ = cm::parse(&random);
     }
     assert!(rounds > 10);
+}
+
+fn message(rng: &mut Rng, kind: Kind, data: Vec<u8>) -> Message {
+    let ips = [[10, 8, 0, 1], [10, 8, 0, 2]];
+    let from = rng.below(2);
+    Message {
+        kind,
+        flow: FlowKey {
+            src: ips[from].into(),
+            dst: ips[1 - from].into(),
+            qp: 0x11,
+        },
+        src_qp: None,
+        first_psn: 0,
+        last_psn: 0,
+        packets: 1,
+        first_frame: 1,
+        last_frame: 1,
+        length: data.len() as u64,
+        sha256: Some(String::new()),
+        rkey: Some(rng.below(8) as u32),
+        va: Some(rng.below(1 << 14) as u64),
+        dma_len: None,
+        imm: None,
+        invalidate: None,
+        atomic: None,
+        duplicates: 0,
+        out_of_order: 0,
+        incomplete: (rng.below(16) == 0).then(|| "lost".to_string()),
+        data: (rng.below(16) != 0).then_some(data),
+    }
+}
+
+/// RPC-over-RDMA headers with random chunk lists (then mutated) and RDMA READs and WRITEs at
+/// random handles and addresses, in random order: the tracker neither panics nor keeps more
+/// calls than its limit.
+#[test]
+fn rpc_tracker_survives_random_calls_replies_and_chunk_data() {
+    let mut rng = Rng(0x0bad_cafe_f00d_d00d);
+    let mut t = Tracker::with_limits(RpcLimits { max_calls: 16 });
+    let end = Instant::now() + budget();
+    let (mut pushed, mut out) = (0u64, 0u64);
+    while Instant::now() < end {
+        for _ in 0..1000 {
+            let seg = |rng: &mut Rng| Segment {
+                handle: rng.below(8) as u32,
+                length: rng.below(1 << 13) as u32,
+                offset: rng.below(1 << 14) as u64,
+            };
+            let m = match rng.below(3) {
+                0 => {
+                    let reads: Vec<ReadSegment> = (0..rng.below(3))
+                        .map(|_| ReadSegment {
+                            position: rng.below(3) as u32 * 4,
+                            segment: seg(&mut rng),
+                        })
+                        .collect();
+                    let writes: Vec<Vec<Segment>> = (0..rng.below(3))
+                        .map(|_| (0..rng.below(3)).map(|_| seg(&mut rng)).collect())
+                        .collect();
+                    let reply: Vec<Segment> = (0..rng.below(2)).map(|_| seg(&mut rng)).collect();
+                    let proc_ = [Proc::Msg, Proc::NoMsg, Proc::Done][rng.below(3)];
+                    let mut b = rpcrdma::build_header(
+                        rng.below(4) as u32,
+                        1,
+                        proc_,
+                        &reads,
+                        &writes,
+                        (!reply.is_empty()).then_some(&reply[..]),
+                    );
+                    let rpc: Vec<u8> = [rng.below(4) as u32, rng.below(2) as u32, 2, 100_003, 3]
+                        .iter()
+                        .flat_map(|w| w.to_be_bytes())
+                        .collect();
+                    b.extend_from_slice(&rpc);
+                    if rng.below(4) == 0 {
+                        mutate(&mut rng, &mut b);
+                    }
+                    message(&mut rng, Kind::Send, b)
+                }
+                k => {
+                    let data: Vec<u8> = vec![rng.next() as u8; rng.below(1 << 13)];
+                    let kind = if k == 1 { Kind::Write } else { Kind::Read };
+                    message(&mut rng, kind, data)
+                }
+            };
+            t.push(&m);
+            pushed += 1;
+            out += t.drain().count() as u64;
+            assert!(t.outstanding() <= 16);
+        }
+    }
+    t.finish();
+    out += t.drain().count() as u64;
+    assert!(pushed > 1000 && out > 10, "{pushed} pushed, {out} out");
 }

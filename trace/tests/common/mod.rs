@@ -61,6 +61,9 @@ const FIELDS: &[(&str, &str)] = &[
     ),
 ];
 
+/// The fields tshark prints as bytes (hex without a prefix).
+const BYTES_FIELDS: &[&str] = &["infiniband.immdt", "infiniband.ieth"];
+
 /// A tshark value as a number: decimal, 0x hex, a boolean, or hex bytes (with or without ':').
 fn tshark_number(v: &str) -> Option<u64> {
     let v = v.trim();
@@ -171,7 +174,16 @@ pub fn compare_with_tshark(file: &Path) -> (HashMap<u64, Value>, HashMap<u64, Ve
             .collect();
         payloads.insert(frame, bytes);
         for (i, (field, path)) in FIELDS.iter().enumerate() {
-            let theirs = tshark_number(cols.get(i + 3).copied().unwrap_or(""));
+            let col = cols.get(i + 3).copied().unwrap_or("");
+            // FT_BYTES fields print as bare hex ("00000691"): never read them as decimal.
+            let theirs = if BYTES_FIELDS.contains(field) {
+                col.split(',')
+                    .next()
+                    .filter(|v| !v.is_empty())
+                    .and_then(|v| u64::from_str_radix(&v.replace(':', ""), 16).ok())
+            } else {
+                tshark_number(col)
+            };
             let mine = json_number(pkt, path);
             assert_eq!(
                 mine, theirs,
@@ -249,4 +261,213 @@ pub fn messages(
 
 pub fn of_kind<'a>(msgs: &'a [Value], kind: &str) -> Vec<&'a Value> {
     msgs.iter().filter(|m| m["kind"] == kind).collect()
+}
+
+/// The content the NFS capture test writes: deterministic, without repeats (each chunk's digest
+/// matches the file at one offset only).
+pub fn nfs_content(n: usize) -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// `rdma-trace rpc` on an NFSv3-over-RDMA capture of a client writing `content` to a file and
+/// reading it back: every call paired with its reply and complete, every reply a success; the
+/// data of the WRITE calls' read chunks and of the READ replies' write chunks each tile the file
+/// exactly (lengths and digests); and the transport and RPC headers agree with tshark's.
+pub fn check_nfs_rpcs(file: &Path, content: &[u8]) -> Vec<Value> {
+    let rpcs = trace_json("rpc", file);
+    assert!(!rpcs.is_empty(), "no RPC in the capture");
+    for r in &rpcs {
+        assert!(r["incomplete"].is_null(), "incomplete RPC: {r}");
+        assert!(r["call"].is_object() && r["reply"].is_object(), "{r}");
+        assert_eq!(r["status"], "SUCCESS", "{r}");
+        // The whole call can be formed (inline, or with its read chunk spliced in); the reply
+        // too, unless write chunks carried part of it.
+        assert!(r["call"]["sha256"].is_string(), "{r}");
+        let written = r["chunks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["kind"] == "write" && c["length"].as_u64() > Some(0));
+        assert_eq!(r["reply"]["sha256"].is_string(), !written, "{r}");
+    }
+    // NFSv3 READ (6): the data comes back in write chunks; WRITE (7): it goes in read chunks.
+    for (procedure, kind) in [(6, "write"), (7, "read")] {
+        let mut chunks: Vec<(usize, String)> = Vec::new();
+        for r in rpcs
+            .iter()
+            .filter(|r| r["program"] == 100_003 && r["procedure"] == procedure)
+        {
+            for c in r["chunks"].as_array().unwrap() {
+                if c["kind"] == kind {
+                    let len = c["length"].as_u64().unwrap() as usize;
+                    chunks.push((len, c["sha256"].as_str().unwrap().to_string()));
+                }
+            }
+            // The reassembled size: what the SEND carried plus the chunks.
+            let side = if kind == "read" {
+                &r["call"]
+            } else {
+                &r["reply"]
+            };
+            let chunk_bytes: u64 = r["chunks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|c| c["kind"] == kind)
+                .map(|c| c["length"].as_u64().unwrap())
+                .sum();
+            assert_eq!(
+                side["length"].as_u64().unwrap(),
+                side["inline"].as_u64().unwrap() + chunk_bytes,
+                "{r}"
+            );
+        }
+        assert!(
+            !chunks.is_empty(),
+            "no NFS procedure {procedure} with a {kind} chunk"
+        );
+        // Whatever the order of the RPCs, the chunks must cover the file from 0 to its end.
+        let mut at = 0;
+        while !chunks.is_empty() {
+            let i = chunks
+                .iter()
+                .position(|(len, h)| content.get(at..at + len).is_some_and(|d| sha(d) == *h))
+                .unwrap_or_else(|| {
+                    panic!("no {kind} chunk holds the file's bytes from {at}: {chunks:?}")
+                });
+            at += chunks.remove(i).0;
+        }
+        assert_eq!(at, content.len(), "{kind} chunks cover {at} bytes");
+    }
+    compare_rpc_with_tshark(file, &rpcs);
+    rpcs
+}
+
+fn tshark_list(v: &str) -> Vec<u64> {
+    v.split(',').filter_map(tshark_number).collect()
+}
+
+/// Every RPC-over-RDMA header tshark decodes is one rdma-trace paired (same frame, XID,
+/// procedure, credits, chunk segments; RPC program, version and procedure where tshark shows
+/// them), or a retransmission of one; and every call and reply rdma-trace reports is one
+/// tshark decodes.
+pub fn compare_rpc_with_tshark(file: &Path, rpcs: &[Value]) {
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(file)
+        .args([
+            "-Y",
+            "rpcordma",
+            "-T",
+            "fields",
+            "-E",
+            "separator=/t",
+            "-E",
+            "occurrence=a",
+            "-E",
+            "aggregator=,",
+        ])
+        .args(
+            [
+                "frame.number",
+                "rpcordma.xid",
+                "rpcordma.msg_type",
+                "rpcordma.flow_control",
+                "rpc.program",
+                "rpc.programversion",
+                "rpc.procedure",
+                "rpcordma.rdma_handle",
+                "rpcordma.rdma_length",
+            ]
+            .iter()
+            .flat_map(|f| ["-e", f]),
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "tshark: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // frame -> (rpc, is call)
+    let mut ours: HashMap<u64, (&Value, bool)> = HashMap::new();
+    for r in rpcs {
+        ours.insert(r["call"]["frame"].as_u64().unwrap(), (r, true));
+        ours.insert(r["reply"]["frame"].as_u64().unwrap(), (r, false));
+    }
+    let xids: Vec<u64> = rpcs.iter().map(|r| r["xid"].as_u64().unwrap()).collect();
+    let (mut matched, mut again) = (0, 0);
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let col = |i: usize| cols.get(i).copied().unwrap_or("");
+        let frame: u64 = col(0).parse().unwrap();
+        let xid = tshark_number(col(1)).unwrap();
+        let Some((r, is_call)) = ours.get(&frame) else {
+            // A SEND rdma-trace counted as a retransmission of one it reported.
+            assert!(
+                xids.contains(&xid),
+                "frame {frame}: tshark's xid 0x{xid:x} is in no RPC of rdma-trace"
+            );
+            again += 1;
+            continue;
+        };
+        matched += 1;
+        let side = if *is_call { &r["call"] } else { &r["reply"] };
+        assert_eq!(r["xid"].as_u64(), Some(xid), "frame {frame}");
+        let msg_type = match side["proc"].as_str().unwrap() {
+            "RDMA_MSG" => 0,
+            "RDMA_NOMSG" => 1,
+            "RDMA_ERROR" => 4,
+            p => panic!("frame {frame}: {p}"),
+        };
+        assert_eq!(
+            tshark_number(col(2)),
+            Some(msg_type),
+            "frame {frame}: msg_type"
+        );
+        assert_eq!(
+            tshark_number(col(3)),
+            side["credits"].as_u64(),
+            "frame {frame}: credits"
+        );
+        for (i, name) in [(4, "program"), (5, "version"), (6, "procedure")] {
+            if let Some(&theirs) = tshark_list(col(i)).first() {
+                assert_eq!(r[name].as_u64(), Some(theirs), "frame {frame}: {name}");
+            }
+        }
+        // The segments the header lists: a call's as offered, a reply's as used.
+        let mut segs = Vec::new();
+        for c in r["chunks"].as_array().unwrap() {
+            if !is_call && c["kind"] == "read" {
+                continue;
+            }
+            for s in c["segments"].as_array().unwrap() {
+                let len = if *is_call { &s["offered"] } else { &s["used"] };
+                segs.push((s["handle"].as_u64().unwrap(), len.as_u64().unwrap()));
+            }
+        }
+        let theirs: Vec<(u64, u64)> = tshark_list(col(7))
+            .into_iter()
+            .zip(tshark_list(col(8)))
+            .collect();
+        assert_eq!(
+            segs, theirs,
+            "frame {frame}: chunk segments (handle, length)"
+        );
+    }
+    assert_eq!(
+        matched,
+        ours.len(),
+        "tshark decodes {matched} of rdma-trace's {} calls and replies",
+        ours.len()
+    );
+    eprintln!("tshark: {matched} RPC-over-RDMA headers equal, {again} retransmissions");
 }
