@@ -22,10 +22,14 @@
 //! [`rdma::aio::AsyncCmId`], selected together (both are cancel-safe, so
 //! the branch that loses the race loses nothing).
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod common;
+
+use common::cm::{c_str, getopt, host_ip, number, Res};
+use common::rping::{fill, info, parse_info, INFO_LEN, MAX_SIZE, MIN_SIZE, SQ_DEPTH};
 use rdma::aio::{tokio as rt, AsyncCmId, AsyncCq, CmChannel};
 use rdma::cm::{CmEventType, ConnParam, PortSpace};
 use rdma::{
@@ -49,18 +53,11 @@ async_rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port] [-N conne
 \t-P\t\tpersistent server: serve clients (at once) until killed
 \t-N n\t\tserver: exit after n clients; client: n connections at once";
 
-/// Length of a control message (`struct rping_rdma_info`).
-const INFO_LEN: usize = 16;
-const MAX_SIZE: usize = 64 * 1024 - 1;
-const MIN_SIZE: usize = 26;
-const SQ_DEPTH: u32 = 16;
 const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
 
 const WR_SEND: u64 = 1;
 const WR_RECV: u64 = 2;
 const WR_RDMA: u64 = 3;
-
-type Res<T> = Result<T, String>;
 
 #[derive(Debug, Clone)]
 struct Opts {
@@ -75,18 +72,6 @@ struct Opts {
     debug: bool,
     persistent: bool,
     n: u64,
-}
-
-fn host_ip(s: &str) -> Res<IpAddr> {
-    if let Ok(ip) = s.parse() {
-        return Ok(ip);
-    }
-    (s, 0)
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-        .map(|a| a.ip())
-        .ok_or_else(|| format!("cannot resolve {s}"))
 }
 
 fn parse(args: &[String]) -> Res<Opts> {
@@ -104,50 +89,31 @@ fn parse(args: &[String]) -> Res<Opts> {
         n: 1,
     };
     let mut side = None;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let Some(flags) = a.strip_prefix('-') else {
-            return Err(format!("unexpected argument {a}"));
-        };
-        let mut chars = flags.chars();
-        while let Some(f) = chars.next() {
-            let mut value = || -> Res<String> {
-                let rest: String = chars.by_ref().collect();
-                if !rest.is_empty() {
-                    return Ok(rest);
+    for (f, value) in getopt(args, "a:I:p:C:S:N:scvVdP")? {
+        let v = value.unwrap_or_default();
+        match f {
+            's' => side = Some(true),
+            'c' => side = Some(false),
+            'v' => o.verbose = true,
+            'V' => o.validate = true,
+            'd' => o.debug = true,
+            'P' => o.persistent = true,
+            'a' => o.addr = host_ip(&v)?,
+            'I' => o.src = Some(host_ip(&v)?),
+            'p' => o.port = number(f, &v)?,
+            'C' => o.count = number(f, &v)?,
+            'N' => o.n = number::<u64>(f, &v)?.max(1),
+            'S' => {
+                let size: usize = number(f, &v)?;
+                if !(MIN_SIZE..=MAX_SIZE).contains(&size) {
+                    return Err(format!(
+                        "Invalid size {size} (valid range is {MIN_SIZE} to {})",
+                        MAX_SIZE + 1
+                    ));
                 }
-                it.next()
-                    .cloned()
-                    .ok_or_else(|| format!("-{f} needs a value"))
-            };
-            let num = |v: String| {
-                v.parse::<u64>()
-                    .map_err(|_| format!("-{f}: bad number {v}"))
-            };
-            match f {
-                's' => side = Some(true),
-                'c' => side = Some(false),
-                'v' => o.verbose = true,
-                'V' => o.validate = true,
-                'd' => o.debug = true,
-                'P' => o.persistent = true,
-                'a' => o.addr = host_ip(&value()?)?,
-                'I' => o.src = Some(host_ip(&value()?)?),
-                'p' => o.port = u16::try_from(num(value()?)?).map_err(|_| "-p: bad port")?,
-                'C' => o.count = num(value()?)?,
-                'N' => o.n = num(value()?)?.max(1),
-                'S' => {
-                    let size = num(value()?)? as usize;
-                    if !(MIN_SIZE..=MAX_SIZE).contains(&size) {
-                        return Err(format!(
-                            "Invalid size {size} (valid range is {MIN_SIZE} to {})",
-                            MAX_SIZE + 1
-                        ));
-                    }
-                    o.size = size;
-                }
-                _ => return Err(format!("unknown option -{f}")),
+                o.size = size;
             }
+            _ => return Err(format!("unknown option -{f}")),
         }
     }
     o.server = side.ok_or("-s or -c")?;
@@ -184,23 +150,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn fail<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
-    move |e| format!("{what}: {e}")
-}
-
-/// The control message describing `mem` (`rping_format_send`).
-fn info(mem: RemoteMemory, size: usize) -> [u8; INFO_LEN] {
-    let mut m = [0u8; INFO_LEN];
-    m[..8].copy_from_slice(&mem.addr.to_be_bytes());
-    m[8..12].copy_from_slice(&mem.rkey.to_be_bytes());
-    m[12..].copy_from_slice(&(size as u32).to_be_bytes());
-    m
-}
-
-fn parse_info(m: &[u8; INFO_LEN]) -> RemoteMemory {
-    let addr = u64::from_be_bytes(m[..8].try_into().expect("8 bytes"));
-    let rkey = u32::from_be_bytes(m[8..12].try_into().expect("4 bytes"));
-    let len = u32::from_be_bytes(m[12..16].try_into().expect("4 bytes"));
+/// A control message as the memory it describes.
+fn described(m: &[u8; INFO_LEN]) -> RemoteMemory {
+    let (addr, rkey, len) = parse_info(m);
     RemoteMemory {
         addr,
         len: u64::from(len),
@@ -208,25 +160,8 @@ fn parse_info(m: &[u8; INFO_LEN]) -> RemoteMemory {
     }
 }
 
-/// The text up to its NUL.
-fn c_str(b: &[u8]) -> String {
-    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-    String::from_utf8_lossy(&b[..end]).into_owned()
-}
-
-/// The ping text: `rdma-ping-N: `, then letters from `first` up to `z`
-/// wrapping to `A`, then a NUL in the last byte.
-fn fill(buf: &mut [u8], ping: u64, first: u8) {
-    let head = format!("rdma-ping-{}: ", ping as i32);
-    let n = head.len().min(buf.len() - 1);
-    buf[..n].copy_from_slice(&head.as_bytes()[..n]);
-    let mut c = first;
-    for b in &mut buf[n..] {
-        *b = c;
-        c = if c >= 122 { 65 } else { c + 1 };
-    }
-    let last = buf.len() - 1;
-    buf[last] = 0;
+fn fail<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
+    move |e| format!("{what}: {e}")
 }
 
 /// What a wait brought.
@@ -250,11 +185,21 @@ struct Conn {
     debug: bool,
 }
 
-impl Conn {
+/// What a connection needs on its id's device, made before it connects
+/// (the client) or accepts (the server).
+struct Parts {
+    pd: ProtectionDomain,
+    acq: AsyncCq,
+    qp: QueuePair,
+    send_mr: MemoryRegion,
+}
+
+impl Parts {
     /// PD, CQ (with a channel of its own, awaited on tokio) and QP on the
-    /// id's device, the QP in INIT with its receive posted.
-    fn setup(id: AsyncCmId, o: &Opts) -> Res<Conn> {
-        let ctx = id.id().context().map_err(fail("ibv_alloc_pd failed"))?;
+    /// device of `id`, the QP in INIT with its receive posted, and the send
+    /// buffer.
+    fn on(id: &rdma::cm::CmId) -> Res<Parts> {
+        let ctx = id.context().map_err(fail("ibv_alloc_pd failed"))?;
         let pd = ctx.alloc_pd().map_err(fail("ibv_alloc_pd failed"))?;
         let channel = ctx
             .create_comp_channel()
@@ -269,8 +214,7 @@ impl Conn {
             .max_recv_wr(2)
             .build()
             .map_err(fail("ibv_create_qp"))?;
-        id.id()
-            .modify_qp(&qp, QpState::Init)
+        id.modify_qp(&qp, QpState::Init)
             .map_err(fail("ibv_modify_qp"))?;
         let recv = pd
             .alloc_mr(INFO_LEN, AccessFlags::LOCAL_WRITE)
@@ -280,7 +224,25 @@ impl Conn {
         let send_mr = pd
             .alloc_mr(INFO_LEN, AccessFlags::empty())
             .map_err(fail("send_buf reg_mr failed"))?;
-        Ok(Conn {
+        Ok(Parts {
+            pd,
+            acq,
+            qp,
+            send_mr,
+        })
+    }
+}
+
+impl Conn {
+    /// A connection over `parts` (see [`Parts::on`]) once `id` is connected.
+    fn new(parts: Parts, id: AsyncCmId, o: &Opts) -> Conn {
+        let Parts {
+            pd,
+            acq,
+            qp,
+            send_mr,
+        } = parts;
+        Conn {
             qp,
             acq,
             pd,
@@ -288,7 +250,7 @@ impl Conn {
             pending: None,
             id,
             debug: o.debug,
-        })
+        }
     }
 
     fn param() -> ConnParam {
@@ -437,7 +399,7 @@ async fn client(cm: &CmChannel, o: &Opts) -> Res<()> {
     id.resolve_route(RESOLVE_TIMEOUT)
         .await
         .map_err(fail("rdma_resolve_route"))?;
-    let mut conn = Conn::setup(id, o)?;
+    let mut conn = Conn::new(Parts::on(id.id())?, id, o);
     let mut start = conn
         .pd
         .alloc_mr(o.size, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
@@ -526,47 +488,13 @@ async fn server(o: Opts) -> Res<()> {
 /// Accepts a request and answers pings until the client disconnects.
 async fn serve(incoming: rdma::aio::Incoming, o: &Opts) -> Res<()> {
     // Phase one of the accept: the connection's resources on its device.
-    let ctx = incoming.context().map_err(fail("ibv_alloc_pd failed"))?;
-    let pd = ctx.alloc_pd().map_err(fail("ibv_alloc_pd failed"))?;
-    let channel = ctx
-        .create_comp_channel()
-        .map_err(fail("ibv_create_comp_channel failed"))?;
-    let cq = ctx
-        .create_cq(SQ_DEPTH * 2, Some(&channel), 0)
-        .map_err(fail("ibv_create_cq failed"))?;
-    let acq = rt::completions(&cq).map_err(fail("rdma::aio"))?;
-    let mut qp = pd
-        .qp_builder(QpType::Rc, &cq, &cq)
-        .max_send_wr(SQ_DEPTH)
-        .max_recv_wr(2)
-        .build()
-        .map_err(fail("ibv_create_qp"))?;
-    incoming
-        .id()
-        .modify_qp(&qp, QpState::Init)
-        .map_err(fail("ibv_modify_qp"))?;
-    let recv = pd
-        .alloc_mr(INFO_LEN, AccessFlags::LOCAL_WRITE)
-        .map_err(fail("recv_buf reg_mr failed"))?;
-    qp.post_recv(WR_RECV, recv)
-        .map_err(|e| format!("ibv_post_recv failed: {e}"))?;
-    let send_mr = pd
-        .alloc_mr(INFO_LEN, AccessFlags::empty())
-        .map_err(fail("send_buf reg_mr failed"))?;
+    let parts = Parts::on(incoming.id())?;
     // Phase two.
     let id = incoming
-        .accept(&qp, &Conn::param())
+        .accept(&parts.qp, &Conn::param())
         .await
         .map_err(fail("rdma_accept"))?;
-    let mut conn = Conn {
-        qp,
-        acq,
-        pd,
-        send_mr: Some(send_mr),
-        pending: None,
-        id,
-        debug: o.debug,
-    };
+    let mut conn = Conn::new(parts, id, o);
     let result = answer(o, &mut conn).await;
     conn.disconnect();
     result
@@ -581,7 +509,7 @@ async fn answer(o: &Opts, conn: &mut Conn) -> Res<()> {
         let Some(msg) = conn.recv("RDMA_READ_ADV").await? else {
             return Ok(());
         };
-        let remote = parse_info(&msg);
+        let remote = described(&msg);
         let len = remote.len as usize;
         if len == 0 || len > buf.len() {
             return Err(format!(
@@ -608,7 +536,7 @@ async fn answer(o: &Opts, conn: &mut Conn) -> Res<()> {
         let Some(msg) = conn.recv("RDMA_WRITE_ADV").await? else {
             return Ok(());
         };
-        let sink = parse_info(&msg);
+        let sink = described(&msg);
         let n = (text.len() + 1).min(buf.len());
         if n as u64 > sink.len {
             return Err(format!(

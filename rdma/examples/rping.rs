@@ -34,6 +34,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use common::cm::{c_str, getopt, host_ip, number, rearm, wait_readable, OrFail, Res};
+use common::rping::{fill, info, parse_info, INFO_LEN, MAX_SIZE, MIN_SIZE, SQ_DEPTH};
 use rdma::cm::{CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use rdma::{
     AccessFlags, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain, QpType,
@@ -56,15 +57,6 @@ rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port]
 \t-P\t\tpersistent server mode allowing multiple connections
 \t-q\t\tuse self-created, self-modified QP";
 
-/// Length of a control message (`struct rping_rdma_info`).
-const INFO_LEN: usize = 16;
-/// Largest ping (`RPING_BUFSIZE - 1`).
-const MAX_SIZE: usize = 64 * 1024 - 1;
-/// Smallest ping: room for `rdma-ping-2147483647: ` and the NUL
-/// (`sizeof(stringify(INT_MAX)) + sizeof(RPING_MSG_FMT)`).
-const MIN_SIZE: usize = 26;
-/// Send queue depth; the CQ has twice this many entries.
-const SQ_DEPTH: u32 = 16;
 /// `rdma_resolve_addr`/`rdma_resolve_route` timeout.
 const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
 
@@ -174,23 +166,6 @@ macro_rules! debug {
             println!($($arg)*);
         }
     };
-}
-
-/// The control message describing `mem` (`rping_format_send`).
-fn info(mem: RemoteMemory, size: usize) -> [u8; INFO_LEN] {
-    let mut m = [0u8; INFO_LEN];
-    m[..8].copy_from_slice(&mem.addr.to_be_bytes());
-    m[8..12].copy_from_slice(&mem.rkey.to_be_bytes());
-    m[12..].copy_from_slice(&(size as u32).to_be_bytes());
-    m
-}
-
-/// Decodes a control message: (address, rkey, length).
-fn parse_info(m: &[u8]) -> (u64, u32, u32) {
-    let addr = u64::from_be_bytes(m[..8].try_into().expect("8 bytes"));
-    let rkey = u32::from_be_bytes(m[8..12].try_into().expect("4 bytes"));
-    let len = u32::from_be_bytes(m[12..16].try_into().expect("4 bytes"));
-    (addr, rkey, len)
 }
 
 /// What the wait for the next step brought.
@@ -523,21 +498,6 @@ fn ping_loop(o: &Opts, conn: &mut Conn, start: &mut MemoryRegion, sink: &MemoryR
         ping += 1;
     }
     Ok(())
-}
-
-/// The ping text: `rdma-ping-N: `, then letters from `first` up to `z`
-/// wrapping to `A`, then a NUL in the last byte.
-fn fill(buf: &mut [u8], ping: u64, first: u8) {
-    let head = format!("rdma-ping-{}: ", ping as i32);
-    let n = head.len().min(buf.len() - 1);
-    buf[..n].copy_from_slice(&head.as_bytes()[..n]);
-    let mut c = first;
-    for b in &mut buf[n..] {
-        *b = c;
-        c = if c >= 122 { 65 } else { c + 1 };
-    }
-    let last = buf.len() - 1;
-    buf[last] = 0;
 }
 
 // ---------------------------------------------------------------------------

@@ -193,7 +193,15 @@ impl CompletionChannel {
 
     /// Refuses a reader of the channel while another one claims it.
     pub(crate) fn check_unclaimed(&self, operation: &'static str) -> Result<()> {
-        match self.inner.mode.load(std::sync::atomic::Ordering::Acquire) {
+        Self::refuse_claimed(
+            operation,
+            self.inner.mode.load(std::sync::atomic::Ordering::Acquire),
+        )
+    }
+
+    /// The error for a reader that finds the channel in `mode` (none when free).
+    fn refuse_claimed(operation: &'static str, mode: u8) -> Result<()> {
+        match mode {
             CHANNEL_ASYNC => Err(Error::Async {
                 operation,
                 reason: "the completion channel is driven by an rdma::aio::CqChannel: \
@@ -221,7 +229,9 @@ impl CompletionChannel {
             Ordering::Acquire,
         ) {
             Ok(_) => Ok(()),
-            Err(_) => self.check_unclaimed(operation),
+            // The mode the exchange saw, not a second load: one taken after
+            // a release would answer Ok and claim nothing.
+            Err(held) => Self::refuse_claimed(operation, held),
         }
     }
 

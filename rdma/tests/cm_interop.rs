@@ -315,17 +315,8 @@ fn rping_text(n: usize, size: usize) -> String {
     s
 }
 
-fn rping(ip: &str, port: u16, server: Side, client: Side, extra_client: &[&str]) {
-    let p = port.to_string();
-    let count = RPING_COUNT.to_string();
-    let mut cargs = args(&["-c", "-a", ip, "-p", &p, "-C", &count, "-v", "-V"]);
-    cargs.extend(extra_client.iter().map(|s| s.to_string()));
-    let (s, c) = pair(
-        ("rping", server, args(&["-s", "-a", ip, "-p", &p, "-v"])),
-        ("rping", client, cargs),
-        port,
-        false,
-    );
+/// Both rping sides succeeded, and each printed every ping of the run.
+fn assert_rping_exchanged(s: &Finished, c: &Finished) {
     assert!(c.success(), "client failed\n{s}{c}");
     assert!(s.success(), "server failed\n{s}{c}");
     let want: Vec<String> = (0..RPING_COUNT)
@@ -338,6 +329,20 @@ fn rping(ip: &str, port: u16, server: Side, client: Side, extra_client: &[&str])
         want_server,
         "\n{s}{c}"
     );
+}
+
+fn rping(ip: &str, port: u16, server: Side, client: Side, extra_client: &[&str]) {
+    let p = port.to_string();
+    let count = RPING_COUNT.to_string();
+    let mut cargs = args(&["-c", "-a", ip, "-p", &p, "-C", &count, "-v", "-V"]);
+    cargs.extend(extra_client.iter().map(|s| s.to_string()));
+    let (s, c) = pair(
+        ("rping", server, args(&["-s", "-a", ip, "-p", &p, "-v"])),
+        ("rping", client, cargs),
+        port,
+        false,
+    );
+    assert_rping_exchanged(&s, &c);
     assert!(!c.stderr.contains("data mismatch"), "{c}");
 }
 
@@ -907,18 +912,7 @@ fn async_rping(ip: &str, port: u16, server: Side, client: Side) {
         port,
         false,
     );
-    assert!(c.success(), "client failed\n{s}{c}");
-    assert!(s.success(), "server failed\n{s}{c}");
-    let want: Vec<String> = (0..RPING_COUNT)
-        .map(|n| format!("ping data: {}", rping_text(n, 64)))
-        .collect();
-    assert_eq!(c.lines_starting("ping data: "), want, "\n{s}{c}");
-    let want_server: Vec<String> = want.iter().map(|l| format!("server {l}")).collect();
-    assert_eq!(
-        s.lines_starting("server ping data: "),
-        want_server,
-        "\n{s}{c}"
-    );
+    assert_rping_exchanged(&s, &c);
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! Code the examples share (every example but `perf`, which has its own):
 //! the error helpers and the command-line parser here, the connection
 //! manager tools' helpers in [`cm`], and the `*_pingpong` tools' flags,
-//! device setup, handshake and traffic in [`pingpong`].
+//! device setup, handshake and traffic in [`pingpong`], rping's protocol
+//! in [`rping`].
 //!
 //! Each example includes the whole module (`mod common;`) and uses its part.
 #![allow(dead_code)] // every example uses a different subset
@@ -9,6 +10,7 @@
 pub mod args;
 pub mod cm;
 pub mod pingpong;
+pub mod rping;
 
 use std::fmt::Display;
 

@@ -125,12 +125,11 @@ fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps)
         for (q, qp) in conn.qps.iter_mut().enumerate() {
             while scnt[q] < iters && scnt[q] - ccnt[q] < depth {
                 // The shared region, or a region of the pool.
-                let own = match &shared {
-                    Some(_) => None,
-                    None => match free[q].pop() {
-                        Some(mr) => Some(mr),
-                        None => break,
-                    },
+                let own = if shared.is_some() {
+                    None
+                } else {
+                    let Some(mr) = free[q].pop() else { break };
+                    Some(mr)
                 };
                 let n = scnt[q] + 1;
                 let signaled = n % cq_mod == 0 || n == iters;
@@ -146,9 +145,9 @@ fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps)
                         qp.post_prepared(p, id, mr)
                     }
                     (_, s, mr) => {
-                        let buffers = match (s, mr) {
-                            (Some(s), _) => WrBuffers::Shared(Arc::clone(s)),
-                            (None, mr) => mr.map_or(WrBuffers::None, WrBuffers::One),
+                        let buffers = match s {
+                            Some(s) => WrBuffers::Shared(Arc::clone(s)),
+                            None => mr.map_or(WrBuffers::None, WrBuffers::One),
                         };
                         let wr = io::safe_wr(verb, opts.atomic, id, buffers, conn.remote[q]);
                         qp.post_send(wr.signaled(signaled))
