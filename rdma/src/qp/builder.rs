@@ -3,6 +3,7 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use super::wr_ops::ExtendedQp;
 use super::{allocate_serial, OwnedQp, QpOwner, QpType, QueuePair, SendPath};
 use crate::error::{check_ptr, Error, Result};
 use crate::track::{QpTracker, Serial};
@@ -441,10 +442,14 @@ impl QueuePairBuilder {
         if let Some(srq) = &self.srq {
             srq.attach_cq(&self.recv_cq.inner);
         }
-        let path = match qpx {
+        // SAFETY: `q` is the extended view of the QP just created. (A
+        // provider that left one of the calls every post needs unset gets
+        // `ibv_post_send`, which every QP takes.)
+        let extended = qpx.and_then(|q| unsafe { ExtendedQp::new(q) });
+        let path = match extended {
             None => SendPath::Legacy,
-            Some(q) if self.post_path == PostPath::Auto => SendPath::Mixed(q),
-            Some(q) => SendPath::Extended(q),
+            Some(x) if self.post_path == PostPath::Auto => SendPath::Mixed(x),
+            Some(x) => SendPath::Extended(x),
         };
         QueuePair {
             owned: OwnedQp {

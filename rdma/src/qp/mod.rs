@@ -4,7 +4,8 @@
 //! The files follow a request's way: [`builder`] creates the QP and chooses
 //! its send path once; [`attr`] moves it between states; a send is checked
 //! once ([`check`]: the quick predicate, then the explaining checks) and
-//! handed to the provider by one submit ([`send`]), whose front ends are
+//! handed to the provider by one submit ([`send`]; the extended path's calls
+//! are [`wr_ops`]), whose front ends are
 //! `post_send`, `post_send_batch`, `post_send_inline` and a window's bind
 //! ([`bind`]); [`prepared`] is the narrower entry point that reuses one
 //! checked request; [`recv`] posts receives (the chain is shared with shared
@@ -19,6 +20,7 @@ mod prepared;
 mod raw;
 mod recv;
 mod send;
+mod wr_ops;
 
 use std::borrow::Cow;
 use std::fmt;
@@ -29,6 +31,7 @@ use crate::error::{check_errno_ret, Error, Result};
 use crate::macros::c_enum;
 use crate::track::{QpTracker, Serial};
 use crate::{ffi, CompletionQueue, ProtectionDomain};
+use wr_ops::ExtendedQp;
 
 pub use attr::{InitAttr, QpAttr, RtrAttr, RtsAttr};
 pub use builder::{PostPath, QpCaps, QpCreateFlags, QueuePairBuilder};
@@ -102,16 +105,16 @@ unsafe impl Send for QueuePair {}
 unsafe impl Sync for QueuePair {}
 
 /// How a QP's sends reach the provider: chosen once, when it is built.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 enum SendPath {
     /// `ibv_post_send` with `struct ibv_send_wr` chains.
     Legacy,
     /// `ibv_wr_*` for every request.
-    Extended(NonNull<ffi::ibv_qp_ex>),
+    Extended(ExtendedQp),
     /// [`PostPath::Auto`] on a provider with `ibv_wr_*`: requests with one
     /// scatter entry or none go through it; scatter lists and inline data
     /// through `ibv_post_send`.
-    Mixed(NonNull<ffi::ibv_qp_ex>),
+    Mixed(ExtendedQp),
 }
 
 /// The C QP and what its destruction touches: the tracker whose memory is

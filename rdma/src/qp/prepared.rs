@@ -1,7 +1,7 @@
 //! Prepared sends: a request checked once and posted again and again, each
 //! time with a new region, written in place into the same C request.
 
-use super::send::{emit_op, fill_request, Outgoing};
+use super::send::{fill_request, Outgoing};
 use super::{QpType, QueuePair};
 use crate::error::Result;
 use crate::mr::AccessFlags;
@@ -213,18 +213,14 @@ impl QueuePair {
         // SAFETY: `&mut self`: the only poster to this QP's send queue.
         let mut ring = unsafe { self.owned.tracker.producer(false) };
         let rc = match self.path.extended(1, false) {
-            Some(qpx) => {
-                let q = qpx.as_ptr();
-                // SAFETY: a one-request batch on the live extended QP; the
-                // SGE points into `buffers`' region, parked in the tracker below.
-                unsafe {
-                    ffi::ibv_wr_start(q);
-                    (*q).wr_id = ring.wr_id(0);
-                    (*q).wr_flags = p.flags.bits();
-                    emit_op(q, &Outgoing::prepared(&p.op, p.flags, p.ud.as_ref()));
-                    ffi::ibv_wr_set_sge(q, sge.lkey, sge.addr, sge.length);
-                    ffi::ibv_wr_complete(q)
-                }
+            Some(x) => {
+                let req = Outgoing {
+                    sges: std::slice::from_ref(&sge),
+                    ..Outgoing::prepared(&p.op, p.flags, p.ud.as_ref())
+                };
+                // SAFETY: `&mut self`: the only poster; the one SGE points
+                // into `buffers`' region, parked in the tracker below.
+                unsafe { x.post(std::slice::from_ref(&req), |_| ring.wr_id(0)) }
             }
             None => {
                 p.sge = sge;

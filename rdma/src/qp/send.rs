@@ -3,8 +3,8 @@
 //! submit, which takes the path the QP was built with.
 
 use std::ffi::c_int;
-use std::ptr::NonNull;
 
+use super::wr_ops::ExtendedQp;
 use super::{QueuePair, SendPath};
 use crate::error::{check_errno_ret, Result};
 use crate::ffi;
@@ -59,11 +59,11 @@ impl SendPath {
     /// The extended QP for a post whose requests have at most `sges` scatter
     /// entries (or inline data), or `None` for `ibv_post_send`.
     #[inline]
-    pub(super) fn extended(self, sges: usize, inline: bool) -> Option<NonNull<ffi::ibv_qp_ex>> {
+    pub(super) fn extended(&self, sges: usize, inline: bool) -> Option<&ExtendedQp> {
         match self {
             SendPath::Legacy => None,
-            SendPath::Extended(q) => Some(q),
-            SendPath::Mixed(q) => (sges <= 1 && !inline).then_some(q),
+            SendPath::Extended(x) => Some(x),
+            SendPath::Mixed(x) => (sges <= 1 && !inline).then_some(x),
         }
     }
 }
@@ -304,34 +304,15 @@ impl QueuePair {
 
     /// The `ibv_wr_*` path: all requests or none.
     fn submit_extended(
-        qpx: NonNull<ffi::ibv_qp_ex>,
+        x: &ExtendedQp,
         reqs: &[Outgoing<'_>],
         ring: &Producer<'_>,
     ) -> (c_int, usize) {
-        let q = qpx.as_ptr();
-        // SAFETY: `q` is the extended view of this live QP; the batch is
-        // started, filled and completed within this call (`&mut` of the QP
-        // is held by the caller's producer), and every SGE points into
-        // memory the caller holds; inline data is copied by the provider.
-        unsafe {
-            ffi::ibv_wr_start(q);
-            for (i, r) in reqs.iter().enumerate() {
-                (*q).wr_id = ring.wr_id(i as u32);
-                (*q).wr_flags = (r.flags - SendFlags::INLINE).bits();
-                emit_op(q, r);
-                match (r.inline, r.sges) {
-                    (true, [s]) => {
-                        ffi::ibv_wr_set_inline_data(q, s.addr as *mut _, s.length as usize)
-                    }
-                    (true, _) => ffi::ibv_wr_set_inline_data(q, std::ptr::null_mut(), 0),
-                    (false, []) => ffi::ibv_wr_set_sge_list(q, 0, std::ptr::null()),
-                    (false, [s]) => ffi::ibv_wr_set_sge(q, s.lkey, s.addr, s.length),
-                    (false, list) => ffi::ibv_wr_set_sge_list(q, list.len(), list.as_ptr()),
-                }
-            }
-            let rc = ffi::ibv_wr_complete(q);
-            (rc, if rc == 0 { reqs.len() } else { 0 })
-        }
+        // SAFETY: `&mut` of the QP is held by the caller's producer, and
+        // every SGE points into memory the caller holds; inline data is
+        // copied by the provider.
+        let rc = unsafe { x.post(reqs, |i| ring.wr_id(i as u32)) };
+        (rc, if rc == 0 { reqs.len() } else { 0 })
     }
 
     /// The provider refused a single request (`rc`, an errno value, not 0):
@@ -424,46 +405,6 @@ fn fill_send(raw: &mut ffi::ibv_send_wr, op: &SendOp) {
     }
 }
 
-/// Emits the `ibv_wr_*` call of `r`'s operation (and the UD address or the
-/// remote XRC SRQ) on an open batch.
-///
-/// # Safety
-/// `q` is a live extended QP between `ibv_wr_start` and `ibv_wr_complete`,
-/// with `wr_id` and `wr_flags` already set; a window to bind is live.
-pub(super) unsafe fn emit_op(q: *mut ffi::ibv_qp_ex, r: &Outgoing<'_>) {
-    // SAFETY: guaranteed by the caller.
-    unsafe {
-        match r.op {
-            Op::Send(op) => match *op {
-                SendOp::Send => ffi::ibv_wr_send(q),
-                SendOp::SendWithImm(imm) => ffi::ibv_wr_send_imm(q, imm.to_be()),
-                SendOp::Write(m) => ffi::ibv_wr_rdma_write(q, m.rkey, m.addr),
-                SendOp::WriteWithImm(m, imm) => {
-                    ffi::ibv_wr_rdma_write_imm(q, m.rkey, m.addr, imm.to_be())
-                }
-                SendOp::Read(m) => ffi::ibv_wr_rdma_read(q, m.rkey, m.addr),
-                SendOp::CompareSwap {
-                    remote,
-                    compare,
-                    swap,
-                } => ffi::ibv_wr_atomic_cmp_swp(q, remote.rkey, remote.addr, compare, swap),
-                SendOp::FetchAdd { remote, add } => {
-                    ffi::ibv_wr_atomic_fetch_add(q, remote.rkey, remote.addr, add)
-                }
-                SendOp::SendWithInvalidate(rkey) => ffi::ibv_wr_send_inv(q, rkey),
-                SendOp::LocalInvalidate(rkey) => ffi::ibv_wr_local_inv(q, rkey),
-            },
-            Op::BindMw { mw, rkey, info } => ffi::ibv_wr_bind_mw(q, mw, rkey, info),
-        }
-        if let Some(d) = r.ud {
-            ffi::ibv_wr_set_ud_addr(q, d.ah.as_raw(), d.remote_qpn, d.remote_qkey);
-        }
-        if let Some(remote_srqn) = r.xrc_srqn {
-            ffi::ibv_wr_set_xrc_srqn(q, remote_srqn);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -507,13 +448,16 @@ mod tests {
 
     #[test]
     fn the_send_path_is_chosen_per_post_only_by_what_the_qp_was_built_with() {
-        let q = NonNull::<ffi::ibv_qp_ex>::dangling();
-        assert_eq!(SendPath::Legacy.extended(1, false), None);
-        assert_eq!(SendPath::Extended(q).extended(4, true), Some(q));
+        let provider = super::super::wr_ops::tests::FakeProvider::new();
+        let x = || provider.extended();
+        let q = x().as_ptr();
+        let via = |p: &SendPath, sges, inline| p.extended(sges, inline).map(|x| x.as_ptr());
+        assert_eq!(via(&SendPath::Legacy, 1, false), None);
+        assert_eq!(via(&SendPath::Extended(x()), 4, true), Some(q));
         // Auto: one scatter entry or none through ibv_wr_*, the rest legacy.
-        assert_eq!(SendPath::Mixed(q).extended(1, false), Some(q));
-        assert_eq!(SendPath::Mixed(q).extended(0, false), Some(q));
-        assert_eq!(SendPath::Mixed(q).extended(2, false), None);
-        assert_eq!(SendPath::Mixed(q).extended(1, true), None);
+        assert_eq!(via(&SendPath::Mixed(x()), 1, false), Some(q));
+        assert_eq!(via(&SendPath::Mixed(x()), 0, false), Some(q));
+        assert_eq!(via(&SendPath::Mixed(x()), 2, false), None);
+        assert_eq!(via(&SendPath::Mixed(x()), 1, true), None);
     }
 }
