@@ -214,13 +214,10 @@ impl QueuePair {
         let mut ring = unsafe { self.owned.tracker.producer(false) };
         let rc = match self.path.extended(1, false) {
             Some(x) => {
-                let req = Outgoing {
-                    sges: std::slice::from_ref(&sge),
-                    ..Outgoing::prepared(&p.op, p.flags, p.ud.as_ref())
-                };
+                let req = Outgoing::prepared(&p.op, p.flags, p.ud.as_ref());
                 // SAFETY: `&mut self`: the only poster; the one SGE points
                 // into `buffers`' region, parked in the tracker below.
-                unsafe { x.post(std::slice::from_ref(&req), |_| ring.wr_id(0)) }
+                unsafe { x.post_one(&req, &sge, ring.wr_id(0)) }
             }
             None => {
                 p.sge = sge;

@@ -128,6 +128,32 @@ impl ExtendedQp {
         }
     }
 
+    /// Posts one request with one scatter entry (a prepared request's
+    /// post): [`ExtendedQp::post`] without the loop and the inline cases.
+    ///
+    /// # Safety
+    /// As for [`ExtendedQp::post`]; `r` is not inline.
+    #[inline(always)]
+    pub(super) unsafe fn post_one(
+        &self,
+        r: &Outgoing<'_>,
+        sge: &ffi::ibv_sge,
+        wr_id: u64,
+    ) -> c_int {
+        let q = self.qp.as_ptr();
+        // SAFETY: as in `post`.
+        unsafe {
+            (self.start)(q);
+            (*q).wr_id = wr_id;
+            (*q).wr_flags = r.flags.bits();
+            if !self.emit(q, r) {
+                return self.abort(q);
+            }
+            (self.set_sge)(q, sge.lkey, sge.addr, sge.length);
+            (self.complete)(q)
+        }
+    }
+
     /// Emits `r`'s operation (and its UD address or remote XRC SRQ) into the
     /// open batch; `false` when the provider has no function for it.
     ///
