@@ -318,6 +318,21 @@ impl Client {
         (self.rsize, self.wsize)
     }
 
+    /// The largest WRITE payload to `f` that goes inline (one more byte
+    /// goes through a read chunk): the negotiated inline send size less
+    /// the transport header and the WRITE call up to its data, rounded down
+    /// to XDR's 4 bytes.
+    pub fn max_inline_write(&self, f: &Fh) -> usize {
+        let mut w = self.header(proc_::WRITE);
+        w.opaque(&f.0).u64(0).u32(0).u32(2).u32(0);
+        let room = self
+            .t
+            .negotiated()
+            .inline_send
+            .saturating_sub(crate::rpcrdma::MIN_HEADER + w.len());
+        room & !3
+    }
+
     /// Closes the connection once every call handed over has finished.
     pub async fn close(self) {
         self.t.close().await
