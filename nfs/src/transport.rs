@@ -420,7 +420,8 @@ struct Engine {
     pending: HashMap<u32, Pending>,
     queue: VecDeque<(u32, Request, u32)>,
     next_xid: u32,
-    /// Why the last connection attempt failed (for calls that find none).
+    /// Why the last connection was lost (for the error of calls that a
+    /// reconnection then fails).
     down: Option<String>,
 }
 
@@ -519,18 +520,19 @@ impl Engine {
             }
             let deadline = self.pending.values().map(|p| p.deadline).min();
             let Some(conn) = self.conn.as_mut() else {
-                // Not connected: fail what waits (a reconnection failed).
-                self.fail_all(Error::NotConnected(
-                    self.down.clone().unwrap_or_else(|| "connection lost".into()),
-                ));
-                match rx.recv().await {
-                    Some(r) => {
-                        self.reconnect().await;
-                        let xid = self.xid();
-                        self.queue.push_back((xid, r, 0));
+                // Not connected (the connection broke, or a reconnection
+                // gave up): reconnect for the calls that wait, or for the
+                // next one to come.
+                if self.pending.is_empty() && self.queue.is_empty() {
+                    match rx.recv().await {
+                        Some(r) => {
+                            let xid = self.xid();
+                            self.queue.push_back((xid, r, 0));
+                        }
+                        None => break,
                     }
-                    None => break,
                 }
+                self.reconnect().await;
                 continue;
             };
             tokio::select! {
@@ -860,7 +862,10 @@ impl Engine {
     }
 
     /// Reconnects and puts every pending call back at the head of the
-    /// queue, with its xid, to be sent again.
+    /// queue, with its xid, to be sent again (a call sent more than
+    /// `retries` times fails with [`Error::TimedOut`]). While the server
+    /// refuses, it tries again with a growing pause, for up to one call
+    /// timeout; then every waiting call fails with the last error.
     async fn reconnect(&mut self) {
         if let Some(mut c) = self.conn.take() {
             let _ = tokio::time::timeout(self.opts.connect_timeout, c.id.disconnect()).await;
@@ -882,15 +887,32 @@ impl Engine {
             };
             self.queue.push_front((xid, req, p.sent));
         }
-        match Conn::connect(self.addr, &self.opts).await {
-            Ok(c) => {
-                self.stats.connects.fetch_add(1, Ordering::Relaxed);
-                self.conn = Some(c);
-                self.down = None;
-            }
-            Err(e) => {
-                self.down = Some(e.to_string());
-                self.fail_all(e);
+        // The server may be restarting: try again, backing off, for up to
+        // one call timeout.
+        let give_up = Instant::now() + self.opts.call_timeout;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match Conn::connect(self.addr, &self.opts).await {
+                Ok(c) => {
+                    self.stats.connects.fetch_add(1, Ordering::Relaxed);
+                    self.conn = Some(c);
+                    self.down = None;
+                    return;
+                }
+                Err(_) if Instant::now() + backoff < give_up => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    let e = match (self.down.take(), e) {
+                        (Some(why), Error::NotConnected(m)) => {
+                            Error::NotConnected(format!("{why}; reconnecting: {m}"))
+                        }
+                        (_, e) => e,
+                    };
+                    self.fail_all(e);
+                    return;
+                }
             }
         }
     }
