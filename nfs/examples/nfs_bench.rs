@@ -14,7 +14,8 @@ use rdma_nfs::rpc::{encode_call, Auth};
 use rdma_nfs::transport::{Call, Transport, DEFAULT_PORT};
 use rdma_nfs::xdr::Writer;
 
-const USAGE: &str = "usage: nfs_bench null IP [CALLS] [IN-FLIGHT...] | nfs_bench file IP EXPORT MIB";
+const USAGE: &str =
+    "usage: nfs_bench null IP [CALLS] [IN-FLIGHT...] | nfs_bench file IP EXPORT MIB";
 
 fn num(s: &str, what: &str) -> Result<usize, String> {
     s.parse().map_err(|e| format!("{what} {s}: {e}"))
@@ -59,7 +60,10 @@ async fn null(ip: IpAddr, rest: &[String]) -> Result<(), String> {
             h.await.map_err(|e| e.to_string())??;
         }
         let secs = start.elapsed().as_secs_f64();
-        println!("null in_flight={depth} calls={calls} per_s={:.0}", calls as f64 / secs);
+        println!(
+            "null in_flight={depth} calls={calls} per_s={:.0}",
+            calls as f64 / secs
+        );
     }
     t.close().await;
     Ok(())
@@ -87,7 +91,11 @@ async fn file(ip: IpAddr, rest: &[String]) -> Result<(), String> {
     if back != data {
         return Err("the file read back differs from the one written".into());
     }
-    println!("ours write_MBps={:.2} read_MBps={:.2}", len as f64 / w / 1e6, len as f64 / r / 1e6);
+    println!(
+        "ours write_MBps={:.2} read_MBps={:.2}",
+        len as f64 / w / 1e6,
+        len as f64 / r / 1e6
+    );
     c.remove(c.root(), b"nfs-bench")
         .await
         .map_err(|e| e.to_string())?;

@@ -109,7 +109,11 @@ fn split(path: &str) -> Result<(&str, &str), String> {
 
 /// Mounts the longest directory of `dir` that mountd exports, and looks up
 /// the rest: a client and the directory's handle.
-async fn open(server: IpAddr, dir: &str, o: &Options) -> Result<(Client, rdma_nfs::nfs3::Fh), String> {
+async fn open(
+    server: IpAddr,
+    dir: &str,
+    o: &Options,
+) -> Result<(Client, rdma_nfs::nfs3::Fh), String> {
     let mut export = dir.trim_end_matches('/').to_string();
     if export.is_empty() {
         export = "/".into();
@@ -119,7 +123,10 @@ async fn open(server: IpAddr, dir: &str, o: &Options) -> Result<(Client, rdma_nf
         match Client::mount(server, &export, o.clone()).await {
             Ok(c) => {
                 let rest = dir[export.len().min(dir.len())..].to_string();
-                let f = c.lookup_path(&rest).await.map_err(|e| format!("{dir}: {e}"))?;
+                let f = c
+                    .lookup_path(&rest)
+                    .await
+                    .map_err(|e| format!("{dir}: {e}"))?;
                 return Ok((c, f));
             }
             Err(NfsError::Mount(rdma_nfs::mount::MountError::Refused(..))) if export != "/" => {
@@ -139,7 +146,10 @@ async fn run(o: Options, cmd: Cmd) -> Result<(), String> {
     match cmd {
         Cmd::Ls(t) => {
             let (c, dir) = open(t.server, &t.path, &o).await?;
-            let mut entries = c.readdirplus(&dir).await.map_err(|e| format!("{}: {e}", t.path))?;
+            let mut entries = c
+                .readdirplus(&dir)
+                .await
+                .map_err(|e| format!("{}: {e}", t.path))?;
             entries.sort_by(|a, b| a.name.cmp(&b.name));
             let mut out = std::io::stdout().lock();
             for e in entries {
@@ -151,8 +161,12 @@ async fn run(o: Options, cmd: Cmd) -> Result<(), String> {
                     Some(a) => ('-', a.size),
                     None => ('?', 0),
                 };
-                writeln!(out, "{kind} {size:>12} {}", String::from_utf8_lossy(&e.name))
-                    .map_err(|e| format!("stdout: {e}"))?;
+                writeln!(
+                    out,
+                    "{kind} {size:>12} {}",
+                    String::from_utf8_lossy(&e.name)
+                )
+                .map_err(|e| format!("stdout: {e}"))?;
             }
             c.close().await;
         }
@@ -163,7 +177,10 @@ async fn run(o: Options, cmd: Cmd) -> Result<(), String> {
                 .lookup(&d, name.as_bytes())
                 .await
                 .map_err(|e| format!("{}: {e}", t.path))?;
-            let data = c.read_all(&f).await.map_err(|e| format!("{}: {e}", t.path))?;
+            let data = c
+                .read_all(&f)
+                .await
+                .map_err(|e| format!("{}: {e}", t.path))?;
             let mut out = std::io::stdout().lock();
             out.write_all(&data)
                 .and_then(|()| out.flush())

@@ -477,7 +477,6 @@ impl Client {
         }
         let inline_data = r.remaining() > 0 || len == 0;
         let end_pos = r.pos();
-        drop(r);
         let data = if inline_data {
             // Inline.
             let mut r2 = Reader::new(&reply.msg[at..]);

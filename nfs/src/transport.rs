@@ -44,8 +44,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::rpcrdma::{
-    Body, Chunks, ConnectPrivate, Header, RdmaError, ReadSegment, Segment, DEFAULT_INLINE,
-    VERSION,
+    Body, Chunks, ConnectPrivate, Header, RdmaError, ReadSegment, Segment, DEFAULT_INLINE, VERSION,
 };
 use crate::xdr::{pad, DecodeError, Writer};
 
@@ -260,13 +259,31 @@ struct Conn {
 
 impl Conn {
     async fn connect(addr: SocketAddr, o: &Options) -> Result<Conn> {
-        let t = o.connect_timeout;
+        // One deadline for every step: "no server" fails within it.
+        let deadline = Instant::now() + o.connect_timeout;
+        let left = || {
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1))
+        };
+        let at = |e: Error| match e {
+            Error::NotConnected(m) => Error::NotConnected(format!("connecting to {addr}: {m}")),
+            e => e,
+        };
         let cm = rt::cm_channel().map_err(rdma_err("rdma_create_event_channel"))?;
         let mut id = cm
             .create_id(PortSpace::Tcp)
             .map_err(rdma_err("rdma_create_id"))?;
-        step(t, "rdma_resolve_addr", id.resolve_addr(None, addr, t)).await?;
-        step(t, "rdma_resolve_route", id.resolve_route(t)).await?;
+        step(
+            left(),
+            "rdma_resolve_addr",
+            id.resolve_addr(None, addr, left()),
+        )
+        .await
+        .map_err(at)?;
+        step(left(), "rdma_resolve_route", id.resolve_route(left()))
+            .await
+            .map_err(at)?;
         let ctx = id.id().context().map_err(rdma_err("rdma_cm context"))?;
         let pd = ctx.alloc_pd().map_err(rdma_err("ibv_alloc_pd"))?;
         let channel = ctx
@@ -291,8 +308,9 @@ impl Conn {
             AccessFlags::LOCAL_WRITE,
         )
         .map_err(rdma_err("receive buffers"))?;
-        let send_pool = BufferPool::new(&pd, o.inline_send, o.credits as usize, AccessFlags::empty())
-            .map_err(rdma_err("send buffers"))?;
+        let send_pool =
+            BufferPool::new(&pd, o.inline_send, o.credits as usize, AccessFlags::empty())
+                .map_err(rdma_err("send buffers"))?;
         id.id()
             .modify_qp(&qp, QpState::Init)
             .map_err(rdma_err("ibv_modify_qp(INIT)"))?;
@@ -315,10 +333,11 @@ impl Conn {
             .encode()
             .to_vec();
         }
-        let peer = match tokio::time::timeout(t, id.connect(&qp, &param)).await {
+        let peer = match tokio::time::timeout(left(), id.connect(&qp, &param)).await {
             Err(_) => {
                 return Err(Error::NotConnected(format!(
-                    "rdma_connect to {addr}: no answer within {t:?}"
+                    "rdma_connect to {addr}: no answer within {:?} of the connection's start",
+                    o.connect_timeout
                 )))
             }
             Ok(Err(rdma::Error::CmEvent {
@@ -373,6 +392,8 @@ struct Pending {
     reply: oneshot::Sender<Result<Reply>>,
     deadline: Instant,
     sent: u32,
+    /// The call's payload is the first read chunk's memory, not in `call`.
+    payload_in_chunk: bool,
     chunks: Vec<Registered>,
     write: Option<Registered>,
     reply_chunk: Option<Registered>,
@@ -612,6 +633,7 @@ impl Engine {
             reply: oneshot::channel().0,
             deadline: Instant::now() + self.opts.call_timeout,
             sent: sent + 1,
+            payload_in_chunk: false,
             chunks: Vec::new(),
             write: None,
             reply_chunk: None,
@@ -666,9 +688,11 @@ impl Engine {
         } else if !call.payload.is_empty()
             && header_len(&chunks) + read_seg_len + call.msg.len() <= limit
         {
+            // The payload moves into the registration (no copy); a
+            // retransmission takes it back out (`payload_in_chunk`).
             let mr = conn
                 .pd
-                .reg_mr(call.payload.clone(), AccessFlags::REMOTE_READ)
+                .reg_mr(std::mem::take(&mut call.payload), AccessFlags::REMOTE_READ)
                 .map_err(|e| Error::NoBuffers(format!("registering a read chunk: {e}")))?;
             let mr = Registered::new(mr, stats);
             chunks.read.push(ReadSegment {
@@ -676,6 +700,7 @@ impl Engine {
                 segment: mr.segment(),
             });
             p.chunks.push(mr);
+            p.payload_in_chunk = true;
             body = Body::Msg(chunks);
             inline_bytes = false;
             self.stats.read_chunk_calls.fetch_add(1, Ordering::Relaxed);
@@ -731,7 +756,12 @@ impl Engine {
         let wr = conn.next_id();
         if let Err(e) = conn.qp.post_send(SendWr::send(wr, slot)) {
             let why = format!("ibv_post_send: {}", e.error);
-            if let Some(mut buf) = e.returned.into_iter().next().and_then(|(_, b)| b.into_one()) {
+            if let Some(mut buf) = e
+                .returned
+                .into_iter()
+                .next()
+                .and_then(|(_, b)| b.into_one())
+            {
                 if let Some(t) = tail {
                     let _ = buf.unsplit(t);
                 }
@@ -790,7 +820,10 @@ impl Engine {
             Ok(h) => h,
             Err(e) => {
                 // Fail the call it names, if it names one.
-                if let Some(xid) = bytes.get(..4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])) {
+                if let Some(xid) = bytes
+                    .get(..4)
+                    .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+                {
                     self.finish(xid, Err(Error::Malformed(format!("transport header: {e}"))));
                 }
                 return;
@@ -881,8 +914,12 @@ impl Engine {
                 continue;
             }
             self.stats.retransmits.fetch_add(1, Ordering::Relaxed);
+            let mut call = p.call;
+            if p.payload_in_chunk {
+                call.payload = p.chunks.first().map(|r| r.mr.to_vec()).unwrap_or_default();
+            }
             let req = Request {
-                call: p.call,
+                call,
                 reply: p.reply,
             };
             self.queue.push_front((xid, req, p.sent));

@@ -268,7 +268,11 @@ mod tests {
     #[test]
     fn round_trip_and_every_cut_fails() {
         let mut w = Writer::new();
-        w.u32(7).u64(1 << 40).bool(true).opaque(b"abcde").fixed(b"xy");
+        w.u32(7)
+            .u64(1 << 40)
+            .bool(true)
+            .opaque(b"abcde")
+            .fixed(b"xy");
         assert_eq!(w.len(), 4 + 8 + 4 + 4 + 8 + 4);
         let decode = |b: &[u8]| -> DResult<()> {
             let mut r = Reader::new(b);
@@ -294,7 +298,10 @@ mod tests {
         let e = Reader::new(&[0, 0, 0, 9, 1, 2, 3, 4])
             .opaque("fh", 8)
             .unwrap_err();
-        assert!(matches!(e.kind, DecodeErrorKind::TooLong { len: 9, max: 8 }));
+        assert!(matches!(
+            e.kind,
+            DecodeErrorKind::TooLong { len: 9, max: 8 }
+        ));
         let e = Reader::new(&[0xff, 0xff, 0xff, 0xff])
             .opaque("data", usize::MAX)
             .unwrap_err();
@@ -308,7 +315,10 @@ mod tests {
         let e = Reader::new(&[0, 1, 0, 0, 0, 0, 0, 0])
             .count("list", usize::MAX, 4)
             .unwrap_err();
-        assert!(matches!(e.kind, DecodeErrorKind::TooLong { len: 65536, .. }));
+        assert!(matches!(
+            e.kind,
+            DecodeErrorKind::TooLong { len: 65536, .. }
+        ));
         assert!(e.to_string().contains("list at byte 0"));
     }
 }

@@ -111,7 +111,9 @@ async fn serve_one(
         .modify_qp(&qp, QpState::Init)
         .map_err(e("init"))?;
     for i in 0..RECVS {
-        let buf = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).map_err(e("mr"))?;
+        let buf = pd
+            .alloc_mr(4096, AccessFlags::LOCAL_WRITE)
+            .map_err(e("mr"))?;
         qp.post_recv(1 << 32 | i as u64, buf)
             .map_err(|err| format!("post_recv: {err}"))?;
     }
@@ -194,18 +196,32 @@ async fn serve_one(
             acq.post_send(&mut qp, SendWr::write(wr, mr, remote))
                 .await
                 .map_err(|err| format!("RDMA WRITE: {err}"))?;
-            let said = if f == Fault::LongWrite { seg.length + 4 } else { n };
-            write_list.push(vec![Segment { length: said, ..seg }]);
+            let said = if f == Fault::LongWrite {
+                seg.length + 4
+            } else {
+                n
+            };
+            write_list.push(vec![Segment {
+                length: said,
+                ..seg
+            }]);
         }
         match f {
             Fault::Drop => continue,
-            Fault::ErrVers => header(Body::Error(RdmaError::Vers { low: 1, high: 1 })).encode(&mut out),
+            Fault::ErrVers => {
+                header(Body::Error(RdmaError::Vers { low: 1, high: 1 })).encode(&mut out)
+            }
             Fault::ErrChunk => header(Body::Error(RdmaError::Chunk)).encode(&mut out),
             Fault::BadProc => {
                 out.u32(h.xid).u32(VERSION).u32(credits).u32(9);
             }
             Fault::Truncated => {
-                out.u32(h.xid).u32(VERSION).u32(credits).u32(RDMA_MSG).u32(1).u32(0);
+                out.u32(h.xid)
+                    .u32(VERSION)
+                    .u32(credits)
+                    .u32(RDMA_MSG)
+                    .u32(1)
+                    .u32(0);
             }
             Fault::ReplyChunk | Fault::ReplyChunkOverrun => {
                 let Some(reply) = chunks.reply.clone() else {
@@ -213,7 +229,9 @@ async fn serve_one(
                 };
                 let seg = reply[0];
                 let msg = rpc_reply(h.xid);
-                let mr = pd.reg_mr(msg.clone(), AccessFlags::empty()).map_err(e("mr"))?;
+                let mr = pd
+                    .reg_mr(msg.clone(), AccessFlags::empty())
+                    .map_err(e("mr"))?;
                 wr += 1;
                 let remote = RemoteMemory {
                     addr: seg.offset,
@@ -231,7 +249,10 @@ async fn serve_one(
                 header(Body::NoMsg(Chunks {
                     read: vec![],
                     write: write_list,
-                    reply: Some(vec![Segment { length: said, ..seg }]),
+                    reply: Some(vec![Segment {
+                        length: said,
+                        ..seg
+                    }]),
                 }))
                 .encode(&mut out);
             }
@@ -254,11 +275,7 @@ async fn serve_one(
 }
 
 /// Accepts connections on `addr` until the test ends.
-async fn serve(
-    listener: rdma::aio::AsyncCmId,
-    fault: Fault,
-    seen: Arc<Mutex<Seen>>,
-) {
+async fn serve(listener: rdma::aio::AsyncCmId, fault: Fault, seen: Arc<Mutex<Seen>>) {
     let mut listener = listener;
     while let Ok(incoming) = listener.get_request().await {
         let seen = Arc::clone(&seen);
@@ -285,7 +302,13 @@ fn check_reply(r: &rdma_nfs::transport::Reply) {
 }
 
 /// Runs `body` against a server with `fault` on a port of its own.
-fn with_server<F, Fut>(iwarp: bool, port: u16, fault: Fault, opts: Options, body: F) -> Arc<Mutex<Seen>>
+fn with_server<F, Fut>(
+    iwarp: bool,
+    port: u16,
+    fault: Fault,
+    opts: Options,
+    body: F,
+) -> Arc<Mutex<Seen>>
 where
     F: FnOnce(Transport) -> Fut,
     Fut: std::future::Future<Output = ()>,
@@ -304,7 +327,11 @@ where
         let t = Transport::connect(addr, opts)
             .await
             .unwrap_or_else(|e| panic!("connect to the test server: {e}"));
-        assert_eq!(t.negotiated().inline_send, 2048, "the server's RFC 8797 receive size");
+        assert_eq!(
+            t.negotiated().inline_send,
+            2048,
+            "the server's RFC 8797 receive size"
+        );
         body(t.clone()).await;
         assert_eq!(
             t.stats().chunks_registered.load(Ordering::Relaxed),
@@ -328,100 +355,157 @@ fn faults(iwarp: bool) {
     };
 
     // Credits of zero: one call at a time, all complete.
-    with_server(iwarp, base, Fault::ZeroCredits, opts.clone(), |t| async move {
-        let tasks: Vec<_> = (0..16)
-            .map(|_| {
-                let t = t.clone();
-                tokio::spawn(async move { t.call(null_call()).await })
-            })
-            .collect();
-        for h in tasks {
-            check_reply(&h.await.unwrap().unwrap());
-        }
-        assert_eq!(t.stats().max_in_flight.load(Ordering::Relaxed), 1);
-        assert_eq!(t.stats().granted.load(Ordering::Relaxed), 0);
-    });
+    with_server(
+        iwarp,
+        base,
+        Fault::ZeroCredits,
+        opts.clone(),
+        |t| async move {
+            let tasks: Vec<_> = (0..16)
+                .map(|_| {
+                    let t = t.clone();
+                    tokio::spawn(async move { t.call(null_call()).await })
+                })
+                .collect();
+            for h in tasks {
+                check_reply(&h.await.unwrap().unwrap());
+            }
+            assert_eq!(t.stats().max_in_flight.load(Ordering::Relaxed), 1);
+            assert_eq!(t.stats().granted.load(Ordering::Relaxed), 0);
+        },
+    );
 
     // Credits far beyond what the server posted: capped at the client's
     // own receives.
-    with_server(iwarp, base + 1, Fault::HugeCredits, opts.clone(), |t| async move {
-        let tasks: Vec<_> = (0..48)
-            .map(|_| {
-                let t = t.clone();
-                tokio::spawn(async move { t.call(null_call()).await })
-            })
-            .collect();
-        for h in tasks {
-            check_reply(&h.await.unwrap().unwrap());
-        }
-        let max = t.stats().max_in_flight.load(Ordering::Relaxed);
-        assert!(max <= 8, "{max} in flight with 8 receives posted");
-    });
+    with_server(
+        iwarp,
+        base + 1,
+        Fault::HugeCredits,
+        opts.clone(),
+        |t| async move {
+            let tasks: Vec<_> = (0..48)
+                .map(|_| {
+                    let t = t.clone();
+                    tokio::spawn(async move { t.call(null_call()).await })
+                })
+                .collect();
+            for h in tasks {
+                check_reply(&h.await.unwrap().unwrap());
+            }
+            let max = t.stats().max_in_flight.load(Ordering::Relaxed);
+            assert!(max <= 8, "{max} in flight with 8 receives posted");
+        },
+    );
 
     for (i, (fault, want)) in [
-        (Fault::ErrVers, Error::Rdma(RdmaError::Vers { low: 1, high: 1 })),
+        (
+            Fault::ErrVers,
+            Error::Rdma(RdmaError::Vers { low: 1, high: 1 }),
+        ),
         (Fault::ErrChunk, Error::Rdma(RdmaError::Chunk)),
     ]
     .into_iter()
     .enumerate()
     {
-        with_server(iwarp, base + 2 + i as u16, fault, opts.clone(), |t| async move {
-            assert_eq!(t.call(null_call()).await.unwrap_err(), want);
-        });
+        with_server(
+            iwarp,
+            base + 2 + i as u16,
+            fault,
+            opts.clone(),
+            |t| async move {
+                assert_eq!(t.call(null_call()).await.unwrap_err(), want);
+            },
+        );
     }
 
     for (i, fault) in [Fault::BadProc, Fault::Truncated].into_iter().enumerate() {
-        with_server(iwarp, base + 4 + i as u16, fault, opts.clone(), |t| async move {
-            let e = t.call(null_call()).await.unwrap_err();
-            assert!(matches!(e, Error::Malformed(_)), "{fault:?}: {e:?}");
-            println!("{fault:?}: {e}");
-        });
+        with_server(
+            iwarp,
+            base + 4 + i as u16,
+            fault,
+            opts.clone(),
+            |t| async move {
+                let e = t.call(null_call()).await.unwrap_err();
+                assert!(matches!(e, Error::Malformed(_)), "{fault:?}: {e:?}");
+                println!("{fault:?}: {e}");
+            },
+        );
     }
 
     // A write chunk returned shorter than offered: exactly its bytes.
-    with_server(iwarp, base + 6, Fault::ShortWrite, opts.clone(), |t| async move {
-        let mut c = null_call();
-        c.write_chunk = 65536;
-        let r = t.call(c).await.unwrap();
-        check_reply(&r);
-        let data = r.data.expect("the write chunk's data");
-        assert_eq!(data.len(), 1000);
-        assert!(data.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
-    });
+    with_server(
+        iwarp,
+        base + 6,
+        Fault::ShortWrite,
+        opts.clone(),
+        |t| async move {
+            let mut c = null_call();
+            c.write_chunk = 65536;
+            let r = t.call(c).await.unwrap();
+            check_reply(&r);
+            let data = r.data.expect("the write chunk's data");
+            assert_eq!(data.len(), 1000);
+            assert!(data.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        },
+    );
 
     // One that claims more than offered: refused.
-    with_server(iwarp, base + 7, Fault::LongWrite, opts.clone(), |t| async move {
-        let mut c = null_call();
-        c.write_chunk = 8192;
-        let e = t.call(c).await.unwrap_err();
-        assert!(matches!(e, Error::Malformed(_)), "{e:?}");
-    });
+    with_server(
+        iwarp,
+        base + 7,
+        Fault::LongWrite,
+        opts.clone(),
+        |t| async move {
+            let mut c = null_call();
+            c.write_chunk = 8192;
+            let e = t.call(c).await.unwrap_err();
+            assert!(matches!(e, Error::Malformed(_)), "{e:?}");
+        },
+    );
 
     // The reply through the reply chunk, then one that overruns it.
-    with_server(iwarp, base + 8, Fault::ReplyChunk, opts.clone(), |t| async move {
-        let mut c = null_call();
-        c.max_reply = 16384;
-        check_reply(&t.call(c).await.unwrap());
-        assert_eq!(t.stats().reply_chunk_replies.load(Ordering::Relaxed), 1);
-    });
-    with_server(iwarp, base + 9, Fault::ReplyChunkOverrun, opts.clone(), |t| async move {
-        let mut c = null_call();
-        c.max_reply = 16384;
-        let e = t.call(c).await.unwrap_err();
-        assert!(matches!(e, Error::Malformed(_)), "{e:?}");
-    });
+    with_server(
+        iwarp,
+        base + 8,
+        Fault::ReplyChunk,
+        opts.clone(),
+        |t| async move {
+            let mut c = null_call();
+            c.max_reply = 16384;
+            check_reply(&t.call(c).await.unwrap());
+            assert_eq!(t.stats().reply_chunk_replies.load(Ordering::Relaxed), 1);
+        },
+    );
+    with_server(
+        iwarp,
+        base + 9,
+        Fault::ReplyChunkOverrun,
+        opts.clone(),
+        |t| async move {
+            let mut c = null_call();
+            c.max_reply = 16384;
+            let e = t.call(c).await.unwrap_err();
+            assert!(matches!(e, Error::Malformed(_)), "{e:?}");
+        },
+    );
 
     // No reply: the client times out, reconnects and sends the call again
     // with its xid; the call completes once.
-    let seen = with_server(iwarp, base + 10, Fault::Drop, opts.clone(), |t| async move {
-        let mut c = null_call();
-        c.write_chunk = 4096;
-        let r = t.call(c).await.unwrap();
-        check_reply(&r);
-        assert_eq!(r.data.map(|d| d.len()), Some(4096));
-        assert_eq!(t.stats().connects.load(Ordering::Relaxed), 2);
-        assert_eq!(t.stats().retransmits.load(Ordering::Relaxed), 1);
-    });
+    let seen = with_server(
+        iwarp,
+        base + 10,
+        Fault::Drop,
+        opts.clone(),
+        |t| async move {
+            let mut c = null_call();
+            c.write_chunk = 4096;
+            let r = t.call(c).await.unwrap();
+            check_reply(&r);
+            assert_eq!(r.data.map(|d| d.len()), Some(4096));
+            assert_eq!(t.stats().connects.load(Ordering::Relaxed), 2);
+            assert_eq!(t.stats().retransmits.load(Ordering::Relaxed), 1);
+        },
+    );
     let s = seen.lock().unwrap();
     assert_eq!(s.connections, 2);
     assert_eq!(s.xids[0], s.xids[1], "the call was sent again with its xid");
