@@ -239,7 +239,7 @@ fn sha256sum(p: &Path) -> String {
         .to_string()
 }
 
-/// A large file (8 MiB, which fits ci/device-tests' 120 s per test on a busy
+/// A large file (4 MiB, which fits ci/device-tests' 120 s per test on a busy
 /// host; `RDMA_NFS_TEST_LARGE_MIB=64` with a longer `RDMA_TEST_TIMEOUT` for
 /// the 64 MiB)
 /// written with `put` and read with `cat` (1 MiB per call, several in
@@ -252,7 +252,7 @@ fn large(iwarp: bool) {
     let mib: usize = std::env::var("RDMA_NFS_TEST_LARGE_MIB")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(8);
+        .unwrap_or(4);
     let local = std::env::temp_dir().join(format!("rdma-nfs-{test}"));
     let back = std::env::temp_dir().join(format!("rdma-nfs-{test}-back"));
     std::fs::write(&local, content(mib << 20, 64)).unwrap();
