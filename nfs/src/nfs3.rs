@@ -1,0 +1,726 @@
+//! NFS version 3 (RFC 1813) on the RPC-over-RDMA transport: NULL, GETATTR,
+//! LOOKUP, READ, WRITE, CREATE, REMOVE, READDIR, READDIRPLUS and FSINFO,
+//! and whole-file reads and writes with several calls in flight.
+//!
+//! READ offers a write chunk for its data when the reply would not fit
+//! inline; READDIR and READDIRPLUS offer a reply chunk; WRITE's data is the
+//! call's payload, which goes through a read chunk when the call does not
+//! fit inline.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+use crate::mount::{self, MountError, FHSIZE3, NFS_PROG};
+use crate::rpc::{decode_reply, encode_call, Auth, ReplyError};
+use crate::transport::{self, Call, Reply, Transport};
+use crate::xdr::{DResult, DecodeError, Reader, Writer};
+
+/// NFS version 3.
+pub const NFS_V3: u32 = 3;
+/// The longest name LOOKUP, CREATE and REMOVE take (Linux's NAME_MAX).
+pub const MAX_NAME: usize = 255;
+
+/// Procedure numbers.
+pub mod proc_ {
+    /// NULL.
+    pub const NULL: u32 = 0;
+    /// GETATTR.
+    pub const GETATTR: u32 = 1;
+    /// LOOKUP.
+    pub const LOOKUP: u32 = 3;
+    /// READ.
+    pub const READ: u32 = 6;
+    /// WRITE.
+    pub const WRITE: u32 = 7;
+    /// CREATE.
+    pub const CREATE: u32 = 8;
+    /// REMOVE.
+    pub const REMOVE: u32 = 12;
+    /// READDIR.
+    pub const READDIR: u32 = 16;
+    /// READDIRPLUS.
+    pub const READDIRPLUS: u32 = 17;
+    /// FSINFO.
+    pub const FSINFO: u32 = 19;
+}
+
+/// `NF3REG`.
+pub const NF3REG: u32 = 1;
+/// `NF3DIR`.
+pub const NF3DIR: u32 = 2;
+
+/// The name of an NFS status (or MOUNT status: the numbers agree).
+pub fn status_name(s: u32) -> String {
+    let n = match s {
+        1 => "NFS3ERR_PERM: not owner",
+        2 => "NFS3ERR_NOENT: no such file or directory",
+        5 => "NFS3ERR_IO: I/O error",
+        6 => "NFS3ERR_NXIO",
+        13 => "NFS3ERR_ACCES: permission denied",
+        17 => "NFS3ERR_EXIST: file exists",
+        18 => "NFS3ERR_XDEV",
+        19 => "NFS3ERR_NODEV",
+        20 => "NFS3ERR_NOTDIR: not a directory",
+        21 => "NFS3ERR_ISDIR: is a directory",
+        22 => "NFS3ERR_INVAL: invalid argument",
+        27 => "NFS3ERR_FBIG: file too large",
+        28 => "NFS3ERR_NOSPC: no space left on the server",
+        30 => "NFS3ERR_ROFS: read-only file system",
+        63 => "NFS3ERR_NAMETOOLONG: name too long",
+        66 => "NFS3ERR_NOTEMPTY: directory not empty",
+        70 => "NFS3ERR_STALE: stale file handle",
+        10001 => "NFS3ERR_BADHANDLE",
+        10004 => "NFS3ERR_NOTSUPP",
+        10006 => "NFS3ERR_SERVERFAULT",
+        10008 => "NFS3ERR_JUKEBOX: try again later",
+        _ => return format!("NFS status {s}"),
+    };
+    n.to_string()
+}
+
+/// Why an NFS operation failed.
+#[derive(Debug)]
+pub enum NfsError {
+    /// The transport failed.
+    Transport(transport::Error),
+    /// The RPC was not accepted.
+    Rpc(ReplyError),
+    /// The results were malformed.
+    Decode(&'static str, DecodeError),
+    /// The server answered with an error status.
+    Status {
+        /// The procedure.
+        op: &'static str,
+        /// The status.
+        status: u32,
+    },
+    /// Getting the root handle failed.
+    Mount(MountError),
+    /// Bad input (a name too long, an empty path component).
+    Invalid(String),
+}
+
+impl NfsError {
+    /// The NFS status, when the server answered with one.
+    pub fn status(&self) -> Option<u32> {
+        match self {
+            NfsError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for NfsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NfsError::Transport(e) => write!(f, "{e}"),
+            NfsError::Rpc(e) => write!(f, "{e}"),
+            NfsError::Decode(op, e) => write!(f, "{op}: malformed reply: {e}"),
+            NfsError::Status { op, status } => write!(f, "{op}: {}", status_name(*status)),
+            NfsError::Mount(e) => write!(f, "{e}"),
+            NfsError::Invalid(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+impl std::error::Error for NfsError {}
+
+impl From<transport::Error> for NfsError {
+    fn from(e: transport::Error) -> Self {
+        NfsError::Transport(e)
+    }
+}
+
+/// The result of an NFS operation.
+pub type Result<T> = std::result::Result<T, NfsError>;
+
+/// A file handle.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Fh(pub Vec<u8>);
+
+/// File attributes (`fattr3`), the fields this client uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fattr {
+    /// `NF3REG`, `NF3DIR`, ...
+    pub ftype: u32,
+    /// Permission bits.
+    pub mode: u32,
+    /// Links.
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Size in bytes.
+    pub size: u64,
+    /// File id (inode number).
+    pub fileid: u64,
+    /// Modification time, seconds.
+    pub mtime: u32,
+}
+
+/// A directory entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// File id.
+    pub fileid: u64,
+    /// Name (bytes as the server has them).
+    pub name: Vec<u8>,
+    /// Attributes (READDIRPLUS, when the server sent them).
+    pub attr: Option<Fattr>,
+    /// Handle (READDIRPLUS, when the server sent it).
+    pub fh: Option<Fh>,
+}
+
+fn fattr(r: &mut Reader<'_>) -> DResult<Fattr> {
+    let ftype = r.u32("fattr3.type")?;
+    let mode = r.u32("fattr3.mode")?;
+    let nlink = r.u32("fattr3.nlink")?;
+    let uid = r.u32("fattr3.uid")?;
+    let gid = r.u32("fattr3.gid")?;
+    let size = r.u64("fattr3.size")?;
+    let _used = r.u64("fattr3.used")?;
+    let _rdev = r.u64("fattr3.rdev")?;
+    let _fsid = r.u64("fattr3.fsid")?;
+    let fileid = r.u64("fattr3.fileid")?;
+    let _atime = r.u64("fattr3.atime")?;
+    let mtime = r.u32("fattr3.mtime")?;
+    let _mtime_ns = r.u32("fattr3.mtime")?;
+    let _ctime = r.u64("fattr3.ctime")?;
+    Ok(Fattr {
+        ftype,
+        mode,
+        nlink,
+        uid,
+        gid,
+        size,
+        fileid,
+        mtime,
+    })
+}
+
+fn post_op_attr(r: &mut Reader<'_>) -> DResult<Option<Fattr>> {
+    if r.bool("post_op_attr")? {
+        Ok(Some(fattr(r)?))
+    } else {
+        Ok(None)
+    }
+}
+
+fn wcc_data(r: &mut Reader<'_>) -> DResult<()> {
+    if r.bool("pre_op_attr")? {
+        r.bytes("wcc_attr", 24)?;
+    }
+    post_op_attr(r)?;
+    Ok(())
+}
+
+fn fh(r: &mut Reader<'_>) -> DResult<Fh> {
+    Ok(Fh(r.opaque("nfs_fh3", FHSIZE3)?.to_vec()))
+}
+
+fn name_ok(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name.len() > MAX_NAME || name.contains(&b'/') || name.contains(&0) {
+        return Err(NfsError::Invalid(format!(
+            "bad file name {:?}: 1 to {MAX_NAME} bytes, no '/' or NUL",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    Ok(())
+}
+
+/// The client's settings.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The RDMA port (20049).
+    pub port: u16,
+    /// The transport's settings.
+    pub transport: transport::Options,
+    /// The credential (`AUTH_SYS` of this process when `None`).
+    pub auth: Option<Auth>,
+    /// Largest READ and WRITE (the server's maximum caps it).
+    pub io_size: u32,
+    /// Calls in flight for whole-file reads and writes.
+    pub window: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            port: transport::DEFAULT_PORT,
+            transport: transport::Options::default(),
+            auth: None,
+            io_size: 1 << 20,
+            window: 8,
+        }
+    }
+}
+
+/// An NFSv3 client on one RPC-over-RDMA connection. Clones share it (and
+/// may call concurrently).
+#[derive(Debug, Clone)]
+pub struct Client {
+    t: Transport,
+    auth: Auth,
+    root: Fh,
+    rsize: u32,
+    wsize: u32,
+    window: usize,
+}
+
+impl Client {
+    /// Gets the root handle of `export` from the server's mountd (TCP),
+    /// connects over RDMA and asks the server's transfer sizes (FSINFO).
+    ///
+    /// # Errors
+    /// [`NfsError::Mount`], or the transport's failure to connect.
+    pub async fn mount(server: IpAddr, export: &str, o: Options) -> Result<Client> {
+        let auth = o.auth.clone().unwrap_or_else(Auth::sys_for_process);
+        let root = mount::mount(server, export, &auth, o.transport.connect_timeout)
+            .map_err(NfsError::Mount)?;
+        Client::connect(SocketAddr::new(server, o.port), Fh(root), o).await
+    }
+
+    /// Connects with a root handle already known.
+    ///
+    /// # Errors
+    /// The transport's failure to connect; FSINFO's failure.
+    pub async fn connect(addr: SocketAddr, root: Fh, o: Options) -> Result<Client> {
+        let auth = o.auth.clone().unwrap_or_else(Auth::sys_for_process);
+        let t = Transport::connect(addr, o.transport.clone()).await?;
+        let mut c = Client {
+            t,
+            auth,
+            root,
+            rsize: o.io_size.max(4096),
+            wsize: o.io_size.max(4096),
+            window: o.window.max(1),
+        };
+        let (rtmax, wtmax) = c.fsinfo().await?;
+        c.rsize = c.rsize.min(rtmax).max(4096);
+        c.wsize = c.wsize.min(wtmax).max(4096);
+        Ok(c)
+    }
+
+    /// The root handle.
+    pub fn root(&self) -> &Fh {
+        &self.root
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &Transport {
+        &self.t
+    }
+
+    /// The READ and WRITE sizes in use.
+    pub fn io_sizes(&self) -> (u32, u32) {
+        (self.rsize, self.wsize)
+    }
+
+    /// The largest WRITE payload to `f` that goes inline (one more byte
+    /// goes through a read chunk): the negotiated inline send size less
+    /// the transport header and the WRITE call up to its data, rounded down
+    /// to XDR's 4 bytes.
+    pub fn max_inline_write(&self, f: &Fh) -> usize {
+        let mut w = self.header(proc_::WRITE);
+        w.opaque(&f.0).u64(0).u32(0).u32(2).u32(0);
+        let room = self
+            .t
+            .negotiated()
+            .inline_send
+            .saturating_sub(crate::rpcrdma::MIN_HEADER + w.len());
+        room & !3
+    }
+
+    /// Closes the connection once every call handed over has finished.
+    pub async fn close(self) {
+        self.t.close().await
+    }
+
+    fn header(&self, p: u32) -> Writer {
+        let mut w = Writer::new();
+        encode_call(&mut w, 0, NFS_PROG, NFS_V3, p, &self.auth);
+        w
+    }
+
+    async fn call(&self, call: Call) -> Result<Reply> {
+        Ok(self.t.call(call).await?)
+    }
+
+    /// A call with small arguments and a small reply.
+    async fn simple(&self, w: Writer) -> Result<Reply> {
+        self.call(Call {
+            msg: w.buf,
+            max_reply: 1024,
+            ..Call::default()
+        })
+        .await
+    }
+
+    /// The results of a reply, with its status checked (what a failed
+    /// reply carries after its status is not needed).
+    fn results<'a>(op: &'static str, reply: &'a Reply) -> Result<Reader<'a>> {
+        let (_, mut r) = decode_reply(&reply.msg).map_err(NfsError::Rpc)?;
+        let status = r.u32("nfsstat3").map_err(|e| NfsError::Decode(op, e))?;
+        if status != 0 {
+            return Err(NfsError::Status { op, status });
+        }
+        Ok(r)
+    }
+
+    /// NULL.
+    ///
+    /// # Errors
+    /// The transport's or the RPC layer's.
+    pub async fn null(&self) -> Result<()> {
+        let reply = self.simple(self.header(proc_::NULL)).await?;
+        decode_reply(&reply.msg).map_err(NfsError::Rpc)?;
+        Ok(())
+    }
+
+    /// FSINFO of the root: the largest READ and WRITE.
+    ///
+    /// # Errors
+    /// As [`Client::null`], and a failed status.
+    pub async fn fsinfo(&self) -> Result<(u32, u32)> {
+        let mut w = self.header(proc_::FSINFO);
+        w.opaque(&self.root.0);
+        let reply = self.simple(w).await?;
+        let mut r = Self::results("FSINFO", &reply)?;
+        let d = |e| NfsError::Decode("FSINFO", e);
+        post_op_attr(&mut r).map_err(d)?;
+        let rtmax = r.u32("rtmax").map_err(d)?;
+        let _rtpref = r.u32("rtpref").map_err(d)?;
+        let _rtmult = r.u32("rtmult").map_err(d)?;
+        let wtmax = r.u32("wtmax").map_err(d)?;
+        Ok((rtmax, wtmax))
+    }
+
+    /// GETATTR.
+    ///
+    /// # Errors
+    /// As [`Client::fsinfo`].
+    pub async fn getattr(&self, f: &Fh) -> Result<Fattr> {
+        let mut w = self.header(proc_::GETATTR);
+        w.opaque(&f.0);
+        let reply = self.simple(w).await?;
+        let mut r = Self::results("GETATTR", &reply)?;
+        fattr(&mut r).map_err(|e| NfsError::Decode("GETATTR", e))
+    }
+
+    /// LOOKUP of `name` in `dir`.
+    ///
+    /// # Errors
+    /// As [`Client::fsinfo`]; [`NfsError::Invalid`] for a bad name.
+    pub async fn lookup(&self, dir: &Fh, name: &[u8]) -> Result<(Fh, Option<Fattr>)> {
+        name_ok(name)?;
+        let mut w = self.header(proc_::LOOKUP);
+        w.opaque(&dir.0).opaque(name);
+        let reply = self.simple(w).await?;
+        let mut r = Self::results("LOOKUP", &reply)?;
+        let d = |e| NfsError::Decode("LOOKUP", e);
+        let f = fh(&mut r).map_err(d)?;
+        let a = post_op_attr(&mut r).map_err(d)?;
+        Ok((f, a))
+    }
+
+    /// LOOKUP of each component of `path` (relative to the root; empty
+    /// components and `.` are skipped).
+    ///
+    /// # Errors
+    /// As [`Client::lookup`].
+    pub async fn lookup_path(&self, path: &str) -> Result<Fh> {
+        let mut f = self.root.clone();
+        for c in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
+            f = self.lookup(&f, c.as_bytes()).await?.0;
+        }
+        Ok(f)
+    }
+
+    /// READ of up to `count` bytes at `offset`: the data and whether it
+    /// reached the end of the file.
+    ///
+    /// # Errors
+    /// As [`Client::fsinfo`]; [`NfsError::Decode`] when the data the
+    /// server says it sent is not there.
+    pub async fn read(&self, f: &Fh, offset: u64, count: u32) -> Result<(Vec<u8>, bool)> {
+        let mut w = self.header(proc_::READ);
+        w.opaque(&f.0).u64(offset).u32(count);
+        let inline = count as usize + 512 <= self.t.negotiated().inline_recv;
+        let reply = self
+            .call(Call {
+                msg: w.buf,
+                write_chunk: if inline { 0 } else { count as usize },
+                max_reply: 1024,
+                ..Call::default()
+            })
+            .await?;
+        let mut r = Self::results("READ", &reply)?;
+        let d = |e| NfsError::Decode("READ", e);
+        post_op_attr(&mut r).map_err(d)?;
+        let n = r.u32("READ3resok.count").map_err(d)?;
+        let eof = r.bool("READ3resok.eof").map_err(d)?;
+        let at = r.pos();
+        let len = r.u32("READ3resok.data").map_err(d)? as usize;
+        if len > count as usize || len != n as usize {
+            return Err(NfsError::Decode(
+                "READ",
+                r.error(
+                    "READ3resok.data",
+                    crate::xdr::DecodeErrorKind::TooLong {
+                        len: len as u64,
+                        max: u64::from(n.min(count)),
+                    },
+                ),
+            ));
+        }
+        let inline_data = r.remaining() > 0 || len == 0;
+        let end_pos = r.pos();
+        let data = if inline_data {
+            // Inline.
+            let mut r2 = Reader::new(&reply.msg[at..]);
+            r2.opaque("READ3resok.data", count as usize)
+                .map_err(d)?
+                .to_vec()
+        } else {
+            match reply.data {
+                Some(mut data) if data.len() >= len => {
+                    data.truncate(len);
+                    data
+                }
+                other => {
+                    return Err(NfsError::Decode(
+                        "READ",
+                        DecodeError {
+                            what: "READ3resok.data (write chunk)",
+                            at: end_pos,
+                            kind: crate::xdr::DecodeErrorKind::Truncated {
+                                need: len,
+                                have: other.map_or(0, |d| d.len()),
+                            },
+                        },
+                    ))
+                }
+            }
+        };
+        Ok((data, eof))
+    }
+
+    /// WRITE of `data` at `offset`, `FILE_SYNC`: how many bytes the server
+    /// wrote.
+    ///
+    /// # Errors
+    /// As [`Client::fsinfo`].
+    pub async fn write(&self, f: &Fh, offset: u64, data: Vec<u8>) -> Result<u32> {
+        let mut w = self.header(proc_::WRITE);
+        let len = u32::try_from(data.len())
+            .map_err(|_| NfsError::Invalid("a WRITE of more than 4 GiB".into()))?;
+        w.opaque(&f.0).u64(offset).u32(len).u32(2).u32(len);
+        let reply = self
+            .call(Call {
+                msg: w.buf,
+                payload: data,
+                max_reply: 1024,
+                ..Call::default()
+            })
+            .await?;
+        let mut r = Self::results("WRITE", &reply)?;
+        let d = |e| NfsError::Decode("WRITE", e);
+        wcc_data(&mut r).map_err(d)?;
+        r.u32("WRITE3resok.count").map_err(d)
+    }
+
+    /// CREATE (UNCHECKED) of `name` in `dir` with `mode`, truncated to 0
+    /// bytes if it exists.
+    ///
+    /// # Errors
+    /// As [`Client::lookup`].
+    pub async fn create(&self, dir: &Fh, name: &[u8], mode: u32) -> Result<Fh> {
+        name_ok(name)?;
+        let mut w = self.header(proc_::CREATE);
+        w.opaque(&dir.0).opaque(name).u32(0);
+        // sattr3: mode, no uid or gid, size 0, times unchanged.
+        w.bool(true).u32(mode).bool(false).bool(false);
+        w.bool(true).u64(0).u32(0).u32(0);
+        let reply = self.simple(w).await?;
+        let mut r = Self::results("CREATE", &reply)?;
+        let d = |e| NfsError::Decode("CREATE", e);
+        if r.bool("post_op_fh3").map_err(d)? {
+            return fh(&mut r).map_err(d);
+        }
+        // No handle in the reply: look it up.
+        Ok(self.lookup(dir, name).await?.0)
+    }
+
+    /// REMOVE of `name` in `dir`.
+    ///
+    /// # Errors
+    /// As [`Client::lookup`].
+    pub async fn remove(&self, dir: &Fh, name: &[u8]) -> Result<()> {
+        name_ok(name)?;
+        let mut w = self.header(proc_::REMOVE);
+        w.opaque(&dir.0).opaque(name);
+        let reply = self.simple(w).await?;
+        Self::results("REMOVE", &reply).map(drop)
+    }
+
+    /// READDIR until the end: every entry (`.` and `..` included, as the
+    /// server lists them).
+    ///
+    /// # Errors
+    /// As [`Client::fsinfo`].
+    pub async fn readdir(&self, dir: &Fh) -> Result<Vec<DirEntry>> {
+        self.list(dir, false).await
+    }
+
+    /// READDIRPLUS until the end: every entry with its attributes and
+    /// handle when the server sends them.
+    ///
+    /// # Errors
+    /// As [`Client::fsinfo`].
+    pub async fn readdirplus(&self, dir: &Fh) -> Result<Vec<DirEntry>> {
+        self.list(dir, true).await
+    }
+
+    async fn list(&self, dir: &Fh, plus: bool) -> Result<Vec<DirEntry>> {
+        let op = if plus { "READDIRPLUS" } else { "READDIR" };
+        let count: u32 = 32 << 10;
+        let mut out = Vec::new();
+        let mut cookie = 0u64;
+        let mut verf = [0u8; 8];
+        loop {
+            let mut w = self.header(if plus {
+                proc_::READDIRPLUS
+            } else {
+                proc_::READDIR
+            });
+            w.opaque(&dir.0).u64(cookie).fixed(&verf).u32(count);
+            if plus {
+                w.u32(count);
+            }
+            let reply = self
+                .call(Call {
+                    msg: w.buf,
+                    max_reply: count as usize + 1024,
+                    ..Call::default()
+                })
+                .await?;
+            let mut r = Self::results(op, &reply)?;
+            let d = |e| NfsError::Decode(op, e);
+            post_op_attr(&mut r).map_err(d)?;
+            verf.copy_from_slice(r.fixed("cookieverf3", 8).map_err(d)?);
+            let before = out.len();
+            while r.bool("entry follows").map_err(d)? {
+                let fileid = r.u64("entry.fileid").map_err(d)?;
+                let name = r.opaque("entry.name", MAX_NAME).map_err(d)?.to_vec();
+                cookie = r.u64("entry.cookie").map_err(d)?;
+                let (attr, fh) = if plus {
+                    let a = post_op_attr(&mut r).map_err(d)?;
+                    let f = if r.bool("post_op_fh3").map_err(d)? {
+                        Some(fh(&mut r).map_err(d)?)
+                    } else {
+                        None
+                    };
+                    (a, f)
+                } else {
+                    (None, None)
+                };
+                out.push(DirEntry {
+                    fileid,
+                    name,
+                    attr,
+                    fh,
+                });
+            }
+            let eof = r.bool("dirlist.eof").map_err(d)?;
+            if eof {
+                return Ok(out);
+            }
+            if out.len() == before {
+                return Err(NfsError::Invalid(format!(
+                    "{op}: the server returned no entries and no end of directory"
+                )));
+            }
+        }
+    }
+
+    /// The whole file, with up to the window's READs in flight.
+    ///
+    /// # Errors
+    /// As [`Client::read`].
+    pub async fn read_all(&self, f: &Fh) -> Result<Vec<u8>> {
+        let size = self.getattr(f).await?.size;
+        let step = u64::from(self.rsize);
+        let mut out = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(1 << 30));
+        let mut q = VecDeque::new();
+        let mut next = 0u64;
+        let mut eof = false;
+        while next < size || !q.is_empty() {
+            while next < size && q.len() < self.window {
+                let c = self.clone();
+                let f = f.clone();
+                let n = step.min(size - next) as u32;
+                let at = next;
+                q.push_back(tokio::spawn(async move { c.read(&f, at, n).await }));
+                next += u64::from(n);
+            }
+            let Some(h) = q.pop_front() else { break };
+            let (data, e) = h
+                .await
+                .map_err(|e| NfsError::Invalid(format!("READ task: {e}")))??;
+            out.extend_from_slice(&data);
+            eof = e;
+            if data.is_empty() && next < size {
+                // The file shrank: stop at what was read.
+                break;
+            }
+        }
+        // The file may have grown since GETATTR: read on to the end.
+        while !eof {
+            let (data, e) = self.read(f, out.len() as u64, self.rsize).await?;
+            out.extend_from_slice(&data);
+            eof = e || data.is_empty();
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` from offset 0, with up to the window's WRITEs in
+    /// flight.
+    ///
+    /// # Errors
+    /// As [`Client::write`]; [`NfsError::Invalid`] when the server writes
+    /// less than asked.
+    pub async fn write_all(&self, f: &Fh, data: &[u8]) -> Result<()> {
+        let mut q = VecDeque::new();
+        let mut chunks = data.chunks(self.wsize as usize).enumerate();
+        loop {
+            while q.len() < self.window {
+                let Some((i, piece)) = chunks.next() else {
+                    break;
+                };
+                let c = self.clone();
+                let f = f.clone();
+                let piece = piece.to_vec();
+                let at = i as u64 * u64::from(self.wsize);
+                let n = piece.len() as u32;
+                q.push_back((
+                    at,
+                    n,
+                    tokio::spawn(async move { c.write(&f, at, piece).await }),
+                ));
+            }
+            let Some((at, n, h)) = q.pop_front() else {
+                return Ok(());
+            };
+            let wrote = h
+                .await
+                .map_err(|e| NfsError::Invalid(format!("WRITE task: {e}")))??;
+            if wrote != n {
+                return Err(NfsError::Invalid(format!(
+                    "WRITE at {at}: the server wrote {wrote} of {n} bytes"
+                )));
+            }
+        }
+    }
+}

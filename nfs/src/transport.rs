@@ -1,0 +1,1029 @@
+//! The RPC-over-RDMA version 1 client transport, on `rdma::aio` and tokio.
+//!
+//! One task owns the connection (its QP, CQ, buffer pools and the calls in
+//! flight); [`Transport`] is a cheap handle that hands it calls and awaits
+//! their replies, so any number of tasks may call at once. The task:
+//!
+//! - connects with RDMA CM, offering RFC 8797 private data with its inline
+//!   sizes, and takes the server's when it answers with them (otherwise
+//!   both directions use RFC 8166's 1024 bytes);
+//! - posts a receive of the inline size into every slot of its receive pool
+//!   (one per credit it asks for) **before** it connects, and reposts each
+//!   one as soon as its reply has been copied out, so a receive is always
+//!   waiting for every call in flight;
+//! - keeps at most `min(granted credits, receives)` calls in flight, follows
+//!   every reply's grant (a grant of 0 counts as 1, as Linux's client does,
+//!   and a grant beyond the receives it posted is capped), and queues the
+//!   rest in order;
+//! - sends a call inline when it fits the server's inline threshold; else
+//!   moves a WRITE's payload to a data-bearing read chunk at its XDR
+//!   position; else sends the whole message as a position-zero read chunk
+//!   (`RDMA_NOMSG`); offers a write chunk for a READ's data and a reply
+//!   chunk for replies that may exceed the inline threshold;
+//! - honours the length the server returns in a write or reply chunk, and
+//!   deregisters every chunk of a call when its reply arrives (or when the
+//!   call fails), whether the server used it or not;
+//! - on a call's timeout while connected, disconnects (RDMA has no
+//!   keep-alive), reconnects and retransmits every pending call with its
+//!   xid; a late reply to an xid no longer pending is dropped.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdma::aio::{tokio as rt, AsyncCmId, AsyncCq};
+use rdma::cm::{CmEventType, ConnParam, PortSpace};
+use rdma::{
+    AccessFlags, BufferPool, Completion, MemoryRegion, ProtectionDomain, QpState, QpType,
+    QueuePair, SendWr, WcOpcode, WcStatus,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::rpcrdma::{
+    Body, Chunks, ConnectPrivate, Header, RdmaError, ReadSegment, Segment, DEFAULT_INLINE, VERSION,
+};
+use crate::xdr::{pad, DecodeError, Writer};
+
+/// The IANA port of NFS over RDMA.
+pub const DEFAULT_PORT: u16 = 20049;
+
+/// The transport's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Credits asked for, and receives posted: the most calls in flight.
+    pub credits: u32,
+    /// The largest message this client sends inline (the server's receive
+    /// size caps it).
+    pub inline_send: usize,
+    /// The largest message this client receives inline: the size of each
+    /// posted receive.
+    pub inline_recv: usize,
+    /// How long each connection step may take.
+    pub connect_timeout: Duration,
+    /// How long a call waits for its reply before the connection is
+    /// dropped, remade and the call sent again.
+    pub call_timeout: Duration,
+    /// How often a call is sent again after timeouts before it fails.
+    pub retries: u32,
+    /// Advertise RFC 8797 private data when connecting.
+    pub private_data: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            credits: 32,
+            inline_send: 4096,
+            inline_recv: 4096,
+            connect_timeout: Duration::from_secs(10),
+            call_timeout: Duration::from_secs(30),
+            retries: 2,
+            private_data: true,
+        }
+    }
+}
+
+/// Why a call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// No connection (it could not be made, or broke and could not be
+    /// remade): connect again and retry.
+    NotConnected(String),
+    /// Memory for the call could not be registered: try again later.
+    NoBuffers(String),
+    /// The reply did not come within the timeout, after every retry.
+    TimedOut {
+        /// The call's xid.
+        xid: u32,
+        /// How often it was sent.
+        sent: u32,
+    },
+    /// The server answered `RDMA_ERROR`.
+    Rdma(RdmaError),
+    /// The server's transport header or chunks were malformed or broke the
+    /// protocol (a chunk longer than offered, a reply chunk never offered).
+    Malformed(String),
+    /// The call cannot be sent at all (too large), or the transport is
+    /// closed: do not retry.
+    Permanent(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NotConnected(why) => write!(f, "not connected: {why}"),
+            Error::NoBuffers(why) => write!(f, "no buffers: {why}"),
+            Error::TimedOut { xid, sent } => {
+                write!(f, "call {xid:#x} got no reply (sent {sent} times)")
+            }
+            Error::Rdma(e) => write!(f, "{e}"),
+            Error::Malformed(why) => write!(f, "malformed reply from the server: {why}"),
+            Error::Permanent(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// The result of a call.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// An RPC call to send: the encoded message (its first four bytes, the
+/// xid, are filled in by the transport) and, for a WRITE, the payload that
+/// follows it in the XDR stream (its length is the last word of `msg`).
+#[derive(Debug, Clone, Default)]
+pub struct Call {
+    /// The RPC call message up to the payload.
+    pub msg: Vec<u8>,
+    /// A data-bearing item at the end of the message (WRITE's data), sent
+    /// through a read chunk when the call does not fit inline.
+    pub payload: Vec<u8>,
+    /// Offer a write chunk of this many bytes for the reply's data item
+    /// (READ's data); 0: none.
+    pub write_chunk: usize,
+    /// The largest reply expected: a reply chunk of this size is offered
+    /// when it exceeds the inline receive size.
+    pub max_reply: usize,
+}
+
+/// A reply: the RPC reply message and the data the server wrote into the
+/// call's write chunk (as long as it said it wrote).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reply {
+    /// The RPC reply, from the xid on.
+    pub msg: Vec<u8>,
+    /// The write chunk's data, when the server used it.
+    pub data: Option<Vec<u8>>,
+}
+
+/// Counters of what the transport did.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Calls sent inline (`RDMA_MSG`, no read chunk).
+    pub inline_calls: AtomicU64,
+    /// Calls whose payload went through a data-bearing read chunk.
+    pub read_chunk_calls: AtomicU64,
+    /// Calls sent whole as a position-zero read chunk (`RDMA_NOMSG`).
+    pub nomsg_calls: AtomicU64,
+    /// Replies that used a write chunk.
+    pub write_chunk_replies: AtomicU64,
+    /// Replies that came in the reply chunk (`RDMA_NOMSG`).
+    pub reply_chunk_replies: AtomicU64,
+    /// Replies to no pending call (late duplicates), dropped.
+    pub dropped_replies: AtomicU64,
+    /// The most calls ever in flight at once.
+    pub max_in_flight: AtomicU64,
+    /// The last credit grant seen.
+    pub granted: AtomicU64,
+    /// Connections made (1 + reconnections).
+    pub connects: AtomicU64,
+    /// Chunk registrations alive now (0 when nothing is in flight).
+    pub chunks_registered: AtomicU64,
+    /// Calls sent again after a reconnection.
+    pub retransmits: AtomicU64,
+}
+
+/// What the connection agreed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Negotiated {
+    /// The largest call sent inline.
+    pub inline_send: usize,
+    /// The largest reply received inline.
+    pub inline_recv: usize,
+    /// The server sent RFC 8797 private data.
+    pub server_private: bool,
+}
+
+struct Request {
+    call: Call,
+    reply: oneshot::Sender<Result<Reply>>,
+}
+
+/// A handle to the transport's task. Clones share the connection.
+#[derive(Debug, Clone)]
+pub struct Transport {
+    tx: mpsc::UnboundedSender<Request>,
+    stats: Arc<Stats>,
+    negotiated: Negotiated,
+    done: Arc<tokio::sync::Notify>,
+}
+
+impl fmt::Debug for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Request")
+            .field("msg", &self.call.msg.len())
+            .field("payload", &self.call.payload.len())
+            .finish()
+    }
+}
+
+fn rdma_err(what: &'static str) -> impl FnOnce(rdma::Error) -> Error {
+    move |e| Error::NotConnected(format!("{what}: {e}"))
+}
+
+async fn step<T>(
+    t: Duration,
+    what: &'static str,
+    f: impl std::future::Future<Output = rdma::Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(t, f).await {
+        Err(_) => Err(Error::NotConnected(format!(
+            "{what}: no answer within {t:?}"
+        ))),
+        Ok(r) => r.map_err(rdma_err(what)),
+    }
+}
+
+/// Receive work requests carry this bit.
+const RECV: u64 = 1 << 63;
+
+/// One connection: its resources, field order = drop order (QP before CQ,
+/// the id last).
+struct Conn {
+    qp: QueuePair,
+    acq: AsyncCq,
+    send_pool: BufferPool,
+    /// Its slots are posted as receives (and reposted) for the connection's life.
+    _recv_pool: BufferPool,
+    pd: ProtectionDomain,
+    id: AsyncCmId,
+    negotiated: Negotiated,
+    /// Unused tails of send buffers in flight, by work request.
+    tails: HashMap<u64, MemoryRegion>,
+    next_wr: u64,
+}
+
+impl Conn {
+    async fn connect(addr: SocketAddr, o: &Options) -> Result<Conn> {
+        // One deadline for every step: "no server" fails within it.
+        let deadline = Instant::now() + o.connect_timeout;
+        let left = || {
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1))
+        };
+        let at = |e: Error| match e {
+            Error::NotConnected(m) => Error::NotConnected(format!("connecting to {addr}: {m}")),
+            e => e,
+        };
+        let cm = rt::cm_channel().map_err(rdma_err("rdma_create_event_channel"))?;
+        let mut id = cm
+            .create_id(PortSpace::Tcp)
+            .map_err(rdma_err("rdma_create_id"))?;
+        step(
+            left(),
+            "rdma_resolve_addr",
+            id.resolve_addr(None, addr, left()),
+        )
+        .await
+        .map_err(at)?;
+        step(left(), "rdma_resolve_route", id.resolve_route(left()))
+            .await
+            .map_err(at)?;
+        let ctx = id.id().context().map_err(rdma_err("rdma_cm context"))?;
+        let pd = ctx.alloc_pd().map_err(rdma_err("ibv_alloc_pd"))?;
+        let channel = ctx
+            .create_comp_channel()
+            .map_err(rdma_err("ibv_create_comp_channel"))?;
+        let cq = ctx
+            .create_cq(2 * o.credits + 2, Some(&channel), 0)
+            .map_err(rdma_err("ibv_create_cq"))?;
+        let acq = rt::completions(&cq).map_err(rdma_err("rdma::aio completions"))?;
+        let mut qp = pd
+            .qp_builder(QpType::Rc, &cq, &cq)
+            .max_send_wr(o.credits)
+            .max_recv_wr(o.credits)
+            .max_send_sge(1)
+            .max_recv_sge(1)
+            .build()
+            .map_err(rdma_err("ibv_create_qp"))?;
+        let recv_pool = BufferPool::new(
+            &pd,
+            o.inline_recv,
+            o.credits as usize,
+            AccessFlags::LOCAL_WRITE,
+        )
+        .map_err(rdma_err("receive buffers"))?;
+        let send_pool =
+            BufferPool::new(&pd, o.inline_send, o.credits as usize, AccessFlags::empty())
+                .map_err(rdma_err("send buffers"))?;
+        id.id()
+            .modify_qp(&qp, QpState::Init)
+            .map_err(rdma_err("ibv_modify_qp(INIT)"))?;
+        // Every receive is posted before the first call can be sent (siw
+        // has no RNR retry: a SEND without a receive breaks the connection).
+        let mut next_wr = 0;
+        while let Some(buf) = recv_pool.take() {
+            next_wr += 1;
+            qp.post_recv(RECV | next_wr, buf)
+                .map_err(|e| Error::NotConnected(format!("ibv_post_recv: {e}")))?;
+        }
+        let mut param = ConnParam::default();
+        if o.private_data {
+            param.private_data = ConnectPrivate {
+                version: 1,
+                flags: 0,
+                send_size: o.inline_send,
+                recv_size: o.inline_recv,
+            }
+            .encode()
+            .to_vec();
+        }
+        let peer = match tokio::time::timeout(left(), id.connect(&qp, &param)).await {
+            Err(_) => {
+                return Err(Error::NotConnected(format!(
+                    "rdma_connect to {addr}: no answer within {:?} of the connection's start",
+                    o.connect_timeout
+                )))
+            }
+            Ok(Err(rdma::Error::CmEvent {
+                event: CmEventType::Rejected,
+                ..
+            })) => {
+                return Err(Error::NotConnected(format!(
+                    "rdma_connect to {addr}: rejected (is an NFS server listening for RDMA \
+                     on port {}?)",
+                    addr.port()
+                )))
+            }
+            Ok(Err(e)) => return Err(Error::NotConnected(format!("rdma_connect to {addr}: {e}"))),
+            Ok(Ok(p)) => p,
+        };
+        let server = ConnectPrivate::decode(&peer.private_data);
+        let negotiated = match server {
+            Some(s) => Negotiated {
+                inline_send: o.inline_send.min(s.recv_size),
+                inline_recv: o.inline_recv,
+                server_private: true,
+            },
+            None => Negotiated {
+                inline_send: o.inline_send.min(DEFAULT_INLINE),
+                inline_recv: o.inline_recv,
+                server_private: false,
+            },
+        };
+        Ok(Conn {
+            qp,
+            acq,
+            send_pool,
+            _recv_pool: recv_pool,
+            pd,
+            id,
+            negotiated,
+            tails: HashMap::new(),
+            next_wr,
+        })
+    }
+
+    fn next_id(&mut self) -> u64 {
+        self.next_wr = (self.next_wr + 1) & !RECV;
+        self.next_wr
+    }
+}
+
+/// A call in flight: what to send again after a reconnection, the chunks
+/// its reply may use (deregistered when it goes), where its reply goes.
+struct Pending {
+    call: Call,
+    reply: oneshot::Sender<Result<Reply>>,
+    deadline: Instant,
+    sent: u32,
+    /// The call's payload is the first read chunk's memory, not in `call`.
+    payload_in_chunk: bool,
+    chunks: Vec<Registered>,
+    write: Option<Registered>,
+    reply_chunk: Option<Registered>,
+}
+
+/// A chunk's registration, counted in [`Stats::chunks_registered`] while it
+/// lives; dropping it deregisters the memory (its rkey is then invalid).
+struct Registered {
+    mr: MemoryRegion,
+    stats: Arc<Stats>,
+}
+
+impl Registered {
+    fn new(mr: MemoryRegion, stats: &Arc<Stats>) -> Registered {
+        stats.chunks_registered.fetch_add(1, Ordering::Relaxed);
+        Registered {
+            mr,
+            stats: Arc::clone(stats),
+        }
+    }
+
+    fn segment(&self) -> Segment {
+        Segment {
+            handle: self.mr.rkey(),
+            length: u32::try_from(self.mr.len()).unwrap_or(u32::MAX),
+            offset: self.mr.addr(),
+        }
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.stats.chunks_registered.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The task's state.
+struct Engine {
+    addr: SocketAddr,
+    opts: Options,
+    conn: Option<Conn>,
+    stats: Arc<Stats>,
+    credits: u32,
+    in_flight: u32,
+    pending: HashMap<u32, Pending>,
+    queue: VecDeque<(u32, Request, u32)>,
+    next_xid: u32,
+    /// Why the last connection was lost (for the error of calls that a
+    /// reconnection then fails).
+    down: Option<String>,
+}
+
+impl Transport {
+    /// Connects to `addr` and starts the transport's task on the current
+    /// tokio runtime.
+    ///
+    /// # Errors
+    /// [`Error::NotConnected`] naming the connection step that failed
+    /// (no listener: rejected; no route; timed out).
+    pub async fn connect(addr: SocketAddr, opts: Options) -> Result<Transport> {
+        if opts.credits == 0 || opts.inline_send < 1024 || opts.inline_recv < 1024 {
+            return Err(Error::Permanent(
+                "options: credits must be at least 1 and inline sizes at least 1024".into(),
+            ));
+        }
+        let conn = Conn::connect(addr, &opts).await?;
+        let negotiated = conn.negotiated;
+        let stats = Arc::new(Stats::default());
+        stats.connects.store(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let done = Arc::new(tokio::sync::Notify::new());
+        let engine = Engine {
+            addr,
+            opts,
+            conn: Some(conn),
+            stats: Arc::clone(&stats),
+            credits: 1,
+            in_flight: 0,
+            pending: HashMap::new(),
+            queue: VecDeque::new(),
+            // Distinct xids across runs of the process.
+            next_xid: std::process::id().wrapping_mul(0x9e37_79b9),
+            down: None,
+        };
+        let d = Arc::clone(&done);
+        tokio::spawn(async move {
+            engine.run(rx).await;
+            d.notify_one();
+        });
+        Ok(Transport {
+            tx,
+            stats,
+            negotiated,
+            done,
+        })
+    }
+
+    /// Sends `call` and waits for its reply.
+    ///
+    /// # Errors
+    /// As [`Error`]: the transport's outcome; the RPC reply itself is
+    /// decoded by the caller.
+    pub async fn call(&self, call: Call) -> Result<Reply> {
+        if call.msg.len() < 4 {
+            return Err(Error::Permanent("an RPC call of fewer than 4 bytes".into()));
+        }
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request { call, reply })
+            .map_err(|_| Error::Permanent("the transport is closed".into()))?;
+        rx.await
+            .unwrap_or_else(|_| Err(Error::Permanent("the transport task ended".into())))
+    }
+
+    /// What the connection agreed.
+    pub fn negotiated(&self) -> Negotiated {
+        self.negotiated
+    }
+
+    /// The transport's counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Closes: calls already handed over finish first, then the task
+    /// disconnects and ends (this waits for it).
+    pub async fn close(self) {
+        let Transport { tx, done, .. } = self;
+        drop(tx);
+        done.notified().await;
+    }
+}
+
+impl Engine {
+    fn window(&self) -> u32 {
+        self.credits.min(self.opts.credits)
+    }
+
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Request>) {
+        let mut open = true;
+        loop {
+            self.start_queued();
+            if !open && self.pending.is_empty() && self.queue.is_empty() {
+                break;
+            }
+            let deadline = self.pending.values().map(|p| p.deadline).min();
+            let Some(conn) = self.conn.as_mut() else {
+                // Not connected (the connection broke, or a reconnection
+                // gave up): reconnect for the calls that wait, or for the
+                // next one to come.
+                if self.pending.is_empty() && self.queue.is_empty() {
+                    match rx.recv().await {
+                        Some(r) => {
+                            let xid = self.xid();
+                            self.queue.push_back((xid, r, 0));
+                        }
+                        None => break,
+                    }
+                }
+                self.reconnect().await;
+                continue;
+            };
+            tokio::select! {
+                biased;
+                c = conn.acq.next() => match c {
+                    Ok(c) => self.completion(c),
+                    Err(e) => self.broken(format!("polling the CQ: {e}")).await,
+                },
+                ev = conn.id.next_event() => {
+                    let why = match ev {
+                        Ok(ev) => format!("the connection manager reported {:?}", ev.event_type()),
+                        Err(e) => format!("the connection manager failed: {e}"),
+                    };
+                    self.broken(why).await;
+                }
+                r = rx.recv(), if open => match r {
+                    Some(r) => {
+                        let xid = self.xid();
+                        self.queue.push_back((xid, r, 0));
+                    }
+                    None => open = false,
+                },
+                _ = sleep_until(deadline) => self.timed_out().await,
+            }
+        }
+        if let Some(mut c) = self.conn.take() {
+            let _ = tokio::time::timeout(self.opts.connect_timeout, c.id.disconnect()).await;
+            let _ = c.qp.to_error();
+        }
+    }
+
+    fn xid(&mut self) -> u32 {
+        self.next_xid = self.next_xid.wrapping_add(1);
+        self.next_xid
+    }
+
+    fn start_queued(&mut self) {
+        while self.in_flight < self.window() {
+            let Some(conn) = self.conn.as_ref() else {
+                return;
+            };
+            if conn.send_pool.available() == 0 {
+                return;
+            }
+            let Some((xid, req, sent)) = self.queue.pop_front() else {
+                return;
+            };
+            match self.send(xid, req.call, sent) {
+                Ok(p) => {
+                    let p = Pending {
+                        reply: req.reply,
+                        ..p
+                    };
+                    self.pending.insert(xid, p);
+                    self.in_flight += 1;
+                    self.stats
+                        .max_in_flight
+                        .fetch_max(u64::from(self.in_flight), Ordering::Relaxed);
+                }
+                Err(e) => {
+                    let _ = req.reply.send(Err(e));
+                }
+            }
+        }
+    }
+
+    /// Marshals and posts one call; the result's `reply` is a placeholder.
+    fn send(&mut self, xid: u32, mut call: Call, sent: u32) -> Result<Pending> {
+        let conn = self
+            .conn
+            .as_mut()
+            .ok_or_else(|| Error::NotConnected("no connection".into()))?;
+        call.msg[..4].copy_from_slice(&xid.to_be_bytes());
+        let limit = conn.negotiated.inline_send;
+        let mut p = Pending {
+            call: Call::default(),
+            reply: oneshot::channel().0,
+            deadline: Instant::now() + self.opts.call_timeout,
+            sent: sent + 1,
+            payload_in_chunk: false,
+            chunks: Vec::new(),
+            write: None,
+            reply_chunk: None,
+        };
+        let mut chunks = Chunks::default();
+        // A failure below drops what was registered with `p`.
+        let stats = &self.stats;
+        if call.write_chunk > 0 {
+            let mr = conn
+                .pd
+                .alloc_mr(
+                    call.write_chunk,
+                    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+                )
+                .map_err(|e| Error::NoBuffers(format!("registering a write chunk: {e}")))?;
+            let mr = Registered::new(mr, stats);
+            chunks.write.push(vec![mr.segment()]);
+            p.write = Some(mr);
+        }
+        if call.max_reply > conn.negotiated.inline_recv {
+            let mr = conn
+                .pd
+                .alloc_mr(
+                    call.max_reply,
+                    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+                )
+                .map_err(|e| Error::NoBuffers(format!("registering a reply chunk: {e}")))?;
+            let mr = Registered::new(mr, stats);
+            chunks.reply = Some(vec![mr.segment()]);
+            p.reply_chunk = Some(mr);
+        }
+        let header_len = |c: &Chunks| {
+            let mut w = Writer::new();
+            Header {
+                xid,
+                vers: VERSION,
+                credits: 0,
+                body: Body::Msg(c.clone()),
+            }
+            .encode(&mut w);
+            w.len()
+        };
+        let payload_len = call.payload.len() + pad(call.payload.len());
+        let read_seg_len = 4 + 4 + 16;
+        let mut out = Writer::new();
+        let body;
+        let inline_bytes;
+        if header_len(&chunks) + call.msg.len() + payload_len <= limit {
+            body = Body::Msg(chunks);
+            inline_bytes = true;
+            self.stats.inline_calls.fetch_add(1, Ordering::Relaxed);
+        } else if !call.payload.is_empty()
+            && header_len(&chunks) + read_seg_len + call.msg.len() <= limit
+        {
+            // The payload moves into the registration (no copy); a
+            // retransmission takes it back out (`payload_in_chunk`).
+            let mr = conn
+                .pd
+                .reg_mr(std::mem::take(&mut call.payload), AccessFlags::REMOTE_READ)
+                .map_err(|e| Error::NoBuffers(format!("registering a read chunk: {e}")))?;
+            let mr = Registered::new(mr, stats);
+            chunks.read.push(ReadSegment {
+                position: u32::try_from(call.msg.len()).unwrap_or(u32::MAX),
+                segment: mr.segment(),
+            });
+            p.chunks.push(mr);
+            p.payload_in_chunk = true;
+            body = Body::Msg(chunks);
+            inline_bytes = false;
+            self.stats.read_chunk_calls.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let mut whole = call.msg.clone();
+            whole.extend_from_slice(&call.payload);
+            whole.resize(call.msg.len() + payload_len, 0);
+            let mr = conn
+                .pd
+                .reg_mr(whole, AccessFlags::REMOTE_READ)
+                .map_err(|e| Error::NoBuffers(format!("registering a read chunk: {e}")))?;
+            let mr = Registered::new(mr, stats);
+            chunks.read.push(ReadSegment {
+                position: 0,
+                segment: mr.segment(),
+            });
+            p.chunks.push(mr);
+            if header_len(&chunks) > limit {
+                return Err(Error::Permanent(format!(
+                    "the call's transport header alone exceeds the inline threshold {limit}"
+                )));
+            }
+            body = Body::NoMsg(chunks);
+            inline_bytes = false;
+            self.stats.nomsg_calls.fetch_add(1, Ordering::Relaxed);
+        }
+        let nomsg = matches!(body, Body::NoMsg(_));
+        Header {
+            xid,
+            vers: VERSION,
+            credits: self.opts.credits,
+            body,
+        }
+        .encode(&mut out);
+        if !nomsg {
+            out.buf.extend_from_slice(&call.msg);
+            if inline_bytes {
+                out.fixed(&call.payload);
+            }
+        }
+        let Some(mut slot) = conn.send_pool.take() else {
+            return Err(Error::NoBuffers("no send buffer".into()));
+        };
+        if let Err(e) = slot.write_at(0, &out.buf) {
+            let _ = conn.send_pool.put(slot);
+            return Err(Error::Permanent(format!("send buffer: {e}")));
+        }
+        let tail = if out.len() < slot.len() {
+            slot.split_off(out.len()).ok()
+        } else {
+            None
+        };
+        let wr = conn.next_id();
+        if let Err(e) = conn.qp.post_send(SendWr::send(wr, slot)) {
+            let why = format!("ibv_post_send: {}", e.error);
+            if let Some(mut buf) = e
+                .returned
+                .into_iter()
+                .next()
+                .and_then(|(_, b)| b.into_one())
+            {
+                if let Some(t) = tail {
+                    let _ = buf.unsplit(t);
+                }
+                let _ = conn.send_pool.put(buf);
+            }
+            return Err(Error::NotConnected(why));
+        }
+        if let Some(t) = tail {
+            conn.tails.insert(wr, t);
+        }
+        p.call = call;
+        Ok(p)
+    }
+
+    fn completion(&mut self, mut c: Completion) {
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        if c.status != WcStatus::Success {
+            let why = format!(
+                "work request {:#x} completed with {} (vendor error {:#x})",
+                c.wr_id, c.status, c.vendor_err
+            );
+            // The connection is gone; the next turn of the loop reconnects.
+            self.lost(why);
+            return;
+        }
+        let Some(mut buf) = c.take_buffers().into_one() else {
+            self.lost("a completion without its buffer".into());
+            return;
+        };
+        if c.opcode != WcOpcode::Recv {
+            if let Some(t) = conn.tails.remove(&c.wr_id) {
+                let _ = buf.unsplit(t);
+            }
+            let _ = conn.send_pool.put(buf);
+            return;
+        }
+        let len = (c.byte_len as usize).min(buf.len());
+        let mut bytes = vec![0; len];
+        let copied = buf.read_at(0, &mut bytes);
+        // Repost at once: a receive waits for every call in flight.
+        let wr = RECV | conn.next_id();
+        if let Err(e) = conn.qp.post_recv(wr, buf) {
+            self.lost(format!("ibv_post_recv: {e}"));
+            return;
+        }
+        if copied.is_err() {
+            return;
+        }
+        self.reply(&bytes);
+    }
+
+    fn reply(&mut self, bytes: &[u8]) {
+        let (h, hlen) = match Header::decode(bytes) {
+            Ok(h) => h,
+            Err(e) => {
+                // Fail the call it names, if it names one.
+                if let Some(xid) = bytes
+                    .get(..4)
+                    .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+                {
+                    self.finish(xid, Err(Error::Malformed(format!("transport header: {e}"))));
+                }
+                return;
+            }
+        };
+        self.credits = h.credits.clamp(1, self.opts.credits);
+        self.stats
+            .granted
+            .store(u64::from(h.credits), Ordering::Relaxed);
+        let Some(p) = self.pending.get(&h.xid) else {
+            self.stats.dropped_replies.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let r = match &h.body {
+            Body::Error(e) => Err(Error::Rdma(*e)),
+            Body::Msg(c) => {
+                let msg = bytes[hlen..].to_vec();
+                written(p, c).map(|data| Reply { msg, data })
+            }
+            Body::NoMsg(c) => nomsg_reply(p, c).and_then(|msg| {
+                self.stats
+                    .reply_chunk_replies
+                    .fetch_add(1, Ordering::Relaxed);
+                written(p, c).map(|data| Reply { msg, data })
+            }),
+        };
+        if let Ok(Reply { data: Some(_), .. }) = &r {
+            self.stats
+                .write_chunk_replies
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        self.finish(h.xid, r);
+    }
+
+    /// Completes a pending call: its chunks are deregistered here.
+    fn finish(&mut self, xid: u32, r: Result<Reply>) {
+        if let Some(p) = self.pending.remove(&xid) {
+            self.in_flight -= 1;
+            let Pending { reply, .. } = p;
+            let _ = reply.send(r);
+        } else {
+            self.stats.dropped_replies.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn fail_all(&mut self, e: Error) {
+        for (_, p) in self.pending.drain() {
+            let Pending { reply, .. } = p;
+            let _ = reply.send(Err(e.clone()));
+        }
+        self.in_flight = 0;
+        for (_, r, _) in self.queue.drain(..) {
+            let _ = r.reply.send(Err(e.clone()));
+        }
+    }
+
+    /// The connection broke: drop it (its QP first, so nothing can touch
+    /// the chunks any more), keep the calls to send again.
+    fn lost(&mut self, why: String) {
+        if let Some(c) = self.conn.take() {
+            let _ = c.qp.to_error();
+        }
+        self.down = Some(why);
+    }
+
+    async fn broken(&mut self, why: String) {
+        self.lost(why);
+        self.reconnect().await;
+    }
+
+    /// Reconnects and puts every pending call back at the head of the
+    /// queue, with its xid, to be sent again (a call sent more than
+    /// `retries` times fails with [`Error::TimedOut`]). While the server
+    /// refuses, it tries again with a growing pause, for up to one call
+    /// timeout; then every waiting call fails with the last error.
+    async fn reconnect(&mut self) {
+        if let Some(mut c) = self.conn.take() {
+            let _ = tokio::time::timeout(self.opts.connect_timeout, c.id.disconnect()).await;
+            let _ = c.qp.to_error();
+        }
+        let mut pending: Vec<(u32, Pending)> = self.pending.drain().collect();
+        pending.sort_by_key(|(_, p)| p.deadline);
+        self.in_flight = 0;
+        self.credits = 1;
+        for (xid, p) in pending.into_iter().rev() {
+            if p.sent > self.opts.retries {
+                let _ = p.reply.send(Err(Error::TimedOut { xid, sent: p.sent }));
+                continue;
+            }
+            self.stats.retransmits.fetch_add(1, Ordering::Relaxed);
+            let mut call = p.call;
+            if p.payload_in_chunk {
+                call.payload = p.chunks.first().map(|r| r.mr.to_vec()).unwrap_or_default();
+            }
+            let req = Request {
+                call,
+                reply: p.reply,
+            };
+            self.queue.push_front((xid, req, p.sent));
+        }
+        // The server may be restarting: try again, backing off, for up to
+        // one call timeout.
+        let give_up = Instant::now() + self.opts.call_timeout;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match Conn::connect(self.addr, &self.opts).await {
+                Ok(c) => {
+                    self.stats.connects.fetch_add(1, Ordering::Relaxed);
+                    self.conn = Some(c);
+                    self.down = None;
+                    return;
+                }
+                Err(_) if Instant::now() + backoff < give_up => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    let e = match (self.down.take(), e) {
+                        (Some(why), Error::NotConnected(m)) => {
+                            Error::NotConnected(format!("{why}; reconnecting: {m}"))
+                        }
+                        (_, e) => e,
+                    };
+                    self.fail_all(e);
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn timed_out(&mut self) {
+        let now = Instant::now();
+        let expired: Vec<u32> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.deadline <= now)
+            .map(|(x, _)| *x)
+            .collect();
+        if expired.is_empty() {
+            return;
+        }
+        self.lost(format!("{} call(s) timed out", expired.len()));
+        self.reconnect().await;
+    }
+}
+
+async fn sleep_until(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The data the server wrote into the call's write chunk: as long as the
+/// segments it returned say, never longer than offered.
+fn written(p: &Pending, c: &Chunks) -> Result<Option<Vec<u8>>> {
+    let Some(chunk) = c.write.first() else {
+        return Ok(None);
+    };
+    let Some(Registered { mr, .. }) = &p.write else {
+        return Err(Error::Malformed(
+            "a write chunk in a reply to a call that offered none".into(),
+        ));
+    };
+    let len: u64 = chunk.iter().map(|s| u64::from(s.length)).sum();
+    if len > mr.len() as u64 || c.write.len() > 1 {
+        return Err(Error::Malformed(format!(
+            "the server returned a write list of {} chunk(s), {len} bytes, for one chunk of {}",
+            c.write.len(),
+            mr.len()
+        )));
+    }
+    let mut data = vec![0; len as usize];
+    mr.read_at(0, &mut data)
+        .map_err(|e| Error::Malformed(format!("write chunk: {e}")))?;
+    Ok(Some(data))
+}
+
+/// An `RDMA_NOMSG` reply's message, from the reply chunk.
+fn nomsg_reply(p: &Pending, c: &Chunks) -> Result<Vec<u8>> {
+    let (Some(chunk), Some(Registered { mr, .. })) = (&c.reply, &p.reply_chunk) else {
+        return Err(Error::Malformed(
+            "RDMA_NOMSG without a reply chunk, or to a call that offered none".into(),
+        ));
+    };
+    let len: u64 = chunk.iter().map(|s| u64::from(s.length)).sum();
+    if len > mr.len() as u64 || len < 4 {
+        return Err(Error::Malformed(format!(
+            "the server returned a reply chunk of {len} bytes for one of {}",
+            mr.len()
+        )));
+    }
+    let mut msg = vec![0; len as usize];
+    mr.read_at(0, &mut msg)
+        .map_err(|e| Error::Malformed(format!("reply chunk: {e}")))?;
+    Ok(msg)
+}
+
+impl From<DecodeError> for Error {
+    fn from(e: DecodeError) -> Self {
+        Error::Malformed(e.to_string())
+    }
+}

@@ -1,0 +1,524 @@
+//! The transport against a server in Rust that misbehaves on purpose:
+//! credits of zero and beyond what it posted, `RDMA_ERROR`, malformed
+//! headers, a write chunk returned shorter (and longer) than offered, a reply
+//! chunk overrun, a reply never sent (the client times out, reconnects and
+//! sends the call again with its xid). Each case: a typed error or the right
+//! data, no panic, no chunk left registered, and the connection still works
+//! for the next call. Device tests (rxe0; siw0 for `_iwarp`), run in ci/vm.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdma::aio::tokio as rt;
+use rdma::cm::ConnParam;
+use rdma::{AccessFlags, QpState, QpType, RemoteMemory, SendWr, WcOpcode, WcStatus};
+use rdma_nfs::rpcrdma::{
+    Body, Chunks, ConnectPrivate, Header, RdmaError, Segment, RDMA_MSG, VERSION,
+};
+use rdma_nfs::transport::{Call, Error, Options, Transport};
+use rdma_nfs::xdr::Writer;
+
+fn required_env(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!(
+            "{var} is not set: this test needs an RDMA device. Run it in the VM (ci/vm run ...)."
+        )
+    })
+}
+
+fn server_ip(iwarp: bool) -> IpAddr {
+    let (dev, ip) = if iwarp {
+        ("RDMA_TEST_IWARP_DEVICE", "RDMA_TEST_IWARP_IP")
+    } else {
+        ("RDMA_TEST_DEVICE", "RDMA_TEST_IP")
+    };
+    let dev = required_env(dev);
+    assert!(
+        Path::new(&format!("/sys/class/infiniband/{dev}")).exists(),
+        "requested RDMA device {dev} is missing"
+    );
+    required_env(ip).parse().unwrap()
+}
+
+/// What the server does wrong, to the first call (later calls get a
+/// correct reply).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// Nothing: every reply correct, granting `GRANT`.
+    None,
+    /// Every reply grants 0 credits.
+    ZeroCredits,
+    /// Every reply grants far more than the server posted.
+    HugeCredits,
+    /// `RDMA_ERROR ERR_VERS`.
+    ErrVers,
+    /// `RDMA_ERROR ERR_CHUNK`.
+    ErrChunk,
+    /// A header with an unknown procedure.
+    BadProc,
+    /// A header that ends inside its read list.
+    Truncated,
+    /// Writes 1000 bytes into the write chunk and says so.
+    ShortWrite,
+    /// Writes the chunk and says it wrote more than offered.
+    LongWrite,
+    /// Sends the reply through the reply chunk (correct, for contrast).
+    ReplyChunk,
+    /// Says the reply chunk holds more than offered.
+    ReplyChunkOverrun,
+    /// Never answers the first call.
+    Drop,
+}
+
+const GRANT: u32 = 8;
+const RECVS: usize = 16;
+
+#[derive(Default)]
+struct Seen {
+    xids: Vec<u32>,
+    connections: u32,
+}
+
+fn rpc_reply(xid: u32) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.u32(xid).u32(1).u32(0).u32(0).u32(0).u32(0).u32(0xabcd);
+    w.buf
+}
+
+/// One connection of the server: replies to calls until the client goes.
+async fn serve_one(
+    incoming: rdma::aio::Incoming,
+    fault: Fault,
+    seen: Arc<Mutex<Seen>>,
+) -> Result<(), String> {
+    let e = |what: &'static str| move |err: rdma::Error| format!("{what}: {err}");
+    let ctx = incoming.context().map_err(e("context"))?;
+    let pd = ctx.alloc_pd().map_err(e("pd"))?;
+    let ch = ctx.create_comp_channel().map_err(e("channel"))?;
+    let cq = ctx.create_cq(64, Some(&ch), 0).map_err(e("cq"))?;
+    let mut acq = rt::completions(&cq).map_err(e("aio"))?;
+    let mut qp = pd
+        .qp_builder(QpType::Rc, &cq, &cq)
+        .max_send_wr(32)
+        .max_recv_wr(RECVS as u32)
+        .build()
+        .map_err(e("qp"))?;
+    incoming
+        .id()
+        .modify_qp(&qp, QpState::Init)
+        .map_err(e("init"))?;
+    for i in 0..RECVS {
+        let buf = pd
+            .alloc_mr(4096, AccessFlags::LOCAL_WRITE)
+            .map_err(e("mr"))?;
+        qp.post_recv(1 << 32 | i as u64, buf)
+            .map_err(|err| format!("post_recv: {err}"))?;
+    }
+    // Inline sizes through RFC 8797: the client may send 2 KiB.
+    let private = ConnectPrivate {
+        version: 1,
+        flags: 0,
+        send_size: 4096,
+        recv_size: 2048,
+    }
+    .encode();
+    let mut id = incoming
+        .accept(&qp, &ConnParam::with_private_data(&private))
+        .await
+        .map_err(e("accept"))?;
+    let first = {
+        let mut s = seen.lock().unwrap();
+        s.connections += 1;
+        s.connections == 1
+    };
+    let mut answered_first = !first;
+    let mut wr = 0u64;
+    loop {
+        let c = tokio::select! {
+            c = acq.next() => c.map_err(e("poll"))?,
+            _ = id.next_event() => return Ok(()),
+        };
+        if c.status != WcStatus::Success {
+            // Flushed: the client went away.
+            return Ok(());
+        }
+        let mut c = c;
+        let Some(buf) = c.take_buffers().into_one() else {
+            continue;
+        };
+        if c.opcode != WcOpcode::Recv {
+            continue;
+        }
+        let bytes = buf.to_vec()[..c.byte_len as usize].to_vec();
+        qp.post_recv(c.wr_id, buf)
+            .map_err(|err| format!("post_recv: {err}"))?;
+        let (h, _) = Header::decode(&bytes).map_err(|err| format!("client header: {err}"))?;
+        seen.lock().unwrap().xids.push(h.xid);
+        let chunks = match &h.body {
+            Body::Msg(c) | Body::NoMsg(c) => c.clone(),
+            Body::Error(_) => return Err("the client sent RDMA_ERROR".into()),
+        };
+        let f = if answered_first { Fault::None } else { fault };
+        answered_first = true;
+        let credits = match f {
+            Fault::ZeroCredits => 0,
+            Fault::HugeCredits => 1_000_000,
+            _ if fault == Fault::ZeroCredits => 0,
+            _ if fault == Fault::HugeCredits => 1_000_000,
+            _ => GRANT,
+        };
+        let mut out = Writer::new();
+        let header = |body: Body| Header {
+            xid: h.xid,
+            vers: VERSION,
+            credits,
+            body,
+        };
+        // The write chunk, filled with a pattern when offered.
+        let mut write_list = Vec::new();
+        if let Some(chunk) = chunks.write.first() {
+            let seg = chunk[0];
+            let n = match f {
+                Fault::ShortWrite => 1000,
+                _ => seg.length,
+            };
+            let data: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+            let mr = pd.reg_mr(data, AccessFlags::empty()).map_err(e("mr"))?;
+            wr += 1;
+            let remote = RemoteMemory {
+                addr: seg.offset,
+                len: u64::from(n),
+                rkey: seg.handle,
+            };
+            acq.post_send(&mut qp, SendWr::write(wr, mr, remote))
+                .await
+                .map_err(|err| format!("RDMA WRITE: {err}"))?;
+            let said = if f == Fault::LongWrite {
+                seg.length + 4
+            } else {
+                n
+            };
+            write_list.push(vec![Segment {
+                length: said,
+                ..seg
+            }]);
+        }
+        match f {
+            Fault::Drop => continue,
+            Fault::ErrVers => {
+                header(Body::Error(RdmaError::Vers { low: 1, high: 1 })).encode(&mut out)
+            }
+            Fault::ErrChunk => header(Body::Error(RdmaError::Chunk)).encode(&mut out),
+            Fault::BadProc => {
+                out.u32(h.xid).u32(VERSION).u32(credits).u32(9);
+            }
+            Fault::Truncated => {
+                out.u32(h.xid)
+                    .u32(VERSION)
+                    .u32(credits)
+                    .u32(RDMA_MSG)
+                    .u32(1)
+                    .u32(0);
+            }
+            Fault::ReplyChunk | Fault::ReplyChunkOverrun => {
+                let Some(reply) = chunks.reply.clone() else {
+                    return Err("no reply chunk offered".into());
+                };
+                let seg = reply[0];
+                let msg = rpc_reply(h.xid);
+                let mr = pd
+                    .reg_mr(msg.clone(), AccessFlags::empty())
+                    .map_err(e("mr"))?;
+                wr += 1;
+                let remote = RemoteMemory {
+                    addr: seg.offset,
+                    len: msg.len() as u64,
+                    rkey: seg.handle,
+                };
+                acq.post_send(&mut qp, SendWr::write(wr, mr, remote))
+                    .await
+                    .map_err(|err| format!("RDMA WRITE: {err}"))?;
+                let said = if f == Fault::ReplyChunkOverrun {
+                    seg.length + 1
+                } else {
+                    msg.len() as u32
+                };
+                header(Body::NoMsg(Chunks {
+                    read: vec![],
+                    write: write_list,
+                    reply: Some(vec![Segment {
+                        length: said,
+                        ..seg
+                    }]),
+                }))
+                .encode(&mut out);
+            }
+            _ => {
+                header(Body::Msg(Chunks {
+                    read: vec![],
+                    write: write_list,
+                    reply: None,
+                }))
+                .encode(&mut out);
+                out.buf.extend_from_slice(&rpc_reply(h.xid));
+            }
+        }
+        let mr = pd.reg_mr(out.buf, AccessFlags::empty()).map_err(e("mr"))?;
+        wr += 1;
+        acq.post_send(&mut qp, SendWr::send(wr, mr))
+            .await
+            .map_err(|err| format!("SEND: {err}"))?;
+    }
+}
+
+/// Accepts connections on `addr` until the test ends.
+async fn serve(listener: rdma::aio::AsyncCmId, fault: Fault, seen: Arc<Mutex<Seen>>) {
+    let mut listener = listener;
+    while let Ok(incoming) = listener.get_request().await {
+        let seen = Arc::clone(&seen);
+        tokio::spawn(async move {
+            if let Err(e) = serve_one(incoming, fault, seen).await {
+                eprintln!("test server: {e}");
+            }
+        });
+    }
+}
+
+fn null_call() -> Call {
+    let mut w = Writer::new();
+    rdma_nfs::rpc::encode_call(&mut w, 0, 100_003, 3, 0, &rdma_nfs::rpc::Auth::None);
+    Call {
+        msg: w.buf,
+        ..Call::default()
+    }
+}
+
+fn check_reply(r: &rdma_nfs::transport::Reply) {
+    let (_, mut rest) = rdma_nfs::rpc::decode_reply(&r.msg).expect("an accepted reply");
+    assert_eq!(rest.u32("marker").unwrap(), 0xabcd);
+}
+
+/// Runs `body` against a server with `fault` on a port of its own.
+fn with_server<F, Fut>(
+    iwarp: bool,
+    port: u16,
+    fault: Fault,
+    opts: Options,
+    body: F,
+) -> Arc<Mutex<Seen>>
+where
+    F: FnOnce(Transport) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let ip = server_ip(iwarp);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    rt.block_on(async {
+        let cm = rt::cm_channel().unwrap();
+        let addr = SocketAddr::new(ip, port);
+        let listener = cm.listen(addr, 8).unwrap();
+        let server = tokio::spawn(serve(listener, fault, Arc::clone(&seen)));
+        let t = Transport::connect(addr, opts)
+            .await
+            .unwrap_or_else(|e| panic!("connect to the test server: {e}"));
+        assert_eq!(
+            t.negotiated().inline_send,
+            2048,
+            "the server's RFC 8797 receive size"
+        );
+        body(t.clone()).await;
+        assert_eq!(
+            t.stats().chunks_registered.load(Ordering::Relaxed),
+            0,
+            "a chunk left registered"
+        );
+        // And the connection still serves a correct call.
+        check_reply(&t.call(null_call()).await.unwrap());
+        t.close().await;
+        server.abort();
+    });
+    seen
+}
+
+fn faults(iwarp: bool) {
+    let base = if iwarp { 20160 } else { 20060 };
+    let opts = Options {
+        credits: 8,
+        call_timeout: Duration::from_secs(3),
+        ..Options::default()
+    };
+
+    // Credits of zero: one call at a time, all complete.
+    with_server(
+        iwarp,
+        base,
+        Fault::ZeroCredits,
+        opts.clone(),
+        |t| async move {
+            let tasks: Vec<_> = (0..16)
+                .map(|_| {
+                    let t = t.clone();
+                    tokio::spawn(async move { t.call(null_call()).await })
+                })
+                .collect();
+            for h in tasks {
+                check_reply(&h.await.unwrap().unwrap());
+            }
+            assert_eq!(t.stats().max_in_flight.load(Ordering::Relaxed), 1);
+            assert_eq!(t.stats().granted.load(Ordering::Relaxed), 0);
+        },
+    );
+
+    // Credits far beyond what the server posted: capped at the client's
+    // own receives.
+    with_server(
+        iwarp,
+        base + 1,
+        Fault::HugeCredits,
+        opts.clone(),
+        |t| async move {
+            let tasks: Vec<_> = (0..48)
+                .map(|_| {
+                    let t = t.clone();
+                    tokio::spawn(async move { t.call(null_call()).await })
+                })
+                .collect();
+            for h in tasks {
+                check_reply(&h.await.unwrap().unwrap());
+            }
+            let max = t.stats().max_in_flight.load(Ordering::Relaxed);
+            assert!(max <= 8, "{max} in flight with 8 receives posted");
+        },
+    );
+
+    for (i, (fault, want)) in [
+        (
+            Fault::ErrVers,
+            Error::Rdma(RdmaError::Vers { low: 1, high: 1 }),
+        ),
+        (Fault::ErrChunk, Error::Rdma(RdmaError::Chunk)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        with_server(
+            iwarp,
+            base + 2 + i as u16,
+            fault,
+            opts.clone(),
+            |t| async move {
+                assert_eq!(t.call(null_call()).await.unwrap_err(), want);
+            },
+        );
+    }
+
+    for (i, fault) in [Fault::BadProc, Fault::Truncated].into_iter().enumerate() {
+        with_server(
+            iwarp,
+            base + 4 + i as u16,
+            fault,
+            opts.clone(),
+            |t| async move {
+                let e = t.call(null_call()).await.unwrap_err();
+                assert!(matches!(e, Error::Malformed(_)), "{fault:?}: {e:?}");
+                println!("{fault:?}: {e}");
+            },
+        );
+    }
+
+    // A write chunk returned shorter than offered: exactly its bytes.
+    with_server(
+        iwarp,
+        base + 6,
+        Fault::ShortWrite,
+        opts.clone(),
+        |t| async move {
+            let mut c = null_call();
+            c.write_chunk = 65536;
+            let r = t.call(c).await.unwrap();
+            check_reply(&r);
+            let data = r.data.expect("the write chunk's data");
+            assert_eq!(data.len(), 1000);
+            assert!(data.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        },
+    );
+
+    // One that claims more than offered: refused.
+    with_server(
+        iwarp,
+        base + 7,
+        Fault::LongWrite,
+        opts.clone(),
+        |t| async move {
+            let mut c = null_call();
+            c.write_chunk = 8192;
+            let e = t.call(c).await.unwrap_err();
+            assert!(matches!(e, Error::Malformed(_)), "{e:?}");
+        },
+    );
+
+    // The reply through the reply chunk, then one that overruns it.
+    with_server(
+        iwarp,
+        base + 8,
+        Fault::ReplyChunk,
+        opts.clone(),
+        |t| async move {
+            let mut c = null_call();
+            c.max_reply = 16384;
+            check_reply(&t.call(c).await.unwrap());
+            assert_eq!(t.stats().reply_chunk_replies.load(Ordering::Relaxed), 1);
+        },
+    );
+    with_server(
+        iwarp,
+        base + 9,
+        Fault::ReplyChunkOverrun,
+        opts.clone(),
+        |t| async move {
+            let mut c = null_call();
+            c.max_reply = 16384;
+            let e = t.call(c).await.unwrap_err();
+            assert!(matches!(e, Error::Malformed(_)), "{e:?}");
+        },
+    );
+
+    // No reply: the client times out, reconnects and sends the call again
+    // with its xid; the call completes once.
+    let seen = with_server(
+        iwarp,
+        base + 10,
+        Fault::Drop,
+        opts.clone(),
+        |t| async move {
+            let mut c = null_call();
+            c.write_chunk = 4096;
+            let r = t.call(c).await.unwrap();
+            check_reply(&r);
+            assert_eq!(r.data.map(|d| d.len()), Some(4096));
+            assert_eq!(t.stats().connects.load(Ordering::Relaxed), 2);
+            assert_eq!(t.stats().retransmits.load(Ordering::Relaxed), 1);
+        },
+    );
+    let s = seen.lock().unwrap();
+    assert_eq!(s.connections, 2);
+    assert_eq!(s.xids[0], s.xids[1], "the call was sent again with its xid");
+}
+
+#[test]
+#[ignore = "needs an RDMA device (rxe0): run in ci/vm"]
+fn misbehaving_server_over_rxe() {
+    faults(false);
+}
+
+#[test]
+#[ignore = "needs an iWARP device (siw0): run in ci/vm"]
+fn misbehaving_server_over_iwarp() {
+    faults(true);
+}
