@@ -469,9 +469,13 @@ fn survive(ch: &EventChannel, gen: u32) -> (End, Seen) {
                     drop(ev);
                     seen.disconnected = true;
                     posting = false;
-                    // Our half: moves the QP to the error state, which
-                    // flushes what is still queued.
+                    // Our half of the disconnect. It moves only a QP that
+                    // librdmacm made to the error state; ours stays in RTS,
+                    // and on rxe its sends to the dead peer would retry
+                    // forever (a retry count of 7 is "forever" there): the
+                    // error state flushes them.
                     let _ = e.id.disconnect();
+                    e.qp.to_error().expect("QP to the error state");
                 }
                 CmEventType::TimewaitExit => {}
                 t => panic!("survivor: unexpected {t}"),
