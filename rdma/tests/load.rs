@@ -43,7 +43,9 @@ fn counts() -> ([u64; 5], usize, u64) {
     for line in text.lines() {
         let mut words = line.split_whitespace();
         while let Some(w) = words.next() {
-            let slot = ["pd", "cq", "qp", "cm_id", "mr"].iter().position(|k| *k == w);
+            let slot = ["pd", "cq", "qp", "cm_id", "mr"]
+                .iter()
+                .position(|k| *k == w);
             if let (Some(i), Some(Ok(n))) = (slot, words.clone().next().map(str::parse::<u64>)) {
                 res[i] += n;
             }
@@ -121,13 +123,15 @@ fn connect_many(
                     *objs = Some((side_objs(&id, cqe), side_objs(&id, cqe)));
                 }
                 let (c, _) = objs.as_ref().unwrap();
-                let qp = c.pd.qp_builder(QpType::Rc, &c.cq, &c.cq)
-                    .max_send_wr(2)
-                    .max_recv_wr(2)
-                    .build()
-                    .unwrap();
+                let qp =
+                    c.pd.qp_builder(QpType::Rc, &c.cq, &c.cq)
+                        .max_send_wr(2)
+                        .max_recv_wr(2)
+                        .build()
+                        .unwrap();
                 let tag = (i as u32).to_le_bytes();
-                id.connect_qp(&qp, &ConnParam::with_private_data(&tag)).unwrap();
+                id.connect_qp(&qp, &ConnParam::with_private_data(&tag))
+                    .unwrap();
                 client_qps[i] = Some(qp);
             }
             (CmEventType::ConnectResponse, Some(i)) => {
@@ -143,11 +147,12 @@ fn connect_many(
                 let i = u32::from_le_bytes([pd_tag[0], pd_tag[1], pd_tag[2], pd_tag[3]]) as usize;
                 drop(e);
                 let (_, s) = objs.as_ref().unwrap();
-                let mut qp = s.pd.qp_builder(QpType::Rc, &s.cq, &s.cq)
-                    .max_send_wr(2)
-                    .max_recv_wr(2)
-                    .build()
-                    .unwrap();
+                let mut qp =
+                    s.pd.qp_builder(QpType::Rc, &s.cq, &s.cq)
+                        .max_send_wr(2)
+                        .max_recv_wr(2)
+                        .build()
+                        .unwrap();
                 id.accept_qp(&qp, &ConnParam::default()).unwrap();
                 qp.post_recv(i as u64, s.pd.alloc_mr(16, LW).unwrap())
                     .map_err(|p| p.drop_buffers())
@@ -181,19 +186,31 @@ fn traffic_and_teardown(ch: &EventChannel, conns: Vec<Conn>, objs: &(SideObjs, S
     let n = conns.len();
     let mut conns = conns;
     for (i, c) in conns.iter_mut().enumerate() {
-        let msg = objs.0.pd.reg_mr((i as u64).to_le_bytes().to_vec(), AccessFlags::empty()).unwrap();
+        let msg = objs
+            .0
+            .pd
+            .reg_mr((i as u64).to_le_bytes().to_vec(), AccessFlags::empty())
+            .unwrap();
         c.client_qp
             .post_send(SendWr::send(i as u64, msg))
             .map_err(|p| p.drop_buffers())
             .unwrap();
     }
     let sent = common::wait(&objs.0.cq, n);
-    assert!(sent.iter().all(|c| c.status == WcStatus::Success), "{sent:?}");
+    assert!(
+        sent.iter().all(|c| c.status == WcStatus::Success),
+        "{sent:?}"
+    );
     let mut got = common::wait(&objs.1.cq, n);
     for c in &mut got {
         assert_eq!(c.status, WcStatus::Success, "{c:?}");
         let data = c.take_buffers().into_one().unwrap().to_vec();
-        assert_eq!(&data[..8], &c.wr_id.to_le_bytes(), "the server end of connection {}", c.wr_id);
+        assert_eq!(
+            &data[..8],
+            &c.wr_id.to_le_bytes(),
+            "the server end of connection {}",
+            c.wr_id
+        );
     }
     let mut index: HashMap<usize, usize> = HashMap::new();
     for (i, c) in conns.iter().enumerate() {
@@ -204,9 +221,16 @@ fn traffic_and_teardown(ch: &EventChannel, conns: Vec<Conn>, objs: &(SideObjs, S
     let mut down = 0;
     let deadline = Instant::now() + Duration::from_secs(60) + T * (n as u32 / 16);
     while down < 2 * n {
-        assert!(Instant::now() < deadline, "{down} of {} ends disconnected", 2 * n);
+        assert!(
+            Instant::now() < deadline,
+            "{down} of {} ends disconnected",
+            2 * n
+        );
         let e = next(ch);
-        match (e.event_type(), index.get(&(e.id().as_raw() as usize)).copied()) {
+        match (
+            e.event_type(),
+            index.get(&(e.id().as_raw() as usize)).copied(),
+        ) {
             (CmEventType::Disconnected, Some(j)) => {
                 drop(e);
                 if j >= n {
@@ -276,11 +300,20 @@ fn sequential_connect_transfer_teardown_cycles() {
         secs * 1000.0 / done.max(1) as f64
     );
     assert!(done >= 1, "no cycle ran");
-    assert_eq!(res, res0, "(pd, cq, qp, cm_id, mr) back to the baseline after {done} cycles");
-    assert_eq!(fds, fds0, "open fds back to the baseline after {done} cycles");
+    assert_eq!(
+        res, res0,
+        "(pd, cq, qp, cm_id, mr) back to the baseline after {done} cycles"
+    );
+    assert_eq!(
+        fds, fds0,
+        "open fds back to the baseline after {done} cycles"
+    );
     // A leak of even 100 bytes per cycle shows at 10,000 cycles; allocator
     // slack does not grow with the count.
-    assert!(rss <= rss0 + 2048, "RSS grew from {rss0} to {rss} KiB over {done} cycles");
+    assert!(
+        rss <= rss0 + 2048,
+        "RSS grew from {rss0} to {rss} KiB over {done} cycles"
+    );
     assert_eq!(rdma::teardown_failures(), 0);
 }
 
@@ -304,12 +337,18 @@ fn simultaneous_connections() {
             res_up[2],
             res0[2]
         );
-        assert!(res_up[2] >= res0[2] + 2 * n as u64, "both ends of every connection have a QP");
+        assert!(
+            res_up[2] >= res0[2] + 2 * n as u64,
+            "both ends of every connection have a QP"
+        );
         traffic_and_teardown(&ch, conns, objs.as_ref().unwrap());
         drop(objs);
         drop(listener);
     }
-    println!("{n} connections up, used and down in {:.1} s", start.elapsed().as_secs_f64());
+    println!(
+        "{n} connections up, used and down in {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
     let (res, fds, rss) = counts();
     assert_eq!(res, res0, "(pd, cq, qp, cm_id, mr) back to the baseline");
     assert_eq!(fds, fds0, "open fds back to the baseline");

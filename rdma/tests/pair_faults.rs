@@ -58,11 +58,9 @@ impl Sync {
     }
 
     fn put(&self, key: &str, value: &str) {
-        let tmp = self.dir.join(format!(
-            "{}.{key}.tmp.{}",
-            self.test,
-            std::process::id()
-        ));
+        let tmp = self
+            .dir
+            .join(format!("{}.{key}.tmp.{}", self.test, std::process::id()));
         std::fs::write(&tmp, value).expect("write to the sync directory");
         std::fs::rename(&tmp, self.path(key)).expect("rename in the sync directory");
     }
@@ -163,7 +161,9 @@ fn baseline() -> Baseline {
     for line in text.lines() {
         let mut words = line.split_whitespace();
         while let Some(w) = words.next() {
-            let slot = ["pd", "cq", "qp", "cm_id", "mr"].iter().position(|k| *k == w);
+            let slot = ["pd", "cq", "qp", "cm_id", "mr"]
+                .iter()
+                .position(|k| *k == w);
             if let (Some(i), Some(n)) = (slot, words.clone().next()) {
                 if let Ok(n) = n.parse::<u64>() {
                     resources[i] += n;
@@ -194,7 +194,12 @@ fn next_event(ch: &EventChannel, bound: Duration) -> CmEvent {
         .get_event_timeout(bound)
         .expect("rdma_get_cm_event")
         .unwrap_or_else(|| panic!("no CM event within {bound:?}"));
-    eprintln!("[{}] event {} status {}", role(), e.event_type(), e.status());
+    eprintln!(
+        "[{}] event {} status {}",
+        role(),
+        e.event_type(),
+        e.status()
+    );
     e
 }
 
@@ -340,7 +345,13 @@ fn listen(ch: &EventChannel) -> CmId {
 /// `PAIR_VICTIM=GEN`.
 fn spawn_victim(test: &str, gen: u32) -> Child {
     Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            test,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("PAIR_VICTIM", gen.to_string())
         .spawn()
         .expect("spawn the victim")
@@ -394,7 +405,10 @@ fn victim(sync: &Sync, gen: u32) {
         if gen == 2 && done == CLEAN_COUNT {
             break;
         }
-        assert!(Instant::now() < deadline, "victim {gen} still running after {BOUND:?}");
+        assert!(
+            Instant::now() < deadline,
+            "victim {gen} still running after {BOUND:?}"
+        );
     }
     e.id.disconnect().unwrap();
     let ev = next_event(&ch, BOUND);
@@ -422,7 +436,8 @@ fn survive(ch: &EventChannel, gen: u32) -> (End, Seen) {
     let mut out = Vec::new();
     let deadline = Instant::now() + BOUND;
     let mut posting = true;
-    while !(seen.disconnected && seen.sends_ok + seen.sends_failed.len() as u64 == seen.sends_posted)
+    while !(seen.disconnected
+        && seen.sends_ok + seen.sends_failed.len() as u64 == seen.sends_posted)
     {
         while posting {
             let Some(mut m) = free.pop() else { break };
@@ -704,7 +719,10 @@ fn receive_until_disconnected(ch: &EventChannel, e: &mut End, gen: u32) -> u32 {
                 return received;
             }
         }
-        assert!(Instant::now() < deadline, "receiver {gen}: no disconnect after {BOUND:?}");
+        assert!(
+            Instant::now() < deadline,
+            "receiver {gen}: no disconnect after {BOUND:?}"
+        );
     }
 }
 
@@ -767,7 +785,11 @@ fn cm_rc_link_down_shorter_and_longer_than_the_retry_timeout() {
             send_across_a_cut(&mut e, gen, short)
         };
         let posted = cut.statuses.len() as u32;
-        let ok = cut.statuses.iter().filter(|s| **s == WcStatus::Success).count() as u32;
+        let ok = cut
+            .statuses
+            .iter()
+            .filter(|s| **s == WcStatus::Success)
+            .count() as u32;
         eprintln!(
             "phase {gen}: link down for {:?}, {} pending then; {ok} of {posted} sent; failures {:?}",
             cut.down_for,
@@ -775,17 +797,29 @@ fn cm_rc_link_down_shorter_and_longer_than_the_retry_timeout() {
             cut.statuses.iter().filter(|s| **s != WcStatus::Success).collect::<Vec<_>>()
         );
         if short {
-            assert_eq!(ok, posted, "a cut shorter than the retry budget loses nothing: {cut:?}");
+            assert_eq!(
+                ok, posted,
+                "a cut shorter than the retry budget loses nothing: {cut:?}"
+            );
             if gen == 1 {
-                assert!(cut.pending_at_up > 0, "the cut caught sends in flight: {cut:?}");
+                assert!(
+                    cut.pending_at_up > 0,
+                    "the cut caught sends in flight: {cut:?}"
+                );
             }
         } else {
             // The first failure is the exhausted retries, everything after it
             // is flushed; nothing is missing.
-            let first = cut.statuses.iter().position(|s| *s != WcStatus::Success).unwrap();
+            let first = cut
+                .statuses
+                .iter()
+                .position(|s| *s != WcStatus::Success)
+                .unwrap();
             assert_eq!(cut.statuses[first], WcStatus::RetryExcErr, "{cut:?}");
             assert!(
-                cut.statuses[first + 1..].iter().all(|s| *s == WcStatus::WrFlushErr),
+                cut.statuses[first + 1..]
+                    .iter()
+                    .all(|s| *s == WcStatus::WrFlushErr),
                 "{cut:?}"
             );
         }
@@ -799,7 +833,10 @@ fn cm_rc_link_down_shorter_and_longer_than_the_retry_timeout() {
             .parse()
             .unwrap();
         // Delivered but unacknowledged messages are possible, lost ones are not.
-        assert!(got >= ok && got <= posted, "phase {gen}: receiver got {got}, sender {ok} of {posted} acked");
+        assert!(
+            got >= ok && got <= posted,
+            "phase {gen}: receiver got {got}, sender {ok} of {posted} acked"
+        );
         if short {
             assert_eq!(got, posted);
         }
