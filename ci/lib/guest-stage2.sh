@@ -275,5 +275,14 @@ if [[ $SIW == unavailable ]]; then
     fi
 fi
 printf '%s ready gid=%s siw=%s ip=%s\n' "$VM_TOKEN" "$GID_INDEX" "$SIW" "$IP"
+if [[ -n $ROLE ]]; then
+    # Start the command only once the other guest is ready too: a guest that
+    # never comes up fails the pair here, not in every test's rendezvous.
+    touch "$RUN/up.$ROLE"
+    peer_up() { [[ -e $RUN/up.$1 ]]; }
+    other=a
+    [[ $ROLE == a ]] && other=b
+    wait_until 240 peer_up "$other" || setup_failed "guest $other was not ready within 240 s of guest $ROLE"
+fi
 run_command
 finish "$?"
