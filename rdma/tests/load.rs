@@ -341,8 +341,11 @@ fn simultaneous_connections() {
         assert_eq!(fds, fds0, "open fds back to the baseline");
         after.push(rss);
     }
+    // Measured with 128: 4816 then 4968 KiB (+152, the allocator's
+    // fragmentation); a leak of a QP's or an id's bookkeeping per
+    // connection would add its whole size again in round 2.
     assert!(
-        after[1] <= after[0] + 512,
+        after[1] <= after[0] + 1024,
         "RSS grew from round to round: {} then {} KiB",
         after[0],
         after[1]
