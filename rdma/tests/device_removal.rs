@@ -5,6 +5,11 @@
 //! `RDMA_REMOVAL_CHILD=1`): if it hangs, the parent kills it, which closes
 //! every context the kernel is waiting for, and the parent puts the device
 //! back in any case, so the tests after this one find it as before.
+//!
+//! Not in `ci/test` yet: on Linux 6.1 with rdma-core 44 both ids get
+//! `DEVICE_REMOVAL` (1.2 s), but after the process has dropped every object
+//! of the crate's the delete still waits, until the process exits
+//! (RELIABILITY.md).
 
 mod common;
 
@@ -186,8 +191,20 @@ fn device_deleted_under_live_qps_and_cm_ids_then_added_again() {
         .env("RDMA_REMOVAL_CHILD", "1")
         .spawn()
         .expect("spawn the child");
-    let status = wait_child(&mut child, Duration::from_secs(100));
-    // Whatever happened, the device is put back for the tests after this.
+    let status = wait_child(&mut child, Duration::from_secs(45));
+    // Whatever happened, the device is put back for the tests after this:
+    // a killed child lets the pending delete finish first.
+    wait_for(
+        "the pending delete to finish",
+        Duration::from_secs(30),
+        || {
+            !device_present(&dev)
+                || Command::new("pgrep")
+                    .args(["-x", "rdma"])
+                    .status()
+                    .is_ok_and(|s| !s.success())
+        },
+    );
     if !device_present(&dev) {
         add_again(&dev);
     }
@@ -196,6 +213,8 @@ fn device_deleted_under_live_qps_and_cm_ids_then_added_again() {
         Duration::from_secs(20),
         || port_active(&dev),
     );
-    let status = status.expect("the child finished within 100 s (killed)");
+    let status = status.expect(
+        "the child finished within 45 s (killed: rdma link delete still waited after it had dropped every object)",
+    );
     assert!(status.success(), "the child failed: {status}");
 }
