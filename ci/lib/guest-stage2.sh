@@ -8,11 +8,31 @@
 # Argument: the per-run directory (on the repository share), which holds
 # vm.env written by ci/vm.  Lines starting with $VM_TOKEN are protocol lines
 # for the host side and are not shown to the user.
+#
+# In a pair (`ci/vm pair`, kernel argument rdma_vm_role=a|b) there is no veth:
+# rxe0 sits on the NIC of the first QEMU link (10.9.0.1 a, 10.9.0.2 b) and
+# siw0 on the NIC of the second (10.9.1.1, 10.9.1.2); the status files of the
+# run directory carry the role as a suffix.
 set -u
 
 RUN=$1
 # shellcheck source=/dev/null
 source "$RUN/vm.env" # VM_TOKEN VM_REPO VM_KVER VM_SIW_KO VM_SIW_REASON VM_SIW_REQUIRED VM_SIW_NETDEV VM_DEBUG VM_PATH VM_CMD VM_ENV
+
+ROLE=''
+for word in $(< /proc/cmdline); do
+    case $word in rdma_vm_role=a | rdma_vm_role=b) ROLE=${word#*=} ;; esac
+done
+SUFFIX=${ROLE:+.$ROLE}
+# A pair's guests talk to each other and to the host through files in the run
+# directory: ci/vm shares it (tag "run"), since it may live outside the
+# repository share (.cache/vm can be a symlink into another checkout, which the
+# guest would then see in its own tmpfs overlay).
+if [[ -n $ROLE ]] &&
+    ! mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 run "$RUN" 2> /dev/null; then
+    echo "cannot mount the run directory (9p tag run) at $RUN" > /dev/console
+    /bin/busybox poweroff -f
+fi
 
 IP=10.8.0.1
 PEER_IP=10.8.0.2
@@ -45,7 +65,7 @@ poweroff_now() {
 # also goes through isa-debug-exit (qemu exits with (RC << 1) | 1).
 finish() {
     local rc=$1
-    echo "$rc" > "$RUN/status"
+    echo "$rc" > "$RUN/status$SUFFIX"
     sync
     printf '%s exit %s\n' "$VM_TOKEN" "$rc"
     if ((rc != 0)); then
@@ -58,7 +78,7 @@ finish() {
 
 # The harness itself could not set the guest up: no command is run.
 setup_failed() {
-    echo "$*" > "$RUN/setup-failed"
+    echo "$*" > "$RUN/setup-failed$SUFFIX"
     finish 125
 }
 
@@ -143,6 +163,40 @@ setup_rxe() {
         setup_failed "rxe0 has no RoCE v2 GID for $IP"
 }
 
+# netdev_by_mac MAC: sets NIC to the name of the NIC with that address (QEMU
+# gives each link's NIC a fixed MAC, so names do not depend on probe order).
+netdev_by_mac() {
+    local f mac
+    for f in /sys/class/net/*/address; do
+        read -r mac < "$f" 2> /dev/null || continue
+        if [[ $mac == "$1" ]]; then
+            f=${f%/address}
+            NIC=${f##*/}
+            return 0
+        fi
+    done
+    return 1
+}
+
+# The pair's links: rxe on the first NIC, siw on the second.
+setup_pair_network() {
+    local me=1 peer=2 mac_rxe mac_siw
+    [[ $ROLE == b ]] && me=2 peer=1
+    IP=10.9.0.$me PEER_IP=10.9.0.$peer SIW_IP=10.9.1.$me SIW_PEER_IP=10.9.1.$peer
+    mac_rxe=52:54:00:09:00:0$me mac_siw=52:54:00:09:01:0$me
+    wait_until 20 netdev_by_mac "$mac_rxe" || setup_failed "no NIC with MAC $mac_rxe after 20 s"
+    NETDEV=$NIC
+    wait_until 20 netdev_by_mac "$mac_siw" || setup_failed "no NIC with MAC $mac_siw after 20 s"
+    VM_SIW_NETDEV=$NIC
+    quiet ip -batch - << EOF || setup_failed "network setup: $ERR"
+link set lo up
+addr add $IP/24 dev $NETDEV
+addr add $SIW_IP/24 dev $VM_SIW_NETDEV
+link set $NETDEV up
+link set $VM_SIW_NETDEV up
+EOF
+}
+
 # Sets SIW to up/off/unavailable; never fails the run by itself.
 setup_siw() {
     SIW=off
@@ -181,6 +235,11 @@ run_command() {
         else
             unset RDMA_TEST_IWARP_DEVICE RDMA_TEST_IWARP_IP
         fi
+        if [[ -n $ROLE ]]; then
+            export RDMA_VM_ROLE=$ROLE RDMA_VM_SYNC_DIR=$RUN/sync RDMA_VM_LINK_DIR=$RUN/link \
+                RDMA_VM_LINK=$VM_REPO/ci/lib/pair-link RDMA_TEST_IWARP_NETDEV=$VM_SIW_NETDEV
+            if [[ $SIW == up ]]; then export RDMA_TEST_IWARP_PEER_IP=$SIW_PEER_IP; fi
+        fi
         ulimit -l unlimited
         cd "$VM_REPO" || exit 125
         exec "${VM_CMD[@]}"
@@ -194,10 +253,17 @@ if [[ -n $VM_SIW_KO ]]; then # siw.ko's one dependency outside ib_core
     modprobe libcrc32c > /run/modprobe.libcrc32c 2>&1 &
     CRC_PID=$!
 fi
-load_modules veth rdma_rxe ib_uverbs rdma_ucm || setup_failed "modprobe failed: $ERR"
-trace "modules loaded"
-setup_network
-trace "veth up"
+if [[ -n $ROLE ]]; then
+    load_modules virtio_net rdma_rxe ib_uverbs rdma_ucm || setup_failed "modprobe failed: $ERR"
+    trace "modules loaded"
+    setup_pair_network
+    trace "links up ($NETDEV, $VM_SIW_NETDEV)"
+else
+    load_modules veth rdma_rxe ib_uverbs rdma_ucm || setup_failed "modprobe failed: $ERR"
+    trace "modules loaded"
+    setup_network
+    trace "veth up"
+fi
 setup_rxe
 trace "rxe0 ready"
 setup_siw
@@ -208,6 +274,15 @@ if [[ $SIW == unavailable ]]; then
         setup_failed "siw is required (RDMA_VM_REQUIRE_SIW=1) but unavailable: $VM_SIW_REASON"
     fi
 fi
-printf '%s ready gid=%s siw=%s\n' "$VM_TOKEN" "$GID_INDEX" "$SIW"
+printf '%s ready gid=%s siw=%s ip=%s\n' "$VM_TOKEN" "$GID_INDEX" "$SIW" "$IP"
+if [[ -n $ROLE ]]; then
+    # Start the command only once the other guest is ready too: a guest that
+    # never comes up fails the pair here, not in every test's rendezvous.
+    touch "$RUN/up.$ROLE"
+    peer_up() { [[ -e $RUN/up.$1 ]]; }
+    other=a
+    [[ $ROLE == a ]] && other=b
+    wait_until 240 peer_up "$other" || setup_failed "guest $other was not ready within 240 s of guest $ROLE"
+fi
 run_command
 finish "$?"

@@ -268,7 +268,6 @@ fn run(o: &Opts) -> Res<()> {
         "mckey: starting {}",
         if o.sender { "client" } else { "server" }
     );
-    let ch = EventChannel::new().map_err(|e| format!("failed to create event channel: {e}"))?;
     let src = o
         .src
         .as_deref()
@@ -283,8 +282,18 @@ fn run(o: &Opts) -> Res<()> {
             .map_err(|_| format!("mckey: -M {text}: not a GID in IPv6 notation"))?;
         IbAddr::new(gid.into()).into()
     } else {
-        SocketAddr::new(host_ip(text)?, 0).into()
+        let ip = host_ip(text)?;
+        // librdmacm resolves a unicast group like any address and the join
+        // then times out (`ADDR_ERROR, error: -110`): name the cause instead.
+        if !ip.is_multicast() {
+            return Err(format!(
+                "mckey: -m {text}: {ip} is not a multicast address \
+                 (IPv4 224.0.0.0/4, IPv6 ff00::/8)"
+            ));
+        }
+        SocketAddr::new(ip, 0).into()
     };
+    let ch = EventChannel::new().map_err(|e| format!("failed to create event channel: {e}"))?;
     let mut nodes: Vec<Node> = Vec::with_capacity(o.connections);
     for _ in 0..o.connections {
         let id = ch.create_id(o.ps).or_fail("rdma_create_id")?;

@@ -193,3 +193,20 @@ fn asyncwatch_reports_a_port_event() {
         std::thread::yield_now();
     }
 }
+
+#[test]
+fn mckey_names_a_unicast_group_as_the_error() {
+    // rdma-core's mckey answers a unicast -m with the join's timeout
+    // (`RDMA_CM_EVENT_ADDR_ERROR, error: -110`); ours says what is wrong,
+    // before it opens any device (so this runs without one).
+    for group in ["10.8.0.1", "::1"] {
+        let (ok, out, err) = run(Command::new(example("mckey")).args(["-m", group]));
+        assert!(!ok, "mckey -m {group} succeeded: {out}");
+        // Like the C tool, mckey reports on stdout.
+        let text = format!("{out}{err}");
+        assert!(
+            text.contains(&format!("{group} is not a multicast address")),
+            "mckey -m {group}: {text}"
+        );
+    }
+}

@@ -26,7 +26,11 @@ pub struct ConnParam {
     pub initiator_depth: u8,
     /// Hardware flow control.
     pub flow_control: u8,
-    /// Transport retries (ignored when accepting).
+    /// Transport retries (ignored when accepting). Soft-RoCE takes 7 as
+    /// "retry forever", like the RNR count (measured on Linux 6.1: sends
+    /// across a cut link stayed pending; with 6 they failed with
+    /// `RetryExcErr`), so a connection that must notice a dead peer or link
+    /// on rxe asks for at most 6.
     pub retry_count: u8,
     /// RNR retries (7: infinite).
     pub rnr_retry_count: u8,

@@ -240,6 +240,13 @@ impl CmId {
     /// Disconnects (`rdma_disconnect(3)`): the QP librdmacm made goes to the
     /// error state; both sides get `DISCONNECTED`.
     ///
+    /// A QP of this crate's own (connected with [`CmId::connect_qp`] or
+    /// [`CmId::accept_qp`]) is left as it is: move it to the error state
+    /// ([`QueuePair::to_error`](crate::QueuePair::to_error)) to flush what it
+    /// still has queued. Until then its sends to a peer that is gone keep
+    /// retrying, and on soft-RoCE a retry count of 7 (the
+    /// [`ConnParam`](crate::cm::ConnParam) default) means retrying forever.
+    ///
     /// # Errors
     /// [`Error::Verb`] naming `rdma_disconnect` (`EINVAL` when not connected).
     pub fn disconnect(&self) -> Result<()> {

@@ -1,0 +1,253 @@
+//! Access control: a peer that asks for what it was not granted gets an
+//! error, and the memory it aimed at is unchanged. Each case: the target
+//! filled with a known pattern, the request refused with the status named,
+//! the pattern still there afterwards (and, where the QP survives, a
+//! legitimate request right after it works, so the refusal was not a
+//! broken connection).
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use common::{pair, wait};
+use rdma::cm::{CmEventType, EventChannel, PortSpace};
+use rdma::{AccessFlags, AhAttr, MemoryRegion, QpType, SendWr, WcStatus};
+
+const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
+const ALL_REMOTE: AccessFlags = AccessFlags::REMOTE_WRITE
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_ATOMIC);
+const PATTERN: u8 = 0xa5;
+
+fn target(pd: &rdma::ProtectionDomain, access: AccessFlags) -> MemoryRegion {
+    pd.reg_mr(vec![PATTERN; 64], access).unwrap()
+}
+
+fn unchanged(mr: &MemoryRegion) {
+    assert_eq!(
+        mr.to_vec(),
+        vec![PATTERN; 64],
+        "the target memory is unchanged"
+    );
+}
+
+/// The responder refuses: rxe answers a request outside the region's access
+/// with a NAK that the requester reports as a remote access error (an
+/// invalid-request NAK on some paths of some kernels).
+fn refused(c: &rdma::Completion) {
+    assert!(
+        matches!(c.status, WcStatus::RemAccessErr | WcStatus::RemInvReqErr),
+        "refused: {c:?}"
+    );
+}
+
+/// WRITE, READ and ATOMIC each against a region registered with every remote
+/// access but the one the operation needs (the QP grants all of them).
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn write_read_atomic_to_a_region_without_that_access() {
+    for (op, missing) in [
+        ("write", AccessFlags::REMOTE_WRITE),
+        ("read", AccessFlags::REMOTE_READ),
+        ("compare-swap", AccessFlags::REMOTE_ATOMIC),
+        ("fetch-add", AccessFlags::REMOTE_ATOMIC),
+    ] {
+        let mut p = pair(QpType::Rc, ALL_REMOTE);
+        let t = target(&p.pd, LW | (ALL_REMOTE - missing));
+        assert!(!t.access().contains(missing), "{op}");
+        let local = p.pd.alloc_mr(64, LW).unwrap();
+        let remote = t.remote();
+        let wr = match op {
+            "write" => SendWr::write(
+                1,
+                p.pd.reg_mr(vec![1u8; 64], AccessFlags::empty()).unwrap(),
+                remote,
+            ),
+            "read" => SendWr::read(1, local, remote),
+            "compare-swap" => SendWr::compare_swap(
+                1,
+                p.pd.alloc_mr(8, LW).unwrap(),
+                remote.slice(0, 8).unwrap(),
+                u64::from_ne_bytes([PATTERN; 8]),
+                7,
+            ),
+            _ => SendWr::fetch_add(
+                1,
+                p.pd.alloc_mr(8, LW).unwrap(),
+                remote.slice(0, 8).unwrap(),
+                1,
+            ),
+        };
+        p.a.post_send(wr).unwrap();
+        let mut c = wait(&p.cq, 1).pop().unwrap();
+        refused(&c);
+        assert!(c.take_buffers().into_one().is_some() || op == "read");
+        unchanged(&t);
+        eprintln!("{op} without {missing:?}: {}", c.status);
+    }
+}
+
+/// A WRITE with the rkey of a region of another protection domain (same
+/// device, both domains registered with full remote access).
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rkey_of_another_protection_domain() {
+    let mut p = pair(QpType::Rc, ALL_REMOTE);
+    let other_pd = p.ctx.alloc_pd().unwrap();
+    let foreign = target(&other_pd, LW | ALL_REMOTE);
+    let own = target(&p.pd, LW | ALL_REMOTE);
+    let src = p.pd.reg_mr(vec![1u8; 64], AccessFlags::empty()).unwrap();
+    p.a.post_send(SendWr::write(1, src, foreign.remote()))
+        .unwrap();
+    refused(&wait(&p.cq, 1).pop().unwrap());
+    unchanged(&foreign);
+    // The same request with the responder's own region works (a new pair:
+    // the refusal put the first one in the error state).
+    let mut q = pair(QpType::Rc, ALL_REMOTE);
+    let own_q = target(&q.pd, LW | ALL_REMOTE);
+    let src = q.pd.reg_mr(vec![1u8; 64], AccessFlags::empty()).unwrap();
+    q.a.post_send(SendWr::write(2, src, own_q.remote()))
+        .unwrap();
+    let c = wait(&q.cq, 1).pop().unwrap();
+    assert_eq!(c.status, WcStatus::Success, "{c:?}");
+    assert_eq!(own_q.to_vec(), vec![1u8; 64]);
+    unchanged(&own);
+}
+
+/// The rkey of a region that was deregistered: refused; the region
+/// registered after it in the same domain is untouched.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn rkey_of_a_deregistered_region() {
+    let mut p = pair(QpType::Rc, ALL_REMOTE);
+    let gone = target(&p.pd, LW | ALL_REMOTE);
+    let stale = gone.remote();
+    gone.destroy().map_err(|(_, e)| e).expect("ibv_dereg_mr");
+    let live = target(&p.pd, LW | ALL_REMOTE);
+    let src = p.pd.reg_mr(vec![1u8; 64], AccessFlags::empty()).unwrap();
+    p.a.post_send(SendWr::write(1, src, stale)).unwrap();
+    refused(&wait(&p.cq, 1).pop().unwrap());
+    unchanged(&live);
+}
+
+/// A UD datagram with the wrong Q_Key is dropped by the receiver; the next
+/// one, with the right key, is the first and only one it receives.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn ud_send_with_the_wrong_qkey_is_dropped() {
+    let mut p = pair(QpType::Ud, AccessFlags::empty());
+    let gid = p.ctx.query_gid(1, u32::from(p.gid_index)).unwrap();
+    let ah =
+        p.pd.create_ah(&AhAttr::global(1, gid, p.gid_index))
+            .unwrap();
+    // Room for the 40-byte GRH in front of each datagram.
+    let recvs = p.pd.alloc_mr(2 * 104, LW).unwrap().chunks(104).unwrap();
+    for (i, m) in recvs.into_iter().enumerate() {
+        p.b.post_recv(100 + i as u64, m).unwrap();
+    }
+    let bqpn = p.b.qp_num();
+    for (id, byte, qkey) in [(1u64, 0x11u8, !common::QKEY), (2, 0x22, common::QKEY)] {
+        let msg = p.pd.reg_mr(vec![byte; 64], AccessFlags::empty()).unwrap();
+        p.a.post_send(SendWr::send(id, msg).ud(&ah, bqpn, qkey))
+            .unwrap();
+    }
+    // Two send completions (UD sends succeed whatever the receiver does),
+    // one receive: the second datagram's.
+    let mut done = wait(&p.cq, 3);
+    let mut recv = done
+        .iter()
+        .position(|c| c.wr_id >= 100)
+        .map(|i| done.remove(i))
+        .unwrap();
+    assert!(
+        done.iter().all(|c| c.is_success() && c.wr_id < 100),
+        "{done:?}"
+    );
+    assert_eq!(recv.status, WcStatus::Success, "{recv:?}");
+    assert_eq!(
+        recv.wr_id, 100,
+        "the first receive took the right-key datagram"
+    );
+    let data = recv.take_buffers().into_one().unwrap().to_vec();
+    assert_eq!(&data[40..104], &[0x22u8; 64][..], "the right-key datagram");
+    let mut more = Vec::new();
+    p.cq.poll(&mut more, 4).unwrap();
+    assert!(
+        more.is_empty(),
+        "the wrong-key datagram never arrived: {more:?}"
+    );
+    assert_eq!(p.b.in_flight().1, 1, "one receive is still posted");
+}
+
+/// A listener bound to one address does not take connections to another
+/// address of the same machine on the same port: the client is refused and
+/// the listener sees nothing.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE) and the iWARP address (RDMA_TEST_IWARP_IP)"]
+fn connect_to_a_listener_bound_to_another_address() {
+    let bound: IpAddr = IpAddr::V4(common::ip());
+    let other: IpAddr = std::env::var("RDMA_TEST_IWARP_IP")
+        .expect("RDMA_TEST_IWARP_IP is not set: run in the VM (ci/vm run ...)")
+        .parse()
+        .unwrap();
+    assert_ne!(bound, other);
+    let lch = EventChannel::new().unwrap();
+    let listener = lch.create_id(PortSpace::Tcp).unwrap();
+    listener.bind_addr(SocketAddr::new(bound, 0)).unwrap();
+    listener.listen(4).unwrap();
+    let port = listener.src_port();
+
+    let ch = EventChannel::new().unwrap();
+    let id = ch.create_id(PortSpace::Tcp).unwrap();
+    let t = Duration::from_secs(5);
+    id.resolve_addr(None, SocketAddr::new(other, port), t)
+        .unwrap();
+    let e = ch
+        .get_event_timeout(t)
+        .unwrap()
+        .expect("an event within 5 s");
+    assert_eq!(e.event_type(), CmEventType::AddrResolved, "{e:?}");
+    drop(e);
+    id.resolve_route(t).unwrap();
+    let e = ch
+        .get_event_timeout(t)
+        .unwrap()
+        .expect("an event within 5 s");
+    assert_eq!(e.event_type(), CmEventType::RouteResolved, "{e:?}");
+    drop(e);
+    let ctx = id.context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4, None, 0).unwrap();
+    let qp = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
+    match id.connect_qp(&qp, &rdma::cm::ConnParam::default()) {
+        // iWARP connects over TCP at once: refused on the spot (siw).
+        Err(e) => {
+            assert_eq!(e.errno(), Some(libc::ECONNREFUSED), "{e}");
+            eprintln!("connect to {other}:{port}: {e}");
+        }
+        // InfiniBand/RoCE: the answer comes as an event.
+        Ok(()) => {
+            let e = ch
+                .get_event_timeout(Duration::from_secs(30))
+                .unwrap()
+                .expect("an answer within 30 s");
+            assert!(
+                matches!(
+                    e.event_type(),
+                    CmEventType::Rejected | CmEventType::Unreachable | CmEventType::ConnectError
+                ),
+                "{e:?}"
+            );
+            eprintln!(
+                "connect to {other}:{port}: {} status {}",
+                e.event_type(),
+                e.status()
+            );
+        }
+    }
+    assert!(
+        lch.try_get_event().unwrap().is_none(),
+        "the listener on {bound} saw no request"
+    );
+}

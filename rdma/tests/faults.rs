@@ -1,0 +1,241 @@
+//! Faults inside one machine: a CQ overrun, a QP forced into the error state
+//! under a posting thread, fork while memory is registered. Each accounts
+//! for every request and ends with `rdma::teardown_failures()` zero.
+//! (Events left unacknowledged at drop: `cm.rs`
+//! `dropping_ids_with_events_unacked_does_not_hang` and `cq_events.rs`
+//! `event_held_while_everything_else_is_dropped`.)
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use rdma::{AccessFlags, AsyncEventElement, AsyncEventType, QpType, SendWr, WcStatus};
+
+const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
+
+/// Waits up to 10 s for an async event of `want` on `ctx`.
+fn wait_async(ctx: &rdma::Context, want: AsyncEventType) -> rdma::AsyncEvent {
+    ctx.set_async_nonblocking(true).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match ctx.get_async_event() {
+            Ok(ev) if ev.event_type == want => return ev,
+            Ok(ev) => eprintln!("other async event: {ev:?}"),
+            Err(e) if e.errno() == Some(libc::EAGAIN) => {}
+            Err(e) => panic!("ibv_get_async_event: {e}"),
+        }
+        assert!(Instant::now() < deadline, "no {want} event within 10 s");
+        std::thread::yield_now();
+    }
+}
+
+/// More completions than the CQ holds: the device reports the overrun as a
+/// CQ_ERR async event naming that CQ, the CQ gives at most its size, and
+/// everything still tears down.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn cq_overrun_is_an_async_event() {
+    let ctx = common::open(&common::device_name());
+    let gid_index = common::gid_index() as u8;
+    let pd = ctx.alloc_pd().unwrap();
+    let small = ctx.create_cq(2, None, 0).unwrap();
+    let big = ctx.create_cq(64, None, 0).unwrap();
+    let size = small.cqe() as usize;
+    let mut a = pd.qp_builder(QpType::Rc, &small, &big).build().unwrap();
+    let mut b = pd.qp_builder(QpType::Rc, &big, &big).build().unwrap();
+    common::connect(&ctx, &a, &b, gid_index);
+    common::connect(&ctx, &b, &a, gid_index);
+    let n = size + 6;
+    let recvs = pd.alloc_mr(n * 16, LW).unwrap().chunks(16).unwrap();
+    b.post_recv_batch(
+        recvs
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| (i as u64, m.into())),
+    )
+    .map_err(|p| p.drop_buffers())
+    .unwrap();
+    for i in 0..n {
+        let msg = pd.reg_mr(vec![i as u8; 16], AccessFlags::empty()).unwrap();
+        a.post_send(SendWr::send(i as u64, msg))
+            .map_err(|p| p.drop_buffers())
+            .unwrap();
+    }
+    // All n arrive at b (its CQ has room): the sends were all carried out.
+    let got = common::wait(&big, n);
+    assert!(got.iter().all(|c| c.is_success()), "{got:?}");
+    let ev = wait_async(&ctx, AsyncEventType::CqErr);
+    assert_eq!(
+        ev.element,
+        AsyncEventElement::Cq(small.as_raw() as usize),
+        "{ev:?}"
+    );
+    // The CQ holds what fit: no more than its size, in order, successful.
+    let mut out = Vec::new();
+    let polled = small.poll(&mut out, n);
+    eprintln!(
+        "overrun CQ of {size}: poll gave {polled:?}, {} completions",
+        out.len()
+    );
+    match polled {
+        Ok(_) => {
+            assert!(out.len() <= size, "{out:?}");
+            for (i, c) in out.iter().enumerate() {
+                assert_eq!((c.wr_id, c.status), (i as u64, WcStatus::Success), "{c:?}");
+            }
+        }
+        // A provider that reports the overrun on the poll itself.
+        Err(e) => assert!(e.to_string().contains("ibv_poll_cq"), "{e}"),
+    }
+    drop(out);
+    // The sends whose completions were lost are still the QP's; the QP gives
+    // them back when it is reset.
+    let (sends_left, _) = a.in_flight();
+    let back = a.reset().expect("reset gives the memory back");
+    assert_eq!(back.len(), sends_left, "every lost send comes back");
+    drop((a, b, small, big, pd, ctx));
+    assert_eq!(rdma::teardown_failures(), 0);
+}
+
+/// A thread streams RDMA WRITEs while another moves the QP to the error state
+/// (the raw verb, as the kernel would on a fatal error): every post is
+/// either refused with its memory returned or completed, in order, with
+/// success before the switch and flushes after it.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn qp_moved_to_error_while_another_thread_posts() {
+    // RDMA WRITEs: they need no receives at the other end.
+    let mut p = common::pair(QpType::Rc, LW | AccessFlags::REMOTE_WRITE);
+    let target = p.pd.alloc_mr(64, LW | AccessFlags::REMOTE_WRITE).unwrap();
+    let remote = target.remote();
+    let raw = p.a.as_raw() as usize;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (a, cq, pd) = (&mut p.a, &p.cq, &p.pd);
+    let (posted, refused, statuses) = std::thread::scope(|s| {
+        let poster = s.spawn(move || {
+            let mut posted = 0u64;
+            let mut refused = 0u64;
+            let mut statuses = Vec::new();
+            let mut out = Vec::new();
+            let mut free: Vec<_> = pd.alloc_mr(16 * 64, LW).unwrap().chunks(64).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut stopped = false;
+            while !(stopped && statuses.len() as u64 == posted) {
+                if !stopped {
+                    if let Some(m) = free.pop() {
+                        match a.post_send(SendWr::write(posted, m, remote)) {
+                            Ok(()) => posted += 1,
+                            Err(e) => {
+                                refused += 1;
+                                assert_eq!(e.returned.len(), 1, "{}", e.error);
+                                free.extend(
+                                    e.returned.into_iter().filter_map(|(_, b)| b.into_one()),
+                                );
+                                stopped = true;
+                            }
+                        }
+                    }
+                    if posted == 100 {
+                        tx.send(()).unwrap();
+                    }
+                }
+                cq.poll(&mut out, 16).unwrap();
+                for mut c in out.drain(..) {
+                    assert_eq!(c.wr_id, statuses.len() as u64, "in order: {c:?}");
+                    if c.status != WcStatus::Success {
+                        stopped = true;
+                    }
+                    statuses.push(c.status);
+                    free.extend(c.take_buffers().into_one());
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{posted} posted, {} completed",
+                    statuses.len()
+                );
+            }
+            (posted, refused, statuses)
+        });
+        rx.recv_timeout(Duration::from_secs(30))
+            .expect("the poster reached 100 posts");
+        let mut attr: rdma::ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = rdma::ffi::IBV_QPS_ERR;
+        // SAFETY: the QP is alive (the poster holds it until the scope ends);
+        // ibv_modify_qp may run beside ibv_post_send on the same QP.
+        let rc = unsafe {
+            rdma::ffi::ibv_modify_qp(
+                raw as *mut rdma::ffi::ibv_qp,
+                &mut attr,
+                rdma::ffi::IBV_QP_STATE as i32,
+            )
+        };
+        assert_eq!(rc, 0, "ibv_modify_qp to ERR");
+        poster.join().unwrap()
+    });
+    let first_bad = statuses.iter().position(|s| *s != WcStatus::Success);
+    eprintln!(
+        "{posted} posted, {refused} refused, first flush at {first_bad:?}, {} completions",
+        statuses.len()
+    );
+    assert!(posted >= 100);
+    assert_eq!(statuses.len() as u64, posted, "every posted send completed");
+    if let Some(i) = first_bad {
+        assert!(
+            statuses[i..].iter().all(|s| *s == WcStatus::WrFlushErr),
+            "{statuses:?}"
+        );
+    }
+    assert_eq!(p.a.in_flight().0, 0);
+    drop(p);
+    assert_eq!(rdma::teardown_failures(), 0);
+}
+
+/// fork() while memory is registered: the child writes its copy of the
+/// region; the parent's registration still reaches the parent's memory (an
+/// RDMA WRITE lands where the parent reads it), and the child's writes are
+/// not in it.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn fork_with_registered_memory() {
+    let access = LW | AccessFlags::REMOTE_WRITE;
+    let mut p = common::pair(QpType::Rc, access);
+    let target = p.pd.reg_mr(vec![1u8; 4096], access).unwrap();
+    let addr = target.addr() as usize;
+    // SAFETY: fork in a test process; the child only writes memory and calls
+    // _exit (async-signal-safe).
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        // SAFETY: the child's own copy of the region's pages.
+        unsafe {
+            std::ptr::write_bytes(addr as *mut u8, 0xcc, 4096);
+            let ok = *(addr as *const u8).add(4095) == 0xcc;
+            libc::_exit(if ok { 0 } else { 3 });
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(r, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child status {status}"
+    );
+    assert_eq!(
+        target.to_vec(),
+        vec![1u8; 4096],
+        "the child's writes stayed in the child"
+    );
+    let src = p.pd.reg_mr(vec![7u8; 4096], AccessFlags::empty()).unwrap();
+    p.a.post_send(SendWr::write(1, src, target.remote()))
+        .unwrap();
+    let c = common::wait(&p.cq, 1).pop().unwrap();
+    assert_eq!(c.status, WcStatus::Success, "{c:?}");
+    assert_eq!(
+        target.to_vec(),
+        vec![7u8; 4096],
+        "the WRITE after fork reached the parent's memory"
+    );
+    drop((target, p));
+    assert_eq!(rdma::teardown_failures(), 0);
+}

@@ -1,0 +1,1097 @@
+//! Faults between two machines: a peer process killed mid-transfer, a link
+//! cut mid-transfer. These tests run only under `ci/vm pair` (`ci/vm pair --
+//! ci/device-tests BIN`): every test runs in both guests at once, guest `a` and
+//! guest `b` (`RDMA_VM_ROLE`) playing their part; the two meet through
+//! files in `RDMA_VM_SYNC_DIR`, never through sleeps, and every wait has a
+//! bound it states. Each test ends by checking that nothing was lost: every
+//! request accounted for by a completion, `rdma resource show` and the
+//! process's open descriptors back to where they were before it,
+//! `rdma::teardown_failures()` zero.
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use rdma::cm::{CmEvent, CmEventType, CmId, CmOption, ConnParam, EventChannel, PortSpace};
+use rdma::{
+    AccessFlags, CompletionQueue, MemoryRegion, ProtectionDomain, QpType, QueuePair, SendWr,
+    SharedReceiveQueue, SrqAttr, WcOpcode, WcStatus,
+};
+
+/// The longest any one wait in these tests may take: the peer reaching a
+/// rendezvous, a CM event, the completions of a transfer.
+const BOUND: Duration = Duration::from_secs(60);
+const MSG: usize = 1024;
+const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
+
+// ---------------------------------------------------------------------------
+// Rendezvous through the shared directory.
+
+/// One test's rendezvous: a key is a file `TEST.KEY` in `RDMA_VM_SYNC_DIR`,
+/// written whole (renamed into place) by whichever process owns the key.
+struct Sync {
+    dir: PathBuf,
+    test: &'static str,
+}
+
+fn role() -> String {
+    std::env::var("RDMA_VM_ROLE").unwrap_or_else(|_| {
+        panic!("RDMA_VM_ROLE is not set: this test needs two machines; run it with `ci/vm pair -- ci/device-tests BIN`")
+    })
+}
+
+impl Sync {
+    fn new(test: &'static str) -> Sync {
+        let dir = std::env::var("RDMA_VM_SYNC_DIR")
+            .unwrap_or_else(|_| panic!("RDMA_VM_SYNC_DIR is not set: run under `ci/vm pair`"));
+        Sync {
+            dir: dir.into(),
+            test,
+        }
+    }
+
+    fn path(&self, key: &str) -> PathBuf {
+        self.dir.join(format!("{}.{key}", self.test))
+    }
+
+    fn put(&self, key: &str, value: &str) {
+        let tmp = self
+            .dir
+            .join(format!("{}.{key}.tmp.{}", self.test, std::process::id()));
+        std::fs::write(&tmp, value).expect("write to the sync directory");
+        std::fs::rename(&tmp, self.path(key)).expect("rename in the sync directory");
+    }
+
+    /// The value of `key`, once its owner has put it; fails after `bound`.
+    fn get(&self, key: &str, bound: Duration) -> String {
+        let deadline = Instant::now() + bound;
+        let path = self.path(key);
+        loop {
+            match std::fs::read_to_string(&path) {
+                Ok(v) => return v,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => panic!("reading {}: {e}", path.display()),
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the peer did not reach {key:?} within {bound:?}"
+            );
+            // A file poll on 9p; the condition, not the pause, is the sync.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Both guests reach `key` (each puts `KEY.ROLE` and waits for the other).
+    fn barrier(&self, key: &str) {
+        let me = role();
+        let other = if me == "a" { "b" } else { "a" };
+        self.put(&format!("{key}.{me}"), "");
+        self.get(&format!("{key}.{other}"), BOUND);
+    }
+}
+
+/// Takes a guest's links down or up through the host (`ci/lib/pair-link`);
+/// returns once it is done.
+fn link(state: &str, guest: &str) {
+    let tool = std::env::var("RDMA_VM_LINK").expect("RDMA_VM_LINK is set under ci/vm pair");
+    let out = Command::new(&tool)
+        .args([state, guest])
+        .output()
+        .expect("ci/lib/pair-link runs");
+    assert!(
+        out.status.success(),
+        "pair-link {state} {guest}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Brings guest b's links back up when dropped, also when a test fails
+/// with them down (the next test needs them).
+struct RestoreLink;
+
+impl Drop for RestoreLink {
+    fn drop(&mut self) {
+        if let Some(tool) = std::env::var_os("RDMA_VM_LINK") {
+            let _ = Command::new(tool).args(["up", "b"]).status();
+        }
+    }
+}
+
+fn peer_ip() -> IpAddr {
+    std::env::var("RDMA_TEST_PEER_IP")
+        .expect("RDMA_TEST_PEER_IP is set under ci/vm pair")
+        .parse()
+        .expect("RDMA_TEST_PEER_IP is an IP address")
+}
+
+// ---------------------------------------------------------------------------
+// What "nothing lost" is measured against.
+
+/// (pd, cq, qp, cm_id, mr) of this guest's devices in `rdma resource show`,
+/// and this process's open descriptors.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+struct Baseline {
+    resources: [u64; 5],
+    fds: usize,
+}
+
+/// librdmacm opens a device's context the first time an id reaches it and
+/// keeps it for the life of the process: do that before the baseline, so
+/// the baseline counts it.
+fn warm_up() {
+    let ch = EventChannel::new().unwrap();
+    let id = ch.create_id(PortSpace::Tcp).unwrap();
+    id.bind_addr(SocketAddr::new(IpAddr::V4(common::ip()), 0))
+        .unwrap();
+    drop(id.context().expect("the bound id has a device"));
+}
+
+fn baseline() -> Baseline {
+    warm_up();
+    let out = Command::new("rdma")
+        .args(["resource", "show"])
+        .output()
+        .expect("rdma (iproute2) runs");
+    assert!(out.status.success(), "rdma resource show: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut resources = [0u64; 5];
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        while let Some(w) = words.next() {
+            let slot = ["pd", "cq", "qp", "cm_id", "mr"]
+                .iter()
+                .position(|k| *k == w);
+            if let (Some(i), Some(n)) = (slot, words.clone().next()) {
+                if let Ok(n) = n.parse::<u64>() {
+                    resources[i] += n;
+                }
+            }
+        }
+    }
+    let fds = std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .count();
+    Baseline { resources, fds }
+}
+
+fn assert_back_to(before: Baseline) {
+    let now = baseline();
+    assert_eq!(
+        now, before,
+        "(pd, cq, qp, cm_id, mr) and open fds are back to the baseline"
+    );
+    assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
+}
+
+// ---------------------------------------------------------------------------
+// Connections.
+
+fn next_event(ch: &EventChannel, bound: Duration) -> CmEvent {
+    let e = ch
+        .get_event_timeout(bound)
+        .expect("rdma_get_cm_event")
+        .unwrap_or_else(|| panic!("no CM event within {bound:?}"));
+    eprintln!(
+        "[{}] event {} status {}",
+        role(),
+        e.event_type(),
+        e.status()
+    );
+    e
+}
+
+fn expect_event(ch: &EventChannel, want: CmEventType) -> CmEvent {
+    let e = next_event(ch, BOUND);
+    assert_eq!((e.event_type(), e.status()), (want, 0), "{e:?}");
+    e
+}
+
+/// One end's verbs objects. Field order is only the default drop order;
+/// the tests also drop them explicitly in other orders.
+struct End {
+    qp: QueuePair,
+    srq: Option<SharedReceiveQueue>,
+    cq: CompletionQueue,
+    pd: ProtectionDomain,
+    id: CmId,
+}
+
+fn end_for(id: &CmId, with_srq: bool) -> End {
+    let ctx = id.context().expect("the id has a device");
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(512, None, 0).unwrap();
+    let srq = with_srq.then(|| {
+        pd.create_srq(SrqAttr {
+            max_wr: 128,
+            max_sge: 1,
+            srq_limit: 0,
+        })
+        .unwrap()
+    });
+    let mut b = pd.qp_builder(QpType::Rc, &cq, &cq);
+    b.max_send_wr(64).max_recv_wr(128);
+    if let Some(s) = &srq {
+        b.srq(s);
+    }
+    let qp = b.build().unwrap();
+    End {
+        qp,
+        srq,
+        cq,
+        pd,
+        id: id.clone(),
+    }
+}
+
+/// Posts `n` receives of `MSG` bytes (to the SRQ if there is one).
+fn post_receives(e: &mut End, n: usize) {
+    let bufs = e.pd.alloc_mr(n * MSG, LW).unwrap().chunks(MSG).unwrap();
+    for (i, m) in bufs.into_iter().enumerate() {
+        repost(e, 1_000_000 + i as u64, m);
+    }
+}
+
+fn repost(e: &mut End, wr_id: u64, m: MemoryRegion) {
+    match &e.srq {
+        Some(s) => s.post_recv(wr_id, m).map_err(|p| p.drop_buffers()),
+        None => e.qp.post_recv(wr_id, m).map_err(|p| p.drop_buffers()),
+    }
+    .expect("post receive");
+}
+
+/// The message `seq` of generation `gen`: both numbers, then a pattern.
+fn message(gen: u32, seq: u32) -> Vec<u8> {
+    let mut m = vec![0u8; MSG];
+    m[..4].copy_from_slice(&gen.to_le_bytes());
+    m[4..8].copy_from_slice(&seq.to_le_bytes());
+    for (i, b) in m[8..].iter_mut().enumerate() {
+        *b = (i as u32).wrapping_mul(7).wrapping_add(seq) as u8;
+    }
+    m
+}
+
+fn fill(m: &mut MemoryRegion, gen: u32, seq: u32) {
+    m.as_mut_slice()
+        .expect("local memory")
+        .copy_from_slice(&message(gen, seq));
+}
+
+/// Client side: resolve, connect with `param`, establish. `ack_timeout`
+/// (the exponent of 4.096 µs) sets the QP's transport timeout.
+fn connect(
+    ch: &EventChannel,
+    dst: SocketAddr,
+    with_srq: bool,
+    ack_timeout: Option<u8>,
+    param: &ConnParam,
+) -> End {
+    let id = ch.create_id(PortSpace::Tcp).unwrap();
+    if let Some(t) = ack_timeout {
+        id.set_option(CmOption::AckTimeout(t)).unwrap();
+    }
+    id.resolve_addr(None, dst, Duration::from_secs(5)).unwrap();
+    drop(expect_event(ch, CmEventType::AddrResolved));
+    id.resolve_route(Duration::from_secs(5)).unwrap();
+    drop(expect_event(ch, CmEventType::RouteResolved));
+    let mut e = end_for(&id, with_srq);
+    id.connect_qp(&e.qp, param).unwrap();
+    // rxe refuses receives before INIT, where connecting put the QP; the
+    // peer's first SEND waits for them through RNR retries.
+    post_receives(&mut e, 64);
+    let ev = next_event(ch, BOUND);
+    match (ev.event_type(), ev.status()) {
+        (CmEventType::ConnectResponse, 0) => {
+            drop(ev);
+            id.establish_qp(&e.qp).unwrap();
+        }
+        (CmEventType::Established, 0) => {}
+        _ => panic!("connecting to {dst}: {ev:?}"),
+    }
+    e
+}
+
+/// Server side: the next connection request on `ch`, accepted.
+fn accept(ch: &EventChannel, with_srq: bool) -> End {
+    let req = expect_event(ch, CmEventType::ConnectRequest);
+    let id = req.id().clone();
+    drop(req);
+    let mut e = end_for(&id, with_srq);
+    if with_srq {
+        post_receives(&mut e, 64);
+    }
+    id.accept_qp(&e.qp, &ConnParam::default()).unwrap();
+    if !with_srq {
+        post_receives(&mut e, 64);
+    }
+    drop(expect_event(ch, CmEventType::Established));
+    e
+}
+
+fn listen(ch: &EventChannel) -> CmId {
+    let l = ch.create_id(PortSpace::Tcp).unwrap();
+    l.bind_addr(SocketAddr::new(IpAddr::V4(common::ip()), 0))
+        .unwrap();
+    l.listen(8).unwrap();
+    l
+}
+
+// ---------------------------------------------------------------------------
+// A peer process SIGKILLed mid-transfer.
+
+/// The victim process (guest b): the same test binary, run again with
+/// `PAIR_VICTIM=GEN`.
+fn spawn_victim(test: &str, gen: u32) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            test,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("PAIR_VICTIM", gen.to_string())
+        .spawn()
+        .expect("spawn the victim")
+}
+
+/// Streams SENDs to the survivor, 16 in flight, reposting receives. In
+/// generation 1 it never stops (it is killed); in generation 2 it sends
+/// `CLEAN_COUNT` messages, waits for every completion and disconnects.
+fn victim(sync: &Sync, gen: u32) {
+    const CLEAN_COUNT: u32 = 300;
+    let port: u16 = sync.get("port", BOUND).trim().parse().unwrap();
+    let ch = EventChannel::new().unwrap();
+    let mut e = connect(
+        &ch,
+        SocketAddr::new(peer_ip(), port),
+        false,
+        None,
+        &ConnParam::default(),
+    );
+    let mut free: Vec<MemoryRegion> = e.pd.alloc_mr(16 * MSG, LW).unwrap().chunks(MSG).unwrap();
+    let (mut seq, mut done, mut announced) = (0u32, 0u32, false);
+    let mut out = Vec::new();
+    let deadline = Instant::now() + BOUND;
+    loop {
+        while let Some(mut m) = free.pop() {
+            if gen == 2 && seq == CLEAN_COUNT {
+                free.push(m);
+                break;
+            }
+            fill(&mut m, gen, seq);
+            e.qp.post_send(SendWr::send(u64::from(seq), m))
+                .map_err(|p| p.drop_buffers())
+                .expect("post send");
+            seq += 1;
+        }
+        e.cq.poll(&mut out, 32).expect("poll");
+        for mut c in out.drain(..) {
+            assert!(c.is_success(), "victim: {c:?}");
+            let m = c.take_buffers().into_one().expect("one region");
+            if c.opcode == WcOpcode::Send {
+                done += 1;
+                free.push(m);
+            } else {
+                repost(&mut e, c.wr_id, m);
+            }
+        }
+        if gen == 1 && done >= 200 && !announced {
+            sync.put("victim1.transferring", "");
+            announced = true;
+        }
+        if gen == 2 && done == CLEAN_COUNT {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "victim {gen} still running after {BOUND:?}"
+        );
+    }
+    e.id.disconnect().unwrap();
+    let ev = next_event(&ch, BOUND);
+    assert_eq!(ev.event_type(), CmEventType::Disconnected, "{ev:?}");
+}
+
+/// What the survivor saw of one connection.
+#[derive(Default, Debug)]
+struct Seen {
+    received: u32,
+    sends_posted: u64,
+    sends_ok: u64,
+    sends_failed: Vec<WcStatus>,
+    disconnected: bool,
+}
+
+/// Survivor (guest a): the next connection, on a QP with an SRQ; it
+/// receives the victim's stream (checking each message) and streams SENDs
+/// back, until the connection is gone and every one of its sends has a
+/// completion.
+fn survive(ch: &EventChannel, gen: u32) -> (End, Seen) {
+    let mut e = accept(ch, true);
+    let mut free: Vec<MemoryRegion> = e.pd.alloc_mr(16 * MSG, LW).unwrap().chunks(MSG).unwrap();
+    let mut seen = Seen::default();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + BOUND;
+    let mut posting = true;
+    while !(seen.disconnected
+        && seen.sends_ok + seen.sends_failed.len() as u64 == seen.sends_posted)
+    {
+        while posting {
+            let Some(mut m) = free.pop() else { break };
+            fill(&mut m, 100 + gen, seen.sends_posted as u32);
+            match e.qp.post_send(SendWr::send(seen.sends_posted, m)) {
+                Ok(()) => seen.sends_posted += 1,
+                // The QP already went to the error state: no more posts.
+                Err(p) => {
+                    eprintln!("survivor: post refused: {}", p.error);
+                    free.extend(p.returned.into_iter().filter_map(|(_, b)| b.into_one()));
+                    posting = false;
+                }
+            }
+        }
+        e.cq.poll(&mut out, 64).expect("poll");
+        for mut c in out.drain(..) {
+            let m = c.take_buffers().into_one().expect("one region");
+            if c.wr_id >= 1_000_000 {
+                // An SRQ receive: flushes do not reach an SRQ's receives.
+                assert!(c.is_success(), "survivor receive: {c:?}");
+                assert_eq!(c.byte_len as usize, MSG);
+                assert_eq!(
+                    m.to_vec(),
+                    message(gen, seen.received),
+                    "message {} of generation {gen}",
+                    seen.received
+                );
+                seen.received += 1;
+                repost(&mut e, c.wr_id, m);
+            } else {
+                if c.is_success() {
+                    seen.sends_ok += 1;
+                } else {
+                    seen.sends_failed.push(c.status);
+                    posting = false;
+                }
+                free.push(m);
+            }
+        }
+        if let Some(ev) = ch.try_get_event().expect("rdma_get_cm_event") {
+            eprintln!("survivor: event {} status {}", ev.event_type(), ev.status());
+            match ev.event_type() {
+                CmEventType::Disconnected => {
+                    drop(ev);
+                    seen.disconnected = true;
+                    posting = false;
+                    // Our half of the disconnect. It moves only a QP that
+                    // librdmacm made to the error state; ours stays in RTS,
+                    // and on rxe its sends to the dead peer would retry
+                    // forever (a retry count of 7 is "forever" there): the
+                    // error state flushes them.
+                    let _ = e.id.disconnect();
+                    e.qp.to_error().expect("QP to the error state");
+                }
+                CmEventType::TimewaitExit => {}
+                t => panic!("survivor: unexpected {t}"),
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "survivor {gen}: not done after {BOUND:?}: {seen:?}"
+        );
+    }
+    (e, seen)
+}
+
+#[test]
+#[ignore = "needs two guests (ci/vm pair)"]
+fn cm_rc_srq_peer_killed_mid_transfer() {
+    const TEST: &str = "cm_rc_srq_peer_killed_mid_transfer";
+    let sync = Sync::new(TEST);
+    if let Ok(gen) = std::env::var("PAIR_VICTIM") {
+        victim(&sync, gen.parse().unwrap());
+        return;
+    }
+    if role() == "b" {
+        let before = baseline();
+        // Generation 1: killed once it is streaming.
+        let mut child = spawn_victim(TEST, 1);
+        sync.get("victim1.transferring", BOUND);
+        child.kill().expect("SIGKILL the victim");
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "{status:?}");
+        sync.put("killed1", "");
+        // Generation 2: the restarted peer, which ends cleanly.
+        sync.get("survivor1.done", BOUND);
+        let mut child = spawn_victim(TEST, 2);
+        let status = child.wait().unwrap();
+        assert!(status.success(), "the restarted victim failed: {status:?}");
+        sync.get("survivor2.done", BOUND);
+        sync.barrier("end");
+        // The kernel cleaned up after the killed process.
+        assert_back_to(before);
+        return;
+    }
+    let before = baseline();
+    {
+        let ch = EventChannel::new().unwrap();
+        let listener = listen(&ch);
+        sync.put("port", &listener.src_port().to_string());
+
+        let t = Instant::now();
+        let (e1, seen1) = survive(&ch, 1);
+        eprintln!("generation 1: {seen1:?} in {:?}", t.elapsed());
+        sync.get("killed1", BOUND);
+        assert!(seen1.received >= 200, "{seen1:?}");
+        assert!(
+            !seen1.sends_failed.is_empty(),
+            "the survivor's stream ended in errors: {seen1:?}"
+        );
+        for s in &seen1.sends_failed {
+            assert!(
+                matches!(s, WcStatus::WrFlushErr | WcStatus::RetryExcErr),
+                "{seen1:?}"
+            );
+        }
+        let srq = e1.srq.as_ref().unwrap();
+        assert_eq!(srq.in_flight(), 64, "every consumed receive was reposted");
+        // Teardown order 1: id, QP, SRQ, CQ, PD.
+        let End {
+            qp,
+            srq,
+            cq,
+            pd,
+            id,
+        } = e1;
+        drop(id);
+        drop(qp);
+        drop(srq);
+        drop(cq);
+        drop(pd);
+        sync.put("survivor1.done", "");
+
+        let (e2, seen2) = survive(&ch, 2);
+        eprintln!("generation 2: {seen2:?}");
+        assert_eq!(seen2.received, 300, "{seen2:?}");
+        // Teardown order 2: PD, CQ, SRQ, QP, id (children keep parents).
+        let End {
+            qp,
+            srq,
+            cq,
+            pd,
+            id,
+        } = e2;
+        drop(pd);
+        drop(cq);
+        drop(srq);
+        drop(qp);
+        drop(id);
+        drop(listener);
+        drop(ch);
+        sync.put("survivor2.done", "");
+    }
+    sync.barrier("end");
+    assert_back_to(before);
+}
+
+// ---------------------------------------------------------------------------
+// The link down mid-transfer, shorter and longer than the retry budget.
+
+/// What the sender saw across one cut.
+#[derive(Debug)]
+struct Cut {
+    /// Completion statuses, in posting order (all of them).
+    statuses: Vec<WcStatus>,
+    /// SENDs still without a completion when the link was asked back up.
+    pending_at_up: usize,
+    /// From asking for the cut to asking for the link back.
+    down_for: Duration,
+}
+
+/// The sender streams SENDs, 16 in flight, while the receiver's links go
+/// down (`ci/lib/pair-link`, in a thread); once they are down it stops
+/// posting, so the last window is caught by the cut. `short`: the link is
+/// asked back at once; otherwise only after a completion failed (the
+/// retries ran out). Then every request's completion is collected.
+fn send_across_a_cut(e: &mut End, gen: u32, short: bool) -> Cut {
+    let mut free: Vec<MemoryRegion> = e.pd.alloc_mr(16 * MSG, LW).unwrap().chunks(MSG).unwrap();
+    let mut statuses = Vec::new();
+    let mut out = Vec::new();
+    let mut posted = 0u32;
+    let _restore = RestoreLink;
+    let asked = Instant::now();
+    let mut down = Some(std::thread::spawn(|| link("down", "b")));
+    let mut posting = true;
+    let mut up: Option<(usize, Duration)> = None;
+    let deadline = Instant::now() + BOUND;
+    while posting || statuses.len() < posted as usize {
+        if posting {
+            while let Some(mut m) = free.pop() {
+                fill(&mut m, gen, posted);
+                e.qp.post_send(SendWr::send(u64::from(posted), m))
+                    .map_err(|p| p.drop_buffers())
+                    .expect("post send");
+                posted += 1;
+            }
+        }
+        if down.as_ref().is_some_and(|h| h.is_finished()) {
+            down.take().unwrap().join().expect("pair-link down");
+            posting = false;
+            if short {
+                up = Some((posted as usize - statuses.len(), asked.elapsed()));
+                link("up", "b");
+            }
+        }
+        e.cq.poll(&mut out, 64).expect("poll");
+        for mut c in out.drain(..) {
+            if c.wr_id >= 1_000_000 {
+                // Our own receives: flushed once the QP is in error.
+                assert_eq!(c.status, WcStatus::WrFlushErr, "{c:?}");
+                continue;
+            }
+            assert_eq!(c.wr_id, statuses.len() as u64, "in order: {c:?}");
+            if !c.is_success() && up.is_none() {
+                // With a short retry budget the failure can come before
+                // pair-link has returned (QEMU cut the link first).
+                assert!(!short, "a send failed across a short cut: {c:?}");
+                if let Some(h) = down.take() {
+                    h.join().expect("pair-link down");
+                    posting = false;
+                }
+                up = Some((posted as usize - statuses.len(), asked.elapsed()));
+                link("up", "b");
+            }
+            statuses.push(c.status);
+            free.extend(c.take_buffers().into_one());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {posted} completions after {BOUND:?}",
+            statuses.len()
+        );
+    }
+    let (pending_at_up, down_for) = match up {
+        Some(u) => u,
+        None => {
+            link("up", "b");
+            (0, asked.elapsed())
+        }
+    };
+    Cut {
+        statuses,
+        pending_at_up,
+        down_for,
+    }
+}
+
+/// The receiver: takes the messages of one connection until it is
+/// disconnected; checks they are the first ones of the sender, in order.
+fn receive_until_disconnected(ch: &EventChannel, e: &mut End, gen: u32) -> u32 {
+    let mut received = 0;
+    let mut out = Vec::new();
+    let deadline = Instant::now() + BOUND;
+    loop {
+        e.cq.poll(&mut out, 64).expect("poll");
+        for mut c in out.drain(..) {
+            let m = c.take_buffers().into_one().expect("one region");
+            if c.status == WcStatus::WrFlushErr {
+                continue; // our receives, flushed by our disconnect
+            }
+            assert!(c.is_success(), "receiver: {c:?}");
+            assert_eq!(m.to_vec(), message(gen, received), "message {received}");
+            received += 1;
+            repost(e, c.wr_id, m);
+        }
+        if let Some(ev) = ch.try_get_event().expect("rdma_get_cm_event") {
+            eprintln!("receiver: event {} status {}", ev.event_type(), ev.status());
+            if ev.event_type() == CmEventType::Disconnected {
+                drop(ev);
+                let _ = e.id.disconnect();
+                // Whatever arrived before the disconnect is in the CQ.
+                e.cq.poll(&mut out, 256).expect("poll");
+                for mut c in out.drain(..) {
+                    let m = c.take_buffers().into_one().expect("one region");
+                    if c.is_success() {
+                        assert_eq!(m.to_vec(), message(gen, received), "message {received}");
+                        received += 1;
+                    }
+                }
+                return received;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "receiver {gen}: no disconnect after {BOUND:?}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs two guests (ci/vm pair)"]
+fn cm_rc_link_down_shorter_and_longer_than_the_retry_timeout() {
+    const TEST: &str = "cm_rc_link_down_shorter_and_longer_than_the_retry_timeout";
+    const N: usize = 64;
+    let sync = Sync::new(TEST);
+    let before = baseline();
+    // Phase 1: 6 retries of 4.096 µs * 2^19 (2.1 s) each, about 15 s in
+    // all, against a cut of a second or two. Phase 2: 6 retries of
+    // 4.096 µs * 2^12 (17 ms), about 0.12 s in all, against a cut held
+    // until the sender saw the retries exhausted. Phase 3: the link back,
+    // a new connection carries everything. Not 7 retries: rxe takes a
+    // transport retry count of 7 as "retry forever" (as the RNR count's 7
+    // is), so a cut would never end in an error (measured on 6.1: the
+    // sends stayed pending for the whole 60 s bound).
+    let phases = [(1u32, true, 19u8), (2, false, 12), (3, true, 14)];
+    if role() == "b" {
+        let ch = EventChannel::new().unwrap();
+        let listener = listen(&ch);
+        sync.put("port", &listener.src_port().to_string());
+        for (gen, _, _) in phases {
+            let mut e = accept(&ch, false);
+            let got = receive_until_disconnected(&ch, &mut e, gen);
+            sync.put(&format!("received{gen}"), &got.to_string());
+            drop(e);
+        }
+        drop(listener);
+        drop(ch);
+        sync.barrier("end");
+        assert_back_to(before);
+        return;
+    }
+    let port: u16 = sync.get("port", BOUND).trim().parse().unwrap();
+    let dst = SocketAddr::new(peer_ip(), port);
+    let ch = EventChannel::new().unwrap();
+    for (gen, short, timeout) in phases {
+        let param = ConnParam {
+            retry_count: 6,
+            ..ConnParam::default()
+        };
+        let mut e = connect(&ch, dst, false, Some(timeout), &param);
+        let cut = if gen == 3 {
+            // No cut: the link is back and works.
+            let bufs = e.pd.alloc_mr(N * MSG, LW).unwrap().chunks(MSG).unwrap();
+            for (seq, mut m) in bufs.into_iter().enumerate() {
+                fill(&mut m, gen, seq as u32);
+                e.qp.post_send(SendWr::send(seq as u64, m))
+                    .map_err(|p| p.drop_buffers())
+                    .unwrap();
+            }
+            Cut {
+                statuses: common_wait(&e.cq, N),
+                pending_at_up: 0,
+                down_for: Duration::ZERO,
+            }
+        } else {
+            send_across_a_cut(&mut e, gen, short)
+        };
+        let posted = cut.statuses.len() as u32;
+        let ok = cut
+            .statuses
+            .iter()
+            .filter(|s| **s == WcStatus::Success)
+            .count() as u32;
+        eprintln!(
+            "phase {gen}: link down for {:?}, {} pending then; {ok} of {posted} sent; failures {:?}",
+            cut.down_for,
+            cut.pending_at_up,
+            cut.statuses.iter().filter(|s| **s != WcStatus::Success).collect::<Vec<_>>()
+        );
+        if short {
+            assert_eq!(
+                ok, posted,
+                "a cut shorter than the retry budget loses nothing: {cut:?}"
+            );
+            if gen == 1 {
+                assert!(
+                    cut.pending_at_up > 0,
+                    "the cut caught sends in flight: {cut:?}"
+                );
+            }
+        } else {
+            // The first failure is the exhausted retries, everything after it
+            // is flushed; nothing is missing.
+            let first = cut
+                .statuses
+                .iter()
+                .position(|s| *s != WcStatus::Success)
+                .unwrap();
+            assert_eq!(cut.statuses[first], WcStatus::RetryExcErr, "{cut:?}");
+            assert!(
+                cut.statuses[first + 1..]
+                    .iter()
+                    .all(|s| *s == WcStatus::WrFlushErr),
+                "{cut:?}"
+            );
+        }
+        e.id.disconnect().unwrap();
+        let ev = next_event(&ch, BOUND);
+        assert_eq!(ev.event_type(), CmEventType::Disconnected, "{ev:?}");
+        drop(ev);
+        let got: u32 = sync
+            .get(&format!("received{gen}"), BOUND)
+            .trim()
+            .parse()
+            .unwrap();
+        // Delivered but unacknowledged messages are possible, lost ones are not.
+        assert!(
+            got >= ok && got <= posted,
+            "phase {gen}: receiver got {got}, sender {ok} of {posted} acked"
+        );
+        if short {
+            assert_eq!(got, posted);
+        }
+        drop(e);
+    }
+    drop(ch);
+    sync.barrier("end");
+    assert_back_to(before);
+}
+
+fn common_wait(cq: &CompletionQueue, n: usize) -> Vec<WcStatus> {
+    common::wait(cq, n).into_iter().map(|c| c.status).collect()
+}
+
+// ---------------------------------------------------------------------------
+// UD: the peer process killed, then restarted under a new QP number.
+
+const UD_QKEY: u32 = 0x5eed_0001;
+const GRH: usize = 40;
+
+/// A UD QP on the test device, ready to send, with `n` receives posted.
+struct UdEnd {
+    qp: QueuePair,
+    ah: rdma::AddressHandle,
+    cq: CompletionQueue,
+    pd: ProtectionDomain,
+    ctx: rdma::Context,
+}
+
+fn ud_end(n: usize) -> UdEnd {
+    let ctx = common::open(&common::device_name());
+    let gid_index = common::gid_index() as u8;
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, None, 0).unwrap();
+    let mut qp = pd
+        .qp_builder(QpType::Ud, &cq, &cq)
+        .max_send_wr(32)
+        .max_recv_wr(n as u32)
+        .build()
+        .unwrap();
+    let mut init = rdma::InitAttr::new(1);
+    init.qkey = UD_QKEY;
+    qp.to_init(&init).unwrap();
+    qp.to_rtr(None).unwrap();
+    qp.to_rts(&rdma::RtsAttr::new(0)).unwrap();
+    let peer = match peer_ip() {
+        IpAddr::V4(v4) => rdma::Gid::from(v4),
+        IpAddr::V6(v6) => rdma::Gid::from(v6),
+    };
+    let ah = pd
+        .create_ah(&rdma::AhAttr::global(1, peer, gid_index))
+        .unwrap();
+    let bufs = pd
+        .alloc_mr(n * (MSG + GRH), LW)
+        .unwrap()
+        .chunks(MSG + GRH)
+        .unwrap();
+    qp.post_recv_batch(
+        bufs.into_iter()
+            .enumerate()
+            .map(|(i, m)| (1_000_000 + i as u64, m.into())),
+    )
+    .map_err(|p| p.drop_buffers())
+    .unwrap();
+    UdEnd {
+        qp,
+        ah,
+        cq,
+        pd,
+        ctx,
+    }
+}
+
+/// What one UD end saw: datagrams received per generation (checked whole
+/// and in increasing order), sends posted and completed.
+#[derive(Default, Debug)]
+struct UdSeen {
+    received: u32,
+    last_seq: Option<u32>,
+    posted: u64,
+    completed: u64,
+}
+
+/// One round of a UD stream: keeps `window` sends in flight to `qpn`,
+/// takes every completion (sends must succeed: UD has no acknowledgements),
+/// checks each datagram (its generation `want_gen`, increasing sequence),
+/// reposts receives. Returns when `done(seen)` or fails after BOUND.
+fn ud_round(
+    e: &mut UdEnd,
+    qpn: u32,
+    send_gen: u32,
+    want_gen: Option<u32>,
+    seen: &mut UdSeen,
+    free: &mut Vec<MemoryRegion>,
+    done: &dyn Fn(&UdSeen) -> bool,
+) {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + BOUND;
+    while !done(seen) {
+        if let Some(mut m) = free.pop() {
+            fill(&mut m, send_gen, seen.posted as u32);
+            e.qp.post_send(SendWr::send(seen.posted, m).ud(&e.ah, qpn, UD_QKEY))
+                .map_err(|p| p.drop_buffers())
+                .expect("post UD send");
+            seen.posted += 1;
+        }
+        e.cq.poll(&mut out, 32).expect("poll");
+        for mut c in out.drain(..) {
+            assert!(c.is_success(), "UD completions succeed, peer or not: {c:?}");
+            let m = c.take_buffers().into_one().expect("one region");
+            if c.wr_id < 1_000_000 {
+                seen.completed += 1;
+                free.push(m);
+                continue;
+            }
+            let data = m.to_vec();
+            let gen = u32::from_le_bytes(data[GRH..GRH + 4].try_into().unwrap());
+            let seq = u32::from_le_bytes(data[GRH + 4..GRH + 8].try_into().unwrap());
+            assert_eq!(
+                &data[GRH..],
+                &message(gen, seq)[..],
+                "datagram {gen}/{seq} whole"
+            );
+            if let Some(w) = want_gen {
+                assert_eq!(gen, w, "datagram of generation {w}");
+            }
+            assert!(
+                seen.last_seq.is_none_or(|l| seq > l),
+                "increasing: {seq} after {:?}",
+                seen.last_seq
+            );
+            seen.last_seq = Some(seq);
+            seen.received += 1;
+            e.qp.post_recv(c.wr_id, m)
+                .map_err(|p| p.drop_buffers())
+                .expect("repost receive");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "UD round not done after {BOUND:?}: {seen:?}"
+        );
+    }
+}
+
+fn ud_victim(sync: &Sync, gen: u32) {
+    let mut e = ud_end(64);
+    sync.put(&format!("victim{gen}.qpn"), &e.qp.qp_num().to_string());
+    let survivor: u32 = sync.get("survivor.qpn", BOUND).trim().parse().unwrap();
+    let mut free = e.pd.alloc_mr(16 * MSG, LW).unwrap().chunks(MSG).unwrap();
+    let mut seen = UdSeen::default();
+    // Until 100 datagrams went each way; generation 1 then goes on until
+    // killed, generation 2 stops.
+    // Datagrams can be dropped (UD): generation 2 goes on until the
+    // survivor says it has its 100.
+    let got = sync.path("survivor.got2");
+    ud_round(
+        &mut e,
+        survivor,
+        10 + gen,
+        Some(100 + gen),
+        &mut seen,
+        &mut free,
+        &|s| s.received >= 100 && s.completed >= 100 && (gen == 1 || got.exists()),
+    );
+    if gen == 1 {
+        sync.put("victim1.transferring", "");
+        ud_round(
+            &mut e,
+            survivor,
+            11,
+            Some(101),
+            &mut seen,
+            &mut free,
+            &|_| false,
+        );
+    }
+    sync.put("victim2.finished", "");
+}
+
+#[test]
+#[ignore = "needs two guests (ci/vm pair)"]
+fn ud_peer_killed_and_restarted() {
+    const TEST: &str = "ud_peer_killed_and_restarted";
+    let sync = Sync::new(TEST);
+    if let Ok(gen) = std::env::var("PAIR_VICTIM") {
+        ud_victim(&sync, gen.parse().unwrap());
+        return;
+    }
+    let before = baseline();
+    if role() == "b" {
+        let mut child = spawn_victim(TEST, 1);
+        sync.get("victim1.transferring", BOUND);
+        child.kill().expect("SIGKILL the victim");
+        assert!(!child.wait().unwrap().success());
+        sync.put("killed1", "");
+        let mut child = spawn_victim(TEST, 2);
+        let status = child.wait().unwrap();
+        assert!(status.success(), "the restarted victim failed: {status:?}");
+        sync.barrier("end");
+        assert_back_to(before);
+        return;
+    }
+    {
+        let mut e = ud_end(64);
+        sync.put("survivor.qpn", &e.qp.qp_num().to_string());
+        let mut free = e.pd.alloc_mr(16 * MSG, LW).unwrap().chunks(MSG).unwrap();
+        let v1: u32 = sync.get("victim1.qpn", BOUND).trim().parse().unwrap();
+        let mut seen = UdSeen::default();
+        // Stream to the victim until b says it is dead.
+        let killed = sync.path("killed1");
+        ud_round(&mut e, v1, 101, Some(11), &mut seen, &mut free, &|s| {
+            s.received >= 100 && killed.exists()
+        });
+        // Sending to the dead QP number goes on succeeding: nothing answers,
+        // nothing fails.
+        let at_kill = seen.completed;
+        ud_round(&mut e, v1, 101, Some(11), &mut seen, &mut free, &|s| {
+            s.completed >= at_kill + 100
+        });
+        eprintln!("generation 1 (killed): {seen:?}");
+        // The restarted peer: a new QP number, a fresh stream both ways.
+        let v2: u32 = sync.get("victim2.qpn", BOUND).trim().parse().unwrap();
+        assert_ne!(v1, v2);
+        let mut seen2 = UdSeen::default();
+        let finished = sync.path("victim2.finished");
+        ud_round(&mut e, v2, 102, Some(12), &mut seen2, &mut free, &|s| {
+            s.received >= 100
+        });
+        sync.put("survivor.got2", "");
+        ud_round(&mut e, v2, 102, Some(12), &mut seen2, &mut free, &|_| {
+            finished.exists()
+        });
+        // Every send has its completion.
+        ud_round(&mut e, v2, 102, None, &mut seen2, &mut free, &|s| {
+            s.completed == s.posted
+        });
+        eprintln!("generation 2 (restarted): {seen2:?}");
+        assert_eq!(seen.completed, seen.posted);
+        assert_eq!(e.qp.in_flight(), (0, 64), "every receive is posted again");
+        // Teardown in an order that puts parents first.
+        let UdEnd {
+            qp,
+            ah,
+            cq,
+            pd,
+            ctx,
+        } = e;
+        drop(ctx);
+        drop(pd);
+        drop(ah);
+        drop(cq);
+        drop(free);
+        drop(qp);
+    }
+    sync.barrier("end");
+    assert_back_to(before);
+}
