@@ -33,6 +33,8 @@
 mod bw;
 #[path = "perf/clock.rs"]
 mod clock;
+#[path = "perf/events.rs"]
+mod events;
 #[path = "perf/io.rs"]
 mod io;
 #[path = "perf/lat.rs"]
@@ -63,6 +65,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    events::set(opts.wait);
     let result = setup::connect(&opts).and_then(|mut conn| match opts.test.kind {
         Kind::Bw => bw::run(&mut conn, &opts),
         Kind::Lat => lat::run(&mut conn, &opts),
