@@ -182,11 +182,7 @@ fn wakes(c: &Wakes) -> usize {
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn an_event_wakes_only_the_waiter_of_its_cq() {
     let mut l = looped(|_| {});
-    let idle = l
-        .pd
-        .context()
-        .create_cq(16, Some(&l.channel), 0)
-        .unwrap();
+    let idle = l.pd.context().create_cq(16, Some(&l.channel), 0).unwrap();
     runtime().block_on(async {
         let driver = CqChannel::new(&l.channel, &Tokio).unwrap();
         let mut acq_a = AsyncCq::new(&driver, &l.cq_a).unwrap();
@@ -198,11 +194,14 @@ fn an_event_wakes_only_the_waiter_of_its_cq() {
         let mut idle_cx = Context::from_waker(&waker);
         assert!(idle_wait.as_mut().poll(&mut idle_cx).is_pending());
         for i in 0..20u64 {
+            // Both wait on the channel (armed, the task pending) before the
+            // ping: their events come through the reactor.
+            let mut both = pin!(async { tokio::join!(acq_b.next(), acq_a.next()) });
+            assert!(futures_lite::future::poll_once(both.as_mut())
+                .await
+                .is_none());
             ping(&mut l, i);
-            let (r, s) = bounded("a completion", async {
-                tokio::join!(acq_b.next(), acq_a.next())
-            })
-            .await;
+            let (r, s) = bounded("a completion", both).await;
             check_recv(r.unwrap(), i);
             assert_eq!(s.unwrap().wr_id, i);
             // As an executor would: a woken waiter polls again.

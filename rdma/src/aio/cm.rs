@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use super::wake::{DriverWaker, DrivenSource, Hub, Source};
+use super::wake::{DrivenSource, DriverWaker, Hub, Source};
 use super::{reactor_error, would_block, Reactor, Readiness};
 use crate::cm::{CmAddr, CmEvent, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use crate::error::{Error, Result};
@@ -116,9 +116,7 @@ impl Source for CmShared {
         });
         match (read, failure) {
             (Poll::Ready(Err(_)), Some(e)) => Poll::Ready(Err(e)),
-            (Poll::Ready(Err(e)), None) => {
-                Poll::Ready(Err(reactor_error("rdma_get_cm_event", e)))
-            }
+            (Poll::Ready(Err(e)), None) => Poll::Ready(Err(reactor_error("rdma_get_cm_event", e))),
             _ => Poll::Pending,
         }
     }
@@ -202,7 +200,7 @@ impl CmChannel {
             .inspect_err(|_| channel.inner.driven.store(false, Ordering::Release))?;
         Ok(CmChannel {
             shared: Arc::new_cyclic(|me: &std::sync::Weak<CmShared>| {
-                let me: std::sync::Weak<dyn DrivenSource> = me.clone();
+                let me: std::sync::Weak<dyn DrivenSource> = std::sync::Weak::<CmShared>::clone(me);
                 CmShared {
                     readiness,
                     state: Mutex::new(CmState::default()),

@@ -8,7 +8,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-use super::wake::{DriverWaker, DrivenSource, Hub, Source};
+use super::wake::{DrivenSource, DriverWaker, Hub, Source};
 use super::{reactor_error, Reactor, Readiness};
 use crate::cq::CHANNEL_ASYNC;
 use crate::error::{Error, Result};
@@ -204,7 +204,8 @@ impl CqChannel {
         let (was_blocking, readiness) = setup().inspect_err(|_| channel.release())?;
         Ok(CqChannel {
             shared: Arc::new_cyclic(|me: &std::sync::Weak<ChanShared>| {
-                let me: std::sync::Weak<dyn DrivenSource> = me.clone();
+                let me: std::sync::Weak<dyn DrivenSource> =
+                    std::sync::Weak::<ChanShared>::clone(me);
                 ChanShared {
                     readiness,
                     state: Mutex::new(ChanState::default()),

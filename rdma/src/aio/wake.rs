@@ -213,7 +213,7 @@ mod tests {
     use std::sync::{Arc, Mutex, OnceLock};
     use std::task::{Context, Poll, Wake, Waker};
 
-    use super::{DriverWaker, DrivenSource, Hub, Source, Waiters, NOBODY};
+    use super::{DrivenSource, DriverWaker, Hub, Source, Waiters, NOBODY};
     use crate::error::Result;
 
     struct Count(AtomicUsize);
@@ -288,7 +288,7 @@ mod tests {
 
     fn fake() -> (Arc<Fake>, Waker) {
         let f = Arc::new(Fake::default());
-        let dynf: Arc<dyn DrivenSource> = f.clone();
+        let dynf: Arc<dyn DrivenSource> = Arc::<Fake>::clone(&f);
         let driver = Waker::from(Arc::new(DriverWaker(Arc::downgrade(&dynf))));
         assert!(f.driver.set(driver.clone()).is_ok());
         (f, driver)
