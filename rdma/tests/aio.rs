@@ -414,6 +414,58 @@ fn blocking_wait_times_out_then_gets_the_completion() {
     assert_eq!(rdma::teardown_failures(), 0);
 }
 
+/// The state letter of thread `tid` of this process (`/proc`), `?` when
+/// unreadable.
+fn thread_state(tid: i64) -> char {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit(')').next().and_then(|r| r.trim().chars().next()))
+        .unwrap_or('?')
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn wait_until_without_a_bound_sleeps_in_the_channel_read_and_wakes_with_the_completion() {
+    let mut l = looped(|_| {});
+    let cq = l.cq_b.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() } as i64).unwrap();
+            let mut polls = 0;
+            let mut slot = None;
+            let got = cq
+                .wait_until(None, || -> rdma::Result<Option<u64>> {
+                    polls += 1;
+                    Ok(cq.poll_one_into(&mut slot)?.map(|c| c.wr_id))
+                })
+                .unwrap();
+            (got, polls, slot)
+        });
+        let tid = rx.recv().unwrap();
+        // The waiter blocks in the channel's read (state S) before the ping.
+        let start = Instant::now();
+        while thread_state(tid) != 'S' {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the waiter never slept"
+            );
+            std::thread::yield_now();
+        }
+        ping(&mut l, 5);
+        let (got, polls, slot) = waiter.join().unwrap();
+        assert_eq!(got, Some(5));
+        assert!(
+            polls >= 3,
+            "poll, arm, poll again, sleep, poll: {polls} polls"
+        );
+        check_recv(slot.unwrap(), 5);
+    });
+    drop(l);
+    assert_eq!(rdma::teardown_failures(), 0);
+}
+
 fn assert_async_error(e: &Error, errno: i32, says: &str) {
     assert!(matches!(e, Error::Async { .. }), "{e:?}");
     assert_eq!(e.errno(), Some(errno), "{e}");
