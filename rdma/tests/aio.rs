@@ -201,6 +201,12 @@ fn an_event_wakes_only_the_waiter_of_its_cq() {
                 .await
                 .is_none());
             ping(&mut l, i);
+            // Let the reactor see the channel: the task yields once the
+            // events are there, so the runtime polls its I/O driver (had
+            // the task found its completions at once, the driver would
+            // never run and no waker would be woken at all).
+            readable(&l.channel);
+            tokio::task::yield_now().await;
             let (r, s) = bounded("a completion", both).await;
             check_recv(r.unwrap(), i);
             assert_eq!(s.unwrap().wr_id, i);
