@@ -329,7 +329,16 @@ impl AsyncCq {
                 Ok(n) => n,
                 Err(e) => return Poll::Ready(Err(e)),
             };
-            self.ready.extend(self.scratch.drain(..));
+            if self.ready.is_empty() {
+                // The batch becomes the buffer as it lies (a `Vec` turns
+                // into a `VecDeque` without moving its elements; a
+                // `Completion` is 112 bytes), and the spent buffer is the
+                // next scratch: the two allocations take turns.
+                let spent = Vec::from(std::mem::take(&mut self.ready));
+                self.ready = VecDeque::from(std::mem::replace(&mut self.scratch, spent));
+            } else {
+                self.ready.extend(self.scratch.drain(..));
+            }
             if n > 0 {
                 return Poll::Ready(Ok(()));
             }
