@@ -8,8 +8,9 @@
 //! perftest's flags (`-d -i -x -s -n -a -I -e -p -F -q`, and `-t -r -Q -m -N
 //! -A -o`) with its defaults, plus `--post legacy|extended|auto` (the QPs'
 //! [`rdma::PostPath`]), `--raw` (prebuilt C work requests through the `unsafe`
-//! raw post calls, and `ibv_poll_cq`, instead of the safe API) and `--cpu`
-//! (CPU time per iteration). Run with `--help` for the list.
+//! raw post calls, and `ibv_poll_cq`, instead of the safe API), `--cpu`
+//! (CPU time per iteration) and `--wait channel|cq` (how `-e` sleeps:
+//! `perf/events.rs`). Run with `--help` for the list.
 //!
 //! Measured as perftest measures (bandwidth with `std::time::Instant`,
 //! latency stamps from the TSC on x86_64, see `perf/clock.rs`):
