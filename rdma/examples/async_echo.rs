@@ -211,7 +211,11 @@ async fn echo(incoming: Incoming, o: &Opts) -> Res<()> {
         .await
         .map_err(fail("rdma_accept"))?;
     loop {
+        // Completions first: the id's events are looked at only when none is
+        // ready (a disconnection flushes the receives anyway), which spares
+        // most iterations a poll of the event channel.
         let c = tokio::select! {
+            biased;
             c = acq.next() => c.map_err(fail("poll"))?,
             e = id.next_event() => {
                 let e = e.map_err(fail("rdma_get_cm_event"))?;

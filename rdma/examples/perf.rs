@@ -8,8 +8,9 @@
 //! perftest's flags (`-d -i -x -s -n -a -I -e -p -F -q`, and `-t -r -Q -m -N
 //! -A -o`) with its defaults, plus `--post legacy|extended|auto` (the QPs'
 //! [`rdma::PostPath`]), `--raw` (prebuilt C work requests through the `unsafe`
-//! raw post calls, and `ibv_poll_cq`, instead of the safe API) and `--cpu`
-//! (CPU time per iteration). Run with `--help` for the list.
+//! raw post calls, and `ibv_poll_cq`, instead of the safe API), `--cpu`
+//! (CPU time per iteration) and `--wait channel|cq` (how `-e` sleeps:
+//! `perf/events.rs`). Run with `--help` for the list.
 //!
 //! Measured as perftest measures (bandwidth with `std::time::Instant`,
 //! latency stamps from the TSC on x86_64, see `perf/clock.rs`):
@@ -33,6 +34,8 @@
 mod bw;
 #[path = "perf/clock.rs"]
 mod clock;
+#[path = "perf/events.rs"]
+mod events;
 #[path = "perf/io.rs"]
 mod io;
 #[path = "perf/lat.rs"]
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    events::set(opts.wait);
     let result = setup::connect(&opts).and_then(|mut conn| match opts.test.kind {
         Kind::Bw => bw::run(&mut conn, &opts),
         Kind::Lat => lat::run(&mut conn, &opts),

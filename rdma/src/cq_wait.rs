@@ -31,16 +31,52 @@ impl CompletionQueue {
     /// [`CompletionQueue::poll`] and [`CompletionQueue::req_notify`];
     /// [`Error::Verb`] naming `poll` or `ibv_get_cq_event`.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<Option<Completion>> {
+        self.wait_with("CompletionQueue::wait", timeout, || self.poll_one())
+    }
+
+    /// Waits at most `timeout` (`None`: without bound) until `poll`, the
+    /// caller's own way of polling this CQ, returns `Some`: the same cycle
+    /// as [`CompletionQueue::wait`] (poll, arm, poll again, sleep on the
+    /// channel, poll), for a caller that polls into its own slot or batch
+    /// (`CompletionQueue::poll_one_into`, `CompletionQueue::poll`, or
+    /// `ibv_poll_cq` on [`CompletionQueue::as_raw`]). `Ok(None)` when the
+    /// time ran out. `poll` must poll this CQ: the wait arms it and sleeps
+    /// until it signals.
+    ///
+    /// Without a bound, and on a blocking descriptor, the wait reads the
+    /// channel directly (`ibv_get_cq_event` blocks): one system call per
+    /// sleep, besides the arm. With a bound it waits with `poll(2)` first.
+    /// Events are acknowledged 16 at a time, and all before the call
+    /// returns.
+    ///
+    /// # Errors
+    /// As [`CompletionQueue::wait`] (converted into `E`), and whatever
+    /// `poll` returns.
+    pub fn wait_until<T, E: From<Error>>(
+        &self,
+        timeout: Option<Duration>,
+        poll: impl FnMut() -> std::result::Result<Option<T>, E>,
+    ) -> std::result::Result<Option<T>, E> {
+        self.wait_with("CompletionQueue::wait_until", timeout, poll)
+    }
+
+    fn wait_with<T, E: From<Error>>(
+        &self,
+        operation: &'static str,
+        timeout: Option<Duration>,
+        mut poll: impl FnMut() -> std::result::Result<Option<T>, E>,
+    ) -> std::result::Result<Option<T>, E> {
         let Some(channel) = self.channel() else {
             return Err(Error::Async {
-                operation: "CompletionQueue::wait",
+                operation,
                 reason: "the CQ was created without a completion channel, so nothing can \
                          wake a waiter: create it with Context::create_cq(.., Some(&channel), ..)"
                     .into(),
                 errno: libc::EINVAL,
-            });
+            }
+            .into());
         };
-        channel.claim("CompletionQueue::wait", CHANNEL_WAITING)?;
+        channel.claim(operation, CHANNEL_WAITING)?;
         struct Claim<'a>(&'a crate::CompletionChannel);
         impl Drop for Claim<'_> {
             fn drop(&mut self) {
@@ -49,7 +85,7 @@ impl CompletionQueue {
         }
         let _claim = Claim(channel);
         let mut unacked = 0u32;
-        let result = self.wait_claimed(channel, timeout, &mut unacked);
+        let result = self.wait_claimed(channel, timeout, &mut unacked, &mut poll);
         if unacked > 0 {
             // SAFETY: `unacked` events of this CQ came from ibv_get_cq_event
             // and were not acknowledged; the CQ is alive (`self`).
@@ -58,16 +94,20 @@ impl CompletionQueue {
         result
     }
 
-    fn wait_claimed(
+    fn wait_claimed<T, E: From<Error>>(
         &self,
         channel: &crate::CompletionChannel,
         timeout: Option<Duration>,
         unacked: &mut u32,
-    ) -> Result<Option<Completion>> {
+        poll: &mut impl FnMut() -> std::result::Result<Option<T>, E>,
+    ) -> std::result::Result<Option<T>, E> {
         let mut deadline = None;
         let mut armed = false;
+        // Without a bound, read the channel directly; a non-blocking
+        // descriptor (EAGAIN) sends the wait to poll(2).
+        let mut direct = timeout.is_none();
         loop {
-            if let Some(c) = self.poll_one()? {
+            if let Some(c) = poll()? {
                 return Ok(Some(c));
             }
             if !armed {
@@ -75,47 +115,54 @@ impl CompletionQueue {
                 armed = true;
                 continue;
             }
-            let ms = match timeout {
-                None => -1,
-                Some(t) => {
-                    let d = *deadline.get_or_insert_with(|| Instant::now() + t);
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Ok(None);
+            if !direct {
+                let ms = match timeout {
+                    None => -1,
+                    Some(t) => {
+                        let d = *deadline.get_or_insert_with(|| Instant::now() + t);
+                        let left = d.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            return Ok(None);
+                        }
+                        // Round up: a wait of 0 ms would spin.
+                        let ms = left.as_micros().div_ceil(1000);
+                        std::ffi::c_int::try_from(ms).unwrap_or(std::ffi::c_int::MAX)
                     }
-                    // Round up: a wait of 0 ms would spin.
-                    let ms = left.as_micros().div_ceil(1000);
-                    std::ffi::c_int::try_from(ms).unwrap_or(std::ffi::c_int::MAX)
+                };
+                let mut pfd = libc::pollfd {
+                    fd: channel.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd.
+                let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+                if rc < 0 {
+                    let errno = last_errno();
+                    if errno == libc::EINTR {
+                        continue;
+                    }
+                    return Err(Error::verb_errno("poll", "completion channel", errno).into());
                 }
-            };
-            let mut pfd = libc::pollfd {
-                fd: channel.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-            if rc < 0 {
-                let errno = last_errno();
-                if errno == libc::EINTR {
+                if rc == 0 {
                     continue;
                 }
-                return Err(Error::verb_errno("poll", "completion channel", errno));
-            }
-            if rc == 0 {
-                continue;
             }
             let mut cq: *mut ffi::ibv_cq = std::ptr::null_mut();
             let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
-            // SAFETY: a live channel, readable, and this the only reader
-            // (claimed), so the read does not block; valid out-pointers.
+            // SAFETY: a live channel and this the only reader (claimed);
+            // valid out-pointers. On a blocking descriptor without a
+            // bound the read sleeps until an armed CQ of the channel fires.
             let rc = unsafe { ffi::ibv_get_cq_event(channel.as_raw(), &mut cq, &mut ctx) };
             if rc != 0 {
                 let errno = last_errno();
-                if errno == libc::EAGAIN || errno == libc::EINTR {
+                if errno == libc::EAGAIN {
+                    direct = false;
                     continue;
                 }
-                return Err(Error::verb_errno("ibv_get_cq_event", "", errno));
+                if errno == libc::EINTR {
+                    continue;
+                }
+                return Err(Error::verb_errno("ibv_get_cq_event", "", errno).into());
             }
             if cq == self.as_raw() {
                 armed = false;

@@ -161,6 +161,104 @@ fn two_cqs_on_one_channel_each_get_their_own_completions_past_the_ack_batch() {
     assert_eq!(rdma::teardown_failures(), 0);
 }
 
+/// Counts its wake-ups.
+struct Wakes(std::sync::atomic::AtomicUsize);
+impl std::task::Wake for Wakes {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn counting() -> (std::sync::Arc<Wakes>, Waker) {
+    let c = std::sync::Arc::new(Wakes(std::sync::atomic::AtomicUsize::new(0)));
+    (std::sync::Arc::clone(&c), Waker::from(c))
+}
+
+fn wakes(c: &Wakes) -> usize {
+    c.0.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn an_event_wakes_only_the_waiter_of_its_cq() {
+    let mut l = looped(|_| {});
+    let idle = l.pd.context().create_cq(16, Some(&l.channel), 0).unwrap();
+    runtime().block_on(async {
+        let driver = CqChannel::new(&l.channel, &Tokio).unwrap();
+        let mut acq_a = AsyncCq::new(&driver, &l.cq_a).unwrap();
+        let mut acq_b = AsyncCq::new(&driver, &l.cq_b).unwrap();
+        let mut acq_idle = AsyncCq::new(&driver, &idle).unwrap();
+        // A third CQ on the channel waits (armed) and never gets anything.
+        let (count, waker) = counting();
+        let mut idle_wait = pin!(acq_idle.next());
+        let mut idle_cx = Context::from_waker(&waker);
+        assert!(idle_wait.as_mut().poll(&mut idle_cx).is_pending());
+        for i in 0..20u64 {
+            // Both wait on the channel (armed, the task pending) before the
+            // ping: their events come through the reactor.
+            let mut both = pin!(async { tokio::join!(acq_b.next(), acq_a.next()) });
+            assert!(futures_lite::future::poll_once(both.as_mut())
+                .await
+                .is_none());
+            ping(&mut l, i);
+            // Let the reactor see the channel: the task yields once the
+            // events are there, so the runtime polls its I/O driver (had
+            // the task found its completions at once, the driver would
+            // never run and no waker would be woken at all).
+            readable(&l.channel);
+            tokio::task::yield_now().await;
+            let (r, s) = bounded("a completion", both).await;
+            check_recv(r.unwrap(), i);
+            assert_eq!(s.unwrap().wr_id, i);
+            // As an executor would: a woken waiter polls again.
+            if wakes(&count) > 0 {
+                assert!(idle_wait.as_mut().poll(&mut idle_cx).is_pending());
+            }
+        }
+        assert_eq!(
+            wakes(&count),
+            0,
+            "the idle CQ's waiter was woken by 40 events of the other CQs"
+        );
+    });
+    drop(l);
+    assert_eq!(rdma::teardown_failures(), 0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn a_cm_event_wakes_only_the_waiter_of_its_id() {
+    runtime().block_on(async {
+        let cm = CmChannel::new(&EventChannel::new().unwrap(), &Tokio).unwrap();
+        let mut listener = cm.listen(SocketAddr::new(roce_ip(), 0), 4).unwrap();
+        let addr = SocketAddr::new(roce_ip(), listener.id().src_port());
+        // The listener waits for a request that never comes.
+        let (count, waker) = counting();
+        let mut idle_wait = pin!(listener.next_event());
+        let mut idle_cx = Context::from_waker(&waker);
+        assert!(idle_wait.as_mut().poll(&mut idle_cx).is_pending());
+        for _ in 0..5 {
+            // Two events each (ADDR_RESOLVED, ROUTE_RESOLVED), of other ids.
+            let mut id = cm.create_id(PortSpace::Tcp).unwrap();
+            bounded("ADDR_RESOLVED", id.resolve_addr(None, addr, T))
+                .await
+                .unwrap();
+            bounded("ROUTE_RESOLVED", id.resolve_route(T))
+                .await
+                .unwrap();
+            if wakes(&count) > 0 {
+                assert!(idle_wait.as_mut().poll(&mut idle_cx).is_pending());
+            }
+        }
+        assert_eq!(
+            wakes(&count),
+            0,
+            "the idle listener was woken by 10 events of other ids"
+        );
+    });
+    assert_eq!(rdma::teardown_failures(), 0);
+}
+
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn a_dropped_wait_loses_no_completion() {
@@ -318,6 +416,58 @@ fn blocking_wait_times_out_then_gets_the_completion() {
             i
         );
     }
+    drop(l);
+    assert_eq!(rdma::teardown_failures(), 0);
+}
+
+/// The state letter of thread `tid` of this process (`/proc`), `?` when
+/// unreadable.
+fn thread_state(tid: i64) -> char {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit(')').next().and_then(|r| r.trim().chars().next()))
+        .unwrap_or('?')
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn wait_until_without_a_bound_sleeps_in_the_channel_read_and_wakes_with_the_completion() {
+    let mut l = looped(|_| {});
+    let cq = l.cq_b.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() } as i64).unwrap();
+            let mut polls = 0;
+            let mut slot = None;
+            let got = cq
+                .wait_until(None, || -> rdma::Result<Option<u64>> {
+                    polls += 1;
+                    Ok(cq.poll_one_into(&mut slot)?.map(|c| c.wr_id))
+                })
+                .unwrap();
+            (got, polls, slot)
+        });
+        let tid = rx.recv().unwrap();
+        // The waiter blocks in the channel's read (state S) before the ping.
+        let start = Instant::now();
+        while thread_state(tid) != 'S' {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the waiter never slept"
+            );
+            std::thread::yield_now();
+        }
+        ping(&mut l, 5);
+        let (got, polls, slot) = waiter.join().unwrap();
+        assert_eq!(got, Some(5));
+        assert!(
+            polls >= 3,
+            "poll, arm, poll again, sleep, poll: {polls} polls"
+        );
+        check_recv(slot.unwrap(), 5);
+    });
     drop(l);
     assert_eq!(rdma::teardown_failures(), 0);
 }

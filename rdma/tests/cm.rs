@@ -809,8 +809,8 @@ fn calls_race_the_event_reader_on_one_channel() {
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn iwarp_calls_race_the_event_reader_on_one_channel() {
-    // 16: with 32, siw in the VM refused some of the 64 QPs and CQs
-    // (EOPNOTSUPP, ENOSPC) in three runs of four; 16 passed every time.
+    // 16: with 32 (64 QPs and CQs in this process), siw refused those past
+    // its 144 mapped pages per process (CONVENTIONS.md, Tests).
     race_the_event_reader(iwarp_ip(), 16);
 }
 

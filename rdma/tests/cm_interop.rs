@@ -1007,13 +1007,13 @@ fn async_rping_serves_sixty_four_clients_at_once_c_clients_among_them() {
     many_clients(&roce_ip(), 7406, 64, 8);
 }
 
-/// 32 on siw: with 64 (8 C clients and 56 in one Rust process), siw's
-/// `ibv_create_cq` failed with `EOPNOTSUPP` for 8 or 9 of them, in the Rust
-/// client and the server alike (kernel 6.1, out-of-tree siw; the guest had
-/// 840 MB free). 64 Rust connections from one client process: 12 failed the
-/// same way in the client, none in the server; 16 C clients: none. 64
-/// connections within one process pass
-/// (`aio::iwarp_sixty_four_connections_on_one_thread`). Not understood yet.
+/// 32 on siw: a process gets at most 48 connections of one CQ, one SQ and
+/// one RQ page each there. The kernel gives mmap keys first fit from 0, and
+/// rdma-core's siw provider refuses the object whose key is `0x90000` (page
+/// 144), the value of its "invalid key" sentinel, without setting errno (so
+/// the crate reports a stale `EOPNOTSUPP`); see CONVENTIONS.md, Tests. With
+/// 64 (8 C clients and 56 in one Rust process) the Rust client's 49th
+/// connection onward failed, and the server's.
 #[test]
 #[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
 fn iwarp_async_rping_serves_thirty_two_clients_at_once_c_clients_among_them() {

@@ -65,6 +65,9 @@ fn sleep_on(
     ch: &CompletionChannel,
     mut poll: impl FnMut() -> Res<usize>,
 ) -> Res<usize> {
+    if crate::events::through_cq() {
+        return crate::events::sleep(cq, poll);
+    }
     cq.req_notify(false)
         .or_fail("Couldn't request CQ notification")?;
     let n = poll()?;

@@ -122,6 +122,8 @@ pub struct Opts {
     pub inline: u32,
     /// `-e`: sleep on completion events instead of busy polling.
     pub events: bool,
+    /// `--wait`: how `-e` sleeps (`perf/events.rs`).
+    pub wait: crate::events::Wait,
     /// `-p`: TCP port of the out-of-band exchange.
     pub tcp_port: u16,
     /// `-q`: number of QPs (bandwidth tests).
@@ -232,6 +234,7 @@ enum Key {
     Raw,
     PostSend,
     Interleave,
+    Wait,
     Cpu,
     Unsorted,
     Histogram,
@@ -256,6 +259,7 @@ const FLAGS: &[Flag] = &[
     Flag { short: Some('a'), long: "all", value: None, key: Key::All, help: "run every size from 2 to 2^23 bytes" },
     Flag { short: Some('I'), long: "inline_size", value: Some("bytes"), key: Key::Inline, help: "send messages up to this size inline (default 0: perftest enables inline only on NICs it knows, not on soft-RoCE)" },
     Flag { short: Some('e'), long: "events", value: None, key: Key::Events, help: "sleep on completion events instead of busy polling" },
+    Flag { short: None, long: "wait", value: Some("how"), key: Key::Wait, help: "with -e: channel (CompletionChannel::get_event after arming, default) or cq (the crate's blocking wait, CompletionQueue::wait_until)" },
     Flag { short: Some('p'), long: "port", value: Some("port"), key: Key::Port, help: "TCP port of the out-of-band exchange (default 18515)" },
     Flag { short: Some('F'), long: "CPU-freq", value: None, key: Key::CpuFreq, help: "accepted for perftest compatibility (perf measures the TSC rate against CLOCK_MONOTONIC over each run)" },
     Flag { short: Some('q'), long: "qp", value: Some("n"), key: Key::Qps, help: "number of QPs, bandwidth tests only (default 1)" },
@@ -352,6 +356,7 @@ fn apply(o: &mut Opts, g: &mut Given, key: Key, flag: &str, v: &str) -> Result<(
         Key::All => o.all = true,
         Key::Inline => g.inline = Some(in_range(flag, number(flag, v, "bytes")?, 0, 912)?),
         Key::Events => o.events = true,
+        Key::Wait => o.wait = crate::events::parse(flag, v)?,
         Key::Port => o.tcp_port = number(flag, v, "a TCP port")?,
         Key::CpuFreq => {}
         Key::Qps => o.qps = in_range(flag, number(flag, v, "a count")?, 1, 16384)?,
@@ -430,6 +435,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Opts, ArgError> {
         all: false,
         inline: 0,
         events: false,
+        wait: crate::events::Wait::Channel,
         tcp_port: 18515,
         qps: 1,
         tx_depth: 0,
@@ -549,6 +555,9 @@ fn finish(mut o: Opts, g: Given) -> Result<Opts, ArgError> {
         if o.all {
             return bad("-a does not apply to atomic tests (8-byte operands)");
         }
+    }
+    if o.wait != crate::events::Wait::Channel && (!o.events || o.raw) {
+        return bad("--wait applies to -e on the safe path (leave out --raw)");
     }
     if kind == Kind::Lat && o.qps != 1 {
         return bad("-q applies to bandwidth tests only: latency tests use one QP");

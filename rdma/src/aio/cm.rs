@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use super::wake::{DriverWaker, Waiters};
+use super::wake::{DrivenSource, DriverWaker, Hub, Source};
 use super::{reactor_error, would_block, Reactor, Readiness};
 use crate::cm::{CmAddr, CmEvent, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use crate::error::{Error, Result};
@@ -35,7 +35,9 @@ struct CmShared {
     /// descriptor is open.
     readiness: Box<dyn Readiness>,
     state: Mutex<CmState>,
-    waiters: Arc<Waiters>,
+    hub: Hub,
+    /// Given to the reactor: reads the channel and wakes the waiters of the
+    /// ids whose events came (see `wake.rs`).
     driver_waker: Waker,
     channel: EventChannel,
 }
@@ -53,44 +55,17 @@ impl CmShared {
     /// Ready with the next event for `key` (an id, or [`UNROUTED`]); reads
     /// the channel (every pending event, until `EAGAIN`) while there is none.
     fn poll_event(&self, key: usize, cx: &mut Context<'_>) -> Poll<Result<CmEvent>> {
-        self.waiters.register(key, cx.waker());
-        let mut woken = Vec::new();
-        let (read, mine) = {
-            let mut st = self.state();
-            if let Some(e) = pop(&mut st, key) {
-                return Poll::Ready(Ok(e));
-            }
-            let mut failure = None;
-            let mut dcx = Context::from_waker(&self.driver_waker);
-            let read = self.readiness.poll_read(&mut dcx, &mut || loop {
-                match self.channel.read_event() {
-                    Ok(Some(event)) => woken.push(route(&mut st, event)),
-                    Ok(None) => return Err(would_block()),
-                    Err(e) => {
-                        let io = io::Error::other(e.to_string());
-                        failure = Some(e);
-                        return Err(io);
-                    }
-                }
-            });
-            let read: Poll<Result<()>> = match (read, failure) {
-                (Poll::Ready(Err(_)), Some(e)) => Poll::Ready(Err(e)),
-                (Poll::Ready(Err(e)), None) => {
-                    Poll::Ready(Err(reactor_error("rdma_get_cm_event", e)))
-                }
-                (_, _) => Poll::Pending,
-            };
-            (read, pop(&mut st, key))
-        };
-        for k in woken {
-            if k != key {
-                self.waiters.wake(k);
-            }
+        self.hub.waiters.register(key, cx.waker());
+        if let Some(e) = pop(&mut self.state(), key) {
+            return Poll::Ready(Ok(e));
         }
-        match (mine, read) {
-            (Some(e), _) => Poll::Ready(Ok(e)),
-            (None, Poll::Ready(Err(e))) => Poll::Ready(Err(e)),
-            (None, _) => Poll::Pending,
+        let read = self.hub.drive(self, &self.driver_waker, key);
+        if let Some(e) = pop(&mut self.state(), key) {
+            return Poll::Ready(Ok(e));
+        }
+        match read {
+            Err(e) => Poll::Ready(Err(e)),
+            Ok(()) => Poll::Pending,
         }
     }
 
@@ -117,6 +92,39 @@ impl CmShared {
             id,
             key,
         })
+    }
+}
+
+impl Source for CmShared {
+    fn hub(&self) -> &Hub {
+        &self.hub
+    }
+
+    fn read(&self, cx: &mut Context<'_>, woken: &mut Vec<usize>) -> Poll<Result<()>> {
+        let mut st = self.state();
+        let mut failure = None;
+        let read = self.readiness.poll_read(cx, &mut || loop {
+            match self.channel.read_event() {
+                Ok(Some(event)) => woken.push(route(&mut st, event)),
+                Ok(None) => return Err(would_block()),
+                Err(e) => {
+                    let io = io::Error::other(e.to_string());
+                    failure = Some(e);
+                    return Err(io);
+                }
+            }
+        });
+        match (read, failure) {
+            (Poll::Ready(Err(_)), Some(e)) => Poll::Ready(Err(e)),
+            (Poll::Ready(Err(e)), None) => Poll::Ready(Err(reactor_error("rdma_get_cm_event", e))),
+            _ => Poll::Pending,
+        }
+    }
+}
+
+impl DrivenSource for CmShared {
+    fn driver_waker(&self) -> &Waker {
+        &self.driver_waker
     }
 }
 
@@ -190,14 +198,16 @@ impl CmChannel {
         let readiness = reactor
             .register(channel.as_fd())
             .inspect_err(|_| channel.inner.driven.store(false, Ordering::Release))?;
-        let waiters = Arc::new(Waiters::default());
         Ok(CmChannel {
-            shared: Arc::new(CmShared {
-                readiness,
-                state: Mutex::new(CmState::default()),
-                driver_waker: Waker::from(Arc::new(DriverWaker(Arc::clone(&waiters)))),
-                waiters,
-                channel: channel.clone(),
+            shared: Arc::new_cyclic(|me: &std::sync::Weak<CmShared>| {
+                let me: std::sync::Weak<dyn DrivenSource> = std::sync::Weak::<CmShared>::clone(me);
+                CmShared {
+                    readiness,
+                    state: Mutex::new(CmState::default()),
+                    hub: Hub::default(),
+                    driver_waker: Waker::from(Arc::new(DriverWaker(me))),
+                    channel: channel.clone(),
+                }
             }),
         })
     }
@@ -483,7 +493,7 @@ impl AsyncCmId {
 impl Drop for AsyncCmId {
     fn drop(&mut self) {
         let mailbox = self.chan.state().boxes.remove(&self.key);
-        self.chan.waiters.remove(self.key);
+        self.chan.hub.waiters.remove(self.key);
         // Outside the lock: acknowledging may let the id be destroyed.
         drop(mailbox);
     }

@@ -8,7 +8,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-use super::wake::{DriverWaker, Waiters};
+use super::wake::{DrivenSource, DriverWaker, Hub, Source};
 use super::{reactor_error, Reactor, Readiness};
 use crate::cq::CHANNEL_ASYNC;
 use crate::error::{Error, Result};
@@ -55,8 +55,9 @@ struct ChanShared {
     /// descriptor is open.
     readiness: Box<dyn Readiness>,
     state: Mutex<ChanState>,
-    waiters: Arc<Waiters>,
-    /// Given to the reactor: wakes every waiter (see `wake.rs`).
+    hub: Hub,
+    /// Given to the reactor: reads the channel and wakes the waiters of the
+    /// CQs that fired (see `wake.rs`).
     driver_waker: Waker,
     /// The descriptor was blocking before: made blocking again on drop.
     was_blocking: bool,
@@ -72,29 +73,41 @@ impl ChanShared {
     /// Ready once the CQ `key` fired since its waiter last looked; reads the
     /// channel (every pending event, until `EAGAIN`) while not.
     fn poll_fired(&self, key: usize, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        self.waiters.register(key, cx.waker());
-        let mut fired = Vec::new();
-        let (read, mine) = {
-            let mut st = self.state();
-            if take_fired(&mut st, key) {
-                return Poll::Ready(Ok(()));
-            }
-            let mut dcx = Context::from_waker(&self.driver_waker);
-            let read = self
-                .readiness
-                .poll_read(&mut dcx, &mut || drain(&self.channel, &mut st, &mut fired));
-            (read, take_fired(&mut st, key))
-        };
-        for k in fired {
-            if k != key {
-                self.waiters.wake(k);
-            }
+        self.hub.waiters.register(key, cx.waker());
+        if take_fired(&mut self.state(), key) {
+            return Poll::Ready(Ok(()));
+        }
+        let read = self.hub.drive(self, &self.driver_waker, key);
+        if take_fired(&mut self.state(), key) {
+            return Poll::Ready(Ok(()));
         }
         match read {
+            Err(e) => Poll::Ready(Err(e)),
+            Ok(()) => Poll::Pending,
+        }
+    }
+}
+
+impl Source for ChanShared {
+    fn hub(&self) -> &Hub {
+        &self.hub
+    }
+
+    fn read(&self, cx: &mut Context<'_>, woken: &mut Vec<usize>) -> Poll<Result<()>> {
+        let mut st = self.state();
+        match self
+            .readiness
+            .poll_read(cx, &mut || drain(&self.channel, &mut st, woken))
+        {
             Poll::Ready(Err(e)) => Poll::Ready(Err(reactor_error("ibv_get_cq_event", e))),
-            _ if mine => Poll::Ready(Ok(())),
             _ => Poll::Pending,
         }
+    }
+}
+
+impl DrivenSource for ChanShared {
+    fn driver_waker(&self) -> &Waker {
+        &self.driver_waker
     }
 }
 
@@ -189,15 +202,18 @@ impl CqChannel {
             Ok((was_blocking, readiness))
         };
         let (was_blocking, readiness) = setup().inspect_err(|_| channel.release())?;
-        let waiters = Arc::new(Waiters::default());
         Ok(CqChannel {
-            shared: Arc::new(ChanShared {
-                readiness,
-                state: Mutex::new(ChanState::default()),
-                driver_waker: Waker::from(Arc::new(DriverWaker(Arc::clone(&waiters)))),
-                waiters,
-                was_blocking,
-                channel: channel.clone(),
+            shared: Arc::new_cyclic(|me: &std::sync::Weak<ChanShared>| {
+                let me: std::sync::Weak<dyn DrivenSource> =
+                    std::sync::Weak::<ChanShared>::clone(me);
+                ChanShared {
+                    readiness,
+                    state: Mutex::new(ChanState::default()),
+                    hub: Hub::default(),
+                    driver_waker: Waker::from(Arc::new(DriverWaker(me))),
+                    was_blocking,
+                    channel: channel.clone(),
+                }
             }),
         })
     }
@@ -313,7 +329,16 @@ impl AsyncCq {
                 Ok(n) => n,
                 Err(e) => return Poll::Ready(Err(e)),
             };
-            self.ready.extend(self.scratch.drain(..));
+            if self.ready.is_empty() {
+                // The batch becomes the buffer as it lies (a `Vec` turns
+                // into a `VecDeque` without moving its elements; a
+                // `Completion` is 112 bytes), and the spent buffer is the
+                // next scratch: the two allocations take turns.
+                let spent = Vec::from(std::mem::take(&mut self.ready));
+                self.ready = VecDeque::from(std::mem::replace(&mut self.scratch, spent));
+            } else {
+                self.ready.extend(self.scratch.drain(..));
+            }
             if n > 0 {
                 return Poll::Ready(Ok(()));
             }
@@ -542,7 +567,7 @@ impl Drop for AsyncCq {
             }
             entry
         };
-        self.chan.waiters.remove(self.key);
+        self.chan.hub.waiters.remove(self.key);
         // Outside the lock: releasing the CQ may destroy it.
         drop(entry);
     }

@@ -1,15 +1,42 @@
-//! The waker a driver registers with its reactor, and the waiters it wakes.
+//! The waker a driver registers with its reactor, the read it runs when
+//! woken, and the waiters it wakes.
 //!
 //! A driver ([`super::CqChannel`], [`super::CmChannel`]) registers its own
 //! waker with the reactor, never a waiter's: tokio keeps one waker per
 //! descriptor, and a waiter whose future is dropped would take the channel's
-//! wake-ups with it. When the descriptor becomes readable, every waiting
-//! task is woken; the first to run reads the channel and the others find
-//! their events (or wait again).
+//! wake-ups with it. When the reactor reports the descriptor readable, the
+//! driver's waker reads the channel itself (every pending event, until
+//! `EAGAIN`) and wakes only the waiters whose events came: a CQ event wakes
+//! its CQ's waiter, a CM event its id's, and nobody else runs.
+//!
+//! # Who reads, and why no wake-up is lost
+//! A read happens under [`Hub`]'s read flag, taken with a swap, never
+//! waited for: the reactor's thread must not block on a waiter that is
+//! reading, and a waiter must not block on the reactor. Whoever wants a
+//! read (the driver's waker, a waiter about to sleep) first sets `pending`,
+//! then tries the flag; the holder reads again while `pending` is set, and
+//! checks it once more after letting the flag go. So a report that comes
+//! while someone else reads is read by that reader (or by the one after
+//! it), never dropped.
+//!
+//! A reactor may wake the driver's waker from inside the read that
+//! registers it (tokio does when the task's cooperative budget is spent:
+//! it wakes the waker and returns `Pending` without registering it). That
+//! wake-up is recognised (the thread is inside this hub's read) and then
+//! every waiter is woken, as before this scheme: each runs its own read
+//! later, from a fresh poll, and the first one to get through registers the
+//! driver's waker again.
 
+use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::task::{Wake, Waker};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, Weak};
+use std::task::{Context, Poll, Wake, Waker};
+
+use crate::error::Result;
+
+/// Key of no waiter (`Hub::drive` called by the driver's waker).
+pub(super) const NOBODY: usize = usize::MAX;
 
 #[derive(Default)]
 pub(super) struct Waiters {
@@ -57,26 +84,137 @@ impl Waiters {
     }
 }
 
-/// The waker a driver gives its reactor: wakes every waiter.
-pub(super) struct DriverWaker(pub(super) Arc<Waiters>);
+/// A channel a driver reads: what [`Hub::drive`] calls.
+pub(super) trait Source: Send + Sync + 'static {
+    /// The channel's hub.
+    fn hub(&self) -> &Hub;
+
+    /// Reads the channel through its readiness with `cx` (the driver's
+    /// waker): every pending event, until `WouldBlock`, noting each
+    /// event's waiter in `woken`. `Ready(Err)` for a failure of the
+    /// reactor or of the channel; otherwise `Pending` (the waker is
+    /// registered, or was woken during the call).
+    fn read(&self, cx: &mut Context<'_>, woken: &mut Vec<usize>) -> Poll<Result<()>>;
+}
+
+/// A driver's waiters and the state of its reads.
+#[derive(Default)]
+pub(super) struct Hub {
+    pub(super) waiters: Waiters,
+    /// A read is wanted: the reactor reported the descriptor (or a waiter
+    /// is about to sleep) since the last read began.
+    pending: AtomicBool,
+    /// Someone is reading the channel.
+    reading: AtomicBool,
+}
+
+thread_local! {
+    /// The hub this thread is reading for (its address; 0: none), and
+    /// whether that hub's driver waker was woken during the read.
+    static READING: Cell<(usize, bool)> = const { Cell::new((0, false)) };
+}
+
+impl Hub {
+    /// Reads `source`'s channel (see the module documentation), then wakes
+    /// the waiters whose events came, except `me` (the calling waiter,
+    /// which looks for its own event itself; [`NOBODY`] from the driver's
+    /// waker). Returns the read's failure, if any (every waiter is then
+    /// woken, to meet it in its own read).
+    pub(super) fn drive(&self, source: &dyn Source, driver: &Waker, me: usize) -> Result<()> {
+        let this = self as *const Hub as usize;
+        let mut result = Ok(());
+        self.pending.store(true, Ordering::SeqCst);
+        loop {
+            if self.reading.swap(true, Ordering::AcqRel) {
+                // The reader sees `pending` before it lets go.
+                return result;
+            }
+            let mut woken = Vec::new();
+            let mut everyone = false;
+            while self.pending.swap(false, Ordering::AcqRel) {
+                READING.with(|r| r.set((this, false)));
+                let read = source.read(&mut Context::from_waker(driver), &mut woken);
+                let (_, woken_inside) = READING.with(|r| r.replace((0, false)));
+                if let Poll::Ready(Err(e)) = read {
+                    result = Err(e);
+                    everyone = true;
+                    break;
+                }
+                if woken_inside {
+                    // The reactor did not take the waker (see the module
+                    // documentation): the waiters read from their next poll.
+                    everyone = true;
+                    break;
+                }
+            }
+            self.reading.store(false, Ordering::Release);
+            for k in woken {
+                if k != me {
+                    self.waiters.wake(k);
+                }
+            }
+            if everyone {
+                self.waiters.wake_all();
+                return result;
+            }
+            if !self.pending.load(Ordering::SeqCst) {
+                return result;
+            }
+        }
+    }
+}
+
+/// The waker a driver gives its reactor: reads the channel and wakes the
+/// waiters of what came. It holds its driver weakly (the driver holds it).
+pub(super) struct DriverWaker(pub(super) Weak<dyn DrivenSource>);
+
+/// A [`Source`] that knows its driver's waker.
+pub(super) trait DrivenSource: Source {
+    /// The waker given to the reactor.
+    fn driver_waker(&self) -> &Waker;
+}
+
+impl DriverWaker {
+    fn run(&self) {
+        let Some(source) = self.0.upgrade() else {
+            return;
+        };
+        let hub = source.hub();
+        let inside = READING.with(|r| {
+            let (h, _) = r.get();
+            if h == hub as *const Hub as usize {
+                r.set((h, true));
+                true
+            } else {
+                false
+            }
+        });
+        if !inside {
+            // A failure wakes every waiter, which meets it in its own read.
+            let _ = hub.drive(&*source, source.driver_waker(), NOBODY);
+        }
+    }
+}
 
 impl Wake for DriverWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.wake_all();
+    fn wake(self: std::sync::Arc<Self>) {
+        self.run();
     }
 
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.wake_all();
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.run();
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use std::task::{Wake, Waker};
+    use std::collections::VecDeque;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex, OnceLock};
+    use std::task::{Context, Poll, Wake, Waker};
 
-    use super::{DriverWaker, Waiters};
+    use super::{DrivenSource, DriverWaker, Hub, Source, Waiters, NOBODY};
+    use crate::error::Result;
 
     struct Count(AtomicUsize);
     impl Wake for Count {
@@ -112,19 +250,113 @@ mod tests {
         assert_eq!(n(&b), 0);
     }
 
+    /// A channel of keyed events with a fake reactor: `events` are what the
+    /// descriptor holds, `registered` the waker the reactor keeps.
+    #[derive(Default)]
+    struct Fake {
+        hub: Hub,
+        events: Mutex<VecDeque<usize>>,
+        registered: Mutex<Option<Waker>>,
+        /// Like tokio with a spent budget: wake the waker at once instead
+        /// of registering it.
+        refuse: AtomicBool,
+        reads: AtomicUsize,
+        driver: OnceLock<Waker>,
+    }
+
+    impl Source for Fake {
+        fn hub(&self) -> &Hub {
+            &self.hub
+        }
+        fn read(&self, cx: &mut Context<'_>, woken: &mut Vec<usize>) -> Poll<Result<()>> {
+            if self.refuse.load(Ordering::SeqCst) {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            woken.extend(self.events.lock().unwrap().drain(..));
+            *self.registered.lock().unwrap() = Some(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+
+    impl DrivenSource for Fake {
+        fn driver_waker(&self) -> &Waker {
+            self.driver.get().unwrap()
+        }
+    }
+
+    fn fake() -> (Arc<Fake>, Waker) {
+        let f = Arc::new(Fake::default());
+        let dynf: Arc<dyn DrivenSource> = Arc::<Fake>::clone(&f);
+        let driver = Waker::from(Arc::new(DriverWaker(Arc::downgrade(&dynf))));
+        assert!(f.driver.set(driver.clone()).is_ok());
+        (f, driver)
+    }
+
+    /// The reactor reports the descriptor: wakes whatever waker it kept.
+    fn report(f: &Fake, key: usize) {
+        f.events.lock().unwrap().push_back(key);
+        let w = f.registered.lock().unwrap().take();
+        w.expect("the driver's waker is registered").wake();
+    }
+
     #[test]
-    fn the_driver_waker_wakes_every_waiter_and_a_new_waker_replaces_the_old() {
-        let w = Arc::new(Waiters::default());
+    fn an_event_wakes_its_waiter_and_nobody_else() {
+        let (f, driver) = fake();
         let (a, wa) = counter();
-        let (old, wold) = counter();
-        let (new, wnew) = counter();
-        w.register(1, &wa);
-        w.register(2, &wold);
-        w.register(2, &wnew); // the task of key 2 moved to another waker
-        let driver = Waker::from(Arc::new(DriverWaker(Arc::clone(&w))));
+        let (b, wb) = counter();
+        // Both wait: registered, and a waiter's read registers the driver.
+        f.hub.waiters.register(1, &wa);
+        f.hub.drive(&*f, &driver, 1).unwrap();
+        f.hub.waiters.register(2, &wb);
+        f.hub.drive(&*f, &driver, 2).unwrap();
+        for _ in 0..10 {
+            report(&f, 1);
+            f.hub.waiters.register(1, &wa); // waits again
+        }
+        assert_eq!((n(&a), n(&b)), (10, 0), "b's key never came");
+        report(&f, 2);
+        assert_eq!((n(&a), n(&b)), (10, 1));
+        // The calling waiter is not woken by its own read.
+        f.events.lock().unwrap().push_back(1);
+        f.hub.waiters.register(1, &wa);
+        f.hub.drive(&*f, &driver, 1).unwrap();
+        assert_eq!(n(&a), 10);
+    }
+
+    #[test]
+    fn a_report_during_a_read_is_read_by_the_reader() {
+        let (f, driver) = fake();
+        let (a, wa) = counter();
+        f.hub.waiters.register(1, &wa);
+        // Someone is reading: the driver's waker only leaves the report.
+        f.hub.reading.store(true, Ordering::SeqCst);
+        f.events.lock().unwrap().push_back(1);
         driver.wake_by_ref();
-        assert_eq!((n(&a), n(&old), n(&new)), (1, 0, 1));
-        driver.wake();
-        assert_eq!((n(&a), n(&new)), (1, 1), "nobody was waiting any more");
+        assert_eq!((n(&a), f.reads.load(Ordering::SeqCst)), (0, 0));
+        // The reader lets go, finds the report and reads it.
+        f.hub.reading.store(false, Ordering::SeqCst);
+        f.hub.drive(&*f, &driver, NOBODY).unwrap();
+        assert_eq!(n(&a), 1);
+    }
+
+    #[test]
+    fn a_waker_woken_inside_the_read_wakes_every_waiter_once() {
+        let (f, driver) = fake();
+        let (a, wa) = counter();
+        let (b, wb) = counter();
+        f.hub.waiters.register(1, &wa);
+        f.hub.waiters.register(2, &wb);
+        f.refuse.store(true, Ordering::SeqCst);
+        // No recursion, no endless loop: both waiters are woken to read
+        // from their next poll.
+        f.hub.drive(&*f, &driver, 1).unwrap();
+        assert_eq!((n(&a), n(&b)), (1, 1));
+        f.refuse.store(false, Ordering::SeqCst);
+        f.hub.waiters.register(2, &wb);
+        f.hub.drive(&*f, &driver, 2).unwrap();
+        report(&f, 2);
+        assert_eq!((n(&a), n(&b)), (1, 2));
     }
 }
