@@ -33,10 +33,12 @@ pub mod capture;
 pub mod cm;
 pub mod ib;
 pub mod icrc;
+pub mod iwarp;
 pub mod net;
 pub mod reasm;
 pub mod rpc;
 pub mod rpcrdma;
+pub mod tcp;
 
 use std::net::IpAddr;
 
@@ -78,6 +80,8 @@ pub enum Decoded<'a> {
         /// What was wrong.
         error: ib::IbError,
     },
+    /// A TCP segment (iWARP runs over TCP: [`iwarp::Decoder`] puts the streams together).
+    Tcp(iwarp::Segment<'a>),
     /// IP traffic that is not RDMA.
     Other,
     /// A frame without IP, or with a broken IP or UDP header.
@@ -90,15 +94,33 @@ pub fn decode(linktype: i32, data: &[u8]) -> Decoded<'_> {
         Ok(d) => d,
         Err(e) => return Decoded::NotIp(e),
     };
-    let net::L4::Udp {
-        src_port,
-        dst_port: ib::ROCEV2_PORT,
-        header,
-        payload,
-        complete,
-    } = d.l4
-    else {
-        return Decoded::Other;
+    let (src_port, header, payload, complete) = match d.l4 {
+        net::L4::Udp {
+            src_port,
+            dst_port: ib::ROCEV2_PORT,
+            header,
+            payload,
+            complete,
+        } => (src_port, header, payload, complete),
+        net::L4::Tcp {
+            src_port,
+            dst_port,
+            seq,
+            syn,
+            payload,
+            ..
+        } => {
+            return Decoded::Tcp(iwarp::Segment {
+                src: d.src,
+                dst: d.dst,
+                src_port,
+                dst_port,
+                seq,
+                syn,
+                payload,
+            })
+        }
+        _ => return Decoded::Other,
     };
     let p = match ib::parse(payload, complete) {
         Ok(p) => p,

@@ -112,11 +112,11 @@ pub struct Message {
     pub flow: FlowKey,
     /// UD: the sender's QP (DETH).
     pub src_qp: Option<u32>,
-    /// PSN of the first packet.
+    /// PSN of the first packet (iWARP: the MSN of an untagged message, 0 for a tagged one).
     pub first_psn: u32,
-    /// PSN of the last packet.
+    /// PSN of the last packet (iWARP: as `first_psn`).
     pub last_psn: u32,
-    /// Packets hashed into the message (duplicates excluded).
+    /// Packets hashed into the message (duplicates excluded; iWARP: DDP segments).
     pub packets: u32,
     /// Frame number of the first packet (for a READ, of the request).
     pub first_frame: u64,
@@ -148,6 +148,10 @@ pub struct Message {
     /// headers SENDs carry, and chunk data spanning several messages).
     #[serde(skip)]
     pub data: Option<Vec<u8>>,
+    /// iWARP: the TCP source and destination ports of the direction the data went (`flow.qp`
+    /// is then 0: iWARP has no QP number on the wire).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp_ports: Option<(u16, u16)>,
 }
 
 /// The operands and result of an atomic.
@@ -563,6 +567,7 @@ impl Assembler {
             out_of_order: o.out_of_order,
             incomplete,
             data: o.data,
+            tcp_ports: None,
         });
     }
 
@@ -664,6 +669,7 @@ impl Assembler {
                 out_of_order: 0,
                 incomplete: Some(why.into()),
                 data: None,
+                tcp_ports: None,
             });
         } else {
             let flow = r.responder_flow;
@@ -720,6 +726,7 @@ impl Assembler {
             out_of_order: 0,
             incomplete: Some(why.into()),
             data: None,
+            tcp_ports: None,
         });
     }
 
@@ -806,6 +813,7 @@ fn atomic_message(
         out_of_order: 0,
         incomplete,
         data: None,
+        tcp_ports: None,
     }
 }
 

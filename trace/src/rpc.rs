@@ -830,6 +830,7 @@ mod tests {
             out_of_order: 0,
             incomplete: None,
             data: Some(data),
+            tcp_ports: None,
         }
     }
 

@@ -173,6 +173,7 @@ fn message(rng: &mut Rng, kind: Kind, data: Vec<u8>) -> Message {
         duplicates: 0,
         out_of_order: 0,
         incomplete: (rng.below(16) == 0).then(|| "lost".to_string()),
+        tcp_ports: None,
         data: (rng.below(16) != 0).then_some(data),
     }
 }
