@@ -9,8 +9,13 @@
 //!   WRITEs with the rkey and address of their first packet, READ responses matched to their
 //!   request, retransmissions and packets out of order, and what stayed incomplete;
 //! - [`rpcrdma`] decodes RPC-over-RDMA version 1 headers (RFC 8166) and the RPC header inside;
+//! - [`tcp`] puts TCP streams back in order, [`iwarp`] frames them into MPA units (Request,
+//!   Reply, FPDUs with their CRC32c and markers), decodes DDP and RDMAP headers and reassembles
+//!   RDMAP messages into the same [`reasm::Message`]s as RoCE's;
 //! - [`rpc`] pairs RPC calls with their replies and reassembles their chunks (read chunks from
-//!   RDMA READs, write and reply chunks from RDMA WRITEs) from the messages of [`reasm`].
+//!   RDMA READs, write and reply chunks from RDMA WRITEs) from the messages of [`reasm`] and
+//!   [`iwarp`];
+//! - [`fuzzing`] is the entry point the fuzz target and the no-panic tests share.
 //!
 //! Nothing here panics on input: every length is checked, a packet cut short is reported as such.
 //!
@@ -31,6 +36,7 @@
 pub mod bytes;
 pub mod capture;
 pub mod cm;
+pub mod fuzzing;
 pub mod ib;
 pub mod icrc;
 pub mod iwarp;

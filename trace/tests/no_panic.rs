@@ -241,3 +241,36 @@ fn rpc_tracker_survives_random_calls_replies_and_chunk_data() {
     out += t.drain().count() as u64;
     assert!(pushed > 1000 && out > 10, "{pushed} pushed, {out} out");
 }
+
+/// The fuzz target's entry point (`rdma_trace::fuzzing::run`, what `fuzz/` runs under
+/// libfuzzer with nightly) on the committed corpus, then on mutations of it (bytes flipped,
+/// cut, extended, and the mode byte changed) for the time budget: no panic, and the limits
+/// it checks hold.
+#[test]
+fn fuzz_entry_point_on_the_corpus_and_its_mutations() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/decode");
+    let corpus: Vec<Vec<u8>> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .collect();
+    assert!(corpus.len() >= 8, "{} corpus files", corpus.len());
+    for c in &corpus {
+        rdma_trace::fuzzing::run(c);
+    }
+    let mut rng = Rng(0x5eed_0f_f022);
+    let end = Instant::now() + budget();
+    let mut runs = 0;
+    while runs < 50 || Instant::now() < end {
+        runs += 1;
+        let mut input = corpus[rng.below(corpus.len())].clone();
+        for _ in 0..=rng.below(8) {
+            mutate(&mut rng, &mut input);
+        }
+        if rng.below(8) == 0 {
+            if let Some(m) = input.first_mut() {
+                *m = rng.below(4) as u8;
+            }
+        }
+        rdma_trace::fuzzing::run(&input);
+    }
+}
