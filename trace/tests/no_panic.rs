@@ -257,7 +257,7 @@ fn fuzz_entry_point_on_the_corpus_and_its_mutations() {
     for c in &corpus {
         rdma_trace::fuzzing::run(c);
     }
-    let mut rng = Rng(0x5eed_0f_f022);
+    let mut rng = Rng(0x5eed_0ff0_2200);
     let end = Instant::now() + budget();
     let mut runs = 0;
     while runs < 50 || Instant::now() < end {
