@@ -567,7 +567,7 @@ impl LoCapture {
                 // captured, M packets received by filter, ..."), SIGINT one per line.
                 err.split(['\n', ',', ':'])
                     .filter_map(|l| l.trim().strip_suffix(what))
-                    .last()
+                    .next_back()
                     .and_then(|n| n.trim().parse::<u64>().ok())
             };
             Some((
