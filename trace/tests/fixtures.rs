@@ -305,14 +305,14 @@ fn iwarp_crcs_and_markers_agree_with_tshark() {
     send(&mut frames, 0, &frames_[0]);
     send(&mut frames, 1, &frames_[1]);
     for (i, len) in [10usize, 600, 1500, 3, 2000, 511, 513].iter().enumerate() {
-        for s in 0..2 {
+        for (s, off) in off.iter_mut().enumerate() {
             let ulpdu = if s == 0 {
                 build_untagged(3, true, (0, 0, i as u32 + 1, 0), &data[..*len])
             } else {
                 build_tagged(0, true, 0x42, 0x1000 * i as u64, &data[..*len])
             };
-            let f = build_fpdu(&ulpdu, off[s], true, true);
-            off[s] += f.len() as u64;
+            let f = build_fpdu(&ulpdu, *off, true, true);
+            *off += f.len() as u64;
             send(&mut frames, s, &f);
         }
     }
