@@ -23,6 +23,7 @@ const LIMITS: Limits = Limits {
     max_age: 256,
     max_pending: 32,
     max_requests: 32,
+    max_flows: 16,
     keep_data: 1 << 16,
     hash_kept: false,
 };

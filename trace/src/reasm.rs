@@ -196,6 +196,10 @@ pub struct Limits {
     pub max_pending: usize,
     /// Outstanding READ requests and atomics kept; the oldest is dropped (reported) beyond it.
     pub max_requests: usize,
+    /// Flows (direction and QP) tracked; beyond it the one least recently seen is given up
+    /// (what it held is reported incomplete). Without it, packets to ever new QPs (a capture
+    /// of many connections, or garbage) would each keep an open message.
+    pub max_flows: usize,
     /// Payload bytes of a message kept for [`Message::data`] (0: none; a longer message
     /// comes out without its data). Memory then follows the open messages times this.
     pub keep_data: u64,
@@ -212,6 +216,7 @@ impl Default for Limits {
             max_age: 1 << 16,
             max_pending: 4096,
             max_requests: 1 << 16,
+            max_flows: 1 << 14,
             keep_data: 0,
             hash_kept: true,
         }
@@ -258,6 +263,8 @@ struct Flow {
     pending: HashMap<u32, Frag>,
     done: VecDeque<(u32, u32)>,
     packets: u64,
+    /// The assembler's packet count when this flow last had a packet.
+    seen_at: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -377,7 +384,16 @@ impl Assembler {
                 self.requests.remove(&rk);
             }
         }
-        let mut flow = self.flows.remove(&key).unwrap_or_default();
+        let mut flow = match self.flows.remove(&key) {
+            Some(f) => f,
+            None => {
+                if self.flows.len() >= self.limits.max_flows {
+                    self.evict_flows();
+                }
+                Flow::default()
+            }
+        };
+        flow.seen_at = self.stats.packets;
         flow.packets += 1;
         let now = flow.packets;
         // The common case, the PSN an open message waits for, is not a duplicate: the scan
@@ -728,6 +744,28 @@ impl Assembler {
             data: None,
             tcp_ports: None,
         });
+    }
+
+    /// Gives up the eighth of the flows least recently seen (at least one), reporting what
+    /// they held: amortised, a new flow beyond the limit costs a scan per eighth.
+    fn evict_flows(&mut self) {
+        let mut ages: Vec<(u64, FlowKey)> =
+            self.flows.iter().map(|(k, f)| (f.seen_at, *k)).collect();
+        ages.sort_unstable_by_key(|a| a.0);
+        let n = (ages.len() / 8).max(1);
+        for (_, key) in ages.into_iter().take(n) {
+            if let Some(mut flow) = self.flows.remove(&key) {
+                flow.open.sort_by_key(|o| o.first_frame);
+                for o in flow.open.drain(..) {
+                    self.give_up(key, o, "given up: too many flows");
+                }
+                let mut pending: Vec<(u32, Frag)> = flow.pending.drain().collect();
+                pending.sort_by_key(|(_, f)| f.frame);
+                for (psn, f) in pending {
+                    self.orphan(key, psn, f, "given up: too many flows");
+                }
+            }
+        }
     }
 
     /// Gives up on what a flow has moved far past.
@@ -1118,6 +1156,7 @@ mod tests {
             max_age: 100,
             max_pending: 50,
             max_requests: 10,
+            max_flows: 8,
             keep_data: 0,
             hash_kept: true,
         });
