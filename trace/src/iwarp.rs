@@ -1624,19 +1624,24 @@ mod tests {
         a.extend_from_slice(&good);
         let cut = a.len();
         a.extend_from_slice(&good[..10]);
+        // A's FPDUs come before B's Reply: they wait for it (markers and CRCs depend on it).
+        let rep = build_frame(false, false, false, b"");
         let segs: Vec<Seg> = vec![
             (true, 9, vec![]),
+            (false, 499, vec![]),
             (true, 10, a[..cut].to_vec()),
+            (false, 500, rep),
             (true, 10 + cut as u32, a[cut..].to_vec()),
         ];
         let (pdus, msgs, stats, _) = run(&segs);
         assert_eq!(stats.crc_errors, 1);
-        let MpaUnit::Fpdu(f) = &pdus[1].unit else {
+        let MpaUnit::Fpdu(f) = &pdus[2].unit else {
             panic!("{pdus:?}")
         };
         assert_eq!(f.crc_ok, Some(false));
-        assert!(matches!(&pdus[3].unit, MpaUnit::Lost { why } if why.contains("ended")));
-        assert_eq!(pdus.len(), 4);
+        assert_eq!(pdus[2].frame, 3);
+        assert!(matches!(&pdus[4].unit, MpaUnit::Lost { why } if why.contains("ended")));
+        assert_eq!(pdus.len(), 5);
         // Two one-segment WRITEs (the first altered: its digest is of what was captured).
         assert_eq!(msgs.len(), 2);
         assert!(msgs.iter().all(|m| m.incomplete.is_none()));

@@ -8,7 +8,8 @@
 //! - [`reasm`] puts packets back together into messages: SENDs by connection, QP and PSN, RDMA
 //!   WRITEs with the rkey and address of their first packet, READ responses matched to their
 //!   request, retransmissions and packets out of order, and what stayed incomplete;
-//! - [`rpcrdma`] decodes RPC-over-RDMA version 1 headers (RFC 8166) and the RPC header inside;
+//! - [`rpcrdma`] decodes RPC-over-RDMA version 1 headers (RFC 8166) and the RPC header inside,
+//!   [`nfs4`] the operations of an NFSv4 COMPOUND;
 //! - [`tcp`] puts TCP streams back in order, [`iwarp`] frames them into MPA units (Request,
 //!   Reply, FPDUs with their CRC32c and markers), decodes DDP and RDMAP headers and reassembles
 //!   RDMAP messages into the same [`reasm::Message`]s as RoCE's;
@@ -41,6 +42,7 @@ pub mod ib;
 pub mod icrc;
 pub mod iwarp;
 pub mod net;
+pub mod nfs4;
 pub mod reasm;
 pub mod rpc;
 pub mod rpcrdma;

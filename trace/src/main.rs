@@ -465,6 +465,12 @@ fn print_rpc(out: &mut impl Write, r: &Rpc, json: bool) -> std::io::Result<()> {
     if let Some(s) = &r.status {
         write!(out, " status={s}")?;
     }
+    if let Some(ops) = &r.nfs_ops {
+        write!(out, " ops={}", ops.join(","))?;
+    }
+    if let Some(s) = r.nfs_status {
+        write!(out, " nfs_status={s}")?;
+    }
     for c in &r.chunks {
         let kind = match c.kind {
             rdma_trace::rpc::ChunkKind::Read => "read",

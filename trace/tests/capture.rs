@@ -709,3 +709,30 @@ fn capture_iwarp_nfs3_write_and_read_a_file() {
     iwarp_messages(&file);
     check_nfs_rpcs(&file, &content);
 }
+
+/// NFSv4.2 over iWARP: the COMPOUNDs of a mount, a write, a read back and the unmounts, each
+/// call paired with its reply, their operations and statuses equal to tshark's.
+#[test]
+#[ignore = "needs an iWARP device (siw0 in ci/vm), root, tcpdump, tshark and nfs-kernel-server"]
+fn capture_iwarp_nfs4_compounds() {
+    let (_, ip) = iwarp_device();
+    let _server = NfsServer::up();
+    let content = nfs_content(150_000);
+    let mount =
+        format!("timeout 60 mount -t nfs -o vers=4.2,proto=rdma,port=20049 {ip}:/ /mnt/nfs");
+    let cap = LoCapture::start("nfs4", 20049);
+    must(&mount);
+    fs::write("/mnt/nfs/file", &content).unwrap();
+    must("sync /mnt/nfs/file && umount /mnt/nfs");
+    must(&mount);
+    let back = fs::read("/mnt/nfs/file").unwrap();
+    must("umount /mnt/nfs");
+    assert!(back == content, "the file read back differs");
+    let file = cap.stop();
+    iwarp_messages(&file);
+    let rpcs = common::trace_json("rpc", &file);
+    for r in &rpcs {
+        assert!(r["incomplete"].is_null(), "incomplete RPC: {r}");
+    }
+    assert!(common::compare_nfs4_with_tshark(&file, &rpcs) >= 10);
+}

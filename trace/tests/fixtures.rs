@@ -358,3 +358,41 @@ fn iwarp_nfs3_rpcs_pair_and_their_chunks_carry_the_file() {
         assert_eq!(lens, [18928, 131072], "procedure {procedure}");
     }
 }
+
+/// NFSv4.2 over iWARP (`capture_iwarp_nfs4_compounds`): every RPC complete, the COMPOUNDs'
+/// operations and statuses equal to tshark's, the session's life in order.
+#[test]
+fn iwarp_nfs4_compounds_list_their_operations() {
+    let f = fixture("iwarp_nfs4.pcap");
+    iwarp_checked("iwarp_nfs4.pcap");
+    let rpcs = trace_json("rpc", &f);
+    for r in &rpcs {
+        assert!(r["incomplete"].is_null(), "{r}");
+    }
+    assert!(common::compare_nfs4_with_tshark(&f, &rpcs) >= 10);
+    let firsts: Vec<&str> = rpcs
+        .iter()
+        .filter_map(|r| r["nfs_ops"][0].as_str())
+        .collect();
+    for op in [
+        "EXCHANGE_ID",
+        "CREATE_SESSION",
+        "DESTROY_SESSION",
+        "DESTROY_CLIENTID",
+    ] {
+        assert!(firsts.contains(&op), "no {op}: {firsts:?}");
+    }
+    let ops: Vec<String> = rpcs
+        .iter()
+        .filter_map(|r| r["nfs_ops"].as_array())
+        .map(|o| {
+            o.iter()
+                .map(|x| x.as_str().unwrap())
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect();
+    for want in ["SEQUENCE,PUTFH,WRITE,GETATTR", "SEQUENCE,PUTFH,READ"] {
+        assert!(ops.iter().any(|o| o == want), "no {want}: {ops:?}");
+    }
+}

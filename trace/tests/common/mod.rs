@@ -625,3 +625,63 @@ pub fn compare_iwarp_with_tshark(file: &Path) -> Vec<Value> {
     eprintln!("tshark: {frames} frames of iWARP, {compared} field values equal");
     units
 }
+
+/// Every NFSv4 COMPOUND call rdma-trace lists completely has the operations tshark decodes in
+/// it (`nfs.opcode`; tshark shows a call whose data came in a read chunk in the frame that
+/// completed it, so calls and replies are matched by XID), and its reply's status is tshark's
+/// first `nfs.nfsstat4` of the reply. Returns how many calls were compared.
+pub fn compare_nfs4_with_tshark(file: &Path, rpcs: &[Value]) -> usize {
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(file)
+        .args(["-Y", "nfs", "-T", "fields", "-E", "separator=/t"])
+        .args(["-E", "occurrence=a", "-E", "aggregator=,"])
+        .args(["-e", "rpc.xid", "-e", "rpc.msgtyp"])
+        .args(["-e", "nfs.opcode", "-e", "nfs.nfsstat4"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    // (xid, call?) -> (operations, statuses), first decoded copy.
+    let mut seen: HashMap<(u64, bool), (Vec<u64>, Vec<u64>)> = HashMap::new();
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let col = |i: usize| tshark_list(cols.get(i).copied().unwrap_or(""));
+        let (xids, types) = (col(0), col(1));
+        if let (Some(&xid), Some(&t)) = (xids.first(), types.first()) {
+            seen.entry((xid, t == 0)).or_insert((col(2), col(3)));
+        }
+    }
+    let mut compared = 0;
+    for r in rpcs
+        .iter()
+        .filter(|r| r["version"] == 4 && r["procedure"] == 1)
+    {
+        let xid = r["xid"].as_u64().unwrap();
+        let ops: Vec<&str> = r["nfs_ops"]
+            .as_array()
+            .unwrap_or_else(|| panic!("COMPOUND without its operations: {r}"))
+            .iter()
+            .map(|o| o.as_str().unwrap())
+            .collect();
+        let (theirs, _) = seen.get(&(xid, true)).cloned().unwrap_or_default();
+        let theirs: Vec<&str> = theirs
+            .iter()
+            .map(|&o| rdma_trace::nfs4::op_name(o as u32))
+            .collect();
+        if ops.last().is_some_and(|o| o.starts_with('+')) {
+            assert!(
+                theirs.starts_with(&ops[..ops.len() - 1]),
+                "xid 0x{xid:x}: {theirs:?} {r}"
+            );
+        } else {
+            assert_eq!(ops, theirs, "xid 0x{xid:x}: operations");
+            compared += 1;
+        }
+        if let Some(s) = r["nfs_status"].as_u64() {
+            let (_, st) = seen.get(&(xid, false)).cloned().unwrap_or_default();
+            assert_eq!(st.first(), Some(&s), "xid 0x{xid:x}: COMPOUND status");
+        }
+    }
+    eprintln!("tshark: {compared} COMPOUND calls list the same operations");
+    compared
+}
