@@ -1,6 +1,6 @@
 //! The fuzzing entry point: [`run`] takes arbitrary bytes and drives every decoder and
 //! reassembler with them. The cargo-fuzz target in `fuzz/` calls it, and so does the test suite
-//! (`tests/no_panic.rs`) on the committed corpus (`fuzz/corpus/decode/`) and on mutations of
+//! (`tests/no_panic.rs`) on the committed corpus (`tests/corpus/decode/`, in the package) and on mutations of
 //! it, with stable Rust. Nothing it reaches may panic, and memory stays within the limits it
 //! sets (it checks them).
 //!

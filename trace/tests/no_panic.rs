@@ -256,7 +256,7 @@ fn rpc_tracker_survives_random_calls_replies_and_chunk_data() {
 /// it checks hold.
 #[test]
 fn fuzz_entry_point_on_the_corpus_and_its_mutations() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/decode");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/decode");
     let corpus: Vec<Vec<u8>> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| std::fs::read(e.unwrap().path()).unwrap())
