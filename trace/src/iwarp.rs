@@ -440,7 +440,48 @@ impl Default for IwarpLimits {
 type Item = (u64, Option<(u64, Vec<u8>)>, u64);
 
 /// Frames TCP segments into MPA units. Feed segments in capture order with
-/// [`Decoder::push`]; [`Decoder::finish`] frames what the capture ended with.
+/// [`Decoder::push`]; [`Decoder::finish`] frames what the capture ended with. An
+/// [`Assembler`] makes RDMAP messages of the units.
+///
+/// ```
+/// use rdma_trace::iwarp::{build_fpdu, build_frame, build_untagged, Assembler, Decoder, Segment};
+///
+/// let (a, b) = ([10, 8, 0, 1].into(), [10, 8, 0, 2].into());
+/// let seg = |from_a: bool, seq: u32, syn: bool, payload: &'static [u8]| Segment {
+///     src: if from_a { a } else { b },
+///     dst: if from_a { b } else { a },
+///     src_port: if from_a { 40000 } else { 7174 },
+///     dst_port: if from_a { 7174 } else { 40000 },
+///     seq,
+///     syn,
+///     payload,
+/// };
+/// let req: &'static [u8] = build_frame(true, false, true, b"").leak();
+/// let rep: &'static [u8] = build_frame(false, false, false, b"").leak();
+/// // A Send of "hi" (queue 0, MSN 1, offset 0, last), with a CRC.
+/// let send: &'static [u8] =
+///     build_fpdu(&build_untagged(3, true, (0, 0, 1, 0), b"hi"), 0, false, true).leak();
+/// let (mut dec, mut asm) = (Decoder::new(), Assembler::new());
+/// let mut units = Vec::new();
+/// for (n, s) in [
+///     seg(true, 99, true, b""),
+///     seg(false, 499, true, b""),
+///     seg(true, 100, false, req),
+///     seg(false, 500, false, rep),
+///     seg(true, 100 + req.len() as u32, false, send),
+/// ]
+/// .iter()
+/// .enumerate()
+/// {
+///     dec.push(n as u64 + 1, s, &mut |p, payload| {
+///         units.push(p.clone());
+///         asm.push(p, payload);
+///     });
+/// }
+/// assert_eq!(units.len(), 3); // Request, Reply, FPDU
+/// let msgs: Vec<_> = asm.drain().collect();
+/// assert_eq!((msgs[0].length, msgs[0].tcp_ports), (2, Some((40000, 7174))));
+/// ```
 #[derive(Debug, Default)]
 pub struct Decoder {
     dirs: HashMap<StreamKey, Direction>,
