@@ -509,6 +509,18 @@ fn capture_nfs3_over_rdma_write_and_read_a_file() {
     }
 }
 
+/// Notes a test's progress in the kernel log (the VM's console shows it even when the test
+/// is killed by its timeout, when its own output is lost).
+fn progress(what: &str, since: Instant) {
+    let _ = fs::write(
+        "/dev/kmsg",
+        format!(
+            "rdma-trace test: {what} after {:.1} s\n",
+            since.elapsed().as_secs_f64()
+        ),
+    );
+}
+
 /// The iWARP device (siw0 on veth1, 10.8.0.2, as `ci/vm` sets it up) and its address. Both ends
 /// of an iWARP test run on it, so its TCP connections go over `lo`.
 fn iwarp_device() -> (String, String) {
@@ -699,25 +711,29 @@ fn capture_iwarp_rping_read_write() {
 #[ignore = "needs an iWARP device (siw0 in ci/vm), root, tcpdump, tshark and nfs-kernel-server"]
 fn capture_iwarp_nfs3_write_and_read_a_file() {
     let (_, ip) = iwarp_device();
+    let t0 = Instant::now();
     let _server = NfsServer::up();
+    progress("NFS server up", t0);
     let content = nfs_content(150_000);
     let mount = format!(
         "timeout 60 mount -t nfs -o vers=3,nolock,proto=rdma,port=20049 {ip}:/export /mnt/nfs"
     );
-    let t0 = Instant::now();
     let cap = LoCapture::start("nfs3", 20049);
     must(&mount);
+    progress("mounted", t0);
     fs::write("/mnt/nfs/file", &content).unwrap();
     must("sync /mnt/nfs/file && umount /mnt/nfs");
     must(&mount);
     let back = fs::read("/mnt/nfs/file").unwrap();
     must("umount /mnt/nfs");
     assert!(back == content, "the file read back differs");
-    eprintln!("mounts, write and read: {:?}", t0.elapsed());
+    progress("mounts, write and read back", t0);
     let file = cap.stop();
-    eprintln!("capture stopped: {:?}", t0.elapsed());
+    progress("capture stopped", t0);
     complete_messages(&file);
+    progress("messages checked", t0);
     check_nfs_rpcs(&file, &content);
+    progress("RPCs checked", t0);
 }
 
 /// NFSv4.2 over iWARP: the COMPOUNDs of a mount, a write, a read back and the unmounts, each
@@ -726,23 +742,26 @@ fn capture_iwarp_nfs3_write_and_read_a_file() {
 #[ignore = "needs an iWARP device (siw0 in ci/vm), root, tcpdump, tshark and nfs-kernel-server"]
 fn capture_iwarp_nfs4_compounds() {
     let (_, ip) = iwarp_device();
+    let t0 = Instant::now();
     let _server = NfsServer::up();
+    progress("NFS server up", t0);
     let content = nfs_content(150_000);
     let mount =
         format!("timeout 60 mount -t nfs -o vers=4.2,proto=rdma,port=20049 {ip}:/ /mnt/nfs");
-    let t0 = Instant::now();
     let cap = LoCapture::start("nfs4", 20049);
     must(&mount);
+    progress("mounted", t0);
     fs::write("/mnt/nfs/file", &content).unwrap();
     must("sync /mnt/nfs/file && umount /mnt/nfs");
     must(&mount);
     let back = fs::read("/mnt/nfs/file").unwrap();
     must("umount /mnt/nfs");
     assert!(back == content, "the file read back differs");
-    eprintln!("mounts, write and read: {:?}", t0.elapsed());
+    progress("mounts, write and read back", t0);
     let file = cap.stop();
-    eprintln!("capture stopped: {:?}", t0.elapsed());
+    progress("capture stopped", t0);
     complete_messages(&file);
+    progress("messages checked", t0);
     let rpcs = common::trace_json("rpc", &file);
     for r in &rpcs {
         assert!(r["incomplete"].is_null(), "incomplete RPC: {r}");
