@@ -619,9 +619,10 @@ fn iwarp_messages(file: &Path) -> Vec<Value> {
     complete_messages(file)
 }
 
-/// Every message complete (the NFS tests leave the field-by-field comparison to the host
-/// tests on their fixtures: each tshark run costs tens of seconds under TCG, and a test
-/// killed by its timeout in the middle of an NFS unmount left the guest's svcrdma oopsing).
+/// Every message complete. The NFS-over-siw tests leave tshark to the host tests of the
+/// fixtures they make (`iwarp_nfs3.pcap`, `iwarp_nfs4.pcap`): a tshark run costs 30-60 s
+/// under TCG on a loaded host, which put them past ci/device-tests' 120 s, and a test killed
+/// there in the middle of an NFS unmount once left the guest's svcrdma oopsing.
 fn complete_messages(file: &Path) -> Vec<Value> {
     let msgs = common::trace_json("messages", file);
     for m in &msgs {
@@ -732,12 +733,13 @@ fn capture_iwarp_nfs3_write_and_read_a_file() {
     progress("capture stopped", t0);
     complete_messages(&file);
     progress("messages checked", t0);
-    check_nfs_rpcs(&file, &content);
+    common::check_nfs_chunks(&file, &content);
     progress("RPCs checked", t0);
 }
 
 /// NFSv4.2 over iWARP: the COMPOUNDs of a mount, a write, a read back and the unmounts, each
-/// call paired with its reply, their operations and statuses equal to tshark's.
+/// call paired with its reply and listing its operations (tshark compares them on the
+/// fixture this test makes, `iwarp_nfs4_compounds_list_their_operations`).
 #[test]
 #[ignore = "needs an iWARP device (siw0 in ci/vm), root, tcpdump, tshark and nfs-kernel-server"]
 fn capture_iwarp_nfs4_compounds() {
@@ -766,5 +768,21 @@ fn capture_iwarp_nfs4_compounds() {
     for r in &rpcs {
         assert!(r["incomplete"].is_null(), "incomplete RPC: {r}");
     }
-    assert!(common::compare_nfs4_with_tshark(&file, &rpcs) >= 10);
+    // Every COMPOUND listed whole; the file went out in a WRITE and came back in a READ.
+    let ops: Vec<String> = rpcs
+        .iter()
+        .filter(|r| r["version"] == 4 && r["procedure"] == 1)
+        .map(|r| {
+            let ops = r["nfs_ops"].as_array().unwrap_or_else(|| panic!("{r}"));
+            ops.iter()
+                .map(|o| o.as_str().unwrap())
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect();
+    assert!(ops.len() >= 10, "{ops:?}");
+    assert!(ops.iter().all(|o| !o.contains('+')), "{ops:?}");
+    for want in ["SEQUENCE,PUTFH,WRITE,GETATTR", "SEQUENCE,PUTFH,READ"] {
+        assert!(ops.iter().any(|o| o == want), "no {want}: {ops:?}");
+    }
 }
