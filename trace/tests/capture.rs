@@ -509,8 +509,8 @@ fn capture_nfs3_over_rdma_write_and_read_a_file() {
     }
 }
 
-/// Notes a test's progress in the kernel log (the VM's console shows it even when the test
-/// is killed by its timeout, when its own output is lost).
+/// Notes a test's progress in the kernel log (`dmesg`), which keeps it when a timeout kills
+/// the test and its own output is lost.
 fn progress(what: &str, since: Instant) {
     let _ = fs::write(
         "/dev/kmsg",
