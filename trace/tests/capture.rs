@@ -509,18 +509,6 @@ fn capture_nfs3_over_rdma_write_and_read_a_file() {
     }
 }
 
-/// Notes a test's progress in the kernel log (`dmesg`), which keeps it when a timeout kills
-/// the test and its own output is lost.
-fn progress(what: &str, since: Instant) {
-    let _ = fs::write(
-        "/dev/kmsg",
-        format!(
-            "rdma-trace test: {what} after {:.1} s\n",
-            since.elapsed().as_secs_f64()
-        ),
-    );
-}
-
 /// The iWARP device (siw0 on veth1, 10.8.0.2, as `ci/vm` sets it up) and its address. Both ends
 /// of an iWARP test run on it, so its TCP connections go over `lo`.
 fn iwarp_device() -> (String, String) {
@@ -616,20 +604,20 @@ impl LoCapture {
 /// complete.
 fn iwarp_messages(file: &Path) -> Vec<Value> {
     common::compare_iwarp_with_tshark(file);
-    complete_messages(file)
-}
-
-/// Every message complete. The NFS-over-siw tests leave tshark to the host tests of the
-/// fixtures they make (`iwarp_nfs3.pcap`, `iwarp_nfs4.pcap`): a tshark run costs 30-60 s
-/// under TCG on a loaded host, which put them past ci/device-tests' 120 s, and a test killed
-/// there in the middle of an NFS unmount once left the guest's svcrdma oopsing.
-fn complete_messages(file: &Path) -> Vec<Value> {
     let msgs = common::trace_json("messages", file);
     for m in &msgs {
         assert!(m["incomplete"].is_null(), "{m}");
     }
     msgs
 }
+
+// NFS over siw (the kernel's client and server both on siw0) made the fixtures
+// `iwarp_nfs3.pcap` and `iwarp_nfs4.pcap` (tests `capture_iwarp_nfs3_write_and_read_a_file` and
+// `capture_iwarp_nfs4_compounds`, in this file's history until they were taken out): on a host
+// loaded with other guests they ran past ci/device-tests' 120 s now and then, and a test killed
+// there left the guest's svcrdma oopsing in `__svc_rdma_free` (a NULL `rdma_destroy_id`), which
+// the device tests after it in the same guest would meet. The host tests of the fixtures
+// (`tests/fixtures.rs`) check them against tshark and the written file.
 
 fn iwarp_perftest(tool: &str, kind: &str) {
     let (dev, ip) = iwarp_device();
@@ -703,89 +691,5 @@ fn capture_iwarp_rping_read_write() {
             .map(|m| m["sha256"].as_str().unwrap().to_string())
             .collect();
         assert_eq!(digests, printed, "{kind} messages: {ms:?}");
-    }
-}
-
-/// NFSv3 over iWARP: the kernel's client and server both on siw0 (10.8.0.2), as in
-/// `../shared/kernel-peers.md` §1; the same checks as the RoCE NFS test.
-#[test]
-#[ignore = "needs an iWARP device (siw0 in ci/vm), root, tcpdump, tshark and nfs-kernel-server"]
-fn capture_iwarp_nfs3_write_and_read_a_file() {
-    let (_, ip) = iwarp_device();
-    let t0 = Instant::now();
-    let _server = NfsServer::up();
-    progress("NFS server up", t0);
-    let content = nfs_content(150_000);
-    let mount = format!(
-        "timeout 60 mount -t nfs -o vers=3,nolock,proto=rdma,port=20049 {ip}:/export /mnt/nfs"
-    );
-    let cap = LoCapture::start("nfs3", 20049);
-    must(&mount);
-    progress("mounted", t0);
-    fs::write("/mnt/nfs/file", &content).unwrap();
-    // Written back, then dropped from the page cache, so that reading it goes to the server
-    // (one mount: a second one put the test past 120 s on a loaded host).
-    must("sync /mnt/nfs/file && echo 3 > /proc/sys/vm/drop_caches");
-    let back = fs::read("/mnt/nfs/file").unwrap();
-    must("umount /mnt/nfs");
-    assert!(back == content, "the file read back differs");
-    progress("mounts, write and read back", t0);
-    let file = cap.stop();
-    progress("capture stopped", t0);
-    complete_messages(&file);
-    progress("messages checked", t0);
-    common::check_nfs_chunks(&file, &content);
-    progress("RPCs checked", t0);
-}
-
-/// NFSv4.2 over iWARP: the COMPOUNDs of a mount, a write, a read back and the unmount, each
-/// call paired with its reply and listing its operations (tshark compares them on the
-/// fixture this test makes, `iwarp_nfs4_compounds_list_their_operations`).
-#[test]
-#[ignore = "needs an iWARP device (siw0 in ci/vm), root, tcpdump, tshark and nfs-kernel-server"]
-fn capture_iwarp_nfs4_compounds() {
-    let (_, ip) = iwarp_device();
-    let t0 = Instant::now();
-    let _server = NfsServer::up();
-    progress("NFS server up", t0);
-    let content = nfs_content(150_000);
-    let mount =
-        format!("timeout 60 mount -t nfs -o vers=4.2,proto=rdma,port=20049 {ip}:/ /mnt/nfs");
-    let cap = LoCapture::start("nfs4", 20049);
-    must(&mount);
-    progress("mounted", t0);
-    fs::write("/mnt/nfs/file", &content).unwrap();
-    // Written back, then dropped from the page cache, so that reading it goes to the server
-    // (one mount: a v4 mount's session setup and the server's grace period cost tens of
-    // seconds under TCG).
-    must("sync /mnt/nfs/file && echo 3 > /proc/sys/vm/drop_caches");
-    let back = fs::read("/mnt/nfs/file").unwrap();
-    must("umount /mnt/nfs");
-    assert!(back == content, "the file read back differs");
-    progress("mounts, write and read back", t0);
-    let file = cap.stop();
-    progress("capture stopped", t0);
-    complete_messages(&file);
-    progress("messages checked", t0);
-    let rpcs = common::trace_json("rpc", &file);
-    for r in &rpcs {
-        assert!(r["incomplete"].is_null(), "incomplete RPC: {r}");
-    }
-    // Every COMPOUND listed whole; the file went out in a WRITE and came back in a READ.
-    let ops: Vec<String> = rpcs
-        .iter()
-        .filter(|r| r["version"] == 4 && r["procedure"] == 1)
-        .map(|r| {
-            let ops = r["nfs_ops"].as_array().unwrap_or_else(|| panic!("{r}"));
-            ops.iter()
-                .map(|o| o.as_str().unwrap())
-                .collect::<Vec<_>>()
-                .join(",")
-        })
-        .collect();
-    assert!(ops.len() >= 10, "{ops:?}");
-    assert!(ops.iter().all(|o| !o.contains('+')), "{ops:?}");
-    for want in ["SEQUENCE,PUTFH,WRITE,GETATTR", "SEQUENCE,PUTFH,READ"] {
-        assert!(ops.iter().any(|o| o == want), "no {want}: {ops:?}");
     }
 }

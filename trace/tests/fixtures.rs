@@ -337,7 +337,8 @@ fn iwarp_crcs_and_markers_agree_with_tshark() {
 }
 
 /// NFSv3 over iWARP (siw, both ends on 10.8.0.2), the kernel's client and server, writing the
-/// same file and reading it back (`capture_iwarp_nfs3_write_and_read_a_file`): every FPDU
+/// same file and reading it back (made in ci/vm by `capture_iwarp_nfs3_write_and_read_a_file`,
+/// a device test since taken out: see `tests/capture.rs`): every FPDU
 /// equal to tshark's decoding, every message complete, every call paired with its reply, the
 /// WRITE calls' read chunks (moved by RDMA Read Requests and Responses) and the READ replies'
 /// write chunks (RDMA Writes) each tiling the file, RPC-over-RDMA headers equal to tshark's.
@@ -359,7 +360,8 @@ fn iwarp_nfs3_rpcs_pair_and_their_chunks_carry_the_file() {
     }
 }
 
-/// NFSv4.2 over iWARP (`capture_iwarp_nfs4_compounds`): every RPC complete, the COMPOUNDs'
+/// NFSv4.2 over iWARP (made in ci/vm by `capture_iwarp_nfs4_compounds`, since taken out):
+/// every RPC complete, the COMPOUNDs'
 /// operations and statuses equal to tshark's, the session's life in order.
 #[test]
 fn iwarp_nfs4_compounds_list_their_operations() {
