@@ -8,9 +8,15 @@
 //! - [`reasm`] puts packets back together into messages: SENDs by connection, QP and PSN, RDMA
 //!   WRITEs with the rkey and address of their first packet, READ responses matched to their
 //!   request, retransmissions and packets out of order, and what stayed incomplete;
-//! - [`rpcrdma`] decodes RPC-over-RDMA version 1 headers (RFC 8166) and the RPC header inside;
+//! - [`rpcrdma`] decodes RPC-over-RDMA version 1 headers (RFC 8166) and the RPC header inside,
+//!   [`nfs4`] the operations of an NFSv4 COMPOUND;
+//! - [`tcp`] puts TCP streams back in order, [`iwarp`] frames them into MPA units (Request,
+//!   Reply, FPDUs with their CRC32c and markers), decodes DDP and RDMAP headers and reassembles
+//!   RDMAP messages into the same [`reasm::Message`]s as RoCE's;
 //! - [`rpc`] pairs RPC calls with their replies and reassembles their chunks (read chunks from
-//!   RDMA READs, write and reply chunks from RDMA WRITEs) from the messages of [`reasm`].
+//!   RDMA READs, write and reply chunks from RDMA WRITEs) from the messages of [`reasm`] and
+//!   [`iwarp`];
+//! - [`fuzzing`] is the entry point the fuzz target and the no-panic tests share.
 //!
 //! Nothing here panics on input: every length is checked, a packet cut short is reported as such.
 //!
@@ -31,12 +37,16 @@
 pub mod bytes;
 pub mod capture;
 pub mod cm;
+pub mod fuzzing;
 pub mod ib;
 pub mod icrc;
+pub mod iwarp;
 pub mod net;
+pub mod nfs4;
 pub mod reasm;
 pub mod rpc;
 pub mod rpcrdma;
+pub mod tcp;
 
 use std::net::IpAddr;
 
@@ -78,6 +88,8 @@ pub enum Decoded<'a> {
         /// What was wrong.
         error: ib::IbError,
     },
+    /// A TCP segment (iWARP runs over TCP: [`iwarp::Decoder`] puts the streams together).
+    Tcp(iwarp::Segment<'a>),
     /// IP traffic that is not RDMA.
     Other,
     /// A frame without IP, or with a broken IP or UDP header.
@@ -90,15 +102,33 @@ pub fn decode(linktype: i32, data: &[u8]) -> Decoded<'_> {
         Ok(d) => d,
         Err(e) => return Decoded::NotIp(e),
     };
-    let net::L4::Udp {
-        src_port,
-        dst_port: ib::ROCEV2_PORT,
-        header,
-        payload,
-        complete,
-    } = d.l4
-    else {
-        return Decoded::Other;
+    let (src_port, header, payload, complete) = match d.l4 {
+        net::L4::Udp {
+            src_port,
+            dst_port: ib::ROCEV2_PORT,
+            header,
+            payload,
+            complete,
+        } => (src_port, header, payload, complete),
+        net::L4::Tcp {
+            src_port,
+            dst_port,
+            seq,
+            syn,
+            payload,
+            ..
+        } => {
+            return Decoded::Tcp(iwarp::Segment {
+                src: d.src,
+                dst: d.dst,
+                src_port,
+                dst_port,
+                seq,
+                syn,
+                payload,
+            })
+        }
+        _ => return Decoded::Other,
     };
     let p = match ib::parse(payload, complete) {
         Ok(p) => p,

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use rdma_trace::bytes::hex;
 use rdma_trace::cm::CmMessage;
+use rdma_trace::iwarp::{self, MpaUnit, Pdu};
 use rdma_trace::reasm::{Assembler, Limits, Message};
 use rdma_trace::rpc::{Rpc, Tracker};
 use rdma_trace::{decode, for_each_frame, CaptureError, Decoded, RocePacket};
@@ -16,7 +17,8 @@ const USAGE: &str = "\
 Usage: rdma-trace COMMAND [OPTIONS] FILE
 
 Commands:
-  show      one line per RDMA packet (RoCEv2, IB CM on QP1)
+  show      one line per RDMA packet (RoCEv2, IB CM on QP1) or iWARP unit
+            (MPA Request/Reply, FPDU with its DDP and RDMAP headers)
   messages  packets reassembled into messages: SEND, WRITE, READ, atomics, with
             their length and the SHA-256 of their payload; incomplete ones say why
   rpc       RPC-over-RDMA: calls paired with their replies by XID, with their chunks
@@ -26,12 +28,13 @@ Commands:
 Options:
   --json          one JSON object per line
   --qp QPN        only this QP (destination QP, or UD source QP); decimal or 0x hex
-                  (show, messages)
+                  (show, messages; RoCE only: iWARP has no QP numbers)
   --conn IP[,IP]  only traffic from or to IP (with two, only between them)
   --op NAME       only opcodes (show) or kinds (messages) whose name contains NAME
   -h, --help      this text
 
-FILE is a pcap or pcapng capture; `-` reads standard input.
+FILE is a pcap or pcapng capture; `-` reads standard input. iWARP is found in any TCP
+connection that starts with an MPA Request (the capture must hold its start).
 ";
 
 #[derive(Default)]
@@ -65,11 +68,15 @@ impl Filter {
             && self.name(p.ib.op.name())
     }
 
+    fn pdu(&self, p: &Pdu) -> bool {
+        self.addrs(p.src, p.dst) && self.qp.is_none() && self.name(pdu_name(p))
+    }
+
     fn message(&self, m: &Message) -> bool {
         self.addrs(m.flow.src, m.flow.dst)
             && self
                 .qp
-                .is_none_or(|q| m.flow.qp == q || m.src_qp == Some(q))
+                .is_none_or(|q| m.tcp_ports.is_none() && (m.flow.qp == q || m.src_qp == Some(q)))
             && self.name(m.kind.name())
     }
 }
@@ -185,29 +192,57 @@ fn run<R: std::io::Read + Send>(
         return run_rpc(args, input, out);
     }
     let mut asm = Assembler::new();
+    let mut iw = iwarp::Decoder::new();
+    let mut iasm = iwarp::Assembler::new();
     let mut write_failed = false;
+    let mut last_time = 0.0;
     let messages = args.command == "messages";
     let r = for_each_frame(input, |frame| {
         if write_failed {
             return;
         }
+        last_time = frame.time;
         let d = decode(frame.linktype, frame.data);
-        let res = if messages {
+        let mut res = Ok(());
+        if let Decoded::Tcp(seg) = &d {
+            iw.push(frame.number, seg, &mut |p, payload| {
+                if messages {
+                    iasm.push(p, payload);
+                } else if args.filter.pdu(p) && res.is_ok() {
+                    res = print_pdu(out, p, frame.time, args.json);
+                }
+            });
+        }
+        if messages {
             if let Decoded::Roce(p) = &d {
                 asm.push(frame.number, p);
             }
-            asm.drain()
-                .filter(|m| args.filter.message(m))
-                .try_for_each(|m| print_message(out, &m, args.json))
-        } else {
-            print_packet(out, &frame, &d, args)
-        };
+            res = res.and_then(|()| {
+                asm.drain()
+                    .chain(iasm.drain())
+                    .filter(|m| args.filter.message(m))
+                    .try_for_each(|m| print_message(out, &m, args.json))
+            });
+        } else if !matches!(d, Decoded::Tcp(_)) {
+            res = print_packet(out, &frame, &d, args);
+        }
         write_failed = res.is_err();
     });
-    if messages && !write_failed {
+    if write_failed {
+        return r.map(|_| ());
+    }
+    let mut res = Ok(());
+    iw.finish(&mut |p, payload| {
+        if messages {
+            iasm.push(p, payload);
+        } else if args.filter.pdu(p) && res.is_ok() {
+            res = print_pdu(out, p, last_time, args.json);
+        }
+    });
+    if messages {
         asm.finish();
-        let mut res = Ok(());
-        for m in asm.drain() {
+        iasm.finish();
+        for m in asm.drain().chain(iasm.drain()) {
             if args.filter.message(&m) {
                 res = res.and_then(|()| print_message(out, &m, args.json));
             }
@@ -217,9 +252,125 @@ fn run<R: std::io::Read + Send>(
             "rdma-trace: {} RoCE packets, {} messages complete, {} incomplete, {} duplicate and {} out-of-order packets, {} ACKs, {} NAKs",
             s.packets, s.complete, s.incomplete, s.duplicates, s.out_of_order, s.acks, s.naks
         );
-        let _ = res;
+        let i = iasm.stats();
+        if i.segments > 0 {
+            eprintln!(
+                "rdma-trace: {} iWARP DDP segments, {} messages complete, {} incomplete, {} duplicate and {} out-of-order segments, {} Terminates",
+                i.segments, i.complete, i.incomplete, i.duplicates, i.out_of_order, i.terminates
+            );
+        }
     }
+    let t = iw.stats();
+    if t.connections > 0 {
+        eprintln!(
+            "rdma-trace: {} iWARP connections, {} FPDUs ({} CRC errors); TCP: {} retransmitted, {} overlapping and {} out-of-order segments, {} bytes missing",
+            t.connections, t.fpdus, t.crc_errors, t.retransmitted, t.overlapping, t.out_of_order, t.lost_bytes
+        );
+    }
+    let _ = res;
     r.map(|_| ())
+}
+
+fn pdu_name(p: &Pdu) -> &'static str {
+    match &p.unit {
+        MpaUnit::Frame(f) if f.request => "MPA_REQUEST",
+        MpaUnit::Frame(_) => "MPA_REPLY",
+        MpaUnit::Fpdu(f) => f.ddp.as_ref().map_or("FPDU", |d| d.op_name()),
+        MpaUnit::Lost { .. } => "MPA_LOST",
+    }
+}
+
+#[derive(Serialize)]
+struct PduJson<'a> {
+    time: f64,
+    transport: &'static str,
+    op: &'static str,
+    #[serde(flatten)]
+    pdu: &'a Pdu,
+}
+
+fn print_pdu(out: &mut impl Write, p: &Pdu, time: f64, json: bool) -> std::io::Result<()> {
+    if json {
+        let j = PduJson {
+            time,
+            transport: "iWARP",
+            op: pdu_name(p),
+            pdu: p,
+        };
+        serde_json::to_writer(&mut *out, &j)?;
+        return writeln!(out);
+    }
+    write!(
+        out,
+        "{} {time:.6} {}:{} -> {}:{} iWARP {}",
+        p.frame,
+        p.src,
+        p.src_port,
+        p.dst,
+        p.dst_port,
+        pdu_name(p)
+    )?;
+    match &p.unit {
+        MpaUnit::Frame(f) => {
+            write!(
+                out,
+                " M={} C={} R={} rev={}",
+                u8::from(f.markers),
+                u8::from(f.crc),
+                u8::from(f.reject),
+                f.rev
+            )?;
+            if !f.private.is_empty() {
+                write!(out, " private={}", hex(&f.private))?;
+            }
+        }
+        MpaUnit::Fpdu(f) => {
+            if let Some(d) = &f.ddp {
+                if let (Some(stag), Some(to)) = (d.stag, d.to) {
+                    write!(out, " stag=0x{stag:08x} to=0x{to:x}")?;
+                }
+                if let (Some(qn), Some(msn), Some(mo)) = (d.qn, d.msn, d.mo) {
+                    write!(out, " qn={qn} msn={msn} mo={mo}")?;
+                }
+                if matches!(d.opcode, 4 | 6) {
+                    if let Some(i) = d.rsvd_ulp {
+                        write!(out, " invalidate=0x{i:08x}")?;
+                    }
+                }
+                if let Some(r) = d.read {
+                    write!(
+                        out,
+                        " sink=0x{:08x}:0x{:x} size={} src=0x{:08x}:0x{:x}",
+                        r.sink_stag, r.sink_to, r.size, r.src_stag, r.src_to
+                    )?;
+                }
+                if let Some(t) = &d.terminate {
+                    write!(
+                        out,
+                        " layer={} etype={} code=0x{:02x}",
+                        t.layer, t.etype, t.code
+                    )?;
+                }
+                if d.payload_len > 0 {
+                    write!(out, " len={}", d.payload_len)?;
+                }
+                if d.last {
+                    write!(out, " L")?;
+                }
+            }
+            if let Some(e) = &f.ddp_error {
+                write!(out, " {e}")?;
+            }
+            if !f.markers.is_empty() {
+                write!(out, " markers={}", f.markers.len())?;
+            }
+            if f.crc_ok == Some(false) {
+                write!(out, " CRC-BAD")?;
+            }
+        }
+        MpaUnit::Lost { why } => write!(out, " {why}")?,
+    }
+    writeln!(out)
 }
 
 /// Payload kept per message for the RPC layer: RPC-over-RDMA moves at most a few MiB per
@@ -237,17 +388,32 @@ fn run_rpc<R: std::io::Read + Send>(
         hash_kept: false,
         ..Limits::default()
     });
+    let mut iw = iwarp::Decoder::new();
+    let mut iasm = iwarp::Assembler::with_limits(Limits {
+        keep_data: RPC_KEEP,
+        hash_kept: false,
+        ..Limits::default()
+    });
     let mut rpcs = Tracker::new();
     let mut write_failed = false;
     let r = for_each_frame(input, |frame| {
         if write_failed {
             return;
         }
-        if let Decoded::Roce(p) = decode(frame.linktype, frame.data) {
-            asm.push(frame.number, &p);
-            for m in asm.drain() {
-                rpcs.push(&m);
+        match decode(frame.linktype, frame.data) {
+            Decoded::Roce(p) => {
+                asm.push(frame.number, &p);
+                for m in asm.drain() {
+                    rpcs.push(&m);
+                }
             }
+            Decoded::Tcp(seg) => {
+                iw.push(frame.number, &seg, &mut |p, payload| iasm.push(p, payload));
+                for m in iasm.drain() {
+                    rpcs.push(&m);
+                }
+            }
+            _ => {}
         }
         write_failed = rpcs
             .drain()
@@ -257,7 +423,9 @@ fn run_rpc<R: std::io::Read + Send>(
     });
     if !write_failed {
         asm.finish();
-        for m in asm.drain() {
+        iw.finish(&mut |p, payload| iasm.push(p, payload));
+        iasm.finish();
+        for m in asm.drain().chain(iasm.drain()) {
             rpcs.push(&m);
         }
         rpcs.finish();
@@ -297,6 +465,12 @@ fn print_rpc(out: &mut impl Write, r: &Rpc, json: bool) -> std::io::Result<()> {
     if let Some(s) = &r.status {
         write!(out, " status={s}")?;
     }
+    if let Some(ops) = &r.nfs_ops {
+        write!(out, " ops={}", ops.join(","))?;
+    }
+    if let Some(s) = r.nfs_status {
+        write!(out, " nfs_status={s}")?;
+    }
     for c in &r.chunks {
         let kind = match c.kind {
             rdma_trace::rpc::ChunkKind::Read => "read",
@@ -330,24 +504,49 @@ fn print_message(out: &mut impl Write, m: &Message, json: bool) -> std::io::Resu
         serde_json::to_writer(&mut *out, m)?;
         return writeln!(out);
     }
-    write!(
-        out,
-        "{} {} -> {} qp=0x{:06x}",
-        m.kind.name(),
-        m.flow.src,
-        m.flow.dst,
-        m.flow.qp
-    )?;
+    match m.tcp_ports {
+        Some((sp, dp)) => write!(
+            out,
+            "{} {}:{sp} -> {}:{dp} iWARP",
+            m.kind.name(),
+            m.flow.src,
+            m.flow.dst
+        )?,
+        None => write!(
+            out,
+            "{} {} -> {} qp=0x{:06x}",
+            m.kind.name(),
+            m.flow.src,
+            m.flow.dst,
+            m.flow.qp
+        )?,
+    }
     if let Some(q) = m.src_qp {
         write!(out, " src_qp=0x{q:06x}")?;
     }
-    write!(
-        out,
-        " psn={}-{} frames={}-{} packets={} len={}",
-        m.first_psn, m.last_psn, m.first_frame, m.last_frame, m.packets, m.length
-    )?;
+    if m.tcp_ports.is_some() {
+        if m.kind == rdma_trace::reasm::Kind::Send {
+            write!(out, " msn={}", m.first_psn)?;
+        }
+        write!(
+            out,
+            " frames={}-{} segments={} len={}",
+            m.first_frame, m.last_frame, m.packets, m.length
+        )?;
+    } else {
+        write!(
+            out,
+            " psn={}-{} frames={}-{} packets={} len={}",
+            m.first_psn, m.last_psn, m.first_frame, m.last_frame, m.packets, m.length
+        )?;
+    }
     if let (Some(rkey), Some(va)) = (m.rkey, m.va) {
-        write!(out, " rkey=0x{rkey:08x} va=0x{va:x}")?;
+        let (k, v) = if m.tcp_ports.is_some() {
+            ("stag", "to")
+        } else {
+            ("rkey", "va")
+        };
+        write!(out, " {k}=0x{rkey:08x} {v}=0x{va:x}")?;
     }
     if let Some(d) = m.dma_len {
         write!(out, " dma_len={d}")?;
@@ -437,7 +636,7 @@ fn print_packet(
                 frame.number, frame.time
             );
         }
-        Decoded::Other | Decoded::NotIp(_) => return Ok(()),
+        Decoded::Tcp(_) | Decoded::Other | Decoded::NotIp(_) => return Ok(()),
     };
     if !args.filter.packet(p) {
         return Ok(());

@@ -256,6 +256,42 @@ pub fn build_udp4(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, payload: &
     f
 }
 
+/// Builds an Ethernet/IPv4/TCP frame around `payload` (tests and fixtures): `flags` is the
+/// TCP flags byte (0x02 SYN, 0x10 ACK, 0x18 PSH+ACK); the TCP checksum is left zero.
+pub fn build_tcp4(
+    src: [u8; 4],
+    dst: [u8; 4],
+    (sport, dport): (u16, u16),
+    (seq, ack): (u32, u32),
+    flags: u8,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut tcp = Vec::with_capacity(20 + payload.len());
+    tcp.extend_from_slice(&sport.to_be_bytes());
+    tcp.extend_from_slice(&dport.to_be_bytes());
+    tcp.extend_from_slice(&seq.to_be_bytes());
+    tcp.extend_from_slice(&ack.to_be_bytes());
+    tcp.extend_from_slice(&[0x50, flags, 0xff, 0xff, 0, 0, 0, 0]);
+    tcp.extend_from_slice(payload);
+    let mut f = build_udp4(src, dst, 0, 0, &[]);
+    f.truncate(34);
+    f[23] = 6;
+    let total = u16::try_from(20 + tcp.len()).unwrap_or(u16::MAX);
+    f[16..18].copy_from_slice(&total.to_be_bytes());
+    f[24..26].copy_from_slice(&[0, 0]);
+    let mut sum = 0u32;
+    for c in f[14..34].chunks(2) {
+        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let csum = !u16::try_from(sum).unwrap_or(0);
+    f[24..26].copy_from_slice(&csum.to_be_bytes());
+    f.extend_from_slice(&tcp);
+    f
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -112,11 +112,11 @@ pub struct Message {
     pub flow: FlowKey,
     /// UD: the sender's QP (DETH).
     pub src_qp: Option<u32>,
-    /// PSN of the first packet.
+    /// PSN of the first packet (iWARP: the MSN of an untagged message, 0 for a tagged one).
     pub first_psn: u32,
-    /// PSN of the last packet.
+    /// PSN of the last packet (iWARP: as `first_psn`).
     pub last_psn: u32,
-    /// Packets hashed into the message (duplicates excluded).
+    /// Packets hashed into the message (duplicates excluded; iWARP: DDP segments).
     pub packets: u32,
     /// Frame number of the first packet (for a READ, of the request).
     pub first_frame: u64,
@@ -148,6 +148,10 @@ pub struct Message {
     /// headers SENDs carry, and chunk data spanning several messages).
     #[serde(skip)]
     pub data: Option<Vec<u8>>,
+    /// iWARP: the TCP source and destination ports of the direction the data went (`flow.qp`
+    /// is then 0: iWARP has no QP number on the wire).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp_ports: Option<(u16, u16)>,
 }
 
 /// The operands and result of an atomic.
@@ -192,6 +196,10 @@ pub struct Limits {
     pub max_pending: usize,
     /// Outstanding READ requests and atomics kept; the oldest is dropped (reported) beyond it.
     pub max_requests: usize,
+    /// Flows (direction and QP) tracked; beyond it the one least recently seen is given up
+    /// (what it held is reported incomplete). Without it, packets to ever new QPs (a capture
+    /// of many connections, or garbage) would each keep an open message.
+    pub max_flows: usize,
     /// Payload bytes of a message kept for [`Message::data`] (0: none; a longer message
     /// comes out without its data). Memory then follows the open messages times this.
     pub keep_data: u64,
@@ -208,6 +216,7 @@ impl Default for Limits {
             max_age: 1 << 16,
             max_pending: 4096,
             max_requests: 1 << 16,
+            max_flows: 1 << 14,
             keep_data: 0,
             hash_kept: true,
         }
@@ -254,6 +263,8 @@ struct Flow {
     pending: HashMap<u32, Frag>,
     done: VecDeque<(u32, u32)>,
     packets: u64,
+    /// The assembler's packet count when this flow last had a packet.
+    seen_at: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -373,7 +384,16 @@ impl Assembler {
                 self.requests.remove(&rk);
             }
         }
-        let mut flow = self.flows.remove(&key).unwrap_or_default();
+        let mut flow = match self.flows.remove(&key) {
+            Some(f) => f,
+            None => {
+                if self.flows.len() >= self.limits.max_flows {
+                    self.evict_flows();
+                }
+                Flow::default()
+            }
+        };
+        flow.seen_at = self.stats.packets;
         flow.packets += 1;
         let now = flow.packets;
         // The common case, the PSN an open message waits for, is not a duplicate: the scan
@@ -563,6 +583,7 @@ impl Assembler {
             out_of_order: o.out_of_order,
             incomplete,
             data: o.data,
+            tcp_ports: None,
         });
     }
 
@@ -664,6 +685,7 @@ impl Assembler {
                 out_of_order: 0,
                 incomplete: Some(why.into()),
                 data: None,
+                tcp_ports: None,
             });
         } else {
             let flow = r.responder_flow;
@@ -720,7 +742,30 @@ impl Assembler {
             out_of_order: 0,
             incomplete: Some(why.into()),
             data: None,
+            tcp_ports: None,
         });
+    }
+
+    /// Gives up the eighth of the flows least recently seen (at least one), reporting what
+    /// they held: amortised, a new flow beyond the limit costs a scan per eighth.
+    fn evict_flows(&mut self) {
+        let mut ages: Vec<(u64, FlowKey)> =
+            self.flows.iter().map(|(k, f)| (f.seen_at, *k)).collect();
+        ages.sort_unstable_by_key(|a| a.0);
+        let n = (ages.len() / 8).max(1);
+        for (_, key) in ages.into_iter().take(n) {
+            if let Some(mut flow) = self.flows.remove(&key) {
+                flow.open.sort_by_key(|o| o.first_frame);
+                for o in flow.open.drain(..) {
+                    self.give_up(key, o, "given up: too many flows");
+                }
+                let mut pending: Vec<(u32, Frag)> = flow.pending.drain().collect();
+                pending.sort_by_key(|(_, f)| f.frame);
+                for (psn, f) in pending {
+                    self.orphan(key, psn, f, "given up: too many flows");
+                }
+            }
+        }
     }
 
     /// Gives up on what a flow has moved far past.
@@ -806,6 +851,7 @@ fn atomic_message(
         out_of_order: 0,
         incomplete,
         data: None,
+        tcp_ports: None,
     }
 }
 
@@ -1110,6 +1156,7 @@ mod tests {
             max_age: 100,
             max_pending: 50,
             max_requests: 10,
+            max_flows: 8,
             keep_data: 0,
             hash_kept: true,
         });

@@ -35,7 +35,9 @@ use sha2::{Digest, Sha256};
 
 use crate::bytes::hex;
 use crate::reasm::{Kind, Message};
-use crate::rpcrdma::{parse_header, parse_rpc, Header, Proc, RpcBody, Segment};
+use crate::rpcrdma::{
+    parse_header, parse_rpc, Header, Proc, ReplyStatus, RpcBody, RpcMessage, Segment,
+};
 
 /// Bytes of a position-zero read chunk or a reply chunk kept to decode the RPC header in it.
 const HEAD: usize = 512;
@@ -132,6 +134,14 @@ pub struct Rpc {
     pub chunks: Vec<ChunkReport>,
     /// Copies of the call seen again while it was outstanding.
     pub retransmissions: u32,
+    /// NFSv4 COMPOUND (program 100003, version 4, procedure 1): the operations the call asks
+    /// for, by name, and `+N` when `N` more followed one whose arguments are not decoded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nfs_ops: Option<Vec<String>>,
+    /// NFS (program 100003): the status the reply's results start with (`nfsstat3`, or
+    /// `nfsstat4` for a COMPOUND), when the reply is an accepted success sent inline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nfs_status: Option<u32>,
     /// `None` when complete, else why not.
     pub incomplete: Option<String>,
 }
@@ -347,6 +357,8 @@ struct ReplyInfo {
     inline_sha256: Option<String>,
     status: Option<String>,
     rpc_from_chunk: bool,
+    /// The first word of the results (an NFS status), when inline.
+    first_word: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -359,6 +371,8 @@ struct Call {
     side: Option<Side>,
     rpc: Option<(u32, u32, u32)>,
     rpc_from_chunk: bool,
+    /// NFSv4 COMPOUND: its operations.
+    nfs: Option<crate::nfs4::Compound>,
     reply: Option<ReplyInfo>,
     chunks: Vec<Chunk>,
     retransmissions: u32,
@@ -516,6 +530,13 @@ impl Tracker {
             Proc::Msg => call_fields(inline),
             _ => None,
         };
+        let nfs = match (rpc, parse_rpc(inline)) {
+            (Some((100_003, 4, 1)), Ok(m)) => {
+                let positions: Vec<u32> = chunks.iter().filter_map(|c| c.position).collect();
+                crate::nfs4::compound(inline, m.body_at, &positions).ok()
+            }
+            _ => None,
+        };
         self.seq += 1;
         self.calls.insert(
             key,
@@ -526,6 +547,7 @@ impl Tracker {
                 side: Some(side),
                 rpc,
                 rpc_from_chunk: h.proc == Proc::NoMsg,
+                nfs,
                 reply: None,
                 chunks,
                 retransmissions: 0,
@@ -574,6 +596,8 @@ impl Tracker {
                 reply: Some(side),
                 chunks: Vec::new(),
                 retransmissions: 0,
+                nfs_ops: None,
+                nfs_status: None,
                 incomplete: Some("reply without its call in the capture".into()),
             });
             return;
@@ -601,6 +625,20 @@ impl Tracker {
             inline_sha256: (h.proc == Proc::Msg).then(|| hex(&Sha256::digest(inline))),
             status,
             rpc_from_chunk: h.proc == Proc::NoMsg,
+            first_word: match (h.proc, parse_rpc(inline)) {
+                (
+                    Proc::Msg,
+                    Ok(RpcMessage {
+                        body: RpcBody::Reply(ReplyStatus::Accepted(0)),
+                        body_at,
+                        ..
+                    }),
+                ) => inline
+                    .get(body_at..body_at + 4)
+                    .and_then(|w| <[u8; 4]>::try_from(w).ok())
+                    .map(u32::from_be_bytes),
+                _ => None,
+            },
         });
         self.try_complete(key);
     }
@@ -668,6 +706,12 @@ impl Tracker {
             }
         }
         let mut status = c.reply.as_ref().and_then(|r| r.status.clone());
+        let nfs_status = c
+            .reply
+            .as_ref()
+            .and_then(|r| r.first_word)
+            .filter(|_| c.rpc.is_some_and(|r| r.0 == 100_003));
+        let nfs_ops = c.nfs.as_ref().map(crate::nfs4::Compound::names);
         if c.reply.as_ref().is_some_and(|r| r.rpc_from_chunk) {
             if let Some(ch) = c.chunks.iter().find(|ch| ch.kind == ChunkKind::Reply) {
                 if let Ok(RpcBody::Reply(s)) = parse_rpc(&ch.acc.head).map(|r| r.body) {
@@ -763,6 +807,8 @@ impl Tracker {
             reply,
             chunks: c.chunks.iter().map(Chunk::report).collect(),
             retransmissions: c.retransmissions,
+            nfs_ops,
+            nfs_status,
             incomplete,
         });
     }
@@ -830,6 +876,7 @@ mod tests {
             out_of_order: 0,
             incomplete: None,
             data: Some(data),
+            tcp_ports: None,
         }
     }
 

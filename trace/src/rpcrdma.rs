@@ -332,6 +332,8 @@ pub struct RpcMessage {
     pub xid: u32,
     /// Call or reply.
     pub body: RpcBody,
+    /// Where the procedure's arguments (call) or results (accepted reply) start.
+    pub body_at: usize,
 }
 
 /// A call's or a reply's header fields.
@@ -431,7 +433,11 @@ pub fn parse_rpc(b: &[u8]) -> Result<RpcMessage, RpcRdmaError> {
         }),
         t => return Err(RpcRdmaError::MsgType(t)),
     };
-    Ok(RpcMessage { xid, body })
+    Ok(RpcMessage {
+        xid,
+        body,
+        body_at: r.pos(),
+    })
 }
 
 #[cfg(test)]
@@ -565,7 +571,9 @@ mod tests {
                     version: 3,
                     procedure: 7,
                     cred_flavor: 1
-                }
+                },
+                // The arguments start after the verifier: the 0xfeed word.
+                body_at: call.len() - 4,
             })
         );
         for n in 0..call.len() - 4 {

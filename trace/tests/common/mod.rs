@@ -282,6 +282,14 @@ pub fn nfs_content(n: usize) -> Vec<u8> {
 /// data of the WRITE calls' read chunks and of the READ replies' write chunks each tile the file
 /// exactly (lengths and digests); and the transport and RPC headers agree with tshark's.
 pub fn check_nfs_rpcs(file: &Path, content: &[u8]) -> Vec<Value> {
+    let rpcs = check_nfs_chunks(file, content);
+    compare_rpc_with_tshark(file, &rpcs);
+    rpcs
+}
+
+/// The checks of [`check_nfs_rpcs`] without tshark: every RPC paired and complete, the chunks
+/// tiling the file.
+pub fn check_nfs_chunks(file: &Path, content: &[u8]) -> Vec<Value> {
     let rpcs = trace_json("rpc", file);
     assert!(!rpcs.is_empty(), "no RPC in the capture");
     for r in &rpcs {
@@ -347,7 +355,6 @@ pub fn check_nfs_rpcs(file: &Path, content: &[u8]) -> Vec<Value> {
         }
         assert_eq!(at, content.len(), "{kind} chunks cover {at} bytes");
     }
-    compare_rpc_with_tshark(file, &rpcs);
     rpcs
 }
 
@@ -470,4 +477,218 @@ pub fn compare_rpc_with_tshark(file: &Path, rpcs: &[Value]) {
         ours.len()
     );
     eprintln!("tshark: {matched} RPC-over-RDMA headers equal, {again} retransmissions");
+}
+
+/// The tshark fields compared with the iWARP units of `rdma-trace show --json`, and where each
+/// sits in its JSON (a unit without the JSON field has no tshark value either).
+const IWARP_FIELDS: &[(&str, &str)] = &[
+    ("iwarp_mpa.marker_flag", "markers@frame"),
+    ("iwarp_mpa.crc_flag", "crc@frame"),
+    ("iwarp_mpa.rej_flag", "reject@frame"),
+    ("iwarp_mpa.res", "res"),
+    ("iwarp_mpa.rev", "rev"),
+    ("iwarp_mpa.ulpdulength", "ulpdu_len"),
+    ("iwarp_mpa.crc", "crc@unchecked"),
+    ("iwarp_ddp.tagged_flag", "ddp.tagged"),
+    ("iwarp_ddp.last_flag", "ddp.last"),
+    ("iwarp_ddp.dv", "ddp.dv"),
+    ("iwarp_ddp.stag", "ddp.stag"),
+    ("iwarp_ddp.tagged_offset", "ddp.to"),
+    ("iwarp_ddp.qn", "ddp.qn"),
+    ("iwarp_ddp.msn", "ddp.msn"),
+    ("iwarp_ddp.mo", "ddp.mo"),
+    ("iwarp_rdma.version", "ddp.rv"),
+    ("iwarp_rdma.opcode", "ddp.opcode"),
+    ("iwarp_rdma.inval_stag", "ddp.rsvd_ulp@inval"),
+    ("iwarp_rdma.sinkstag", "ddp.read.sink_stag"),
+    ("iwarp_rdma.sinkto", "ddp.read.sink_to"),
+    ("iwarp_rdma.rdmardsz", "ddp.read.size"),
+    ("iwarp_rdma.srcstag", "ddp.read.src_stag"),
+    ("iwarp_rdma.srcto", "ddp.read.src_to"),
+    ("iwarp_rdma.term_layer", "ddp.terminate.layer"),
+    ("iwarp_rdma.term_errcode", "ddp.terminate.code"),
+];
+
+fn iwarp_value(u: &Value, path: &str) -> Option<u64> {
+    let (path, cond) = match path.split_once('@') {
+        Some((p, c)) => (p, Some(c)),
+        None => (path, None),
+    };
+    match cond {
+        Some("frame") if u["mpa"] != "frame" => return None,
+        Some("unchecked") if u["mpa"] != "fpdu" || u["crc_ok"].is_boolean() => return None,
+        Some("inval") if !matches!(u["ddp"]["opcode"].as_u64(), Some(4 | 6)) => return None,
+        _ => {}
+    }
+    match u.pointer(&format!("/{}", path.replace('.', "/")))? {
+        Value::Bool(b) => Some(u64::from(*b)),
+        Value::Number(n) => n.as_u64(),
+        _ => None,
+    }
+}
+
+/// Every iWARP unit's fields (MPA frames and FPDUs, DDP and RDMAP headers) from tshark equal
+/// rdma-trace's, frame by frame and in order within a frame; private data too; no FPDU fails
+/// its CRC. Returns rdma-trace's units.
+pub fn compare_iwarp_with_tshark(file: &Path) -> Vec<Value> {
+    let mut fields = vec![
+        "frame.number",
+        "iwarp_mpa.privatedata",
+        "iwarp_mpa.crc_check",
+    ];
+    fields.extend(IWARP_FIELDS.iter().map(|f| f.0));
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(file)
+        .args(["-T", "fields", "-E", "separator=/t", "-E", "occurrence=a"])
+        .args(["-E", "aggregator=,"])
+        .args(fields.iter().flat_map(|f| ["-e", f]))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "tshark: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let units = trace_json("show", file);
+    let mut by_frame: HashMap<u64, Vec<&Value>> = HashMap::new();
+    for u in &units {
+        assert_eq!(u["transport"], "iWARP", "{u}");
+        assert_ne!(u["mpa"], "lost", "{u}");
+        assert_ne!(u["crc_ok"], Value::Bool(false), "CRC check failed: {u}");
+        assert!(u["ddp_error"].is_null(), "{u}");
+        by_frame
+            .entry(u["frame"].as_u64().unwrap())
+            .or_default()
+            .push(u);
+    }
+    let (mut frames, mut compared) = (0, 0);
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let cols: Vec<&str> = line.split('\t').collect();
+        if cols.iter().skip(1).all(|c| c.is_empty()) {
+            continue;
+        }
+        let frame: u64 = cols[0].parse().unwrap();
+        frames += 1;
+        let ours = by_frame
+            .remove(&frame)
+            .unwrap_or_else(|| panic!("frame {frame}: tshark decodes iWARP, rdma-trace does not"));
+        let private: Vec<String> = ours
+            .iter()
+            .filter(|u| u["mpa"] == "frame" && u["private"] != "")
+            .map(|u| u["private"].as_str().unwrap().to_string())
+            .collect();
+        let theirs: Vec<String> = cols[1]
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(|s| s.replace(':', ""))
+            .collect();
+        assert_eq!(private, theirs, "frame {frame}: private data");
+        // In a connection that uses CRCs tshark shows the CRC field as `crc_check` (and says
+        // in its text whether it is good: counted below).
+        let checked: Vec<u64> = ours
+            .iter()
+            .filter(|u| u["crc_ok"].is_boolean())
+            .filter_map(|u| u["crc"].as_u64())
+            .collect();
+        assert_eq!(checked, tshark_list(cols[2]), "frame {frame}: CRCs checked");
+        for (i, (field, path)) in IWARP_FIELDS.iter().enumerate() {
+            let col = cols.get(i + 3).copied().unwrap_or("");
+            let theirs = tshark_list(col);
+            let mine: Vec<u64> = ours.iter().filter_map(|u| iwarp_value(u, path)).collect();
+            assert_eq!(
+                mine, theirs,
+                "frame {frame}: {field} is {theirs:?} in tshark, {mine:?} in rdma-trace ({path})"
+            );
+            compared += mine.len();
+        }
+    }
+    assert!(
+        by_frame.is_empty(),
+        "rdma-trace decodes iWARP in frames tshark does not: {:?}",
+        by_frame.keys().collect::<Vec<_>>()
+    );
+    assert!(frames > 0, "no iWARP in the capture");
+    let good = units.iter().filter(|u| u["crc_ok"] == true).count();
+    if good > 0 {
+        let text = Command::new("tshark")
+            .arg("-r")
+            .arg(file)
+            .arg("-V")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert_eq!(
+            text.matches("(Good CRC32)").count(),
+            good,
+            "CRCs tshark finds good"
+        );
+        assert_eq!(
+            text.matches("(Bad CRC32").count(),
+            0,
+            "CRCs tshark finds bad"
+        );
+    }
+    eprintln!("tshark: {frames} frames of iWARP, {compared} field values equal");
+    units
+}
+
+/// Every NFSv4 COMPOUND call rdma-trace lists completely has the operations tshark decodes in
+/// it (`nfs.opcode`; tshark shows a call whose data came in a read chunk in the frame that
+/// completed it, so calls and replies are matched by XID), and its reply's status is tshark's
+/// first `nfs.nfsstat4` of the reply. Returns how many calls were compared.
+pub fn compare_nfs4_with_tshark(file: &Path, rpcs: &[Value]) -> usize {
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(file)
+        .args(["-Y", "nfs", "-T", "fields", "-E", "separator=/t"])
+        .args(["-E", "occurrence=a", "-E", "aggregator=,"])
+        .args(["-e", "rpc.xid", "-e", "rpc.msgtyp"])
+        .args(["-e", "nfs.opcode", "-e", "nfs.nfsstat4"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    // (xid, call?) -> (operations, statuses), first decoded copy.
+    let mut seen: HashMap<(u64, bool), (Vec<u64>, Vec<u64>)> = HashMap::new();
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let col = |i: usize| tshark_list(cols.get(i).copied().unwrap_or(""));
+        let (xids, types) = (col(0), col(1));
+        if let (Some(&xid), Some(&t)) = (xids.first(), types.first()) {
+            seen.entry((xid, t == 0)).or_insert((col(2), col(3)));
+        }
+    }
+    let mut compared = 0;
+    for r in rpcs
+        .iter()
+        .filter(|r| r["version"] == 4 && r["procedure"] == 1)
+    {
+        let xid = r["xid"].as_u64().unwrap();
+        let ops: Vec<&str> = r["nfs_ops"]
+            .as_array()
+            .unwrap_or_else(|| panic!("COMPOUND without its operations: {r}"))
+            .iter()
+            .map(|o| o.as_str().unwrap())
+            .collect();
+        let (theirs, _) = seen.get(&(xid, true)).cloned().unwrap_or_default();
+        let theirs: Vec<&str> = theirs
+            .iter()
+            .map(|&o| rdma_trace::nfs4::op_name(o as u32))
+            .collect();
+        if ops.last().is_some_and(|o| o.starts_with('+')) {
+            assert!(
+                theirs.starts_with(&ops[..ops.len() - 1]),
+                "xid 0x{xid:x}: {theirs:?} {r}"
+            );
+        } else {
+            assert_eq!(ops, theirs, "xid 0x{xid:x}: operations");
+            compared += 1;
+        }
+        if let Some(s) = r["nfs_status"].as_u64() {
+            let (_, st) = seen.get(&(xid, false)).cloned().unwrap_or_default();
+            assert_eq!(st.first(), Some(&s), "xid 0x{xid:x}: COMPOUND status");
+        }
+    }
+    eprintln!("tshark: {compared} COMPOUND calls list the same operations");
+    compared
 }
