@@ -13,7 +13,6 @@ mod common;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rdma::cm::{CmEvent, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
@@ -39,25 +38,8 @@ fn counts() -> ([u64; 5], usize, u64) {
     unsafe {
         libc::malloc_trim(0);
     }
-    let out = Command::new("rdma")
-        .args(["resource", "show"])
-        .output()
-        .expect("rdma (iproute2) runs");
-    assert!(out.status.success(), "rdma resource show: {out:?}");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut res = [0u64; 5];
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        while let Some(w) = words.next() {
-            let slot = ["pd", "cq", "qp", "cm_id", "mr"]
-                .iter()
-                .position(|k| *k == w);
-            if let (Some(i), Some(Ok(n))) = (slot, words.clone().next().map(str::parse::<u64>)) {
-                res[i] += n;
-            }
-        }
-    }
-    let fds = std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let res = common::resource_counts();
+    let fds = common::open_fds();
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
     let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
     (res, fds, pages * 4)

@@ -151,29 +151,8 @@ fn warm_up() {
 
 fn baseline() -> Baseline {
     warm_up();
-    let out = Command::new("rdma")
-        .args(["resource", "show"])
-        .output()
-        .expect("rdma (iproute2) runs");
-    assert!(out.status.success(), "rdma resource show: {out:?}");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut resources = [0u64; 5];
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        while let Some(w) = words.next() {
-            let slot = ["pd", "cq", "qp", "cm_id", "mr"]
-                .iter()
-                .position(|k| *k == w);
-            if let (Some(i), Some(n)) = (slot, words.clone().next()) {
-                if let Ok(n) = n.parse::<u64>() {
-                    resources[i] += n;
-                }
-            }
-        }
-    }
-    let fds = std::fs::read_dir("/proc/self/fd")
-        .expect("/proc/self/fd")
-        .count();
+    let resources = common::resource_counts();
+    let fds = common::open_fds();
     Baseline { resources, fds }
 }
 

@@ -260,3 +260,35 @@ impl Finished {
             .collect()
     }
 }
+
+/// The kinds of object [`resource_counts`] counts, in its order.
+pub const RESOURCES: [&str; 5] = ["pd", "cq", "qp", "cm_id", "mr"];
+
+/// `rdma resource show` (iproute2): how many of each of [`RESOURCES`] exist,
+/// summed over every device.
+pub fn resource_counts() -> [u64; 5] {
+    let out = Command::new("rdma")
+        .args(["resource", "show"])
+        .output()
+        .expect("rdma (iproute2) runs");
+    assert!(out.status.success(), "rdma resource show: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut counts = [0u64; 5];
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        while let Some(w) = words.next() {
+            let slot = RESOURCES.iter().position(|k| *k == w);
+            if let (Some(i), Some(Ok(n))) = (slot, words.clone().next().map(str::parse::<u64>)) {
+                counts[i] += n;
+            }
+        }
+    }
+    counts
+}
+
+/// How many descriptors this process has open.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .count()
+}
