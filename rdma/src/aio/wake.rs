@@ -120,7 +120,12 @@ impl Hub {
     /// which looks for its own event itself; [`NOBODY`] from the driver's
     /// waker). Returns the read's failure, if any (every waiter is then
     /// woken, to meet it in its own read).
-    pub(super) fn drive(&self, source: &dyn Source, driver: &Waker, me: usize) -> Result<()> {
+    pub(super) fn drive<S: Source + ?Sized>(
+        &self,
+        source: &S,
+        driver: &Waker,
+        me: usize,
+    ) -> Result<()> {
         let this = self as *const Hub as usize;
         let mut result = Ok(());
         self.pending.store(true, Ordering::SeqCst);
