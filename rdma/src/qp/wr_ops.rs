@@ -272,8 +272,10 @@ pub(super) mod tests {
         log(format!("write {id} {rkey} {addr:#x}"));
     }
 
-    /// A `struct ibv_qp_ex` whose provider has RDMA WRITE only.
-    pub struct FakeProvider(Box<ffi::ibv_qp_ex>);
+    /// A `struct ibv_qp_ex` whose provider has RDMA WRITE only. Held
+    /// through a raw pointer: the calls write `wr_id` and `wr_flags`
+    /// through the pointer `ExtendedQp` keeps, as a provider's QP is.
+    pub struct FakeProvider(NonNull<ffi::ibv_qp_ex>);
 
     impl FakeProvider {
         pub fn new() -> Self {
@@ -287,13 +289,19 @@ pub(super) mod tests {
             q.wr_set_sge_list = Some(set_sge_list);
             q.wr_set_inline_data = Some(set_inline_data);
             q.wr_rdma_write = Some(rdma_write);
-            FakeProvider(q)
+            FakeProvider(NonNull::from(Box::leak(q)))
         }
 
         pub fn extended(&self) -> ExtendedQp {
-            let q = NonNull::from(&*self.0);
             // SAFETY: a live struct with the calls every post needs set.
-            unsafe { ExtendedQp::new(q) }.expect("every call set")
+            unsafe { ExtendedQp::new(self.0) }.expect("every call set")
+        }
+    }
+
+    impl Drop for FakeProvider {
+        fn drop(&mut self) {
+            // SAFETY: leaked from a `Box` in `new`, freed once here.
+            drop(unsafe { Box::from_raw(self.0.as_ptr()) });
         }
     }
 
@@ -361,10 +369,10 @@ pub(super) mod tests {
 
     #[test]
     fn a_provider_without_a_call_every_post_needs_gets_the_legacy_path() {
-        let mut provider = FakeProvider::new();
-        provider.0.wr_set_sge = None;
-        let q = NonNull::from(&*provider.0);
+        let provider = FakeProvider::new();
+        // SAFETY: the fake's struct, which nothing else uses meanwhile.
+        unsafe { (*provider.0.as_ptr()).wr_set_sge = None };
         // SAFETY: a live struct.
-        assert!(unsafe { ExtendedQp::new(q) }.is_none());
+        assert!(unsafe { ExtendedQp::new(provider.0) }.is_none());
     }
 }
