@@ -48,8 +48,8 @@ pub(super) struct ExtendedQp {
     set_xrc_srqn: Option<unsafe extern "C" fn(Qpx, u32)>,
 }
 
-// The raw pointer is only used by the QP's owner, which is `Send + Sync`
-// (see `QueuePair`), through `&mut self` posts.
+// By hand: the QP is what identifies it; the provider's function addresses
+// say nothing to a reader.
 impl std::fmt::Debug for ExtendedQp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("ExtendedQp").field(&self.qp).finish()
