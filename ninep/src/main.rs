@@ -3,62 +3,140 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use rdma_9p::server::{run, Config};
+use rdma_9p::server::{run, Config, DEFAULT_MSIZE, DEFAULT_PORT};
 
 const USAGE: &str = "\
-usage: rdma-9p serve [--addr A] [--port P] [--read-only] [--msize N] [--max-fids N] DIR
-  Serves DIR as 9P2000.L over RDMA (RDMA CM, port 5640 by default). Linux mounts it with
-  mount -t 9p -o trans=rdma,port=P,version=9p2000.L A /mnt";
+usage: rdma-9p serve [OPTIONS] DIR
+       rdma-9p --help | serve --help";
 
-fn parse(args: &[String]) -> Result<Config, String> {
+fn help() -> String {
+    let defaults = Config::new(Default::default());
+    format!(
+        "\
+rdma-9p: a 9P2000.L file server over RDMA (RDMA CM, one SEND per message).
+
+{USAGE}
+
+Serves DIR (nothing outside it is reachable) until killed. Linux mounts it with
+  mount -t 9p -o trans=rdma,port=P,version=9p2000.L ADDR /mnt
+
+options of serve:
+  --addr A       the IP address to listen on (default {addr}: every address)
+  --port P       the RDMA CM port, TCP port space (default {DEFAULT_PORT})
+  --read-only    refuse every change (EROFS)
+  --msize N      the largest message size agreed, 4096 to 16777216 bytes
+                 (default {DEFAULT_MSIZE}); every receive is this large
+  --max-fids N   the fids one connection may hold (default {fids})
+  -h, --help     print this help",
+        addr = defaults.addr,
+        fids = defaults.max_fids,
+    )
+}
+
+/// What the command line asks for.
+#[derive(Debug)]
+enum Command {
+    Help,
+    Serve(Config),
+}
+
+fn number<T: std::str::FromStr>(option: &str, value: &str, what: &str) -> Result<T, String> {
+    value
+        .parse()
+        .map_err(|_| format!("{option}: {value:?} is not {what}"))
+}
+
+fn parse(args: &[String]) -> Result<Command, String> {
     let mut it = args.iter();
     match it.next().map(String::as_str) {
         Some("serve") => {}
-        Some(other) => return Err(format!("unknown command {other}")),
-        None => return Err("a command is needed".into()),
+        Some("-h" | "--help" | "help") => return Ok(Command::Help),
+        Some(other) if other.starts_with('-') => {
+            return Err(format!(
+                "unknown option {other:?} (the command comes first: serve)"
+            ))
+        }
+        Some(other) => return Err(format!("unknown command {other:?} (the only one is serve)")),
+        None => return Err("a command is needed: serve".into()),
     }
-    let mut dir = None;
+    let mut dir: Option<String> = None;
     let mut c = Config::new(Default::default());
+    let mut options_done = false;
     while let Some(a) = it.next() {
-        let mut value = || it.next().cloned().ok_or(format!("{a} needs a value"));
-        match a.as_str() {
-            "--addr" => c.addr = value()?.parse().map_err(|_| "--addr: an IP address")?,
-            "--port" => c.port = value()?.parse().map_err(|_| "--port: a port number")?,
-            "--read-only" => c.read_only = true,
+        if options_done || !a.starts_with('-') || a == "-" {
+            if let Some(first) = &dir {
+                return Err(format!(
+                    "one directory is served: {first:?}, and then {a:?}"
+                ));
+            }
+            dir = Some(a.clone());
+            continue;
+        }
+        // `--opt=value` or `--opt value`.
+        let (name, inline) = match a.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
+            _ => (a.as_str(), None),
+        };
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| it.next().cloned())
+                .ok_or(format!("{name} needs a value"))
+        };
+        match name {
+            "--addr" => {
+                let v = value()?;
+                c.addr = number(name, &v, "an IP address (such as 10.8.0.1 or ::)")?;
+            }
+            "--port" => {
+                let v = value()?;
+                c.port = number(name, &v, "a port number (0 to 65535)")?;
+            }
             "--msize" => {
-                c.max_msize = value()?
-                    .parse()
-                    .ok()
-                    .filter(|&m| (rdma_9p::fs::MIN_MSIZE..=16 << 20).contains(&m))
-                    .ok_or("--msize: a size from 4096 to 16 MiB")?
+                let v = value()?;
+                let m: u32 = number(name, &v, "a size in bytes")?;
+                if !(rdma_9p::fs::MIN_MSIZE..=16 << 20).contains(&m) {
+                    return Err(format!(
+                        "--msize: {m} is outside {} to {} bytes",
+                        rdma_9p::fs::MIN_MSIZE,
+                        16 << 20
+                    ));
+                }
+                c.max_msize = m;
             }
             "--max-fids" => {
-                c.max_fids = value()?
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or("--max-fids: a positive number")?
+                let v = value()?;
+                let n: usize = number(name, &v, "a number of fids")?;
+                if n == 0 {
+                    return Err("--max-fids: at least 1".into());
+                }
+                c.max_fids = n;
             }
-            "-h" | "--help" => return Err(String::new()),
-            s if s.starts_with('-') => return Err(format!("unknown option {s}")),
-            s if dir.is_none() => dir = Some(s.into()),
-            s => return Err(format!("unexpected argument {s}")),
+            "--read-only" if inline.is_none() => c.read_only = true,
+            "--read-only" => return Err("--read-only takes no value".into()),
+            "-h" | "--help" => return Ok(Command::Help),
+            "--" => options_done = true,
+            _ => return Err(format!("unknown option {a:?}")),
         }
     }
-    c.dir = dir.ok_or("the directory to serve is missing")?;
-    Ok(c)
+    let dir = dir.ok_or("the directory to serve is missing")?;
+    if dir.is_empty() {
+        return Err("the directory to serve is an empty name".into());
+    }
+    c.dir = dir.into();
+    Ok(Command::Serve(c))
 }
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let config = match parse(&args) {
-        Ok(c) => c,
-        Err(e) if e.is_empty() => {
-            println!("{USAGE}");
+        Ok(Command::Serve(c)) => c,
+        Ok(Command::Help) => {
+            println!("{}", help());
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            eprintln!("rdma-9p: {e}\n{USAGE}");
+            eprintln!("rdma-9p: {e}\n{USAGE}\n(rdma-9p --help says more)");
             return ExitCode::from(2);
         }
     };
@@ -73,5 +151,80 @@ fn main() -> ExitCode {
             eprintln!("rdma-9p: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    fn err(s: &str) -> String {
+        parse(&args(s)).expect_err(s)
+    }
+
+    #[test]
+    fn help_is_asked_for_in_every_place() {
+        for s in [
+            "--help",
+            "-h",
+            "help",
+            "serve --help",
+            "serve -h",
+            "serve --port 1 -h",
+        ] {
+            assert!(matches!(parse(&args(s)), Ok(Command::Help)), "{s}");
+        }
+        let h = help();
+        for word in [
+            "--addr",
+            "--port",
+            "--read-only",
+            "--msize",
+            "--max-fids",
+            "5640",
+        ] {
+            assert!(h.contains(word), "the help lacks {word}");
+        }
+    }
+
+    #[test]
+    fn a_good_command_line() {
+        let Ok(Command::Serve(c)) = parse(&args(
+            "serve --addr 10.8.0.1 --port=5641 --read-only --msize 65536 --max-fids 9 /srv",
+        )) else {
+            panic!("not parsed")
+        };
+        assert_eq!(c.addr.to_string(), "10.8.0.1");
+        assert_eq!(
+            (c.port, c.read_only, c.max_msize, c.max_fids),
+            (5641, true, 65536, 9)
+        );
+        assert_eq!(c.dir, std::path::Path::new("/srv"));
+        let Ok(Command::Serve(c)) = parse(&args("serve -- -dir")) else {
+            panic!("not parsed")
+        };
+        assert_eq!(c.dir, std::path::Path::new("-dir"));
+    }
+
+    #[test]
+    fn every_bad_argument_is_named() {
+        assert!(err("").contains("a command is needed"));
+        assert!(err("mount /x").contains("unknown command \"mount\""));
+        assert!(err("--port 1").contains("unknown option \"--port\""));
+        assert!(err("serve").contains("directory to serve is missing"));
+        assert!(err("serve /a /b").contains("\"/a\", and then \"/b\""));
+        assert!(err("serve --bogus /a").contains("unknown option \"--bogus\""));
+        assert!(err("serve /a --port").contains("--port needs a value"));
+        assert!(err("serve --port 70000 /a").contains("\"70000\" is not a port number"));
+        assert!(err("serve --port=x /a").contains("\"x\" is not a port number"));
+        assert!(err("serve --addr 10.8.0 /a").contains("\"10.8.0\" is not an IP address"));
+        assert!(err("serve --msize 100 /a").contains("100 is outside 4096"));
+        assert!(err("serve --msize -5 /a").contains("\"-5\" is not a size"));
+        assert!(err("serve --max-fids 0 /a").contains("at least 1"));
+        assert!(err("serve --read-only=yes /a").contains("takes no value"));
     }
 }
