@@ -18,7 +18,9 @@ mod common;
 use common::pingpong;
 use std::process::ExitCode;
 
-use common::pingpong::{Dest, Opts, OrFail, Res, Tool, Traffic, Unsupported};
+use common::pingpong::{
+    Dest, ExtraFlag, ExtraKind, Opts, OrFail, Res, Tool, Traffic, Unsupported,
+};
 use rdma::ffi;
 use rdma::{AccessFlags, InitAttr, PostPath, QpType, RtrAttr, RtsAttr};
 
@@ -35,18 +37,49 @@ const TOOL: Tool = Tool {
             why: "implicit ODP registers the whole address space (ibv_reg_mr(NULL, SIZE_MAX)), \
                   which the safe API cannot express",
         },
-        Unsupported {
-            short: 'j',
-            long: "dm",
-            why: "a region of device memory (Context::alloc_dm, ProtectionDomain::reg_dm_mr) \
-                  cannot be posted through the safe API yet (work requests take MemoryRegions), \
-                  and soft-RoCE and soft-iWARP have no device memory to test a raw path on",
-        },
     ],
 };
 
+/// `-j/--dm`: the message buffer in the device's own memory (`ibv_alloc_dm`).
+const DM: ExtraFlag = ExtraFlag {
+    short: 'j',
+    long: "dm",
+    kind: ExtraKind::Switch,
+    help: "use device memory (ibv_alloc_dm); soft-RoCE and soft-iWARP have none",
+};
+
 fn main() -> ExitCode {
-    pingpong::main(&TOOL, run)
+    pingpong::main_with(&TOOL, &[DM], run)
+}
+
+/// `-j`, checked as the C tool checks it before allocating: the device
+/// must report device memory (`max_dm_size`), at least `size` bytes of it.
+/// A device that has it still gets an error: the safe API's work requests
+/// take `MemoryRegion`s, and a `DeviceMemoryRegion` (`reg_dm_mr`) is not one.
+fn check_device_memory(ctx: &rdma::Context, size: usize) -> Res<()> {
+    let max = ctx
+        .query_device()
+        .or_fail("Couldn't query device for its features")?
+        .max_dm_size();
+    if max == 0 {
+        return Err(format!(
+            "{} has no device memory to allocate (max_dm_size 0), which -j needs; \
+             soft-RoCE (rxe) and soft-iWARP (siw) have none",
+            ctx.name()
+        ));
+    }
+    if max < size as u64 {
+        return Err(format!(
+            "Device memory is insufficient: -s {size} bytes, {} has {max} (max_dm_size)",
+            ctx.name()
+        ));
+    }
+    Err(format!(
+        "{} has {max} bytes of device memory, but this port cannot post from it (-j): \
+         the safe API's work requests take MemoryRegions, and a region of device memory \
+         (ProtectionDomain::reg_dm_mr) is not one",
+        ctx.name()
+    ))
 }
 
 fn run(opts: &Opts) -> Res<()> {
@@ -54,6 +87,9 @@ fn run(opts: &Opts) -> Res<()> {
         return Err("prefetch is valid only with on-demand memory region (-o)".into());
     }
     let (ctx, port) = pingpong::open_device(opts)?;
+    if opts.extra('j').is_some() {
+        check_device_memory(&ctx, opts.size)?;
+    }
     let access = if opts.odp {
         pingpong::odp_access(&ctx, ffi::IBV_ODP_SUPPORT_RECV, "receives")?
     } else {

@@ -391,6 +391,24 @@ fn thread_mark() -> usize {
 /// completions under one lock, from `ibv_poll_cq` to the memory attached, so
 /// every completion carries its own request's `wr_id` and memory whatever
 /// the interleaving.
+///
+/// ```no_run
+/// # fn main() -> rdma::Result<()> {
+/// let ctx = rdma::Context::open("rxe0")?;
+/// // 256 entries, no completion channel (busy polling), vector 0.
+/// let cq = ctx.create_cq(256, None, 0)?;
+/// // ... queue pairs built on `cq` post work ...
+/// let mut done = Vec::new();
+/// cq.poll(&mut done, 16)?;
+/// for c in done {
+///     // A failed completion becomes an error that names its status.
+///     let mut c = c.ok()?;
+///     let memory = c.take_buffers();
+///     println!("request {}: {} bytes, {} regions back", c.wr_id, c.byte_len, memory.len());
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct CompletionQueue {
     pub(crate) inner: Arc<CqInner>,

@@ -670,18 +670,21 @@ fn ud_size_above_the_mtu_is_refused_like_the_c_tool() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("larger than port MTU"));
 }
 
-/// `-t` (timestamps) and `-o` (on-demand paging) depend on the device: the
-/// Rust example must refuse them exactly when the C tool does. Both run as
-/// clients of a port nobody listens on, so a capable device fails at the
-/// handshake instead.
+/// `-t` (timestamps), `-o` (on-demand paging) and `-j` (device memory)
+/// depend on the device: the Rust example must refuse them exactly when the
+/// C tool does (soft-RoCE and soft-iWARP have no device memory, so `-j` is
+/// refused there, naming it). All run as clients of a port nobody listens
+/// on, so a capable device fails at the handshake instead (and for `-j`,
+/// the Rust example at posting from device memory, which it cannot).
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
-fn rc_ts_and_odp_follow_the_device_like_the_c_tool() {
+fn rc_ts_odp_and_dm_follow_the_device_like_the_c_tool() {
     let port = 18792;
     assert!(!listening(port), "TCP port {port} is in use");
     for (flag, c_says, rust_says) in [
         ("-t", "timestamp", "timestamp"),
         ("-o", "ODP", "on-demand paging"),
+        ("-j", "dm allocation", "no device memory"),
     ] {
         let mut args = device_args();
         args.extend([

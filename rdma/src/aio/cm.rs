@@ -175,6 +175,34 @@ impl Drop for CmShared {
 /// for that: events wait in their id's mailbox, which goes (acknowledging
 /// them) with the id's [`AsyncCmId`]; events of ids without one wait for
 /// [`CmChannel::next_event`] or for the last handle of the channel.
+///
+/// A server on tokio (feature `tokio`), one connection at a time:
+///
+/// ```no_run
+/// # #[cfg(feature = "tokio")]
+/// # async fn f() -> rdma::Result<()> {
+/// use rdma::cm::ConnParam;
+/// use rdma::{AccessFlags, PostError, QpState, QpType};
+///
+/// let cm = rdma::aio::tokio::cm_channel()?;
+/// let mut listener = cm.listen("10.8.0.1:7471".parse().unwrap(), 16)?;
+/// loop {
+///     let request = listener.get_request().await?;
+///     // The request knows its device: make the connection's objects on it.
+///     let ctx = request.context()?;
+///     let pd = ctx.alloc_pd()?;
+///     let cq = ctx.create_cq(64, None, 0)?;
+///     let mut qp = pd.qp_builder(QpType::Rc, &cq, &cq).build()?;
+///     // A receive posted before accepting is there for the first message.
+///     request.id().modify_qp(&qp, QpState::Init)?;
+///     let buf = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+///     qp.post_recv(1, buf).map_err(PostError::drop_buffers)?;
+///     let mut conn = request.accept(&qp, &ConnParam::default()).await?;
+///     // ... traffic ...
+///     conn.disconnected().await?;
+/// }
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct CmChannel {
     shared: Arc<CmShared>,
@@ -308,6 +336,33 @@ impl fmt::Debug for CmChannel {
 /// event type next (the following step) reports the left-over event as an
 /// [`Error::CmEvent`]. Nothing is acknowledged late: the mailbox goes with
 /// this handle.
+///
+/// A client on tokio (feature `tokio`): each step is awaited.
+///
+/// ```no_run
+/// # #[cfg(feature = "tokio")]
+/// # async fn f() -> rdma::Result<()> {
+/// use std::time::Duration;
+///
+/// use rdma::cm::{ConnParam, PortSpace};
+/// use rdma::QpType;
+///
+/// let cm = rdma::aio::tokio::cm_channel()?;
+/// let mut id = cm.create_id(PortSpace::Tcp)?;
+/// let dst: std::net::SocketAddr = "10.8.0.1:7471".parse().unwrap();
+/// id.resolve_addr(None, dst, Duration::from_secs(2)).await?;
+/// id.resolve_route(Duration::from_secs(2)).await?;
+/// // The route names the device: make the connection's objects on it.
+/// let ctx = id.id().context()?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(64, None, 0)?;
+/// let qp = pd.qp_builder(QpType::Rc, &cq, &cq).build()?;
+/// id.connect(&qp, &ConnParam::default()).await?;
+/// // ... traffic ...
+/// id.disconnect().await?;
+/// # Ok(())
+/// # }
+/// ```
 pub struct AsyncCmId {
     chan: Arc<CmShared>,
     id: CmId,

@@ -80,6 +80,29 @@ c_enum! {
 ///
 /// Dropping it moves the QP to the error state, destroys it, and only then
 /// releases the memory of the work requests still in flight.
+///
+/// ```no_run
+/// use rdma::{AccessFlags, InitAttr, PostError, QpType};
+/// # fn main() -> rdma::Result<()> {
+/// let ctx = rdma::Context::open("rxe0")?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(64, None, 0)?;
+/// let mut qp = pd
+///     .qp_builder(QpType::Rc, &cq, &cq)
+///     .max_send_wr(16)
+///     .max_recv_wr(16)
+///     .build()?;
+/// qp.to_init(&InitAttr::new(1))?;
+/// // Receives may be posted from INIT on; the region comes back with the
+/// // completion, tagged with the request's `wr_id` (7).
+/// let buf = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+/// qp.post_recv(7, buf).map_err(PostError::drop_buffers)?;
+/// // RTR and RTS need the peer's QP number and address (`to_rtr`, `to_rts`:
+/// // see the crate docs), or the connection manager does it all (`rdma::cm`).
+/// println!("QP {:#x} in INIT", qp.qp_num());
+/// # Ok(())
+/// # }
+/// ```
 pub struct QueuePair {
     /// The C object, with the only `Drop` that destroys it. First, so that
     /// the QP is destroyed before the parents below are released.

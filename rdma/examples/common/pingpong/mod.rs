@@ -70,9 +70,9 @@ mod tests {
         has_mtu: true,
         rc_flags: true,
         unsupported: &[Unsupported {
-            short: 'j',
-            long: "dm",
-            why: "no device memory",
+            short: 'O',
+            long: "iodp",
+            why: "implicit ODP",
         }],
     };
 
@@ -116,7 +116,7 @@ mod tests {
             &["-n"],
             &["-s", "0"],
             &["a", "b"],
-            &["-j"],
+            &["-O"],
             &["--e=1"],
         ] {
             assert!(matches!(parse(bad), Err(ArgError::Bad(_))), "{bad:?}");
