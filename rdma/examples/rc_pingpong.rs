@@ -18,9 +18,7 @@ mod common;
 use common::pingpong;
 use std::process::ExitCode;
 
-use common::pingpong::{
-    Dest, ExtraFlag, ExtraKind, Opts, OrFail, Res, Tool, Traffic, Unsupported,
-};
+use common::pingpong::{Dest, ExtraFlag, ExtraKind, Opts, OrFail, Res, Tool, Traffic, Unsupported};
 use rdma::ffi;
 use rdma::{AccessFlags, InitAttr, PostPath, QpType, RtrAttr, RtsAttr};
 
@@ -30,14 +28,12 @@ const TOOL: Tool = Tool {
     default_size: 4096,
     has_mtu: true,
     rc_flags: true,
-    unsupported: &[
-        Unsupported {
-            short: 'O',
-            long: "iodp",
-            why: "implicit ODP registers the whole address space (ibv_reg_mr(NULL, SIZE_MAX)), \
+    unsupported: &[Unsupported {
+        short: 'O',
+        long: "iodp",
+        why: "implicit ODP registers the whole address space (ibv_reg_mr(NULL, SIZE_MAX)), \
                   which the safe API cannot express",
-        },
-    ],
+    }],
 };
 
 /// `-j/--dm`: the message buffer in the device's own memory (`ibv_alloc_dm`).

@@ -216,6 +216,17 @@
 //! leaving an event unacknowledged. Without a runtime,
 //! [`CompletionQueue::wait`] sleeps on a CQ's channel with a timeout.
 //!
+//! # Optional features
+//! None is on by default; each item that needs one says so in these docs.
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `tokio` | `rdma::aio::tokio`: the async layer's adapter for tokio (awaited completions as a `Stream`, CM events and connection steps, device events, posting that waits for room) |
+//! | `async-io` | `rdma::aio::async_io`: the same on async-io / smol |
+//! | `serde` | `Serialize`/`Deserialize` for [`RemoteMemory`] (its [`RemoteMemory::to_bytes`] wire encoding needs no feature) |
+//!
+//! The runtime-agnostic core of the async layer, [`aio`], is always built.
+//!
 //! # Fork
 //! On kernels without copy-on-fork (before Linux 5.13), a process that forks
 //! while it has registered memory must call [`fork_init`] (or set
