@@ -12,6 +12,15 @@
 //! Unlike the C tool, whose receives all land in one buffer, every receive
 //! here owns its buffer: the memory moves into the work request and comes
 //! back with its completion (`rdma`'s safe post path).
+//!
+//! `-P` (with `-o`) prefetches the on-demand regions with `ibv_advise_mr`
+//! before the run, and a failed prefetch is reported, not fatal, as in the C
+//! tool. `-j` (device memory) is checked as the C tool checks it: a device
+//! without device memory (`max_dm_size` 0: soft-RoCE and soft-iWARP) or with
+//! less than `-s` bytes of it is refused, naming what is missing; a device
+//! that has enough is refused too, because work requests of the safe API
+//! take `MemoryRegion`s and a region of device memory is not one. `-O`
+//! (implicit on-demand paging) is refused with its reason.
 
 mod common;
 
