@@ -398,3 +398,43 @@ fn iwarp_nfs4_compounds_list_their_operations() {
         assert!(ops.iter().any(|o| o == want), "no {want}: {ops:?}");
     }
 }
+
+/// `rpc` decodes on a second thread by default (`--threads 2`): on every committed capture, in
+/// text and JSON, its output and exit status are byte for byte those of `--threads 1`, which
+/// does everything on one thread.
+#[test]
+fn rpc_output_is_the_same_on_one_thread_and_on_two() {
+    let run = |threads: &str, json: bool, file: &Path| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_rdma-trace"));
+        c.args(["rpc", "--threads", threads]);
+        if json {
+            c.arg("--json");
+        }
+        let out = c.arg(file).output().unwrap();
+        (out.status.code(), out.stdout, out.stderr)
+    };
+    let mut rpcs = 0;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(files.len() >= 10, "{files:?}");
+    for f in &files {
+        for json in [false, true] {
+            let one = run("1", json, f);
+            let two = run("2", json, f);
+            assert_eq!(one.0, Some(0), "{f:?}: {}", String::from_utf8_lossy(&one.2));
+            assert!(
+                one == two,
+                "{f:?} (json {json}): --threads 1 and 2 differ:\n{}\n---\n{}",
+                String::from_utf8_lossy(&one.1),
+                String::from_utf8_lossy(&two.1)
+            );
+            rpcs += one.1.iter().filter(|&&b| b == b'\n').count();
+        }
+    }
+    // The NFS captures alone hold 105 RPCs (each printed twice: text and JSON).
+    assert!(rpcs >= 210, "{rpcs} lines");
+}
