@@ -4,6 +4,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::net::IpAddr;
 use std::process::ExitCode;
+use std::sync::mpsc::Receiver;
 
 use rdma_trace::bytes::hex;
 use rdma_trace::cm::CmMessage;
@@ -396,13 +397,17 @@ const BATCH_MESSAGES: usize = 256;
 /// Batches in flight between the two threads. With [`BATCH_BYTES`] this bounds what the
 /// pipeline adds to memory: a few batches, each at most one message over the threshold.
 const BATCH_QUEUE: usize = 4;
+/// Payload buffers on their way back to the decoder for reuse.
+const SPARES: usize = 16;
 
 /// Decode and RDMA reassembly of a capture into messages, handed to `emit` in capture order
 /// (the order `rpc` must see them in): the first half of `rpc`, whichever thread it runs on.
 /// `emit` returns false when the consumer has stopped; the rest of the capture is then read
 /// without decoding it.
+/// Payload buffers the consumer is done with come back through `spares` to be reused.
 fn rpc_messages<R: std::io::Read + Send>(
     input: R,
+    spares: &Receiver<Vec<u8>>,
     mut emit: impl FnMut(Message) -> bool,
 ) -> Result<u64, CaptureError> {
     let limits = Limits {
@@ -421,6 +426,9 @@ fn rpc_messages<R: std::io::Read + Send>(
         }
         match decode(frame.linktype, frame.data) {
             Decoded::Roce(p) => {
+                for b in spares.try_iter() {
+                    asm.recycle(b);
+                }
                 asm.push(frame.number, &p);
                 stopped = !asm.drain().all(&mut emit);
             }
@@ -452,11 +460,16 @@ fn run_rpc<R: std::io::Read + Send>(
     // hashes that chunk a second time.
     let mut rpcs = Tracker::new().spliced_digests(args.json);
     let mut write_failed = false;
-    let mut take = |rpcs: &mut Tracker, m: &Message| {
+    let (spare_tx, spares) = std::sync::mpsc::sync_channel(SPARES);
+    let mut take = |rpcs: &mut Tracker, m: Message| {
         if write_failed {
             return false;
         }
-        rpcs.push(m);
+        rpcs.push(&m);
+        if let Some(d) = m.data {
+            // Dropped when the decoder has enough.
+            let _ = spare_tx.try_send(d);
+        }
         write_failed = rpcs
             .drain()
             .filter(|r| args.filter.addrs(r.client, r.server))
@@ -465,14 +478,14 @@ fn run_rpc<R: std::io::Read + Send>(
         !write_failed
     };
     let r = if args.threads <= 1 {
-        rpc_messages(input, |m| take(&mut rpcs, &m))
+        rpc_messages(input, &spares, |m| take(&mut rpcs, m))
     } else {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Message>>(BATCH_QUEUE);
         std::thread::scope(|s| {
             let decoder = s.spawn(move || {
                 let mut batch = Vec::new();
                 let mut bytes = 0;
-                let r = rpc_messages(input, |m| {
+                let r = rpc_messages(input, &spares, |m| {
                     bytes += m.data.as_ref().map_or(0, Vec::len);
                     batch.push(m);
                     if bytes < BATCH_BYTES && batch.len() < BATCH_MESSAGES {
@@ -487,7 +500,7 @@ fn run_rpc<R: std::io::Read + Send>(
                 r
             });
             for batch in &rx {
-                if !batch.iter().all(|m| take(&mut rpcs, m)) {
+                if !batch.into_iter().all(|m| take(&mut rpcs, m)) {
                     break;
                 }
             }
