@@ -295,7 +295,7 @@ pub struct Assembler {
 }
 
 /// Capacity of the spare payload buffers an [`Assembler`] keeps.
-const SPARE_BYTES: usize = 4 << 20;
+const SPARE_BYTES: usize = 8 << 20;
 
 impl Assembler {
     /// A reassembler with the default limits.
@@ -324,7 +324,7 @@ impl Assembler {
     /// Gives back a message's [`Message::data`] once its consumer is done with it: the next
     /// message whose payload is kept reuses the buffer instead of allocating one. (A fresh
     /// 128 KiB buffer is a fresh mapping whose pages the kernel faults in and zeroes: that
-    /// was a tenth of `rdma-trace rpc`'s time.) Up to 4 MiB of buffers are kept, the rest
+    /// was a tenth of `rdma-trace rpc`'s time.) Up to 8 MiB of buffers are kept, the rest
     /// dropped.
     pub fn recycle(&mut self, mut buf: Vec<u8>) {
         if self.spare_bytes + buf.capacity() <= SPARE_BYTES {
