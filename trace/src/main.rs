@@ -406,8 +406,8 @@ const SPARES: usize = 64;
 /// Decode and RDMA reassembly of a capture into messages, handed to `emit` in capture order
 /// (the order `rpc` must see them in): the first half of `rpc`, whichever thread it runs on.
 /// `emit` returns false when the consumer has stopped; the rest of the capture is then read
-/// without decoding it.
-/// Payload buffers the consumer is done with come back through `spares` to be reused.
+/// without decoding it. Payload buffers the consumer is done with come back through `spares`
+/// to be reused.
 fn rpc_messages<R: std::io::Read + Send>(
     input: R,
     spares: &Receiver<Vec<u8>>,
