@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # rdma-trace against tshark on one large synthetic capture of NFSv3 over RPC-over-RDMA (RoCEv2):
 # `rdma-trace rpc` (decode, ICRC, reassembly by PSN, chunk reassembly, SHA-256 of every chunk)
-# and `tshark -T fields` with the RoCE, RPC-over-RDMA and RPC fields, alternated RUNS times.
-# Prints each run's CPU time (user + system), wall time and peak RSS, and each pair's ratio of
-# CPU times. CPU time is the measure: the host is shared and its wall times swing by 5x.
+# and `tshark -T fields` with the RoCE, RPC-over-RDMA and RPC fields, alternated RUNS times:
+# tshark, then `rdma-trace rpc` (decoding on a second thread, the default), then
+# `rdma-trace rpc --threads 1`. Prints each run's CPU time (user + system), wall time and peak
+# RSS, the load average before the round, and the ratios tshark/rdma-trace of wall times (two
+# threads) and of CPU times (one thread). Checks once that both rdma-trace runs print the same.
 #
 # Usage: trace/bench-vs-tshark.sh [RPCS [RUNS]]   (defaults 7700 RPCs = 1.09 GB, 3 runs)
 # Environment: BENCH_DIR (default /tmp/rdma-trace-bench) holds the capture.
@@ -38,9 +40,21 @@ measure() {
     rm -f "$t"
 }
 
-printf '%-4s %-28s %-28s %s\n' run "rdma-trace rpc (cpu wall KB)" "tshark -T fields (cpu wall KB)" "cpu ratio"
+one=$(mktemp)
+two=$(mktemp)
+"$bin/rdma-trace" rpc --threads 1 "$cap" > "$one" 2> /dev/null
+"$bin/rdma-trace" rpc "$cap" > "$two" 2> /dev/null
+cmp -s "$one" "$two" || { echo "rdma-trace rpc: --threads 1 and 2 print different output" >&2; exit 1; }
+echo "rdma-trace rpc: $(wc -l < "$one") lines, the same with one thread and two"
+rm -f "$one" "$two"
+
+printf '%-4s %-6s %-22s %-22s %-22s %s\n' run load "tshark (cpu wall KB)" "rpc (cpu wall KB)" \
+    "rpc --threads 1" "wall ratio, cpu ratio"
 for ((i = 1; i <= runs; i++)); do
+    load=$(cut -d' ' -f1 /proc/loadavg)
     read -r tc tw tm < <(measure tshark -r "$cap" -T fields "${targs[@]}")
     read -r rc rw rm < <(measure "$bin/rdma-trace" rpc "$cap")
-    printf '%-4s %-28s %-28s %.1f\n' "$i" "$rc $rw $rm" "$tc $tw $tm" "$(echo "$tc / $rc" | bc -l)"
+    read -r oc ow om < <(measure "$bin/rdma-trace" rpc --threads 1 "$cap")
+    printf '%-4s %-6s %-22s %-22s %-22s %.1f %.1f\n' "$i" "$load" "$tc $tw $tm" "$rc $rw $rm" \
+        "$oc $ow $om" "$(echo "$tw / $rw" | bc -l)" "$(echo "$tc / $oc" | bc -l)"
 done

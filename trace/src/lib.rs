@@ -46,6 +46,7 @@ pub mod nfs4;
 pub mod reasm;
 pub mod rpc;
 pub mod rpcrdma;
+pub mod synth;
 pub mod tcp;
 
 use std::net::IpAddr;

@@ -393,6 +393,8 @@ pub struct Tracker {
     stats: RpcStats,
     limits: RpcLimits,
     seq: u64,
+    /// Whether a call's read chunk is hashed a second time for the whole call's digest.
+    no_spliced_digest: bool,
 }
 
 impl Tracker {
@@ -407,6 +409,16 @@ impl Tracker {
             limits,
             ..Self::default()
         }
+    }
+
+    /// Whether to form the digest of a call whose read chunk is spliced into its inline part
+    /// ([`Side::sha256`]; on by default). That digest hashes the chunk's data a second time
+    /// (SHA-256 cannot be resumed from the chunk's own digest), so a consumer that does not
+    /// show it turns it off: such calls then have `sha256: None`. Every other digest is
+    /// unchanged.
+    pub fn spliced_digests(mut self, on: bool) -> Self {
+        self.no_spliced_digest = !on;
+        self
     }
 
     /// Counters so far.
@@ -512,7 +524,7 @@ impl Tracker {
                 .collect();
             match positions.as_slice() {
                 [] => inline_sha256 = Some(hex(&Sha256::digest(inline))),
-                &[pos] if pos > 0 => {
+                &[pos] if pos > 0 && !self.no_spliced_digest => {
                     let at = usize::try_from(pos).unwrap_or(usize::MAX);
                     if let (Some(before), Some(after), Some(c)) =
                         (inline.get(..at), inline.get(at..), chunks.first_mut())
@@ -911,7 +923,10 @@ mod tests {
     }
 
     fn run(msgs: &[Message]) -> (Vec<Rpc>, RpcStats) {
-        let mut t = Tracker::new();
+        run_with(Tracker::new(), msgs)
+    }
+
+    fn run_with(mut t: Tracker, msgs: &[Message]) -> (Vec<Rpc>, RpcStats) {
         let mut out = Vec::new();
         for m in msgs {
             t.push(m);
@@ -1073,6 +1088,7 @@ mod tests {
         let mut reply = build_header(0x61, 1, Proc::Msg, &[], &[], None);
         let reply_inline = success(0x61, &[9; 12]);
         reply.extend_from_slice(&reply_inline);
+        let (call_again, reply_again) = (call.clone(), reply.clone());
         let (rpcs, _) = run(&[
             msg(Kind::Send, C, S, call),
             rdma(Kind::Read, 0x40, 0x100, data.clone()),
@@ -1087,6 +1103,20 @@ mod tests {
         assert_eq!(r.call.as_ref().unwrap().sha256, sha(&whole));
         // A reply without chunks: its inline part.
         assert_eq!(r.reply.as_ref().unwrap().sha256, sha(&reply_inline));
+        assert_eq!(r.chunks[0].sha256, sha(&data));
+
+        // Without spliced digests, that digest alone is gone.
+        let (quick, _) = run_with(
+            Tracker::new().spliced_digests(false),
+            &[
+                msg(Kind::Send, C, S, call_again),
+                rdma(Kind::Read, 0x40, 0x100, data.clone()),
+                msg(Kind::Send, S, C, reply_again),
+            ],
+        );
+        let mut expected = r.clone();
+        expected.call.as_mut().unwrap().sha256 = None;
+        assert_eq!(quick, [expected]);
     }
 
     #[test]

@@ -398,3 +398,74 @@ fn iwarp_nfs4_compounds_list_their_operations() {
         assert!(ops.iter().any(|o| o == want), "no {want}: {ops:?}");
     }
 }
+
+/// `rpc` decodes on a second thread by default (`--threads 2`): on every committed capture, in
+/// text and JSON, its output and exit status are byte for byte those of `--threads 1`, which
+/// does everything on one thread.
+#[test]
+fn rpc_output_is_the_same_on_one_thread_and_on_two() {
+    let run = |threads: &str, json: bool, file: &Path| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_rdma-trace"));
+        c.args(["rpc", "--threads", threads]);
+        if json {
+            c.arg("--json");
+        }
+        let out = c.arg(file).output().unwrap();
+        (out.status.code(), out.stdout, out.stderr)
+    };
+    let mut rpcs = 0;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(files.len() >= 10, "{files:?}");
+    for f in &files {
+        for json in [false, true] {
+            let one = run("1", json, f);
+            let two = run("2", json, f);
+            assert_eq!(one.0, Some(0), "{f:?}: {}", String::from_utf8_lossy(&one.2));
+            assert!(
+                one == two,
+                "{f:?} (json {json}): --threads 1 and 2 differ:\n{}\n---\n{}",
+                String::from_utf8_lossy(&one.1),
+                String::from_utf8_lossy(&two.1)
+            );
+            rpcs += one.1.iter().filter(|&&b| b == b'\n').count();
+        }
+    }
+    // The NFS captures alone hold 105 RPCs (each printed twice: text and JSON).
+    assert!(rpcs >= 210, "{rpcs} lines");
+}
+
+/// The same on a synthetic capture that takes more batches than the two threads' queue holds
+/// (about 11 MiB of chunk data against 8 batches of 1 MiB in flight): every RPC complete, the
+/// output of one thread and of two byte for byte the same, in text and JSON.
+#[test]
+fn rpc_output_is_the_same_on_one_thread_and_on_two_when_the_queue_fills() {
+    let dir = std::env::temp_dir().join(format!("rdma-trace-threads-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("synth.pcap");
+    let out = std::io::BufWriter::new(std::fs::File::create(&file).unwrap());
+    rdma_trace::synth::nfs3_rpcs(out, 90).unwrap();
+    let run = |threads: &str, json: bool| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_rdma-trace"));
+        c.args(["rpc", "--threads", threads]);
+        if json {
+            c.arg("--json");
+        }
+        let out = c.arg(&file).output().unwrap();
+        (out.status.code(), out.stdout, out.stderr)
+    };
+    for json in [false, true] {
+        let one = run("1", json);
+        let two = run("2", json);
+        assert_eq!(one.0, Some(0), "{}", String::from_utf8_lossy(&one.2));
+        let text = String::from_utf8(one.1.clone()).unwrap();
+        assert_eq!(text.lines().count(), 90);
+        assert!(text.lines().all(|l| !l.contains("INCOMPLETE")), "{text}");
+        assert!(one == two, "json {json}: --threads 1 and 2 differ");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
