@@ -294,6 +294,21 @@ pub mod setattr {
     pub const MTIME_SET: u32 = 0x100;
 }
 
+/// `Tlock`/`Tgetlock` values: lock types and `Rlock` statuses.
+#[allow(missing_docs)]
+pub mod lock {
+    pub const RDLCK: u8 = 0;
+    pub const WRLCK: u8 = 1;
+    pub const UNLCK: u8 = 2;
+    /// `Tlock` flags: the client waits (it asks again after `BLOCKED`).
+    pub const FLAGS_BLOCK: u32 = 1;
+    pub const FLAGS_RECLAIM: u32 = 2;
+    pub const SUCCESS: u8 = 0;
+    pub const BLOCKED: u8 = 1;
+    pub const ERROR: u8 = 2;
+    pub const GRACE: u8 = 3;
+}
+
 /// `Tlock`/`Tgetlock`'s lock description.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Flock<'a> {
