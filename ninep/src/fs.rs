@@ -105,8 +105,7 @@ pub fn check_name(name: &[u8]) -> io::Result<&OsStr> {
     Ok(OsStr::from_bytes(name))
 }
 
-fn qid_of(m: &Metadata) -> Qid {
-    let ft = m.file_type();
+fn qid(ft: std::fs::FileType, ino: u64) -> Qid {
     Qid {
         ty: if ft.is_dir() {
             QTDIR
@@ -116,8 +115,12 @@ fn qid_of(m: &Metadata) -> Qid {
             0
         },
         version: 0,
-        path: m.ino(),
+        path: ino,
     }
+}
+
+fn qid_of(m: &Metadata) -> Qid {
+    qid(m.file_type(), m.ino())
 }
 
 fn dtype(ft: std::fs::FileType) -> u8 {
@@ -545,17 +548,13 @@ impl Session {
                 target,
                 gid,
             } => {
-                self.writable()?;
-                let name = check_name(name)?;
-                if target.is_empty() || target.contains(&0) {
-                    return Err(errno(libc::EINVAL));
-                }
-                let f = self.fid(fid)?;
-                let dir = ex.dir(&f.path)?;
-                sys::symlinkat(OsStr::from_bytes(target), &dir, name)?;
-                self.own(&dir, name, f.uid, gid)?;
-                let m = ex.meta(&f.path.join(name))?;
-                Ok(Rmsg::Symlink { qid: qid_of(&m) })
+                let qid = self.make(fid, name, gid, |dir, name| {
+                    if target.is_empty() || target.contains(&0) {
+                        return Err(errno(libc::EINVAL));
+                    }
+                    sys::symlinkat(OsStr::from_bytes(target), dir, name)
+                })?;
+                Ok(Rmsg::Symlink { qid })
             }
             Tmsg::Mknod {
                 dfid,
@@ -565,14 +564,11 @@ impl Session {
                 minor,
                 gid,
             } => {
-                self.writable()?;
-                let name = check_name(name)?;
-                let f = self.fid(dfid)?;
-                let dir = ex.dir(&f.path)?;
-                sys::mknodat(&dir, name, mode, libc::makedev(major, minor))?;
-                self.own(&dir, name, f.uid, gid)?;
-                let m = ex.meta(&f.path.join(name))?;
-                Ok(Rmsg::Mknod { qid: qid_of(&m) })
+                let dev = libc::makedev(major, minor);
+                let qid = self.make(dfid, name, gid, |dir, name| {
+                    sys::mknodat(dir, name, mode, dev)
+                })?;
+                Ok(Rmsg::Mknod { qid })
             }
             Tmsg::Mkdir {
                 dfid,
@@ -580,14 +576,8 @@ impl Session {
                 mode,
                 gid,
             } => {
-                self.writable()?;
-                let name = check_name(name)?;
-                let f = self.fid(dfid)?;
-                let dir = ex.dir(&f.path)?;
-                sys::mkdirat(&dir, name, mode)?;
-                self.own(&dir, name, f.uid, gid)?;
-                let m = ex.meta(&f.path.join(name))?;
-                Ok(Rmsg::Mkdir { qid: qid_of(&m) })
+                let qid = self.make(dfid, name, gid, |dir, name| sys::mkdirat(dir, name, mode))?;
+                Ok(Rmsg::Mkdir { qid })
             }
             Tmsg::Rename { fid, dfid, name } => {
                 self.writable()?;
@@ -596,7 +586,7 @@ impl Session {
                 let to_dir = self.fid(dfid)?.path.clone();
                 let (odir, oname) = ex.parent(&from)?;
                 let ndir = ex.dir(&to_dir)?;
-                sys::renameat(&odir, &oname, &ndir, name)?;
+                sys::renameat((&odir, &oname), (&ndir, name))?;
                 self.renamed(&from, &to_dir.join(name));
                 Ok(Rmsg::Rename)
             }
@@ -611,7 +601,7 @@ impl Session {
                 let op = self.fid(olddirfid)?.path.clone();
                 let np = self.fid(newdirfid)?.path.clone();
                 let (odir, ndir) = (ex.dir(&op)?, ex.dir(&np)?);
-                sys::renameat(&odir, oname, &ndir, nname)?;
+                sys::renameat((&odir, oname), (&ndir, nname))?;
                 self.renamed(&op.join(oname), &np.join(nname));
                 Ok(Rmsg::Renameat)
             }
@@ -732,7 +722,7 @@ impl Session {
                 let name = check_name(name)?;
                 let (odir, oname) = ex.parent(&self.fid(fid)?.path)?;
                 let ndir = ex.dir(&self.fid(dfid)?.path)?;
-                sys::linkat(&odir, &oname, &ndir, name)?;
+                sys::linkat((&odir, &oname), (&ndir, name))?;
                 Ok(Rmsg::Link)
             }
             Tmsg::Unlinkat { dfid, name, flags } => {
@@ -744,6 +734,25 @@ impl Session {
                 Ok(Rmsg::Unlinkat)
             }
         }
+    }
+
+    /// Makes `name` in the directory of `dfid` with `make(dir, name)` (after
+    /// the checks every creation needs), gives it to the fid's user and
+    /// `gid` when running as root, and returns its qid.
+    fn make(
+        &self,
+        dfid: u32,
+        name: &[u8],
+        gid: u32,
+        make: impl FnOnce(&File, &OsStr) -> R<()>,
+    ) -> R<Qid> {
+        self.writable()?;
+        let name = check_name(name)?;
+        let f = self.fid(dfid)?;
+        let dir = self.export.dir(&f.path)?;
+        make(&dir, name)?;
+        self.own(&dir, name, f.uid, gid)?;
+        Ok(qid_of(&self.export.meta(&f.path.join(name))?))
     }
 
     /// Moves every fid at or under `from` to `to`.
@@ -943,18 +952,8 @@ fn list_dir(ex: &Export, path: &Path, file: &File) -> R<DirCache> {
     for e in std::fs::read_dir(format!("/proc/self/fd/{}", file.as_raw_fd()))? {
         let e = e?;
         let ft = e.file_type()?;
-        let qid = Qid {
-            ty: if ft.is_dir() {
-                QTDIR
-            } else if ft.is_symlink() {
-                QTSYMLINK
-            } else {
-                0
-            },
-            version: 0,
-            path: std::os::unix::fs::DirEntryExt::ino(&e),
-        };
-        entries.push((qid, dtype(ft), e.file_name()));
+        let q = qid(ft, std::os::unix::fs::DirEntryExt::ino(&e));
+        entries.push((q, dtype(ft), e.file_name()));
     }
     Ok(DirCache { entries })
 }

@@ -31,19 +31,18 @@ use std::sync::Arc;
 
 use rdma::aio::{tokio as rt, Incoming};
 use rdma::cm::{CmEventType, ConnParam};
-use rdma::{AccessFlags, BufferPool, MemoryRegion, QpState, QpType, SendWr, WcOpcode, WcStatus};
+use rdma::{BufferPool, MemoryRegion, QpState, SendWr, WcOpcode, WcStatus};
 
 use tokio::task::JoinSet;
 
 use crate::fs::{Export, Session};
+use crate::link::{Queues, RECV};
 use crate::proto::{ty, Rmsg, HEADER, NOTAG};
 
 /// The port Linux's 9P RDMA client connects to by default.
-pub const DEFAULT_PORT: u16 = 5640;
+pub use crate::client::DEFAULT_PORT;
 /// The largest msize agreed by default: Linux's default msize.
 pub const DEFAULT_MSIZE: u32 = 128 * 1024;
-/// Receive work requests have this bit; sends do not.
-const RECV: u64 = 1 << 63;
 
 /// What `rdma-9p serve` was told.
 #[derive(Debug, Clone)]
@@ -162,11 +161,7 @@ fn handle(
     thread_local! {
         static OUT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    let tag = recv
-        .as_slice()
-        .ok()
-        .and_then(|b| b.get(5..7))
-        .map_or(NOTAG, |t| u16::from_le_bytes([t[0], t[1]]));
+    let tag = tag_of(&recv);
     let written = OUT.with(|out| {
         let mut fresh = Vec::new();
         let mut held = out.try_borrow_mut();
@@ -203,6 +198,14 @@ fn handle(
     }
 }
 
+/// The tag of the message in `buf` (`NOTAG` if it is too short for one).
+fn tag_of(buf: &MemoryRegion) -> u16 {
+    buf.as_slice()
+        .ok()
+        .and_then(|b| b.get(5..7))
+        .map_or(NOTAG, |t| u16::from_le_bytes([t[0], t[1]]))
+}
+
 /// `Tflush`'s `oldtag`, when `msg` is a well-formed `Tflush`.
 fn flush_of(msg: &[u8]) -> Option<(u16, u16)> {
     if msg.len() != HEADER + 2 || msg.get(4) != Some(&ty::TFLUSH) {
@@ -215,32 +218,13 @@ fn flush_of(msg: &[u8]) -> Option<(u16, u16)> {
 
 async fn connection(incoming: Incoming, export: &Export, config: &Config) -> Res<()> {
     let msize = config.max_msize.max(crate::fs::MIN_MSIZE) as usize;
-    let ctx = incoming.context().map_err(fail("context"))?;
-    let pd = ctx.alloc_pd().map_err(fail("ibv_alloc_pd"))?;
-    let channel = ctx.create_comp_channel().map_err(fail("channel"))?;
-    let cq = ctx
-        .create_cq(config.recv_depth + config.send_depth, Some(&channel), 0)
-        .map_err(fail("ibv_create_cq"))?;
-    let mut acq = rt::completions(&cq).map_err(fail("rdma::aio"))?;
-    let mut qp = pd
-        .qp_builder(QpType::Rc, &cq, &cq)
-        .max_send_wr(config.send_depth)
-        .max_recv_wr(config.recv_depth)
-        .build()
-        .map_err(fail("ibv_create_qp"))?;
-    let recv_pool = BufferPool::new(
-        &pd,
-        msize,
-        config.recv_depth as usize,
-        AccessFlags::LOCAL_WRITE,
-    )
-    .map_err(fail("receive buffers"))?;
-    let send_pool = BufferPool::new(&pd, msize, config.send_depth as usize, AccessFlags::empty())
-        .map_err(fail("send buffers"))?;
-    incoming
-        .id()
-        .modify_qp(&qp, QpState::Init)
-        .map_err(fail("ibv_modify_qp"))?;
+    let Queues {
+        pd: _pd,
+        mut acq,
+        mut qp,
+        recv_pool,
+        send_pool,
+    } = Queues::new(incoming.id(), config.send_depth, config.recv_depth, msize)?;
     for i in 0..config.recv_depth {
         let slot = recv_pool.take().ok_or("receive pool empty")?;
         qp.post_recv(RECV | u64::from(i), slot)
@@ -332,11 +316,7 @@ impl Conn {
                         continue;
                     }
                 }
-                let tag = buf
-                    .as_slice()
-                    .ok()
-                    .and_then(|b| b.get(5..7))
-                    .map_or(NOTAG, |t| u16::from_le_bytes([t[0], t[1]]));
+                let tag = tag_of(&buf);
                 in_progress.entry(tag).or_default();
                 let s = Arc::clone(session);
                 running.spawn_blocking(move || handle(&s, buf, wr_id, len, slot));

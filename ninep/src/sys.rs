@@ -113,42 +113,38 @@ pub fn readlinkat(dir: &impl AsRawFd, name: &OsStr) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// `linkat(olddir, oldname, newdir, newname, 0)`: a symlink is linked, not followed.
-pub fn linkat(
-    olddir: &impl AsRawFd,
-    oldname: &OsStr,
-    newdir: &impl AsRawFd,
-    newname: &OsStr,
+/// A name in a directory: `(dir, name)`.
+pub type At<'a> = (&'a std::fs::File, &'a OsStr);
+
+/// A two-name call, `f(olddir, oldname, newdir, newname)`, with the names as
+/// C strings that outlive it.
+fn two_names(
+    (olddir, oldname): At<'_>,
+    (newdir, newname): At<'_>,
+    f: impl FnOnce(libc::c_int, *const libc::c_char, libc::c_int, *const libc::c_char) -> libc::c_int,
 ) -> io::Result<()> {
     let (o, n) = (cstr(oldname)?, cstr(newname)?);
-    // SAFETY: both strings are NUL-terminated and outlive the call.
-    check(unsafe {
-        libc::linkat(
-            olddir.as_raw_fd(),
-            o.as_ptr(),
-            newdir.as_raw_fd(),
-            n.as_ptr(),
-            0,
-        )
+    check(f(
+        olddir.as_raw_fd(),
+        o.as_ptr(),
+        newdir.as_raw_fd(),
+        n.as_ptr(),
+    ))
+}
+
+/// `linkat(olddir, oldname, newdir, newname, 0)`: a symlink is linked, not followed.
+pub fn linkat(from: At<'_>, to: At<'_>) -> io::Result<()> {
+    two_names(from, to, |od, o, nd, n| {
+        // SAFETY: `two_names` passes NUL-terminated strings that outlive the call.
+        unsafe { libc::linkat(od, o, nd, n, 0) }
     })
 }
 
 /// `renameat(olddir, oldname, newdir, newname)`.
-pub fn renameat(
-    olddir: &impl AsRawFd,
-    oldname: &OsStr,
-    newdir: &impl AsRawFd,
-    newname: &OsStr,
-) -> io::Result<()> {
-    let (o, n) = (cstr(oldname)?, cstr(newname)?);
-    // SAFETY: both strings are NUL-terminated and outlive the call.
-    check(unsafe {
-        libc::renameat(
-            olddir.as_raw_fd(),
-            o.as_ptr(),
-            newdir.as_raw_fd(),
-            n.as_ptr(),
-        )
+pub fn renameat(from: At<'_>, to: At<'_>) -> io::Result<()> {
+    two_names(from, to, |od, o, nd, n| {
+        // SAFETY: `two_names` passes NUL-terminated strings that outlive the call.
+        unsafe { libc::renameat(od, o, nd, n) }
     })
 }
 
