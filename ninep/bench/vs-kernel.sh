@@ -53,7 +53,12 @@ if [ "${1:-}" = --guest ]; then
     diod -f -n -e /export/diod -l $ip:564 >/tmp/diod.log 2>&1 &
     diod=$!
     for _ in $(seq 100); do ss -ltn | grep -q ":564 " && break; sleep 0.1; done
-    mount -t 9p -o trans=tcp,port=564,version=9p2000.L,aname=/export/diod,uname=root,access=user,msize="$msize" $ip /mnt/diod
+    order=(r9 nfs diod)
+    if ! mount -t 9p -o trans=tcp,port=564,version=9p2000.L,aname=/export/diod,uname=root,access=user,msize="$msize" $ip /mnt/diod; then
+        echo "bench-9p: diod's mount failed; diod's log:" >&2
+        cat /tmp/diod.log >&2
+        order=(r9 nfs)
+    fi
     grep -E ' /mnt/(nfs|r9|diod) ' /proc/mounts
     declare -A dir=([r9]=/mnt/r9 [nfs]=/mnt/nfs/nfs [diod]=/mnt/diod)
     fio_bw() { # SERVER DIRECTION -> MB/s
@@ -65,7 +70,6 @@ if [ "${1:-}" = --guest ]; then
             --output-format=json 2>/dev/null |
             python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]['$key']; print('%.2f' % (j['bw'] * 1024 / 1e6))"
     }
-    order=(r9 nfs diod)
     for round in $(seq 0 "$runs"); do
         for s in "${order[@]}"; do
             for d in write read; do
@@ -75,7 +79,8 @@ if [ "${1:-}" = --guest ]; then
         done
         order=("${order[@]:1}" "${order[0]}")
     done >"$out/runs.txt"
-    umount /mnt/r9 /mnt/diod /mnt/nfs
+    umount /mnt/r9 /mnt/nfs
+    umount /mnt/diod 2>/dev/null || true
     kill $r9 $diod
     exit 0
 fi

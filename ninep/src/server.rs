@@ -19,6 +19,9 @@
 //! has posted. A `Tflush` of a request still running is answered right
 //! after that request's reply.
 //!
+//! `RDMA_9P_TRACE` set in the environment prints every request started,
+//! reply sent and completion polled to stderr (for debugging a client).
+//!
 //! A connection that ends (disconnect, a failed completion, a malformed
 //! header) drops its fids (each file closes when the last request using it
 //! ends) and its QP, CQ and buffers; the others are served on.
@@ -198,6 +201,13 @@ fn handle(
     }
 }
 
+fn trace(a: std::fmt::Arguments<'_>) {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os("RDMA_9P_TRACE").is_some()) {
+        eprintln!("rdma-9p trace: {a}");
+    }
+}
+
 /// The tag of the message in `buf` (`NOTAG` if it is too short for one).
 fn tag_of(buf: &MemoryRegion) -> u16 {
     buf.as_slice()
@@ -232,7 +242,7 @@ async fn connection(incoming: Incoming, export: &Export, config: &Config) -> Res
     }
     ready_qp(incoming.id(), &qp)?;
     let mut id = incoming
-        .accept_ready(&qp, &ConnParam::default())
+        .accept_ready(&qp, &accept_param())
         .await
         .map_err(fail("rdma_accept"))?;
 
@@ -319,6 +329,10 @@ impl Conn {
                 let tag = tag_of(&buf);
                 in_progress.entry(tag).or_default();
                 let s = Arc::clone(session);
+                trace(format_args!(
+                    "start tag {tag} len {len} type {:?} wr {wr_id:#x}",
+                    buf.as_slice().ok().and_then(|b| b.get(4).copied())
+                ));
                 running.spawn_blocking(move || handle(&s, buf, wr_id, len, slot));
             }
             tokio::select! {
@@ -331,6 +345,7 @@ impl Conn {
                     self.qp
                         .post_recv(d.recv_wr, d.recv)
                         .map_err(|e| format!("ibv_post_recv: {e}"))?;
+                    trace(format_args!("reply tag {} len {} type {:?} running {} pending {} free {}", d.tag, d.len, d.slot.as_slice().ok().and_then(|b| b.get(4).copied()), running.len(), pending.len(), self.send_pool.available()));
                     self.send(acq, d.slot, d.len).await?;
                     for (tag, mut slot) in in_progress.remove(&d.tag).unwrap_or_default() {
                         let mut out = Vec::with_capacity(HEADER);
@@ -350,6 +365,7 @@ impl Conn {
                     let Some(mut buf) = c.take_buffers().into_one() else {
                         return Err("a completion without its buffer".into());
                     };
+                    trace(format_args!("wc {:?} wr {:#x} status {} len {}", c.opcode, c.wr_id, c.status, c.byte_len));
                     if c.opcode == WcOpcode::Recv {
                         pending.push_back((buf, c.byte_len as usize, c.wr_id));
                     } else {
@@ -370,6 +386,19 @@ impl Conn {
                 },
             }
         }
+    }
+}
+
+/// The connection parameters of the accept. On InfiniBand/RoCE the REP
+/// carries the RNR retry count the *client's* QP will use: Linux's 9P
+/// client asks for none of its own, so without this one request that found
+/// no receive posted here would end its connection (its waiting request then
+/// hangs until killed: trans_rdma does not fail it). Seven is "retry without
+/// limit". (Its transport retry count is its own, from its REQ: zero.)
+fn accept_param() -> ConnParam {
+    ConnParam {
+        rnr_retry_count: 7,
+        ..ConnParam::default()
     }
 }
 
