@@ -688,7 +688,13 @@ impl Session {
                     return Err(errno(libc::EBADF));
                 };
                 let (start, len) = lock_range(l.start, l.length)?;
-                let held = sys::ofd_getlk(file, lock_type(l.ty)?, start, len)?;
+                // Linux's client asks with F_UNLCK ("any lock here?"), which
+                // F_OFD_GETLK refuses: a write lock conflicts with every lock.
+                let ty = match lock_type(l.ty)? {
+                    t if t == libc::F_UNLCK as libc::c_short => libc::F_WRLCK as libc::c_short,
+                    t => t,
+                };
+                let held = sys::ofd_getlk(file, ty, start, len)?;
                 let client_id: &'static [u8] = b"";
                 let lock = match held {
                     // No conflict: the lock asked about, as unlocked.

@@ -867,6 +867,8 @@ fn posix_locks_conflict_between_clients() {
     assert_eq!(lock_status(&mut b, 1, lock_req(WRLCK, 5, 1)), BLOCKED);
     assert_eq!(lock_status(&mut b, 1, lock_req(RDLCK, 0, 0)), BLOCKED);
     assert_eq!(getlock(&mut b, 1, lock_req(WRLCK, 0, 0)), (WRLCK, 0, 10));
+    // Linux's client asks with F_UNLCK: any lock held is reported.
+    assert_eq!(getlock(&mut b, 1, lock_req(UNLCK, 0, 0)), (WRLCK, 0, 10));
     // Byte ranges: beyond the lock is free.
     assert_eq!(lock_status(&mut b, 1, lock_req(WRLCK, 10, 5)), SUCCESS);
     assert_eq!(getlock(&mut a, 1, lock_req(RDLCK, 12, 1)), (WRLCK, 10, 5));
