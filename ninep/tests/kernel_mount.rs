@@ -703,10 +703,13 @@ fn locks_between_mounts(addr: &str, port: u16, tag: &str) {
     assert_eq!((rc, i32::from(fl.l_type)), (0, wr));
     // A waiting lock (F_SETLKW) is granted once the holder unlocks.
     let (tx, rx) = mpsc::channel();
+    // The waiter gets the descriptor back through the channel: closing any
+    // descriptor of the file would drop the process's POSIX locks on it.
     let b2 = b.try_clone().unwrap();
     let waiter = std::thread::spawn(move || {
         let r = fcntl_lock(&b2, libc::F_SETLKW, wr, 0, 10).map(|_| ());
         let _ = tx.send(r);
+        b2
     });
     assert!(
         rx.recv_timeout(Duration::from_millis(1500)).is_err(),
@@ -716,13 +719,14 @@ fn locks_between_mounts(addr: &str, port: u16, tag: &str) {
     rx.recv_timeout(Duration::from_secs(30))
         .expect("the waiting lock is granted within 30 s of the unlock")
         .expect("F_SETLKW");
-    waiter.join().unwrap();
+    let b2 = waiter.join().unwrap();
     let e = fcntl_lock(&a, libc::F_SETLK, rd, 0, 1).expect_err("now b holds it");
     assert!(
         matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)),
         "{e}"
     );
     // Closing b's file drops its locks.
+    drop(b2);
     drop(b);
     fcntl_lock(&a, libc::F_SETLK, wr, 0, 0).expect("the whole file, after b closed");
     drop(a);
