@@ -417,6 +417,7 @@ fn bulk_transfers(addr: &str, port: u16, tag: &str, mib: u32) {
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            "--verify_state_save=0",
         ],
     );
     assert!(fio.contains("err= 0"), "fio:\n{fio}");
