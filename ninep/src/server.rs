@@ -414,6 +414,11 @@ fn ready_qp(id: &rdma::cm::CmId, qp: &rdma::QueuePair) -> Res<()> {
     let mut rts = id
         .init_qp_attr(QpState::Rts)
         .map_err(fail("rdma_init_qp_attr"))?;
+    let raw = rts.as_raw();
+    trace(format_args!(
+        "RTS from the CM: timeout {} retry_cnt {} rnr_retry {}",
+        raw.timeout, raw.retry_cnt, raw.rnr_retry
+    ));
     if rts.mask() & rdma::ffi::IBV_QP_RETRY_CNT != 0 {
         let timeout = rts.as_raw().timeout.max(14);
         rts.retry_cnt(7).rnr_retry(7).timeout(timeout);
