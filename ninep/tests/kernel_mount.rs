@@ -450,7 +450,7 @@ fn kernel_mount_bulk_over_rxe() {
 /// `rdma_conn_param` is zeroed) and the server cannot raise it: a QP's count
 /// comes from its own side's connect request (the server's CM attributes
 /// show `retry_cnt 0`, ACK timeout 19, 2.1 s). Under TCG on a loaded host
-/// rxe now and then loses a request on its way to the server's QP (issue 22:
+/// rxe now and then leaves a request undelivered to the server's QP (issue 22:
 /// the server's `rq-psn` stayed one behind the client's `sq-psn`), so the
 /// client's first ACK timeout moves its QP to the error state, and
 /// trans_rdma never fails the request it was waiting on: the writer hangs
