@@ -474,12 +474,20 @@ fn unless_a_qp_gives_up(dev: &str, body: impl FnOnce() + Send + 'static) {
             Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
         if let (Some(b), Some(now)) = (before, read()) {
-            assert!(
-                now == b,
-                "a QP on {dev} gave up after ACK timeouts (retry_exceeded_err {b} -> {now}): \
-                 the kernel 9P client's QP (retry count 0) is dead and its request will \
-                 never complete (issue 22)"
-            );
+            if now != b {
+                // The QPs' states, for the record: the kernel client's shows
+                // `comm [rdma_cm]`, the server's `comm rdma-9p`.
+                let qps = Command::new("rdma")
+                    .args(["resource", "show", "qp"])
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_else(|e| format!("rdma resource show qp: {e}"));
+                panic!(
+                    "a QP on {dev} gave up after ACK timeouts (retry_exceeded_err {b} -> {now}): \
+                     the kernel 9P client's QP (retry count 0) in ERR never completes its \
+                     request (issue 22). QPs:\n{qps}"
+                );
+            }
         }
     }
     if let Err(e) = worker.join() {
