@@ -346,12 +346,26 @@ fn kernel_mount_server_killed_over_iwarp() {
 /// Bulk traffic through the kernel's mount: a multi-MiB file, several
 /// writers at once, a source tree copied in.
 fn bulk_transfers(addr: &str, port: u16, tag: &str, mib: u32) {
+    let (export, mnt) = bulk_dirs(tag);
+    let mut server = Server::start(addr, port, &export);
+    bulk_io(addr, port, tag, mib, &export, &mnt);
+    assert!(server.alive(), "rdma-9p exited with its client");
+    let _ = std::fs::remove_dir_all(&export);
+}
+
+/// The bulk test's export and mount point (the modules loaded first).
+fn bulk_dirs(tag: &str) -> (PathBuf, PathBuf) {
     run("modprobe", &["9pnet_rdma"]);
     run("modprobe", &["9p"]);
-    let export = tmpdir(&format!("bulk-export-{tag}"));
-    let mnt = tmpdir(&format!("bulk-mnt-{tag}"));
-    let mut server = Server::start(addr, port, &export);
-    let m = Mount::new(addr, port, &mnt);
+    (
+        tmpdir(&format!("bulk-export-{tag}")),
+        tmpdir(&format!("bulk-mnt-{tag}")),
+    )
+}
+
+/// The bulk test's traffic through a mount of the server on `port` at `mnt`.
+fn bulk_io(addr: &str, port: u16, tag: &str, mib: u32, export: &Path, mnt: &Path) {
+    let m = Mount::new(addr, port, mnt);
     // A large file (16 MiB unless `RDMA_9P_TEST_LARGE_MIB` says more) copied in, its digest the same in the source, in the
     // export and read back through the mount (sha256sum: the test binary's
     // own SHA-256 is unoptimised, too slow for 64 MiB under TCG).
@@ -422,13 +436,11 @@ fn bulk_transfers(addr: &str, port: u16, tag: &str, mib: u32) {
     );
     assert!(fio.contains("err= 0"), "fio:\n{fio}");
     assert!(fio.contains("READ:"), "fio read nothing back:\n{fio}");
-    for e in std::fs::read_dir(&export).unwrap() {
+    for e in std::fs::read_dir(export).unwrap() {
         std::fs::remove_file(e.unwrap().path()).unwrap();
     }
-    assert_eq!(std::fs::read_dir(&export).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(export).unwrap().count(), 0);
     m.unmount();
-    assert!(server.alive(), "rdma-9p exited with its client");
-    let _ = std::fs::remove_dir_all(&export);
 }
 
 #[test]
@@ -437,14 +449,23 @@ fn kernel_mount_bulk_over_rxe() {
     let dev = required_env("RDMA_TEST_DEVICE");
     require_device(&dev);
     let ip = required_env("RDMA_TEST_IP");
-    unless_a_qp_gives_up(&dev, move || {
-        bulk_transfers(&ip, 5644, "rxe", large_mib(16));
+    // The server and the mount point belong to this thread, so a QP that
+    // gives up (the I/O thread then waits forever) still kills the server
+    // and detaches the mount.
+    let (export, mnt) = bulk_dirs("rxe");
+    let mut server = Server::start(&ip, 5644, &export);
+    let (e, m) = (export.clone(), mnt.clone());
+    unless_a_qp_gives_up(&dev, &mnt, move || {
+        bulk_io(&ip, 5644, "rxe", large_mib(16), &e, &m);
     });
+    assert!(server.alive(), "rdma-9p exited with its client");
+    let _ = std::fs::remove_dir_all(&export);
 }
 
 /// Runs `body` on a thread and fails the test as soon as a QP of `dev`
 /// gives up after transport retries (rxe's `retry_exceeded_err` counter
-/// grows), instead of waiting for the per-test timeout.
+/// grows), instead of waiting for the per-test timeout; `mnt` is detached
+/// first.
 ///
 /// Linux's 9P client connects with a transport retry count of 0 (its
 /// `rdma_conn_param` is zeroed) and the server cannot raise it: a QP's count
@@ -455,7 +476,7 @@ fn kernel_mount_bulk_over_rxe() {
 /// client's first ACK timeout moves its QP to the error state, and
 /// trans_rdma never fails the request it was waiting on: the writer hangs
 /// until killed. This names that cause instead of timing out.
-fn unless_a_qp_gives_up(dev: &str, body: impl FnOnce() + Send + 'static) {
+fn unless_a_qp_gives_up(dev: &str, mnt: &Path, body: impl FnOnce() + Send + 'static) {
     let counter = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters/retry_exceeded_err");
     let read = || {
         std::fs::read_to_string(&counter)
@@ -482,6 +503,7 @@ fn unless_a_qp_gives_up(dev: &str, body: impl FnOnce() + Send + 'static) {
                     .output()
                     .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
                     .unwrap_or_else(|e| format!("rdma resource show qp: {e}"));
+                let _ = Command::new("umount").arg("-l").arg(mnt).status();
                 panic!(
                     "a QP on {dev} gave up after ACK timeouts (retry_exceeded_err {b} -> {now}): \
                      the kernel 9P client's QP (retry count 0) in ERR never completes its \
