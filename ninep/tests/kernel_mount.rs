@@ -471,11 +471,11 @@ fn kernel_mount_bulk_over_rxe() {
 /// `rdma_conn_param` is zeroed) and the server cannot raise it: a QP's count
 /// comes from its own side's connect request (the server's CM attributes
 /// show `retry_cnt 0`, ACK timeout 19, 2.1 s). Under TCG on a loaded host
-/// rxe now and then leaves a request undelivered to the server's QP (issue 22:
-/// the server's `rq-psn` stayed one behind the client's `sq-psn`), so the
-/// client's first ACK timeout moves its QP to the error state, and
-/// trans_rdma never fails the request it was waiting on: the writer hangs
-/// until killed. This names that cause instead of timing out.
+/// rxe now and then delivers a request or its ACK late or never (issue 22:
+/// at one hang the server's `rq-psn` was one behind the client's `sq-psn`,
+/// at another equal to it), so the client's first ACK timeout moves its QP
+/// to the error state, and trans_rdma never fails the request it was
+/// waiting on: the writer hangs until killed. This names that cause instead of timing out.
 fn unless_a_qp_gives_up(dev: &str, mnt: &Path, body: impl FnOnce() + Send + 'static) {
     let counter = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters/retry_exceeded_err");
     let read = || {
