@@ -21,11 +21,9 @@ use std::time::Duration;
 
 use rdma::aio::{tokio as rt, AsyncCmId, AsyncCq};
 use rdma::cm::{ConnParam, PortSpace};
-use rdma::{
-    AccessFlags, BufferPool, MemoryRegion, ProtectionDomain, QpState, QpType, QueuePair, SendWr,
-    WcOpcode, WcStatus,
-};
+use rdma::{BufferPool, MemoryRegion, ProtectionDomain, QueuePair, SendWr, WcOpcode, WcStatus};
 
+use crate::link::{Queues, RECV};
 use crate::proto::{self, Qid, Request, Rmsg, Tmsg, NOFID, VERSION};
 
 /// The kernel's default port.
@@ -196,9 +194,6 @@ fn rdma_err<E: fmt::Display>(what: &'static str) -> impl FnOnce(E) -> ClientErro
     move |e| ClientError::Rdma(format!("{what}: {e}"))
 }
 
-/// Receive work requests have this bit.
-const RECV: u64 = 1 << 63;
-
 /// An RDMA connection to a 9P server, built like the kernel's.
 #[derive(Debug)]
 pub struct Transport {
@@ -247,26 +242,13 @@ impl Transport {
         )
         .await?;
         step(t, "rdma_resolve_route", id.resolve_route(t)).await?;
-        let ctx = id.id().context().map_err(rdma_err("context"))?;
-        let pd = ctx.alloc_pd().map_err(rdma_err("ibv_alloc_pd"))?;
-        let channel = ctx.create_comp_channel().map_err(rdma_err("channel"))?;
-        let cq = ctx
-            .create_cq(opts.sq + opts.rq, Some(&channel), 0)
-            .map_err(rdma_err("ibv_create_cq"))?;
-        let acq = rt::completions(&cq).map_err(rdma_err("rdma::aio"))?;
-        let qp = pd
-            .qp_builder(QpType::Rc, &cq, &cq)
-            .max_send_wr(opts.sq)
-            .max_recv_wr(opts.rq)
-            .build()
-            .map_err(rdma_err("ibv_create_qp"))?;
-        let recv_pool = BufferPool::new(&pd, msize, opts.rq as usize, AccessFlags::LOCAL_WRITE)
-            .map_err(rdma_err("receive buffers"))?;
-        let send_pool = BufferPool::new(&pd, msize, opts.sq as usize, AccessFlags::empty())
-            .map_err(rdma_err("send buffers"))?;
-        id.id()
-            .modify_qp(&qp, QpState::Init)
-            .map_err(rdma_err("ibv_modify_qp"))?;
+        let Queues {
+            pd,
+            acq,
+            qp,
+            recv_pool,
+            send_pool,
+        } = Queues::new(id.id(), opts.sq, opts.rq, msize).map_err(ClientError::Rdma)?;
         step(t, "rdma_connect", id.connect(&qp, &ConnParam::default())).await?;
         Ok(Transport {
             state: State::Connected,

@@ -11,6 +11,7 @@
 //! readlink, times) resolve its directory that way and then act on the one
 //! name with the `*at` call that does not follow it.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fs::{File, Metadata};
@@ -19,9 +20,11 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::proto::{
-    setattr, Attr, DirEntry, Flock, Qid, Request, Rmsg, SetAttr, StatFs, Tmsg, GETATTR_BASIC,
+    lock, setattr, Attr, DirEntry, Flock, Qid, Request, Rmsg, SetAttr, StatFs, Tmsg, GETATTR_BASIC,
     IOHDRSZ, NOFID, QTDIR, QTSYMLINK, VERSION,
 };
 use crate::sys;
@@ -32,10 +35,10 @@ pub const MIN_MSIZE: u32 = 4096;
 /// `n_uname` when the client sends none.
 const NONUNAME: u32 = u32::MAX;
 
-/// What is served: a directory, opened once.
-#[derive(Debug)]
+/// What is served: a directory, opened once. Cloning shares it.
+#[derive(Debug, Clone)]
 pub struct Export {
-    root: OwnedFd,
+    root: Arc<OwnedFd>,
     read_only: bool,
     max_fids: usize,
 }
@@ -51,7 +54,7 @@ impl Export {
             return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
         }
         Ok(Export {
-            root: root.into(),
+            root: Arc::new(root.into()),
             read_only,
             max_fids,
         })
@@ -63,7 +66,7 @@ impl Export {
     }
 
     fn open(&self, rel: &Path, flags: libc::c_int, mode: u32) -> io::Result<OwnedFd> {
-        sys::openat2_beneath(&self.root, rel.as_os_str(), flags, mode)
+        sys::openat2_beneath(&*self.root, rel.as_os_str(), flags, mode)
     }
 
     /// An `O_PATH` descriptor of `rel` itself (a symlink is not followed).
@@ -102,8 +105,7 @@ pub fn check_name(name: &[u8]) -> io::Result<&OsStr> {
     Ok(OsStr::from_bytes(name))
 }
 
-fn qid_of(m: &Metadata) -> Qid {
-    let ft = m.file_type();
+fn qid(ft: std::fs::FileType, ino: u64) -> Qid {
     Qid {
         ty: if ft.is_dir() {
             QTDIR
@@ -113,8 +115,12 @@ fn qid_of(m: &Metadata) -> Qid {
             0
         },
         version: 0,
-        path: m.ino(),
+        path: ino,
     }
+}
+
+fn qid_of(m: &Metadata) -> Qid {
+    qid(m.file_type(), m.ino())
 }
 
 fn dtype(ft: std::fs::FileType) -> u8 {
@@ -143,52 +149,79 @@ struct DirCache {
     entries: Vec<(Qid, u8, OsString)>,
 }
 
+/// An open fid's file. A request in progress holds it by `Arc`, so a
+/// clunk (or the end of the connection) closes the descriptor when the
+/// last request using it is done.
 #[derive(Debug)]
 enum Open {
-    File { file: File, writable: bool },
-    Dir { file: File, cache: Option<DirCache> },
+    File {
+        file: File,
+        writable: bool,
+    },
+    Dir {
+        file: File,
+        cache: Mutex<Option<DirCache>>,
+    },
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Fid {
     path: PathBuf,
     uid: u32,
-    open: Option<Open>,
+    open: Option<Arc<Open>>,
 }
 
-/// One connection's state: its msize and its fids. Dropping it closes
-/// every file the client had open.
+/// One connection's state: its msize and its fids. Requests may be handled
+/// on several threads at once (`&self`): the fid table is locked only to
+/// look a fid up or change it, never during I/O. Dropping the session (or
+/// [`Session::close_all`]) closes every file the client had open.
 #[derive(Debug)]
-pub struct Session<'e> {
-    export: &'e Export,
+pub struct Session {
+    export: Export,
     max_msize: u32,
-    msize: u32,
-    fids: HashMap<u32, Fid>,
-    read_buf: Vec<u8>,
+    msize: AtomicU32,
+    fids: Mutex<HashMap<u32, Fid>>,
 }
 
 type R<T> = io::Result<T>;
 
-impl<'e> Session<'e> {
+thread_local! {
+    /// Each thread's buffer for the data of a reply (`Rread`, `Rreaddir`).
+    static DATA: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A mutex's guard, even if a thread panicked while holding it (the fid
+/// table stays consistent: every change is one map operation).
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Session {
     /// A session that will agree to an msize of at most `max_msize`.
-    pub fn new(export: &'e Export, max_msize: u32) -> Session<'e> {
+    pub fn new(export: &Export, max_msize: u32) -> Session {
         Session {
-            export,
+            export: export.clone(),
             max_msize: max_msize.max(MIN_MSIZE),
-            msize: max_msize.max(MIN_MSIZE),
-            fids: HashMap::new(),
-            read_buf: Vec::new(),
+            msize: AtomicU32::new(max_msize.max(MIN_MSIZE)),
+            fids: Mutex::new(HashMap::new()),
         }
     }
 
     /// The negotiated msize (the maximum until `Tversion`).
     pub fn msize(&self) -> u32 {
-        self.msize
+        self.msize.load(Ordering::Relaxed)
     }
 
     /// How many fids are in use.
     pub fn fids(&self) -> usize {
-        self.fids.len()
+        locked(&self.fids).len()
+    }
+
+    /// Forgets every fid (the connection is gone): their files close now,
+    /// or when a request still using one ends.
+    pub fn close_all(&self) {
+        let fids = std::mem::take(&mut *locked(&self.fids));
+        drop(fids);
     }
 
     /// Handles one message and writes its reply at the end of `out`.
@@ -197,12 +230,8 @@ impl<'e> Session<'e> {
     /// A message whose header is not sound (size field wrong, shorter than
     /// a header): the connection should be closed. Everything else,
     /// malformed bodies included, gets a reply (`Rlerror`).
-    pub fn handle(
-        &mut self,
-        msg: &[u8],
-        out: &mut Vec<u8>,
-    ) -> Result<(), crate::proto::DecodeError> {
-        if msg.len() > self.msize as usize {
+    pub fn handle(&self, msg: &[u8], out: &mut Vec<u8>) -> Result<(), crate::proto::DecodeError> {
+        if msg.len() > self.msize() as usize {
             // Larger than agreed: answered if the header is sound.
             let (_, tag, _) = crate::proto::split(msg)?;
             Rmsg::Lerror {
@@ -227,25 +256,51 @@ impl<'e> Session<'e> {
             }
         };
         let tag = req.tag;
-        let mut data = std::mem::take(&mut self.read_buf);
-        match self.dispatch(req.msg, &mut data) {
-            Ok(r) => r.encode(tag, out),
-            Err(e) => Rmsg::Lerror {
-                ecode: e.raw_os_error().unwrap_or(libc::EIO) as u32,
+        DATA.with(|d| {
+            // (A reentrant borrow cannot happen: dispatch calls no handler.)
+            let mut fresh = Vec::new();
+            let mut held = d.try_borrow_mut();
+            let data = match &mut held {
+                Ok(d) => &mut **d,
+                Err(_) => &mut fresh,
+            };
+            data.clear();
+            match self.dispatch(req.msg, data) {
+                Ok(r) => r.encode(tag, out),
+                Err(e) => Rmsg::Lerror {
+                    ecode: e.raw_os_error().unwrap_or(libc::EIO) as u32,
+                }
+                .encode(tag, out),
+            };
+            // Keep no more than one msize of memory per thread.
+            if data.capacity() > self.max_msize as usize {
+                *data = Vec::new();
             }
-            .encode(tag, out),
-        };
-        data.clear();
-        self.read_buf = data;
+        });
         Ok(())
     }
 
-    fn fid(&self, fid: u32) -> R<&Fid> {
-        self.fids.get(&fid).ok_or_else(|| errno(libc::EBADF))
+    /// A copy of the fid's state (its open file shared).
+    fn fid(&self, fid: u32) -> R<Fid> {
+        locked(&self.fids)
+            .get(&fid)
+            .cloned()
+            .ok_or_else(|| errno(libc::EBADF))
     }
 
-    fn fid_mut(&mut self, fid: u32) -> R<&mut Fid> {
-        self.fids.get_mut(&fid).ok_or_else(|| errno(libc::EBADF))
+    /// Sets the open file of a fid that had none (`EBADF` if it is gone or
+    /// was opened meanwhile); `path` replaces its path when given.
+    fn set_open(&self, fid: u32, open: Open, path: Option<PathBuf>) -> R<()> {
+        let mut fids = locked(&self.fids);
+        let f = fids.get_mut(&fid).ok_or_else(|| errno(libc::EBADF))?;
+        if f.open.is_some() {
+            return Err(errno(libc::EBADF));
+        }
+        f.open = Some(Arc::new(open));
+        if let Some(p) = path {
+            f.path = p;
+        }
+        Ok(())
     }
 
     fn writable(&self) -> R<()> {
@@ -256,17 +311,18 @@ impl<'e> Session<'e> {
         }
     }
 
-    fn new_fid(&mut self, newfid: u32, fid: Fid) -> R<()> {
+    fn new_fid(&self, newfid: u32, fid: Fid) -> R<()> {
         if newfid == NOFID {
             return Err(errno(libc::EINVAL));
         }
-        if self.fids.contains_key(&newfid) {
+        let mut fids = locked(&self.fids);
+        if fids.contains_key(&newfid) {
             return Err(errno(libc::EBADF));
         }
-        if self.fids.len() >= self.export.max_fids {
+        if fids.len() >= self.export.max_fids {
             return Err(errno(libc::EMFILE));
         }
-        self.fids.insert(newfid, fid);
+        fids.insert(newfid, fid);
         Ok(())
     }
 
@@ -279,21 +335,19 @@ impl<'e> Session<'e> {
         sys::fchown_fd(&f, uid, gid)
     }
 
-    fn dispatch<'d>(&mut self, m: Tmsg<'_>, data: &'d mut Vec<u8>) -> R<Rmsg<'d>> {
-        let ex = self.export;
+    fn dispatch<'d>(&self, m: Tmsg<'_>, data: &'d mut Vec<u8>) -> R<Rmsg<'d>> {
+        let ex = &self.export;
         match m {
             Tmsg::Version { msize, version } => {
-                self.fids.clear();
-                self.msize = msize.clamp(MIN_MSIZE, self.max_msize);
+                self.close_all();
+                let msize = msize.clamp(MIN_MSIZE, self.max_msize);
+                self.msize.store(msize, Ordering::Relaxed);
                 let version: &'static [u8] = if version.starts_with(VERSION) {
                     VERSION
                 } else {
                     b"unknown"
                 };
-                Ok(Rmsg::Version {
-                    msize: self.msize,
-                    version,
-                })
+                Ok(Rmsg::Version { msize, version })
             }
             Tmsg::Auth { .. } => Err(errno(libc::EOPNOTSUPP)),
             Tmsg::Attach {
@@ -346,7 +400,7 @@ impl<'e> Session<'e> {
                         open: None,
                     };
                     if newfid == fid {
-                        self.fids.insert(fid, nf);
+                        locked(&self.fids).insert(fid, nf);
                     } else {
                         self.new_fid(newfid, nf)?;
                     }
@@ -363,7 +417,7 @@ impl<'e> Session<'e> {
                     let fd = ex.open(&f.path, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
                     Open::Dir {
                         file: fd.into(),
-                        cache: None,
+                        cache: Mutex::new(None),
                     }
                 } else {
                     let acc = flags as libc::c_int & libc::O_ACCMODE;
@@ -371,13 +425,21 @@ impl<'e> Session<'e> {
                     if acc != libc::O_RDONLY || trunc != 0 {
                         self.writable()?;
                     }
-                    let fd = ex.open(&f.path, acc | trunc | libc::O_NOFOLLOW, 0)?;
+                    // O_NONBLOCK: opening a FIFO never waits for its other
+                    // end (that would hold a thread for as long as a client
+                    // likes); reads and writes block as usual afterwards.
+                    let fd = ex.open(
+                        &f.path,
+                        acc | trunc | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+                        0,
+                    )?;
+                    let fd = plain_file(fd)?;
                     Open::File {
-                        file: fd.into(),
+                        file: fd,
                         writable: acc != libc::O_RDONLY,
                     }
                 };
-                self.fid_mut(fid)?.open = Some(open);
+                self.set_open(fid, open, None)?;
                 Ok(Rmsg::Lopen {
                     qid: qid_of(&m),
                     iounit: 0,
@@ -402,29 +464,29 @@ impl<'e> Session<'e> {
                 let fd = sys::openat2_beneath(
                     &dir,
                     name,
-                    acc | extra | libc::O_CREAT | libc::O_NOFOLLOW,
+                    acc | extra | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK,
                     mode,
                 )?;
-                let file = File::from(fd);
+                let file = plain_file(fd)?;
                 let (uid, path) = (f.uid, f.path.join(name));
                 self.own(&dir, name, uid, gid)?;
                 let m = file.metadata()?;
-                let f = self.fid_mut(fid)?;
-                f.path = path;
-                f.open = Some(Open::File {
+                let open = Open::File {
                     file,
                     writable: acc != libc::O_RDONLY,
-                });
+                };
+                self.set_open(fid, open, Some(path))?;
                 Ok(Rmsg::Lcreate {
                     qid: qid_of(&m),
                     iounit: 0,
                 })
             }
             Tmsg::Read { fid, offset, count } => {
-                let Some(Open::File { file, .. }) = &self.fid(fid)?.open else {
+                let f = self.fid(fid)?;
+                let Some(Open::File { file, .. }) = f.open.as_deref() else {
                     return Err(errno(libc::EBADF));
                 };
-                let max = (self.msize as usize).saturating_sub(IOHDRSZ);
+                let max = (self.msize() as usize).saturating_sub(IOHDRSZ);
                 let n = (count as usize).min(max);
                 data.resize(n, 0);
                 let got = read_full_at(file, data, offset)?;
@@ -437,24 +499,27 @@ impl<'e> Session<'e> {
                 data: bytes,
             } => {
                 self.writable()?;
-                let Some(Open::File { file, writable }) = &self.fid(fid)?.open else {
+                let f = self.fid(fid)?;
+                let Some(Open::File { file, writable }) = f.open.as_deref() else {
                     return Err(errno(libc::EBADF));
                 };
                 if !writable {
                     return Err(errno(libc::EBADF));
                 }
-                file.write_all_at(bytes, offset)?;
+                write_all_at(file, bytes, offset)?;
                 Ok(Rmsg::Write {
                     count: bytes.len() as u32,
                 })
             }
             Tmsg::Clunk { fid } => {
-                self.fids.remove(&fid).ok_or_else(|| errno(libc::EBADF))?;
+                let gone = locked(&self.fids).remove(&fid);
+                gone.ok_or_else(|| errno(libc::EBADF))?;
                 Ok(Rmsg::Clunk)
             }
             Tmsg::Remove { fid } => {
                 // The fid goes whatever happens.
-                let f = self.fids.remove(&fid).ok_or_else(|| errno(libc::EBADF))?;
+                let gone = locked(&self.fids).remove(&fid);
+                let f = gone.ok_or_else(|| errno(libc::EBADF))?;
                 self.writable()?;
                 let m = ex.meta(&f.path)?;
                 let (dir, name) = ex.parent(&f.path)?;
@@ -483,17 +548,13 @@ impl<'e> Session<'e> {
                 target,
                 gid,
             } => {
-                self.writable()?;
-                let name = check_name(name)?;
-                if target.is_empty() || target.contains(&0) {
-                    return Err(errno(libc::EINVAL));
-                }
-                let f = self.fid(fid)?;
-                let dir = ex.dir(&f.path)?;
-                sys::symlinkat(OsStr::from_bytes(target), &dir, name)?;
-                self.own(&dir, name, f.uid, gid)?;
-                let m = ex.meta(&f.path.join(name))?;
-                Ok(Rmsg::Symlink { qid: qid_of(&m) })
+                let qid = self.make(fid, name, gid, |dir, name| {
+                    if target.is_empty() || target.contains(&0) {
+                        return Err(errno(libc::EINVAL));
+                    }
+                    sys::symlinkat(OsStr::from_bytes(target), dir, name)
+                })?;
+                Ok(Rmsg::Symlink { qid })
             }
             Tmsg::Mknod {
                 dfid,
@@ -503,14 +564,11 @@ impl<'e> Session<'e> {
                 minor,
                 gid,
             } => {
-                self.writable()?;
-                let name = check_name(name)?;
-                let f = self.fid(dfid)?;
-                let dir = ex.dir(&f.path)?;
-                sys::mknodat(&dir, name, mode, libc::makedev(major, minor))?;
-                self.own(&dir, name, f.uid, gid)?;
-                let m = ex.meta(&f.path.join(name))?;
-                Ok(Rmsg::Mknod { qid: qid_of(&m) })
+                let dev = libc::makedev(major, minor);
+                let qid = self.make(dfid, name, gid, |dir, name| {
+                    sys::mknodat(dir, name, mode, dev)
+                })?;
+                Ok(Rmsg::Mknod { qid })
             }
             Tmsg::Mkdir {
                 dfid,
@@ -518,14 +576,8 @@ impl<'e> Session<'e> {
                 mode,
                 gid,
             } => {
-                self.writable()?;
-                let name = check_name(name)?;
-                let f = self.fid(dfid)?;
-                let dir = ex.dir(&f.path)?;
-                sys::mkdirat(&dir, name, mode)?;
-                self.own(&dir, name, f.uid, gid)?;
-                let m = ex.meta(&f.path.join(name))?;
-                Ok(Rmsg::Mkdir { qid: qid_of(&m) })
+                let qid = self.make(dfid, name, gid, |dir, name| sys::mkdirat(dir, name, mode))?;
+                Ok(Rmsg::Mkdir { qid })
             }
             Tmsg::Rename { fid, dfid, name } => {
                 self.writable()?;
@@ -534,7 +586,7 @@ impl<'e> Session<'e> {
                 let to_dir = self.fid(dfid)?.path.clone();
                 let (odir, oname) = ex.parent(&from)?;
                 let ndir = ex.dir(&to_dir)?;
-                sys::renameat(&odir, &oname, &ndir, name)?;
+                sys::renameat((&odir, &oname), (&ndir, name))?;
                 self.renamed(&from, &to_dir.join(name));
                 Ok(Rmsg::Rename)
             }
@@ -549,7 +601,7 @@ impl<'e> Session<'e> {
                 let op = self.fid(olddirfid)?.path.clone();
                 let np = self.fid(newdirfid)?.path.clone();
                 let (odir, ndir) = (ex.dir(&op)?, ex.dir(&np)?);
-                sys::renameat(&odir, oname, &ndir, nname)?;
+                sys::renameat((&odir, oname), (&ndir, nname))?;
                 self.renamed(&op.join(oname), &np.join(nname));
                 Ok(Rmsg::Renameat)
             }
@@ -571,15 +623,15 @@ impl<'e> Session<'e> {
             }
             Tmsg::Xattrwalk { .. } | Tmsg::Xattrcreate { .. } => Err(errno(libc::EOPNOTSUPP)),
             Tmsg::Readdir { fid, offset, count } => {
-                let max = (self.msize as usize).saturating_sub(IOHDRSZ);
+                let max = (self.msize() as usize).saturating_sub(IOHDRSZ);
                 let limit = (count as usize).min(max);
-                let f = self.fid_mut(fid)?;
-                let path = f.path.clone();
-                let Some(Open::Dir { file, cache }) = &mut f.open else {
+                let f = self.fid(fid)?;
+                let Some(Open::Dir { file, cache }) = f.open.as_deref() else {
                     return Err(errno(libc::EBADF));
                 };
+                let mut cache = locked(cache);
                 if offset == 0 || cache.is_none() {
-                    *cache = Some(list_dir(ex, &path, file)?);
+                    *cache = Some(list_dir(ex, &f.path, file)?);
                 }
                 let entries = cache.as_ref().map(|c| &c.entries[..]).unwrap_or(&[]);
                 let start = usize::try_from(offset).unwrap_or(usize::MAX);
@@ -598,7 +650,7 @@ impl<'e> Session<'e> {
                 Ok(Rmsg::Readdir { data })
             }
             Tmsg::Fsync { fid, datasync } => {
-                match &self.fid(fid)?.open {
+                match self.fid(fid)?.open.as_deref() {
                     Some(Open::File { file, .. }) | Some(Open::Dir { file, .. }) => {
                         if datasync != 0 {
                             file.sync_data()?
@@ -610,33 +662,73 @@ impl<'e> Session<'e> {
                 }
                 Ok(Rmsg::Fsync)
             }
-            // Locks are granted (every client shares this process, so POSIX
-            // locks taken here would never conflict): advisory locking
-            // between clients is not enforced.
-            Tmsg::Lock { fid, .. } => {
-                self.fid(fid)?;
-                Ok(Rmsg::Lock { status: 0 })
-            }
-            Tmsg::Getlock { fid, lock } => {
-                self.fid(fid)?;
-                let client_id: &'static [u8] = b"";
-                Ok(Rmsg::Getlock {
-                    lock: Flock {
-                        ty: libc::F_UNLCK as u8,
-                        flags: 0,
-                        start: lock.start,
-                        length: lock.length,
-                        proc_id: lock.proc_id,
-                        client_id,
+            // POSIX byte-range locks, held by the fid's open file (an OFD
+            // lock, `F_OFD_SETLK`): locks through two fids conflict, whichever
+            // client holds them, and so do those of local processes. A lock
+            // that conflicts is refused at once (`LOCK_BLOCKED`); the client
+            // waits and asks again. The fid's locks go when its file closes.
+            Tmsg::Lock { fid, lock: l } => {
+                let f = self.fid(fid)?;
+                let Some(Open::File { file, .. }) = f.open.as_deref() else {
+                    return Err(errno(libc::EBADF));
+                };
+                let (start, len) = lock_range(l.start, l.length)?;
+                let granted = sys::ofd_setlk(file, lock_type(l.ty)?, start, len)?;
+                Ok(Rmsg::Lock {
+                    status: if granted {
+                        lock::SUCCESS
+                    } else {
+                        lock::BLOCKED
                     },
                 })
+            }
+            Tmsg::Getlock { fid, lock: l } => {
+                let f = self.fid(fid)?;
+                let Some(Open::File { file, .. }) = f.open.as_deref() else {
+                    return Err(errno(libc::EBADF));
+                };
+                let (start, len) = lock_range(l.start, l.length)?;
+                // Linux's client asks with F_UNLCK ("any lock here?"), which
+                // F_OFD_GETLK refuses: a write lock conflicts with every lock.
+                let ty = match lock_type(l.ty)? {
+                    t if t == libc::F_UNLCK as libc::c_short => libc::F_WRLCK as libc::c_short,
+                    t => t,
+                };
+                let held = sys::ofd_getlk(file, ty, start, len)?;
+                let client_id: &'static [u8] = b"";
+                let lock = match held {
+                    // No conflict: the lock asked about, as unlocked.
+                    None => Flock {
+                        ty: lock::UNLCK,
+                        flags: 0,
+                        start: l.start,
+                        length: l.length,
+                        proc_id: l.proc_id,
+                        client_id,
+                    },
+                    // The conflicting lock; its holder is an open file, not
+                    // a process, so it has no process id to give.
+                    Some(h) => Flock {
+                        ty: if h.l_type == libc::F_RDLCK as libc::c_short {
+                            lock::RDLCK
+                        } else {
+                            lock::WRLCK
+                        },
+                        flags: 0,
+                        start: u64::try_from(h.l_start).unwrap_or(0),
+                        length: u64::try_from(h.l_len).unwrap_or(0),
+                        proc_id: 0,
+                        client_id,
+                    },
+                };
+                Ok(Rmsg::Getlock { lock })
             }
             Tmsg::Link { dfid, fid, name } => {
                 self.writable()?;
                 let name = check_name(name)?;
                 let (odir, oname) = ex.parent(&self.fid(fid)?.path)?;
                 let ndir = ex.dir(&self.fid(dfid)?.path)?;
-                sys::linkat(&odir, &oname, &ndir, name)?;
+                sys::linkat((&odir, &oname), (&ndir, name))?;
                 Ok(Rmsg::Link)
             }
             Tmsg::Unlinkat { dfid, name, flags } => {
@@ -650,9 +742,28 @@ impl<'e> Session<'e> {
         }
     }
 
+    /// Makes `name` in the directory of `dfid` with `make(dir, name)` (after
+    /// the checks every creation needs), gives it to the fid's user and
+    /// `gid` when running as root, and returns its qid.
+    fn make(
+        &self,
+        dfid: u32,
+        name: &[u8],
+        gid: u32,
+        make: impl FnOnce(&File, &OsStr) -> R<()>,
+    ) -> R<Qid> {
+        self.writable()?;
+        let name = check_name(name)?;
+        let f = self.fid(dfid)?;
+        let dir = self.export.dir(&f.path)?;
+        make(&dir, name)?;
+        self.own(&dir, name, f.uid, gid)?;
+        Ok(qid_of(&self.export.meta(&f.path.join(name))?))
+    }
+
     /// Moves every fid at or under `from` to `to`.
-    fn renamed(&mut self, from: &Path, to: &Path) {
-        for f in self.fids.values_mut() {
+    fn renamed(&self, from: &Path, to: &Path) {
+        for f in locked(&self.fids).values_mut() {
             if let Ok(rest) = f.path.strip_prefix(from) {
                 // (`join("")` would add a trailing slash.)
                 f.path = if rest.as_os_str().is_empty() {
@@ -665,7 +776,7 @@ impl<'e> Session<'e> {
     }
 
     fn setattr(&self, path: &Path, a: &SetAttr) -> R<()> {
-        let ex = self.export;
+        let ex = &self.export;
         let obj = ex.opath(path)?;
         let m = obj.metadata()?;
         if a.valid & setattr::MODE != 0 {
@@ -731,15 +842,73 @@ impl<'e> Session<'e> {
                     let dir = ex.dir(path.parent().unwrap_or(Path::new("")))?;
                     sys::utimensat(&dir, name, times)?;
                 }
-                None => sys::utimensat(&ex.root, OsStr::new("."), times)?,
+                None => sys::utimensat(&*ex.root, OsStr::new("."), times)?,
             }
         }
         Ok(())
     }
 }
 
+/// A 9P lock type as `fcntl`'s.
+fn lock_type(ty: u8) -> R<libc::c_short> {
+    Ok(match ty {
+        lock::RDLCK => libc::F_RDLCK,
+        lock::WRLCK => libc::F_WRLCK,
+        lock::UNLCK => libc::F_UNLCK,
+        _ => return Err(errno(libc::EINVAL)),
+    } as libc::c_short)
+}
+
+/// A 9P lock range (`length` 0: to the end of the file) as `fcntl`'s.
+fn lock_range(start: u64, length: u64) -> R<(libc::off_t, libc::off_t)> {
+    let start = libc::off_t::try_from(start).map_err(|_| errno(libc::EINVAL))?;
+    let len = libc::off_t::try_from(length).map_err(|_| errno(libc::EINVAL))?;
+    if start.checked_add(len).is_none() {
+        return Err(errno(libc::EOVERFLOW));
+    }
+    Ok((start, len))
+}
+
+/// A file just opened for a client, made ready for reads and writes: a
+/// device node is refused (`EPERM`: its data is not beneath the root, and
+/// Linux's client opens device nodes on its own side anyway), and
+/// `O_NONBLOCK`, set so that opening a FIFO never waits for its other end
+/// (that would hold a thread for as long as a client likes), is cleared.
+fn plain_file(fd: OwnedFd) -> R<File> {
+    let file = File::from(fd);
+    let ft = file.metadata()?.file_type();
+    if ft.is_block_device() || ft.is_char_device() {
+        return Err(errno(libc::EPERM));
+    }
+    sys::clear_nonblock(&file)?;
+    Ok(file)
+}
+
+/// Writes `data` at `offset`, or where a FIFO or socket is (no offsets).
+fn write_all_at(mut file: &File, data: &[u8], offset: u64) -> R<()> {
+    match file.write_all_at(data, offset) {
+        Err(e) if e.raw_os_error() == Some(libc::ESPIPE) => io::Write::write_all(&mut file, data),
+        r => r,
+    }
+}
+
+/// Reads until `buf` is full or the file ends; from a FIFO or socket, what
+/// one read returns.
 fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> R<usize> {
-    let mut done = 0;
+    match file.read_at(buf, offset) {
+        Err(e) if e.raw_os_error() == Some(libc::ESPIPE) => {
+            return io::Read::read(&mut &*file, buf);
+        }
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+        Err(e) => return Err(e),
+        Ok(0) => return Ok(0),
+        Ok(n) if n == buf.len() => return Ok(n),
+        Ok(n) => return read_rest_at(file, buf, offset, n),
+    }
+    read_rest_at(file, buf, offset, 0)
+}
+
+fn read_rest_at(file: &File, buf: &mut [u8], offset: u64, mut done: usize) -> R<usize> {
     while done < buf.len() {
         match file.read_at(&mut buf[done..], offset.saturating_add(done as u64)) {
             Ok(0) => break,
@@ -789,18 +958,8 @@ fn list_dir(ex: &Export, path: &Path, file: &File) -> R<DirCache> {
     for e in std::fs::read_dir(format!("/proc/self/fd/{}", file.as_raw_fd()))? {
         let e = e?;
         let ft = e.file_type()?;
-        let qid = Qid {
-            ty: if ft.is_dir() {
-                QTDIR
-            } else if ft.is_symlink() {
-                QTSYMLINK
-            } else {
-                0
-            },
-            version: 0,
-            path: std::os::unix::fs::DirEntryExt::ino(&e),
-        };
-        entries.push((qid, dtype(ft), e.file_name()));
+        let q = qid(ft, std::os::unix::fs::DirEntryExt::ino(&e));
+        entries.push((q, dtype(ft), e.file_name()));
     }
     Ok(DirCache { entries })
 }

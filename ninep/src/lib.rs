@@ -21,6 +21,7 @@
 
 pub mod client;
 pub mod fs;
+mod link;
 pub mod proto;
 pub mod server;
 mod sys;

@@ -27,7 +27,10 @@ options of serve:
   --msize N      the largest message size agreed, 4096 to 16777216 bytes
                  (default {DEFAULT_MSIZE}); every receive is this large
   --max-fids N   the fids one connection may hold (default {fids})
-  -h, --help     print this help",
+  -h, --help     print this help
+
+environment:
+  RDMA_9P_TRACE  when set, every request, reply and completion is printed to stderr",
         addr = defaults.addr,
         fids = defaults.max_fids,
     )

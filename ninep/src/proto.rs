@@ -294,6 +294,21 @@ pub mod setattr {
     pub const MTIME_SET: u32 = 0x100;
 }
 
+/// `Tlock`/`Tgetlock` values: lock types and `Rlock` statuses.
+#[allow(missing_docs)]
+pub mod lock {
+    pub const RDLCK: u8 = 0;
+    pub const WRLCK: u8 = 1;
+    pub const UNLCK: u8 = 2;
+    /// `Tlock` flags: the client waits (it asks again after `BLOCKED`).
+    pub const FLAGS_BLOCK: u32 = 1;
+    pub const FLAGS_RECLAIM: u32 = 2;
+    pub const SUCCESS: u8 = 0;
+    pub const BLOCKED: u8 = 1;
+    pub const ERROR: u8 = 2;
+    pub const GRACE: u8 = 3;
+}
+
 /// `Tlock`/`Tgetlock`'s lock description.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Flock<'a> {
@@ -311,145 +326,334 @@ pub struct Flock<'a> {
     pub client_id: &'a [u8],
 }
 
-/// A request (T-message) body.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub enum Tmsg<'a> {
-    Version {
-        msize: u32,
-        version: &'a [u8],
-    },
+/// How each kind of field goes on the wire: `get` reads it, `put` writes it.
+/// A message's fields name their codec in [`messages!`], so a message is
+/// described once and its decoder, encoder and type follow from that.
+mod field {
+    use super::{Attr, DecodeError, Flock, Qid, Reader, SetAttr, StatFs, Writer, MAXWELEM};
+
+    type D<T> = Result<T, DecodeError>;
+
+    pub mod byte {
+        use super::*;
+        pub fn get(r: &mut Reader<'_>) -> D<u8> {
+            r.u8()
+        }
+        pub fn put(v: &u8, w: &mut Writer<'_>) {
+            w.u8(*v);
+        }
+    }
+    pub mod short {
+        use super::*;
+        pub fn get(r: &mut Reader<'_>) -> D<u16> {
+            r.u16()
+        }
+        pub fn put(v: &u16, w: &mut Writer<'_>) {
+            w.u16(*v);
+        }
+    }
+    pub mod int {
+        use super::*;
+        pub fn get(r: &mut Reader<'_>) -> D<u32> {
+            r.u32()
+        }
+        pub fn put(v: &u32, w: &mut Writer<'_>) {
+            w.u32(*v);
+        }
+    }
+    pub mod long {
+        use super::*;
+        pub fn get(r: &mut Reader<'_>) -> D<u64> {
+            r.u64()
+        }
+        pub fn put(v: &u64, w: &mut Writer<'_>) {
+            w.u64(*v);
+        }
+    }
+    /// A `u32` that older clients leave out at the end (`Tfsync`'s
+    /// `datasync`): 0 when absent.
+    pub mod opt_int {
+        use super::*;
+        pub fn get(r: &mut Reader<'_>) -> D<u32> {
+            if r.remaining() == 0 {
+                Ok(0)
+            } else {
+                r.u32()
+            }
+        }
+        pub fn put(v: &u32, w: &mut Writer<'_>) {
+            w.u32(*v);
+        }
+    }
+    /// `len[2]` and that many bytes.
+    pub mod string {
+        use super::*;
+        pub fn get<'a>(r: &mut Reader<'a>) -> D<&'a [u8]> {
+            r.str()
+        }
+        pub fn put(v: &[u8], w: &mut Writer<'_>) {
+            w.str(v);
+        }
+    }
+    /// `count[4]` and that many bytes (`Twrite`'s data).
+    pub mod data {
+        use super::*;
+        pub fn get<'a>(r: &mut Reader<'a>) -> D<&'a [u8]> {
+            let n = r.u32()?;
+            r.bytes(usize::try_from(n).map_err(|_| DecodeError::Truncated)?)
+        }
+        pub fn put(v: &[u8], w: &mut Writer<'_>) {
+            w.u32(u32::try_from(v.len()).unwrap_or(u32::MAX)).bytes(v);
+        }
+    }
+    /// `nwname[2]` and that many strings, at most [`MAXWELEM`].
+    pub mod names {
+        use super::*;
+        pub fn get<'a>(r: &mut Reader<'a>) -> D<Vec<&'a [u8]>> {
+            let n = r.u16()?;
+            if usize::from(n) > MAXWELEM {
+                return Err(DecodeError::TooManyNames(n));
+            }
+            (0..n).map(|_| r.str()).collect()
+        }
+        pub fn put(v: &[&[u8]], w: &mut Writer<'_>) {
+            w.u16(v.len() as u16);
+            for n in v {
+                w.str(n);
+            }
+        }
+    }
+    pub mod qid {
+        use super::*;
+        pub fn get(r: &mut Reader<'_>) -> D<Qid> {
+            r.qid()
+        }
+        pub fn put(v: &Qid, w: &mut Writer<'_>) {
+            w.qid(v);
+        }
+    }
+    /// `nwqid[2]` and that many qids, at most [`MAXWELEM`].
+    pub mod qids {
+        use super::*;
+        pub fn get(r: &mut Reader<'_>) -> D<Vec<Qid>> {
+            let n = r.u16()?;
+            if usize::from(n) > MAXWELEM {
+                return Err(DecodeError::TooManyNames(n));
+            }
+            (0..n).map(|_| r.qid()).collect()
+        }
+        pub fn put(v: &[Qid], w: &mut Writer<'_>) {
+            w.u16(v.len() as u16);
+            for q in v {
+                w.qid(q);
+            }
+        }
+    }
+    pub mod statfs {
+        use super::*;
+        pub fn get(r: &mut Reader<'_>) -> D<StatFs> {
+            Ok(StatFs {
+                ty: r.u32()?,
+                bsize: r.u32()?,
+                blocks: r.u64()?,
+                bfree: r.u64()?,
+                bavail: r.u64()?,
+                files: r.u64()?,
+                ffree: r.u64()?,
+                fsid: r.u64()?,
+                namelen: r.u32()?,
+            })
+        }
+        pub fn put(s: &StatFs, w: &mut Writer<'_>) {
+            w.u32(s.ty).u32(s.bsize);
+            w.u64(s.blocks).u64(s.bfree).u64(s.bavail);
+            w.u64(s.files).u64(s.ffree).u64(s.fsid).u32(s.namelen);
+        }
+    }
+    pub mod attr {
+        use super::*;
+        pub fn get(r: &mut Reader<'_>) -> D<Box<Attr>> {
+            Ok(Box::new(Attr {
+                valid: r.u64()?,
+                qid: r.qid()?,
+                mode: r.u32()?,
+                uid: r.u32()?,
+                gid: r.u32()?,
+                nlink: r.u64()?,
+                rdev: r.u64()?,
+                size: r.u64()?,
+                blksize: r.u64()?,
+                blocks: r.u64()?,
+                atime_sec: r.u64()?,
+                atime_nsec: r.u64()?,
+                mtime_sec: r.u64()?,
+                mtime_nsec: r.u64()?,
+                ctime_sec: r.u64()?,
+                ctime_nsec: r.u64()?,
+                btime_sec: r.u64()?,
+                btime_nsec: r.u64()?,
+                gen: r.u64()?,
+                data_version: r.u64()?,
+            }))
+        }
+        pub fn put(a: &Attr, w: &mut Writer<'_>) {
+            w.u64(a.valid).qid(&a.qid).u32(a.mode).u32(a.uid).u32(a.gid);
+            w.u64(a.nlink)
+                .u64(a.rdev)
+                .u64(a.size)
+                .u64(a.blksize)
+                .u64(a.blocks);
+            w.u64(a.atime_sec).u64(a.atime_nsec);
+            w.u64(a.mtime_sec).u64(a.mtime_nsec);
+            w.u64(a.ctime_sec).u64(a.ctime_nsec);
+            w.u64(a.btime_sec).u64(a.btime_nsec);
+            w.u64(a.gen).u64(a.data_version);
+        }
+    }
+    pub mod setattr {
+        use super::*;
+        pub fn get(r: &mut Reader<'_>) -> D<SetAttr> {
+            Ok(SetAttr {
+                valid: r.u32()?,
+                mode: r.u32()?,
+                uid: r.u32()?,
+                gid: r.u32()?,
+                size: r.u64()?,
+                atime_sec: r.u64()?,
+                atime_nsec: r.u64()?,
+                mtime_sec: r.u64()?,
+                mtime_nsec: r.u64()?,
+            })
+        }
+        pub fn put(a: &SetAttr, w: &mut Writer<'_>) {
+            w.u32(a.valid).u32(a.mode).u32(a.uid).u32(a.gid).u64(a.size);
+            w.u64(a.atime_sec).u64(a.atime_nsec);
+            w.u64(a.mtime_sec).u64(a.mtime_nsec);
+        }
+    }
+    /// `Tlock`'s lock: with `flags`.
+    pub mod lock {
+        use super::*;
+        pub fn get<'a>(r: &mut Reader<'a>) -> D<Flock<'a>> {
+            super::super::flock(r, true)
+        }
+        pub fn put(v: &Flock<'_>, w: &mut Writer<'_>) {
+            super::super::put_flock(w, v, true);
+        }
+    }
+    /// `Tgetlock`'s and `Rgetlock`'s lock: without `flags`.
+    pub mod getlock {
+        use super::*;
+        pub fn get<'a>(r: &mut Reader<'a>) -> D<Flock<'a>> {
+            super::super::flock(r, false)
+        }
+        pub fn put(v: &Flock<'_>, w: &mut Writer<'_>) {
+            super::super::put_flock(w, v, false);
+        }
+    }
+}
+
+/// Defines a message enum, its decoder, encoder and type numbers from one
+/// list: each message's name, its fields in wire order (each with its codec,
+/// a module of [`field`]; a reply may have one unnamed field, or none), and
+/// its type number.
+macro_rules! messages {
+    (
+        $(#[$doc:meta])*
+        enum $enum:ident; decode $decode:ident; encode $encode:ident; ty $tyof:ident;
+        $(
+            $name:ident
+            $( { $( $f:ident : $t:ty = $codec:ident ),* $(,)? } )?
+            $( ( $tf:ident : $tt:ty = $tcodec:ident ) )?
+            = $ty:expr;
+        )*
+    ) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        #[allow(missing_docs)]
+        pub enum $enum<'a> {
+            $( $name $( { $( $f: $t ),* } )? $( ($tt) )?, )*
+        }
+
+        fn $tyof(m: &$enum<'_>) -> u8 {
+            match m {
+                $( $enum::$name { .. } => $ty, )*
+            }
+        }
+
+        fn $decode(t: u8, body: &[u8]) -> Result<$enum<'_>, DecodeError> {
+            let r = &mut Reader::new(body);
+            let m = match t {
+                $( x if x == $ty => $enum::$name
+                    $( { $( $f: field::$codec::get(r)? ),* } )?
+                    $( (field::$tcodec::get(r)?) )?, )*
+                other => return Err(DecodeError::UnknownType(other)),
+            };
+            r.finish()?;
+            Ok(m)
+        }
+
+        fn $encode(tag: u16, m: &$enum<'_>, out: &mut Vec<u8>) -> usize {
+            let mut w = Writer::new(out, $tyof(m), tag);
+            match m {
+                $( $enum::$name $( { $( $f ),* } )? $( ($tf) )? => {
+                    $( $( field::$codec::put($f, &mut w); )* )?
+                    $( field::$tcodec::put($tf, &mut w); )?
+                } )*
+            }
+            w.finish()
+        }
+    };
+}
+
+messages! {
+    /// A request (T-message) body.
+    enum Tmsg; decode decode_t; encode encode_t; ty type_t;
+    Version { msize: u32 = int, version: &'a [u8] = string } = ty::TVERSION;
     Auth {
-        afid: u32,
-        uname: &'a [u8],
-        aname: &'a [u8],
-        n_uname: u32,
-    },
+        afid: u32 = int, uname: &'a [u8] = string, aname: &'a [u8] = string, n_uname: u32 = int
+    } = ty::TAUTH;
     Attach {
-        fid: u32,
-        afid: u32,
-        uname: &'a [u8],
-        aname: &'a [u8],
-        n_uname: u32,
-    },
-    Flush {
-        oldtag: u16,
-    },
-    Walk {
-        fid: u32,
-        newfid: u32,
-        names: Vec<&'a [u8]>,
-    },
-    Read {
-        fid: u32,
-        offset: u64,
-        count: u32,
-    },
-    Write {
-        fid: u32,
-        offset: u64,
-        data: &'a [u8],
-    },
-    Clunk {
-        fid: u32,
-    },
-    Remove {
-        fid: u32,
-    },
-    Statfs {
-        fid: u32,
-    },
-    Lopen {
-        fid: u32,
-        flags: u32,
-    },
+        fid: u32 = int, afid: u32 = int, uname: &'a [u8] = string, aname: &'a [u8] = string,
+        n_uname: u32 = int,
+    } = ty::TATTACH;
+    Flush { oldtag: u16 = short } = ty::TFLUSH;
+    Walk { fid: u32 = int, newfid: u32 = int, names: Vec<&'a [u8]> = names } = ty::TWALK;
+    Read { fid: u32 = int, offset: u64 = long, count: u32 = int } = ty::TREAD;
+    Write { fid: u32 = int, offset: u64 = long, data: &'a [u8] = data } = ty::TWRITE;
+    Clunk { fid: u32 = int } = ty::TCLUNK;
+    Remove { fid: u32 = int } = ty::TREMOVE;
+    Statfs { fid: u32 = int } = ty::TSTATFS;
+    Lopen { fid: u32 = int, flags: u32 = int } = ty::TLOPEN;
     Lcreate {
-        fid: u32,
-        name: &'a [u8],
-        flags: u32,
-        mode: u32,
-        gid: u32,
-    },
+        fid: u32 = int, name: &'a [u8] = string, flags: u32 = int, mode: u32 = int, gid: u32 = int
+    } = ty::TLCREATE;
     Symlink {
-        fid: u32,
-        name: &'a [u8],
-        target: &'a [u8],
-        gid: u32,
-    },
+        fid: u32 = int, name: &'a [u8] = string, target: &'a [u8] = string, gid: u32 = int
+    } = ty::TSYMLINK;
     Mknod {
-        dfid: u32,
-        name: &'a [u8],
-        mode: u32,
-        major: u32,
-        minor: u32,
-        gid: u32,
-    },
-    Rename {
-        fid: u32,
-        dfid: u32,
-        name: &'a [u8],
-    },
-    Readlink {
-        fid: u32,
-    },
-    Getattr {
-        fid: u32,
-        mask: u64,
-    },
-    Setattr {
-        fid: u32,
-        attr: SetAttr,
-    },
-    Xattrwalk {
-        fid: u32,
-        newfid: u32,
-        name: &'a [u8],
-    },
+        dfid: u32 = int, name: &'a [u8] = string, mode: u32 = int, major: u32 = int,
+        minor: u32 = int, gid: u32 = int,
+    } = ty::TMKNOD;
+    Rename { fid: u32 = int, dfid: u32 = int, name: &'a [u8] = string } = ty::TRENAME;
+    Readlink { fid: u32 = int } = ty::TREADLINK;
+    Getattr { fid: u32 = int, mask: u64 = long } = ty::TGETATTR;
+    Setattr { fid: u32 = int, attr: SetAttr = setattr } = ty::TSETATTR;
+    Xattrwalk { fid: u32 = int, newfid: u32 = int, name: &'a [u8] = string } = ty::TXATTRWALK;
     Xattrcreate {
-        fid: u32,
-        name: &'a [u8],
-        size: u64,
-        flags: u32,
-    },
-    Readdir {
-        fid: u32,
-        offset: u64,
-        count: u32,
-    },
-    Fsync {
-        fid: u32,
-        datasync: u32,
-    },
-    Lock {
-        fid: u32,
-        lock: Flock<'a>,
-    },
-    Getlock {
-        fid: u32,
-        lock: Flock<'a>,
-    },
-    Link {
-        dfid: u32,
-        fid: u32,
-        name: &'a [u8],
-    },
-    Mkdir {
-        dfid: u32,
-        name: &'a [u8],
-        mode: u32,
-        gid: u32,
-    },
+        fid: u32 = int, name: &'a [u8] = string, size: u64 = long, flags: u32 = int
+    } = ty::TXATTRCREATE;
+    Readdir { fid: u32 = int, offset: u64 = long, count: u32 = int } = ty::TREADDIR;
+    Fsync { fid: u32 = int, datasync: u32 = opt_int } = ty::TFSYNC;
+    Lock { fid: u32 = int, lock: Flock<'a> = lock } = ty::TLOCK;
+    Getlock { fid: u32 = int, lock: Flock<'a> = getlock } = ty::TGETLOCK;
+    Link { dfid: u32 = int, fid: u32 = int, name: &'a [u8] = string } = ty::TLINK;
+    Mkdir { dfid: u32 = int, name: &'a [u8] = string, mode: u32 = int, gid: u32 = int } = ty::TMKDIR;
     Renameat {
-        olddirfid: u32,
-        oldname: &'a [u8],
-        newdirfid: u32,
-        newname: &'a [u8],
-    },
-    Unlinkat {
-        dfid: u32,
-        name: &'a [u8],
-        flags: u32,
-    },
+        olddirfid: u32 = int, oldname: &'a [u8] = string, newdirfid: u32 = int,
+        newname: &'a [u8] = string,
+    } = ty::TRENAMEAT;
+    Unlinkat { dfid: u32 = int, name: &'a [u8] = string, flags: u32 = int } = ty::TUNLINKAT;
 }
 
 /// A decoded request.
@@ -502,343 +706,12 @@ fn flock<'a>(r: &mut Reader<'a>, with_flags: bool) -> Result<Flock<'a>, DecodeEr
     })
 }
 
-fn decode_t(t: u8, body: &[u8]) -> Result<Tmsg<'_>, DecodeError> {
-    let r = &mut Reader::new(body);
-    let m = match t {
-        ty::TVERSION => Tmsg::Version {
-            msize: r.u32()?,
-            version: r.str()?,
-        },
-        ty::TAUTH => Tmsg::Auth {
-            afid: r.u32()?,
-            uname: r.str()?,
-            aname: r.str()?,
-            n_uname: r.u32()?,
-        },
-        ty::TATTACH => Tmsg::Attach {
-            fid: r.u32()?,
-            afid: r.u32()?,
-            uname: r.str()?,
-            aname: r.str()?,
-            n_uname: r.u32()?,
-        },
-        ty::TFLUSH => Tmsg::Flush { oldtag: r.u16()? },
-        ty::TWALK => {
-            let fid = r.u32()?;
-            let newfid = r.u32()?;
-            let n = r.u16()?;
-            if usize::from(n) > MAXWELEM {
-                return Err(DecodeError::TooManyNames(n));
-            }
-            let mut names = Vec::with_capacity(usize::from(n));
-            for _ in 0..n {
-                names.push(r.str()?);
-            }
-            Tmsg::Walk { fid, newfid, names }
-        }
-        ty::TREAD => Tmsg::Read {
-            fid: r.u32()?,
-            offset: r.u64()?,
-            count: r.u32()?,
-        },
-        ty::TWRITE => {
-            let fid = r.u32()?;
-            let offset = r.u64()?;
-            let count = r.u32()?;
-            let data = r.bytes(usize::try_from(count).map_err(|_| DecodeError::Truncated)?)?;
-            Tmsg::Write { fid, offset, data }
-        }
-        ty::TCLUNK => Tmsg::Clunk { fid: r.u32()? },
-        ty::TREMOVE => Tmsg::Remove { fid: r.u32()? },
-        ty::TSTATFS => Tmsg::Statfs { fid: r.u32()? },
-        ty::TLOPEN => Tmsg::Lopen {
-            fid: r.u32()?,
-            flags: r.u32()?,
-        },
-        ty::TLCREATE => Tmsg::Lcreate {
-            fid: r.u32()?,
-            name: r.str()?,
-            flags: r.u32()?,
-            mode: r.u32()?,
-            gid: r.u32()?,
-        },
-        ty::TSYMLINK => Tmsg::Symlink {
-            fid: r.u32()?,
-            name: r.str()?,
-            target: r.str()?,
-            gid: r.u32()?,
-        },
-        ty::TMKNOD => Tmsg::Mknod {
-            dfid: r.u32()?,
-            name: r.str()?,
-            mode: r.u32()?,
-            major: r.u32()?,
-            minor: r.u32()?,
-            gid: r.u32()?,
-        },
-        ty::TRENAME => Tmsg::Rename {
-            fid: r.u32()?,
-            dfid: r.u32()?,
-            name: r.str()?,
-        },
-        ty::TREADLINK => Tmsg::Readlink { fid: r.u32()? },
-        ty::TGETATTR => Tmsg::Getattr {
-            fid: r.u32()?,
-            mask: r.u64()?,
-        },
-        ty::TSETATTR => Tmsg::Setattr {
-            fid: r.u32()?,
-            attr: SetAttr {
-                valid: r.u32()?,
-                mode: r.u32()?,
-                uid: r.u32()?,
-                gid: r.u32()?,
-                size: r.u64()?,
-                atime_sec: r.u64()?,
-                atime_nsec: r.u64()?,
-                mtime_sec: r.u64()?,
-                mtime_nsec: r.u64()?,
-            },
-        },
-        ty::TXATTRWALK => Tmsg::Xattrwalk {
-            fid: r.u32()?,
-            newfid: r.u32()?,
-            name: r.str()?,
-        },
-        ty::TXATTRCREATE => Tmsg::Xattrcreate {
-            fid: r.u32()?,
-            name: r.str()?,
-            size: r.u64()?,
-            flags: r.u32()?,
-        },
-        ty::TREADDIR => Tmsg::Readdir {
-            fid: r.u32()?,
-            offset: r.u64()?,
-            count: r.u32()?,
-        },
-        ty::TFSYNC => {
-            let fid = r.u32()?;
-            // Older clients send the fid alone.
-            let datasync = if r.remaining() == 0 { 0 } else { r.u32()? };
-            Tmsg::Fsync { fid, datasync }
-        }
-        ty::TLOCK => Tmsg::Lock {
-            fid: r.u32()?,
-            lock: flock(r, true)?,
-        },
-        ty::TGETLOCK => Tmsg::Getlock {
-            fid: r.u32()?,
-            lock: flock(r, false)?,
-        },
-        ty::TLINK => Tmsg::Link {
-            dfid: r.u32()?,
-            fid: r.u32()?,
-            name: r.str()?,
-        },
-        ty::TMKDIR => Tmsg::Mkdir {
-            dfid: r.u32()?,
-            name: r.str()?,
-            mode: r.u32()?,
-            gid: r.u32()?,
-        },
-        ty::TRENAMEAT => Tmsg::Renameat {
-            olddirfid: r.u32()?,
-            oldname: r.str()?,
-            newdirfid: r.u32()?,
-            newname: r.str()?,
-        },
-        ty::TUNLINKAT => Tmsg::Unlinkat {
-            dfid: r.u32()?,
-            name: r.str()?,
-            flags: r.u32()?,
-        },
-        other => return Err(DecodeError::UnknownType(other)),
-    };
-    r.finish()?;
-    Ok(m)
-}
-
 fn put_flock(w: &mut Writer<'_>, l: &Flock<'_>, with_flags: bool) {
     w.u8(l.ty);
     if with_flags {
         w.u32(l.flags);
     }
     w.u64(l.start).u64(l.length).u32(l.proc_id).str(l.client_id);
-}
-
-fn encode_t(tag: u16, m: &Tmsg<'_>, out: &mut Vec<u8>) -> usize {
-    let t = match m {
-        Tmsg::Version { .. } => ty::TVERSION,
-        Tmsg::Auth { .. } => ty::TAUTH,
-        Tmsg::Attach { .. } => ty::TATTACH,
-        Tmsg::Flush { .. } => ty::TFLUSH,
-        Tmsg::Walk { .. } => ty::TWALK,
-        Tmsg::Read { .. } => ty::TREAD,
-        Tmsg::Write { .. } => ty::TWRITE,
-        Tmsg::Clunk { .. } => ty::TCLUNK,
-        Tmsg::Remove { .. } => ty::TREMOVE,
-        Tmsg::Statfs { .. } => ty::TSTATFS,
-        Tmsg::Lopen { .. } => ty::TLOPEN,
-        Tmsg::Lcreate { .. } => ty::TLCREATE,
-        Tmsg::Symlink { .. } => ty::TSYMLINK,
-        Tmsg::Mknod { .. } => ty::TMKNOD,
-        Tmsg::Rename { .. } => ty::TRENAME,
-        Tmsg::Readlink { .. } => ty::TREADLINK,
-        Tmsg::Getattr { .. } => ty::TGETATTR,
-        Tmsg::Setattr { .. } => ty::TSETATTR,
-        Tmsg::Xattrwalk { .. } => ty::TXATTRWALK,
-        Tmsg::Xattrcreate { .. } => ty::TXATTRCREATE,
-        Tmsg::Readdir { .. } => ty::TREADDIR,
-        Tmsg::Fsync { .. } => ty::TFSYNC,
-        Tmsg::Lock { .. } => ty::TLOCK,
-        Tmsg::Getlock { .. } => ty::TGETLOCK,
-        Tmsg::Link { .. } => ty::TLINK,
-        Tmsg::Mkdir { .. } => ty::TMKDIR,
-        Tmsg::Renameat { .. } => ty::TRENAMEAT,
-        Tmsg::Unlinkat { .. } => ty::TUNLINKAT,
-    };
-    let mut w = Writer::new(out, t, tag);
-    match m {
-        Tmsg::Version { msize, version } => {
-            w.u32(*msize).str(version);
-        }
-        Tmsg::Auth {
-            afid,
-            uname,
-            aname,
-            n_uname,
-        } => {
-            w.u32(*afid).str(uname).str(aname).u32(*n_uname);
-        }
-        Tmsg::Attach {
-            fid,
-            afid,
-            uname,
-            aname,
-            n_uname,
-        } => {
-            w.u32(*fid).u32(*afid).str(uname).str(aname).u32(*n_uname);
-        }
-        Tmsg::Flush { oldtag } => {
-            w.u16(*oldtag);
-        }
-        Tmsg::Walk { fid, newfid, names } => {
-            w.u32(*fid).u32(*newfid).u16(names.len() as u16);
-            for n in names {
-                w.str(n);
-            }
-        }
-        Tmsg::Read { fid, offset, count } | Tmsg::Readdir { fid, offset, count } => {
-            w.u32(*fid).u64(*offset).u32(*count);
-        }
-        Tmsg::Write { fid, offset, data } => {
-            w.u32(*fid).u64(*offset).u32(data.len() as u32).bytes(data);
-        }
-        Tmsg::Clunk { fid }
-        | Tmsg::Remove { fid }
-        | Tmsg::Statfs { fid }
-        | Tmsg::Readlink { fid } => {
-            w.u32(*fid);
-        }
-        Tmsg::Lopen { fid, flags } => {
-            w.u32(*fid).u32(*flags);
-        }
-        Tmsg::Lcreate {
-            fid,
-            name,
-            flags,
-            mode,
-            gid,
-        } => {
-            w.u32(*fid).str(name).u32(*flags).u32(*mode).u32(*gid);
-        }
-        Tmsg::Symlink {
-            fid,
-            name,
-            target,
-            gid,
-        } => {
-            w.u32(*fid).str(name).str(target).u32(*gid);
-        }
-        Tmsg::Mknod {
-            dfid,
-            name,
-            mode,
-            major,
-            minor,
-            gid,
-        } => {
-            w.u32(*dfid)
-                .str(name)
-                .u32(*mode)
-                .u32(*major)
-                .u32(*minor)
-                .u32(*gid);
-        }
-        Tmsg::Rename { fid, dfid, name } => {
-            w.u32(*fid).u32(*dfid).str(name);
-        }
-        Tmsg::Getattr { fid, mask } => {
-            w.u32(*fid).u64(*mask);
-        }
-        Tmsg::Setattr { fid, attr: a } => {
-            w.u32(*fid)
-                .u32(a.valid)
-                .u32(a.mode)
-                .u32(a.uid)
-                .u32(a.gid)
-                .u64(a.size)
-                .u64(a.atime_sec)
-                .u64(a.atime_nsec)
-                .u64(a.mtime_sec)
-                .u64(a.mtime_nsec);
-        }
-        Tmsg::Xattrwalk { fid, newfid, name } => {
-            w.u32(*fid).u32(*newfid).str(name);
-        }
-        Tmsg::Xattrcreate {
-            fid,
-            name,
-            size,
-            flags,
-        } => {
-            w.u32(*fid).str(name).u64(*size).u32(*flags);
-        }
-        Tmsg::Fsync { fid, datasync } => {
-            w.u32(*fid).u32(*datasync);
-        }
-        Tmsg::Lock { fid, lock } => {
-            w.u32(*fid);
-            put_flock(&mut w, lock, true);
-        }
-        Tmsg::Getlock { fid, lock } => {
-            w.u32(*fid);
-            put_flock(&mut w, lock, false);
-        }
-        Tmsg::Link { dfid, fid, name } => {
-            w.u32(*dfid).u32(*fid).str(name);
-        }
-        Tmsg::Mkdir {
-            dfid,
-            name,
-            mode,
-            gid,
-        } => {
-            w.u32(*dfid).str(name).u32(*mode).u32(*gid);
-        }
-        Tmsg::Renameat {
-            olddirfid,
-            oldname,
-            newdirfid,
-            newname,
-        } => {
-            w.u32(*olddirfid).str(oldname).u32(*newdirfid).str(newname);
-        }
-        Tmsg::Unlinkat { dfid, name, flags } => {
-            w.u32(*dfid).str(name).u32(*flags);
-        }
-    }
-    w.finish()
 }
 
 /// `Rstatfs`'s fields.
@@ -885,154 +758,47 @@ pub struct Attr {
 /// `Rgetattr`'s `valid` for the basic fields (mode to blocks).
 pub const GETATTR_BASIC: u64 = 0x7ff;
 
-/// A reply (R-message) body. `Read` and `Readdir` carry their data, which
-/// `Readdir` holds already encoded (see [`DirEntry::encode`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub enum Rmsg<'a> {
-    Lerror { ecode: u32 },
-    Version { msize: u32, version: &'a [u8] },
-    Attach { qid: Qid },
-    Flush,
-    Walk { qids: Vec<Qid> },
-    Read { data: &'a [u8] },
-    Write { count: u32 },
-    Clunk,
-    Remove,
-    Statfs(StatFs),
-    Lopen { qid: Qid, iounit: u32 },
-    Lcreate { qid: Qid, iounit: u32 },
-    Symlink { qid: Qid },
-    Mknod { qid: Qid },
-    Rename,
-    Readlink { target: &'a [u8] },
-    Getattr(Box<Attr>),
-    Setattr,
-    Readdir { data: &'a [u8] },
-    Fsync,
-    Lock { status: u8 },
-    Getlock { lock: Flock<'a> },
-    Link,
-    Mkdir { qid: Qid },
-    Renameat,
-    Unlinkat,
+messages! {
+    /// A reply (R-message) body. `Read` and `Readdir` carry their data, which
+    /// `Readdir` holds already encoded (see [`DirEntry::encode`]).
+    enum Rmsg; decode decode_r; encode encode_r; ty type_r;
+    Lerror { ecode: u32 = int } = ty::RLERROR;
+    Version { msize: u32 = int, version: &'a [u8] = string } = ty::TVERSION + 1;
+    Attach { qid: Qid = qid } = ty::TATTACH + 1;
+    Flush = ty::TFLUSH + 1;
+    Walk { qids: Vec<Qid> = qids } = ty::TWALK + 1;
+    Read { data: &'a [u8] = data } = ty::TREAD + 1;
+    Write { count: u32 = int } = ty::TWRITE + 1;
+    Clunk = ty::TCLUNK + 1;
+    Remove = ty::TREMOVE + 1;
+    Statfs(s: StatFs = statfs) = ty::TSTATFS + 1;
+    Lopen { qid: Qid = qid, iounit: u32 = int } = ty::TLOPEN + 1;
+    Lcreate { qid: Qid = qid, iounit: u32 = int } = ty::TLCREATE + 1;
+    Symlink { qid: Qid = qid } = ty::TSYMLINK + 1;
+    Mknod { qid: Qid = qid } = ty::TMKNOD + 1;
+    Rename = ty::TRENAME + 1;
+    Readlink { target: &'a [u8] = string } = ty::TREADLINK + 1;
+    Getattr(a: Box<Attr> = attr) = ty::TGETATTR + 1;
+    Setattr = ty::TSETATTR + 1;
+    Readdir { data: &'a [u8] = data } = ty::TREADDIR + 1;
+    Fsync = ty::TFSYNC + 1;
+    Lock { status: u8 = byte } = ty::TLOCK + 1;
+    Getlock { lock: Flock<'a> = getlock } = ty::TGETLOCK + 1;
+    Link = ty::TLINK + 1;
+    Mkdir { qid: Qid = qid } = ty::TMKDIR + 1;
+    Renameat = ty::TRENAMEAT + 1;
+    Unlinkat = ty::TUNLINKAT + 1;
 }
 
 impl Rmsg<'_> {
     /// The message type.
     pub fn ty(&self) -> u8 {
-        match self {
-            Rmsg::Lerror { .. } => ty::RLERROR,
-            Rmsg::Version { .. } => ty::TVERSION + 1,
-            Rmsg::Attach { .. } => ty::TATTACH + 1,
-            Rmsg::Flush => ty::TFLUSH + 1,
-            Rmsg::Walk { .. } => ty::TWALK + 1,
-            Rmsg::Read { .. } => ty::TREAD + 1,
-            Rmsg::Write { .. } => ty::TWRITE + 1,
-            Rmsg::Clunk => ty::TCLUNK + 1,
-            Rmsg::Remove => ty::TREMOVE + 1,
-            Rmsg::Statfs(_) => ty::TSTATFS + 1,
-            Rmsg::Lopen { .. } => ty::TLOPEN + 1,
-            Rmsg::Lcreate { .. } => ty::TLCREATE + 1,
-            Rmsg::Symlink { .. } => ty::TSYMLINK + 1,
-            Rmsg::Mknod { .. } => ty::TMKNOD + 1,
-            Rmsg::Rename => ty::TRENAME + 1,
-            Rmsg::Readlink { .. } => ty::TREADLINK + 1,
-            Rmsg::Getattr(_) => ty::TGETATTR + 1,
-            Rmsg::Setattr => ty::TSETATTR + 1,
-            Rmsg::Readdir { .. } => ty::TREADDIR + 1,
-            Rmsg::Fsync => ty::TFSYNC + 1,
-            Rmsg::Lock { .. } => ty::TLOCK + 1,
-            Rmsg::Getlock { .. } => ty::TGETLOCK + 1,
-            Rmsg::Link => ty::TLINK + 1,
-            Rmsg::Mkdir { .. } => ty::TMKDIR + 1,
-            Rmsg::Renameat => ty::TRENAMEAT + 1,
-            Rmsg::Unlinkat => ty::TUNLINKAT + 1,
-        }
+        type_r(self)
     }
 
     /// Encodes the reply with `tag` at the end of `out`; returns its length.
     pub fn encode(&self, tag: u16, out: &mut Vec<u8>) -> usize {
-        let mut w = Writer::new(out, self.ty(), tag);
-        match self {
-            Rmsg::Lerror { ecode } => {
-                w.u32(*ecode);
-            }
-            Rmsg::Version { msize, version } => {
-                w.u32(*msize).str(version);
-            }
-            Rmsg::Attach { qid }
-            | Rmsg::Symlink { qid }
-            | Rmsg::Mknod { qid }
-            | Rmsg::Mkdir { qid } => {
-                w.qid(qid);
-            }
-            Rmsg::Walk { qids } => {
-                w.u16(qids.len() as u16);
-                for q in qids {
-                    w.qid(q);
-                }
-            }
-            Rmsg::Read { data } | Rmsg::Readdir { data } => {
-                w.u32(data.len() as u32).bytes(data);
-            }
-            Rmsg::Write { count } => {
-                w.u32(*count);
-            }
-            Rmsg::Statfs(s) => {
-                w.u32(s.ty)
-                    .u32(s.bsize)
-                    .u64(s.blocks)
-                    .u64(s.bfree)
-                    .u64(s.bavail)
-                    .u64(s.files)
-                    .u64(s.ffree)
-                    .u64(s.fsid)
-                    .u32(s.namelen);
-            }
-            Rmsg::Lopen { qid, iounit } | Rmsg::Lcreate { qid, iounit } => {
-                w.qid(qid).u32(*iounit);
-            }
-            Rmsg::Readlink { target } => {
-                w.str(target);
-            }
-            Rmsg::Getattr(a) => {
-                w.u64(a.valid)
-                    .qid(&a.qid)
-                    .u32(a.mode)
-                    .u32(a.uid)
-                    .u32(a.gid)
-                    .u64(a.nlink)
-                    .u64(a.rdev)
-                    .u64(a.size)
-                    .u64(a.blksize)
-                    .u64(a.blocks)
-                    .u64(a.atime_sec)
-                    .u64(a.atime_nsec)
-                    .u64(a.mtime_sec)
-                    .u64(a.mtime_nsec)
-                    .u64(a.ctime_sec)
-                    .u64(a.ctime_nsec)
-                    .u64(a.btime_sec)
-                    .u64(a.btime_nsec)
-                    .u64(a.gen)
-                    .u64(a.data_version);
-            }
-            Rmsg::Lock { status } => {
-                w.u8(*status);
-            }
-            Rmsg::Getlock { lock } => put_flock(&mut w, lock, false),
-            Rmsg::Flush
-            | Rmsg::Clunk
-            | Rmsg::Remove
-            | Rmsg::Rename
-            | Rmsg::Setattr
-            | Rmsg::Fsync
-            | Rmsg::Link
-            | Rmsg::Renameat
-            | Rmsg::Unlinkat => {}
-        }
-        w.finish()
+        encode_r(tag, self, out)
     }
 
     /// Decodes a reply; returns its tag too.
@@ -1041,94 +807,7 @@ impl Rmsg<'_> {
     /// [`DecodeError`] for anything that is not a well-formed reply.
     pub fn decode(buf: &[u8]) -> Result<(u16, Rmsg<'_>), DecodeError> {
         let (t, tag, body) = split(buf)?;
-        let r = &mut Reader::new(body);
-        let m = match t {
-            ty::RLERROR => Rmsg::Lerror { ecode: r.u32()? },
-            x if x == ty::TVERSION + 1 => Rmsg::Version {
-                msize: r.u32()?,
-                version: r.str()?,
-            },
-            x if x == ty::TATTACH + 1 => Rmsg::Attach { qid: r.qid()? },
-            x if x == ty::TFLUSH + 1 => Rmsg::Flush,
-            x if x == ty::TWALK + 1 => {
-                let n = r.u16()?;
-                if usize::from(n) > MAXWELEM {
-                    return Err(DecodeError::TooManyNames(n));
-                }
-                let qids = (0..n).map(|_| r.qid()).collect::<Result<_, _>>()?;
-                Rmsg::Walk { qids }
-            }
-            x if x == ty::TREAD + 1 || x == ty::TREADDIR + 1 => {
-                let n = r.u32()?;
-                let data = r.bytes(usize::try_from(n).map_err(|_| DecodeError::Truncated)?)?;
-                if x == ty::TREAD + 1 {
-                    Rmsg::Read { data }
-                } else {
-                    Rmsg::Readdir { data }
-                }
-            }
-            x if x == ty::TWRITE + 1 => Rmsg::Write { count: r.u32()? },
-            x if x == ty::TCLUNK + 1 => Rmsg::Clunk,
-            x if x == ty::TREMOVE + 1 => Rmsg::Remove,
-            x if x == ty::TSTATFS + 1 => Rmsg::Statfs(StatFs {
-                ty: r.u32()?,
-                bsize: r.u32()?,
-                blocks: r.u64()?,
-                bfree: r.u64()?,
-                bavail: r.u64()?,
-                files: r.u64()?,
-                ffree: r.u64()?,
-                fsid: r.u64()?,
-                namelen: r.u32()?,
-            }),
-            x if x == ty::TLOPEN + 1 => Rmsg::Lopen {
-                qid: r.qid()?,
-                iounit: r.u32()?,
-            },
-            x if x == ty::TLCREATE + 1 => Rmsg::Lcreate {
-                qid: r.qid()?,
-                iounit: r.u32()?,
-            },
-            x if x == ty::TSYMLINK + 1 => Rmsg::Symlink { qid: r.qid()? },
-            x if x == ty::TMKNOD + 1 => Rmsg::Mknod { qid: r.qid()? },
-            x if x == ty::TRENAME + 1 => Rmsg::Rename,
-            x if x == ty::TREADLINK + 1 => Rmsg::Readlink { target: r.str()? },
-            x if x == ty::TGETATTR + 1 => Rmsg::Getattr(Box::new(Attr {
-                valid: r.u64()?,
-                qid: r.qid()?,
-                mode: r.u32()?,
-                uid: r.u32()?,
-                gid: r.u32()?,
-                nlink: r.u64()?,
-                rdev: r.u64()?,
-                size: r.u64()?,
-                blksize: r.u64()?,
-                blocks: r.u64()?,
-                atime_sec: r.u64()?,
-                atime_nsec: r.u64()?,
-                mtime_sec: r.u64()?,
-                mtime_nsec: r.u64()?,
-                ctime_sec: r.u64()?,
-                ctime_nsec: r.u64()?,
-                btime_sec: r.u64()?,
-                btime_nsec: r.u64()?,
-                gen: r.u64()?,
-                data_version: r.u64()?,
-            })),
-            x if x == ty::TSETATTR + 1 => Rmsg::Setattr,
-            x if x == ty::TFSYNC + 1 => Rmsg::Fsync,
-            x if x == ty::TLOCK + 1 => Rmsg::Lock { status: r.u8()? },
-            x if x == ty::TGETLOCK + 1 => Rmsg::Getlock {
-                lock: flock(r, false)?,
-            },
-            x if x == ty::TLINK + 1 => Rmsg::Link,
-            x if x == ty::TMKDIR + 1 => Rmsg::Mkdir { qid: r.qid()? },
-            x if x == ty::TRENAMEAT + 1 => Rmsg::Renameat,
-            x if x == ty::TUNLINKAT + 1 => Rmsg::Unlinkat,
-            other => return Err(DecodeError::UnknownType(other)),
-        };
-        r.finish()?;
-        Ok((tag, m))
+        Ok((tag, decode_r(t, body)?))
     }
 }
 

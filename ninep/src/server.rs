@@ -4,34 +4,48 @@
 //! tokio) and RC QP. Before it accepts, it posts `recv_depth` receives of
 //! `max_msize` bytes, the largest message it will ever agree to, so a
 //! client's first message (`Tversion`, sent with the client's msize, 128 KiB
-//! by default for Linux) always finds room. Every request is handled in
-//! order and answered with one SEND from a send buffer of its own; a
-//! request's receive is posted again as soon as it has been handled. A
-//! reply answers a request, and the client posts a receive before each
-//! request it sends, so the replies in flight never exceed the receives the
-//! client has posted; the send buffers (`send_depth`) bound them further.
+//! by default for Linux) always finds room.
+//!
+//! The RDMA work of every connection runs on one thread (a tokio
+//! `LocalSet`); the requests run on tokio's blocking pool, so one client's
+//! slow request (a large read, an fsync, a FIFO without data) delays
+//! neither the other clients nor that client's other requests. A request
+//! starts as soon as a send buffer is free for its reply (`send_depth` per
+//! connection: that many requests of one client run at once) and is
+//! answered with one SEND as soon as it is done, in whatever order they
+//! finish, which 9P allows; its receive is posted again first. A reply
+//! answers a request, and the client posts a receive before each request
+//! it sends, so the replies in flight never exceed the receives the client
+//! has posted. A `Tflush` of a request still running is answered right
+//! after that request's reply.
+//!
+//! `RDMA_9P_TRACE` set in the environment prints every request started,
+//! reply sent and completion polled to stderr (for debugging a client).
 //!
 //! A connection that ends (disconnect, a failed completion, a malformed
-//! header) drops its session (every fid and open file) and its QP, CQ and
-//! buffers; the others are served on.
+//! header) drops its fids (each file closes when the last request using it
+//! ends) and its QP, CQ and buffers; the others are served on.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use rdma::aio::{tokio as rt, Incoming};
 use rdma::cm::{CmEventType, ConnParam};
-use rdma::{AccessFlags, BufferPool, MemoryRegion, QpState, QpType, SendWr, WcOpcode, WcStatus};
+use rdma::{BufferPool, MemoryRegion, QpState, SendWr, WcOpcode, WcStatus};
+
+use tokio::task::JoinSet;
 
 use crate::fs::{Export, Session};
+use crate::link::{Queues, RECV};
+use crate::proto::{ty, Rmsg, HEADER, NOTAG};
 
 /// The port Linux's 9P RDMA client connects to by default.
-pub const DEFAULT_PORT: u16 = 5640;
+pub use crate::client::DEFAULT_PORT;
 /// The largest msize agreed by default: Linux's default msize.
 pub const DEFAULT_MSIZE: u32 = 128 * 1024;
-/// Receive work requests have this bit; sends do not.
-const RECV: u64 = 1 << 63;
 
 /// What `rdma-9p serve` was told.
 #[derive(Debug, Clone)]
@@ -85,6 +99,9 @@ fn fail<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
 pub fn run(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        // The threads that run requests (file I/O blocks): enough for every
+        // request of a few clients at once, bounded whatever clients do.
+        .max_blocking_threads(64)
         .build()
         .map_err(fail("tokio runtime"))?;
     let local = tokio::task::LocalSet::new();
@@ -98,7 +115,7 @@ pub fn run(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
 pub async fn serve(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
     let export = Rc::new(
         Export::new(&config.dir, config.read_only, config.max_fids)
-            .map_err(|e| format!("{}: {e}", config.dir.display()))?,
+            .map_err(|e| format!("cannot serve {}: {e}", config.dir.display()))?,
     );
     let config = Rc::new(config);
     let cm = rt::cm_channel().map_err(fail("rdma_create_event_channel"))?;
@@ -122,34 +139,102 @@ pub async fn serve(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
     }
 }
 
+/// A request handled on a blocking thread, with what it needs back.
+struct Done {
+    /// The request's receive buffer, to post again.
+    recv: MemoryRegion,
+    recv_wr: u64,
+    /// The send buffer holding the reply, and the reply's length.
+    slot: MemoryRegion,
+    len: usize,
+    tag: u16,
+    /// A reason to close the connection instead of answering.
+    fatal: Option<String>,
+}
+
+/// Handles one request (`len` bytes of `recv`) and writes the reply into
+/// `slot`; runs on the blocking pool.
+fn handle(
+    session: &Session,
+    recv: MemoryRegion,
+    recv_wr: u64,
+    len: usize,
+    mut slot: MemoryRegion,
+) -> Done {
+    thread_local! {
+        static OUT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let tag = tag_of(&recv);
+    let written = OUT.with(|out| {
+        let mut fresh = Vec::new();
+        let mut held = out.try_borrow_mut();
+        let out = match &mut held {
+            Ok(o) => &mut **o,
+            Err(_) => &mut fresh,
+        };
+        out.clear();
+        let msg = recv
+            .as_slice()
+            .map_err(fail("receive buffer"))?
+            .get(..len)
+            .ok_or("a receive longer than its buffer")?;
+        session
+            .handle(msg, out)
+            .map_err(|e| format!("malformed message, closing: {e}"))?;
+        if out.len() > slot.len() {
+            return Err(format!("a reply of {} bytes exceeds msize", out.len()));
+        }
+        slot.write_at(0, out).map_err(fail("send buffer"))?;
+        Ok(out.len())
+    });
+    let (len, fatal) = match written {
+        Ok(n) => (n, None),
+        Err(e) => (0, Some(e)),
+    };
+    Done {
+        recv,
+        recv_wr,
+        slot,
+        len,
+        tag,
+        fatal,
+    }
+}
+
+fn trace(a: std::fmt::Arguments<'_>) {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os("RDMA_9P_TRACE").is_some()) {
+        eprintln!("rdma-9p trace: {a}");
+    }
+}
+
+/// The tag of the message in `buf` (`NOTAG` if it is too short for one).
+fn tag_of(buf: &MemoryRegion) -> u16 {
+    buf.as_slice()
+        .ok()
+        .and_then(|b| b.get(5..7))
+        .map_or(NOTAG, |t| u16::from_le_bytes([t[0], t[1]]))
+}
+
+/// `Tflush`'s `oldtag`, when `msg` is a well-formed `Tflush`.
+fn flush_of(msg: &[u8]) -> Option<(u16, u16)> {
+    if msg.len() != HEADER + 2 || msg.get(4) != Some(&ty::TFLUSH) {
+        return None;
+    }
+    let tag = u16::from_le_bytes([msg[5], msg[6]]);
+    let old = u16::from_le_bytes([msg[7], msg[8]]);
+    Some((tag, old))
+}
+
 async fn connection(incoming: Incoming, export: &Export, config: &Config) -> Res<()> {
     let msize = config.max_msize.max(crate::fs::MIN_MSIZE) as usize;
-    let ctx = incoming.context().map_err(fail("context"))?;
-    let pd = ctx.alloc_pd().map_err(fail("ibv_alloc_pd"))?;
-    let channel = ctx.create_comp_channel().map_err(fail("channel"))?;
-    let cq = ctx
-        .create_cq(config.recv_depth + config.send_depth, Some(&channel), 0)
-        .map_err(fail("ibv_create_cq"))?;
-    let mut acq = rt::completions(&cq).map_err(fail("rdma::aio"))?;
-    let mut qp = pd
-        .qp_builder(QpType::Rc, &cq, &cq)
-        .max_send_wr(config.send_depth)
-        .max_recv_wr(config.recv_depth)
-        .build()
-        .map_err(fail("ibv_create_qp"))?;
-    let recv_pool = BufferPool::new(
-        &pd,
-        msize,
-        config.recv_depth as usize,
-        AccessFlags::LOCAL_WRITE,
-    )
-    .map_err(fail("receive buffers"))?;
-    let send_pool = BufferPool::new(&pd, msize, config.send_depth as usize, AccessFlags::empty())
-        .map_err(fail("send buffers"))?;
-    incoming
-        .id()
-        .modify_qp(&qp, QpState::Init)
-        .map_err(fail("ibv_modify_qp"))?;
+    let Queues {
+        pd: _pd,
+        mut acq,
+        mut qp,
+        recv_pool,
+        send_pool,
+    } = Queues::new(incoming.id(), config.send_depth, config.recv_depth, msize)?;
     for i in 0..config.recv_depth {
         let slot = recv_pool.take().ok_or("receive pool empty")?;
         qp.post_recv(RECV | u64::from(i), slot)
@@ -157,90 +242,164 @@ async fn connection(incoming: Incoming, export: &Export, config: &Config) -> Res
     }
     ready_qp(incoming.id(), &qp)?;
     let mut id = incoming
-        .accept_ready(&qp, &ConnParam::default())
+        .accept_ready(&qp, &accept_param())
         .await
         .map_err(fail("rdma_accept"))?;
 
-    let mut session = Session::new(export, config.max_msize);
-    // Requests received and not yet answered: (buffer, length, wr_id).
-    let mut pending: VecDeque<(MemoryRegion, usize, u64)> = VecDeque::new();
-    // The unused tail of each reply's send buffer, joined back on completion.
-    let mut tails: HashMap<u64, MemoryRegion> = HashMap::new();
-    let mut next_send = 0u64;
-    let mut out = Vec::with_capacity(msize);
-    let result = loop {
-        // Answer what has arrived while a send buffer is free.
-        while send_pool.available() > 0 {
-            let Some((buf, len, wr_id)) = pending.pop_front() else {
-                break;
-            };
-            out.clear();
-            let handled = buf
-                .as_slice()
-                .map_err(fail("receive buffer"))
-                .and_then(|b| {
-                    let msg = b.get(..len).ok_or("a receive longer than its buffer")?;
-                    session
-                        .handle(msg, &mut out)
-                        .map_err(|e| format!("malformed message, closing: {e}"))
-                });
-            if let Err(e) = handled {
-                break_with(&mut qp, &id);
-                return Err(e);
-            }
-            qp.post_recv(wr_id, buf)
-                .map_err(|e| format!("ibv_post_recv: {e}"))?;
-            if out.len() > msize {
-                break_with(&mut qp, &id);
-                return Err(format!("a reply of {} bytes exceeds msize", out.len()));
-            }
-            let mut slot = send_pool.take().ok_or("send pool empty")?;
-            slot.write_at(0, &out).map_err(fail("send buffer"))?;
-            if out.len() < slot.len() {
-                let tail = slot.split_off(out.len()).map_err(fail("send buffer"))?;
-                tails.insert(next_send, tail);
-            }
-            acq.post_send(&mut qp, SendWr::send(next_send, slot))
-                .await
-                .map_err(|e| format!("ibv_post_send: {e}"))?;
-            next_send = (next_send + 1) & !RECV;
-        }
-        let c = tokio::select! {
-            c = acq.next() => c,
-            e = id.next_event() => match e {
-                Ok(e) if e.event_type() == CmEventType::Disconnected => break Ok(()),
-                Ok(_) => continue,
-                Err(e) => break Err(format!("rdma_get_cm_event: {e}")),
-            },
-        };
-        let mut c = match c {
-            Ok(c) => c,
-            Err(e) => break Err(format!("poll: {e}")),
-        };
-        if c.status == WcStatus::WrFlushErr {
-            break Ok(());
-        }
-        if c.status != WcStatus::Success {
-            break Err(format!("completion {:#x}: {}", c.wr_id, c.status));
-        }
-        let Some(mut buf) = c.take_buffers().into_one() else {
-            break Err("a completion without its buffer".into());
-        };
-        if c.opcode == WcOpcode::Recv {
-            pending.push_back((buf, c.byte_len as usize, c.wr_id));
-        } else {
-            if let Some(tail) = tails.remove(&c.wr_id) {
-                if buf.unsplit(tail).is_err() {
-                    break Err("a send buffer's tail does not fit".into());
-                }
-            }
-            if send_pool.put(buf).is_err() {
-                break Err("not a send buffer".into());
-            }
-        }
+    let session = Arc::new(Session::new(export, config.max_msize));
+    let mut conn = Conn {
+        qp,
+        send_pool,
+        tails: HashMap::new(),
+        next_send: 0,
     };
-    break_with(&mut qp, &id);
+    let result = conn.serve(&session, &mut acq, &mut id).await;
+    // Every fid goes now; a request still running on the blocking pool
+    // closes the file it uses when it ends (its result is dropped).
+    session.close_all();
+    break_with(&mut conn.qp, &id);
     result
+}
+
+/// A connection's sending side.
+struct Conn {
+    qp: rdma::QueuePair,
+    send_pool: BufferPool,
+    /// The unused tail of each reply's send buffer, joined back on completion.
+    tails: HashMap<u64, MemoryRegion>,
+    next_send: u64,
+}
+
+impl Conn {
+    /// Sends the first `len` bytes of `slot` as one SEND.
+    async fn send(
+        &mut self,
+        acq: &mut rdma::aio::AsyncCq,
+        mut slot: MemoryRegion,
+        len: usize,
+    ) -> Res<()> {
+        if len < slot.len() {
+            let tail = slot.split_off(len).map_err(fail("send buffer"))?;
+            self.tails.insert(self.next_send, tail);
+        }
+        acq.post_send(&mut self.qp, SendWr::send(self.next_send, slot))
+            .await
+            .map_err(|e| format!("ibv_post_send: {e}"))?;
+        self.next_send = (self.next_send + 1) & !RECV;
+        Ok(())
+    }
+
+    /// Receives requests, hands each to the blocking pool as soon as a send
+    /// buffer is free for its reply, and sends the replies as they are
+    /// ready. The requests in progress never outnumber the send buffers,
+    /// and every reply answers a request (the client posted a receive for
+    /// it). A `Tflush` of a request in progress is answered right after
+    /// that request's reply, as 9P asks.
+    async fn serve(
+        &mut self,
+        session: &Arc<Session>,
+        acq: &mut rdma::aio::AsyncCq,
+        id: &mut rdma::aio::AsyncCmId,
+    ) -> Res<()> {
+        // Requests received and not yet started: (buffer, length, wr_id).
+        let mut pending: VecDeque<(MemoryRegion, usize, u64)> = VecDeque::new();
+        let mut running: JoinSet<Done> = JoinSet::new();
+        // Tags in progress, with the flushes that wait for them: (tag, slot).
+        let mut in_progress: HashMap<u16, Vec<(u16, MemoryRegion)>> = HashMap::new();
+        loop {
+            while self.send_pool.available() > 0 {
+                let Some((buf, len, wr_id)) = pending.pop_front() else {
+                    break;
+                };
+                let slot = self.send_pool.take().ok_or("send pool empty")?;
+                let flush = buf
+                    .as_slice()
+                    .ok()
+                    .and_then(|b| b.get(..len))
+                    .and_then(flush_of);
+                if let Some((tag, old)) = flush {
+                    if let Some(waiting) = in_progress.get_mut(&old) {
+                        waiting.push((tag, slot));
+                        self.qp
+                            .post_recv(wr_id, buf)
+                            .map_err(|e| format!("ibv_post_recv: {e}"))?;
+                        continue;
+                    }
+                }
+                let tag = tag_of(&buf);
+                in_progress.entry(tag).or_default();
+                let s = Arc::clone(session);
+                trace(format_args!(
+                    "start tag {tag} len {len} type {:?} wr {wr_id:#x}",
+                    buf.as_slice().ok().and_then(|b| b.get(4).copied())
+                ));
+                running.spawn_blocking(move || handle(&s, buf, wr_id, len, slot));
+            }
+            tokio::select! {
+                done = running.join_next(), if !running.is_empty() => {
+                    let Some(done) = done else { continue };
+                    let d = done.map_err(|e| format!("a request's handler failed: {e}"))?;
+                    if let Some(e) = d.fatal {
+                        return Err(e);
+                    }
+                    self.qp
+                        .post_recv(d.recv_wr, d.recv)
+                        .map_err(|e| format!("ibv_post_recv: {e}"))?;
+                    trace(format_args!("reply tag {} len {} type {:?} running {} pending {} free {}", d.tag, d.len, d.slot.as_slice().ok().and_then(|b| b.get(4).copied()), running.len(), pending.len(), self.send_pool.available()));
+                    self.send(acq, d.slot, d.len).await?;
+                    for (tag, mut slot) in in_progress.remove(&d.tag).unwrap_or_default() {
+                        let mut out = Vec::with_capacity(HEADER);
+                        Rmsg::Flush.encode(tag, &mut out);
+                        slot.write_at(0, &out).map_err(fail("send buffer"))?;
+                        self.send(acq, slot, out.len()).await?;
+                    }
+                }
+                c = acq.next() => {
+                    let mut c = c.map_err(|e| format!("poll: {e}"))?;
+                    if c.status == WcStatus::WrFlushErr {
+                        return Ok(());
+                    }
+                    if c.status != WcStatus::Success {
+                        return Err(format!("completion {:#x}: {}", c.wr_id, c.status));
+                    }
+                    let Some(mut buf) = c.take_buffers().into_one() else {
+                        return Err("a completion without its buffer".into());
+                    };
+                    trace(format_args!("wc {:?} wr {:#x} status {} len {}", c.opcode, c.wr_id, c.status, c.byte_len));
+                    if c.opcode == WcOpcode::Recv {
+                        pending.push_back((buf, c.byte_len as usize, c.wr_id));
+                    } else {
+                        if let Some(tail) = self.tails.remove(&c.wr_id) {
+                            if buf.unsplit(tail).is_err() {
+                                return Err("a send buffer's tail does not fit".into());
+                            }
+                        }
+                        if self.send_pool.put(buf).is_err() {
+                            return Err("not a send buffer".into());
+                        }
+                    }
+                }
+                e = id.next_event() => match e {
+                    Ok(e) if e.event_type() == CmEventType::Disconnected => return Ok(()),
+                    Ok(_) => {}
+                    Err(e) => return Err(format!("rdma_get_cm_event: {e}")),
+                },
+            }
+        }
+    }
+}
+
+/// The connection parameters of the accept. On InfiniBand/RoCE the REP
+/// carries the RNR retry count the *client's* QP will use: Linux's 9P
+/// client asks for none of its own, so without this one request that found
+/// no receive posted here would end its connection (its waiting request then
+/// hangs until killed: trans_rdma does not fail it). Seven is "retry without
+/// limit". (Its transport retry count is its own, from its REQ: zero.)
+fn accept_param() -> ConnParam {
+    ConnParam {
+        rnr_retry_count: 7,
+        ..ConnParam::default()
+    }
 }
 
 /// Moves the QP to RTR and RTS with the connection manager's attributes,
@@ -255,6 +414,11 @@ fn ready_qp(id: &rdma::cm::CmId, qp: &rdma::QueuePair) -> Res<()> {
     let mut rts = id
         .init_qp_attr(QpState::Rts)
         .map_err(fail("rdma_init_qp_attr"))?;
+    let raw = rts.as_raw();
+    trace(format_args!(
+        "RTS from the CM: timeout {} retry_cnt {} rnr_retry {}",
+        raw.timeout, raw.retry_cnt, raw.rnr_retry
+    ));
     if rts.mask() & rdma::ffi::IBV_QP_RETRY_CNT != 0 {
         let timeout = rts.as_raw().timeout.max(14);
         rts.retry_cnt(7).rnr_retry(7).timeout(timeout);

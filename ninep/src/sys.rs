@@ -113,42 +113,38 @@ pub fn readlinkat(dir: &impl AsRawFd, name: &OsStr) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// `linkat(olddir, oldname, newdir, newname, 0)`: a symlink is linked, not followed.
-pub fn linkat(
-    olddir: &impl AsRawFd,
-    oldname: &OsStr,
-    newdir: &impl AsRawFd,
-    newname: &OsStr,
+/// A name in a directory: `(dir, name)`.
+pub type At<'a> = (&'a std::fs::File, &'a OsStr);
+
+/// A two-name call, `f(olddir, oldname, newdir, newname)`, with the names as
+/// C strings that outlive it.
+fn two_names(
+    (olddir, oldname): At<'_>,
+    (newdir, newname): At<'_>,
+    f: impl FnOnce(libc::c_int, *const libc::c_char, libc::c_int, *const libc::c_char) -> libc::c_int,
 ) -> io::Result<()> {
     let (o, n) = (cstr(oldname)?, cstr(newname)?);
-    // SAFETY: both strings are NUL-terminated and outlive the call.
-    check(unsafe {
-        libc::linkat(
-            olddir.as_raw_fd(),
-            o.as_ptr(),
-            newdir.as_raw_fd(),
-            n.as_ptr(),
-            0,
-        )
+    check(f(
+        olddir.as_raw_fd(),
+        o.as_ptr(),
+        newdir.as_raw_fd(),
+        n.as_ptr(),
+    ))
+}
+
+/// `linkat(olddir, oldname, newdir, newname, 0)`: a symlink is linked, not followed.
+pub fn linkat(from: At<'_>, to: At<'_>) -> io::Result<()> {
+    two_names(from, to, |od, o, nd, n| {
+        // SAFETY: `two_names` passes NUL-terminated strings that outlive the call.
+        unsafe { libc::linkat(od, o, nd, n, 0) }
     })
 }
 
 /// `renameat(olddir, oldname, newdir, newname)`.
-pub fn renameat(
-    olddir: &impl AsRawFd,
-    oldname: &OsStr,
-    newdir: &impl AsRawFd,
-    newname: &OsStr,
-) -> io::Result<()> {
-    let (o, n) = (cstr(oldname)?, cstr(newname)?);
-    // SAFETY: both strings are NUL-terminated and outlive the call.
-    check(unsafe {
-        libc::renameat(
-            olddir.as_raw_fd(),
-            o.as_ptr(),
-            newdir.as_raw_fd(),
-            n.as_ptr(),
-        )
+pub fn renameat(from: At<'_>, to: At<'_>) -> io::Result<()> {
+    two_names(from, to, |od, o, nd, n| {
+        // SAFETY: `two_names` passes NUL-terminated strings that outlive the call.
+        unsafe { libc::renameat(od, o, nd, n) }
     })
 }
 
@@ -197,6 +193,69 @@ pub fn fstatfs(fd: &impl AsRawFd) -> io::Result<libc::statfs> {
     // SAFETY: `s` is a writable `statfs`.
     check(unsafe { libc::fstatfs(fd.as_raw_fd(), &mut s) })?;
     Ok(s)
+}
+
+/// Clears `O_NONBLOCK` on `fd` (set only so that opening a FIFO does not wait).
+pub fn clear_nonblock(fd: &impl AsRawFd) -> io::Result<()> {
+    // SAFETY: F_GETFL takes no argument and only reads the descriptor's flags.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    check(flags)?;
+    if flags & libc::O_NONBLOCK == 0 {
+        return Ok(());
+    }
+    // SAFETY: F_SETFL takes an int of flags; nothing else is touched.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) })
+}
+
+fn flock(ty: libc::c_short, start: libc::off_t, len: libc::off_t) -> libc::flock {
+    // SAFETY: all-zero is a valid `flock` (plain integers); l_pid must be 0
+    // for open file description locks.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = ty;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start;
+    fl.l_len = len;
+    fl
+}
+
+/// `fcntl(fd, F_OFD_SETLK, {ty, start, len})`: an open file description
+/// lock (`F_RDLCK`, `F_WRLCK` or `F_UNLCK` to release). `Ok(false)` when
+/// another open file holds a conflicting lock (`EAGAIN`/`EACCES`).
+pub fn ofd_setlk(
+    fd: &impl AsRawFd,
+    ty: libc::c_short,
+    start: libc::off_t,
+    len: libc::off_t,
+) -> io::Result<bool> {
+    let fl = flock(ty, start, len);
+    // SAFETY: F_OFD_SETLK reads the `flock` pointed to, which outlives the call.
+    let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &fl as *const libc::flock) };
+    match check(rc) {
+        Ok(()) => Ok(true),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// `fcntl(fd, F_OFD_GETLK, {ty, start, len})`: the first lock that would
+/// conflict with that one, if any.
+pub fn ofd_getlk(
+    fd: &impl AsRawFd,
+    ty: libc::c_short,
+    start: libc::off_t,
+    len: libc::off_t,
+) -> io::Result<Option<libc::flock>> {
+    let mut fl = flock(ty, start, len);
+    // SAFETY: F_OFD_GETLK reads and writes the `flock` pointed to, which
+    // outlives the call.
+    check(unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_OFD_GETLK,
+            &mut fl as *mut libc::flock,
+        )
+    })?;
+    Ok((fl.l_type != libc::F_UNLCK as libc::c_short).then_some(fl))
 }
 
 /// The effective user id.

@@ -32,7 +32,8 @@ impl Drop for TempDir {
 }
 
 struct Client<'e> {
-    s: Session<'e>,
+    s: Session,
+    _ex: std::marker::PhantomData<&'e Export>,
     tag: u16,
 }
 
@@ -45,6 +46,7 @@ impl<'e> Client<'e> {
     fn new(ex: &'e Export) -> Client<'e> {
         let mut c = Client {
             s: Session::new(ex, 8192),
+            _ex: std::marker::PhantomData,
             tag: 0,
         };
         let r = c.rpc(Tmsg::Version {
@@ -812,4 +814,228 @@ fn mutated_requests_never_panic_or_escape() {
         .collect();
     outside.sort();
     assert_eq!(outside, vec![std::ffi::OsString::from("root")]);
+}
+
+/// Opens `name` (beneath the root) on `fid` with `flags`.
+fn open_file(c: &mut Client<'_>, fid: u32, name: &[u8], flags: i32) {
+    assert_eq!(lerror(&c.walk(0, fid, &[name])), None);
+    c.ok(Tmsg::Lopen {
+        fid,
+        flags: flags as u32,
+    });
+}
+
+fn lock_req(ty: u8, start: u64, length: u64) -> Flock<'static> {
+    Flock {
+        ty,
+        flags: 0,
+        start,
+        length,
+        proc_id: 7,
+        client_id: b"test",
+    }
+}
+
+fn lock_status(c: &mut Client<'_>, fid: u32, l: Flock<'_>) -> u8 {
+    match Rmsg::decode(&c.ok(Tmsg::Lock { fid, lock: l })).unwrap().1 {
+        Rmsg::Lock { status } => status,
+        other => panic!("expected Rlock, got {other:?}"),
+    }
+}
+
+fn getlock(c: &mut Client<'_>, fid: u32, l: Flock<'_>) -> (u8, u64, u64) {
+    match Rmsg::decode(&c.ok(Tmsg::Getlock { fid, lock: l }))
+        .unwrap()
+        .1
+    {
+        Rmsg::Getlock { lock } => (lock.ty, lock.start, lock.length),
+        other => panic!("expected Rgetlock, got {other:?}"),
+    }
+}
+
+#[test]
+fn posix_locks_conflict_between_clients() {
+    use rdma_9p::proto::lock::{BLOCKED, RDLCK, SUCCESS, UNLCK, WRLCK};
+    let t = TempDir::new("locks");
+    std::fs::write(t.0.join("f"), b"0123456789").unwrap();
+    let ex = export(&t.0);
+    let (mut a, mut b) = (Client::new(&ex), Client::new(&ex));
+    open_file(&mut a, 1, b"f", libc::O_RDWR);
+    open_file(&mut b, 1, b"f", libc::O_RDWR);
+    // A write lock on bytes 0..10 by one client blocks the other's.
+    assert_eq!(lock_status(&mut a, 1, lock_req(WRLCK, 0, 10)), SUCCESS);
+    assert_eq!(lock_status(&mut b, 1, lock_req(WRLCK, 5, 1)), BLOCKED);
+    assert_eq!(lock_status(&mut b, 1, lock_req(RDLCK, 0, 0)), BLOCKED);
+    assert_eq!(getlock(&mut b, 1, lock_req(WRLCK, 0, 0)), (WRLCK, 0, 10));
+    // Linux's client asks with F_UNLCK: any lock held is reported.
+    assert_eq!(getlock(&mut b, 1, lock_req(UNLCK, 0, 0)), (WRLCK, 0, 10));
+    // Byte ranges: beyond the lock is free.
+    assert_eq!(lock_status(&mut b, 1, lock_req(WRLCK, 10, 5)), SUCCESS);
+    assert_eq!(getlock(&mut a, 1, lock_req(RDLCK, 12, 1)), (WRLCK, 10, 5));
+    // The holder asking sees no conflict with itself.
+    assert_eq!(getlock(&mut a, 1, lock_req(WRLCK, 0, 10)).0, UNLCK);
+    // A local process sees the server's lock on the file itself.
+    let local = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.0.join("f"))
+        .unwrap();
+    // SAFETY: all-zero is a valid flock.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = 3;
+    fl.l_len = 1;
+    // SAFETY: F_OFD_GETLK reads and writes the valid flock.
+    let rc = unsafe {
+        libc::fcntl(
+            std::os::fd::AsRawFd::as_raw_fd(&local),
+            libc::F_OFD_GETLK,
+            &mut fl,
+        )
+    };
+    assert_eq!(rc, 0);
+    assert_eq!(fl.l_type, libc::F_WRLCK as libc::c_short);
+    // Unlocked, the other client gets it; read locks share.
+    assert_eq!(lock_status(&mut a, 1, lock_req(UNLCK, 0, 10)), SUCCESS);
+    assert_eq!(lock_status(&mut b, 1, lock_req(RDLCK, 0, 10)), SUCCESS);
+    assert_eq!(lock_status(&mut a, 1, lock_req(RDLCK, 0, 10)), SUCCESS);
+    assert_eq!(lock_status(&mut a, 1, lock_req(WRLCK, 0, 1)), BLOCKED);
+    // A clunk closes the file and so drops its locks.
+    b.ok(Tmsg::Clunk { fid: 1 });
+    assert_eq!(lock_status(&mut a, 1, lock_req(WRLCK, 0, 0)), SUCCESS);
+    // Bad requests: a fid not open, an unknown type, a range past off_t.
+    assert_eq!(lerror(&b.walk(0, 2, &[b"f"])), None);
+    assert_eq!(
+        b.err(Tmsg::Lock {
+            fid: 2,
+            lock: lock_req(WRLCK, 0, 0)
+        }),
+        libc::EBADF as u32
+    );
+    assert_eq!(
+        a.err(Tmsg::Lock {
+            fid: 1,
+            lock: lock_req(9, 0, 0)
+        }),
+        EINVAL
+    );
+    assert_eq!(
+        a.err(Tmsg::Getlock {
+            fid: 1,
+            lock: lock_req(WRLCK, u64::MAX, 1)
+        }),
+        EINVAL
+    );
+    assert_eq!(
+        a.err(Tmsg::Lock {
+            fid: 1,
+            lock: lock_req(WRLCK, i64::MAX as u64, 10)
+        }),
+        libc::EOVERFLOW as u32
+    );
+}
+
+/// Requests of one session run on several threads at once: a read that
+/// waits on a FIFO does not hold up a getattr, and opening a FIFO never
+/// waits for its other end.
+#[test]
+fn a_waiting_request_does_not_hold_up_another() {
+    let t = TempDir::new("fifo");
+    let fifo = t.0.join("p");
+    let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let ex = export(&t.0);
+    let mut c = Client::new(&ex);
+    // Opening for reading with no writer returns at once.
+    open_file(&mut c, 1, b"p", libc::O_RDONLY);
+    // A writer that has written nothing yet: the read waits for it.
+    let mut writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    let session = &c.s;
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut buf = Vec::new();
+            Request {
+                tag: 100,
+                msg: Tmsg::Read {
+                    fid: 1,
+                    offset: 0,
+                    count: 64,
+                },
+            }
+            .encode(&mut buf);
+            let mut out = Vec::new();
+            session.handle(&buf, &mut out).unwrap();
+            out
+        });
+        // Answered while the read waits.
+        let mut buf = Vec::new();
+        Request {
+            tag: 101,
+            msg: Tmsg::Getattr {
+                fid: 0,
+                mask: 0x7ff,
+            },
+        }
+        .encode(&mut buf);
+        let mut out = Vec::new();
+        session.handle(&buf, &mut out).unwrap();
+        assert!(matches!(
+            Rmsg::decode(&out).unwrap(),
+            (101, Rmsg::Getattr(_))
+        ));
+        assert!(!reader.is_finished(), "the read did not wait for data");
+        std::io::Write::write_all(&mut writer, b"data").unwrap();
+        let out = reader.join().unwrap();
+        assert_eq!(
+            Rmsg::decode(&out).unwrap(),
+            (100, Rmsg::Read { data: b"data" })
+        );
+    });
+}
+
+/// A device node in the export (made by a client with Tmknod, as root) is
+/// never opened by the server: its data would not be beneath the root.
+#[test]
+fn device_nodes_are_not_opened() {
+    let t = TempDir::new("dev");
+    let ex = export(&t.0);
+    let mut c = Client::new(&ex);
+    let out = c.rpc(Tmsg::Mknod {
+        dfid: 0,
+        name: b"null",
+        mode: libc::S_IFCHR | 0o666,
+        major: 1,
+        minor: 3,
+        gid: 0,
+    });
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        // Without root, mknod of a device is refused, which is checked instead.
+        assert_eq!(lerror(&out), Some(libc::EPERM as u32));
+        return;
+    }
+    assert_eq!(lerror(&out), None);
+    assert_eq!(lerror(&c.walk(0, 1, &[b"null"])), None);
+    for flags in [libc::O_RDONLY, libc::O_WRONLY] {
+        assert_eq!(
+            c.err(Tmsg::Lopen {
+                fid: 1,
+                flags: flags as u32
+            }),
+            libc::EPERM as u32
+        );
+    }
+    assert_eq!(
+        c.err(Tmsg::Lcreate {
+            fid: 0,
+            name: b"null",
+            flags: libc::O_RDWR as u32,
+            mode: 0o644,
+            gid: 0,
+        }),
+        libc::EPERM as u32
+    );
+    assert_eq!(c.s.fids(), 2);
 }

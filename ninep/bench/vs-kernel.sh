@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# ninep/bench/vs-kernel.sh: sequential throughput through the Linux kernel's
+# 9P client mounting rdma-9p over RDMA, against the kernel's own RDMA file
+# server (knfsd, NFSv3 with proto=rdma) and against diod over TCP, in one VM
+# boot, on the same tmpfs, alternated.
+#
+#   ninep/bench/vs-kernel.sh [--runs N] [--size MiB] [--msize BYTES]
+#
+# Defaults: 7 rounds, a 64 MiB file, msize 128 KiB for both 9P mounts (the
+# kernel's default msize, and the rsize/wsize the kernel's NFS client over
+# RDMA agrees with knfsd here: each moves 128 KiB per request). Each round runs, for each server in a rotating order (the
+# first round rdma-9p, NFS, diod; the next NFS, diod, rdma-9p; ...), fio's
+# sequential write of the file (1 MiB blocks, O_DIRECT, fsync at the end) and
+# then its sequential read (O_DIRECT, caches dropped first). Everything runs on
+# rxe0 (10.8.0.1) in the guest; diod uses TCP over the same veth. One discarded
+# warm-up round comes first. Output in target/bench-9p/: runs.txt (one line a
+# run: round server direction MB/s) and results.md (medians, and the median of
+# the per-round ratios with a 95% interval, ci/lib/interval.awk).
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
+out=$repo/target/bench-9p
+say() { printf 'bench-9p: %s\n' "$*" >&2; }
+
+if [ "${1:-}" = --guest ]; then
+    runs=$2 size=$3 msize=$4
+    ip=10.8.0.1
+    bin=/tmp/rdma-9p
+    cp "$repo/target/release/rdma-9p" "$bin"
+    modprobe 9pnet_rdma
+    modprobe 9p
+    modprobe nfsd
+    modprobe rpcrdma
+    mkdir -p /export /run/rpcbind /var/lib/nfs /mnt/nfs /mnt/r9 /mnt/diod
+    mount -t tmpfs -o size=$((size * 3 + 64))m tmpfs /export
+    mkdir -p /export/nfs /export/r9 /export/diod
+    # The kernel NFS server (../shared/kernel-peers.md §1), NFSv3 over RDMA.
+    mount -t nfsd nfsd /proc/fs/nfsd
+    echo '/export 10.8.0.0/24(rw,no_root_squash,insecure,fsid=0,no_subtree_check)' >/etc/exports
+    rpcbind -w
+    exportfs -ra
+    rpc.mountd
+    rpc.nfsd --grace-time 10 --lease-time 10 4
+    echo 'rdma 20049' >/proc/fs/nfsd/portlist
+    mount -t nfs -o vers=3,nolock,proto=rdma,port=20049 $ip:/export /mnt/nfs
+    # rdma-9p.
+    "$bin" serve --addr $ip --port 5640 --msize "$msize" /export/r9 >/tmp/r9.log 2>&1 &
+    r9=$!
+    for _ in $(seq 100); do grep -q serving /tmp/r9.log && break; sleep 0.1; done
+    grep -q serving /tmp/r9.log || { cat /tmp/r9.log; exit 1; }
+    mount -t 9p -o trans=rdma,port=5640,version=9p2000.L,msize="$msize" $ip /mnt/r9
+    # diod over TCP (it looks up its client's name: give the address one).
+    grep -q '^10\.8\.0\.1[[:space:]]' /etc/hosts || echo '10.8.0.1 rdma-vm-veth0' >>/etc/hosts
+    diod -f -n -e /export/diod -l $ip:564 >/tmp/diod.log 2>&1 &
+    diod=$!
+    for _ in $(seq 100); do ss -ltn | grep -q ":564 " && break; sleep 0.1; done
+    order=(r9 nfs diod)
+    if ! mount -t 9p -o trans=tcp,port=564,version=9p2000.L,aname=/export/diod,uname=root,access=user,msize="$msize" $ip /mnt/diod; then
+        echo "bench-9p: diod's mount failed; diod's log:" >&2
+        cat /tmp/diod.log >&2
+        order=(r9 nfs)
+    fi
+    grep -E ' /mnt/(nfs|r9|diod) ' /proc/mounts
+    declare -A dir=([r9]=/mnt/r9 [nfs]=/mnt/nfs/nfs [diod]=/mnt/diod)
+    fio_bw() { # SERVER DIRECTION -> MB/s
+        local rw=$2 key=$2
+        [ "$rw" = write ] || sync
+        echo 3 >/proc/sys/vm/drop_caches
+        fio --name=seq --filename="${dir[$1]}/f" --rw="$rw" --bs=1M --size="${size}M" \
+            --ioengine=psync --direct=1 --end_fsync=$([ "$rw" = write ] && echo 1 || echo 0) \
+            --output-format=json 2>/dev/null |
+            python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]['$key']; print('%.2f' % (j['bw'] * 1024 / 1e6))"
+    }
+    for round in $(seq 0 "$runs"); do
+        for s in "${order[@]}"; do
+            for d in write read; do
+                bw=$(fio_bw "$s" "$d")
+                echo "$round $s $d $bw"
+            done
+        done
+        order=("${order[@]:1}" "${order[0]}")
+    done >"$out/runs.txt"
+    umount /mnt/r9 /mnt/nfs
+    umount /mnt/diod 2>/dev/null || true
+    kill $r9 $diod
+    exit 0
+fi
+
+runs=7 size=64 msize=131072
+while [ $# -gt 0 ]; do
+    case $1 in
+        --runs) runs=${2:?--runs needs a value}; shift 2 ;;
+        --size) size=${2:?--size needs a value}; shift 2 ;;
+        --msize) msize=${2:?--msize needs a value}; shift 2 ;;
+        -h | --help) sed -n '2,19s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        *) say "unknown argument $1 (see --help)"; exit 2 ;;
+    esac
+done
+for v in "$runs" "$size" "$msize"; do
+    [[ $v =~ ^[1-9][0-9]*$ ]] || { say "not a positive number: $v"; exit 2; }
+done
+command -v fio >/dev/null || { say "fio is missing (ci/setup installs it)"; exit 1; }
+command -v diod >/dev/null || { say "diod is missing (ci/setup installs it)"; exit 1; }
+cd "$repo"
+cargo build --release --offline -p rdma-9p >&2
+mkdir -p "$out"
+rm -f "$out/runs.txt"
+ci/vm run --timeout 3000 -- "$0" --guest "$runs" "$size" "$msize"
+[ -s "$out/runs.txt" ] || { say "the guest wrote no results"; exit 1; }
+
+# Round 0 is the warm-up.
+median() { sort -n | awk '{v[NR]=$1} END {print NR ? (NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2) : "n/a"}'; }
+ratios() { # DIRECTION OTHER: rdma-9p / OTHER per round
+    awk -v d="$1" -v o="$2" '$1 > 0 && $3 == d { bw[$1, $2] = $4; r[$1] = 1 }
+        END { for (k in r) if (bw[k, o] > 0) print bw[k, "r9"] / bw[k, o] }' "$out/runs.txt"
+}
+{
+    echo "| direction | rdma-9p MB/s | knfsd (NFSv3/RDMA) MB/s | diod (TCP) MB/s | rdma-9p/knfsd | rdma-9p/diod |"
+    echo "|---|---|---|---|---|---|"
+    for d in write read; do
+        m() { awk -v d="$d" -v s="$1" '$1 > 0 && $2 == s && $3 == d {print $4}' "$out/runs.txt" | median; }
+        printf '| %s | %s | %s | %s | %s | %s |\n' "$d" "$(m r9)" "$(m nfs)" "$(m diod)" \
+            "$(ratios "$d" nfs | awk -f ci/lib/interval.awk)" "$(ratios "$d" diod | awk -f ci/lib/interval.awk)"
+    done
+    echo
+    echo "$runs rounds (after one warm-up), ${size} MiB file, 1 MiB blocks, O_DIRECT, msize $msize; MB/s medians; ratios: median of the per-round ratios (95% interval)."
+} >"$out/results.md"
+cat "$out/results.md"

@@ -1,0 +1,59 @@
+//! What both ends of a 9P RDMA connection set up the same way: a PD, a CQ
+//! awaited on tokio, an RC QP and its send and receive buffers.
+
+use rdma::aio::{tokio as rt, AsyncCq};
+use rdma::cm::CmId;
+use rdma::{AccessFlags, BufferPool, ProtectionDomain, QpState, QpType, QueuePair};
+
+/// Receive work requests have this bit in their `wr_id`; sends do not.
+pub(crate) const RECV: u64 = 1 << 63;
+
+/// A connection's queues and buffers, the QP in INIT.
+pub(crate) struct Queues {
+    pub pd: ProtectionDomain,
+    pub acq: AsyncCq,
+    pub qp: QueuePair,
+    /// `rq` buffers of `msize` bytes, locally writable.
+    pub recv_pool: BufferPool,
+    /// `sq` buffers of `msize` bytes.
+    pub send_pool: BufferPool,
+}
+
+fn fail<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+impl Queues {
+    /// Queues for `id` (its device known: a resolved route or a request):
+    /// `sq` sends and `rq` receives of `msize` bytes.
+    pub fn new(id: &CmId, sq: u32, rq: u32, msize: usize) -> Result<Queues, String> {
+        let ctx = id.context().map_err(fail("context"))?;
+        let pd = ctx.alloc_pd().map_err(fail("ibv_alloc_pd"))?;
+        let channel = ctx
+            .create_comp_channel()
+            .map_err(fail("ibv_create_comp_channel"))?;
+        let cq = ctx
+            .create_cq(sq + rq, Some(&channel), 0)
+            .map_err(fail("ibv_create_cq"))?;
+        let acq = rt::completions(&cq).map_err(fail("rdma::aio"))?;
+        let qp = pd
+            .qp_builder(QpType::Rc, &cq, &cq)
+            .max_send_wr(sq)
+            .max_recv_wr(rq)
+            .build()
+            .map_err(fail("ibv_create_qp"))?;
+        let recv_pool = BufferPool::new(&pd, msize, rq as usize, AccessFlags::LOCAL_WRITE)
+            .map_err(fail("receive buffers"))?;
+        let send_pool = BufferPool::new(&pd, msize, sq as usize, AccessFlags::empty())
+            .map_err(fail("send buffers"))?;
+        id.modify_qp(&qp, QpState::Init)
+            .map_err(fail("ibv_modify_qp to INIT"))?;
+        Ok(Queues {
+            pd,
+            acq,
+            qp,
+            recv_pool,
+            send_pool,
+        })
+    }
+}
