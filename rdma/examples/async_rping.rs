@@ -41,7 +41,7 @@ use std::time::Duration;
 mod common;
 
 use common::cm::{c_str, getopt, host_ip, number, Res};
-use common::rping::{fill, info, parse_info, INFO_LEN, MAX_SIZE, MIN_SIZE, SQ_DEPTH};
+use common::rping::{fill, info, parse_info, INFO_LEN, MAX_SIZE, MIN_SIZE};
 use rdma::aio::{tokio as rt, AsyncCmId, AsyncCq, CmChannel};
 use rdma::cm::{CmEventType, ConnParam, PortSpace};
 use rdma::{
@@ -71,9 +71,18 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
 /// Connections on one shared CQ at most.
 const PER_CQ: usize = 64;
 
+/// A connection's send queue. The protocol has at most two sends of a
+/// connection in flight (a control message, and the server's RDMA READ or
+/// WRITE): [`Conn::send`] waits for the previous control message's
+/// completion, the RDMA operation is awaited before the next step.
+const SEND_DEPTH: u32 = 4;
+
 /// Completions one connection can have in its CQ at once: its send queue
-/// and its receive queue.
-const PER_CONN_CQE: u32 = SQ_DEPTH + RQ_DEPTH;
+/// and its receive queue. The CQ has room for all of them, so it cannot
+/// overflow. (64 connections: 384 entries, which siw rounds up to 512, 5
+/// pages; with rping's send queue of 16 it was 1152, rounded up to 2048,
+/// 17 pages, and the 64th connection's QP no longer fit.)
+const PER_CONN_CQE: u32 = SEND_DEPTH + RQ_DEPTH;
 
 /// Receives a connection keeps posted (one control message at a time).
 const RQ_DEPTH: u32 = 2;
@@ -226,7 +235,7 @@ impl Parts {
         let cq = cqs.take(&ctx)?;
         let mut qp = pd
             .qp_builder(QpType::Rc, &cq.cq, &cq.cq)
-            .max_send_wr(SQ_DEPTH)
+            .max_send_wr(SEND_DEPTH)
             .max_recv_wr(RQ_DEPTH)
             .build()
             .map_err(fail("ibv_create_qp"))?;
@@ -365,9 +374,9 @@ impl SharedCqs {
     /// [`Route`] is made; nothing awaits in between, on one thread).
     fn take(&self, ctx: &Context) -> Res<SharedCq> {
         let mut cqs = self.cqs.borrow_mut();
-        let found = cqs.iter().find(|c| {
-            c.cq.context().as_raw() == ctx.as_raw() && c.users.get() < self.per_cq
-        });
+        let found = cqs
+            .iter()
+            .find(|c| c.cq.context().as_raw() == ctx.as_raw() && c.users.get() < self.per_cq);
         let cq = match found {
             Some(c) => c.clone(),
             None => {

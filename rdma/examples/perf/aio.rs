@@ -15,7 +15,7 @@
 //! options are read.
 
 use rdma::aio::tokio as rt;
-use rdma::{AccessFlags, InlineSend, SendOp, SendFlags, WrBuffers};
+use rdma::{AccessFlags, InlineSend, SendFlags, SendOp, WrBuffers};
 
 use crate::clock::Stamps;
 use crate::io;
@@ -34,12 +34,7 @@ pub fn send_lat(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) 
     runtime.block_on(send_lat_async(conn, opts, size, stamps))
 }
 
-async fn send_lat_async(
-    conn: &mut Conn,
-    opts: &Opts,
-    size: usize,
-    stamps: &mut Stamps,
-) -> Res<()> {
+async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
     let server = opts.is_server();
     let iters = opts.iters;
     let slots = crate::lat::rx_slots(opts, size);

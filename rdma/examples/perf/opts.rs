@@ -564,10 +564,8 @@ fn finish(mut o: Opts, g: Given) -> Result<Opts, ArgError> {
             return bad("--wait async is implemented for send_lat only");
         }
         if !cfg!(feature = "tokio") {
-            return bad(
-                "--wait async needs perf built with the tokio feature \
-                 (cargo build --release --example perf --features tokio)",
-            );
+            return bad("--wait async needs perf built with the tokio feature \
+                 (cargo build --release --example perf --features tokio)");
         }
     }
     if kind == Kind::Lat && o.qps != 1 {
