@@ -221,7 +221,8 @@ impl Error {
         }
     }
 
-    /// The verb that failed, for [`Error::Verb`].
+    /// The verb that failed, for [`Error::Verb`], [`Error::NoReason`] and
+    /// [`Error::InvalidArgument`].
     pub fn verb(&self) -> Option<&'static str> {
         match self {
             Error::Verb { verb, .. }
