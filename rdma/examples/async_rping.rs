@@ -17,25 +17,38 @@
 //! and answers "go ahead", the client advertises its sink, the server RDMA
 //! WRITEs the text into it and answers again; `-V` compares.
 //!
-//! Each connection is a task of one `current_thread` runtime: a CQ awaited
-//! through [`rdma::aio::AsyncCq`] and its connection manager id through
-//! [`rdma::aio::AsyncCmId`], selected together (both are cancel-safe, so
-//! the branch that loses the race loses nothing).
+//! Each connection is a task of one `current_thread` runtime: its
+//! completions and its connection manager id ([`rdma::aio::AsyncCmId`]) are
+//! awaited together (both waits are cancel-safe, so the branch that loses
+//! the race loses nothing).
+//!
+//! Connections share completion queues, up to [`PER_CQ`] on one CQ (and its
+//! completion channel), each CQ awaited through one [`rdma::aio::AsyncCq`]
+//! by a task that hands every completion to its connection by QP number.
+//! A CQ of its own per connection would cost a process one more queue
+//! mapping per connection, and siw (rdma-core 44) allows a process 144
+//! pages of queue mappings per device: 48 connections of a CQ, an SQ and an
+//! RQ page each (CONVENTIONS.md, Tests). Shared, a connection costs 2 pages
+//! and 64 of them fit with their CQ.
 
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
+use std::rc::Rc;
 use std::time::Duration;
 
 mod common;
 
 use common::cm::{c_str, getopt, host_ip, number, Res};
-use common::rping::{fill, info, parse_info, INFO_LEN, MAX_SIZE, MIN_SIZE, SQ_DEPTH};
+use common::rping::{fill, info, parse_info, INFO_LEN, MAX_SIZE, MIN_SIZE};
 use rdma::aio::{tokio as rt, AsyncCmId, AsyncCq, CmChannel};
 use rdma::cm::{CmEventType, ConnParam, PortSpace};
 use rdma::{
-    AccessFlags, MemoryRegion, ProtectionDomain, QpState, QpType, QueuePair, RemoteMemory, SendWr,
-    WcOpcode, WcStatus,
+    AccessFlags, Completion, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpState,
+    QpType, QueuePair, RemoteMemory, SendWr, WcOpcode, WcStatus,
 };
+use tokio::sync::mpsc;
 
 const USAGE: &str = "\
 async_rping -s [-vVd] [-S size] [-a addr] [-p port] [-P | -N clients]
@@ -54,6 +67,25 @@ async_rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port] [-N conne
 \t-N n\t\tserver: exit after n clients; client: n connections at once";
 
 const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
+
+/// Connections on one shared CQ at most.
+const PER_CQ: usize = 64;
+
+/// A connection's send queue. The protocol has at most two sends of a
+/// connection in flight (a control message, and the server's RDMA READ or
+/// WRITE): [`Conn::send`] waits for the previous control message's
+/// completion, the RDMA operation is awaited before the next step.
+const SEND_DEPTH: u32 = 4;
+
+/// Completions one connection can have in its CQ at once: its send queue
+/// and its receive queue. The CQ has room for all of them, so it cannot
+/// overflow. (64 connections: 384 entries, which siw rounds up to 512, 5
+/// pages; with rping's send queue of 16 it was 1152, rounded up to 2048,
+/// 17 pages, and the 64th connection's QP no longer fit.)
+const PER_CONN_CQE: u32 = SEND_DEPTH + RQ_DEPTH;
+
+/// Receives a connection keeps posted (one control message at a time).
+const RQ_DEPTH: u32 = 2;
 
 const WR_SEND: u64 = 1;
 const WR_RECV: u64 = 2;
@@ -171,11 +203,11 @@ enum Got {
     Disconnected,
 }
 
-/// One connection. Field order is drop order: the QP before its CQ's
-/// `AsyncCq` and PD, the id last.
+/// One connection. Field order is drop order: the QP before its route and
+/// PD, the id last.
 struct Conn {
     qp: QueuePair,
-    acq: AsyncCq,
+    route: Route,
     pd: ProtectionDomain,
     /// The send buffer, when not in flight.
     send_mr: Option<MemoryRegion>,
@@ -189,31 +221,25 @@ struct Conn {
 /// (the client) or accepts (the server).
 struct Parts {
     pd: ProtectionDomain,
-    acq: AsyncCq,
+    route: Route,
     qp: QueuePair,
     send_mr: MemoryRegion,
 }
 
 impl Parts {
-    /// PD, CQ (with a channel of its own, awaited on tokio) and QP on the
-    /// device of `id`, the QP in INIT with its receive posted, and the send
-    /// buffer.
-    fn on(id: &rdma::cm::CmId) -> Res<Parts> {
+    /// PD and QP on the device of `id`, on a CQ of `cqs`, the QP in INIT
+    /// with its receive posted, and the send buffer.
+    fn on(id: &rdma::cm::CmId, cqs: &SharedCqs) -> Res<Parts> {
         let ctx = id.context().map_err(fail("ibv_alloc_pd failed"))?;
         let pd = ctx.alloc_pd().map_err(fail("ibv_alloc_pd failed"))?;
-        let channel = ctx
-            .create_comp_channel()
-            .map_err(fail("ibv_create_comp_channel failed"))?;
-        let cq = ctx
-            .create_cq(SQ_DEPTH * 2, Some(&channel), 0)
-            .map_err(fail("ibv_create_cq failed"))?;
-        let acq = rt::completions(&cq).map_err(fail("rdma::aio"))?;
+        let cq = cqs.take(&ctx)?;
         let mut qp = pd
-            .qp_builder(QpType::Rc, &cq, &cq)
-            .max_send_wr(SQ_DEPTH)
-            .max_recv_wr(2)
+            .qp_builder(QpType::Rc, &cq.cq, &cq.cq)
+            .max_send_wr(SEND_DEPTH)
+            .max_recv_wr(RQ_DEPTH)
             .build()
             .map_err(fail("ibv_create_qp"))?;
+        let route = cq.route(qp.qp_num());
         id.modify_qp(&qp, QpState::Init)
             .map_err(fail("ibv_modify_qp"))?;
         let recv = pd
@@ -226,10 +252,140 @@ impl Parts {
             .map_err(fail("send_buf reg_mr failed"))?;
         Ok(Parts {
             pd,
-            acq,
+            route,
             qp,
             send_mr,
         })
+    }
+}
+
+/// Where completions go: a connection's sender, by QP number.
+type Routes = Rc<RefCell<HashMap<u32, mpsc::UnboundedSender<Completion>>>>;
+
+/// One CQ that connections share.
+#[derive(Clone)]
+struct SharedCq {
+    cq: CompletionQueue,
+    routes: Routes,
+    /// Connections on it now (a route each).
+    users: Rc<Cell<usize>>,
+}
+
+impl SharedCq {
+    /// A CQ for `per_cq` connections with its own completion channel, and
+    /// the task that awaits it and hands out its completions.
+    fn new(ctx: &Context, per_cq: usize) -> Res<SharedCq> {
+        let channel = ctx
+            .create_comp_channel()
+            .map_err(fail("ibv_create_comp_channel failed"))?;
+        let cqe = PER_CONN_CQE * u32::try_from(per_cq).unwrap_or(u32::MAX / PER_CONN_CQE);
+        let cq = ctx
+            .create_cq(cqe, Some(&channel), 0)
+            .map_err(fail("ibv_create_cq failed"))?;
+        let acq = rt::completions(&cq).map_err(fail("rdma::aio"))?;
+        let shared = SharedCq {
+            cq,
+            routes: Rc::default(),
+            users: Rc::default(),
+        };
+        tokio::task::spawn_local(dispatch(acq, Rc::clone(&shared.routes)));
+        Ok(shared)
+    }
+
+    /// The completions of QP `qp_num` from now on.
+    fn route(&self, qp_num: u32) -> Route {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.routes.borrow_mut().insert(qp_num, tx);
+        self.users.set(self.users.get() + 1);
+        Route {
+            rx,
+            qp_num,
+            cq: self.clone(),
+        }
+    }
+}
+
+/// Hands each completion of a shared CQ to its connection. A completion of
+/// a connection that is gone (a flushed request after its QP was
+/// destroyed) is dropped, with the memory it gives back. QP numbers are not
+/// reused at once by rxe or siw (cyclic allocation), so a late completion
+/// does not reach a newer connection. A failed poll closes every route:
+/// their connections see the CQ gone.
+async fn dispatch(mut acq: AsyncCq, routes: Routes) {
+    loop {
+        match acq.next().await {
+            Ok(c) => {
+                let routes = routes.borrow();
+                if let Some(tx) = routes.get(&c.qp_num) {
+                    // A closed receiver: the connection is going away.
+                    let _ = tx.send(c);
+                }
+            }
+            Err(e) => {
+                eprintln!("poll error on a shared CQ: {e}");
+                routes.borrow_mut().clear();
+                return;
+            }
+        }
+    }
+}
+
+/// A connection's share of a [`SharedCq`].
+struct Route {
+    rx: mpsc::UnboundedReceiver<Completion>,
+    qp_num: u32,
+    cq: SharedCq,
+}
+
+impl Route {
+    /// The next completion of the connection's QP. Cancel-safe (tokio's
+    /// `recv` is): a completion not returned stays in the channel.
+    async fn next(&mut self) -> Res<Completion> {
+        self.rx
+            .recv()
+            .await
+            .ok_or_else(|| "poll error: the shared CQ failed".to_string())
+    }
+}
+
+impl Drop for Route {
+    fn drop(&mut self) {
+        self.cq.routes.borrow_mut().remove(&self.qp_num);
+        self.cq.users.set(self.cq.users.get() - 1);
+    }
+}
+
+/// The CQs of one process's connections, for one device context each:
+/// a new connection joins a CQ with room, or a new CQ.
+struct SharedCqs {
+    per_cq: usize,
+    cqs: RefCell<Vec<SharedCq>>,
+}
+
+impl SharedCqs {
+    fn new(per_cq: usize) -> SharedCqs {
+        SharedCqs {
+            per_cq: per_cq.clamp(1, PER_CQ),
+            cqs: RefCell::default(),
+        }
+    }
+
+    /// A CQ of `ctx` with room for one more connection (counted once its
+    /// [`Route`] is made; nothing awaits in between, on one thread).
+    fn take(&self, ctx: &Context) -> Res<SharedCq> {
+        let mut cqs = self.cqs.borrow_mut();
+        let found = cqs
+            .iter()
+            .find(|c| c.cq.context().as_raw() == ctx.as_raw() && c.users.get() < self.per_cq);
+        let cq = match found {
+            Some(c) => c.clone(),
+            None => {
+                let c = SharedCq::new(ctx, self.per_cq)?;
+                cqs.push(c.clone());
+                c
+            }
+        };
+        Ok(cq)
     }
 }
 
@@ -238,13 +394,13 @@ impl Conn {
     fn new(parts: Parts, id: AsyncCmId, o: &Opts) -> Conn {
         let Parts {
             pd,
-            acq,
+            route,
             qp,
             send_mr,
         } = parts;
         Conn {
             qp,
-            acq,
+            route,
             pd,
             send_mr: Some(send_mr),
             pending: None,
@@ -266,10 +422,10 @@ impl Conn {
     /// ends there (`Ok(None)`).
     async fn wait(&mut self, until_send: bool) -> Res<Option<Got>> {
         loop {
-            let (acq, id) = (&mut self.acq, &mut self.id);
+            let (route, id) = (&mut self.route, &mut self.id);
             tokio::select! {
-                c = acq.next() => {
-                    let mut c = c.map_err(fail("poll error"))?;
+                c = route.next() => {
+                    let mut c = c?;
                     if c.status == WcStatus::WrFlushErr {
                         return Ok(Some(Got::Disconnected));
                     }
@@ -372,10 +528,11 @@ impl Conn {
 
 async fn clients(o: Opts) -> Res<()> {
     let cm = rt::cm_channel().map_err(fail("rdma_create_event_channel"))?;
+    let cqs = Rc::new(SharedCqs::new(usize::try_from(o.n).unwrap_or(PER_CQ)));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..o.n {
-        let (cm, o) = (cm.clone(), o.clone());
-        tasks.spawn_local(async move { client(&cm, &o).await });
+        let (cm, o, cqs) = (cm.clone(), o.clone(), Rc::clone(&cqs));
+        tasks.spawn_local(async move { client(&cm, &o, &cqs).await });
     }
     let mut result = Ok(());
     while let Some(r) = tasks.join_next().await {
@@ -387,7 +544,7 @@ async fn clients(o: Opts) -> Res<()> {
     result
 }
 
-async fn client(cm: &CmChannel, o: &Opts) -> Res<()> {
+async fn client(cm: &CmChannel, o: &Opts, cqs: &SharedCqs) -> Res<()> {
     let mut id = cm
         .create_id(PortSpace::Tcp)
         .map_err(fail("rdma_create_id"))?;
@@ -399,7 +556,7 @@ async fn client(cm: &CmChannel, o: &Opts) -> Res<()> {
     id.resolve_route(RESOLVE_TIMEOUT)
         .await
         .map_err(fail("rdma_resolve_route"))?;
-    let mut conn = Conn::new(Parts::on(id.id())?, id, o);
+    let mut conn = Conn::new(Parts::on(id.id(), cqs)?, id, o);
     let mut start = conn
         .pd
         .alloc_mr(o.size, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
@@ -458,6 +615,12 @@ async fn server(o: Opts) -> Res<()> {
     let mut listener = cm
         .listen(SocketAddr::new(o.addr, o.port), 128)
         .map_err(fail("rdma_bind_addr/rdma_listen"))?;
+    let per_cq = if o.persistent {
+        PER_CQ
+    } else {
+        usize::try_from(o.n).unwrap_or(PER_CQ)
+    };
+    let cqs = Rc::new(SharedCqs::new(per_cq));
     let mut tasks = tokio::task::JoinSet::new();
     let mut accepted = 0;
     while o.persistent || accepted < o.n {
@@ -466,10 +629,10 @@ async fn server(o: Opts) -> Res<()> {
             .await
             .map_err(fail("rdma_get_cm_event"))?;
         accepted += 1;
-        let o = o.clone();
+        let (o, cqs) = (o.clone(), Rc::clone(&cqs));
         tasks.spawn_local(async move {
             let id = incoming.id().clone();
-            let r = serve(incoming, &o).await;
+            let r = serve(incoming, &o, &cqs).await;
             if let Err(e) = &r {
                 eprintln!("{e} (connection {:p})", id.as_raw());
             }
@@ -486,9 +649,9 @@ async fn server(o: Opts) -> Res<()> {
 }
 
 /// Accepts a request and answers pings until the client disconnects.
-async fn serve(incoming: rdma::aio::Incoming, o: &Opts) -> Res<()> {
+async fn serve(incoming: rdma::aio::Incoming, o: &Opts, cqs: &SharedCqs) -> Res<()> {
     // Phase one of the accept: the connection's resources on its device.
-    let parts = Parts::on(incoming.id())?;
+    let parts = Parts::on(incoming.id(), cqs)?;
     // Phase two.
     let id = incoming
         .accept(&parts.qp, &Conn::param())

@@ -9,8 +9,8 @@
 //! -A -o`) with its defaults, plus `--post legacy|extended|auto` (the QPs'
 //! [`rdma::PostPath`]), `--raw` (prebuilt C work requests through the `unsafe`
 //! raw post calls, and `ibv_poll_cq`, instead of the safe API), `--cpu`
-//! (CPU time per iteration) and `--wait channel|cq` (how `-e` sleeps:
-//! `perf/events.rs`). Run with `--help` for the list.
+//! (CPU time per iteration) and `--wait channel|cq|async` (how `-e` sleeps:
+//! `perf/events.rs`; `async` with the `tokio` feature). Run with `--help` for the list.
 //!
 //! Measured as perftest measures (bandwidth with `std::time::Instant`,
 //! latency stamps from the TSC on x86_64, see `perf/clock.rs`):
@@ -30,6 +30,9 @@
 //! not interoperate with perftest.
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+#[cfg(feature = "tokio")]
+#[path = "perf/aio.rs"]
+mod aio;
 #[path = "perf/bw.rs"]
 mod bw;
 #[path = "perf/clock.rs"]

@@ -5,7 +5,7 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::error::{check_errno_ret, check_ptr, Result};
+use crate::error::{call_ptr, check_errno_ret, Result};
 use crate::wc::Completion;
 use crate::{ffi, Gid, ProtectionDomain};
 
@@ -150,9 +150,14 @@ impl ProtectionDomain {
     /// RoCE address without GRH, or a bad sgid index).
     pub fn create_ah(&self, attr: &AhAttr) -> Result<AddressHandle> {
         let mut raw = attr.to_raw();
-        // SAFETY: valid PD and attribute struct.
-        let ah = unsafe { ffi::ibv_create_ah(self.as_raw(), &mut raw) };
-        let ah = check_ptr("ibv_create_ah", || format!("{attr:?}").into(), ah)?;
+        let ah = call_ptr(
+            "ibv_create_ah",
+            || format!("{attr:?}").into(),
+            || {
+                // SAFETY: valid PD and attribute struct.
+                unsafe { ffi::ibv_create_ah(self.as_raw(), &mut raw) }
+            },
+        )?;
         Ok(AddressHandle {
             inner: Arc::new(AhInner {
                 ah,

@@ -11,7 +11,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::device::{device_by_name, Device, DeviceListInner, Guid};
-use crate::error::{self, check_errno_ret, check_minus_one, check_ptr, Error, Result};
+use crate::error::{self, call_ptr, check_errno_ret, check_minus_one, Error, Result};
 use crate::ffi;
 use crate::gid::{Gid, GidEntry};
 use crate::port::PortAttr;
@@ -140,9 +140,14 @@ impl Context {
 
     pub(crate) fn from_device(device: &Device) -> Result<Context> {
         let name = device.name().to_string();
-        // SAFETY: the device belongs to a live device list.
-        let ctx = unsafe { ffi::ibv_open_device(device.as_raw()) };
-        let ctx = check_ptr("ibv_open_device", || name.clone().into(), ctx)?;
+        let ctx = call_ptr(
+            "ibv_open_device",
+            || name.clone().into(),
+            || {
+                // SAFETY: the device belongs to a live device list.
+                unsafe { ffi::ibv_open_device(device.as_raw()) }
+            },
+        )?;
         let owner = ContextOwner::Opened(Arc::clone(device.list()));
         Self::wrap(ctx, name, owner).inspect_err(|_| {
             // SAFETY: opened above, closed once on this error path.

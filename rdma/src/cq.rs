@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::error::{check_errno_ret, check_minus_one, check_ptr, last_errno, Error, Result};
+use crate::error::{call_ptr, check_errno_ret, check_minus_one, last_errno, Error, Result};
 use crate::track::Registry;
 use crate::wc::Completion;
 use crate::{ffi, Context};
@@ -73,12 +73,13 @@ impl Context {
     /// # Errors
     /// [`Error::Verb`] naming `ibv_create_comp_channel`.
     pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
-        // SAFETY: valid context.
-        let ch = unsafe { ffi::ibv_create_comp_channel(self.as_raw()) };
-        let ch = check_ptr(
+        let ch = call_ptr(
             "ibv_create_comp_channel",
             || self.name().to_string().into(),
-            ch,
+            || {
+                // SAFETY: valid context.
+                unsafe { ffi::ibv_create_comp_channel(self.as_raw()) }
+            },
         )?;
         Ok(CompletionChannel {
             inner: Arc::new(ChannelInner {
@@ -438,13 +439,14 @@ impl Context {
         let ch = channel.map_or(std::ptr::null_mut(), CompletionChannel::as_raw);
         let n = std::ffi::c_int::try_from(cqe).unwrap_or(std::ffi::c_int::MAX);
         let vector = std::ffi::c_int::try_from(comp_vector).unwrap_or(std::ffi::c_int::MAX);
-        // SAFETY: valid context; channel (if any) belongs to it and is kept
-        // alive by the CQ.
-        let cq = unsafe { ffi::ibv_create_cq(self.as_raw(), n, std::ptr::null_mut(), ch, vector) };
-        let cq = check_ptr(
+        let cq = call_ptr(
             "ibv_create_cq",
             || format!("{} cqe {cqe} comp_vector {comp_vector}", self.name()).into(),
-            cq,
+            || {
+                // SAFETY: valid context; channel (if any) belongs to it and is kept
+                // alive by the CQ.
+                unsafe { ffi::ibv_create_cq(self.as_raw(), n, std::ptr::null_mut(), ch, vector) }
+            },
         )?;
         Ok(self.wrap_cq(cq, None, 0, channel))
     }
@@ -529,13 +531,14 @@ impl Context {
             wc_flags,
             ..Default::default()
         };
-        // SAFETY: valid context and attribute struct; the channel is kept
-        // alive by the CQ.
-        let cq = unsafe { ffi::ibv_create_cq_ex(self.as_raw(), &mut attr) };
-        let cq = check_ptr(
+        let cq = call_ptr(
             "ibv_create_cq_ex",
             || format!("{} cqe {cqe} wc_flags {wc_flags:#x}", self.name()).into(),
-            cq,
+            || {
+                // SAFETY: valid context and attribute struct; the channel is kept
+                // alive by the CQ.
+                unsafe { ffi::ibv_create_cq_ex(self.as_raw(), &mut attr) }
+            },
         )
         .map_err(|e| match e.errno() {
             Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Error::Unsupported {

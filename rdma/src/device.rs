@@ -8,7 +8,7 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::error::{last_errno, Error, Result};
+use crate::error::{call_ptr, Error, Result};
 use crate::ffi;
 use crate::macros::c_enum;
 use crate::Context;
@@ -40,17 +40,23 @@ impl Drop for DeviceListInner {
 /// support (no `ib_uverbs`), `ENOMEM` when out of memory.
 pub fn devices() -> Result<Vec<Device>> {
     let mut n: std::ffi::c_int = 0;
-    // SAFETY: `n` is a valid out-pointer; the returned array is owned by us.
-    let list = unsafe { ffi::ibv_get_device_list(&mut n) };
-    let Some(list) = NonNull::new(list) else {
-        let errno = last_errno();
-        let context = if errno == libc::ENOSYS {
-            "no RDMA support in this kernel; is ib_uverbs loaded?"
-        } else {
-            ""
-        };
-        return Err(Error::verb_errno("ibv_get_device_list", context, errno));
-    };
+    let list = call_ptr(
+        "ibv_get_device_list",
+        || "".into(),
+        || {
+            // SAFETY: `n` is a valid out-pointer; the returned array is owned
+            // by us.
+            unsafe { ffi::ibv_get_device_list(&mut n) }
+        },
+    )
+    .map_err(|e| match e.errno() {
+        Some(errno @ libc::ENOSYS) => Error::verb_errno(
+            "ibv_get_device_list",
+            "no RDMA support in this kernel; is ib_uverbs loaded?",
+            errno,
+        ),
+        _ => e,
+    })?;
     let len = usize::try_from(n).unwrap_or(0);
     let inner = Arc::new(DeviceListInner { list, len });
     Ok((0..inner.len)

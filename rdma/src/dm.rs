@@ -15,7 +15,7 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::error::{check_errno_ret, check_ptr, Error, Result};
+use crate::error::{call_ptr, check_errno_ret, Error, Result};
 use crate::{ffi, AccessFlags, Context, ProtectionDomain, RemoteMemory};
 
 pub(crate) struct DmInner {
@@ -135,12 +135,13 @@ impl Context {
             log_align_req: log_align,
             comp_mask: 0,
         };
-        // SAFETY: valid context and attribute struct.
-        let dm = unsafe { ffi::ibv_alloc_dm(self.as_raw(), &mut attr) };
-        let dm = check_ptr(
+        let dm = call_ptr(
             VERB,
             || format!("{} {len} bytes, log_align {log_align}", self.name()).into(),
-            dm,
+            || {
+                // SAFETY: valid context and attribute struct.
+                unsafe { ffi::ibv_alloc_dm(self.as_raw(), &mut attr) }
+            },
         )
         .map_err(|e| match e.errno() {
             Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
@@ -344,21 +345,22 @@ impl ProtectionDomain {
             });
         }
         let access = access | AccessFlags::ZERO_BASED;
-        // SAFETY: valid PD and DM of the same context; the range is within
-        // the DM. The region keeps the DM alive (`dm` field).
-        let mr = unsafe {
-            ffi::ibv_reg_dm_mr(
-                self.as_raw(),
-                dm.as_raw(),
-                offset as u64,
-                len,
-                access.bits(),
-            )
-        };
-        let mr = check_ptr(
+        let mr = call_ptr(
             VERB,
             || format!("offset {offset}, {len} bytes, access {access:?}").into(),
-            mr,
+            || {
+                // SAFETY: valid PD and DM of the same context; the range is within
+                // the DM. The region keeps the DM alive (`dm` field).
+                unsafe {
+                    ffi::ibv_reg_dm_mr(
+                        self.as_raw(),
+                        dm.as_raw(),
+                        offset as u64,
+                        len,
+                        access.bits(),
+                    )
+                }
+            },
         )
         .map_err(|e| match e.errno() {
             Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {

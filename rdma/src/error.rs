@@ -26,6 +26,31 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A verb reported failure (NULL, or `-1`) but left `errno` at 0: the
+    /// provider gave no reason.
+    ///
+    /// `errno` is cleared right before each constructor verb
+    /// (`ibv_create_cq`, `ibv_create_qp`, `ibv_alloc_pd`, `rdma_create_qp`,
+    /// ...), so this is never a value left over from an earlier call. There
+    /// is no OS error behind it: [`Error::errno`] returns `None`, and as an
+    /// [`io::Error`] it is [`io::ErrorKind::Other`].
+    ///
+    /// Seen with siw (rdma-core 44, Linux 6.1): it refuses a CQ or QP whose
+    /// queue the kernel mapped at key `0x90000` (the 145th queue page of a
+    /// process on one device context, e.g. the 49th connection with a CQ of
+    /// its own) and returns NULL without setting `errno`. Before errno was
+    /// cleared, that refusal was reported with whatever an earlier call had
+    /// left, such as `EOPNOTSUPP` from a probe of `ibv_create_cq_ex`.
+    #[error(
+        "{verb} failed{}: it returned failure without setting errno (the provider gave no reason)",
+        context_suffix(.context)
+    )]
+    NoReason {
+        /// The C function, e.g. `ibv_create_cq`.
+        verb: &'static str,
+        /// What it was called on or with, may be empty.
+        context: Cow<'static, str>,
+    },
     /// No RDMA device of that name.
     #[error("no RDMA device named {name:?} (devices present: {available})")]
     DeviceNotFound {
@@ -192,13 +217,17 @@ impl Error {
             Error::NotFound { .. } => Some(libc::ENODEV),
             Error::CmEvent { event, status, .. } => Some(crate::cm::event_errno(*event, *status)),
             Error::Async { errno, .. } => Some(*errno),
+            Error::NoReason { .. } => None,
         }
     }
 
-    /// The verb that failed, for [`Error::Verb`].
+    /// The verb that failed, for [`Error::Verb`], [`Error::NoReason`] and
+    /// [`Error::InvalidArgument`].
     pub fn verb(&self) -> Option<&'static str> {
         match self {
-            Error::Verb { verb, .. } | Error::InvalidArgument { verb, .. } => Some(verb),
+            Error::Verb { verb, .. }
+            | Error::NoReason { verb, .. }
+            | Error::InvalidArgument { verb, .. } => Some(verb),
             _ => None,
         }
     }
@@ -228,6 +257,7 @@ impl From<Error> for io::Error {
             } => source.kind(),
             Error::Sysfs { source: None, .. } => io::ErrorKind::InvalidData,
             Error::NotFound { .. } => io::ErrorKind::NotFound,
+            Error::NoReason { .. } => io::ErrorKind::Other,
             Error::CmEvent { .. } | Error::Async { .. } => {
                 io::Error::from_raw_os_error(e.errno().unwrap_or(libc::EIO)).kind()
             }
@@ -295,21 +325,69 @@ pub(crate) fn check_minus_one(
     }
 }
 
-/// Constructors that return NULL and set `errno` (`ibv_alloc_pd`,
-/// `ibv_reg_mr`, `ibv_create_cq`, ...).
-pub(crate) fn check_ptr<T>(
+/// Calls a constructor that returns NULL and sets `errno` on failure
+/// (`ibv_create_cq`, `ibv_create_qp`, `ibv_alloc_pd`, `ibv_reg_mr`, ...):
+/// `call` is the C call alone.
+///
+/// `errno` is cleared first, because a provider may return NULL without
+/// setting it (siw refusing mmap key `0x90000`): the error is then
+/// [`Error::NoReason`], not a value an earlier call left behind.
+pub(crate) fn call_ptr<T>(
     verb: &'static str,
     context: impl FnOnce() -> Cow<'static, str>,
-    ptr: *mut T,
+    call: impl FnOnce() -> *mut T,
 ) -> Result<std::ptr::NonNull<T>> {
-    std::ptr::NonNull::new(ptr).ok_or_else(|| {
-        // Some providers return NULL without setting errno.
-        let errno = match last_errno() {
-            0 => libc::EIO,
-            e => e,
-        };
+    clear_errno();
+    let ptr = call();
+    match std::ptr::NonNull::new(ptr) {
+        Some(ptr) => Ok(ptr),
+        None => Err(failed_with(verb, context, errno_now())),
+    }
+}
+
+/// Calls a verb that returns -1 and sets `errno` on failure, with `errno`
+/// cleared first as in [`call_ptr`]: for the CM calls that create verbs
+/// objects (`rdma_create_qp`, `rdma_create_qp_ex`, `rdma_create_ep`), whose
+/// failure is the provider's and carries its `errno`, or none.
+pub(crate) fn call_minus_one(
+    verb: &'static str,
+    context: impl FnOnce() -> Cow<'static, str>,
+    call: impl FnOnce() -> c_int,
+) -> Result<c_int> {
+    clear_errno();
+    let rc = call();
+    if rc < 0 {
+        Err(failed_with(verb, context, errno_now()))
+    } else {
+        Ok(rc)
+    }
+}
+
+/// The error for a failed call whose `errno` was cleared before it.
+fn failed_with(
+    verb: &'static str,
+    context: impl FnOnce() -> Cow<'static, str>,
+    errno: i32,
+) -> Error {
+    if errno == 0 {
+        Error::NoReason {
+            verb,
+            context: context(),
+        }
+    } else {
         Error::verb_errno(verb, context(), errno)
-    })
+    }
+}
+
+fn clear_errno() {
+    // SAFETY: __errno_location returns this thread's errno slot, valid for
+    // the thread's life.
+    unsafe { *libc::__errno_location() = 0 };
+}
+
+/// `errno` as it is, 0 included.
+fn errno_now() -> i32 {
+    io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -341,14 +419,75 @@ mod tests {
         assert_eq!(check_minus_one("rdma_connect", none, 3).unwrap(), 3);
     }
 
+    fn set_errno(e: i32) {
+        // SAFETY: __errno_location returns this thread's errno slot.
+        unsafe { *libc::__errno_location() = e };
+    }
+
     #[test]
-    fn null_convention_reads_errno() {
-        // SAFETY: as above.
-        unsafe { *libc::__errno_location() = libc::ENOMEM };
-        let e = check_ptr::<u8>("ibv_alloc_pd", none, std::ptr::null_mut()).unwrap_err();
+    fn null_convention_reads_the_calls_errno() {
+        let e = call_ptr::<u8>("ibv_alloc_pd", none, || {
+            set_errno(libc::ENOMEM);
+            std::ptr::null_mut()
+        })
+        .unwrap_err();
         assert_eq!(e.errno(), Some(libc::ENOMEM));
+        assert!(
+            matches!(
+                e,
+                Error::Verb {
+                    verb: "ibv_alloc_pd",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
         let mut x = 0u8;
-        assert!(check_ptr("ibv_alloc_pd", none, &mut x as *mut u8).is_ok());
+        assert!(call_ptr("ibv_alloc_pd", none, || &mut x as *mut u8).is_ok());
+    }
+
+    #[test]
+    fn a_stale_errno_is_not_reported_for_a_null_without_one() {
+        // What an earlier call left (ibv_create_cq_ex probing siw): the
+        // constructor below fails without touching errno, as siw's
+        // ibv_create_cq does when it refuses mmap key 0x90000.
+        set_errno(libc::EOPNOTSUPP);
+        let e = call_ptr::<u8>("ibv_create_cq", || "siw0 cqe 16".into(), std::ptr::null_mut)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::NoReason {
+                    verb: "ibv_create_cq",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(e.errno(), None);
+        assert_eq!(e.verb(), Some("ibv_create_cq"));
+        let text = e.to_string();
+        assert!(
+            text.starts_with("ibv_create_cq failed (siw0 cqe 16): ")
+                && text.contains("without setting errno"),
+            "{text}"
+        );
+        let io: io::Error = e.into();
+        assert_eq!(io.kind(), io::ErrorKind::Other);
+    }
+
+    #[test]
+    fn minus_one_with_errno_cleared() {
+        set_errno(libc::EOPNOTSUPP);
+        let e = call_minus_one("rdma_create_qp_ex", none, || -1).unwrap_err();
+        assert!(matches!(e, Error::NoReason { .. }), "{e:?}");
+        let e = call_minus_one("rdma_create_qp_ex", none, || {
+            set_errno(libc::ENOMEM);
+            -1
+        })
+        .unwrap_err();
+        assert_eq!(e.errno(), Some(libc::ENOMEM));
+        assert_eq!(call_minus_one("rdma_create_qp_ex", none, || 0).unwrap(), 0);
     }
 
     #[test]

@@ -67,7 +67,7 @@ use std::fmt;
 use std::os::fd::{BorrowedFd, IntoRawFd, OwnedFd};
 use std::ptr::NonNull;
 
-use crate::error::{check_ptr, Error, Result};
+use crate::error::{call_ptr, Error, Result};
 use crate::{ffi, Context, DeviceMemory, ProtectionDomain};
 
 /// Maps the errnos of a verb the provider does not implement to
@@ -166,16 +166,21 @@ impl Context {
     pub unsafe fn import_device(fd: OwnedFd) -> Result<Context> {
         const VERB: &str = "ibv_import_device";
         let raw = fd.into_raw_fd();
-        // SAFETY: `raw` is an open descriptor whose ownership passes to
-        // libibverbs (see above for the failure paths); the event-address
-        // condition is the caller's contract.
-        let ctx = unsafe { ffi::ibv_import_device(raw) };
-        let ctx =
-            check_ptr(VERB, || format!("command descriptor {raw}").into(), ctx).map_err(|e| {
-                unsupported(e, "importing a device (ibv_import_device)", || {
-                    device_of_fd(raw)
-                })
-            })?;
+        let ctx = call_ptr(
+            VERB,
+            || format!("command descriptor {raw}").into(),
+            || {
+                // SAFETY: `raw` is an open descriptor whose ownership passes to
+                // libibverbs (see above for the failure paths); the event-address
+                // condition is the caller's contract.
+                unsafe { ffi::ibv_import_device(raw) }
+            },
+        )
+        .map_err(|e| {
+            unsupported(e, "importing a device (ibv_import_device)", || {
+                device_of_fd(raw)
+            })
+        })?;
         // SAFETY: just imported: an open context nobody else owns.
         unsafe { Context::imported(ctx) }.inspect_err(|_| {
             // SAFETY: imported above, closed once on this error path (which
@@ -199,13 +204,14 @@ impl Context {
     ///   no PD of the file.
     pub fn import_pd(&self, handle: u32) -> Result<ProtectionDomain> {
         const VERB: &str = "ibv_import_pd";
-        // SAFETY: valid context; the handle is checked by the provider and
-        // the kernel (a bad one fails).
-        let pd = unsafe { ffi::ibv_import_pd(self.as_raw(), handle) };
-        let pd = check_ptr(
+        let pd = call_ptr(
             VERB,
             || format!("{} PD handle {handle}", self.name()).into(),
-            pd,
+            || {
+                // SAFETY: valid context; the handle is checked by the provider and
+                // the kernel (a bad one fails).
+                unsafe { ffi::ibv_import_pd(self.as_raw(), handle) }
+            },
         )
         .map_err(|e| unsupported(e, "importing a PD (ibv_import_pd)", || self.name().into()))?;
         // SAFETY: just imported into this context; only this handle owns it.
@@ -238,13 +244,14 @@ impl Context {
                 reason: "device memory cannot be empty".into(),
             });
         }
-        // SAFETY: valid context; the handle is checked by the provider and
-        // the kernel (a bad one fails).
-        let dm = unsafe { ffi::ibv_import_dm(self.as_raw(), handle) };
-        let dm = check_ptr(
+        let dm = call_ptr(
             VERB,
             || format!("{} device memory handle {handle}", self.name()).into(),
-            dm,
+            || {
+                // SAFETY: valid context; the handle is checked by the provider and
+                // the kernel (a bad one fails).
+                unsafe { ffi::ibv_import_dm(self.as_raw(), handle) }
+            },
         )
         .map_err(|e| {
             unsupported(e, "importing device memory (ibv_import_dm)", || {
@@ -270,13 +277,14 @@ impl ProtectionDomain {
     ///   no memory region of the file.
     pub fn import_mr(&self, handle: u32) -> Result<ImportedMemoryRegion> {
         const VERB: &str = "ibv_import_mr";
-        // SAFETY: valid PD; the handle is checked by the provider and the
-        // kernel (a bad one fails).
-        let mr = unsafe { ffi::ibv_import_mr(self.as_raw(), handle) };
-        let mr = check_ptr(
+        let mr = call_ptr(
             VERB,
             || format!("{} MR handle {handle}", self.context().name()).into(),
-            mr,
+            || {
+                // SAFETY: valid PD; the handle is checked by the provider and the
+                // kernel (a bad one fails).
+                unsafe { ffi::ibv_import_mr(self.as_raw(), handle) }
+            },
         )
         .map_err(|e| {
             unsupported(e, "importing a memory region (ibv_import_mr)", || {

@@ -20,7 +20,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::error::{check_errno_ret, check_ptr, Error, Result};
+use crate::error::{call_ptr, check_errno_ret, Error, Result};
 use crate::{ffi, ProtectionDomain};
 
 bitflags::bitflags! {
@@ -549,14 +549,15 @@ impl ProtectionDomain {
         if on_demand {
             crate::odp::require_odp(self.context(), false)?;
         }
-        // SAFETY: `ptr..ptr+len` is memory that `memory` keeps alive until
-        // after deregistration (MrInner's drop order); the device reaches it
-        // through `ptr`, the base pointer every access of the region uses.
-        let mr = unsafe { ffi::ibv_reg_mr(self.as_raw(), ptr.cast(), len, flags) };
-        let mr = check_ptr(
+        let mr = call_ptr(
             "ibv_reg_mr",
             || format!("{} bytes, access {access:?}", len).into(),
-            mr,
+            || {
+                // SAFETY: `ptr..ptr+len` is memory that `memory` keeps alive until
+                // after deregistration (MrInner's drop order); the device reaches it
+                // through `ptr`, the base pointer every access of the region uses.
+                unsafe { ffi::ibv_reg_mr(self.as_raw(), ptr.cast(), len, flags) }
+            },
         )
         .map_err(|e| {
             if on_demand {

@@ -9,7 +9,7 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use crate::error::{check_ptr, Error, Result};
+use crate::error::{call_ptr, Error, Result};
 use crate::macros::c_enum;
 use crate::mr::{AccessFlags, MrInner};
 use crate::{ffi, MemoryRegion, ProtectionDomain, RemoteMemory};
@@ -75,19 +75,22 @@ impl ProtectionDomain {
     /// [`Error::Unsupported`] when the device has no windows of that type;
     /// [`Error::Verb`] naming `ibv_alloc_mw`.
     pub fn alloc_mw(&self, mw_type: MwType) -> Result<MemoryWindow> {
-        // SAFETY: valid PD.
-        let mw = unsafe { ffi::ibv_alloc_mw(self.as_raw(), mw_type.to_raw()) };
-        let mw =
-            check_ptr("ibv_alloc_mw", || format!("{mw_type:?}").into(), mw).map_err(|e| match e
-                .errno()
-            {
-                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Error::Unsupported {
-                    what: format!("{mw_type:?} memory windows").into(),
-                    device: self.context().name().to_string(),
-                    source: e.errno().map(std::io::Error::from_raw_os_error),
-                },
-                _ => e,
-            })?;
+        let mw = call_ptr(
+            "ibv_alloc_mw",
+            || format!("{mw_type:?}").into(),
+            || {
+                // SAFETY: valid PD.
+                unsafe { ffi::ibv_alloc_mw(self.as_raw(), mw_type.to_raw()) }
+            },
+        )
+        .map_err(|e| match e.errno() {
+            Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Error::Unsupported {
+                what: format!("{mw_type:?} memory windows").into(),
+                device: self.context().name().to_string(),
+                source: e.errno().map(std::io::Error::from_raw_os_error),
+            },
+            _ => e,
+        })?;
         // SAFETY: reads a field of the window just allocated.
         let rkey = unsafe { (*mw.as_ptr()).rkey };
         Ok(MemoryWindow {

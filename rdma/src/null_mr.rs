@@ -5,7 +5,7 @@
 use std::fmt;
 use std::ptr::NonNull;
 
-use crate::error::{check_ptr, Error, Result};
+use crate::error::{call_ptr, Error, Result};
 use crate::{ffi, ProtectionDomain};
 
 /// A null memory region (`struct ibv_mr` from `ibv_alloc_null_mr`). It covers
@@ -32,19 +32,22 @@ impl ProtectionDomain {
     /// soft-RoCE, soft-iWARP); [`Error::Verb`] naming `ibv_alloc_null_mr`.
     pub fn alloc_null_mr(&self) -> Result<NullMemoryRegion> {
         const VERB: &str = "ibv_alloc_null_mr";
-        // SAFETY: valid PD.
-        let mr = unsafe { ffi::ibv_alloc_null_mr(self.as_raw()) };
-        let mr =
-            check_ptr(VERB, || self.context().name().to_string().into(), mr).map_err(
-                |e| match e.errno() {
-                    Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
-                        what: format!("null memory regions ({VERB})").into(),
-                        device: self.context().name().to_string(),
-                        source: Some(std::io::Error::from_raw_os_error(errno)),
-                    },
-                    _ => e,
-                },
-            )?;
+        let mr = call_ptr(
+            VERB,
+            || self.context().name().to_string().into(),
+            || {
+                // SAFETY: valid PD.
+                unsafe { ffi::ibv_alloc_null_mr(self.as_raw()) }
+            },
+        )
+        .map_err(|e| match e.errno() {
+            Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
+                what: format!("null memory regions ({VERB})").into(),
+                device: self.context().name().to_string(),
+                source: Some(std::io::Error::from_raw_os_error(errno)),
+            },
+            _ => e,
+        })?;
         Ok(NullMemoryRegion {
             mr,
             pd: self.clone(),

@@ -24,7 +24,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::ptr::NonNull;
 
-use crate::error::{check_errno_ret, check_ptr, Error, Result};
+use crate::error::{call_ptr, check_errno_ret, Error, Result};
 use crate::macros::c_enum;
 use crate::{ffi, AccessFlags, Context, DeviceAttr, MemoryRegion, ProtectionDomain};
 
@@ -328,13 +328,14 @@ impl ProtectionDomain {
                 reason: format!("access flags {access:?} do not fit a C int"),
             })?;
         require_odp(self.context(), true)?;
-        // SAFETY: valid PD. An implicit ODP registration pins and maps
-        // nothing; the caller answers for what its keys can reach.
-        let mr = unsafe { ffi::ibv_reg_mr(self.as_raw(), std::ptr::null_mut(), usize::MAX, flags) };
-        let mr = check_ptr(
+        let mr = call_ptr(
             "ibv_reg_mr",
             || format!("implicit on-demand region, access {access:?}").into(),
-            mr,
+            || {
+                // SAFETY: valid PD. An implicit ODP registration pins and maps
+                // nothing; the caller answers for what its keys can reach.
+                unsafe { ffi::ibv_reg_mr(self.as_raw(), std::ptr::null_mut(), usize::MAX, flags) }
+            },
         )
         .map_err(|e| odp_unsupported(e, IMPLICIT_ODP, self.context()))?;
         Ok(ImplicitOdpRegion {

@@ -4,7 +4,7 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::error::{check_ptr, Result};
+use crate::error::{call_ptr, Result};
 use crate::{ffi, Context};
 
 /// Who releases an `ibv_pd`, and with which verb.
@@ -103,9 +103,14 @@ impl Context {
     /// # Errors
     /// [`crate::Error::Verb`] naming `ibv_alloc_pd` (e.g. `ENOMEM`).
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
-        // SAFETY: valid context.
-        let pd = unsafe { ffi::ibv_alloc_pd(self.as_raw()) };
-        let pd = check_ptr("ibv_alloc_pd", || self.name().to_string().into(), pd)?;
+        let pd = call_ptr(
+            "ibv_alloc_pd",
+            || self.name().to_string().into(),
+            || {
+                // SAFETY: valid context.
+                unsafe { ffi::ibv_alloc_pd(self.as_raw()) }
+            },
+        )?;
         Ok(ProtectionDomain {
             inner: Arc::new(PdInner {
                 pd,

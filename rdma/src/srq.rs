@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::cq::CqInner;
-use crate::error::{check_errno_ret, check_ptr, Error, Result};
+use crate::error::{call_ptr, check_errno_ret, Error, Result};
 use crate::mr::AccessFlags;
 use crate::track::{Serial, SrqTracker, Tracked};
 use crate::wr::PostError;
@@ -179,9 +179,14 @@ impl ProtectionDomain {
                 srq_limit: attr.srq_limit,
             },
         };
-        // SAFETY: valid PD and init struct.
-        let srq = unsafe { ffi::ibv_create_srq(self.as_raw(), &mut init) };
-        let srq = check_ptr("ibv_create_srq", || format!("{attr:?}").into(), srq)?;
+        let srq = call_ptr(
+            "ibv_create_srq",
+            || format!("{attr:?}").into(),
+            || {
+                // SAFETY: valid PD and init struct.
+                unsafe { ffi::ibv_create_srq(self.as_raw(), &mut init) }
+            },
+        )?;
         Ok(self.wrap_srq(srq, attr, &init.attr, None, serial))
     }
 
@@ -237,20 +242,23 @@ impl ProtectionDomain {
             init.cq = cq.as_raw();
             xrc = Some((Arc::clone(&xrcd.inner), cq.clone()));
         }
-        // SAFETY: valid context; the PD, XRC domain and CQ belong to it
-        // (checked) and the SRQ keeps them alive.
-        let srq = unsafe { ffi::ibv_create_srq_ex(ctx.as_raw(), &mut init) };
-        let srq =
-            check_ptr(VERB, || format!("{srq_type:?} SRQ, {attr:?}").into(), srq).map_err(|e| {
-                match e.errno() {
-                    Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
-                        what: format!("{srq_type:?} SRQs ({VERB})").into(),
-                        device: ctx.name().to_string(),
-                        source: Some(std::io::Error::from_raw_os_error(errno)),
-                    },
-                    _ => e,
-                }
-            })?;
+        let srq = call_ptr(
+            VERB,
+            || format!("{srq_type:?} SRQ, {attr:?}").into(),
+            || {
+                // SAFETY: valid context; the PD, XRC domain and CQ belong to it
+                // (checked) and the SRQ keeps them alive.
+                unsafe { ffi::ibv_create_srq_ex(ctx.as_raw(), &mut init) }
+            },
+        )
+        .map_err(|e| match e.errno() {
+            Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
+                what: format!("{srq_type:?} SRQs ({VERB})").into(),
+                device: ctx.name().to_string(),
+                source: Some(std::io::Error::from_raw_os_error(errno)),
+            },
+            _ => e,
+        })?;
         Ok(self.wrap_srq(srq, attr, &init.attr, xrc, serial))
     }
 }

@@ -22,7 +22,7 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::error::{check_ptr, Error, Result};
+use crate::error::{call_ptr, Error, Result};
 use crate::{ffi, Context, ProtectionDomain};
 
 pub(crate) struct TdInner {
@@ -77,10 +77,15 @@ impl Context {
     /// naming `ibv_alloc_td` otherwise.
     pub fn alloc_td(&self) -> Result<ThreadDomain> {
         let mut attr = ffi::ibv_td_init_attr { comp_mask: 0 };
-        // SAFETY: valid context and attribute struct.
-        let td = unsafe { ffi::ibv_alloc_td(self.as_raw(), &mut attr) };
-        let td = check_ptr("ibv_alloc_td", || self.name().to_string().into(), td)
-            .map_err(|e| unsupported(e, "thread domains", self))?;
+        let td = call_ptr(
+            "ibv_alloc_td",
+            || self.name().to_string().into(),
+            || {
+                // SAFETY: valid context and attribute struct.
+                unsafe { ffi::ibv_alloc_td(self.as_raw(), &mut attr) }
+            },
+        )
+        .map_err(|e| unsupported(e, "thread domains", self))?;
         Ok(ThreadDomain {
             inner: Arc::new(TdInner {
                 td,
@@ -170,16 +175,17 @@ impl ProtectionDomain {
             td: td.map_or(std::ptr::null_mut(), ThreadDomain::as_raw),
             ..Default::default()
         };
-        // SAFETY: valid context, PD and (optional) TD of that context;
-        // comp_mask 0, so the allocator fields are ignored.
-        let raw = unsafe { ffi::ibv_alloc_parent_domain(ctx.as_raw(), &mut attr) };
-        let raw = check_ptr(
+        let raw = call_ptr(
             "ibv_alloc_parent_domain",
             || {
                 let with = if td.is_some() { "with" } else { "without" };
                 format!("{} {with} a thread domain", ctx.name()).into()
             },
-            raw,
+            || {
+                // SAFETY: valid context, PD and (optional) TD of that context;
+                // comp_mask 0, so the allocator fields are ignored.
+                unsafe { ffi::ibv_alloc_parent_domain(ctx.as_raw(), &mut attr) }
+            },
         )
         .map_err(|e| unsupported(e, "parent domains", ctx))?;
         let td = td.map(|td| ThreadDomain {

@@ -21,7 +21,7 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::error::{check_errno_ret, check_ptr, Error, Result};
+use crate::error::{call_ptr, check_errno_ret, Error, Result};
 use crate::{ffi, Context, QpAttr, QpState, QpType};
 
 pub(crate) struct XrcdInner {
@@ -82,10 +82,15 @@ impl Context {
             fd: -1,
             oflags: libc::O_CREAT,
         };
-        // SAFETY: valid context and attribute struct.
-        let xrcd = unsafe { ffi::ibv_open_xrcd(self.as_raw(), &mut attr) };
-        let xrcd = check_ptr("ibv_open_xrcd", || self.name().to_string().into(), xrcd)
-            .map_err(|e| unsupported(e, "XRC domains", self))?;
+        let xrcd = call_ptr(
+            "ibv_open_xrcd",
+            || self.name().to_string().into(),
+            || {
+                // SAFETY: valid context and attribute struct.
+                unsafe { ffi::ibv_open_xrcd(self.as_raw(), &mut attr) }
+            },
+        )
+        .map_err(|e| unsupported(e, "XRC domains", self))?;
         Ok(XrcDomain {
             inner: Arc::new(XrcdInner {
                 xrcd,
@@ -122,13 +127,14 @@ impl XrcDomain {
             xrcd: self.as_raw(),
             ..Default::default()
         };
-        // SAFETY: valid context and XRC domain of that context (kept alive by
-        // the QP); the attribute struct is initialised.
-        let qp = unsafe { ffi::ibv_create_qp_ex(ctx.as_raw(), &mut attr) };
-        let qp = check_ptr(
+        let qp = call_ptr(
             "ibv_create_qp_ex",
             || format!("XRC target QP on {}", ctx.name()).into(),
-            qp,
+            || {
+                // SAFETY: valid context and XRC domain of that context (kept alive by
+                // the QP); the attribute struct is initialised.
+                unsafe { ffi::ibv_create_qp_ex(ctx.as_raw(), &mut attr) }
+            },
         )
         .map_err(|e| unsupported(e, "XRC target QPs (ibv_create_qp_ex)", ctx))?;
         Ok(XrcRecvQueuePair {
@@ -157,13 +163,14 @@ impl XrcDomain {
             qp_context: std::ptr::null_mut(),
             qp_type: ffi::IBV_QPT_XRC_RECV,
         };
-        // SAFETY: valid context and XRC domain of that context (kept alive by
-        // the handle); the attribute struct is initialised.
-        let qp = unsafe { ffi::ibv_open_qp(ctx.as_raw(), &mut attr) };
-        let qp = check_ptr(
+        let qp = call_ptr(
             "ibv_open_qp",
             || format!("XRC target QP {qp_num} on {}", ctx.name()).into(),
-            qp,
+            || {
+                // SAFETY: valid context and XRC domain of that context (kept alive by
+                // the handle); the attribute struct is initialised.
+                unsafe { ffi::ibv_open_qp(ctx.as_raw(), &mut attr) }
+            },
         )
         .map_err(|e| unsupported(e, "shared XRC target QPs (ibv_open_qp)", ctx))?;
         Ok(XrcRecvQueuePair {

@@ -52,6 +52,49 @@ fn zero_and_oversized_cq_sizes_are_rejected() {
     assert!(err.to_string().contains("cannot be empty"), "{err}");
 }
 
+/// siw (rdma-core 44) refuses a CQ or QP whose queue the kernel mapped at
+/// key `0x90000`, the 145th page of a context's queue mappings, and returns
+/// NULL without setting errno (CONVENTIONS.md, Tests). Before each
+/// `ibv_create_cq` the test leaves `EOPNOTSUPP` in errno with
+/// `ibv_create_cq_ex`, which siw lacks: the refusal must come back as
+/// `Error::NoReason`, not as that stale errno. Freeing one CQ makes room
+/// again: a limit, not a broken device.
+#[test]
+#[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
+fn iwarp_a_cq_siw_refuses_without_errno_is_no_reason_not_a_stale_errno() {
+    let ctx = common::open(&common::iwarp_device_name());
+    let mut cqs = Vec::new();
+    let err = loop {
+        let stale = ctx.create_cq_ex(16, None, 0, false).unwrap_err();
+        assert_eq!(stale.errno(), Some(libc::EOPNOTSUPP), "{stale}");
+        match ctx.create_cq(16, None, 0) {
+            Ok(cq) => cqs.push(cq),
+            Err(e) => break e,
+        }
+        assert!(
+            cqs.len() <= 1024,
+            "siw took 1024 one-page CQs: its 144-page limit is gone"
+        );
+    };
+    assert!(
+        matches!(
+            err,
+            Error::NoReason {
+                verb: "ibv_create_cq",
+                ..
+            }
+        ),
+        "CQ {} refused with {err:?}",
+        cqs.len() + 1
+    );
+    assert_eq!(err.errno(), None, "{err}");
+    assert!(err.to_string().contains("without setting errno"), "{err}");
+    // Keys 0..0x8f000 (144 pages) are taken; 0x90000 is the refused one.
+    assert_eq!(cqs.len(), 144, "{err}");
+    cqs.pop();
+    cqs.push(ctx.create_cq(16, None, 0).expect("a CQ in the freed page"));
+}
+
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn bad_state_transitions_fail_with_the_mask_named() {

@@ -2,7 +2,10 @@
 //! more and reads one event with `CompletionChannel::get_event`
 //! (`io::sleep_on`); `--wait cq` hands the whole cycle to the crate's
 //! blocking wait, `CompletionQueue::wait_until` (poll, arm, poll, read the
-//! channel, events acknowledged 16 at a time), with the loop's own poll.
+//! channel, events acknowledged 16 at a time), with the loop's own poll;
+//! `--wait async` (`send_lat` only, perf built with the `tokio` feature)
+//! runs the loop as a future whose completions are awaited through
+//! `rdma::aio` (`perf/aio.rs`).
 //!
 //! The choice is made once, before the loops run; `io::sleep_on` asks
 //! [`through_cq`] on every sleep (one relaxed load).
@@ -20,6 +23,8 @@ pub enum Wait {
     Channel,
     /// `CompletionQueue::wait_until`.
     Cq,
+    /// `rdma::aio::AsyncCq::next` on a tokio runtime (`perf/aio.rs`).
+    Async,
 }
 
 /// Parses `--wait`'s value.
@@ -30,8 +35,9 @@ pub fn parse(flag: &str, v: &str) -> Result<Wait, ArgError> {
     match v {
         "channel" => Ok(Wait::Channel),
         "cq" => Ok(Wait::Cq),
+        "async" => Ok(Wait::Async),
         _ => Err(ArgError::Bad(format!(
-            "invalid value {v:?} for {flag}: expected channel or cq"
+            "invalid value {v:?} for {flag}: expected channel, cq or async"
         ))),
     }
 }

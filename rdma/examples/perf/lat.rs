@@ -52,6 +52,10 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
         stamps.clear();
         let cpu0 = report::cpu_times();
         match (verb, opts.raw) {
+            #[cfg(feature = "tokio")]
+            (Verb::Send, false) if opts.wait == crate::events::Wait::Async => {
+                crate::aio::send_lat(conn, opts, size, &mut stamps)?
+            }
             (Verb::Send, false) => send_safe(conn, opts, size, &mut stamps)?,
             (Verb::Send, true) => send_raw(conn, opts, size, &mut stamps)?,
             (Verb::Write, false) => match opts.interleave {
@@ -90,7 +94,7 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
 }
 
 /// `op` with `flags`, checked once for `qp` (`None` with `--post-send`).
-fn prepare(
+pub fn prepare(
     qp: &rdma::QueuePair,
     opts: &Opts,
     op: SendOp,
@@ -105,7 +109,7 @@ fn prepare(
 }
 
 /// Receives kept posted in `send_lat`.
-fn rx_slots(opts: &Opts, size: usize) -> u32 {
+pub fn rx_slots(opts: &Opts, size: usize) -> u32 {
     setup::slots(size, opts.rx_depth.min(opts.iters))
 }
 

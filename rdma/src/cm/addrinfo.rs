@@ -289,17 +289,25 @@ pub fn create_ep(
     let mut attr = qp.map(QueuePairBuilder::checked_init_attr).transpose()?;
     let pd = qp.map_or(std::ptr::null_mut(), |b| b.pd_raw());
     let mut raw: *mut ffi::rdma_cm_id = std::ptr::null_mut();
-    // SAFETY: the entry lives in its list for the call; PD and CQs (if any)
-    // are alive and kept alive below as long as librdmacm may use them.
-    let rc = unsafe {
-        ffi::rdma_create_ep(
-            &mut raw,
-            (entry.raw as *const ffi::rdma_addrinfo).cast_mut(),
-            pd,
-            attr.as_mut().map_or(std::ptr::null_mut(), |a| a as *mut _),
-        )
-    };
-    crate::error::check_minus_one("rdma_create_ep", || format!("{entry:?}").into(), rc)?;
+    // errno is cleared first: with a QP, librdmacm returns -1 with the
+    // provider's errno, which it may have left unset (siw).
+    crate::error::call_minus_one(
+        "rdma_create_ep",
+        || format!("{entry:?}").into(),
+        || {
+            // SAFETY: the entry lives in its list for the call; PD and CQs
+            // (if any) are alive and kept alive below as long as librdmacm
+            // may use them.
+            unsafe {
+                ffi::rdma_create_ep(
+                    &mut raw,
+                    (entry.raw as *const ffi::rdma_addrinfo).cast_mut(),
+                    pd,
+                    attr.as_mut().map_or(std::ptr::null_mut(), |a| a as *mut _),
+                )
+            }
+        },
+    )?;
     let raw =
         NonNull::new(raw).ok_or_else(|| Error::verb_errno("rdma_create_ep", "", libc::EIO))?;
     let id = CmId::from_endpoint(raw, qp.is_some());

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::event::{self, CmEvent};
 use super::CmEventType;
-use crate::error::{check_minus_one, check_ptr, last_errno, Error, Result};
+use crate::error::{call_ptr, check_minus_one, last_errno, Error, Result};
 use crate::ffi;
 
 pub(crate) struct ChannelInner {
@@ -111,9 +111,14 @@ impl EventChannel {
     /// [`Error::Verb`] naming `rdma_create_event_channel` (`ENODEV` when the
     /// kernel has no RDMA CM, ...).
     pub fn new() -> Result<EventChannel> {
-        // SAFETY: no preconditions.
-        let ch = unsafe { ffi::rdma_create_event_channel() };
-        let ch = check_ptr("rdma_create_event_channel", || "".into(), ch)?;
+        let ch = call_ptr(
+            "rdma_create_event_channel",
+            || "".into(),
+            || {
+                // SAFETY: no preconditions.
+                unsafe { ffi::rdma_create_event_channel() }
+            },
+        )?;
         let channel = EventChannel {
             inner: Arc::new(ChannelInner {
                 ch,

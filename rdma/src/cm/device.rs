@@ -3,7 +3,7 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::error::{check_ptr, Result};
+use crate::error::{call_ptr, Result};
 use crate::{ffi, Context};
 
 /// The list from `rdma_get_devices`, freed (`rdma_free_devices(3)`) when the
@@ -37,9 +37,14 @@ impl Drop for DeviceList {
 /// devices) or `ibv_query_device`.
 pub fn get_devices() -> Result<Vec<Context>> {
     let mut n: std::ffi::c_int = 0;
-    // SAFETY: valid out-pointer.
-    let list = unsafe { ffi::rdma_get_devices(&mut n) };
-    let list = check_ptr("rdma_get_devices", || "".into(), list)?;
+    let list = call_ptr(
+        "rdma_get_devices",
+        || "".into(),
+        || {
+            // SAFETY: valid out-pointer.
+            unsafe { ffi::rdma_get_devices(&mut n) }
+        },
+    )?;
     let keep = Arc::new(DeviceList { list });
     let mut out = Vec::new();
     for i in 0..usize::try_from(n).unwrap_or(0) {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::wr_ops::ExtendedQp;
 use super::{allocate_serial, OwnedQp, QpOwner, QpType, QueuePair, SendPath};
-use crate::error::{check_ptr, Error, Result};
+use crate::error::{call_ptr, Error, Result};
 use crate::track::{QpTracker, Serial};
 use crate::{ffi, CompletionQueue, ProtectionDomain};
 
@@ -209,19 +209,18 @@ impl QueuePairBuilder {
         if !self.create_flags.is_empty() {
             // Create flags need the extended call, without send operations.
             let mut ex = self.init_attr_ex(attr, true);
-            // SAFETY: valid context, PD and CQs (kept alive by the QP).
-            let qp = unsafe { ffi::ibv_create_qp_ex(self.pd.context().as_raw(), &mut ex) };
-            attr.cap = ex.cap;
-            return check_ptr(
+            let qp = call_ptr(
                 "ibv_create_qp_ex",
                 || format!("{:?} QP with {:?}", self.qp_type, self.create_flags).into(),
-                qp,
-            )
-            .map_err(|e| self.create_error("ibv_create_qp_ex", e));
+                || {
+                    // SAFETY: valid context, PD and CQs (kept alive by the QP).
+                    unsafe { ffi::ibv_create_qp_ex(self.pd.context().as_raw(), &mut ex) }
+                },
+            );
+            attr.cap = ex.cap;
+            return qp.map_err(|e| self.create_error("ibv_create_qp_ex", e));
         }
-        // SAFETY: valid PD and CQs of the same context (kept alive by the QP).
-        let qp = unsafe { ffi::ibv_create_qp(self.pd.as_raw(), attr) };
-        check_ptr(
+        call_ptr(
             "ibv_create_qp",
             || {
                 format!(
@@ -232,7 +231,11 @@ impl QueuePairBuilder {
                 )
                 .into()
             },
-            qp,
+            || {
+                // SAFETY: valid PD and CQs of the same context (kept alive by
+                // the QP).
+                unsafe { ffi::ibv_create_qp(self.pd.as_raw(), attr) }
+            },
         )
         .map_err(|e| self.create_error("ibv_create_qp", e))
     }
@@ -247,9 +250,7 @@ impl QueuePairBuilder {
         ffi::ibv_qp_cap,
     )> {
         let mut ex = self.init_attr_ex(attr, false);
-        // SAFETY: valid context, PD and CQs (kept alive by the QP).
-        let qp = unsafe { ffi::ibv_create_qp_ex(self.pd.context().as_raw(), &mut ex) };
-        let qp = check_ptr(
+        let qp = call_ptr(
             "ibv_create_qp_ex",
             || {
                 format!(
@@ -260,7 +261,10 @@ impl QueuePairBuilder {
                 )
                 .into()
             },
-            qp,
+            || {
+                // SAFETY: valid context, PD and CQs (kept alive by the QP).
+                unsafe { ffi::ibv_create_qp_ex(self.pd.context().as_raw(), &mut ex) }
+            },
         )
         .map_err(|e| self.create_error("ibv_create_qp_ex", e))?;
         // SAFETY: the QP was created with send_ops_flags, so it has an

@@ -10,7 +10,7 @@ use super::connect::Message;
 use super::locking::Access;
 use super::{verb, CmId, IdInner};
 use crate::cm::event::ConnParam;
-use crate::error::{Error, Result};
+use crate::error::{call_minus_one, Error, Result};
 use crate::qp::QpOwner;
 use crate::{ffi, QpAttr, QpState, QpType, QueuePair, QueuePairBuilder};
 
@@ -194,37 +194,41 @@ impl CmId {
                 } else {
                     "rdma_create_qp_ex"
                 };
-                let rc = if legacy {
-                    let mut attr = ffi::ibv_qp_init_attr {
-                        qp_context: ex.qp_context,
-                        send_cq: ex.send_cq,
-                        recv_cq: ex.recv_cq,
-                        srq: ex.srq,
-                        cap: ex.cap,
-                        qp_type: ex.qp_type,
-                        sq_sig_all: ex.sq_sig_all,
-                    };
-                    // SAFETY: bound id; PD and CQs of its context, kept alive
-                    // by the QueuePair.
-                    let rc = unsafe { ffi::rdma_create_qp(raw, ex.pd, &mut attr) };
-                    ex.cap = attr.cap;
-                    rc
-                } else {
-                    // SAFETY: as above.
-                    unsafe { ffi::rdma_create_qp_ex(raw, ex) }
+                let what = {
+                    let qp_type = QpType::from_raw(ex.qp_type);
+                    if ex.comp_mask & ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS == 0 {
+                        format!("{qp_type:?} QP")
+                    } else {
+                        let flags = crate::QpCreateFlags::from_bits_retain(ex.create_flags);
+                        format!("{qp_type:?} QP with create flags {flags:?}")
+                    }
                 };
-                verb(
+                // errno is cleared first: librdmacm returns -1 with the
+                // provider's errno, which it may have left unset (siw).
+                call_minus_one(
                     name,
+                    || what.into(),
                     || {
-                        let qp_type = QpType::from_raw(ex.qp_type);
-                        if ex.comp_mask & ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS == 0 {
-                            format!("{qp_type:?} QP")
+                        if legacy {
+                            let mut attr = ffi::ibv_qp_init_attr {
+                                qp_context: ex.qp_context,
+                                send_cq: ex.send_cq,
+                                recv_cq: ex.recv_cq,
+                                srq: ex.srq,
+                                cap: ex.cap,
+                                qp_type: ex.qp_type,
+                                sq_sig_all: ex.sq_sig_all,
+                            };
+                            // SAFETY: bound id; PD and CQs of its context,
+                            // kept alive by the QueuePair.
+                            let rc = unsafe { ffi::rdma_create_qp(raw, ex.pd, &mut attr) };
+                            ex.cap = attr.cap;
+                            rc
                         } else {
-                            let flags = crate::QpCreateFlags::from_bits_retain(ex.create_flags);
-                            format!("{qp_type:?} QP with create flags {flags:?}")
+                            // SAFETY: as above.
+                            unsafe { ffi::rdma_create_qp_ex(raw, ex) }
                         }
                     },
-                    rc,
                 )?;
                 st.pd_changed = true;
                 // SAFETY: set by the successful call above.

@@ -1,0 +1,120 @@
+//! `-e --wait async`: `send_lat`'s loop as a future on a tokio
+//! `current_thread` runtime, every completion awaited through
+//! `rdma::aio::AsyncCq` (poll; when the CQ is empty arm it, poll again and
+//! let the runtime's reactor sleep on the completion channel's descriptor,
+//! events acknowledged in batches), as an async service waits.
+//!
+//! The loop is `lat.rs`'s safe `send_lat` loop with its waits replaced:
+//! the same posts (prepared, or inline), the same receive reposted after
+//! the reply, the same stamps. A completion comes out of the `AsyncCq` by
+//! value (`AsyncCq::next`), where the blocking loop polls into a slot it
+//! keeps.
+//!
+//! Built only with the `tokio` feature (`cargo build --release --example
+//! perf --features tokio`); without it `--wait async` is refused when the
+//! options are read.
+
+use rdma::aio::tokio as rt;
+use rdma::{AccessFlags, InlineSend, SendFlags, SendOp, WrBuffers};
+
+use crate::clock::Stamps;
+use crate::io;
+use crate::opts::{Opts, OrFail, Res};
+use crate::setup::{self, Conn};
+
+/// `send_lat` for one size with async waits; see the module documentation.
+///
+/// # Errors
+/// Any failure of the run, or of building the runtime.
+pub fn send_lat(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .or_fail("Couldn't build a tokio runtime")?;
+    runtime.block_on(send_lat_async(conn, opts, size, stamps))
+}
+
+async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
+    let server = opts.is_server();
+    let iters = opts.iters;
+    let slots = crate::lat::rx_slots(opts, size);
+    let bufs = setup::pool(&conn.pd, slots, size, AccessFlags::LOCAL_WRITE)?;
+    // Field by field: the QP is posted to while the CQs are awaited.
+    let Conn {
+        qps,
+        send_cq,
+        recv_cq,
+        pd,
+        oob,
+        inline: max_inline,
+        ..
+    } = conn;
+    let qp = &mut qps[0];
+    qp.post_recv_batch(bufs.into_iter().map(|m| (0, WrBuffers::One(m))))
+        .map_err(|e| format!("Couldn't post receives: {}", e.error))?;
+    let mut rposted = slots;
+    let cq_mod = opts.cq_mod_for(size);
+    let inline = size <= *max_inline as usize;
+    let mut sbufs = if inline {
+        Vec::new()
+    } else {
+        setup::pool(pd, cq_mod, size, AccessFlags::empty())?
+    };
+    let data = vec![0u8; size];
+    let signaled_send = crate::lat::prepare(qp, opts, SendOp::Send, SendFlags::SIGNALED)?;
+    let unsignaled_send = crate::lat::prepare(qp, opts, SendOp::Send, SendFlags::empty())?;
+    let mut prepared = signaled_send.zip(unsignaled_send);
+    let mut recv_acq = rt::completions(recv_cq).or_fail("Couldn't await the receive CQ")?;
+    let mut send_acq = rt::completions(send_cq).or_fail("Couldn't await the send CQ")?;
+    oob.barrier()?;
+    let mut rcnt = 0;
+    for scnt in 0..iters {
+        // The buffer of the message that just arrived, posted again once
+        // the reply is on its way.
+        let mut arrived = None;
+        if server || scnt > 0 {
+            let c = recv_acq.next().await.or_fail("poll CQ failed")?;
+            io::check(&c, "receive")?;
+            arrived = Some(c);
+            rcnt += 1;
+        }
+        let n = scnt + 1;
+        let signaled = n % cq_mod == 0 || n == iters;
+        if inline {
+            qp.post_send_inline(InlineSend::send(u64::from(n), &data).signaled(signaled))
+                .or_fail("Couldn't post send")?;
+        } else {
+            let mr = sbufs.pop().ok_or("no free send buffer")?;
+            match &mut prepared {
+                Some((send, unsignaled)) => {
+                    let p = if signaled { send } else { unsignaled };
+                    qp.post_prepared(p, u64::from(n), mr)
+                }
+                None => qp.post_send(rdma::SendWr::send(u64::from(n), mr).signaled(signaled)),
+            }
+            .map_err(|e| format!("Couldn't post send: {}", e.error))?;
+        }
+        stamps.push();
+        if let Some(mut c) = arrived {
+            if rposted < iters {
+                qp.post_recv(0, c.take_buffers())
+                    .map_err(|e| format!("Couldn't post a receive: {}", e.error))?;
+                rposted += 1;
+            }
+        }
+        if signaled {
+            let mut c = send_acq.next().await.or_fail("poll CQ failed")?;
+            io::check(&c, "send")?;
+            for (_, b) in c.unsignaled.drain(..) {
+                sbufs.extend(b.into_one());
+            }
+            sbufs.extend(c.take_buffers().into_one());
+        }
+    }
+    while rcnt < iters {
+        let c = recv_acq.next().await.or_fail("poll CQ failed")?;
+        io::check(&c, "receive")?;
+        rcnt += 1;
+    }
+    Ok(())
+}
