@@ -254,6 +254,7 @@ mod dm;
 mod ece;
 mod error;
 mod fork;
+pub mod fuzzing;
 mod gid;
 pub mod import;
 mod mr;
