@@ -190,8 +190,12 @@ impl Drop for Scratch {
 }
 
 /// A sysfs tree made from the bytes: they are split at each `0xff` byte,
-/// and the pieces become, in order, the contents of the files of
-/// [`SYSFS_FILES`] (a piece that starts with `0xfe` leaves its file out),
+/// and the pieces become, in order, the contents of the device's files
+/// (`node_type`, `node_guid`, `sys_image_guid`, `node_desc`, `fw_ver`,
+/// `hw_rev`, `hca_type`, `board_id`), port 1's (`state`, `phys_state`,
+/// `lid`, `lid_mask_count`, `sm_lid`, `sm_sl`, `subnet_timeout`, `rate`,
+/// `cap_mask`, `link_layer`), and GIDs 0 and 1, their types and netdevs,
+/// and P_Keys 0 and 1 (a piece that starts with `0xfe` leaves its file out),
 /// then the name of an extra entry in `ports/` and in `gids/` (anything
 /// but `/` and NUL). Then every getter of [`crate::sysfs`] reads it, and
 /// a port is looked up by a name made of the next piece.
@@ -316,8 +320,10 @@ mod tests {
 
     #[test]
     fn private_data_and_addresses_of_every_short_length() {
+        // Every length up to past the largest struct read (sockaddr_ib, 48
+        // bytes), then the longest private data (kept short for Miri).
         let bytes: Vec<u8> = (0..=255u8).collect();
-        for n in 0..bytes.len() {
+        for n in (0..=64).chain([128, 255, 256]) {
             private_data(&bytes[..n]);
             socket_address(&bytes[..n]);
         }
