@@ -265,6 +265,7 @@ mod dm;
 mod ece;
 mod error;
 mod fork;
+pub mod fuzzing;
 mod gid;
 pub mod import;
 mod mr;

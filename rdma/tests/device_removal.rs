@@ -6,10 +6,16 @@
 //! every context the kernel is waiting for, and the parent puts the device
 //! back in any case, so the tests after this one find it as before.
 //!
-//! Not in `ci/test` yet: on Linux 6.1 with rdma-core 44 both ids get
-//! `DEVICE_REMOVAL` (1.2 s), but after the process has dropped every object
-//! of the crate's the delete still waits, until the process exits
-//! (RELIABILITY.md).
+//! What held the device (Linux 6.1, rdma-core 44): rxe has no
+//! `disassociate_ucontext`, so the kernel's removal waits until every
+//! descriptor of the device's `uverbs` node is closed; after the crate's
+//! objects were dropped one was left, librdmacm's own context, which it
+//! closes only once it has noticed the device missing from the device list
+//! (`rdma_get_devices` runs that check; nothing in librdmacm does on
+//! `DEVICE_REMOVAL`). The crate now runs it when it reads a
+//! `DEVICE_REMOVAL` event (`cm::device::forget_removed_devices`); the child
+//! counts the descriptors of the device's node after each drop and shows
+//! the last one going with the last id.
 
 mod common;
 
@@ -69,6 +75,33 @@ fn add_again(dev: &str) {
     );
 }
 
+/// The `uverbs` node of `dev` (`uverbs0`), from sysfs.
+fn uverbs_node(dev: &str) -> String {
+    let dir = std::fs::read_dir("/sys/class/infiniband_verbs").expect("infiniband_verbs in sysfs");
+    for e in dir.flatten() {
+        let ibdev = std::fs::read_to_string(e.path().join("ibdev")).unwrap_or_default();
+        if ibdev.trim() == dev {
+            return e.file_name().to_string_lossy().into_owned();
+        }
+    }
+    panic!("no uverbs node for {dev}");
+}
+
+/// How many of this process's descriptors are open on `/dev/infiniband/NODE`
+/// (the node may be deleted already: `... (deleted)`).
+fn fds_on(node: &str) -> usize {
+    let want = format!("/dev/infiniband/{node}");
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter(|t| {
+            let t = t.to_string_lossy();
+            t == want || t.strip_prefix(want.as_str()) == Some(" (deleted)")
+        })
+        .count()
+}
+
 /// Waits for `child` up to `bound`; kills it after that.
 fn wait_child(child: &mut Child, bound: Duration) -> Option<std::process::ExitStatus> {
     let deadline = Instant::now() + bound;
@@ -112,6 +145,7 @@ fn removal_child(dev: &str) {
     assert_eq!(e.event_type(), CmEventType::AddrResolved, "{e:?}");
     drop(e);
 
+    let node = uverbs_node(dev);
     let start = Instant::now();
     let mut delete = Command::new("rdma")
         .args(["link", "delete", dev])
@@ -131,18 +165,40 @@ fn removal_child(dev: &str) {
         }
     }
     eprintln!("DEVICE_REMOVAL on both ids after {:?}", start.elapsed());
-    // Everything dropped, ids and verbs objects interleaved.
+    // Everything dropped, ids and verbs objects interleaved; the
+    // descriptors on the device's node counted after each drop.
+    let fds = || fds_on(&node);
+    let mut trail = vec![("live", fds())];
     let common::Pair {
         ctx, pd, cq, a, b, ..
     } = p;
     drop(b);
+    trail.push(("qp b", fds()));
     drop(client);
+    trail.push(("client id", fds()));
     drop(pd);
-    drop(listener);
+    trail.push(("pd", fds()));
     drop(cq);
+    trail.push(("cq", fds()));
     drop(a);
+    trail.push(("qp a", fds()));
     drop(ctx);
+    trail.push(("context", fds()));
+    drop(listener);
+    trail.push(("listener id", fds()));
     drop(ch);
+    trail.push(("channel", fds()));
+    eprintln!("descriptors on /dev/infiniband/{node} after each drop: {trail:?}");
+    assert_eq!(
+        trail[trail.len() - 3].1,
+        1,
+        "with the crate's context closed, one is left (librdmacm's): {trail:?}"
+    );
+    assert_eq!(
+        trail[trail.len() - 2].1,
+        0,
+        "librdmacm closed its context with the last id: {trail:?}"
+    );
     let st = wait_child(&mut delete, Duration::from_secs(30))
         .expect("rdma link delete finished once the process let go of the device");
     assert!(st.success(), "rdma link delete: {st}");

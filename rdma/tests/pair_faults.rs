@@ -47,8 +47,10 @@ impl Sync {
     fn new(test: &'static str) -> Sync {
         let dir = std::env::var("RDMA_VM_SYNC_DIR")
             .unwrap_or_else(|_| panic!("RDMA_VM_SYNC_DIR is not set: run under `ci/vm pair`"));
+        // The iWARP run of a test (`..._iwarp`) keeps its keys apart.
+        let tag = std::env::var("PAIR_SYNC_TAG").unwrap_or_default();
         Sync {
-            dir: dir.into(),
+            dir: PathBuf::from(dir).join(tag),
             test,
         }
     }
@@ -522,9 +524,18 @@ fn cm_rc_srq_peer_killed_mid_transfer() {
         let (e1, seen1) = survive(&ch, 1);
         eprintln!("generation 1: {seen1:?} in {:?}", t.elapsed());
         sync.get("killed1", BOUND);
-        assert!(seen1.received >= 200, "{seen1:?}");
+        // The victim is killed after 200 of its sends completed. Over RC on
+        // RoCE a send completes once the responder acknowledged it, so all
+        // 200 arrived; over iWARP (siw) it completes once TCP took the
+        // data, and what the dead process's socket still held is lost
+        // with it (measured: 139 of 200 arrived).
+        let least = if over_iwarp() { 1 } else { 200 };
+        assert!(seen1.received >= least, "{seen1:?}");
+        // Over iWARP the survivor's own sends complete once TCP took them
+        // too, so when the peer dies none may be left to fail (measured:
+        // 240 of 240 completed in one run, 16 flushed in another).
         assert!(
-            !seen1.sends_failed.is_empty(),
+            over_iwarp() || !seen1.sends_failed.is_empty(),
             "the survivor's stream ended in errors: {seen1:?}"
         );
         for s in &seen1.sends_failed {
@@ -572,6 +583,40 @@ fn cm_rc_srq_peer_killed_mid_transfer() {
     }
     sync.barrier("end");
     assert_back_to(before);
+}
+
+/// Whether this is the iWARP run of a test (`..._iwarp`).
+fn over_iwarp() -> bool {
+    std::env::var("PAIR_SYNC_TAG").is_ok_and(|t| t == "iwarp")
+}
+
+/// The same test over siw (the pair's second link, iWARP): this binary's
+/// `cm_rc_srq_peer_killed_mid_transfer` run again in each guest with the
+/// iWARP device and addresses in place of the RoCE ones, its rendezvous
+/// keys in a folder of their own. Its victims inherit the same settings.
+#[test]
+#[ignore = "needs two guests (ci/vm pair) with siw"]
+fn cm_rc_srq_peer_killed_mid_transfer_iwarp() {
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| panic!("{name} is set under ci/vm pair with siw"))
+    };
+    let sync_dir = PathBuf::from(var("RDMA_VM_SYNC_DIR")).join("iwarp");
+    std::fs::create_dir_all(&sync_dir).expect("the iWARP sync folder");
+    let status = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "cm_rc_srq_peer_killed_mid_transfer",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("RDMA_TEST_DEVICE", var("RDMA_TEST_IWARP_DEVICE"))
+        .env("RDMA_TEST_IP", var("RDMA_TEST_IWARP_IP"))
+        .env("RDMA_TEST_PEER_IP", var("RDMA_TEST_IWARP_PEER_IP"))
+        .env("PAIR_SYNC_TAG", "iwarp")
+        .status()
+        .expect("run the test over siw");
+    assert!(status.success(), "over siw: {status}");
 }
 
 // ---------------------------------------------------------------------------

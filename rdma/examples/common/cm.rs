@@ -27,7 +27,9 @@ pub fn host_ip(host: &str) -> Res<IpAddr> {
     }
     (host, 0)
         .to_socket_addrs()
-        .map_err(|e| format!("getaddrinfo failed ({e}) - invalid hostname or IP address"))?
+        .map_err(|e| {
+            format!("getaddrinfo failed for {host:?} ({e}) - invalid hostname or IP address")
+        })?
         .next()
         .map(|a| a.ip())
         .ok_or_else(|| format!("getaddrinfo failed - no address for {host}"))

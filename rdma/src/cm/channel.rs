@@ -282,6 +282,11 @@ impl EventChannel {
                 }
             };
             if let Some(event) = outcome {
+                if event.event_type() == super::CmEventType::DeviceRemoval {
+                    // Outside the channel's lock: librdmacm takes only its
+                    // own device lock here.
+                    super::device::forget_removed_devices();
+                }
                 return Ok(Some(event));
             }
         }

@@ -58,3 +58,32 @@ pub fn get_devices() -> Result<Vec<Context>> {
     }
     Ok(out)
 }
+
+/// Makes librdmacm notice devices that are gone, so it closes its own
+/// context of a removed device once no id uses it.
+///
+/// librdmacm (rdma-core 44 and its newest source alike) opens one
+/// `ibv_context` per device on first use and closes it only when it finds
+/// the device missing from the device list while no id holds it (its
+/// `sync_devices_list`, run by `rdma_get_devices` and by a lookup of a
+/// device it does not know). It does nothing of the kind on
+/// `RDMA_CM_EVENT_DEVICE_REMOVAL`, so without this its context stays open
+/// for the life of the process, and on a provider without
+/// `disassociate_ucontext` (rxe, siw) the kernel's removal of the device
+/// (`rdma link delete`) waits for that context until the process exits.
+///
+/// Called when a `DEVICE_REMOVAL` event is read: the device is already out
+/// of the kernel's list then, so librdmacm marks it dead, and the last id's
+/// `rdma_destroy_id` closes the context. Side effect: librdmacm opens its
+/// context on every other device (as `rdma_get_devices` always does). It
+/// cannot help when the removed device was the last one: librdmacm leaves
+/// its list alone when the device list comes back empty.
+pub(crate) fn forget_removed_devices() {
+    // SAFETY: a null count pointer is allowed (librdmacm checks it).
+    let list = unsafe { ffi::rdma_get_devices(std::ptr::null_mut()) };
+    if let Some(list) = NonNull::new(list) {
+        // SAFETY: the list just returned by rdma_get_devices, freed once;
+        // nothing was borrowed from it.
+        unsafe { ffi::rdma_free_devices(list.as_ptr()) };
+    }
+}

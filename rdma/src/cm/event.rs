@@ -95,7 +95,7 @@ impl ConnParam {
     /// # Safety
     /// `raw.private_data` points at `private_data_len` readable bytes (or the
     /// length is 0).
-    unsafe fn from_raw(raw: &ffi::rdma_conn_param) -> Self {
+    pub(crate) unsafe fn from_raw(raw: &ffi::rdma_conn_param) -> Self {
         ConnParam {
             // SAFETY: per the contract.
             private_data: unsafe { bytes(raw.private_data, raw.private_data_len) },

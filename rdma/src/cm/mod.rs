@@ -83,7 +83,7 @@
 //! # }
 //! ```
 
-mod addr;
+pub(crate) mod addr;
 mod addrinfo;
 pub mod blocking;
 mod channel;
