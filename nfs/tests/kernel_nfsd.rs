@@ -187,6 +187,20 @@ fn sizes(iwarp: bool) {
     let stats = client.transport().stats();
     assert!(stats.write_chunk_replies.load(Ordering::Relaxed) >= 1);
     assert_eq!(stats.chunks_registered.load(Ordering::Relaxed), 0);
+    // rxe has type 2 memory windows: chunks come from regions registered
+    // once and reused (siw has none: a registration per chunk).
+    let windows = stats.memory_windows.load(Ordering::Relaxed);
+    assert_eq!(windows, !iwarp, "memory windows on rxe, none on siw");
+    let regs = stats.chunk_registrations.load(Ordering::Relaxed);
+    let binds = stats.chunk_binds.load(Ordering::Relaxed);
+    println!("chunk registrations {regs}, window binds {binds}");
+    if windows {
+        assert!(
+            binds > regs,
+            "{binds} binds over {regs} registrations: reused"
+        );
+        assert_eq!(binds, stats.chunk_invalidations.load(Ordering::Relaxed));
+    }
     rt.block_on(client.close());
 
     // The binary, both ways, on each side of the threshold.
