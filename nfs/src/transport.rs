@@ -194,6 +194,8 @@ pub struct Stats {
     pub granted: AtomicU64,
     /// Connections made (1 + reconnections).
     pub connects: AtomicU64,
+    /// `DEVICE_REMOVAL` events seen (each closed the connection).
+    pub device_removals: AtomicU64,
     /// Chunks lent to calls now, registered or bound (0 when nothing is in
     /// flight: a call's chunks are released before its reply is delivered).
     pub chunks_registered: AtomicU64,
@@ -608,6 +610,9 @@ struct Engine {
     /// Why the last connection was lost (for the error of calls that a
     /// reconnection then fails).
     down: Option<String>,
+    /// The device went away (`DEVICE_REMOVAL`): librdmacm is told to look
+    /// again before each connection attempt, until one succeeds.
+    removed: bool,
 }
 
 impl Transport {
@@ -643,6 +648,7 @@ impl Transport {
             // Distinct xids across runs of the process.
             next_xid: std::process::id().wrapping_mul(0x9e37_79b9),
             down: None,
+            removed: false,
         };
         let d = Arc::clone(&done);
         tokio::spawn(async move {
@@ -730,6 +736,11 @@ impl Engine {
                 },
                 ev = conn.id.next_event() => {
                     let why = match ev {
+                        Ok(ev) if ev.event_type() == CmEventType::DeviceRemoval => {
+                            self.stats.device_removals.fetch_add(1, Ordering::Relaxed);
+                            self.removed = true;
+                            "the RDMA device was removed".to_string()
+                        }
                         Ok(ev) => format!("the connection manager reported {:?}", ev.event_type()),
                         Err(e) => format!("the connection manager failed: {e}"),
                     };
@@ -1211,11 +1222,23 @@ impl Engine {
         let give_up = Instant::now() + self.opts.call_timeout;
         let mut backoff = Duration::from_millis(100);
         loop {
+            if self.removed {
+                // Every object of the removed device is dropped by now (the
+                // connection with `lost`, the calls' chunks above). librdmacm
+                // keeps its own context of a device open until it re-reads
+                // the device list (`sync_devices_list`, run by
+                // `rdma_get_devices` or by a lookup that misses); until then
+                // the kernel cannot finish removing a device without
+                // `disassociate_ucontext` (rxe), and a device added again with
+                // the same GUID would be matched to the old, dead context.
+                drop(rdma::cm::get_devices());
+            }
             match Conn::connect(self.addr, &self.opts, &self.stats).await {
                 Ok(c) => {
                     self.stats.connects.fetch_add(1, Ordering::Relaxed);
                     self.conn = Some(c);
                     self.down = None;
+                    self.removed = false;
                     return;
                 }
                 Err(_) if Instant::now() + backoff < give_up => {
