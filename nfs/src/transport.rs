@@ -854,7 +854,7 @@ impl Engine {
             next_wr,
             ..
         } = conn;
-        let remote_write = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let remote_write = AccessFlags::REMOTE_WRITE;
         if plan.write > 0 {
             let c = pool.take(qp, next_id(next_wr), plan.write, Fill::Zero, remote_write)?;
             let l = Lent::new(c, stats);
@@ -1167,6 +1167,9 @@ impl Engine {
     /// reply came and whose invalidations cannot complete now are
     /// delivered, their windows deallocated.
     fn lost(&mut self, why: String) {
+        if trace() {
+            eprintln!("rdma-nfs: connection to {} lost: {why}", self.addr);
+        }
         if let Some(mut c) = self.conn.take() {
             let _ = c.qp.to_error();
             self.invalidating.clear();
@@ -1273,6 +1276,12 @@ impl Engine {
         self.lost(format!("{} call(s) timed out", expired.len()));
         self.reconnect().await;
     }
+}
+
+/// `RDMA_NFS_TRACE` set: connection losses are written to stderr.
+fn trace() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("RDMA_NFS_TRACE").is_some())
 }
 
 async fn sleep_until(t: Option<Instant>) {
