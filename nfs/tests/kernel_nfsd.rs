@@ -601,10 +601,15 @@ fn add_rxe_again(dev: &str) {
         "/sys/class/infiniband/{dev}/ports/1/gids/{}",
         std::env::var("RDMA_TEST_GID_INDEX").unwrap_or_else(|_| "1".into())
     );
+    // The IPv4-mapped GID of the device's address, at the index the tests use.
+    let ip: std::net::Ipv4Addr = required_env("RDMA_TEST_IP").parse().unwrap();
+    let want = ip.to_ipv6_mapped();
     assert!(
-        wait_for(Duration::from_secs(10), || std::fs::read_to_string(&gid)
-            .is_ok_and(|g| !g.starts_with("0000:0000:0000:0000"))),
-        "{gid}: no address GID within 10 s"
+        wait_for(Duration::from_secs(10), || {
+            std::fs::read_to_string(&gid)
+                .is_ok_and(|g| g.trim().parse::<std::net::Ipv6Addr>() == Ok(want))
+        }),
+        "{gid}: not {want} within 10 s"
     );
 }
 
