@@ -878,8 +878,10 @@ impl Engine {
                 // copy; a retransmission takes it back out); a pooled region
                 // gets a copy and the call keeps it.
                 let len = call.payload.len();
+                let one: [&[u8]; 1];
                 let fill = if pool.windows() && len <= MAX_REGION {
-                    Fill::Pieces(&[&call.payload])
+                    one = [&call.payload];
+                    Fill::Pieces(&one)
                 } else {
                     p.payload_in_chunk = true;
                     Fill::Move(std::mem::take(&mut call.payload))
