@@ -22,6 +22,7 @@
 //! ```
 #![doc(test(attr(deny(warnings))))]
 
+mod chunks;
 pub mod mount;
 pub mod nfs3;
 pub mod rpc;

@@ -278,6 +278,7 @@ impl Client {
     pub async fn mount(server: IpAddr, export: &str, o: Options) -> Result<Client> {
         let auth = o.auth.clone().unwrap_or_else(Auth::sys_for_process);
         let root = mount::mount(server, export, &auth, o.transport.connect_timeout)
+            .await
             .map_err(NfsError::Mount)?;
         Client::connect(SocketAddr::new(server, o.port), Fh(root), o).await
     }

@@ -20,9 +20,13 @@
 //!   position; else sends the whole message as a position-zero read chunk
 //!   (`RDMA_NOMSG`); offers a write chunk for a READ's data and a reply
 //!   chunk for replies that may exceed the inline threshold;
-//! - honours the length the server returns in a write or reply chunk, and
-//!   deregisters every chunk of a call when its reply arrives (or when the
-//!   call fails), whether the server used it or not;
+//! - lends chunk memory from a pool reused across calls (`chunks`: type 2
+//!   memory windows bound per call over regions registered once, where the
+//!   device has them; a registration per chunk where it does not), honours
+//!   the length the server returns in a write or reply chunk, and ends
+//!   every chunk's remote access when its call ends (window invalidated, or
+//!   memory deregistered) whether the server used it or not: a reply is
+//!   delivered only after its chunks' invalidations have completed;
 //! - on a call's timeout while connected, disconnects (RDMA has no
 //!   keep-alive), reconnects and retransmits every pending call with its
 //!   xid; a late reply to an xid no longer pending is dropped.
@@ -37,12 +41,13 @@ use std::time::Duration;
 use rdma::aio::{tokio as rt, AsyncCmId, AsyncCq};
 use rdma::cm::{CmEventType, ConnParam, PortSpace};
 use rdma::{
-    AccessFlags, BufferPool, Completion, MemoryRegion, ProtectionDomain, QpState, QpType,
-    QueuePair, SendWr, WcOpcode, WcStatus,
+    AccessFlags, BufferPool, Completion, MemoryRegion, QpState, QpType, QueuePair, SendWr,
+    WcOpcode, WcStatus,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::chunks::{Chunk, ChunkPool, MAX_REGION};
 use crate::rpcrdma::{
     Body, Chunks, ConnectPrivate, Header, RdmaError, ReadSegment, Segment, DEFAULT_INLINE, VERSION,
 };
@@ -71,6 +76,12 @@ pub struct Options {
     pub retries: u32,
     /// Advertise RFC 8797 private data when connecting.
     pub private_data: bool,
+    /// Lend chunks through type 2 memory windows over pooled regions when
+    /// the device has them (otherwise: a registration per chunk).
+    pub memory_windows: bool,
+    /// The most pooled chunk regions per connection (at least 3): calls
+    /// wait in the queue while every region is lent.
+    pub chunk_regions: usize,
 }
 
 impl Default for Options {
@@ -83,6 +94,8 @@ impl Default for Options {
             call_timeout: Duration::from_secs(30),
             retries: 2,
             private_data: true,
+            memory_windows: true,
+            chunk_regions: 64,
         }
     }
 }
@@ -181,8 +194,22 @@ pub struct Stats {
     pub granted: AtomicU64,
     /// Connections made (1 + reconnections).
     pub connects: AtomicU64,
-    /// Chunk registrations alive now (0 when nothing is in flight).
+    /// `DEVICE_REMOVAL` events seen (each closed the connection).
+    pub device_removals: AtomicU64,
+    /// Chunks lent to calls now, registered or bound (0 when nothing is in
+    /// flight: a call's chunks are released before its reply is delivered).
     pub chunks_registered: AtomicU64,
+    /// Memory registrations made for chunks, ever (`ibv_reg_mr`): pooled
+    /// regions, or one per chunk without memory windows.
+    pub chunk_registrations: AtomicU64,
+    /// Memory windows bound for chunks, ever.
+    pub chunk_binds: AtomicU64,
+    /// Memory windows invalidated when their call ended, ever.
+    pub chunk_invalidations: AtomicU64,
+    /// Pooled chunk regions alive now (0 without memory windows).
+    pub chunk_regions: AtomicU64,
+    /// Whether the connection lends chunks through memory windows.
+    pub memory_windows: std::sync::atomic::AtomicBool,
     /// Calls sent again after a reconnection.
     pub retransmits: AtomicU64,
 }
@@ -249,7 +276,8 @@ struct Conn {
     send_pool: BufferPool,
     /// Its slots are posted as receives (and reposted) for the connection's life.
     _recv_pool: BufferPool,
-    pd: ProtectionDomain,
+    /// After the QP: windows bound on it are deallocated once it is gone.
+    chunks: ChunkPool,
     id: AsyncCmId,
     negotiated: Negotiated,
     /// Unused tails of send buffers in flight, by work request.
@@ -258,7 +286,7 @@ struct Conn {
 }
 
 impl Conn {
-    async fn connect(addr: SocketAddr, o: &Options) -> Result<Conn> {
+    async fn connect(addr: SocketAddr, o: &Options, stats: &Arc<Stats>) -> Result<Conn> {
         // One deadline for every step: "no server" fails within it.
         let deadline = Instant::now() + o.connect_timeout;
         let left = || {
@@ -289,13 +317,17 @@ impl Conn {
         let channel = ctx
             .create_comp_channel()
             .map_err(rdma_err("ibv_create_comp_channel"))?;
+        // Send queue: a SEND per call in flight, and a bind and an
+        // invalidation per pooled region.
+        let regions = o.chunk_regions.max(3);
+        let send_wr = o.credits + 2 * u32::try_from(regions).unwrap_or(u32::MAX / 4) + 4;
         let cq = ctx
-            .create_cq(2 * o.credits + 2, Some(&channel), 0)
+            .create_cq(send_wr + o.credits + 2, Some(&channel), 0)
             .map_err(rdma_err("ibv_create_cq"))?;
         let acq = rt::completions(&cq).map_err(rdma_err("rdma::aio completions"))?;
         let mut qp = pd
             .qp_builder(QpType::Rc, &cq, &cq)
-            .max_send_wr(o.credits)
+            .max_send_wr(send_wr)
             .max_recv_wr(o.credits)
             .max_send_sge(1)
             .max_recv_sge(1)
@@ -366,12 +398,16 @@ impl Conn {
                 server_private: false,
             },
         };
+        let chunks = ChunkPool::new(&pd, o.memory_windows, regions, stats);
+        stats
+            .memory_windows
+            .store(chunks.windows(), Ordering::Relaxed);
         Ok(Conn {
             qp,
             acq,
             send_pool,
             _recv_pool: recv_pool,
-            pd,
+            chunks,
             id,
             negotiated,
             tails: HashMap::new(),
@@ -380,13 +416,17 @@ impl Conn {
     }
 
     fn next_id(&mut self) -> u64 {
-        self.next_wr = (self.next_wr + 1) & !RECV;
-        self.next_wr
+        next_id(&mut self.next_wr)
     }
 }
 
+fn next_id(next: &mut u64) -> u64 {
+    *next = (*next + 1) & !RECV;
+    *next
+}
+
 /// A call in flight: what to send again after a reconnection, the chunks
-/// its reply may use (deregistered when it goes), where its reply goes.
+/// its reply may use (released when it ends), where its reply goes.
 struct Pending {
     call: Call,
     reply: oneshot::Sender<Result<Reply>>,
@@ -394,39 +434,161 @@ struct Pending {
     sent: u32,
     /// The call's payload is the first read chunk's memory, not in `call`.
     payload_in_chunk: bool,
-    chunks: Vec<Registered>,
-    write: Option<Registered>,
-    reply_chunk: Option<Registered>,
+    chunks: Vec<Lent>,
+    write: Option<Lent>,
+    reply_chunk: Option<Lent>,
 }
 
-/// A chunk's registration, counted in [`Stats::chunks_registered`] while it
-/// lives; dropping it deregisters the memory (its rkey is then invalid).
-struct Registered {
-    mr: MemoryRegion,
+impl Pending {
+    fn lent(&mut self) -> impl Iterator<Item = &mut Lent> {
+        self.chunks
+            .iter_mut()
+            .chain(self.write.as_mut())
+            .chain(self.reply_chunk.as_mut())
+    }
+}
+
+/// A chunk lent to a call, counted in [`Stats::chunks_registered`] while it
+/// is; dropping it deregisters the memory or deallocates the window (its
+/// rkey is then invalid).
+struct Lent {
+    chunk: Option<Chunk>,
     stats: Arc<Stats>,
 }
 
-impl Registered {
-    fn new(mr: MemoryRegion, stats: &Arc<Stats>) -> Registered {
+impl Lent {
+    fn new(chunk: Chunk, stats: &Arc<Stats>) -> Lent {
         stats.chunks_registered.fetch_add(1, Ordering::Relaxed);
-        Registered {
-            mr,
+        Lent {
+            chunk: Some(chunk),
             stats: Arc::clone(stats),
         }
     }
 
     fn segment(&self) -> Segment {
-        Segment {
-            handle: self.mr.rkey(),
-            length: u32::try_from(self.mr.len()).unwrap_or(u32::MAX),
-            offset: self.mr.addr(),
-        }
+        self.chunk.as_ref().map(Chunk::segment).unwrap_or(Segment {
+            handle: 0,
+            length: 0,
+            offset: 0,
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.chunk.as_ref().map_or(0, Chunk::len)
     }
 }
 
-impl Drop for Registered {
+impl Drop for Lent {
     fn drop(&mut self) {
         self.stats.chunks_registered.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What a reply said, checked, before its chunks' data is read (after they
+/// are invalidated).
+enum Outcome {
+    Failed(Error),
+    /// An inline reply, and the bytes the server wrote in the write chunk.
+    Msg {
+        msg: Vec<u8>,
+        written: Option<usize>,
+    },
+    /// The reply in the reply chunk (its length), and the write chunk's.
+    NoMsg {
+        len: usize,
+        written: Option<usize>,
+    },
+}
+
+/// A call whose reply came, waiting for its windows' invalidations.
+struct Ending {
+    pending: Pending,
+    outcome: Outcome,
+    waiting: u32,
+}
+
+/// How a call's message goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Carry {
+    /// Inline, payload and all.
+    Inline,
+    /// The payload in a data-bearing read chunk.
+    Payload,
+    /// The whole message as a position-zero read chunk (`RDMA_NOMSG`).
+    Whole,
+}
+
+/// A call's chunks, decided before any is taken.
+struct Plan {
+    write: usize,
+    reply: usize,
+    carry: Carry,
+}
+
+impl Plan {
+    fn new(call: &Call, n: &Negotiated) -> Plan {
+        let write = call.write_chunk;
+        let reply = if call.max_reply > n.inline_recv {
+            call.max_reply
+        } else {
+            0
+        };
+        let none = Segment {
+            handle: 0,
+            length: 0,
+            offset: 0,
+        };
+        let mut chunks = Chunks::default();
+        if write > 0 {
+            chunks.write.push(vec![none]);
+        }
+        if reply > 0 {
+            chunks.reply = Some(vec![none]);
+        }
+        let header_len = |c: &Chunks| {
+            let mut w = Writer::new();
+            Header {
+                xid: 0,
+                vers: VERSION,
+                credits: 0,
+                body: Body::Msg(c.clone()),
+            }
+            .encode(&mut w);
+            w.len()
+        };
+        let payload_len = call.payload.len() + pad(call.payload.len());
+        let read_seg_len = 4 + 4 + 16;
+        let limit = n.inline_send;
+        let carry = if header_len(&chunks) + call.msg.len() + payload_len <= limit {
+            Carry::Inline
+        } else if !call.payload.is_empty()
+            && header_len(&chunks) + read_seg_len + call.msg.len() <= limit
+        {
+            Carry::Payload
+        } else {
+            Carry::Whole
+        };
+        Plan {
+            write,
+            reply,
+            carry,
+        }
+    }
+
+    fn sizes(&self, call: &Call) -> Vec<usize> {
+        let mut v = Vec::with_capacity(3);
+        if self.write > 0 {
+            v.push(self.write);
+        }
+        if self.reply > 0 {
+            v.push(self.reply);
+        }
+        match self.carry {
+            Carry::Inline => {}
+            Carry::Payload => v.push(call.payload.len()),
+            Carry::Whole => v.push(call.msg.len() + call.payload.len() + pad(call.payload.len())),
+        }
+        v
     }
 }
 
@@ -439,11 +601,18 @@ struct Engine {
     credits: u32,
     in_flight: u32,
     pending: HashMap<u32, Pending>,
+    /// Calls whose reply came, waiting for invalidations, by xid.
+    ending: HashMap<u32, Ending>,
+    /// Invalidations posted: work request to xid.
+    invalidating: HashMap<u64, u32>,
     queue: VecDeque<(u32, Request, u32)>,
     next_xid: u32,
     /// Why the last connection was lost (for the error of calls that a
     /// reconnection then fails).
     down: Option<String>,
+    /// The device went away (`DEVICE_REMOVAL`): librdmacm is told to look
+    /// again before each connection attempt, until one succeeds.
+    removed: bool,
 }
 
 impl Transport {
@@ -459,9 +628,9 @@ impl Transport {
                 "options: credits must be at least 1 and inline sizes at least 1024".into(),
             ));
         }
-        let conn = Conn::connect(addr, &opts).await?;
-        let negotiated = conn.negotiated;
         let stats = Arc::new(Stats::default());
+        let conn = Conn::connect(addr, &opts, &stats).await?;
+        let negotiated = conn.negotiated;
         stats.connects.store(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         let done = Arc::new(tokio::sync::Notify::new());
@@ -473,10 +642,13 @@ impl Transport {
             credits: 1,
             in_flight: 0,
             pending: HashMap::new(),
+            ending: HashMap::new(),
+            invalidating: HashMap::new(),
             queue: VecDeque::new(),
             // Distinct xids across runs of the process.
             next_xid: std::process::id().wrapping_mul(0x9e37_79b9),
             down: None,
+            removed: false,
         };
         let d = Arc::clone(&done);
         tokio::spawn(async move {
@@ -536,7 +708,7 @@ impl Engine {
         let mut open = true;
         loop {
             self.start_queued();
-            if !open && self.pending.is_empty() && self.queue.is_empty() {
+            if !open && self.pending.is_empty() && self.queue.is_empty() && self.ending.is_empty() {
                 break;
             }
             let deadline = self.pending.values().map(|p| p.deadline).min();
@@ -564,6 +736,11 @@ impl Engine {
                 },
                 ev = conn.id.next_event() => {
                     let why = match ev {
+                        Ok(ev) if ev.event_type() == CmEventType::DeviceRemoval => {
+                            self.stats.device_removals.fetch_add(1, Ordering::Relaxed);
+                            self.removed = true;
+                            "the RDMA device was removed".to_string()
+                        }
                         Ok(ev) => format!("the connection manager reported {:?}", ev.event_type()),
                         Err(e) => format!("the connection manager failed: {e}"),
                     };
@@ -598,10 +775,18 @@ impl Engine {
             if conn.send_pool.available() == 0 {
                 return;
             }
+            let Some((_, req, _)) = self.queue.front() else {
+                return;
+            };
+            // The call waits (in order) while its chunks are lent to others.
+            let plan = Plan::new(&req.call, &conn.negotiated);
+            if !conn.chunks.can_take(&plan.sizes(&req.call)) {
+                return;
+            }
             let Some((xid, req, sent)) = self.queue.pop_front() else {
                 return;
             };
-            match self.send(xid, req.call, sent) {
+            match self.send(xid, req.call, sent, plan) {
                 Ok(p) => {
                     let p = Pending {
                         reply: req.reply,
@@ -621,15 +806,14 @@ impl Engine {
     }
 
     /// Marshals and posts one call; the result's `reply` is a placeholder.
-    fn send(&mut self, xid: u32, mut call: Call, sent: u32) -> Result<Pending> {
+    /// A failure releases what was taken.
+    fn send(&mut self, xid: u32, call: Call, sent: u32, plan: Plan) -> Result<Pending> {
         let conn = self
             .conn
             .as_mut()
             .ok_or_else(|| Error::NotConnected("no connection".into()))?;
-        call.msg[..4].copy_from_slice(&xid.to_be_bytes());
-        let limit = conn.negotiated.inline_send;
         let mut p = Pending {
-            call: Call::default(),
+            call,
             reply: oneshot::channel().0,
             deadline: Instant::now() + self.opts.call_timeout,
             sent: sent + 1,
@@ -638,118 +822,143 @@ impl Engine {
             write: None,
             reply_chunk: None,
         };
+        let r = Self::marshal(conn, &self.stats, self.opts.credits, xid, &mut p, &plan);
+        match r {
+            Ok(()) => Ok(p),
+            Err(e) => {
+                for l in p.lent() {
+                    if let Some(c) = l.chunk.take() {
+                        conn.chunks.discard(c);
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn marshal(
+        conn: &mut Conn,
+        stats: &Arc<Stats>,
+        credits: u32,
+        xid: u32,
+        p: &mut Pending,
+        plan: &Plan,
+    ) -> Result<()> {
+        let call = &mut p.call;
+        call.msg[..4].copy_from_slice(&xid.to_be_bytes());
+        let limit = conn.negotiated.inline_send;
         let mut chunks = Chunks::default();
-        // A failure below drops what was registered with `p`.
-        let stats = &self.stats;
-        if call.write_chunk > 0 {
-            let mr = conn
-                .pd
-                .alloc_mr(
-                    call.write_chunk,
-                    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-                )
-                .map_err(|e| Error::NoBuffers(format!("registering a write chunk: {e}")))?;
-            let mr = Registered::new(mr, stats);
-            chunks.write.push(vec![mr.segment()]);
-            p.write = Some(mr);
+        let Conn {
+            qp,
+            chunks: pool,
+            next_wr,
+            ..
+        } = conn;
+        let remote_write = AccessFlags::REMOTE_WRITE;
+        if plan.write > 0 {
+            let c = pool.take(qp, next_id(next_wr), plan.write, Fill::Zero, remote_write)?;
+            let l = Lent::new(c, stats);
+            chunks.write.push(vec![l.segment()]);
+            p.write = Some(l);
         }
-        if call.max_reply > conn.negotiated.inline_recv {
-            let mr = conn
-                .pd
-                .alloc_mr(
-                    call.max_reply,
-                    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-                )
-                .map_err(|e| Error::NoBuffers(format!("registering a reply chunk: {e}")))?;
-            let mr = Registered::new(mr, stats);
-            chunks.reply = Some(vec![mr.segment()]);
-            p.reply_chunk = Some(mr);
+        if plan.reply > 0 {
+            let c = pool.take(qp, next_id(next_wr), plan.reply, Fill::Zero, remote_write)?;
+            let l = Lent::new(c, stats);
+            chunks.reply = Some(vec![l.segment()]);
+            p.reply_chunk = Some(l);
         }
-        let header_len = |c: &Chunks| {
-            let mut w = Writer::new();
-            Header {
-                xid,
-                vers: VERSION,
-                credits: 0,
-                body: Body::Msg(c.clone()),
+        let pad_bytes = [0u8; 4];
+        let pad_len = pad(call.payload.len());
+        match plan.carry {
+            Carry::Inline => {
+                stats.inline_calls.fetch_add(1, Ordering::Relaxed);
             }
-            .encode(&mut w);
-            w.len()
-        };
-        let payload_len = call.payload.len() + pad(call.payload.len());
-        let read_seg_len = 4 + 4 + 16;
-        let mut out = Writer::new();
-        let body;
-        let inline_bytes;
-        if header_len(&chunks) + call.msg.len() + payload_len <= limit {
-            body = Body::Msg(chunks);
-            inline_bytes = true;
-            self.stats.inline_calls.fetch_add(1, Ordering::Relaxed);
-        } else if !call.payload.is_empty()
-            && header_len(&chunks) + read_seg_len + call.msg.len() <= limit
-        {
-            // The payload moves into the registration (no copy); a
-            // retransmission takes it back out (`payload_in_chunk`).
-            let mr = conn
-                .pd
-                .reg_mr(std::mem::take(&mut call.payload), AccessFlags::REMOTE_READ)
-                .map_err(|e| Error::NoBuffers(format!("registering a read chunk: {e}")))?;
-            let mr = Registered::new(mr, stats);
-            chunks.read.push(ReadSegment {
-                position: u32::try_from(call.msg.len()).unwrap_or(u32::MAX),
-                segment: mr.segment(),
-            });
-            p.chunks.push(mr);
-            p.payload_in_chunk = true;
-            body = Body::Msg(chunks);
-            inline_bytes = false;
-            self.stats.read_chunk_calls.fetch_add(1, Ordering::Relaxed);
+            Carry::Payload => {
+                // Per-call registration moves the payload into the chunk (no
+                // copy; a retransmission takes it back out); a pooled region
+                // gets a copy and the call keeps it.
+                let len = call.payload.len();
+                let one: [&[u8]; 1];
+                let fill = if pool.windows() && len <= MAX_REGION {
+                    one = [&call.payload];
+                    Fill::Pieces(&one)
+                } else {
+                    p.payload_in_chunk = true;
+                    Fill::Move(std::mem::take(&mut call.payload))
+                };
+                let c = pool.take(qp, next_id(next_wr), len, fill, AccessFlags::REMOTE_READ)?;
+                let l = Lent::new(c, stats);
+                chunks.read.push(ReadSegment {
+                    position: u32::try_from(call.msg.len()).unwrap_or(u32::MAX),
+                    segment: l.segment(),
+                });
+                p.chunks.push(l);
+                stats.read_chunk_calls.fetch_add(1, Ordering::Relaxed);
+            }
+            Carry::Whole => {
+                // msg, payload and its XDR pad, copied once into the chunk.
+                let len = call.msg.len() + call.payload.len() + pad_len;
+                let pieces: [&[u8]; 3] = [&call.msg, &call.payload, &pad_bytes[..pad_len]];
+                let c = pool.take(
+                    qp,
+                    next_id(next_wr),
+                    len,
+                    Fill::Pieces(&pieces),
+                    AccessFlags::REMOTE_READ,
+                )?;
+                let l = Lent::new(c, stats);
+                chunks.read.push(ReadSegment {
+                    position: 0,
+                    segment: l.segment(),
+                });
+                p.chunks.push(l);
+                stats.nomsg_calls.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let body = if plan.carry == Carry::Whole {
+            Body::NoMsg(chunks)
         } else {
-            let mut whole = call.msg.clone();
-            whole.extend_from_slice(&call.payload);
-            whole.resize(call.msg.len() + payload_len, 0);
-            let mr = conn
-                .pd
-                .reg_mr(whole, AccessFlags::REMOTE_READ)
-                .map_err(|e| Error::NoBuffers(format!("registering a read chunk: {e}")))?;
-            let mr = Registered::new(mr, stats);
-            chunks.read.push(ReadSegment {
-                position: 0,
-                segment: mr.segment(),
-            });
-            p.chunks.push(mr);
-            if header_len(&chunks) > limit {
-                return Err(Error::Permanent(format!(
-                    "the call's transport header alone exceeds the inline threshold {limit}"
-                )));
-            }
-            body = Body::NoMsg(chunks);
-            inline_bytes = false;
-            self.stats.nomsg_calls.fetch_add(1, Ordering::Relaxed);
-        }
-        let nomsg = matches!(body, Body::NoMsg(_));
+            Body::Msg(chunks)
+        };
+        let mut out = Writer::new();
         Header {
             xid,
             vers: VERSION,
-            credits: self.opts.credits,
+            credits,
             body,
         }
         .encode(&mut out);
-        if !nomsg {
-            out.buf.extend_from_slice(&call.msg);
-            if inline_bytes {
-                out.fixed(&call.payload);
-            }
+        if plan.carry == Carry::Whole && out.len() > limit {
+            return Err(Error::Permanent(format!(
+                "the call's transport header alone exceeds the inline threshold {limit}"
+            )));
         }
         let Some(mut slot) = conn.send_pool.take() else {
             return Err(Error::NoBuffers("no send buffer".into()));
         };
-        if let Err(e) = slot.write_at(0, &out.buf) {
+        // The header, then the message (and an inline payload) copied
+        // straight into the registered send buffer.
+        let mut at = 0;
+        let mut put = |slot: &mut MemoryRegion, b: &[u8]| {
+            let r = slot.write_at(at, b);
+            at += b.len();
+            r
+        };
+        let mut w = put(&mut slot, &out.buf);
+        if plan.carry != Carry::Whole {
+            w = w.and_then(|()| put(&mut slot, &call.msg));
+            if plan.carry == Carry::Inline {
+                w = w
+                    .and_then(|()| put(&mut slot, &call.payload))
+                    .and_then(|()| put(&mut slot, &pad_bytes[..pad_len]));
+            }
+        }
+        if let Err(e) = w {
             let _ = conn.send_pool.put(slot);
             return Err(Error::Permanent(format!("send buffer: {e}")));
         }
-        let tail = if out.len() < slot.len() {
-            slot.split_off(out.len()).ok()
+        let tail = if at < slot.len() {
+            slot.split_off(at).ok()
         } else {
             None
         };
@@ -772,8 +981,7 @@ impl Engine {
         if let Some(t) = tail {
             conn.tails.insert(wr, t);
         }
-        p.call = call;
-        Ok(p)
+        Ok(())
     }
 
     fn completion(&mut self, mut c: Completion) {
@@ -789,11 +997,20 @@ impl Engine {
             self.lost(why);
             return;
         }
-        let Some(mut buf) = c.take_buffers().into_one() else {
+        match c.opcode {
+            WcOpcode::BindMw => return,
+            WcOpcode::LocalInv => {
+                self.invalidated(c.wr_id);
+                return;
+            }
+            _ => {}
+        }
+        let Some(buf) = c.take_buffers().into_one() else {
             self.lost("a completion without its buffer".into());
             return;
         };
         if c.opcode != WcOpcode::Recv {
+            let mut buf = buf;
             if let Some(t) = conn.tails.remove(&c.wr_id) {
                 let _ = buf.unsplit(t);
             }
@@ -801,18 +1018,25 @@ impl Engine {
             return;
         }
         let len = (c.byte_len as usize).min(buf.len());
-        let mut bytes = vec![0; len];
-        let copied = buf.read_at(0, &mut bytes);
+        // The receive buffer is local-only memory: read in place, and only
+        // the RPC message is copied out (once).
+        match buf.as_slice() {
+            Ok(b) => self.reply(&b[..len]),
+            Err(_) => {
+                let mut bytes = vec![0; len];
+                if buf.read_at(0, &mut bytes).is_ok() {
+                    self.reply(&bytes);
+                }
+            }
+        }
         // Repost at once: a receive waits for every call in flight.
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
         let wr = RECV | conn.next_id();
         if let Err(e) = conn.qp.post_recv(wr, buf) {
             self.lost(format!("ibv_post_recv: {e}"));
-            return;
         }
-        if copied.is_err() {
-            return;
-        }
-        self.reply(&bytes);
     }
 
     fn reply(&mut self, bytes: &[u8]) {
@@ -824,7 +1048,10 @@ impl Engine {
                     .get(..4)
                     .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
                 {
-                    self.finish(xid, Err(Error::Malformed(format!("transport header: {e}"))));
+                    self.finish(
+                        xid,
+                        Outcome::Failed(Error::Malformed(format!("transport header: {e}"))),
+                    );
                 }
                 return;
             }
@@ -839,33 +1066,90 @@ impl Engine {
         };
         let r = match &h.body {
             Body::Error(e) => Err(Error::Rdma(*e)),
-            Body::Msg(c) => {
-                let msg = bytes[hlen..].to_vec();
-                written(p, c).map(|data| Reply { msg, data })
-            }
-            Body::NoMsg(c) => nomsg_reply(p, c).and_then(|msg| {
+            Body::Msg(c) => written(p, c).map(|written| Outcome::Msg {
+                msg: bytes[hlen..].to_vec(),
+                written,
+            }),
+            Body::NoMsg(c) => nomsg_reply(p, c).and_then(|len| {
                 self.stats
                     .reply_chunk_replies
                     .fetch_add(1, Ordering::Relaxed);
-                written(p, c).map(|data| Reply { msg, data })
+                written(p, c).map(|written| Outcome::NoMsg { len, written })
             }),
         };
-        if let Ok(Reply { data: Some(_), .. }) = &r {
+        let outcome = r.unwrap_or_else(Outcome::Failed);
+        if let Outcome::Msg {
+            written: Some(_), ..
+        }
+        | Outcome::NoMsg {
+            written: Some(_), ..
+        } = &outcome
+        {
             self.stats
                 .write_chunk_replies
                 .fetch_add(1, Ordering::Relaxed);
         }
-        self.finish(h.xid, r);
+        self.finish(h.xid, outcome);
     }
 
-    /// Completes a pending call: its chunks are deregistered here.
-    fn finish(&mut self, xid: u32, r: Result<Reply>) {
-        if let Some(p) = self.pending.remove(&xid) {
-            self.in_flight -= 1;
-            let Pending { reply, .. } = p;
-            let _ = reply.send(r);
-        } else {
+    /// A call's reply came: its windows are invalidated, and the reply is
+    /// delivered once they all are (at once for registrations of its own,
+    /// which go when it does).
+    fn finish(&mut self, xid: u32, outcome: Outcome) {
+        let Some(mut p) = self.pending.remove(&xid) else {
             self.stats.dropped_replies.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        self.in_flight -= 1;
+        let mut waiting = 0;
+        let mut broken = None;
+        if let Some(conn) = self.conn.as_mut() {
+            for l in p.lent() {
+                let Some(rkey) = l.chunk.as_ref().and_then(Chunk::window_rkey) else {
+                    continue;
+                };
+                if broken.is_some() {
+                    continue;
+                }
+                let wr = conn.next_id();
+                match conn.qp.post_send(SendWr::local_invalidate(wr, rkey)) {
+                    Ok(()) => {
+                        self.invalidating.insert(wr, xid);
+                        waiting += 1;
+                    }
+                    Err(e) => broken = Some(format!("ibv_post_send(LOCAL_INV): {}", e.error)),
+                }
+            }
+        }
+        let e = Ending {
+            pending: p,
+            outcome,
+            waiting,
+        };
+        if waiting == 0 && broken.is_none() {
+            deliver(e, self.conn.as_mut().map(|c| &mut c.chunks));
+        } else {
+            self.ending.insert(xid, e);
+        }
+        if let Some(why) = broken {
+            self.lost(why);
+        }
+    }
+
+    /// An invalidation completed: the call's reply goes once it was the
+    /// last.
+    fn invalidated(&mut self, wr: u64) {
+        let Some(xid) = self.invalidating.remove(&wr) else {
+            return;
+        };
+        let Some(e) = self.ending.get_mut(&xid) else {
+            return;
+        };
+        e.waiting = e.waiting.saturating_sub(1);
+        if e.waiting == 0 {
+            if let Some(e) = self.ending.remove(&xid) {
+                deliver(e, self.conn.as_mut().map(|c| &mut c.chunks));
+            }
         }
     }
 
@@ -881,10 +1165,19 @@ impl Engine {
     }
 
     /// The connection broke: drop it (its QP first, so nothing can touch
-    /// the chunks any more), keep the calls to send again.
+    /// the chunks any more), keep the calls to send again. Calls whose
+    /// reply came and whose invalidations cannot complete now are
+    /// delivered, their windows deallocated.
     fn lost(&mut self, why: String) {
-        if let Some(c) = self.conn.take() {
+        if trace() {
+            eprintln!("rdma-nfs: connection to {} lost: {why}", self.addr);
+        }
+        if let Some(mut c) = self.conn.take() {
             let _ = c.qp.to_error();
+            self.invalidating.clear();
+            for (_, e) in self.ending.drain() {
+                deliver_discarding(e, &mut c.chunks);
+            }
         }
         self.down = Some(why);
     }
@@ -916,7 +1209,12 @@ impl Engine {
             self.stats.retransmits.fetch_add(1, Ordering::Relaxed);
             let mut call = p.call;
             if p.payload_in_chunk {
-                call.payload = p.chunks.first().map(|r| r.mr.to_vec()).unwrap_or_default();
+                call.payload = p
+                    .chunks
+                    .first()
+                    .and_then(|l| l.chunk.as_ref())
+                    .map(Chunk::to_vec)
+                    .unwrap_or_default();
             }
             let req = Request {
                 call,
@@ -929,11 +1227,23 @@ impl Engine {
         let give_up = Instant::now() + self.opts.call_timeout;
         let mut backoff = Duration::from_millis(100);
         loop {
-            match Conn::connect(self.addr, &self.opts).await {
+            if self.removed {
+                // Every object of the removed device is dropped by now (the
+                // connection with `lost`, the calls' chunks above). librdmacm
+                // keeps its own context of a device open until it re-reads
+                // the device list (`sync_devices_list`, run by
+                // `rdma_get_devices` or by a lookup that misses); until then
+                // the kernel cannot finish removing a device without
+                // `disassociate_ucontext` (rxe), and a device added again with
+                // the same GUID would be matched to the old, dead context.
+                drop(rdma::cm::get_devices());
+            }
+            match Conn::connect(self.addr, &self.opts, &self.stats).await {
                 Ok(c) => {
                     self.stats.connects.fetch_add(1, Ordering::Relaxed);
                     self.conn = Some(c);
                     self.down = None;
+                    self.removed = false;
                     return;
                 }
                 Err(_) if Instant::now() + backoff < give_up => {
@@ -970,6 +1280,12 @@ impl Engine {
     }
 }
 
+/// `RDMA_NFS_TRACE` set: connection losses are written to stderr.
+fn trace() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("RDMA_NFS_TRACE").is_some())
+}
+
 async fn sleep_until(t: Option<Instant>) {
     match t {
         Some(t) => tokio::time::sleep_until(t).await,
@@ -977,49 +1293,125 @@ async fn sleep_until(t: Option<Instant>) {
     }
 }
 
-/// The data the server wrote into the call's write chunk: as long as the
-/// segments it returned say, never longer than offered.
-fn written(p: &Pending, c: &Chunks) -> Result<Option<Vec<u8>>> {
+/// What to put in a chunk.
+pub(crate) enum Fill<'a> {
+    /// Nothing (zeroed memory for the server to write).
+    Zero,
+    /// This buffer, moved into a registration of its own where there is
+    /// one (copied into a pooled region).
+    Move(Vec<u8>),
+    /// These pieces, one after another.
+    Pieces(&'a [&'a [u8]]),
+}
+
+/// The bytes the server wrote into the call's write chunk: as many as the
+/// segments it returned say, never more than offered.
+fn written(p: &Pending, c: &Chunks) -> Result<Option<usize>> {
     let Some(chunk) = c.write.first() else {
         return Ok(None);
     };
-    let Some(Registered { mr, .. }) = &p.write else {
+    let Some(l) = &p.write else {
         return Err(Error::Malformed(
             "a write chunk in a reply to a call that offered none".into(),
         ));
     };
     let len: u64 = chunk.iter().map(|s| u64::from(s.length)).sum();
-    if len > mr.len() as u64 || c.write.len() > 1 {
+    if len > l.len() as u64 || c.write.len() > 1 {
         return Err(Error::Malformed(format!(
             "the server returned a write list of {} chunk(s), {len} bytes, for one chunk of {}",
             c.write.len(),
-            mr.len()
+            l.len()
         )));
     }
-    let mut data = vec![0; len as usize];
-    mr.read_at(0, &mut data)
-        .map_err(|e| Error::Malformed(format!("write chunk: {e}")))?;
-    Ok(Some(data))
+    Ok(Some(len as usize))
 }
 
-/// An `RDMA_NOMSG` reply's message, from the reply chunk.
-fn nomsg_reply(p: &Pending, c: &Chunks) -> Result<Vec<u8>> {
-    let (Some(chunk), Some(Registered { mr, .. })) = (&c.reply, &p.reply_chunk) else {
+/// An `RDMA_NOMSG` reply's length in the reply chunk.
+fn nomsg_reply(p: &Pending, c: &Chunks) -> Result<usize> {
+    let (Some(chunk), Some(l)) = (&c.reply, &p.reply_chunk) else {
         return Err(Error::Malformed(
             "RDMA_NOMSG without a reply chunk, or to a call that offered none".into(),
         ));
     };
     let len: u64 = chunk.iter().map(|s| u64::from(s.length)).sum();
-    if len > mr.len() as u64 || len < 4 {
+    if len > l.len() as u64 || len < 4 {
         return Err(Error::Malformed(format!(
             "the server returned a reply chunk of {len} bytes for one of {}",
-            mr.len()
+            l.len()
         )));
     }
-    let mut msg = vec![0; len as usize];
-    mr.read_at(0, &mut msg)
-        .map_err(|e| Error::Malformed(format!("reply chunk: {e}")))?;
-    Ok(msg)
+    Ok(len as usize)
+}
+
+/// Reads `len` bytes of a lent chunk.
+fn read_lent(l: &Option<Lent>, len: usize, what: &str) -> Result<Vec<u8>> {
+    let Some(c) = l.as_ref().and_then(|l| l.chunk.as_ref()) else {
+        return Err(Error::Malformed(format!("{what}: never offered")));
+    };
+    let mut v = vec![0; len];
+    c.read(&mut v)
+        .map_err(|e| Error::Malformed(format!("{what}: {e}")))?;
+    Ok(v)
+}
+
+/// The reply, read out of chunks no peer can reach any more.
+fn outcome(p: &Pending, o: Outcome) -> Result<Reply> {
+    let data = |w: Option<usize>| match w {
+        Some(n) => read_lent(&p.write, n, "write chunk").map(Some),
+        None => Ok(None),
+    };
+    match o {
+        Outcome::Failed(e) => Err(e),
+        Outcome::Msg { msg, written } => Ok(Reply {
+            msg,
+            data: data(written)?,
+        }),
+        Outcome::NoMsg { len, written } => Ok(Reply {
+            msg: read_lent(&p.reply_chunk, len, "reply chunk")?,
+            data: data(written)?,
+        }),
+    }
+}
+
+/// Delivers a reply whose chunks were invalidated: they go back to `pool`
+/// (the connection they were bound on), or are dropped without one.
+fn deliver(e: Ending, pool: Option<&mut ChunkPool>) {
+    let Ending {
+        mut pending,
+        outcome: o,
+        ..
+    } = e;
+    let r = outcome(&pending, o);
+    match pool {
+        Some(pool) => {
+            for l in pending.lent() {
+                if let Some(c) = l.chunk.take() {
+                    pool.put(c);
+                }
+            }
+        }
+        None => drop(std::mem::take(&mut pending.chunks)),
+    }
+    let Pending { reply, .. } = pending;
+    let _ = reply.send(r);
+}
+
+/// Delivers a reply whose invalidations cannot complete (the connection
+/// broke; its QP is in error): its windows are deallocated.
+fn deliver_discarding(e: Ending, pool: &mut ChunkPool) {
+    let Ending {
+        mut pending,
+        outcome: o,
+        ..
+    } = e;
+    let r = outcome(&pending, o);
+    for l in pending.lent() {
+        if let Some(c) = l.chunk.take() {
+            pool.discard(c);
+        }
+    }
+    let Pending { reply, .. } = pending;
+    let _ = reply.send(r);
 }
 
 impl From<DecodeError> for Error {

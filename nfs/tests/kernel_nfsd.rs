@@ -187,6 +187,20 @@ fn sizes(iwarp: bool) {
     let stats = client.transport().stats();
     assert!(stats.write_chunk_replies.load(Ordering::Relaxed) >= 1);
     assert_eq!(stats.chunks_registered.load(Ordering::Relaxed), 0);
+    // rxe has type 2 memory windows: chunks come from regions registered
+    // once and reused (siw has none: a registration per chunk).
+    let windows = stats.memory_windows.load(Ordering::Relaxed);
+    assert_eq!(windows, !iwarp, "memory windows on rxe, none on siw");
+    let regs = stats.chunk_registrations.load(Ordering::Relaxed);
+    let binds = stats.chunk_binds.load(Ordering::Relaxed);
+    println!("chunk registrations {regs}, window binds {binds}");
+    if windows {
+        assert!(
+            binds > regs,
+            "{binds} binds over {regs} registrations: reused"
+        );
+        assert_eq!(binds, stats.chunk_invalidations.load(Ordering::Relaxed));
+    }
     rt.block_on(client.close());
 
     // The binary, both ways, on each side of the threshold.
@@ -552,4 +566,192 @@ fn server_restart_mid_transfer_over_rxe() {
     rt.block_on(client.close());
     let on_server = std::fs::read(server.dir.join("f")).unwrap();
     assert!(on_server == data, "the file on the server differs");
+}
+
+fn port_active(dev: &str) -> bool {
+    std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/1/state"))
+        .is_ok_and(|s| s.contains("ACTIVE"))
+}
+
+/// Polls `cond` every 20 ms for up to `bound`; false if it never held.
+fn wait_for(bound: Duration, cond: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + bound;
+    while !cond() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// `rdma link add` of the rxe device again, then its port and IPv4 GID.
+fn add_rxe_again(dev: &str) {
+    let netdev = std::env::var("RDMA_TEST_NETDEV").unwrap_or_else(|_| "veth0".into());
+    let out = Command::new("rdma")
+        .args(["link", "add", dev, "type", "rxe", "netdev", &netdev])
+        .output()
+        .expect("rdma runs");
+    ok(&out, "rdma link add");
+    assert!(
+        wait_for(Duration::from_secs(20), || port_active(dev)),
+        "{dev}: port not ACTIVE within 20 s of rdma link add"
+    );
+    let gid = format!(
+        "/sys/class/infiniband/{dev}/ports/1/gids/{}",
+        std::env::var("RDMA_TEST_GID_INDEX").unwrap_or_else(|_| "1".into())
+    );
+    // The IPv4-mapped GID of the device's address, at the index the tests use.
+    let ip: std::net::Ipv4Addr = required_env("RDMA_TEST_IP").parse().unwrap();
+    let want = ip.to_ipv6_mapped();
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            std::fs::read_to_string(&gid)
+                .is_ok_and(|g| g.trim().parse::<std::net::Ipv6Addr>() == Ok(want))
+        }),
+        "{gid}: not {want} within 10 s"
+    );
+}
+
+/// The child of `device_removed_and_added_again_over_rxe`: a mounted
+/// client, its device deleted (`DEVICE_REMOVAL`), the delete allowed to
+/// finish, the device added again, and the same client reads the file
+/// again over a new connection.
+fn removal_child(ip: IpAddr, dev: &str) {
+    let test = "removal";
+    let rt = runtime();
+    let o = Options {
+        transport: transport::Options {
+            call_timeout: Duration::from_secs(20),
+            connect_timeout: Duration::from_secs(5),
+            ..transport::Options::default()
+        },
+        ..Options::default()
+    };
+    let client = rt.block_on(mount(ip, test, o));
+    let data = content(256 << 10, 25);
+    let f = rt
+        .block_on(async {
+            let f = client.create(client.root(), b"f", 0o644).await?;
+            client.write_all(&f, &data).await?;
+            Ok::<_, rdma_nfs::nfs3::NfsError>(f)
+        })
+        .unwrap_or_else(|e| panic!("write before the removal: {e}"));
+    let stats = client.transport().stats();
+    let start = Instant::now();
+    let mut delete = Command::new("rdma")
+        .args(["link", "delete", dev])
+        .spawn()
+        .expect("rdma link delete");
+    // The transport's task sees DEVICE_REMOVAL, drops the connection and
+    // everything on the device, and has librdmacm look again.
+    rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while stats.device_removals.load(Ordering::Relaxed) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "no DEVICE_REMOVAL within 20 s of rdma link delete"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    println!("DEVICE_REMOVAL after {:?}", start.elapsed());
+    // Drive the runtime while the delete runs (the task's reconnection
+    // attempts let librdmacm re-read its device list).
+    let deleted = rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(st) = delete.try_wait().expect("wait") {
+                return Some(st);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let Some(st) = deleted else {
+        let _ = delete.kill();
+        panic!(
+            "rdma link delete still waited 30 s after DEVICE_REMOVAL while the process lived \
+             (the client had dropped the connection)"
+        );
+    };
+    assert!(st.success(), "rdma link delete: {st}");
+    println!("device deleted after {:?}", start.elapsed());
+    assert_eq!(stats.chunks_registered.load(Ordering::Relaxed), 0);
+    add_rxe_again(dev);
+    println!("device back after {:?}", start.elapsed());
+    let back = rt
+        .block_on(client.read_all(&f))
+        .unwrap_or_else(|e| panic!("read after the device came back: {e}"));
+    assert!(
+        back == data,
+        "the file read after the device came back differs"
+    );
+    println!(
+        "read again after {:?}; connects {}, removals {}",
+        start.elapsed(),
+        stats.connects.load(Ordering::Relaxed),
+        stats.device_removals.load(Ordering::Relaxed)
+    );
+    assert!(stats.connects.load(Ordering::Relaxed) >= 2, "reconnected");
+    assert_eq!(stats.device_removals.load(Ordering::Relaxed), 1);
+    rt.block_on(client.close());
+}
+
+/// `rdma link delete` of rxe0 under a mounted client, then `rdma link add`:
+/// the transport closes on `DEVICE_REMOVAL` (the delete finishes while the
+/// process lives) and reconnects once the device is back. Runs in a child
+/// process (this binary again) so that a hang is killed, and the device is
+/// put back whatever happens, for the tests after it.
+#[test]
+#[ignore = "needs an RDMA device (rxe0) it may delete and add again, root and the kernel's nfsd: run in ci/vm"]
+fn device_removed_and_added_again_over_rxe() {
+    let ip = server_ip(false);
+    let dev = required_env("RDMA_TEST_DEVICE");
+    if std::env::var_os("RDMA_NFS_REMOVAL_CHILD").is_some() {
+        removal_child(ip, &dev);
+        return;
+    }
+    let server = Server::up("removal");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "device_removed_and_added_again_over_rxe",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("RDMA_NFS_REMOVAL_CHILD", "1")
+        .spawn()
+        .expect("spawn the child");
+    let deadline = Instant::now() + Duration::from_secs(100);
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break Some(st);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Put the device back for the tests after this one: a pending delete
+    // finishes once the child is gone.
+    let present = |d: &str| Path::new("/sys/class/infiniband").join(d).exists();
+    wait_for(Duration::from_secs(30), || {
+        !present(&dev)
+            || Command::new("pgrep")
+                .args(["-x", "rdma"])
+                .status()
+                .is_ok_and(|s| !s.success())
+    });
+    if !present(&dev) {
+        add_rxe_again(&dev);
+    }
+    drop(server);
+    let status = status.expect("the child finished within 100 s");
+    assert!(status.success(), "the child failed: {status}");
 }

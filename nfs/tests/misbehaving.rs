@@ -71,6 +71,10 @@ enum Fault {
     ReplyChunkOverrun,
     /// Never answers the first call.
     Drop,
+    /// Answers the first call, then, when the second comes, RDMA WRITEs
+    /// into the first call's write chunk (its call has ended) and records
+    /// the outcome.
+    LateWrite,
 }
 
 const GRANT: u32 = 8;
@@ -80,6 +84,10 @@ const RECVS: usize = 16;
 struct Seen {
     xids: Vec<u32>,
     connections: u32,
+    /// Every write chunk offered, in order.
+    write_segments: Vec<Segment>,
+    /// The late write's completion status.
+    late: Option<WcStatus>,
 }
 
 fn rpc_reply(xid: u32) -> Vec<u8> {
@@ -136,6 +144,7 @@ async fn serve_one(
     };
     let mut answered_first = !first;
     let mut wr = 0u64;
+    let mut first_write: Option<Segment> = None;
     loop {
         let c = tokio::select! {
             c = acq.next() => c.map_err(e("poll"))?,
@@ -161,8 +170,42 @@ async fn serve_one(
             Body::Msg(c) | Body::NoMsg(c) => c.clone(),
             Body::Error(_) => return Err("the client sent RDMA_ERROR".into()),
         };
+        if let Some(chunk) = chunks.write.first() {
+            seen.lock().unwrap().write_segments.push(chunk[0]);
+        }
+        if let (Fault::LateWrite, Some(old), true) = (fault, first_write, first) {
+            // The first call has ended (the client sent this one after its
+            // reply): its chunk must be out of reach.
+            let mr = pd
+                .reg_mr(vec![0xee; 64], AccessFlags::empty())
+                .map_err(e("mr"))?;
+            let late = 1 << 40;
+            let remote = RemoteMemory {
+                addr: old.offset,
+                len: 64,
+                rkey: old.handle,
+            };
+            acq.post_send(&mut qp, SendWr::write(late, mr, remote))
+                .await
+                .map_err(|err| format!("late RDMA WRITE: {err}"))?;
+            loop {
+                let c = tokio::time::timeout(Duration::from_secs(20), acq.next())
+                    .await
+                    .map_err(|_| "no completion for the late write within 20 s".to_string())?
+                    .map_err(e("poll"))?;
+                if c.wr_id == late {
+                    seen.lock().unwrap().late = Some(c.status);
+                    // The connection is broken either way: the client
+                    // reconnects and sends this call again.
+                    return Ok(());
+                }
+            }
+        }
         let f = if answered_first { Fault::None } else { fault };
         answered_first = true;
+        if first_write.is_none() {
+            first_write = chunks.write.first().map(|c| c[0]);
+        }
         let credits = match f {
             Fault::ZeroCredits => 0,
             Fault::HugeCredits => 1_000_000,
@@ -509,6 +552,131 @@ fn faults(iwarp: bool) {
     let s = seen.lock().unwrap();
     assert_eq!(s.connections, 2);
     assert_eq!(s.xids[0], s.xids[1], "the call was sent again with its xid");
+}
+
+/// After a call ends, the server cannot reach its chunk: a late RDMA WRITE
+/// to it fails (rxe: the window was invalidated before the reply was
+/// delivered, and the next call's binding of the same region has another
+/// rkey; siw: the registration was dropped). The client reconnects and the
+/// second call completes with the right data.
+fn late_access(iwarp: bool) {
+    let port = if iwarp { 20180 } else { 20080 };
+    let opts = Options {
+        credits: 8,
+        call_timeout: Duration::from_secs(5),
+        ..Options::default()
+    };
+    let seen = with_server(iwarp, port, Fault::LateWrite, opts, |t| async move {
+        for _ in 0..2 {
+            let mut c = null_call();
+            c.write_chunk = 4096;
+            let r = t.call(c).await.unwrap();
+            check_reply(&r);
+            let data = r.data.expect("the write chunk's data");
+            assert!(data.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        }
+        assert_eq!(t.stats().connects.load(Ordering::Relaxed), 2);
+    });
+    let s = seen.lock().unwrap();
+    let late = s.late.expect("the server tried the late write");
+    println!("late RDMA WRITE to an ended call's chunk: {late}");
+    if iwarp {
+        // iWARP completes a WRITE at its sender once it is sent, not once
+        // it is placed: the refusal comes back as a TERMINATE, which broke
+        // the connection (the client made a second one).
+        assert_eq!(s.connections, 2, "the late write broke the connection");
+    } else {
+        assert_eq!(
+            late,
+            WcStatus::RemAccessErr,
+            "an ended call's chunk was reachable"
+        );
+    }
+    let (a, b) = (s.write_segments[0], s.write_segments[1]);
+    assert_ne!(a.handle, b.handle, "every use has a fresh rkey");
+    if !iwarp {
+        assert_eq!(a.offset, b.offset, "the pooled region was reused");
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (rxe0): run in ci/vm"]
+fn late_access_to_an_ended_calls_chunk_fails_over_rxe() {
+    late_access(false);
+}
+
+#[test]
+#[ignore = "needs an iWARP device (siw0): run in ci/vm"]
+fn late_access_to_an_ended_calls_chunk_fails_over_iwarp() {
+    late_access(true);
+}
+
+/// Many calls with a write and a reply chunk each: on rxe the chunks come
+/// from a few regions registered once (their number stays bounded by the
+/// pool, whatever the number of calls), each use bound and invalidated; on
+/// siw (no memory windows) each chunk is registered for its call.
+fn reuse(iwarp: bool) {
+    let port = if iwarp { 20181 } else { 20081 };
+    let opts = Options {
+        credits: 8,
+        chunk_regions: 6,
+        call_timeout: Duration::from_secs(10),
+        ..Options::default()
+    };
+    const CALLS: u64 = 200;
+    with_server(iwarp, port, Fault::None, opts, |t| async move {
+        let tasks: Vec<_> = (0..CALLS)
+            .map(|_| {
+                let t = t.clone();
+                tokio::spawn(async move {
+                    let mut c = null_call();
+                    c.write_chunk = 65536;
+                    c.max_reply = 16384;
+                    t.call(c).await
+                })
+            })
+            .collect();
+        for h in tasks {
+            let r = h.await.unwrap().unwrap();
+            check_reply(&r);
+            let data = r.data.expect("the write chunk's data");
+            assert_eq!(data.len(), 65536);
+            assert!(data.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        }
+        let s = t.stats();
+        let regs = s.chunk_registrations.load(Ordering::Relaxed);
+        let binds = s.chunk_binds.load(Ordering::Relaxed);
+        let invs = s.chunk_invalidations.load(Ordering::Relaxed);
+        println!(
+            "{CALLS} calls: {regs} registrations, {binds} binds, {invs} invalidations, \
+             {} regions, {} in flight at most",
+            s.chunk_regions.load(Ordering::Relaxed),
+            s.max_in_flight.load(Ordering::Relaxed)
+        );
+        assert_eq!(s.connects.load(Ordering::Relaxed), 1);
+        if iwarp {
+            assert!(!s.memory_windows.load(Ordering::Relaxed));
+            assert_eq!(regs, 2 * CALLS, "a registration per chunk");
+        } else {
+            assert!(s.memory_windows.load(Ordering::Relaxed));
+            assert!(regs <= 6, "{regs} registrations for {CALLS} calls");
+            assert!(s.chunk_regions.load(Ordering::Relaxed) <= 6);
+            assert_eq!(binds, 2 * CALLS, "a window bound per chunk");
+            assert_eq!(invs, binds, "every binding invalidated");
+        }
+    });
+}
+
+#[test]
+#[ignore = "needs an RDMA device (rxe0): run in ci/vm"]
+fn chunk_regions_are_reused_over_rxe() {
+    reuse(false);
+}
+
+#[test]
+#[ignore = "needs an iWARP device (siw0): run in ci/vm"]
+fn chunk_registration_per_call_over_iwarp() {
+    reuse(true);
 }
 
 #[test]

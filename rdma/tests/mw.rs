@@ -92,6 +92,55 @@ fn type2_window_local_invalidate() {
     assert_eq!(mr.to_vec(), vec![0; 256]);
 }
 
+/// One type 2 window bound, invalidated and bound again, many times (as a
+/// pool of windows is used): each binding reaches the region under a fresh
+/// rkey, and the rkeys before it reach nothing.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn type2_window_bound_again_after_invalidate() {
+    let mut p = pair(PostPath::Auto);
+    let mr = p.pd.alloc_mr(256, LW | AccessFlags::MW_BIND).unwrap();
+    let mut mw = p.pd.alloc_mw(MwType::Type2).unwrap();
+    let mut old = Vec::new();
+    for round in 0..4u8 {
+        let remote =
+            p.b.bind_mw(10, &mut mw, &mr, 0, 256, AccessFlags::REMOTE_WRITE)
+                .unwrap_or_else(|e| panic!("bind {round}: {e}"));
+        let c = common::wait(&p.cq, 1).pop().unwrap();
+        assert_eq!(c.status, WcStatus::Success, "bind {round}: {c:?}");
+        assert!(!old.contains(&remote.rkey), "a fresh rkey each binding");
+        let src = p.pd.reg_mr(vec![round; 16], AccessFlags::empty()).unwrap();
+        p.a.post_send(SendWr::write(11, src, remote.slice(0, 16).unwrap()))
+            .unwrap();
+        common::wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+        let mut got = [0; 16];
+        mr.read_at(0, &mut got).unwrap();
+        assert_eq!(got, [round; 16], "write through binding {round}");
+        p.b.post_send(SendWr::local_invalidate(12, remote.rkey))
+            .unwrap();
+        let c = common::wait(&p.cq, 1).pop().unwrap();
+        assert_eq!(
+            (c.status, c.opcode),
+            (WcStatus::Success, WcOpcode::LocalInv),
+            "{c:?}"
+        );
+        old.push(remote.rkey);
+    }
+    // The last rkey, invalidated, reaches nothing.
+    let last =
+        p.b.bind_mw(13, &mut mw, &mr, 0, 256, AccessFlags::REMOTE_WRITE);
+    let last = last.unwrap();
+    common::wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+    p.b.post_send(SendWr::local_invalidate(14, last.rkey))
+        .unwrap();
+    common::wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+    let src = p.pd.reg_mr(vec![0xff; 16], AccessFlags::empty()).unwrap();
+    p.a.post_send(SendWr::write(15, src, last.slice(0, 16).unwrap()))
+        .unwrap();
+    let c = common::wait(&p.cq, 1).pop().unwrap();
+    assert_eq!(c.status, WcStatus::RemAccessErr, "{c:?}");
+}
+
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn bind_input_is_checked() {

@@ -87,6 +87,13 @@ impl QueuePair {
             rc,
         )?;
         let rkey = if type2 {
+            // The provider names the window in the next bind by the rkey in
+            // `struct ibv_mw` (rxe: `mw_rkey`, checked against the kernel's
+            // current one), and only `ibv_bind_mw` (type 1) updates it: a
+            // type 2 window bound a second time failed with MW_BIND_ERR.
+            // SAFETY: a plain field of the live window; `&mut` makes this the
+            // only writer, and no other post reads it concurrently.
+            unsafe { (*mw.as_raw()).rkey = next_rkey };
             next_rkey
         } else {
             // SAFETY: ibv_bind_mw stored the new rkey in the window.

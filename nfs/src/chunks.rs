@@ -1,0 +1,313 @@
+//! Chunk memory: the registered regions a call lends the server (read,
+//! write and reply chunks), from a pool reused across calls.
+//!
+//! Two modes, chosen when a connection is made:
+//!
+//! - **Windows** (the device has type 2 memory windows: rxe, mlx5): a pool of
+//!   regions registered once (`LOCAL_WRITE | MW_BIND`, so the region's own
+//!   rkey grants no remote access at all), each with a type 2 window. A call
+//!   takes a region and binds its window over exactly the bytes it lends,
+//!   with exactly the access it needs (`REMOTE_READ` for a read chunk,
+//!   `REMOTE_WRITE` for a write or reply chunk): a posted `BIND_MW`, no
+//!   system call. Each bind gives the window a **fresh rkey**
+//!   (`ibv_inc_rkey`: the key byte moves on), and when the call ends the
+//!   window is **invalidated** (a posted `LOCAL_INV`) and the call's reply is
+//!   delivered only once that invalidation has completed, as the Linux
+//!   client waits for its FRWR invalidations. So after a call ends, its
+//!   segment's rkey reaches nothing: a late server access fails with a
+//!   remote access error (the key byte wraps after 256 binds of one window,
+//!   but every earlier binding was invalidated before the next was made).
+//!   If the connection breaks first, the windows bound on it are
+//!   deallocated with it (the QP is in error or destroyed, and a type 2
+//!   window can only be reached through its QP).
+//! - **Per call** (no memory windows: siw): each chunk is registered for its
+//!   call and deregistered when the call ends, so each use has a fresh rkey
+//!   and nothing outlives the call. A WRITE's payload is moved into its
+//!   registration (no copy).
+//!
+//! In both modes a chunk's memory is released (invalidated, or deregistered)
+//! when its call ends, whether the server used it or not.
+//!
+//! The pool never blocks: [`ChunkPool::can_take`] tells the transport whether
+//! a call's chunks are available now; when they are not, the call waits in
+//! the queue until an invalidation brings a region back.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use rdma::{AccessFlags, MemoryRegion, MemoryWindow, MwType, ProtectionDomain, QueuePair};
+
+use crate::rpcrdma::Segment;
+use crate::transport::{Error, Fill, Stats};
+
+/// The smallest pooled region.
+const MIN_REGION: usize = 64 << 10;
+/// Chunks larger than this are registered for their call even in window mode.
+pub(crate) const MAX_REGION: usize = 4 << 20;
+
+/// A pooled region and its window.
+pub(crate) struct Region {
+    // The window before the region (field order = drop order): a bound
+    // window holds the region's registration anyway.
+    mw: MemoryWindow,
+    mr: MemoryRegion,
+}
+
+/// Memory lent to one call.
+pub(crate) enum Chunk {
+    /// A pooled region, its window bound to `len` bytes under `rkey`.
+    Bound { region: Region, len: usize },
+    /// A registration of its own, deregistered when dropped.
+    Own(MemoryRegion),
+}
+
+impl Chunk {
+    /// What the server is told.
+    pub(crate) fn segment(&self) -> Segment {
+        match self {
+            Chunk::Bound { region, len } => Segment {
+                handle: region.mw.rkey(),
+                length: u32::try_from(*len).unwrap_or(u32::MAX),
+                offset: region.mr.addr(),
+            },
+            Chunk::Own(mr) => Segment {
+                handle: mr.rkey(),
+                length: u32::try_from(mr.len()).unwrap_or(u32::MAX),
+                offset: mr.addr(),
+            },
+        }
+    }
+
+    /// The bytes lent.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Chunk::Bound { len, .. } => *len,
+            Chunk::Own(mr) => mr.len(),
+        }
+    }
+
+    /// Copies `out.len()` bytes from the start of the chunk.
+    pub(crate) fn read(&self, out: &mut [u8]) -> rdma::Result<()> {
+        match self {
+            Chunk::Bound { region, .. } => region.mr.read_at(0, out),
+            Chunk::Own(mr) => mr.read_at(0, out),
+        }
+    }
+
+    /// The payload moved into an own registration, taken back out (a call
+    /// sent again).
+    pub(crate) fn to_vec(&self) -> Vec<u8> {
+        match self {
+            Chunk::Bound { region, len } => {
+                let mut v = vec![0; *len];
+                let _ = region.mr.read_at(0, &mut v);
+                v
+            }
+            Chunk::Own(mr) => mr.to_vec(),
+        }
+    }
+
+    /// The rkey to invalidate when the call ends, for a bound window.
+    pub(crate) fn window_rkey(&self) -> Option<u32> {
+        match self {
+            Chunk::Bound { region, .. } => Some(region.mw.rkey()),
+            Chunk::Own(_) => None,
+        }
+    }
+}
+
+/// A connection's chunk memory.
+pub(crate) struct ChunkPool {
+    pd: ProtectionDomain,
+    windows: bool,
+    /// Regions whose window is invalidated (or never bound).
+    free: Vec<Region>,
+    /// Pooled regions alive: free, lent, or being invalidated.
+    live: usize,
+    cap: usize,
+    stats: Arc<Stats>,
+}
+
+impl ChunkPool {
+    /// A pool on `pd` of at most `cap` regions; window mode when `windows`
+    /// is asked for and the device allocates a type 2 window.
+    pub(crate) fn new(
+        pd: &ProtectionDomain,
+        windows: bool,
+        cap: usize,
+        stats: &Arc<Stats>,
+    ) -> ChunkPool {
+        let mut pool = ChunkPool {
+            pd: pd.clone(),
+            windows: false,
+            free: Vec::new(),
+            live: 0,
+            cap: cap.max(3),
+            stats: Arc::clone(stats),
+        };
+        if windows {
+            // One region now: proves the device has type 2 windows (siw
+            // does not: per-call registration then).
+            if let Ok(r) = pool.region(MIN_REGION) {
+                pool.windows = true;
+                pool.live = 1;
+                pool.free.push(r);
+            }
+        }
+        pool.publish();
+        pool
+    }
+
+    /// Window mode.
+    pub(crate) fn windows(&self) -> bool {
+        self.windows
+    }
+
+    fn publish(&self) {
+        self.stats
+            .chunk_regions
+            .store(self.live as u64, Ordering::Relaxed);
+    }
+
+    fn region(&self, len: usize) -> rdma::Result<Region> {
+        let size = len.next_power_of_two().max(MIN_REGION);
+        let mw = self.pd.alloc_mw(MwType::Type2)?;
+        let mr = self
+            .pd
+            .alloc_mr(size, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
+        self.stats
+            .chunk_registrations
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(Region { mw, mr })
+    }
+
+    /// Whether chunks of these sizes can be had now (always in per-call
+    /// mode; in window mode, pooled regions free or still to be made).
+    pub(crate) fn can_take(&self, sizes: &[usize]) -> bool {
+        if !self.windows {
+            return true;
+        }
+        // Each pooled chunk takes a free region that fits, or one made new
+        // (in a free slot, or in place of a free region too small).
+        let pooled = sizes.iter().filter(|&&s| s <= MAX_REGION).count();
+        pooled <= self.cap - self.live + self.free.len()
+    }
+
+    /// Lends `len` bytes with remote `access`, filled first as `fill` says.
+    /// Window mode binds a pooled region's window on `qp` with `wr_id`;
+    /// per-call mode registers a moved buffer itself (no copy), or the
+    /// pieces joined, or `len` zeroed bytes.
+    pub(crate) fn take(
+        &mut self,
+        qp: &mut QueuePair,
+        wr_id: u64,
+        len: usize,
+        fill: Fill<'_>,
+        access: AccessFlags,
+    ) -> Result<Chunk, Error> {
+        let what = if access.contains(AccessFlags::REMOTE_READ) {
+            "a read chunk"
+        } else {
+            "a write or reply chunk"
+        };
+        if !self.windows || len > MAX_REGION {
+            let mr = match fill {
+                Fill::Move(d) => self.pd.reg_mr(d, access),
+                Fill::Pieces(p) => self.pd.reg_mr(p.concat(), access),
+                Fill::Zero => self.pd.alloc_mr(len, AccessFlags::LOCAL_WRITE | access),
+            }
+            .map_err(|e| Error::NoBuffers(format!("registering {what}: {e}")))?;
+            self.stats
+                .chunk_registrations
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(Chunk::Own(mr));
+        }
+        let mut region = match self.free_fit(len) {
+            Some(r) => r,
+            None => {
+                if self.live >= self.cap {
+                    // Make room: a free region too small goes.
+                    if self.free.is_empty() {
+                        return Err(Error::NoBuffers(format!(
+                            "{what}: all {} pooled regions are lent",
+                            self.cap
+                        )));
+                    }
+                    self.free.remove(0);
+                    self.live -= 1;
+                }
+                let r = self
+                    .region(len)
+                    .map_err(|e| Error::NoBuffers(format!("registering {what}: {e}")))?;
+                self.live += 1;
+                self.publish();
+                r
+            }
+        };
+        // The window is not bound yet: no peer reaches the region while it
+        // is filled.
+        let mut at = 0;
+        let mut fill_one = |region: &mut Region, b: &[u8]| {
+            let r = region.mr.write_at(at, b);
+            at += b.len();
+            r
+        };
+        let filled = match fill {
+            Fill::Zero => Ok(()),
+            Fill::Move(d) => fill_one(&mut region, &d),
+            Fill::Pieces(p) => p.iter().try_for_each(|b| fill_one(&mut region, b)),
+        };
+        if let Err(e) = filled {
+            self.free.push(region);
+            return Err(Error::Permanent(format!("{what}: {e}")));
+        }
+        match qp.bind_mw(wr_id, &mut region.mw, &region.mr, 0, len, access) {
+            Ok(_) => {
+                self.stats.chunk_binds.fetch_add(1, Ordering::Relaxed);
+                Ok(Chunk::Bound { region, len })
+            }
+            Err(e) => {
+                // Never bound: still free.
+                self.free.push(region);
+                Err(Error::NotConnected(format!("binding a memory window: {e}")))
+            }
+        }
+    }
+
+    fn free_fit(&mut self, len: usize) -> Option<Region> {
+        let i = (0..self.free.len())
+            .filter(|&i| self.free[i].mr.len() >= len)
+            .min_by_key(|&i| self.free[i].mr.len())?;
+        Some(self.free.swap_remove(i))
+    }
+
+    /// A chunk whose window was invalidated comes back (an own
+    /// registration is dropped: deregistered).
+    pub(crate) fn put(&mut self, chunk: Chunk) {
+        match chunk {
+            Chunk::Bound { region, .. } => {
+                self.stats
+                    .chunk_invalidations
+                    .fetch_add(1, Ordering::Relaxed);
+                self.free.push(region);
+            }
+            Chunk::Own(mr) => drop(mr),
+        }
+    }
+
+    /// A chunk that cannot be invalidated (its connection broke): its
+    /// window is deallocated with it, and the pool forgets the region.
+    pub(crate) fn discard(&mut self, chunk: Chunk) {
+        if let Chunk::Bound { .. } = chunk {
+            self.live -= 1;
+            self.publish();
+        }
+        drop(chunk);
+    }
+}
+
+impl Drop for ChunkPool {
+    fn drop(&mut self) {
+        self.stats.chunk_regions.store(0, Ordering::Relaxed);
+    }
+}
