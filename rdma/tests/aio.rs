@@ -295,6 +295,39 @@ fn a_dropped_wait_loses_no_completion() {
 
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn next_into_fills_the_callers_slot_and_a_dropped_wait_loses_nothing() {
+    let mut l = looped(|_| {});
+    runtime().block_on(async {
+        let driver = CqChannel::new(&l.channel, &Tokio).unwrap();
+        let mut acq_a = AsyncCq::new(&driver, &l.cq_a).unwrap();
+        let mut acq_b = AsyncCq::new(&driver, &l.cq_b).unwrap();
+        let (mut rslot, mut sslot) = (None, None);
+        // Dropped while waiting (CQ armed, nothing posted): the slot is
+        // left alone and the completion comes with the next wait.
+        {
+            let mut f = pin!(acq_b.next_into(&mut rslot));
+            assert!(poll_once(f.as_mut()).is_pending());
+        }
+        assert!(rslot.is_none());
+        for i in 0..40u64 {
+            ping(&mut l, i);
+            let c = bounded("a receive", acq_b.next_into(&mut rslot)).await.unwrap();
+            assert_eq!((c.wr_id, c.opcode), (i, WcOpcode::Recv));
+            let buf = c.take_buffers().into_one().unwrap();
+            assert_eq!(buf.to_vec(), i.to_be_bytes());
+            let s = bounded("a send", acq_a.next_into(&mut sslot)).await.unwrap();
+            assert_eq!((s.wr_id, s.status), (i, WcStatus::Success));
+            // The send's region stays in the slot until the next completion
+            // replaces it.
+            assert!(!s.buffers.is_empty());
+        }
+    });
+    drop(l);
+    assert_eq!(rdma::teardown_failures(), 0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn eight_connections_on_one_channel_from_eight_tasks() {
     const N: usize = 8;
     const MSGS: u64 = 20;

@@ -6,9 +6,8 @@
 //!
 //! The loop is `lat.rs`'s safe `send_lat` loop with its waits replaced:
 //! the same posts (prepared, or inline), the same receive reposted after
-//! the reply, the same stamps. A completion comes out of the `AsyncCq` by
-//! value (`AsyncCq::next`), where the blocking loop polls into a slot it
-//! keeps.
+//! the reply, the same stamps. Completions are polled into slots the loop
+//! keeps (`AsyncCq::next_into`), as the blocking loop does.
 //!
 //! Built only with the `tokio` feature (`cargo build --release --example
 //! perf --features tokio`); without it `--wait async` is refused when the
@@ -66,16 +65,19 @@ async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut 
     let mut prepared = signaled_send.zip(unsignaled_send);
     let mut recv_acq = rt::completions(recv_cq).or_fail("Couldn't await the receive CQ")?;
     let mut send_acq = rt::completions(send_cq).or_fail("Couldn't await the send CQ")?;
+    let (mut rslot, mut sslot) = (None, None);
     oob.barrier()?;
     let mut rcnt = 0;
     for scnt in 0..iters {
-        // The buffer of the message that just arrived, posted again once
+        // The message that just arrived: its buffer is posted again once
         // the reply is on its way.
-        let mut arrived = None;
-        if server || scnt > 0 {
-            let c = recv_acq.next().await.or_fail("poll CQ failed")?;
-            io::check(&c, "receive")?;
-            arrived = Some(c);
+        let arrived = server || scnt > 0;
+        if arrived {
+            let c = recv_acq
+                .next_into(&mut rslot)
+                .await
+                .or_fail("poll CQ failed")?;
+            io::check(c, "receive")?;
             rcnt += 1;
         }
         let n = scnt + 1;
@@ -95,7 +97,7 @@ async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut 
             .map_err(|e| format!("Couldn't post send: {}", e.error))?;
         }
         stamps.push();
-        if let Some(mut c) = arrived {
+        if let (true, Some(c)) = (arrived, rslot.as_mut()) {
             if rposted < iters {
                 qp.post_recv(0, c.take_buffers())
                     .map_err(|e| format!("Couldn't post a receive: {}", e.error))?;
@@ -103,8 +105,11 @@ async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut 
             }
         }
         if signaled {
-            let mut c = send_acq.next().await.or_fail("poll CQ failed")?;
-            io::check(&c, "send")?;
+            let c = send_acq
+                .next_into(&mut sslot)
+                .await
+                .or_fail("poll CQ failed")?;
+            io::check(c, "send")?;
             for (_, b) in c.unsignaled.drain(..) {
                 sbufs.extend(b.into_one());
             }
@@ -112,8 +117,11 @@ async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut 
         }
     }
     while rcnt < iters {
-        let c = recv_acq.next().await.or_fail("poll CQ failed")?;
-        io::check(&c, "receive")?;
+        let c = recv_acq
+            .next_into(&mut rslot)
+            .await
+            .or_fail("poll CQ failed")?;
+        io::check(c, "receive")?;
         rcnt += 1;
     }
     Ok(())

@@ -346,22 +346,26 @@ impl AsyncCq {
             if n > 0 {
                 return Poll::Ready(Ok(()));
             }
-            if !self.armed {
-                // Arm, then poll again before waiting: a completion that
-                // came after the poll above and before the arm sends no
-                // event.
-                if let Err(e) = self.cq.req_notify(false) {
-                    return Poll::Ready(Err(e));
-                }
-                self.armed = true;
-                continue;
-            }
-            match self.chan.poll_fired(self.key, cx) {
-                Poll::Ready(Ok(())) => self.armed = false,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
+            if let Err(e) = std::task::ready!(self.arm_or_wait(cx)) {
+                return Poll::Ready(Err(e));
             }
         }
+    }
+
+    /// After a poll that found nothing: arms the CQ, then asks for another
+    /// poll before waiting (a completion that came after that poll and
+    /// before the arm sends no event), or waits for the CQ's event.
+    /// `Ready(Ok(()))`: poll again; `Pending`: `cx` is registered for the
+    /// event.
+    fn arm_or_wait(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        if !self.armed {
+            self.cq.req_notify(false)?;
+            self.armed = true;
+            return Poll::Ready(Ok(()));
+        }
+        std::task::ready!(self.chan.poll_fired(self.key, cx))?;
+        self.armed = false;
+        Poll::Ready(Ok(()))
     }
 
     /// Polls for the next completion: `Ready` with it (memory included),
@@ -390,20 +394,8 @@ impl AsyncCq {
                 Ok(None) => {}
                 Err(e) => return Poll::Ready(Err(e)),
             }
-            if !self.armed {
-                // Arm, then poll again before waiting: a completion that
-                // came after the poll above and before the arm sends no
-                // event.
-                if let Err(e) = self.cq.req_notify(false) {
-                    return Poll::Ready(Err(e));
-                }
-                self.armed = true;
-                continue;
-            }
-            match self.chan.poll_fired(self.key, cx) {
-                Poll::Ready(Ok(())) => self.armed = false,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
+            if let Err(e) = std::task::ready!(self.arm_or_wait(cx)) {
+                return Poll::Ready(Err(e));
             }
         }
     }
@@ -420,6 +412,54 @@ impl AsyncCq {
     #[allow(clippy::should_implement_trait)] // a future, as `StreamExt::next`
     pub fn next(&mut self) -> impl Future<Output = Result<Completion>> + '_ {
         std::future::poll_fn(move |cx| self.poll_next(cx))
+    }
+
+    /// [`AsyncCq::poll_next`] into a completion the caller keeps, as
+    /// [`CompletionQueue::poll_one_into`] does: `Ready(Ok(()))` when `slot`
+    /// holds the next completion (what it held before, memory included,
+    /// is dropped first), `Pending` with `cx` registered for the CQ's next
+    /// event, `slot` left alone.
+    ///
+    /// # Errors
+    /// As [`AsyncCq::poll_next`].
+    pub fn poll_next_into(
+        &mut self,
+        cx: &mut Context<'_>,
+        slot: &mut Option<Completion>,
+    ) -> Poll<Result<()>> {
+        if let Some(c) = self.ready.pop_front() {
+            *slot = Some(c);
+            return Poll::Ready(Ok(()));
+        }
+        loop {
+            if self.cq.poll_one_into(slot)?.is_some() {
+                return Poll::Ready(Ok(()));
+            }
+            if let Err(e) = std::task::ready!(self.arm_or_wait(cx)) {
+                return Poll::Ready(Err(e));
+            }
+        }
+    }
+
+    /// Waits for the next completion, polled into `slot` (see
+    /// [`AsyncCq::poll_next_into`]): a loop that keeps its slot moves no
+    /// 112-byte [`Completion`] around, as the blocking
+    /// [`CompletionQueue::poll_one_into`].
+    ///
+    /// Cancel safety: as [`AsyncCq::next`]: `slot` gets a completion only
+    /// in the poll that completes the future.
+    ///
+    /// # Errors
+    /// As [`AsyncCq::poll_next`].
+    pub async fn next_into<'s>(
+        &mut self,
+        slot: &'s mut Option<Completion>,
+    ) -> Result<&'s mut Completion> {
+        std::future::poll_fn(|cx| self.poll_next_into(cx, slot)).await?;
+        slot.as_mut().ok_or_else(|| Error::InvalidArgument {
+            verb: "ibv_poll_cq",
+            reason: "the slot lost its completion".into(),
+        })
     }
 
     /// Waits for at least one completion and moves up to `max` into `out`
