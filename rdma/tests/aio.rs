@@ -311,11 +311,15 @@ fn next_into_fills_the_callers_slot_and_a_dropped_wait_loses_nothing() {
         assert!(rslot.is_none());
         for i in 0..40u64 {
             ping(&mut l, i);
-            let c = bounded("a receive", acq_b.next_into(&mut rslot)).await.unwrap();
+            let c = bounded("a receive", acq_b.next_into(&mut rslot))
+                .await
+                .unwrap();
             assert_eq!((c.wr_id, c.opcode), (i, WcOpcode::Recv));
             let buf = c.take_buffers().into_one().unwrap();
             assert_eq!(buf.to_vec(), i.to_be_bytes());
-            let s = bounded("a send", acq_a.next_into(&mut sslot)).await.unwrap();
+            let s = bounded("a send", acq_a.next_into(&mut sslot))
+                .await
+                .unwrap();
             assert_eq!((s.wr_id, s.status), (i, WcStatus::Success));
             // The send's region stays in the slot until the next completion
             // replaces it.

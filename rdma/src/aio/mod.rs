@@ -84,7 +84,7 @@ use std::os::fd::BorrowedFd;
 use std::task::{Context, Poll};
 
 pub use cm::{AsyncCmId, CmChannel, Incoming};
-pub use cq::{AsyncCq, CqChannel};
+pub use cq::{AsyncCq, CqChannel, NextInto};
 pub use device::DeviceEvents;
 
 #[allow(unused_imports)] // used by the docs above
