@@ -19,8 +19,9 @@
 
 mod common;
 
+use common::example;
+
 use std::io::{BufRead, BufReader, Read};
-use std::path::PathBuf;
 
 use common::Finished;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -46,24 +47,6 @@ fn roce_ip() -> String {
 fn iwarp_ip() -> String {
     std::env::var("RDMA_TEST_IWARP_IP")
         .expect("RDMA_TEST_IWARP_IP is not set: run in the VM (ci/vm run ...)")
-}
-
-/// The example binary built next to this test binary
-/// (`target/<profile>/deps/cm_interop-HASH` → `target/<profile>/examples/NAME`).
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary lives in target/<profile>/deps");
-    let path = profile_dir.join("examples").join(name);
-    assert!(
-        path.is_file(),
-        "example binary {} is missing: run `cargo build --examples` (same profile and \
-         CARGO_TARGET_DIR as the tests) first",
-        path.display()
-    );
-    path
 }
 
 /// The command for `tool` on `side`: the example, or the rdma-core tool of

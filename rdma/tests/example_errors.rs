@@ -8,27 +8,11 @@
 
 mod common;
 
+use common::example;
+
 use std::io::Read;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let path = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join(name);
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo build --examples` (cargo test builds them)",
-        path.display()
-    );
-    path
-}
 
 /// How a run ended.
 struct Outcome {

@@ -2,26 +2,10 @@
 
 mod common;
 
-use std::path::PathBuf;
+use common::example;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let path = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join(name);
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo build --examples` (cargo test builds them)",
-        path.display()
-    );
-    path
-}
 
 fn run(cmd: &mut Command) -> (bool, String, String) {
     let out = cmd.output().expect("runs");

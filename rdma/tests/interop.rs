@@ -15,8 +15,9 @@
 
 mod common;
 
+use common::example;
+
 use std::io::Read;
-use std::path::PathBuf;
 
 use common::Finished;
 use std::process::{Child, Command, Stdio};
@@ -67,24 +68,6 @@ impl Transport {
             Transport::Ud => 1024,
         }
     }
-}
-
-/// The example binary built next to this test binary
-/// (`target/<profile>/deps/interop-HASH` → `target/<profile>/examples/NAME`).
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary lives in target/<profile>/deps");
-    let path = profile_dir.join("examples").join(name);
-    assert!(
-        path.is_file(),
-        "example binary {} is missing: run `cargo build --examples` (same profile and \
-         CARGO_TARGET_DIR as the tests) first",
-        path.display()
-    );
-    path
 }
 
 fn command(t: Transport, side: Side) -> Command {

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 use std::net::Ipv4Addr;
+use std::path::PathBuf;
 use std::process::Command;
 
 use rdma::Context;
@@ -291,4 +292,22 @@ pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd")
         .expect("/proc/self/fd")
         .count()
+}
+
+/// The example binary built next to this test binary
+/// (`target/<profile>/deps/NAME-HASH` → `target/<profile>/examples/NAME`).
+pub fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary lives in target/<profile>/deps");
+    let path = profile_dir.join("examples").join(name);
+    assert!(
+        path.is_file(),
+        "example binary {} is missing: run `cargo build --examples` (same profile and \
+         CARGO_TARGET_DIR as the tests) first",
+        path.display()
+    );
+    path
 }
