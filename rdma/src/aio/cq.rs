@@ -250,9 +250,6 @@ pub struct AsyncCq {
     /// Polled, not returned yet.
     ready: VecDeque<Completion>,
     scratch: Vec<Completion>,
-    /// Where [`AsyncCq::poll_next`] polls one completion when nothing is
-    /// buffered; empty between calls.
-    slot: Option<Completion>,
 }
 
 impl AsyncCq {
@@ -305,7 +302,6 @@ impl AsyncCq {
             armed: false,
             ready: VecDeque::new(),
             scratch: Vec::with_capacity(POLL_BATCH),
-            slot: None,
         })
     }
 
@@ -375,29 +371,16 @@ impl AsyncCq {
     /// As [`CompletionQueue::poll`] and [`CompletionQueue::req_notify`];
     /// the reactor's failure as [`Error::Verb`] naming `ibv_get_cq_event`.
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Completion>> {
-        if let Some(c) = self.ready.pop_front() {
-            return Poll::Ready(Ok(c));
-        }
-        // Nothing buffered: one completion polled straight into the slot
+        // Nothing buffered: one completion polled straight into a slot
         // (`CompletionQueue::poll_one_into`) and moved out once, instead of
         // a batch polled into `scratch` that becomes the buffer. Callgrind,
         // `perf send_lat -e --wait async` (two completions per iteration):
         // 1,920.3 -> 1,466.2 user-space instructions per iteration. A
-        // caller that wants batches has `AsyncCq::batch`.
-        loop {
-            match self.cq.poll_one_into(&mut self.slot) {
-                Ok(Some(_)) => {
-                    if let Some(c) = self.slot.take() {
-                        return Poll::Ready(Ok(c));
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-            if let Err(e) = std::task::ready!(self.arm_or_wait(cx)) {
-                return Poll::Ready(Err(e));
-            }
-        }
+        // caller that wants batches has `AsyncCq::batch`; one that keeps its
+        // slot, `AsyncCq::next_into`.
+        let mut slot = None;
+        std::task::ready!(self.poll_next_into(cx, &mut slot))?;
+        Poll::Ready(slot.ok_or_else(lost_completion))
     }
 
     /// Waits for the next completion.
@@ -663,18 +646,24 @@ impl<'s> Future for NextInto<'_, 's> {
             }));
         };
         match this.acq.poll_next_into(cx, slot) {
-            Poll::Ready(Ok(())) => {
-                Poll::Ready(Option::as_mut(slot).ok_or_else(|| Error::InvalidArgument {
-                    verb: "ibv_poll_cq",
-                    reason: "the slot lost its completion".into(),
-                }))
-            }
+            Poll::Ready(Ok(())) => Poll::Ready(Option::as_mut(slot).ok_or_else(lost_completion)),
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => {
                 this.slot = Some(slot);
                 Poll::Pending
             }
         }
+    }
+}
+
+/// A poll that reported a completion left none in its slot: cannot happen
+/// (`poll_next_into` fills the slot whenever it returns `Ready(Ok(()))`),
+/// reported rather than a panic.
+#[cold]
+fn lost_completion() -> Error {
+    Error::InvalidArgument {
+        verb: "ibv_poll_cq",
+        reason: "the slot lost its completion".into(),
     }
 }
 
