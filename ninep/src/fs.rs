@@ -412,7 +412,8 @@ impl Session {
                 if f.open.is_some() {
                     return Err(errno(libc::EBADF));
                 }
-                let m = ex.meta(&f.path)?;
+                let node = ex.opath(&f.path)?;
+                let m = node.metadata()?;
                 let open = if m.is_dir() {
                     let fd = ex.open(&f.path, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
                     Open::Dir {
@@ -425,17 +426,8 @@ impl Session {
                     if acc != libc::O_RDONLY || trunc != 0 {
                         self.writable()?;
                     }
-                    // O_NONBLOCK: opening a FIFO never waits for its other
-                    // end (that would hold a thread for as long as a client
-                    // likes); reads and writes block as usual afterwards.
-                    let fd = ex.open(
-                        &f.path,
-                        acc | trunc | libc::O_NOFOLLOW | libc::O_NONBLOCK,
-                        0,
-                    )?;
-                    let fd = plain_file(fd)?;
                     Open::File {
-                        file: fd,
+                        file: open_plain(&node, acc | trunc)?,
                         writable: acc != libc::O_RDONLY,
                     }
                 };
@@ -461,13 +453,25 @@ impl Session {
                 let dir = ex.dir(&f.path)?;
                 let acc = flags as libc::c_int & libc::O_ACCMODE;
                 let extra = flags as libc::c_int & (libc::O_EXCL | libc::O_TRUNC);
-                let fd = sys::openat2_beneath(
+                // Created only where nothing is: an existing name (a device
+                // node, a FIFO) is opened as Tlopen opens it.
+                let file = match sys::openat2_beneath(
                     &dir,
                     name,
-                    acc | extra | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+                    acc | extra | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
                     mode,
-                )?;
-                let file = plain_file(fd)?;
+                ) {
+                    Ok(fd) => File::from(fd),
+                    Err(e)
+                        if e.raw_os_error() == Some(libc::EEXIST) && extra & libc::O_EXCL == 0 =>
+                    {
+                        let node: File =
+                            sys::openat2_beneath(&dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?
+                                .into();
+                        open_plain(&node, acc | (extra & libc::O_TRUNC))?
+                    }
+                    Err(e) => return Err(e),
+                };
                 let (uid, path) = (f.uid, f.path.join(name));
                 self.own(&dir, name, uid, gid)?;
                 let m = file.metadata()?;
@@ -869,17 +873,28 @@ fn lock_range(start: u64, length: u64) -> R<(libc::off_t, libc::off_t)> {
     Ok((start, len))
 }
 
-/// A file just opened for a client, made ready for reads and writes: a
-/// device node is refused (`EPERM`: its data is not beneath the root, and
-/// Linux's client opens device nodes on its own side anyway), and
-/// `O_NONBLOCK`, set so that opening a FIFO never waits for its other end
-/// (that would hold a thread for as long as a client likes), is cleared.
-fn plain_file(fd: OwnedFd) -> R<File> {
-    let file = File::from(fd);
-    let ft = file.metadata()?.file_type();
+/// Opens for reads or writes (`flags`: the access mode, `O_TRUNC`) the
+/// object that `node`, an `O_PATH` descriptor, refers to. A device node is
+/// refused (`EPERM`) before it is ever opened: its data is not beneath the
+/// root, Linux's client opens device nodes on its own side anyway, and
+/// opening one can act on the device (a watchdog starts, a tape rewinds).
+/// A symlink is refused as `O_NOFOLLOW` refuses it (`ELOOP`), a directory
+/// as `open(2)` for writing refuses it (`EISDIR`). A FIFO is
+/// opened with `O_NONBLOCK`, so that it never waits for its other end (that
+/// would hold a thread for as long as a client likes), which is cleared
+/// afterwards.
+fn open_plain(node: &File, flags: libc::c_int) -> R<File> {
+    let ft = node.metadata()?.file_type();
     if ft.is_block_device() || ft.is_char_device() {
         return Err(errno(libc::EPERM));
     }
+    if ft.is_symlink() {
+        return Err(errno(libc::ELOOP));
+    }
+    if ft.is_dir() {
+        return Err(errno(libc::EISDIR));
+    }
+    let file = File::from(sys::reopen(node, flags | libc::O_NONBLOCK)?);
     sys::clear_nonblock(&file)?;
     Ok(file)
 }

@@ -72,6 +72,24 @@ pub fn openat2_beneath(
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Opens again, with `flags`, the object that the `O_PATH` descriptor `fd`
+/// refers to, through `/proc/self/fd` (the kernel's way to reopen a
+/// descriptor): the same inode, with no path resolved again, so nothing can
+/// be swapped in between. `O_NOFOLLOW` must not be in `flags` (the
+/// `/proc` entry is itself a link).
+pub fn reopen(fd: &impl AsRawFd, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: `path` is NUL-terminated and outlives the call; no mode is
+    // needed without O_CREAT.
+    let fd = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor, and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// `mkdirat(dir, name, mode)`.
 pub fn mkdirat(dir: &impl AsRawFd, name: &OsStr, mode: u32) -> io::Result<()> {
     let name = cstr(name)?;
