@@ -809,8 +809,9 @@ impl Session {
             if !m.is_file() {
                 return Err(errno(libc::EINVAL));
             }
-            let f: File = ex.open(path, libc::O_WRONLY | libc::O_NOFOLLOW, 0)?.into();
-            f.set_len(a.size)?;
+            // The regular file just looked at, not whatever the name holds
+            // by now (a device or FIFO renamed in would be opened).
+            File::from(sys::reopen(&obj, libc::O_WRONLY)?).set_len(a.size)?;
         }
         if a.valid & (setattr::ATIME | setattr::MTIME) != 0 {
             let t = |on: u32, set: u32, sec: u64, nsec: u64| libc::timespec {
