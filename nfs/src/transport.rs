@@ -168,13 +168,92 @@ pub struct Call {
     pub msg: Vec<u8>,
     /// A data-bearing item at the end of the message (WRITE's data), sent
     /// through a read chunk when the call does not fit inline.
-    pub payload: Vec<u8>,
+    pub payload: Payload,
     /// Offer a write chunk of this many bytes for the reply's data item
     /// (READ's data); 0: none.
     pub write_chunk: usize,
     /// The largest reply expected: a reply chunk of this size is offered
     /// when it exceeds the inline receive size.
     pub max_reply: usize,
+}
+
+/// A call's payload: bytes of its own, or a range of a buffer that several
+/// calls share (the pieces of one large WRITE, none of them copied until
+/// it goes into chunk memory or a send buffer).
+#[derive(Clone, Default)]
+pub struct Payload(PayloadRepr);
+
+#[derive(Clone)]
+enum PayloadRepr {
+    Owned(Vec<u8>),
+    Shared {
+        buf: Arc<Vec<u8>>,
+        start: usize,
+        end: usize,
+    },
+}
+
+impl Default for PayloadRepr {
+    fn default() -> Self {
+        PayloadRepr::Owned(Vec::new())
+    }
+}
+
+impl Payload {
+    /// `range` of `buf`, shared; `None` when it does not lie within `buf`.
+    pub fn shared(buf: Arc<Vec<u8>>, range: std::ops::Range<usize>) -> Option<Payload> {
+        if range.start > range.end || range.end > buf.len() {
+            return None;
+        }
+        Some(Payload(PayloadRepr::Shared {
+            buf,
+            start: range.start,
+            end: range.end,
+        }))
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        match &self.0 {
+            PayloadRepr::Owned(v) => v,
+            PayloadRepr::Shared { buf, start, end } => &buf[*start..*end],
+        }
+    }
+
+    /// How many bytes.
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    /// No bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes as a `Vec` of their own: moved when they are, copied from
+    /// a shared buffer.
+    pub fn into_vec(self) -> Vec<u8> {
+        match self.0 {
+            PayloadRepr::Owned(v) => v,
+            PayloadRepr::Shared { buf, start, end } => buf[start..end].to_vec(),
+        }
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(v: Vec<u8>) -> Payload {
+        Payload(PayloadRepr::Owned(v))
+    }
+}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.0 {
+            PayloadRepr::Owned(_) => "owned",
+            PayloadRepr::Shared { .. } => "shared",
+        };
+        write!(f, "Payload({} bytes, {kind})", self.len())
+    }
 }
 
 /// A reply: the RPC reply message and the data the server wrote into the
@@ -915,11 +994,11 @@ impl Engine {
                 let len = call.payload.len();
                 let one: [&[u8]; 1];
                 let fill = if pool.windows() && len <= MAX_REGION {
-                    one = [&call.payload];
+                    one = [call.payload.as_slice()];
                     Fill::Pieces(&one)
                 } else {
                     p.payload_in_chunk = true;
-                    Fill::Move(std::mem::take(&mut call.payload))
+                    Fill::Move(std::mem::take(&mut call.payload).into_vec())
                 };
                 let c = pool.take(qp, next_id(next_wr), len, fill, AccessFlags::REMOTE_READ)?;
                 let l = Lent::new(c, stats);
@@ -933,7 +1012,8 @@ impl Engine {
             Carry::Whole => {
                 // msg, payload and its XDR pad, copied once into the chunk.
                 let len = call.msg.len() + call.payload.len() + pad_len;
-                let pieces: [&[u8]; 3] = [&call.msg, &call.payload, &pad_bytes[..pad_len]];
+                let pieces: [&[u8]; 3] =
+                    [&call.msg, call.payload.as_slice(), &pad_bytes[..pad_len]];
                 let c = pool.take(
                     qp,
                     next_id(next_wr),
@@ -984,7 +1064,7 @@ impl Engine {
             w = w.and_then(|()| put(&mut slot, &call.msg));
             if plan.carry == Carry::Inline {
                 w = w
-                    .and_then(|()| put(&mut slot, &call.payload))
+                    .and_then(|()| put(&mut slot, call.payload.as_slice()))
                     .and_then(|()| put(&mut slot, &pad_bytes[..pad_len]));
             }
         }
@@ -1253,7 +1333,7 @@ impl Engine {
                     .chunks
                     .first()
                     .and_then(|l| l.chunk.as_ref())
-                    .map(Chunk::to_vec)
+                    .map(|c| Payload::from(c.to_vec()))
                     .unwrap_or_default();
             }
             let req = Request {
@@ -1488,5 +1568,28 @@ fn deliver_discarding(e: Ending, pool: &mut ChunkPool) {
 impl From<DecodeError> for Error {
     fn from(e: DecodeError) -> Self {
         Error::Malformed(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_payload_is_its_range_and_nothing_else() {
+        let buf = Arc::new((0u8..100).collect::<Vec<u8>>());
+        let p = Payload::shared(Arc::clone(&buf), 10..20).expect("in range");
+        assert_eq!(p.as_slice(), &buf[10..20]);
+        assert_eq!(p.len(), 10);
+        assert_eq!(p.clone().into_vec(), buf[10..20].to_vec());
+        assert!(Payload::shared(Arc::clone(&buf), 90..101).is_none());
+        #[allow(clippy::reversed_empty_ranges)]
+        let backwards = 20..10;
+        assert!(Payload::shared(Arc::clone(&buf), backwards).is_none());
+        assert!(Payload::shared(Arc::clone(&buf), 100..100).is_some_and(|p| p.is_empty()));
+        let owned = Payload::from(vec![1, 2, 3]);
+        assert_eq!(owned.as_slice(), &[1, 2, 3]);
+        assert_eq!(format!("{owned:?}"), "Payload(3 bytes, owned)");
+        assert_eq!(format!("{p:?}"), "Payload(10 bytes, shared)");
     }
 }
