@@ -79,7 +79,8 @@ async fn file(ip: IpAddr, rest: &[String]) -> Result<(), String> {
         return Err(USAGE.into());
     };
     let len = num(mib, "MIB")? << 20;
-    let data: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+    let data: std::sync::Arc<Vec<u8>> =
+        std::sync::Arc::new((0..len).map(|i| (i % 253) as u8).collect());
     let mut o = Options::default();
     o.transport.memory_windows = std::env::var("NFS_BENCH_WINDOWS").map_or(true, |v| v != "0");
     let c = Client::mount(ip, export, o)
@@ -98,14 +99,16 @@ async fn file(ip: IpAddr, rest: &[String]) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let (n0, cpu0) = (counts(), cpu());
     let start = Instant::now();
-    c.write_all(&f, &data).await.map_err(|e| e.to_string())?;
+    c.write_all_shared(&f, std::sync::Arc::clone(&data))
+        .await
+        .map_err(|e| e.to_string())?;
     let w = start.elapsed().as_secs_f64();
     let (n1, cpu1) = (counts(), cpu());
     let start = Instant::now();
     let back = c.read_all(&f).await.map_err(|e| e.to_string())?;
     let r = start.elapsed().as_secs_f64();
     let (n2, cpu2) = (counts(), cpu());
-    if back != data {
+    if back != *data {
         return Err("the file read back differs from the one written".into());
     }
     let mib = (len >> 20).max(1) as f64;

@@ -195,7 +195,9 @@ async fn run(o: Options, cmd: Cmd) -> Result<(), String> {
                 .create(&d, name.as_bytes(), 0o644)
                 .await
                 .map_err(|e| format!("{}: {e}", t.path))?;
-            c.write_all(&f, &data)
+            // The pieces are ranges of the file's bytes (copied once, into
+            // chunk memory or a send buffer).
+            c.write_all_shared(&f, std::sync::Arc::new(data))
                 .await
                 .map_err(|e| format!("{}: {e}", t.path))?;
             c.close().await;

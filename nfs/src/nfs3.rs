@@ -13,7 +13,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use crate::mount::{self, MountError, FHSIZE3, NFS_PROG};
 use crate::rpc::{decode_reply, encode_call, Auth, ReplyError};
-use crate::transport::{self, Call, Reply, Transport};
+use crate::transport::{self, Call, Payload, Reply, Transport};
 use crate::xdr::{DResult, DecodeError, Reader, Writer};
 
 /// NFS version 3.
@@ -514,6 +514,15 @@ impl Client {
     /// # Errors
     /// As [`Client::fsinfo`].
     pub async fn write(&self, f: &Fh, offset: u64, data: Vec<u8>) -> Result<u32> {
+        self.write_payload(f, offset, data.into()).await
+    }
+
+    /// WRITE of a payload (bytes of its own or a shared range), as
+    /// [`Client::write`].
+    ///
+    /// # Errors
+    /// As [`Client::fsinfo`].
+    pub async fn write_payload(&self, f: &Fh, offset: u64, data: Payload) -> Result<u32> {
         let mut w = self.header(proc_::WRITE);
         let len = u32::try_from(data.len())
             .map_err(|_| NfsError::Invalid("a WRITE of more than 4 GiB".into()))?;
@@ -687,28 +696,59 @@ impl Client {
     }
 
     /// Writes `data` from offset 0, with up to the window's WRITEs in
-    /// flight.
+    /// flight (each WRITE gets a copy of its piece; see
+    /// [`Client::write_all_shared`] for none).
     ///
     /// # Errors
     /// As [`Client::write`]; [`NfsError::Invalid`] when the server writes
     /// less than asked.
     pub async fn write_all(&self, f: &Fh, data: &[u8]) -> Result<()> {
+        self.write_pieces(f, data.len(), |r| Payload::from(data[r].to_vec()))
+            .await
+    }
+
+    /// Writes `data` from offset 0 as [`Client::write_all`] does, each
+    /// WRITE's payload a range of `data` instead of a copy of its piece: the
+    /// bytes are copied once, into chunk memory (pooled regions, with
+    /// memory windows) or a send buffer (inline). Without memory windows
+    /// (a registration per chunk) each piece is still copied into a buffer
+    /// of its own, which is registered, as `write_all` does.
+    ///
+    /// # Errors
+    /// As [`Client::write_all`].
+    pub async fn write_all_shared(&self, f: &Fh, data: std::sync::Arc<Vec<u8>>) -> Result<()> {
+        let len = data.len();
+        self.write_pieces(f, len, |r| {
+            Payload::shared(std::sync::Arc::clone(&data), r).unwrap_or_default()
+        })
+        .await
+    }
+
+    /// WRITEs of `len` bytes from offset 0 in pieces of `wsize`, the piece
+    /// at each range made by `piece`, up to the window's in flight.
+    async fn write_pieces(
+        &self,
+        f: &Fh,
+        len: usize,
+        piece: impl Fn(std::ops::Range<usize>) -> Payload,
+    ) -> Result<()> {
+        let step = self.wsize.max(1) as usize;
         let mut q = VecDeque::new();
-        let mut chunks = data.chunks(self.wsize as usize).enumerate();
+        let mut starts = (0..len).step_by(step);
         loop {
             while q.len() < self.window {
-                let Some((i, piece)) = chunks.next() else {
+                let Some(at) = starts.next() else {
                     break;
                 };
                 let c = self.clone();
                 let f = f.clone();
-                let piece = piece.to_vec();
-                let at = i as u64 * u64::from(self.wsize);
-                let n = piece.len() as u32;
+                let payload = piece(at..(at + step).min(len));
+                let n = payload.len() as u32;
+                let at = at as u64;
                 q.push_back((
                     at,
                     n,
-                    tokio::spawn(async move { c.write(&f, at, piece).await }),
+                    tokio::spawn(async move { c.write_payload(&f, at, payload).await }),
                 ));
             }
             let Some((at, n, h)) = q.pop_front() else {

@@ -26,7 +26,9 @@
 //!   the length the server returns in a write or reply chunk, and ends
 //!   every chunk's remote access when its call ends (window invalidated, or
 //!   memory deregistered) whether the server used it or not: a reply is
-//!   delivered only after its chunks' invalidations have completed;
+//!   delivered only after its chunks' invalidations have completed, or, if
+//!   one does not complete within `Options::invalidate_timeout`, after the
+//!   connection was dropped (its QP in error, its windows deallocated);
 //! - on a call's timeout while connected, disconnects (RDMA has no
 //!   keep-alive), reconnects and retransmits every pending call with its
 //!   xid; a late reply to an xid no longer pending is dropped.
@@ -82,6 +84,16 @@ pub struct Options {
     /// The most pooled chunk regions per connection (at least 3): calls
     /// wait in the queue while every region is lent.
     pub chunk_regions: usize,
+    /// How long a call's reply waits for its windows' invalidations
+    /// (`LOCAL_INV`, window mode). One that never completes leaves the
+    /// window's rkey valid: past this the connection is dropped (its QP in
+    /// error, its windows deallocated, so the server reaches nothing), the
+    /// reply is delivered, and [`Stats::lost_invalidations`] counts it.
+    pub invalidate_timeout: Duration,
+    /// Testing only: this many `LOCAL_INV` completions are ignored, as if
+    /// they never arrived (how the tests provoke a lost invalidation).
+    #[doc(hidden)]
+    pub lose_invalidations: u32,
 }
 
 impl Default for Options {
@@ -96,6 +108,8 @@ impl Default for Options {
             private_data: true,
             memory_windows: true,
             chunk_regions: 64,
+            invalidate_timeout: Duration::from_secs(10),
+            lose_invalidations: 0,
         }
     }
 }
@@ -154,13 +168,92 @@ pub struct Call {
     pub msg: Vec<u8>,
     /// A data-bearing item at the end of the message (WRITE's data), sent
     /// through a read chunk when the call does not fit inline.
-    pub payload: Vec<u8>,
+    pub payload: Payload,
     /// Offer a write chunk of this many bytes for the reply's data item
     /// (READ's data); 0: none.
     pub write_chunk: usize,
     /// The largest reply expected: a reply chunk of this size is offered
     /// when it exceeds the inline receive size.
     pub max_reply: usize,
+}
+
+/// A call's payload: bytes of its own, or a range of a buffer that several
+/// calls share (the pieces of one large WRITE, none of them copied until
+/// it goes into chunk memory or a send buffer).
+#[derive(Clone, Default)]
+pub struct Payload(PayloadRepr);
+
+#[derive(Clone)]
+enum PayloadRepr {
+    Owned(Vec<u8>),
+    Shared {
+        buf: Arc<Vec<u8>>,
+        start: usize,
+        end: usize,
+    },
+}
+
+impl Default for PayloadRepr {
+    fn default() -> Self {
+        PayloadRepr::Owned(Vec::new())
+    }
+}
+
+impl Payload {
+    /// `range` of `buf`, shared; `None` when it does not lie within `buf`.
+    pub fn shared(buf: Arc<Vec<u8>>, range: std::ops::Range<usize>) -> Option<Payload> {
+        if range.start > range.end || range.end > buf.len() {
+            return None;
+        }
+        Some(Payload(PayloadRepr::Shared {
+            buf,
+            start: range.start,
+            end: range.end,
+        }))
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        match &self.0 {
+            PayloadRepr::Owned(v) => v,
+            PayloadRepr::Shared { buf, start, end } => &buf[*start..*end],
+        }
+    }
+
+    /// How many bytes.
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    /// No bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes as a `Vec` of their own: moved when they are, copied from
+    /// a shared buffer.
+    pub fn into_vec(self) -> Vec<u8> {
+        match self.0 {
+            PayloadRepr::Owned(v) => v,
+            PayloadRepr::Shared { buf, start, end } => buf[start..end].to_vec(),
+        }
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(v: Vec<u8>) -> Payload {
+        Payload(PayloadRepr::Owned(v))
+    }
+}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.0 {
+            PayloadRepr::Owned(_) => "owned",
+            PayloadRepr::Shared { .. } => "shared",
+        };
+        write!(f, "Payload({} bytes, {kind})", self.len())
+    }
 }
 
 /// A reply: the RPC reply message and the data the server wrote into the
@@ -212,6 +305,9 @@ pub struct Stats {
     pub memory_windows: std::sync::atomic::AtomicBool,
     /// Calls sent again after a reconnection.
     pub retransmits: AtomicU64,
+    /// Invalidations that did not complete within
+    /// [`Options::invalidate_timeout`] (each dropped the connection).
+    pub lost_invalidations: AtomicU64,
 }
 
 /// What the connection agreed.
@@ -252,14 +348,17 @@ fn rdma_err(what: &'static str) -> impl FnOnce(rdma::Error) -> Error {
     move |e| Error::NotConnected(format!("{what}: {e}"))
 }
 
+/// One connection step, bounded by what is left of the connection's
+/// deadline (`total`, named in the error).
 async fn step<T>(
     t: Duration,
+    total: Duration,
     what: &'static str,
     f: impl std::future::Future<Output = rdma::Result<T>>,
 ) -> Result<T> {
     match tokio::time::timeout(t, f).await {
         Err(_) => Err(Error::NotConnected(format!(
-            "{what}: no answer within {t:?}"
+            "{what}: not done within the connection's timeout of {total:?}"
         ))),
         Ok(r) => r.map_err(rdma_err(what)),
     }
@@ -304,14 +403,20 @@ impl Conn {
             .map_err(rdma_err("rdma_create_id"))?;
         step(
             left(),
+            o.connect_timeout,
             "rdma_resolve_addr",
             id.resolve_addr(None, addr, left()),
         )
         .await
         .map_err(at)?;
-        step(left(), "rdma_resolve_route", id.resolve_route(left()))
-            .await
-            .map_err(at)?;
+        step(
+            left(),
+            o.connect_timeout,
+            "rdma_resolve_route",
+            id.resolve_route(left()),
+        )
+        .await
+        .map_err(at)?;
         let ctx = id.id().context().map_err(rdma_err("rdma_cm context"))?;
         let pd = ctx.alloc_pd().map_err(rdma_err("ibv_alloc_pd"))?;
         let channel = ctx
@@ -505,6 +610,8 @@ struct Ending {
     pending: Pending,
     outcome: Outcome,
     waiting: u32,
+    /// When the invalidations count as lost.
+    deadline: Instant,
 }
 
 /// How a call's message goes.
@@ -610,9 +717,8 @@ struct Engine {
     /// Why the last connection was lost (for the error of calls that a
     /// reconnection then fails).
     down: Option<String>,
-    /// The device went away (`DEVICE_REMOVAL`): librdmacm is told to look
-    /// again before each connection attempt, until one succeeds.
-    removed: bool,
+    /// `LOCAL_INV` completions still to ignore ([`Options::lose_invalidations`]).
+    lose_invalidations: u32,
 }
 
 impl Transport {
@@ -634,6 +740,7 @@ impl Transport {
         stats.connects.store(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         let done = Arc::new(tokio::sync::Notify::new());
+        let lose_invalidations = opts.lose_invalidations;
         let engine = Engine {
             addr,
             opts,
@@ -648,7 +755,7 @@ impl Transport {
             // Distinct xids across runs of the process.
             next_xid: std::process::id().wrapping_mul(0x9e37_79b9),
             down: None,
-            removed: false,
+            lose_invalidations,
         };
         let d = Arc::clone(&done);
         tokio::spawn(async move {
@@ -711,7 +818,12 @@ impl Engine {
             if !open && self.pending.is_empty() && self.queue.is_empty() && self.ending.is_empty() {
                 break;
             }
-            let deadline = self.pending.values().map(|p| p.deadline).min();
+            let deadline = self
+                .pending
+                .values()
+                .map(|p| p.deadline)
+                .chain(self.ending.values().map(|e| e.deadline))
+                .min();
             let Some(conn) = self.conn.as_mut() else {
                 // Not connected (the connection broke, or a reconnection
                 // gave up): reconnect for the calls that wait, or for the
@@ -737,8 +849,10 @@ impl Engine {
                 ev = conn.id.next_event() => {
                     let why = match ev {
                         Ok(ev) if ev.event_type() == CmEventType::DeviceRemoval => {
+                            // The crate has had librdmacm forget the device
+                            // (`rdma_get_devices` as the event was read), so
+                            // its context closes with this connection's id.
                             self.stats.device_removals.fetch_add(1, Ordering::Relaxed);
-                            self.removed = true;
                             "the RDMA device was removed".to_string()
                         }
                         Ok(ev) => format!("the connection manager reported {:?}", ev.event_type()),
@@ -880,11 +994,11 @@ impl Engine {
                 let len = call.payload.len();
                 let one: [&[u8]; 1];
                 let fill = if pool.windows() && len <= MAX_REGION {
-                    one = [&call.payload];
+                    one = [call.payload.as_slice()];
                     Fill::Pieces(&one)
                 } else {
                     p.payload_in_chunk = true;
-                    Fill::Move(std::mem::take(&mut call.payload))
+                    Fill::Move(std::mem::take(&mut call.payload).into_vec())
                 };
                 let c = pool.take(qp, next_id(next_wr), len, fill, AccessFlags::REMOTE_READ)?;
                 let l = Lent::new(c, stats);
@@ -898,7 +1012,8 @@ impl Engine {
             Carry::Whole => {
                 // msg, payload and its XDR pad, copied once into the chunk.
                 let len = call.msg.len() + call.payload.len() + pad_len;
-                let pieces: [&[u8]; 3] = [&call.msg, &call.payload, &pad_bytes[..pad_len]];
+                let pieces: [&[u8]; 3] =
+                    [&call.msg, call.payload.as_slice(), &pad_bytes[..pad_len]];
                 let c = pool.take(
                     qp,
                     next_id(next_wr),
@@ -949,7 +1064,7 @@ impl Engine {
             w = w.and_then(|()| put(&mut slot, &call.msg));
             if plan.carry == Carry::Inline {
                 w = w
-                    .and_then(|()| put(&mut slot, &call.payload))
+                    .and_then(|()| put(&mut slot, call.payload.as_slice()))
                     .and_then(|()| put(&mut slot, &pad_bytes[..pad_len]));
             }
         }
@@ -1000,6 +1115,10 @@ impl Engine {
         match c.opcode {
             WcOpcode::BindMw => return,
             WcOpcode::LocalInv => {
+                if self.lose_invalidations > 0 {
+                    self.lose_invalidations -= 1;
+                    return;
+                }
                 self.invalidated(c.wr_id);
                 return;
             }
@@ -1125,6 +1244,7 @@ impl Engine {
             pending: p,
             outcome,
             waiting,
+            deadline: Instant::now() + self.opts.invalidate_timeout,
         };
         if waiting == 0 && broken.is_none() {
             deliver(e, self.conn.as_mut().map(|c| &mut c.chunks));
@@ -1170,7 +1290,7 @@ impl Engine {
     /// delivered, their windows deallocated.
     fn lost(&mut self, why: String) {
         if trace() {
-            eprintln!("rdma-nfs: connection to {} lost: {why}", self.addr);
+            say(&format!("connection to {} lost: {why}", self.addr));
         }
         if let Some(mut c) = self.conn.take() {
             let _ = c.qp.to_error();
@@ -1213,7 +1333,7 @@ impl Engine {
                     .chunks
                     .first()
                     .and_then(|l| l.chunk.as_ref())
-                    .map(Chunk::to_vec)
+                    .map(|c| Payload::from(c.to_vec()))
                     .unwrap_or_default();
             }
             let req = Request {
@@ -1227,26 +1347,20 @@ impl Engine {
         let give_up = Instant::now() + self.opts.call_timeout;
         let mut backoff = Duration::from_millis(100);
         loop {
-            if self.removed {
-                // Every object of the removed device is dropped by now (the
-                // connection with `lost`, the calls' chunks above). librdmacm
-                // keeps its own context of a device open until it re-reads
-                // the device list (`sync_devices_list`, run by
-                // `rdma_get_devices` or by a lookup that misses); until then
-                // the kernel cannot finish removing a device without
-                // `disassociate_ucontext` (rxe), and a device added again with
-                // the same GUID would be matched to the old, dead context.
-                drop(rdma::cm::get_devices());
-            }
             match Conn::connect(self.addr, &self.opts, &self.stats).await {
                 Ok(c) => {
+                    if trace() {
+                        say(&format!("reconnected to {}", self.addr));
+                    }
                     self.stats.connects.fetch_add(1, Ordering::Relaxed);
                     self.conn = Some(c);
                     self.down = None;
-                    self.removed = false;
                     return;
                 }
-                Err(_) if Instant::now() + backoff < give_up => {
+                Err(e) if Instant::now() + backoff < give_up => {
+                    if trace() {
+                        say(&format!("reconnecting to {}: {e}", self.addr));
+                    }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
@@ -1266,6 +1380,31 @@ impl Engine {
 
     async fn timed_out(&mut self) {
         let now = Instant::now();
+        // An invalidation that never completed: the window may still be
+        // valid, and only the QP's end makes it unreachable (`lost`).
+        let stuck: Vec<u32> = self
+            .ending
+            .iter()
+            .filter(|(_, e)| e.deadline <= now)
+            .map(|(x, _)| *x)
+            .collect();
+        if let Some(xid) = stuck.first() {
+            self.stats
+                .lost_invalidations
+                .fetch_add(stuck.len() as u64, Ordering::Relaxed);
+            self.lost(format!(
+                "the invalidation (LOCAL_INV) of call {xid:#x}'s chunks did not complete within \
+                 {:?}{}",
+                self.opts.invalidate_timeout,
+                if stuck.len() > 1 {
+                    format!(" ({} calls)", stuck.len())
+                } else {
+                    String::new()
+                }
+            ));
+            self.reconnect().await;
+            return;
+        }
         let expired: Vec<u32> = self
             .pending
             .iter()
@@ -1284,6 +1423,18 @@ impl Engine {
 fn trace() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("RDMA_NFS_TRACE").is_some())
+}
+
+/// A trace line, with the wall-clock time (seconds and milliseconds).
+fn say(what: &str) {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    eprintln!(
+        "rdma-nfs: [{}.{:03}] {what}",
+        t.as_secs() % 1000,
+        t.subsec_millis()
+    );
 }
 
 async fn sleep_until(t: Option<Instant>) {
@@ -1417,5 +1568,28 @@ fn deliver_discarding(e: Ending, pool: &mut ChunkPool) {
 impl From<DecodeError> for Error {
     fn from(e: DecodeError) -> Self {
         Error::Malformed(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_payload_is_its_range_and_nothing_else() {
+        let buf = Arc::new((0u8..100).collect::<Vec<u8>>());
+        let p = Payload::shared(Arc::clone(&buf), 10..20).expect("in range");
+        assert_eq!(p.as_slice(), &buf[10..20]);
+        assert_eq!(p.len(), 10);
+        assert_eq!(p.clone().into_vec(), buf[10..20].to_vec());
+        assert!(Payload::shared(Arc::clone(&buf), 90..101).is_none());
+        #[allow(clippy::reversed_empty_ranges)]
+        let backwards = 20..10;
+        assert!(Payload::shared(Arc::clone(&buf), backwards).is_none());
+        assert!(Payload::shared(Arc::clone(&buf), 100..100).is_some_and(|p| p.is_empty()));
+        let owned = Payload::from(vec![1, 2, 3]);
+        assert_eq!(owned.as_slice(), &[1, 2, 3]);
+        assert_eq!(format!("{owned:?}"), "Payload(3 bytes, owned)");
+        assert_eq!(format!("{p:?}"), "Payload(10 bytes, shared)");
     }
 }

@@ -611,6 +611,51 @@ fn late_access_to_an_ended_calls_chunk_fails_over_iwarp() {
     late_access(true);
 }
 
+/// A lost invalidation (rxe: windows): the first `LOCAL_INV` completion
+/// is ignored (`Options::lose_invalidations`), as if it never came. The
+/// call's reply still comes, once `invalidate_timeout` has passed and the
+/// connection was dropped (its QP in error, its windows deallocated: the
+/// server can reach nothing); the loss is counted, nothing stays lent, and
+/// the next call goes over a new connection.
+#[test]
+#[ignore = "needs an RDMA device (rxe0): run in ci/vm"]
+fn lost_invalidation_is_bounded_over_rxe() {
+    let opts = Options {
+        credits: 8,
+        call_timeout: Duration::from_secs(30),
+        invalidate_timeout: Duration::from_secs(1),
+        lose_invalidations: 1,
+        ..Options::default()
+    };
+    with_server(false, 20082, Fault::None, opts, |t| async move {
+        let mut c = null_call();
+        c.write_chunk = 4096;
+        let start = tokio::time::Instant::now();
+        let r = t.call(c).await.unwrap();
+        let took = start.elapsed();
+        check_reply(&r);
+        let data = r.data.expect("the write chunk's data");
+        assert!(data.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        let s = t.stats();
+        println!(
+            "reply after {took:?}; lost invalidations {}, connects {}",
+            s.lost_invalidations.load(Ordering::Relaxed),
+            s.connects.load(Ordering::Relaxed)
+        );
+        assert!(
+            took >= Duration::from_secs(1),
+            "{took:?}: waited for the bound"
+        );
+        assert!(took < Duration::from_secs(30), "{took:?}: bounded");
+        assert_eq!(s.lost_invalidations.load(Ordering::Relaxed), 1);
+        assert_eq!(s.chunks_registered.load(Ordering::Relaxed), 0);
+        // The next call reconnects (with_server checks it answers).
+        let r = t.call(null_call()).await.unwrap();
+        check_reply(&r);
+        assert_eq!(s.connects.load(Ordering::Relaxed), 2, "a new connection");
+    });
+}
+
 /// Many calls with a write and a reply chunk each: on rxe the chunks come
 /// from a few regions registered once (their number stays bounded by the
 /// pool, whatever the number of calls), each use bound and invalidated; on
