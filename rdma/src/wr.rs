@@ -716,7 +716,19 @@ impl std::fmt::Display for PostError {
 
 #[cfg(test)]
 mod tests {
-    use super::WrOpcode;
+    use super::{WrBuffers, WrOpcode};
+
+    #[test]
+    fn a_device_slice_makes_a_request_no_larger() {
+        // Every completion carries a `WrBuffers` (CONVENTIONS, "Data path":
+        // bytes moved count): `Device` is as large as `One`, a pointer and
+        // two words, so the tag still fits in the fourth word.
+        assert_eq!(
+            std::mem::size_of::<crate::DeviceSlice>(),
+            std::mem::size_of::<crate::MemoryRegion>()
+        );
+        assert!(std::mem::size_of::<WrBuffers>() <= 4 * std::mem::size_of::<usize>());
+    }
 
     #[test]
     fn wr_opcodes_keep_unknown_values() {
