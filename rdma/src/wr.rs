@@ -221,9 +221,14 @@ impl WrBuffers {
     /// Each scatter/gather entry, in order: what a post hands the
     /// provider, for requests the checks accepted.
     pub(crate) fn for_each_sge(&self, mut f: impl FnMut(ffi::ibv_sge)) {
+        // One match, the shape of `for_each`'s (whose callers this
+        // replaced on the receive path): no second dispatch per request.
         match self {
+            WrBuffers::None => {}
+            WrBuffers::One(m) => f(m.sge()),
+            WrBuffers::Many(v) => v.iter().for_each(|m| f(m.sge())),
+            WrBuffers::Shared(a) => f(a.sge()),
             WrBuffers::Device(d) => f(d.sge()),
-            _ => self.for_each(|m| f(m.sge())),
         }
     }
 }
