@@ -15,11 +15,14 @@
 //!
 //! `-P` (with `-o`) prefetches the on-demand regions with `ibv_advise_mr`
 //! before the run, and a failed prefetch is reported, not fatal, as in the C
-//! tool. `-j` (device memory) is checked as the C tool checks it: a device
-//! without device memory (`max_dm_size` 0: soft-RoCE and soft-iWARP) or with
-//! less than `-s` bytes of it is refused, naming what is missing; a device
-//! that has enough is refused too, because work requests of the safe API
-//! take `MemoryRegion`s and a region of device memory is not one. `-O`
+//! tool. `-j` puts the message buffer in the device's own memory, as the C
+//! tool does: `size` bytes (`ibv_alloc_dm`, after checking `max_dm_size` from
+//! `ibv_query_device_ex`), one zero-based region over them that every send
+//! and receive use (`rdma::DeviceSlice`, each request holding a reference to
+//! the region until its completion), filled with `ibv_memcpy_to_dm` and read
+//! back with `ibv_memcpy_from_dm` for `-c`. A device without device memory
+//! (`max_dm_size` 0: soft-RoCE and soft-iWARP) or with less than `-s` bytes
+//! of it is refused with the C tool's message and the numbers. `-O`
 //! (implicit on-demand paging) is refused with its reason.
 
 mod common;
@@ -29,7 +32,7 @@ use std::process::ExitCode;
 
 use common::pingpong::{Dest, ExtraFlag, ExtraKind, Opts, OrFail, Res, Tool, Traffic, Unsupported};
 use rdma::ffi;
-use rdma::{AccessFlags, InitAttr, PostPath, QpType, RtrAttr, RtsAttr};
+use rdma::{AccessFlags, DeviceMemory, InitAttr, PostPath, QpType, RtrAttr, RtsAttr};
 
 const TOOL: Tool = Tool {
     name: "rc_pingpong",
@@ -57,19 +60,19 @@ fn main() -> ExitCode {
     pingpong::main_with(&TOOL, &[DM], run)
 }
 
-/// `-j`, checked as the C tool checks it before allocating: the device
-/// must report device memory (`max_dm_size`), at least `size` bytes of it.
-/// A device that has it still gets an error: the safe API's work requests
-/// take `MemoryRegion`s, and a `DeviceMemoryRegion` (`reg_dm_mr`) is not one.
-fn check_device_memory(ctx: &rdma::Context, size: usize) -> Res<()> {
+/// `-j`: `size` bytes of device memory, checked and allocated as the C tool
+/// does, with its messages (and the numbers behind them): the device must
+/// report device memory (`max_dm_size` of `ibv_query_device_ex`), at least
+/// `size` bytes of it.
+fn device_memory(ctx: &rdma::Context, size: usize) -> Res<DeviceMemory> {
     let max = ctx
         .query_device()
         .or_fail("Couldn't query device for its features")?
         .max_dm_size();
     if max == 0 {
         return Err(format!(
-            "{} has no device memory to allocate (max_dm_size 0), which -j needs; \
-             soft-RoCE (rxe) and soft-iWARP (siw) have none",
+            "Device doesn't support dm allocation: {} reports max_dm_size 0 \
+             (soft-RoCE and soft-iWARP have no device memory)",
             ctx.name()
         ));
     }
@@ -79,22 +82,18 @@ fn check_device_memory(ctx: &rdma::Context, size: usize) -> Res<()> {
             ctx.name()
         ));
     }
-    Err(format!(
-        "{} has {max} bytes of device memory, but this port cannot post from it (-j): \
-         the safe API's work requests take MemoryRegions, and a region of device memory \
-         (ProtectionDomain::reg_dm_mr) is not one",
-        ctx.name()
-    ))
+    ctx.alloc_dm(size).or_fail("Dev mem allocation failed")
 }
 
 fn run(opts: &Opts) -> Res<()> {
     if opts.prefetch && !opts.odp {
         return Err("prefetch is valid only with on-demand memory region (-o)".into());
     }
-    let (ctx, port) = pingpong::open_device(opts)?;
-    if opts.extra('j').is_some() {
-        check_device_memory(&ctx, opts.size)?;
+    let use_dm = opts.extra('j').is_some();
+    if use_dm && opts.odp {
+        return Err("DM memory region can't be on demand (-j with -o)".into());
     }
+    let (ctx, port) = pingpong::open_device(opts)?;
     let access = if opts.odp {
         pingpong::odp_access(&ctx, ffi::IBV_ODP_SUPPORT_RECV, "receives")?
     } else {
@@ -117,6 +116,11 @@ fn run(opts: &Opts) -> Res<()> {
         None
     };
     let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
+    let dm = if use_dm {
+        Some(device_memory(&ctx, opts.size)?)
+    } else {
+        None
+    };
     let cq = if opts.ts {
         ctx.create_cq_ex(opts.rx_depth + 1, channel.as_ref(), 0, true)
     } else {
@@ -136,11 +140,15 @@ fn run(opts: &Opts) -> Res<()> {
         })
         .build()
         .or_fail("Couldn't create QP")?;
-    // As the C tool: inline when the provider's inline limit allows it. With
-    // -N the C tool hands the buffer over with ibv_wr_set_sge; so does this
-    // port (ibv_wr_set_inline_data miscounts on rdma-core 44's rxe).
+    // As the C tool: inline when the provider's inline limit allows it and
+    // the data is in host memory (not with -j). With -N the C tool hands the
+    // buffer over with ibv_wr_set_sge; so does this port
+    // (ibv_wr_set_inline_data miscounts on rdma-core 44's rxe).
     let inline = !opts.new_send && qp.caps().max_inline_data as usize >= opts.size;
-    let mut traffic = Traffic::new(&pd, opts, 0, access, inline)?;
+    let mut traffic = match dm {
+        Some(dm) => Traffic::in_device_memory(&pd, opts, dm)?,
+        None => Traffic::new(&pd, opts, 0, access, inline)?,
+    };
     if let Some(mask) = ts_mask {
         traffic.with_timestamps(mask);
     }

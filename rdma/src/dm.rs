@@ -288,10 +288,10 @@ impl fmt::Debug for DeviceMemory {
 ///
 /// Zero-based: work requests and peers address it by offset from its first
 /// byte ([`DeviceMemoryRegion::remote`] has `addr` 0). It exposes no host
-/// memory; read and write the bytes through the [`DeviceMemory`]. The safe
-/// posting API takes [`crate::MemoryRegion`]s only, so local work requests
-/// on this region go through the raw layer for now. Not `Clone`; keeps the
-/// device memory and the PD alive.
+/// memory; read and write the bytes through the [`DeviceMemory`]. Local work
+/// requests take a piece of it as a [`DeviceSlice`]
+/// ([`crate::WrBuffers::Device`]). Not `Clone`; keeps the device memory and
+/// the PD alive.
 pub struct DeviceMemoryRegion {
     mr: NonNull<ffi::ibv_mr>,
     offset: usize,
@@ -462,9 +462,166 @@ impl fmt::Debug for DeviceMemoryRegion {
     }
 }
 
+/// A piece of a [`DeviceMemoryRegion`] as one scatter/gather entry of a
+/// work request ([`crate::WrBuffers::Device`]): `len` bytes from `offset`,
+/// counted from the region's first byte (the region is zero-based, so that
+/// offset is the entry's address).
+///
+/// The region is held by `Arc` (a region given by value is moved into one)
+/// and each request in flight holds a reference until its completion gives
+/// the slice back, so the region stays registered, and its device memory
+/// allocated, while the device may use it. Unlike host memory, one region
+/// may be written by the device for several requests at once (receives, RDMA
+/// READ, atomics): device memory is never Rust memory (see the module
+/// documentation), so nothing aliases; which bytes mean what is the
+/// program's affair, as for the peers that write it through its rkey.
+///
+/// The range is checked when the request is posted: a range outside the
+/// region (or longer than one entry's `u32` length) is an
+/// [`Error::InvalidArgument`] naming the post verb, with the slice given
+/// back in the [`crate::PostError`], and nothing is posted.
+///
+/// ```no_run
+/// # fn demo(ctx: &rdma::Context, pd: &rdma::ProtectionDomain, qp: &mut rdma::QueuePair)
+/// #     -> Result<(), Box<dyn std::error::Error>> {
+/// use rdma::{AccessFlags, DeviceSlice, SendWr};
+/// let mut dm = ctx.alloc_dm(4096)?;
+/// dm.write_at(0, b"hello")?;
+/// let region = pd.reg_dm_mr(&dm, 0, 4096, AccessFlags::LOCAL_WRITE)?;
+/// qp.post_send(SendWr::send(1, DeviceSlice::new(region, 0, 5)))
+///     .map_err(rdma::PostError::drop_buffers)?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct DeviceSlice {
+    region: Arc<DeviceMemoryRegion>,
+    offset: u64,
+    len: usize,
+}
+
+impl DeviceSlice {
+    /// `len` bytes of `region` from `offset` (checked when posted).
+    pub fn new(region: impl Into<Arc<DeviceMemoryRegion>>, offset: u64, len: usize) -> Self {
+        DeviceSlice {
+            region: region.into(),
+            offset,
+            len,
+        }
+    }
+
+    /// The whole region.
+    pub fn whole(region: impl Into<Arc<DeviceMemoryRegion>>) -> Self {
+        let region = region.into();
+        let len = region.len();
+        DeviceSlice::new(region, 0, len)
+    }
+
+    /// The region.
+    pub fn region(&self) -> &Arc<DeviceMemoryRegion> {
+        &self.region
+    }
+
+    /// The region back (this slice's reference to it).
+    pub fn into_region(self) -> Arc<DeviceMemoryRegion> {
+        self.region
+    }
+
+    /// Where the slice starts, from the region's first byte.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// The length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length slice.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Why this slice cannot be a scatter/gather entry, if it cannot.
+    pub(crate) fn check(&self) -> std::result::Result<(), String> {
+        check_slice(self.region.len, self.offset, self.len).map(|_| ())
+    }
+
+    /// The scatter/gather entry, for a slice [`DeviceSlice::check`] accepted.
+    pub(crate) fn sge(&self) -> ffi::ibv_sge {
+        ffi::ibv_sge {
+            addr: self.offset,
+            length: u32::try_from(self.len).unwrap_or(u32::MAX),
+            lkey: self.region.lkey(),
+        }
+    }
+}
+
+impl From<DeviceMemoryRegion> for DeviceSlice {
+    fn from(region: DeviceMemoryRegion) -> Self {
+        DeviceSlice::whole(region)
+    }
+}
+
+impl From<Arc<DeviceMemoryRegion>> for DeviceSlice {
+    fn from(region: Arc<DeviceMemoryRegion>) -> Self {
+        DeviceSlice::whole(region)
+    }
+}
+
+/// Checks that `len` bytes from `offset` lie within a zero-based region of
+/// `region_len` bytes and fit one scatter/gather entry; returns the entry's
+/// length.
+fn check_slice(region_len: usize, offset: u64, len: usize) -> std::result::Result<u32, String> {
+    let end = u128::from(offset) + len as u128;
+    if end > region_len as u128 {
+        return Err(format!(
+            "bytes {offset}..{end} are outside the device memory region of {region_len} bytes"
+        ));
+    }
+    u32::try_from(len)
+        .map_err(|_| format!("a device memory slice of {len} bytes is longer than one SGE can be"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slices_inside_the_region() {
+        assert_eq!(check_slice(4096, 0, 4096), Ok(4096));
+        assert_eq!(check_slice(4096, 4000, 96), Ok(96));
+        // Empty slices anywhere up to the end (a zero-length receive).
+        assert_eq!(check_slice(4096, 4096, 0), Ok(0));
+        assert_eq!(check_slice(4096, 0, 0), Ok(0));
+    }
+
+    #[test]
+    fn slices_beyond_the_region_are_refused_naming_the_range() {
+        let e = check_slice(4096, 4000, 97).unwrap_err();
+        assert_eq!(
+            e,
+            "bytes 4000..4097 are outside the device memory region of 4096 bytes"
+        );
+        let e = check_slice(4096, 4097, 0).unwrap_err();
+        assert!(e.contains("4097..4097"), "{e}");
+        // No wrapping: the end is computed wide.
+        let e = check_slice(4096, u64::MAX, 2).unwrap_err();
+        assert!(
+            e.contains("18446744073709551615..18446744073709551617"),
+            "{e}"
+        );
+        assert!(check_slice(4096, 1, usize::MAX).is_err());
+        assert!(check_slice(usize::MAX, 0, usize::MAX).is_err());
+    }
+
+    #[test]
+    fn a_slice_longer_than_an_sge_is_refused() {
+        if let Ok(big) = usize::try_from(u64::from(u32::MAX) + 1) {
+            let e = check_slice(big, 0, big).unwrap_err();
+            assert!(e.contains("longer than one SGE"), "{e}");
+            assert_eq!(check_slice(big, 1, big - 1), Ok(u32::MAX));
+        }
+    }
 
     #[test]
     fn ranges_inside_the_memory() {

@@ -291,7 +291,7 @@ pub use context::Context;
 pub use cq::{CompletionChannel, CompletionQueue, CqEvent, CqModeration, PollCursor};
 pub use device::{device_by_name, devices, Device, Guid, NodeType, TransportType};
 pub use device_attr::{AtomicCap, DeviceAttr, DeviceCapFlags};
-pub use dm::{DeviceMemory, DeviceMemoryRegion};
+pub use dm::{DeviceMemory, DeviceMemoryRegion, DeviceSlice};
 pub use ece::Ece;
 pub use error::{teardown_failures, Error, Result};
 pub use fork::{fork_init, is_fork_initialized, ForkStatus};

@@ -410,6 +410,9 @@ impl SharedReceiveQueue {
             if b.is_shared() {
                 reason = Some(crate::wr::SHARED_IS_READ_ONLY.into());
             }
+            if let (None, crate::WrBuffers::Device(d)) = (&reason, b) {
+                reason = crate::qp::check_device_slice(d, &self.inner.pd, true).err();
+            }
             b.for_each(|m| {
                 if reason.is_none() && !Arc::ptr_eq(&m.pd().inner, &self.inner.pd.inner) {
                     reason = Some("a memory region belongs to another protection domain".into());

@@ -2,7 +2,7 @@
 
 use crate::macros::c_enum;
 use crate::mr::RemoteMemory;
-use crate::{ffi, AddressHandle, MemoryRegion};
+use crate::{ffi, AddressHandle, DeviceSlice, MemoryRegion};
 use std::sync::Arc;
 
 c_enum! {
@@ -89,7 +89,10 @@ pub(crate) fn posted<T>(rc: std::ffi::c_int, base: *mut T, bad: *mut T, len: usi
 /// registered while any of them is in flight, and nobody can get `&mut`
 /// access to it (`Arc::get_mut` and `Arc::into_inner` succeed only once
 /// every request gave its reference back). Requests that make the device
-/// write local memory (receives, RDMA READ, atomics) refuse it.
+/// write local memory (receives, RDMA READ, atomics) refuse it. `Device`
+/// is a piece of a region of device memory, which is never Rust memory:
+/// its region is always held by `Arc`, by any requests at once
+/// ([`DeviceSlice`]).
 ///
 /// ```
 /// # fn demo(qp: &mut rdma::QueuePair, qp2: &mut rdma::QueuePair, pd: &rdma::ProtectionDomain)
@@ -118,6 +121,10 @@ pub enum WrBuffers {
     /// One region that the device only reads, shared with other requests
     /// and holders (one scatter/gather entry).
     Shared(Arc<MemoryRegion>),
+    /// A piece of a region of device memory (one scatter/gather entry,
+    /// zero-based: its offset in the region is its address). Checked on
+    /// every post with the full checks (never the quick ones).
+    Device(DeviceSlice),
 }
 
 /// Why a request whose device writes its local memory (a receive, an RDMA
@@ -130,10 +137,12 @@ pub(crate) const SHARED_IS_READ_ONLY: &str =
 impl WrBuffers {
     /// The regions as a `Vec`, in scatter/gather order. A `Shared` region
     /// is in it only when this was its last reference (`Arc::into_inner`);
-    /// otherwise its other holders keep it.
+    /// otherwise its other holders keep it. A `Device` slice is host memory
+    /// of nobody's: take it with [`WrBuffers::into_device`] instead (here
+    /// its reference is dropped).
     pub fn into_vec(self) -> Vec<MemoryRegion> {
         match self {
-            WrBuffers::None => Vec::new(),
+            WrBuffers::None | WrBuffers::Device(_) => Vec::new(),
             WrBuffers::One(m) => vec![m],
             WrBuffers::Many(v) => v,
             WrBuffers::Shared(a) => Arc::into_inner(a).into_iter().collect(),
@@ -160,11 +169,19 @@ impl WrBuffers {
         }
     }
 
+    /// The device memory slice of a `Device` request.
+    pub fn into_device(self) -> Option<DeviceSlice> {
+        match self {
+            WrBuffers::Device(d) => Some(d),
+            _ => None,
+        }
+    }
+
     /// The number of regions.
     pub fn len(&self) -> usize {
         match self {
             WrBuffers::None => 0,
-            WrBuffers::One(_) | WrBuffers::Shared(_) => 1,
+            WrBuffers::One(_) | WrBuffers::Shared(_) | WrBuffers::Device(_) => 1,
             WrBuffers::Many(v) => v.len(),
         }
     }
@@ -179,22 +196,39 @@ impl WrBuffers {
         matches!(self, WrBuffers::Shared(_))
     }
 
-    /// The region of a one-entry request (`One` or `Shared`).
+    /// The region of a one-entry request of host memory (`One` or
+    /// `Shared`).
     #[inline]
     pub(crate) fn single(&self) -> Option<&MemoryRegion> {
         match self {
             WrBuffers::One(m) => Some(m),
             WrBuffers::Shared(a) => Some(a),
-            WrBuffers::None | WrBuffers::Many(_) => None,
+            WrBuffers::None | WrBuffers::Many(_) | WrBuffers::Device(_) => None,
         }
     }
 
+    /// Each region of host memory (a `Device` slice has none: the checks
+    /// look at it on its own).
     pub(crate) fn for_each(&self, mut f: impl FnMut(&MemoryRegion)) {
         match self {
-            WrBuffers::None => {}
+            WrBuffers::None | WrBuffers::Device(_) => {}
             WrBuffers::One(m) => f(m),
             WrBuffers::Many(v) => v.iter().for_each(f),
             WrBuffers::Shared(a) => f(a),
+        }
+    }
+
+    /// Each scatter/gather entry, in order: what a post hands the
+    /// provider, for requests the checks accepted.
+    pub(crate) fn for_each_sge(&self, mut f: impl FnMut(ffi::ibv_sge)) {
+        // One match, the shape of `for_each`'s (whose callers this
+        // replaced on the receive path): no second dispatch per request.
+        match self {
+            WrBuffers::None => {}
+            WrBuffers::One(m) => f(m.sge()),
+            WrBuffers::Many(v) => v.iter().for_each(|m| f(m.sge())),
+            WrBuffers::Shared(a) => f(a.sge()),
+            WrBuffers::Device(d) => f(d.sge()),
         }
     }
 }
@@ -208,6 +242,12 @@ impl From<MemoryRegion> for WrBuffers {
 impl From<Arc<MemoryRegion>> for WrBuffers {
     fn from(a: Arc<MemoryRegion>) -> Self {
         WrBuffers::Shared(a)
+    }
+}
+
+impl From<DeviceSlice> for WrBuffers {
+    fn from(d: DeviceSlice) -> Self {
+        WrBuffers::Device(d)
     }
 }
 
@@ -681,7 +721,19 @@ impl std::fmt::Display for PostError {
 
 #[cfg(test)]
 mod tests {
-    use super::WrOpcode;
+    use super::{WrBuffers, WrOpcode};
+
+    #[test]
+    fn a_device_slice_makes_a_request_no_larger() {
+        // Every completion carries a `WrBuffers` (CONVENTIONS, "Data path":
+        // bytes moved count): `Device` is as large as `One`, a pointer and
+        // two words, so the tag still fits in the fourth word.
+        assert_eq!(
+            std::mem::size_of::<crate::DeviceSlice>(),
+            std::mem::size_of::<crate::MemoryRegion>()
+        );
+        assert!(std::mem::size_of::<WrBuffers>() <= 4 * std::mem::size_of::<usize>());
+    }
 
     #[test]
     fn wr_opcodes_keep_unknown_values() {

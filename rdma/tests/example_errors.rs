@@ -185,3 +185,61 @@ fn examples_name_what_was_wrong_and_exit_cleanly() {
         bad.join("\n")
     );
 }
+
+/// `rc_pingpong -j` (device memory) on a device without any (`max_dm_size`
+/// 0: soft-RoCE, soft-iWARP) refuses while setting up, with
+/// `ibv_rc_pingpong`'s message and the cause: the device and its
+/// `max_dm_size`. It runs as a server, so a port that went on would print
+/// its address and wait for a client until killed; it must print no
+/// address and exit with a failure by itself. `-j` with `-o` is refused
+/// before the device is opened, as the C tool refuses it.
+fn dm_is_refused_naming_the_cause(dev: &str) {
+    let ctx = common::open(dev);
+    assert_eq!(
+        ctx.query_device().unwrap().max_dm_size(),
+        0,
+        "{dev} has device memory: this test is for a device without"
+    );
+    drop(ctx);
+    let bound = Duration::from_secs(30);
+    for (args, says) in [
+        (
+            &["-d", dev, "-j", "-p", "18796"][..],
+            &["Device doesn't support dm allocation", "max_dm_size 0", dev][..],
+        ),
+        (
+            &["-d", dev, "-j", "-o", "-p", "18796"],
+            &["DM memory region can't be on demand"],
+        ),
+    ] {
+        let o = run("rc_pingpong", args, bound);
+        let shown = format!("rc_pingpong {}", args.join(" "));
+        assert!(o.code.is_some(), "{shown}: killed after {bound:?}");
+        assert!(
+            o.code != Some(0) && o.code != Some(101) && !o.stderr.contains("panicked"),
+            "{shown}: exit {:?}, stderr {:?}",
+            o.code,
+            o.stderr
+        );
+        for s in says {
+            assert!(o.stderr.contains(s), "{shown}: {s:?} not in {:?}", o.stderr);
+        }
+        assert!(
+            !o.stdout.contains("local address"),
+            "{shown}: got as far as the handshake: {:?}",
+            o.stdout
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE) and the examples built"]
+fn rc_pingpong_dm_is_refused_naming_the_cause() {
+    dm_is_refused_naming_the_cause(&common::device_name());
+}
+
+#[test]
+#[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE) and the examples built"]
+fn iwarp_rc_pingpong_dm_is_refused_naming_the_cause() {
+    dm_is_refused_naming_the_cause(&common::iwarp_device_name());
+}

@@ -656,9 +656,8 @@ fn ud_size_above_the_mtu_is_refused_like_the_c_tool() {
 /// `-t` (timestamps), `-o` (on-demand paging) and `-j` (device memory)
 /// depend on the device: the Rust example must refuse them exactly when the
 /// C tool does (soft-RoCE and soft-iWARP have no device memory, so `-j` is
-/// refused there, naming it). All run as clients of a port nobody listens
-/// on, so a capable device fails at the handshake instead (and for `-j`,
-/// the Rust example at posting from device memory, which it cannot).
+/// refused there, with the C tool's message). All run as clients of a port
+/// nobody listens on, so a capable device fails at the handshake instead.
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn rc_ts_odp_and_dm_follow_the_device_like_the_c_tool() {
@@ -667,7 +666,11 @@ fn rc_ts_odp_and_dm_follow_the_device_like_the_c_tool() {
     for (flag, c_says, rust_says) in [
         ("-t", "timestamp", "timestamp"),
         ("-o", "ODP", "on-demand paging"),
-        ("-j", "dm allocation", "no device memory"),
+        (
+            "-j",
+            "dm allocation",
+            "Device doesn't support dm allocation",
+        ),
     ] {
         let mut args = device_args();
         args.extend([

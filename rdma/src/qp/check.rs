@@ -71,6 +71,10 @@ impl QueuePair {
                 reason: crate::wr::SHARED_IS_READ_ONLY.into(),
             });
         }
+        if let WrBuffers::Device(d) = bufs {
+            return check_device_slice(d, &self.pd, local_write)
+                .map_err(|reason| Error::InvalidArgument { verb, reason });
+        }
         let mut err = None;
         bufs.for_each(|m| {
             if err.is_some() {
@@ -98,6 +102,9 @@ impl QueuePair {
     }
 
     pub(super) fn total_len(bufs: &WrBuffers) -> u64 {
+        if let WrBuffers::Device(d) = bufs {
+            return d.len() as u64;
+        }
         let mut n = 0u64;
         bufs.for_each(|m| n += m.len() as u64);
         n
@@ -199,6 +206,30 @@ impl QueuePair {
             && (!local_write || writable))
             .then_some(m.len() as u64)
     }
+}
+
+/// Why a device memory slice cannot be a scatter/gather entry of a request
+/// on a queue of `pd` (`local_write`: the device writes it), if it cannot:
+/// the QP's and the SRQ's full checks.
+pub(crate) fn check_device_slice(
+    d: &crate::DeviceSlice,
+    pd: &crate::ProtectionDomain,
+    local_write: bool,
+) -> std::result::Result<(), String> {
+    let region = d.region();
+    if region.pd().as_raw() != pd.as_raw() {
+        return Err(format!(
+            "a device memory region ({region:?}) belongs to another protection domain"
+        ));
+    }
+    d.check()?;
+    if local_write && !region.access().contains(AccessFlags::LOCAL_WRITE) {
+        return Err(format!(
+            "the device must write into a device memory region registered without \
+             LOCAL_WRITE ({region:?})"
+        ));
+    }
+    Ok(())
 }
 
 /// Whether a send's destination fits the QP type: a UD QP needs an address

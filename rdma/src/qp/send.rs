@@ -121,6 +121,10 @@ impl QueuePair {
                 }
                 &many[..v.len()]
             }
+            (WrBuffers::Device(d), None) => {
+                one = d.sge();
+                std::slice::from_ref(&one)
+            }
             _ => &[],
         };
         // SAFETY: `&mut self`: the only poster to this QP's send queue.
@@ -166,7 +170,7 @@ impl QueuePair {
         let mut sge_at = Vec::with_capacity(wrs.len());
         for w in &wrs {
             sge_at.push((sges.len(), w.buffers.len()));
-            w.buffers.for_each(|m| sges.push(m.sge()));
+            w.buffers.for_each_sge(|s| sges.push(s));
         }
         let reqs: Vec<Outgoing<'_>> = wrs
             .iter()

@@ -32,8 +32,8 @@ pub(crate) fn post_chain(
             } else {
                 let mut sges = [ffi::ibv_sge::default(); SHORT];
                 let mut n = 0;
-                b.for_each(|m| {
-                    sges[n] = m.sge();
+                b.for_each_sge(|s| {
+                    sges[n] = s;
                     n += 1;
                 });
                 post(&mut request(*id, &mut sges[..n]), &mut bad)
@@ -45,7 +45,7 @@ pub(crate) fn post_chain(
             let mut sge_at = Vec::with_capacity(reqs.len());
             for (_, b) in reqs {
                 sge_at.push((sges.len(), b.len()));
-                b.for_each(|m| sges.push(m.sge()));
+                b.for_each_sge(|s| sges.push(s));
             }
             let mut chain: Vec<ffi::ibv_recv_wr> = reqs
                 .iter()

@@ -4,10 +4,6 @@ use super::*;
 
 use rdma::{AccessFlags, CompletionChannel, Context, MemoryRegion, PortAttr, WrBuffers};
 
-/// Opens `-d` (or the first device) and queries `-i`.
-///
-/// # Errors
-/// No such device, no device at all, or no such port, said plainly.
 /// Posts receives of `free` buffers with `post` (a QP's or an SRQ's
 /// `post_recv_batch`) until `rx_depth` are outstanding (`routs`); buffers
 /// the post gives back go back to `free`.
@@ -80,6 +76,10 @@ pub fn odp_access(ctx: &Context, recv: u32, recvs: &str) -> Res<AccessFlags> {
     Ok(AccessFlags::ON_DEMAND)
 }
 
+/// Opens `-d` (or the first device) and queries `-i`.
+///
+/// # Errors
+/// No such device, no device at all, or no such port, said plainly.
 pub fn open_device(opts: &Opts) -> Res<(Context, PortAttr)> {
     let ctx = match &opts.ib_dev {
         Some(name) => Context::open(name).map_err(|e| e.to_string())?,

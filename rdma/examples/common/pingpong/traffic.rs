@@ -4,8 +4,9 @@ use super::*;
 use std::time::{Duration, Instant};
 
 use rdma::{
-    AccessFlags, AdviseFlags, Completion, CompletionChannel, CompletionQueue, InlineSend,
-    MemoryRegion, MrAdvice, ProtectionDomain, QueuePair, SendWr, UdDest, WcStatus,
+    AccessFlags, AdviseFlags, Completion, CompletionChannel, CompletionQueue, DeviceMemory,
+    DeviceSlice, InlineSend, MemoryRegion, MrAdvice, ProtectionDomain, QueuePair, SendWr, UdDest,
+    WcStatus, WrBuffers,
 };
 
 /// The bytes every message carries. With `-c`: 0x7b with a 0 at the start of
@@ -52,6 +53,10 @@ enum SendBuf {
     Inline(Vec<u8>),
     /// A registered buffer: `None` while the send is in flight.
     Region(Option<MemoryRegion>),
+    /// `-j`: the one buffer in device memory, which every send and every
+    /// receive use, as in the C tool (each request holds a reference to
+    /// its region until its completion).
+    Device(DeviceSlice),
 }
 
 /// Intervals between receive completions, in device clock ticks (`-t`).
@@ -114,6 +119,9 @@ pub struct Traffic {
     bad: Vec<BadMessage>,
     /// With `-t`: poll with the extended CQ's cursor and keep statistics.
     timestamps: Option<Timestamps>,
+    /// With `-j`: the device memory behind [`SendBuf::Device`], read with
+    /// `-c` to check what arrived.
+    device: Option<DeviceMemory>,
 }
 
 impl Traffic {
@@ -177,6 +185,41 @@ impl Traffic {
             page,
             bad: Vec::new(),
             timestamps: None,
+            device: None,
+        })
+    }
+
+    /// `-j`: the message buffer in device memory, as the C tool has it: one
+    /// region of `size` bytes over `dm` from its first byte, registered with
+    /// `LOCAL_WRITE` (and zero-based), filled with the message pattern by
+    /// `ibv_memcpy_to_dm`; every send and every receive use it. The C
+    /// tool's messages on failure.
+    ///
+    /// # Errors
+    /// Registration or the copy failed.
+    pub fn in_device_memory(
+        pd: &ProtectionDomain,
+        opts: &Opts,
+        mut dm: DeviceMemory,
+    ) -> Res<Traffic> {
+        let page = page_size();
+        let data = message_pattern(opts.size, opts.chk, page)?;
+        let region = pd
+            .reg_dm_mr(&dm, 0, opts.size, AccessFlags::LOCAL_WRITE)
+            .or_fail("Couldn't register MR")?;
+        dm.write_at(0, &data).or_fail("Copy to dm buffer failed")?;
+        Ok(Traffic {
+            size: opts.size,
+            headroom: 0,
+            rx_depth: opts.rx_depth,
+            free: Vec::new(),
+            routs: 0,
+            send: SendBuf::Device(DeviceSlice::whole(region)),
+            expect: opts.chk.then_some(data),
+            page,
+            bad: Vec::new(),
+            timestamps: None,
+            device: Some(dm),
         })
     }
 
@@ -228,9 +271,23 @@ impl Traffic {
     /// # Errors
     /// `Couldn't post receive (N)` when fewer than `rx_depth` are posted.
     pub fn refill(&mut self, qp: &mut QueuePair) -> Res<()> {
-        refill_from(&mut self.free, &mut self.routs, self.rx_depth, |batch| {
-            qp.post_recv_batch(batch)
-        })
+        let SendBuf::Device(slice) = &self.send else {
+            return refill_from(&mut self.free, &mut self.routs, self.rx_depth, |batch| {
+                qp.post_recv_batch(batch)
+            });
+        };
+        // -j: every receive lands in the one buffer.
+        let want = self.rx_depth - self.routs;
+        let batch = (0..want).map(|_| (RECV_WRID, WrBuffers::from(slice.clone())));
+        let (posted, error) = match qp.post_recv_batch(batch) {
+            Ok(()) => (want, None),
+            Err(e) => (want - e.returned.len() as u32, Some(e.error)),
+        };
+        self.routs += posted;
+        match error {
+            Some(e) => Err(format!("Couldn't post receive ({}): {e}", self.routs)),
+            None => Ok(()),
+        }
     }
 
     fn post_send(&mut self, qp: &mut QueuePair, ud: Option<&UdDest>) -> Res<()> {
@@ -259,14 +316,38 @@ impl Traffic {
                     format!("Couldn't post send: {}", e.error)
                 })
             }
+            SendBuf::Device(slice) => {
+                // Another reference to the region for this request; the
+                // one a failed post gives back is dropped with the error.
+                let mut wr = SendWr::send(SEND_WRID, slice.clone());
+                if let Some(d) = ud {
+                    wr = wr.ud(&d.ah, d.remote_qpn, d.remote_qkey);
+                }
+                qp.post_send(wr)
+                    .map_err(|e| format!("Couldn't post send: {}", e.error))
+            }
         }
     }
 
-    fn check(&mut self, mr: &MemoryRegion, byte_len: u32, index: u32) -> Res<()> {
+    /// With `-c`, records message `index` if its `byte_len` or its bytes
+    /// (the receive buffer `mr`, or under `-j` the device memory, copied
+    /// out with `ibv_memcpy_from_dm`) are not the pattern.
+    fn check(&mut self, mr: Option<&MemoryRegion>, byte_len: u32, index: u32) -> Res<()> {
         let Some(expect) = &self.expect else {
             return Ok(());
         };
-        let bytes = mr.as_slice().or_fail("Couldn't read a receive buffer")?;
+        let copied;
+        let bytes = match (mr, &self.device) {
+            (Some(mr), _) => mr.as_slice().or_fail("Couldn't read a receive buffer")?,
+            (None, Some(dm)) => {
+                let mut out = filled(self.size, 0)?;
+                dm.read_at(0, &mut out)
+                    .or_fail("Copy from DM buffer failed")?;
+                copied = out;
+                &copied[..]
+            }
+            (None, None) => return Err("a receive completed without a buffer".into()),
+        };
         let payload = &bytes[self.headroom..];
         let len_ok = byte_len as usize == self.headroom + self.size;
         if len_ok && payload == &expect[..] {
@@ -335,23 +416,34 @@ impl Traffic {
                 match wc.wr_id {
                     SEND_WRID => {
                         scnt += 1;
-                        if let SendBuf::Region(slot) = &mut self.send {
-                            *slot =
-                                Some(wc.take_buffers().into_one().ok_or(
+                        match &mut self.send {
+                            SendBuf::Region(slot) => {
+                                *slot = Some(wc.take_buffers().into_one().ok_or(
                                     "the send buffer did not come back with its completion",
-                                )?);
+                                )?)
+                            }
+                            SendBuf::Device(_) => {
+                                wc.take_buffers().into_device().ok_or(
+                                    "the device memory did not come back with its completion",
+                                )?;
+                            }
+                            SendBuf::Inline(_) => {}
                         }
                     }
                     RECV_WRID => {
-                        let mr = wc
-                            .take_buffers()
-                            .into_one()
-                            .ok_or("a receive buffer did not come back with its completion")?;
-                        self.check(&mr, wc.byte_len, rcnt)?;
+                        let back = wc.take_buffers();
+                        let mr =
+                            match (&self.send, back) {
+                                (SendBuf::Device(_), WrBuffers::Device(_)) => None,
+                                (_, back) => Some(back.into_one().ok_or(
+                                    "a receive buffer did not come back with its completion",
+                                )?),
+                            };
+                        self.check(mr.as_ref(), wc.byte_len, rcnt)?;
                         if let Some(t) = &mut self.timestamps {
                             t.receive(ts);
                         }
-                        self.free.push(mr);
+                        self.free.extend(mr);
                         self.routs -= 1;
                         if self.routs <= 1 {
                             self.refill(qp)?;
