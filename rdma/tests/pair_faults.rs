@@ -609,6 +609,10 @@ struct Seen {
     /// stream resume.
     blocked_at: Option<u32>,
     resumed_at: Option<u32>,
+    /// From `survivor1.resumed` (after which b kills the victim) to the
+    /// `DISCONNECTED` event: the kill and its detection, plus b's wait on
+    /// the sync file.
+    resumed_to_disconnected: Option<Duration>,
 }
 
 /// Takes one of the survivor's completions: a receive is checked and
@@ -679,6 +683,7 @@ fn survive(sync: &Sync, ch: &EventChannel, gen: u32, stall: bool) -> (End, Seen)
     let mut deadline = Instant::now() + BOUND;
     let mut posting = true;
     let stopped = sync.path("stopped1");
+    let mut resumed: Option<Instant> = None;
     while !(seen.disconnected
         && seen.sends_ok + seen.sends_failed.len() as u64 + seen.sends_reclaimed
             == seen.sends_posted
@@ -726,6 +731,7 @@ fn survive(sync: &Sync, ch: &EventChannel, gen: u32, stall: bool) -> (End, Seen)
             if seen.received >= b + DEPTH {
                 seen.resumed_at = Some(seen.received);
                 sync.put("survivor1.resumed", "");
+                resumed = Some(Instant::now());
             }
         }
         if let Some(ev) = ch.try_get_event().expect("rdma_get_cm_event") {
@@ -735,6 +741,7 @@ fn survive(sync: &Sync, ch: &EventChannel, gen: u32, stall: bool) -> (End, Seen)
                 CmEventType::Disconnected => {
                     drop(ev);
                     seen.disconnected = true;
+                    seen.resumed_to_disconnected = resumed.map(|t| t.elapsed());
                     posting = false;
                     // Our half of the disconnect. It moves only a QP that
                     // librdmacm made to the error state; ours stays in RTS,
