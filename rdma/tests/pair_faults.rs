@@ -1366,6 +1366,12 @@ fn ud_victim(sync: &Sync, gen: u32) {
     let mut e = ud_end(64);
     sync.put(&format!("victim{gen}.qpn"), &e.qp.qp_num().to_string());
     let survivor: u32 = sync.get("survivor.qpn", BOUND).trim().parse().unwrap();
+    if gen == 2 {
+        // Not while the survivor still streams to the dead generation 1 and
+        // takes only its datagrams (seen once: a generation-2 datagram
+        // arrived in that round).
+        sync.get("survivor.ready2", BOUND);
+    }
     let mut free = e.pd.alloc_mr(16 * MSG, LW).unwrap().chunks(MSG).unwrap();
     let mut seen = UdSeen::default();
     // Until 100 datagrams went each way; generation 1 then goes on until
@@ -1438,6 +1444,7 @@ fn ud_peer_killed_and_restarted() {
             s.completed >= at_kill + 100
         });
         eprintln!("generation 1 (killed): {seen:?}");
+        sync.put("survivor.ready2", "");
         // The restarted peer: a new QP number, a fresh stream both ways.
         let v2: u32 = sync.get("victim2.qpn", BOUND).trim().parse().unwrap();
         assert_ne!(v1, v2);
