@@ -111,7 +111,7 @@ fn cq_overrun_is_an_async_event() {
     let (sends_left, _) = a.in_flight();
     let back = a.reset().expect("reset gives the memory back");
     assert_eq!(back.len(), sends_left, "every lost send comes back");
-    drop((a, b, small, big, pd, ctx));
+    drop((back, got, ev, a, b, small, big, pd, ctx));
     assert_back_to(before);
 }
 
@@ -205,7 +205,7 @@ fn qp_moved_to_error_while_another_thread_posts() {
         );
     }
     assert_eq!(p.a.in_flight().0, 0);
-    drop(p);
+    drop((target, p));
     assert_back_to(before);
 }
 
@@ -256,6 +256,6 @@ fn fork_with_registered_memory() {
         vec![7u8; 4096],
         "the WRITE after fork reached the parent's memory"
     );
-    drop((target, p));
+    drop((c, target, p));
     assert_back_to(before);
 }
