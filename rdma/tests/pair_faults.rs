@@ -385,6 +385,8 @@ struct Flow {
 
 impl Flow {
     fn new(peer_ready: bool) -> Flow {
+        // RDMA_TEST_PAIR_NO_CREDITS=1 turns them off, to show what they
+        // prevent (RELIABILITY.md: the siw connection then breaks).
         let on = over_iwarp() && std::env::var_os("RDMA_TEST_PAIR_NO_CREDITS").is_none();
         Flow {
             on,
