@@ -1,6 +1,8 @@
 //! Faults inside one machine: a CQ overrun, a QP forced into the error state
 //! under a posting thread, fork while memory is registered. Each accounts
-//! for every request and ends with `rdma::teardown_failures()` zero.
+//! for every request and ends with `rdma resource show` and the process's
+//! open descriptors back to where they were before it, and
+//! `rdma::teardown_failures()` zero.
 //! (Events left unacknowledged at drop: `cm.rs`
 //! `dropping_ids_with_events_unacked_does_not_hang` and `cq_events.rs`
 //! `event_held_while_everything_else_is_dropped`.)
@@ -12,6 +14,21 @@ use std::time::{Duration, Instant};
 use rdma::{AccessFlags, AsyncEventElement, AsyncEventType, QpType, SendWr, WcStatus};
 
 const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
+
+/// (pd, cq, qp, cm_id, mr) in `rdma resource show`, and this process's
+/// open descriptors.
+fn baseline() -> ([u64; 5], usize) {
+    (common::resource_counts(), common::open_fds())
+}
+
+fn assert_back_to(before: ([u64; 5], usize)) {
+    assert_eq!(
+        baseline(),
+        before,
+        "(pd, cq, qp, cm_id, mr) and open fds are back to the baseline"
+    );
+    assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
+}
 
 /// Waits up to 10 s for an async event of `want` on `ctx`.
 fn wait_async(ctx: &rdma::Context, want: AsyncEventType) -> rdma::AsyncEvent {
@@ -35,6 +52,7 @@ fn wait_async(ctx: &rdma::Context, want: AsyncEventType) -> rdma::AsyncEvent {
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn cq_overrun_is_an_async_event() {
+    let before = baseline();
     let ctx = common::open(&common::device_name());
     let gid_index = common::gid_index() as u8;
     let pd = ctx.alloc_pd().unwrap();
@@ -93,8 +111,8 @@ fn cq_overrun_is_an_async_event() {
     let (sends_left, _) = a.in_flight();
     let back = a.reset().expect("reset gives the memory back");
     assert_eq!(back.len(), sends_left, "every lost send comes back");
-    drop((a, b, small, big, pd, ctx));
-    assert_eq!(rdma::teardown_failures(), 0);
+    drop((back, got, ev, a, b, small, big, pd, ctx));
+    assert_back_to(before);
 }
 
 /// A thread streams RDMA WRITEs while another moves the QP to the error state
@@ -104,6 +122,7 @@ fn cq_overrun_is_an_async_event() {
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn qp_moved_to_error_while_another_thread_posts() {
+    let before = baseline();
     // RDMA WRITEs: they need no receives at the other end.
     let mut p = common::pair(QpType::Rc, LW | AccessFlags::REMOTE_WRITE);
     let target = p.pd.alloc_mr(64, LW | AccessFlags::REMOTE_WRITE).unwrap();
@@ -186,8 +205,8 @@ fn qp_moved_to_error_while_another_thread_posts() {
         );
     }
     assert_eq!(p.a.in_flight().0, 0);
-    drop(p);
-    assert_eq!(rdma::teardown_failures(), 0);
+    drop((target, p));
+    assert_back_to(before);
 }
 
 /// fork() while memory is registered: the child writes its copy of the
@@ -197,6 +216,7 @@ fn qp_moved_to_error_while_another_thread_posts() {
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn fork_with_registered_memory() {
+    let before = baseline();
     let access = LW | AccessFlags::REMOTE_WRITE;
     let mut p = common::pair(QpType::Rc, access);
     let target = p.pd.reg_mr(vec![1u8; 4096], access).unwrap();
@@ -236,6 +256,6 @@ fn fork_with_registered_memory() {
         vec![7u8; 4096],
         "the WRITE after fork reached the parent's memory"
     );
-    drop((target, p));
-    assert_eq!(rdma::teardown_failures(), 0);
+    drop((c, target, p));
+    assert_back_to(before);
 }

@@ -453,6 +453,14 @@ impl QueuePair {
     /// Moves the QP to the error state: outstanding work completes with
     /// `WR_FLUSH_ERR`.
     ///
+    /// Not everywhere: soft-iWARP (siw, Linux 6.1) flushes the send queue it
+    /// shares with its provider only at its own transitions (the socket's
+    /// close, RTS to the error state), so a send posted after its
+    /// connection closed, before the application saw the `DISCONNECTED`
+    /// event, never completes (measured: 2 to 15 per connection, in
+    /// `pair_faults::cm_rc_srq_peer_killed_mid_transfer_iwarp`).
+    /// [`QueuePair::reset`] then gives their memory back.
+    ///
     /// # Errors
     /// As [`QueuePair::modify`].
     pub fn to_error(&self) -> Result<()> {
