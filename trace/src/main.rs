@@ -731,7 +731,7 @@ fn print_packet(
     let ib = &p.ib;
     if args.json {
         let (cm, cm_error) = match &p.cm {
-            Some(Ok(c)) => (Some(c), None),
+            Some(Ok(c)) => (Some(&**c), None),
             Some(Err(s)) => (
                 None,
                 Some(format!(
