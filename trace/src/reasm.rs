@@ -287,8 +287,7 @@ pub struct Assembler {
     /// The flow of the last data packet, kept out of `flows`: a message's packets come one
     /// after another on one flow, and taking its flow out of the map and putting it back
     /// hashed the key twice per packet (SipHash and the map's work: 8% of `rpc`'s perf
-    /// samples). Whatever else reads
-    /// `flows` puts it back first ([`Assembler::uncache`]).
+    /// samples). Whatever else reads `flows` puts it back first ([`Assembler::uncache`]).
     last: Option<(FlowKey, Flow)>,
     requests: HashMap<ReqKey, Request>,
     request_order: VecDeque<ReqKey>,
