@@ -9,6 +9,7 @@
 //!   threshold, chunks, timeouts with reconnection and retransmission.
 //! - [`mount`]: MOUNT v3 over TCP (with rpcbind) for the root file handle.
 //! - [`nfs3`]: NFSv3 procedures on the transport.
+//! - [`fuzzing`]: every decoder of server input on arbitrary bytes.
 //!
 //! ```no_run
 //! # #[allow(dead_code)]
@@ -23,6 +24,7 @@
 #![doc(test(attr(deny(warnings))))]
 
 mod chunks;
+pub mod fuzzing;
 pub mod mount;
 pub mod nfs3;
 pub mod rpc;

@@ -173,7 +173,7 @@ pub struct DirEntry {
     pub fh: Option<Fh>,
 }
 
-fn fattr(r: &mut Reader<'_>) -> DResult<Fattr> {
+pub(crate) fn fattr(r: &mut Reader<'_>) -> DResult<Fattr> {
     let ftype = r.u32("fattr3.type")?;
     let mode = r.u32("fattr3.mode")?;
     let nlink = r.u32("fattr3.nlink")?;
@@ -200,7 +200,7 @@ fn fattr(r: &mut Reader<'_>) -> DResult<Fattr> {
     })
 }
 
-fn post_op_attr(r: &mut Reader<'_>) -> DResult<Option<Fattr>> {
+pub(crate) fn post_op_attr(r: &mut Reader<'_>) -> DResult<Option<Fattr>> {
     if r.bool("post_op_attr")? {
         Ok(Some(fattr(r)?))
     } else {
@@ -208,7 +208,7 @@ fn post_op_attr(r: &mut Reader<'_>) -> DResult<Option<Fattr>> {
     }
 }
 
-fn wcc_data(r: &mut Reader<'_>) -> DResult<()> {
+pub(crate) fn wcc_data(r: &mut Reader<'_>) -> DResult<()> {
     if r.bool("pre_op_attr")? {
         r.bytes("wcc_attr", 24)?;
     }
@@ -216,7 +216,7 @@ fn wcc_data(r: &mut Reader<'_>) -> DResult<()> {
     Ok(())
 }
 
-fn fh(r: &mut Reader<'_>) -> DResult<Fh> {
+pub(crate) fn fh(r: &mut Reader<'_>) -> DResult<Fh> {
     Ok(Fh(r.opaque("nfs_fh3", FHSIZE3)?.to_vec()))
 }
 
