@@ -259,7 +259,7 @@ fn wait_for(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
-/// The server is killed while the kernel writes through the mount: the
+/// The server is killed while fio writes through the kernel's mount: the
 /// writer can be killed, new requests on the old mount fail instead of
 /// hanging, and a new server on the same port serves a new mount.
 fn server_killed_during_writes(addr: &str, port: u16, tag: &str) {
@@ -270,16 +270,22 @@ fn server_killed_during_writes(addr: &str, port: u16, tag: &str) {
     let mnt2 = tmpdir(&format!("kill-mnt2-{tag}"));
     let server = Server::start(addr, port, &export);
     let m = Mount::new(addr, port, &mnt);
-    let mut dd = Command::new("dd")
+    // fio (one process: --thread) writes 512 MiB in 1 MiB requests.
+    let mut writer = Command::new("fio")
         .args([
-            "if=/dev/zero",
-            &format!("of={}", m.p("stream").display()),
-            "bs=1M",
-            "count=512",
+            "--name=stream",
+            &format!("--filename={}", m.p("stream").display()),
+            "--rw=write",
+            "--bs=1M",
+            "--size=512M",
+            "--ioengine=psync",
+            "--fallocate=none",
+            "--thread",
         ])
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("dd runs");
+        .expect("fio runs");
     let target = export.join("stream");
     assert!(
         wait_for(60, || std::fs::metadata(&target)
@@ -292,18 +298,18 @@ fn server_killed_during_writes(addr: &str, port: u16, tag: &str) {
     // connection goes (its CM handler only marks the client disconnected),
     // so a writer caught mid-request waits until it is killed: what is
     // checked is that it can be killed, and that nothing else hangs.
-    let ended = wait_for(20, || matches!(dd.try_wait(), Ok(Some(_))));
+    let ended = wait_for(20, || matches!(writer.try_wait(), Ok(Some(_))));
     if !ended {
-        let _ = dd.kill();
+        let _ = writer.kill();
     }
-    let gone = wait_for(30, || matches!(dd.try_wait(), Ok(Some(_))));
+    let gone = wait_for(30, || matches!(writer.try_wait(), Ok(Some(_))));
     let mut err = String::new();
-    if let Some(mut e) = dd.stderr.take() {
+    if let Some(mut e) = writer.stderr.take() {
         let _ = e.read_to_string(&mut err);
     }
     eprintln!(
         "kernel_mount: the writer ended by itself: {ended}; gone: {gone} ({:?}) {}",
-        dd.try_wait(),
+        writer.try_wait(),
         err.trim()
     );
     assert!(gone, "the writer could not be killed within 30 s");
