@@ -1228,6 +1228,41 @@ fn perf_raw_paths_run_the_same_tests() {
     assert!(perf_row(&out, 4096, 200)[3] > 0.0);
 }
 
+/// `-e` (sleeping on completion events) with each way of waiting: the
+/// bandwidth tests and `send_lat` run and report, and the header names the
+/// wait. `--wait async` (the loops as futures on `rdma::aio`) needs perf
+/// built with the `tokio` feature, as the tests are with it.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn perf_event_mode_runs_with_every_wait() {
+    let mut waits = vec![
+        ("channel", "channel (CompletionChannel::get_event)"),
+        ("cq", "cq (CompletionQueue::wait_until)"),
+    ];
+    if cfg!(feature = "tokio") {
+        waits.push(("async", "async (rdma::aio::AsyncCq on tokio)"));
+    }
+    let mut port = 18900;
+    for (wait, named) in waits {
+        for test in ["send_bw", "write_bw", "read_bw", "send_lat"] {
+            // 4 KiB: every send signaled; 2 B: one in 100 (send_lat: each).
+            for size in ["4096", "2"] {
+                let out = perf_pair(test, &["-e", "--wait", wait, "-s", size, "-n", "300"], port);
+                port += 1;
+                let v = perf_row(&out, size.parse().unwrap(), 300);
+                let line = format!(" Events          : {named}");
+                assert!(
+                    !out.lines_starting(&line).is_empty(),
+                    "{test} --wait {wait}: the header names the wait:\n{out}"
+                );
+                if test != "send_lat" {
+                    assert!(v[3] > 0.0, "{test} -s {size} --wait {wait}: {v:?}");
+                }
+            }
+        }
+    }
+}
+
 /// The latency tests' safe path posts prepared requests
 /// (`prepare_send`/`post_prepared`) by default and builds every request for
 /// `post_send` with `--post-send`, on both post paths; the header says which.
