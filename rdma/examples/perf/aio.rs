@@ -60,7 +60,7 @@ pub fn bw_client(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamp
         let mut wcs: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
         conn.oob.barrier()?;
         while !client.finished() {
-            client.post(&mut conn.qps, &conn.remote, stamps)?;
+            client.post(&mut conn.qps, stamps)?;
             wcs.clear();
             acq.batch(&mut wcs, POLL_BATCH)
                 .await

@@ -96,7 +96,7 @@ fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps)
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
     while !client.finished() {
-        client.post(&mut conn.qps, &conn.remote, stamps)?;
+        client.post(&mut conn.qps, stamps)?;
         wcs.clear();
         if io::poll_safe(&conn.send_cq, conn.send_ch.as_ref(), &mut wcs, POLL_BATCH)? == 0 {
             watch.idle()?;
@@ -119,19 +119,27 @@ pub struct SafeClient {
     atomic: AtomicOp,
     /// The region every SEND and WRITE request shares.
     shared: Option<Arc<MemoryRegion>>,
-    /// Per QP, the regions of READ and atomic requests not in flight.
-    free: Vec<Vec<MemoryRegion>>,
-    /// Per QP, the request checked once and posted again and again (perftest
-    /// builds its requests once too), unless --post-send.
-    prepared: Vec<Option<PreparedSend>>,
+    /// Per QP (in the QPs' order): one bounds check per QP visited, none
+    /// per request.
+    sides: Vec<QpSide>,
     iters: u32,
     /// Requests over all QPs.
     pub total: usize,
-    /// Per QP, requests posted and completed.
-    scnt: Vec<u32>,
-    ccnt: Vec<u32>,
     /// Requests completed over all QPs.
     done: usize,
+}
+
+/// One QP's part of [`SafeClient`].
+struct QpSide {
+    /// Requests posted and completed.
+    scnt: u32,
+    ccnt: u32,
+    /// The regions of READ and atomic requests not in flight.
+    free: Vec<MemoryRegion>,
+    /// The request checked once and posted again and again (perftest builds
+    /// its requests once too), unless --post-send.
+    prepared: Option<PreparedSend>,
+    remote: RemoteMemory,
 }
 
 impl SafeClient {
@@ -154,23 +162,31 @@ impl SafeClient {
         } else {
             None
         };
-        let free = (0..nq)
-            .map(|_| match shared {
-                Some(_) => Ok(Vec::new()),
-                None => setup::pool(&conn.pd, depth, len, io::local_access(verb)),
-            })
-            .collect::<Res<_>>()?;
-        let prepared = conn
+        let sides = conn
             .qps
             .iter()
             .zip(&conn.remote)
             .map(|(qp, &remote)| {
-                if !opts.prepared {
-                    return Ok(None);
-                }
-                qp.prepare_send(io::safe_op(verb, opts.atomic, remote), SendFlags::SIGNALED)
-                    .map(Some)
-                    .map_err(|e| format!("Couldn't prepare the request: {e}"))
+                let free = match shared {
+                    Some(_) => Vec::new(),
+                    None => setup::pool(&conn.pd, depth, len, io::local_access(verb))?,
+                };
+                let prepared = if opts.prepared {
+                    let op = io::safe_op(verb, opts.atomic, remote);
+                    let p = qp
+                        .prepare_send(op, SendFlags::SIGNALED)
+                        .map_err(|e| format!("Couldn't prepare the request: {e}"))?;
+                    Some(p)
+                } else {
+                    None
+                };
+                Ok(QpSide {
+                    scnt: 0,
+                    ccnt: 0,
+                    free,
+                    prepared,
+                    remote,
+                })
             })
             .collect::<Res<_>>()?;
         let total = opts.iters as usize * nq;
@@ -181,12 +197,9 @@ impl SafeClient {
             verb,
             atomic: opts.atomic,
             shared,
-            free,
-            prepared,
+            sides,
             iters: opts.iters,
             total,
-            scnt: vec![0; nq],
-            ccnt: vec![0; nq],
             done: 0,
         })
     }
@@ -203,27 +216,22 @@ impl SafeClient {
     /// # Errors
     /// A failed post.
     #[inline(always)]
-    pub fn post(
-        &mut self,
-        qps: &mut [QueuePair],
-        remote: &[RemoteMemory],
-        stamps: &mut BwStamps,
-    ) -> Res<()> {
+    pub fn post(&mut self, qps: &mut [QueuePair], stamps: &mut BwStamps) -> Res<()> {
         let (iters, depth, cq_mod) = (self.iters, self.depth, self.cq_mod);
-        for (q, qp) in qps.iter_mut().enumerate() {
-            while self.scnt[q] < iters && self.scnt[q] - self.ccnt[q] < depth {
+        for (q, (qp, side)) in qps.iter_mut().zip(&mut self.sides).enumerate() {
+            while side.scnt < iters && side.scnt - side.ccnt < depth {
                 // The shared region, or a region of the pool.
                 let own = if self.shared.is_some() {
                     None
                 } else {
-                    let Some(mr) = self.free[q].pop() else { break };
+                    let Some(mr) = side.free.pop() else { break };
                     Some(mr)
                 };
-                let n = self.scnt[q] + 1;
+                let n = side.scnt + 1;
                 let signaled = n % cq_mod == 0 || n == iters;
                 let id = io::wr_id(q, n);
                 stamps.posted.push(clock::now());
-                match (&mut self.prepared[q], &self.shared, own) {
+                match (&mut side.prepared, &self.shared, own) {
                     (Some(p), Some(s), _) => {
                         p.set_signaled(signaled);
                         qp.post_prepared_shared(p, id, Arc::clone(s))
@@ -237,12 +245,12 @@ impl SafeClient {
                             Some(s) => WrBuffers::Shared(Arc::clone(s)),
                             None => mr.map_or(WrBuffers::None, WrBuffers::One),
                         };
-                        let wr = io::safe_wr(self.verb, self.atomic, id, buffers, remote[q]);
+                        let wr = io::safe_wr(self.verb, self.atomic, id, buffers, side.remote);
                         qp.post_send(wr.signaled(signaled))
                     }
                 }
                 .map_err(|e| format!("Couldn't post send on QP {q} (request {n}): {}", e.error))?;
-                self.scnt[q] = n;
+                side.scnt = n;
             }
         }
         Ok(())
@@ -260,7 +268,10 @@ impl SafeClient {
         for c in wcs {
             io::check(c, "send")?;
             let (q, n) = io::split_id(c.wr_id);
-            let pool = self.free.get_mut(q).ok_or("completion for an unknown QP")?;
+            let side = self
+                .sides
+                .get_mut(q)
+                .ok_or("completion for an unknown QP")?;
             if c.unsignaled.is_empty() {
             } else if self.shared.is_some() {
                 // A shared region's references give no region back
@@ -268,12 +279,12 @@ impl SafeClient {
                 c.unsignaled.clear();
             } else {
                 for (_, b) in c.unsignaled.drain(..) {
-                    pool.extend(b.into_one());
+                    side.free.extend(b.into_one());
                 }
             }
-            pool.extend(c.take_buffers().into_one());
-            self.done += (n - self.ccnt[q]) as usize;
-            self.ccnt[q] = n;
+            side.free.extend(c.take_buffers().into_one());
+            self.done += (n - side.ccnt) as usize;
+            side.ccnt = n;
             stamps.completed.push((self.done, now));
         }
         Ok(())
