@@ -332,6 +332,50 @@ fn next_into_fills_the_callers_slot_and_a_dropped_wait_loses_nothing() {
 
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn batch_appends_at_most_max_in_order_and_a_dropped_wait_loses_nothing() {
+    let mut l = looped(|_| {});
+    runtime().block_on(async {
+        let driver = CqChannel::new(&l.channel, &Tokio).unwrap();
+        let mut acq_b = AsyncCq::new(&driver, &l.cq_b).unwrap();
+        // What `out` holds already stays in front of what a batch appends.
+        let mut out = Vec::new();
+        assert_eq!(
+            bounded("an empty batch", acq_b.batch(&mut out, 0))
+                .await
+                .unwrap(),
+            0
+        );
+        // Dropped while waiting (CQ armed, nothing posted): `out` is left
+        // alone and the completions come with the next waits.
+        {
+            let mut f = pin!(acq_b.batch(&mut out, 4));
+            assert!(poll_once(f.as_mut()).is_pending());
+        }
+        assert!(out.is_empty());
+        const N: u64 = 40;
+        for i in 0..N {
+            ping(&mut l, i);
+        }
+        let mut batches = 0;
+        while (out.len() as u64) < N {
+            let before = out.len();
+            let n = bounded("a batch", acq_b.batch(&mut out, 3)).await.unwrap();
+            assert!((1..=3).contains(&n), "{n}");
+            assert_eq!(out.len(), before + n);
+            batches += 1;
+        }
+        assert!(batches >= N / 3, "{batches} batches of at most 3");
+        for (i, c) in out.into_iter().enumerate() {
+            check_recv(c, i as u64);
+        }
+        assert_eq!(acq_b.buffered(), 0);
+    });
+    drop(l);
+    assert_eq!(rdma::teardown_failures(), 0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn eight_connections_on_one_channel_from_eight_tasks() {
     const N: usize = 8;
     const MSGS: u64 = 20;

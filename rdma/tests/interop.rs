@@ -1231,6 +1231,47 @@ fn perf_raw_paths_run_the_same_tests() {
     assert!(perf_row(&out, 4096, 200)[3] > 0.0);
 }
 
+/// `-e` (sleeping on completion events) with each way of waiting: the
+/// bandwidth tests and `send_lat` run and report, and the header names the
+/// wait. `--wait async` (the loops as futures on `rdma::aio`) needs perf
+/// built with the `tokio` feature, as the tests are with it; the blocking
+/// waits share the bandwidth loop, so one run each covers them.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn perf_event_mode_runs_with_every_wait() {
+    // 2 B: one send in 100 signaled; 4 KiB: every one.
+    let mut cases = vec![("channel", "send_bw", 2), ("cq", "send_bw", 4096)];
+    if cfg!(feature = "tokio") {
+        cases.extend([
+            ("async", "send_bw", 2),
+            ("async", "send_bw", 4096),
+            ("async", "write_bw", 2),
+            ("async", "read_bw", 4096),
+            ("async", "send_lat", 2),
+        ]);
+    }
+    for (i, (wait, test, size)) in cases.into_iter().enumerate() {
+        let s = size.to_string();
+        let args = ["-e", "--wait", wait, "-s", &s, "-n", "200"];
+        let out = perf_pair(test, &args, 18900 + i as u16);
+        let v = perf_row(&out, size, 200);
+        let named = match wait {
+            "channel" => "channel (CompletionChannel::get_event)",
+            "cq" => "cq (CompletionQueue::wait_until)",
+            _ => "async (rdma::aio::AsyncCq on tokio)",
+        };
+        assert!(
+            !out.lines_starting(&format!(" Events          : {named}"))
+                .is_empty(),
+            "{test} --wait {wait}: the header names the wait:\n{out}"
+        );
+        // Bandwidth rows: the message rate (2 B rounds to 0.00 MiB/s).
+        if test != "send_lat" {
+            assert!(v[4] > 0.0, "{test} -s {size} --wait {wait}: {v:?}");
+        }
+    }
+}
+
 /// The latency tests' safe path posts prepared requests
 /// (`prepare_send`/`post_prepared`) by default and builds every request for
 /// `post_send` with `--post-send`, on both post paths; the header says which.

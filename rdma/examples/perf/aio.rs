@@ -1,10 +1,13 @@
-//! `-e --wait async`: `send_lat`'s loop as a future on a tokio
-//! `current_thread` runtime, every completion awaited through
-//! `rdma::aio::AsyncCq` (poll; when the CQ is empty arm it, poll again and
-//! let the runtime's reactor sleep on the completion channel's descriptor,
-//! events acknowledged in batches), as an async service waits.
+//! `-e --wait async`: `send_lat`'s loop and the bandwidth tests' safe
+//! loops as futures on a tokio `current_thread` runtime, every completion
+//! awaited through `rdma::aio::AsyncCq` (poll; when the CQ is empty arm it,
+//! poll again and let the runtime's reactor sleep on the completion
+//! channel's descriptor, events acknowledged in batches), as an async
+//! service waits.
 //!
-//! The loop is `lat.rs`'s safe `send_lat` loop with its waits replaced:
+//! The bandwidth loops are `bw.rs`'s own steps (`SafeClient`,
+//! `SafeServer`) with `AsyncCq::batch` as the wait. The latency loop is
+//! `lat.rs`'s safe `send_lat` loop with its waits replaced:
 //! the same posts (prepared, or inline), the same receive reposted after
 //! the reply, the same stamps. Completions are polled into slots the loop
 //! keeps (`AsyncCq::next_into`), as the blocking loop does.
@@ -14,11 +17,15 @@
 //! options are read.
 
 use rdma::aio::tokio as rt;
-use rdma::{AccessFlags, InlineSend, SendFlags, SendOp, WrBuffers};
+use std::future::Future;
 
+use rdma::{AccessFlags, Completion, InlineSend, SendFlags, SendOp, WrBuffers};
+
+use crate::bw::{SafeClient, SafeServer};
 use crate::clock::Stamps;
-use crate::io;
+use crate::io::{self, POLL_BATCH};
 use crate::opts::{Opts, OrFail, Res};
+use crate::report::BwStamps;
 use crate::setup::{self, Conn};
 
 /// `send_lat` for one size with async waits; see the module documentation.
@@ -26,11 +33,65 @@ use crate::setup::{self, Conn};
 /// # Errors
 /// Any failure of the run, or of building the runtime.
 pub fn send_lat(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
+    block_on(send_lat_async(conn, opts, size, stamps))
+}
+
+/// Runs `run` on a new tokio `current_thread` runtime with its I/O driver.
+fn block_on<T>(run: impl Future<Output = Res<T>>) -> Res<T> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
         .or_fail("Couldn't build a tokio runtime")?;
-    runtime.block_on(send_lat_async(conn, opts, size, stamps))
+    runtime.block_on(run)
+}
+
+/// The bandwidth client (`send_bw`, `write_bw`, `read_bw`, `atomic_bw`) for
+/// one size with async waits: `bw.rs`'s safe loop ([`SafeClient`]'s two
+/// steps), each poll's batch awaited with `AsyncCq::batch`, which polls
+/// into the loop's `Vec` where the completions are handled. Returns the
+/// number of requests.
+///
+/// # Errors
+/// Any failure of the run, or of building the runtime.
+pub fn bw_client(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) -> Res<usize> {
+    block_on(async {
+        let mut client = SafeClient::new(conn, opts, size, stamps)?;
+        let mut acq = rt::completions(&conn.send_cq).or_fail("Couldn't await the send CQ")?;
+        let mut wcs: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
+        conn.oob.barrier()?;
+        while !client.finished() {
+            client.post(&mut conn.qps, stamps)?;
+            wcs.clear();
+            acq.batch(&mut wcs, POLL_BATCH)
+                .await
+                .or_fail("poll CQ failed")?;
+            client.complete(&mut wcs, stamps)?;
+        }
+        Ok(client.total)
+    })
+}
+
+/// The `send_bw` server for one size with async waits: `bw.rs`'s safe loop
+/// ([`SafeServer`]'s step), each poll's batch awaited as in [`bw_client`].
+/// Returns the number of messages.
+///
+/// # Errors
+/// Any failure of the run, or of building the runtime.
+pub fn bw_server(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) -> Res<usize> {
+    block_on(async {
+        let mut server = SafeServer::new(conn, opts, size, stamps)?;
+        let mut acq = rt::completions(&conn.recv_cq).or_fail("Couldn't await the receive CQ")?;
+        let mut wcs: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
+        conn.oob.barrier()?;
+        while !server.finished() {
+            wcs.clear();
+            acq.batch(&mut wcs, POLL_BATCH)
+                .await
+                .or_fail("poll CQ failed")?;
+            server.complete(&mut conn.qps, &mut wcs)?;
+        }
+        Ok(server.end(stamps))
+    })
 }
 
 async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {

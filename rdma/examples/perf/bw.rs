@@ -5,11 +5,13 @@
 
 use std::sync::Arc;
 
-use rdma::{ffi, Completion, MemoryRegion, PreparedSend, SendFlags, WrBuffers};
+use rdma::{
+    ffi, Completion, MemoryRegion, PreparedSend, QueuePair, RemoteMemory, SendFlags, WrBuffers,
+};
 
 use crate::clock;
 use crate::io::{self, RawRecv, RawSend, POLL_BATCH};
-use crate::opts::{Opts, Res, Verb};
+use crate::opts::{AtomicOp, Opts, Res, Verb};
 use crate::report::{self, BwStamps};
 use crate::setup::{self, Conn};
 
@@ -27,6 +29,10 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
     for size in opts.sizes() {
         let cpu0 = report::cpu_times();
         let n = match (server, opts.test.verb, opts.raw) {
+            #[cfg(feature = "tokio")]
+            (true, Verb::Send, false) if opts.wait == crate::events::Wait::Async => {
+                crate::aio::bw_server(conn, opts, size, &mut stamps)?
+            }
             (true, Verb::Send, false) => server_send_safe(conn, opts, size, &mut stamps)?,
             (true, Verb::Send, true) => server_send_raw(conn, opts, size, &mut stamps)?,
             (true, _, _) => {
@@ -34,6 +40,10 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
                 conn.oob.barrier()?;
                 conn.oob.barrier()?;
                 continue;
+            }
+            #[cfg(feature = "tokio")]
+            (false, _, false) if opts.wait == crate::events::Wait::Async => {
+                crate::aio::bw_client(conn, opts, size, &mut stamps)?
             }
             (false, _, false) => client_safe(conn, opts, size, &mut stamps)?,
             (false, _, true) => client_raw(conn, opts, size, &mut stamps)?,
@@ -77,65 +87,151 @@ fn buf_len(opts: &Opts, size: usize) -> usize {
 /// atomic requests each move a region of their own into the queue, which
 /// the completion (or, for unsignaled requests, the next signaled one) gives
 /// back to be posted again. Returns the number of requests.
+///
+/// The loop is [`SafeClient`]'s; `-e --wait async` runs the same loop with
+/// its completions awaited (`aio::bw_client`).
 fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) -> Res<usize> {
-    let nq = conn.qps.len();
-    let (depth, cq_mod) = depth_and_mod(opts, size);
-    let len = buf_len(opts, size);
-    let verb = opts.test.verb;
-    let shared = if io::shares_buffer(verb) {
-        let mr = conn
-            .pd
-            .alloc_mr(len, io::local_access(verb))
-            .map_err(|e| format!("Couldn't register the send buffer: {e}"))?;
-        Some(Arc::new(mr))
-    } else {
-        None
-    };
-    let mut free: Vec<Vec<MemoryRegion>> = (0..nq)
-        .map(|_| match shared {
-            Some(_) => Ok(Vec::new()),
-            None => setup::pool(&conn.pd, depth, len, io::local_access(verb)),
-        })
-        .collect::<Res<_>>()?;
-    // Requests checked once per QP and posted again and again (perftest
-    // builds its requests once too), unless --post-send.
-    let mut prepared: Vec<Option<PreparedSend>> = conn
-        .qps
-        .iter()
-        .zip(&conn.remote)
-        .map(|(qp, &remote)| {
-            if !opts.prepared {
-                return Ok(None);
-            }
-            qp.prepare_send(io::safe_op(verb, opts.atomic, remote), SendFlags::SIGNALED)
-                .map(Some)
-                .map_err(|e| format!("Couldn't prepare the request: {e}"))
-        })
-        .collect::<Res<_>>()?;
-    let iters = opts.iters;
-    let total = iters as usize * nq;
-    let mut scnt = vec![0u32; nq];
-    let mut ccnt = vec![0u32; nq];
-    let mut done = 0usize;
+    let mut client = SafeClient::new(conn, opts, size, stamps)?;
     let mut wcs: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
-    stamps.reset(total);
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
-    while done < total {
-        for (q, qp) in conn.qps.iter_mut().enumerate() {
-            while scnt[q] < iters && scnt[q] - ccnt[q] < depth {
+    while !client.finished() {
+        client.post(&mut conn.qps, stamps)?;
+        wcs.clear();
+        if io::poll_safe(&conn.send_cq, conn.send_ch.as_ref(), &mut wcs, POLL_BATCH)? == 0 {
+            watch.idle()?;
+            continue;
+        }
+        client.complete(&mut wcs, stamps)?;
+    }
+    Ok(client.total)
+}
+
+/// The safe client's state for one size, and the two steps of its loop:
+/// post on every QP while it has room ([`SafeClient::post`]), then handle
+/// a poll's completions ([`SafeClient::complete`]). The blocking loop
+/// ([`client_safe`]) and the async one (`aio::bw_client`) differ only in
+/// how they wait for the completions in between.
+pub struct SafeClient {
+    depth: u32,
+    cq_mod: u32,
+    verb: Verb,
+    atomic: AtomicOp,
+    /// The region every SEND and WRITE request shares.
+    shared: Option<Arc<MemoryRegion>>,
+    /// Per QP (in the QPs' order): one bounds check per QP visited, none
+    /// per request.
+    sides: Vec<QpSide>,
+    iters: u32,
+    /// Requests over all QPs.
+    pub total: usize,
+    /// Requests completed over all QPs.
+    done: usize,
+}
+
+/// One QP's part of [`SafeClient`].
+struct QpSide {
+    /// Requests posted and completed.
+    scnt: u32,
+    ccnt: u32,
+    /// The regions of READ and atomic requests not in flight.
+    free: Vec<MemoryRegion>,
+    /// The request checked once and posted again and again (perftest builds
+    /// its requests once too), unless --post-send.
+    prepared: Option<PreparedSend>,
+    remote: RemoteMemory,
+}
+
+impl SafeClient {
+    /// Registers the buffers and prepares the requests of one size; resets
+    /// `stamps` for it.
+    ///
+    /// # Errors
+    /// Registration or preparation failures.
+    pub fn new(conn: &Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) -> Res<SafeClient> {
+        let nq = conn.qps.len();
+        let (depth, cq_mod) = depth_and_mod(opts, size);
+        let len = buf_len(opts, size);
+        let verb = opts.test.verb;
+        let shared = if io::shares_buffer(verb) {
+            let mr = conn
+                .pd
+                .alloc_mr(len, io::local_access(verb))
+                .map_err(|e| format!("Couldn't register the send buffer: {e}"))?;
+            Some(Arc::new(mr))
+        } else {
+            None
+        };
+        let sides = conn
+            .qps
+            .iter()
+            .zip(&conn.remote)
+            .map(|(qp, &remote)| {
+                let free = match shared {
+                    Some(_) => Vec::new(),
+                    None => setup::pool(&conn.pd, depth, len, io::local_access(verb))?,
+                };
+                let prepared = if opts.prepared {
+                    let op = io::safe_op(verb, opts.atomic, remote);
+                    let p = qp
+                        .prepare_send(op, SendFlags::SIGNALED)
+                        .map_err(|e| format!("Couldn't prepare the request: {e}"))?;
+                    Some(p)
+                } else {
+                    None
+                };
+                Ok(QpSide {
+                    scnt: 0,
+                    ccnt: 0,
+                    free,
+                    prepared,
+                    remote,
+                })
+            })
+            .collect::<Res<_>>()?;
+        let total = opts.iters as usize * nq;
+        stamps.reset(total);
+        Ok(SafeClient {
+            depth,
+            cq_mod,
+            verb,
+            atomic: opts.atomic,
+            shared,
+            sides,
+            iters: opts.iters,
+            total,
+            done: 0,
+        })
+    }
+
+    /// Whether every request has completed.
+    #[inline(always)]
+    pub fn finished(&self) -> bool {
+        self.done >= self.total
+    }
+
+    /// Posts on every QP while it has fewer than the depth in flight (and
+    /// a free region, for READ and atomic requests) and more are due.
+    ///
+    /// # Errors
+    /// A failed post.
+    #[inline(always)]
+    pub fn post(&mut self, qps: &mut [QueuePair], stamps: &mut BwStamps) -> Res<()> {
+        let (iters, depth, cq_mod) = (self.iters, self.depth, self.cq_mod);
+        for (q, (qp, side)) in qps.iter_mut().zip(&mut self.sides).enumerate() {
+            while side.scnt < iters && side.scnt - side.ccnt < depth {
                 // The shared region, or a region of the pool.
-                let own = if shared.is_some() {
+                let own = if self.shared.is_some() {
                     None
                 } else {
-                    let Some(mr) = free[q].pop() else { break };
+                    let Some(mr) = side.free.pop() else { break };
                     Some(mr)
                 };
-                let n = scnt[q] + 1;
+                let n = side.scnt + 1;
                 let signaled = n % cq_mod == 0 || n == iters;
                 let id = io::wr_id(q, n);
                 stamps.posted.push(clock::now());
-                match (&mut prepared[q], &shared, own) {
+                match (&mut side.prepared, &self.shared, own) {
                     (Some(p), Some(s), _) => {
                         p.set_signaled(signaled);
                         qp.post_prepared_shared(p, id, Arc::clone(s))
@@ -149,43 +245,50 @@ fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps)
                             Some(s) => WrBuffers::Shared(Arc::clone(s)),
                             None => mr.map_or(WrBuffers::None, WrBuffers::One),
                         };
-                        let wr = io::safe_wr(verb, opts.atomic, id, buffers, conn.remote[q]);
+                        let wr = io::safe_wr(self.verb, self.atomic, id, buffers, side.remote);
                         qp.post_send(wr.signaled(signaled))
                     }
                 }
                 .map_err(|e| format!("Couldn't post send on QP {q} (request {n}): {}", e.error))?;
-                scnt[q] = n;
+                side.scnt = n;
             }
         }
-        wcs.clear();
-        if io::poll_safe(&conn.send_cq, conn.send_ch.as_ref(), &mut wcs, POLL_BATCH)? == 0 {
-            watch.idle()?;
-            continue;
-        }
+        Ok(())
+    }
+
+    /// Handles a poll's completions where they lie (moving each 112-byte
+    /// completion out cost more than handling it); the caller's next
+    /// `clear` drops what is left.
+    ///
+    /// # Errors
+    /// A failed completion, or one of an unknown QP.
+    #[inline(always)]
+    pub fn complete(&mut self, wcs: &mut [Completion], stamps: &mut BwStamps) -> Res<()> {
         let now = clock::now();
-        // Handled where they lie (moving each 112-byte completion out cost
-        // more than handling it); the next `clear` drops what is left.
-        for c in &mut wcs {
+        for c in wcs {
             io::check(c, "send")?;
             let (q, n) = io::split_id(c.wr_id);
-            let pool = free.get_mut(q).ok_or("completion for an unknown QP")?;
+            let side = self
+                .sides
+                .get_mut(q)
+                .ok_or("completion for an unknown QP")?;
             if c.unsignaled.is_empty() {
-            } else if shared.is_some() {
+            } else if self.shared.is_some() {
                 // A shared region's references give no region back
                 // (`shared` holds another one): they are just dropped.
                 c.unsignaled.clear();
             } else {
                 for (_, b) in c.unsignaled.drain(..) {
-                    pool.extend(b.into_one());
+                    side.free.extend(b.into_one());
                 }
             }
-            pool.extend(c.take_buffers().into_one());
-            done += (n - ccnt[q]) as usize;
-            ccnt[q] = n;
-            stamps.completed.push((done, now));
+            side.free.extend(c.take_buffers().into_one());
+            self.done += (n - side.ccnt) as usize;
+            side.ccnt = n;
+            stamps.completed.push((self.done, now));
         }
+        Ok(())
     }
-    Ok(total)
 }
 
 /// Raw client: prebuilt requests over one registration per QP: SEND and
@@ -271,56 +374,114 @@ fn rx_slots(opts: &Opts, size: usize) -> u32 {
 
 /// Safe `send_bw` server: every receive owns its buffer; a completion gives
 /// it back and it is posted again while more messages are due.
+///
+/// The loop is [`SafeServer`]'s; `-e --wait async` runs the same loop with
+/// its completions awaited (`aio::bw_server`).
 fn server_send_safe(
     conn: &mut Conn,
     opts: &Opts,
     size: usize,
     stamps: &mut BwStamps,
 ) -> Res<usize> {
-    let nq = conn.qps.len();
-    let slots = rx_slots(opts, size);
-    for (q, qp) in conn.qps.iter_mut().enumerate() {
-        let bufs = setup::pool(&conn.pd, slots, size, rdma::AccessFlags::LOCAL_WRITE)?;
-        qp.post_recv_batch(
-            bufs.into_iter()
-                .map(|m| (io::wr_id(q, 0), WrBuffers::One(m))),
-        )
-        .map_err(|e| format!("Couldn't post receives on QP {q}: {}", e.error))?;
-    }
-    let iters = opts.iters;
-    let total = iters as usize * nq;
-    let mut posted = vec![slots; nq];
-    let mut got = 0usize;
-    let mut first = None;
-    let mut last = clock::now();
+    let mut server = SafeServer::new(conn, opts, size, stamps)?;
     let mut wcs: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
-    stamps.reset(1);
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
-    while got < total {
+    while !server.finished() {
         wcs.clear();
         if io::poll_safe(&conn.recv_cq, conn.recv_ch.as_ref(), &mut wcs, POLL_BATCH)? == 0 {
             watch.idle()?;
             continue;
         }
-        last = clock::now();
-        first.get_or_insert(last);
-        for c in &mut wcs {
+        server.complete(&mut conn.qps, &mut wcs)?;
+    }
+    Ok(server.end(stamps))
+}
+
+/// The safe `send_bw` server's state for one size and the step of its
+/// loop ([`SafeServer::complete`]), shared by the blocking loop
+/// ([`server_send_safe`]) and the async one (`aio::bw_server`).
+pub struct SafeServer {
+    iters: u32,
+    total: usize,
+    /// Per QP, receives posted so far.
+    posted: Vec<u32>,
+    got: usize,
+    first: Option<u64>,
+    last: u64,
+}
+
+impl SafeServer {
+    /// Posts the receives of one size on every QP; resets `stamps`.
+    ///
+    /// # Errors
+    /// Registration or post failures.
+    pub fn new(
+        conn: &mut Conn,
+        opts: &Opts,
+        size: usize,
+        stamps: &mut BwStamps,
+    ) -> Res<SafeServer> {
+        let nq = conn.qps.len();
+        let slots = rx_slots(opts, size);
+        for (q, qp) in conn.qps.iter_mut().enumerate() {
+            let bufs = setup::pool(&conn.pd, slots, size, rdma::AccessFlags::LOCAL_WRITE)?;
+            qp.post_recv_batch(
+                bufs.into_iter()
+                    .map(|m| (io::wr_id(q, 0), WrBuffers::One(m))),
+            )
+            .map_err(|e| format!("Couldn't post receives on QP {q}: {}", e.error))?;
+        }
+        stamps.reset(1);
+        Ok(SafeServer {
+            iters: opts.iters,
+            total: opts.iters as usize * nq,
+            posted: vec![slots; nq],
+            got: 0,
+            first: None,
+            last: clock::now(),
+        })
+    }
+
+    /// Whether every message has arrived.
+    #[inline(always)]
+    pub fn finished(&self) -> bool {
+        self.got >= self.total
+    }
+
+    /// Handles a poll's completions where they lie: each receive's buffer
+    /// is posted again while more messages are due.
+    ///
+    /// # Errors
+    /// A failed completion or post, or a completion of an unknown QP.
+    #[inline(always)]
+    pub fn complete(&mut self, qps: &mut [QueuePair], wcs: &mut [Completion]) -> Res<()> {
+        self.last = clock::now();
+        self.first.get_or_insert(self.last);
+        for c in wcs {
             io::check(c, "receive")?;
             let (q, _) = io::split_id(c.wr_id);
-            got += 1;
-            let p = posted.get_mut(q).ok_or("completion for an unknown QP")?;
-            if *p < iters {
-                conn.qps[q]
+            self.got += 1;
+            let p = self
+                .posted
+                .get_mut(q)
+                .ok_or("completion for an unknown QP")?;
+            if *p < self.iters {
+                qps[q]
                     .post_recv(c.wr_id, c.take_buffers())
                     .map_err(|e| format!("Couldn't post a receive on QP {q}: {}", e.error))?;
                 *p += 1;
             }
         }
+        Ok(())
     }
-    stamps.posted.push(first.unwrap_or(last));
-    stamps.completed.push((total, last));
-    Ok(total)
+
+    /// Stamps the first and last arrivals; returns the number of messages.
+    pub fn end(&self, stamps: &mut BwStamps) -> usize {
+        stamps.posted.push(self.first.unwrap_or(self.last));
+        stamps.completed.push((self.total, self.last));
+        self.total
+    }
 }
 
 /// Raw `send_bw` server: prebuilt receives over slots of one registration

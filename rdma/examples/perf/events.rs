@@ -3,9 +3,9 @@
 //! (`io::sleep_on`); `--wait cq` hands the whole cycle to the crate's
 //! blocking wait, `CompletionQueue::wait_until` (poll, arm, poll, read the
 //! channel, events acknowledged 16 at a time), with the loop's own poll;
-//! `--wait async` (`send_lat` only, perf built with the `tokio` feature)
-//! runs the loop as a future whose completions are awaited through
-//! `rdma::aio` (`perf/aio.rs`).
+//! `--wait async` (`send_lat` and the bandwidth tests, perf built with the
+//! `tokio` feature) runs the loop as a future whose completions are awaited
+//! through `rdma::aio` (`perf/aio.rs`).
 //!
 //! The choice is made once, before the loops run; `io::sleep_on` asks
 //! [`through_cq`] on every sleep (one relaxed load).
@@ -23,14 +23,14 @@ pub enum Wait {
     Channel,
     /// `CompletionQueue::wait_until`.
     Cq,
-    /// `rdma::aio::AsyncCq::next` on a tokio runtime (`perf/aio.rs`).
+    /// `rdma::aio::AsyncCq` on a tokio runtime (`perf/aio.rs`).
     Async,
 }
 
 /// Parses `--wait`'s value.
 ///
 /// # Errors
-/// Anything but `channel` or `cq`.
+/// Anything but `channel`, `cq` or `async`.
 pub fn parse(flag: &str, v: &str) -> Result<Wait, ArgError> {
     match v {
         "channel" => Ok(Wait::Channel),

@@ -259,7 +259,7 @@ const FLAGS: &[Flag] = &[
     Flag { short: Some('a'), long: "all", value: None, key: Key::All, help: "run every size from 2 to 2^23 bytes" },
     Flag { short: Some('I'), long: "inline_size", value: Some("bytes"), key: Key::Inline, help: "send messages up to this size inline (default 0: perftest enables inline only on NICs it knows, not on soft-RoCE)" },
     Flag { short: Some('e'), long: "events", value: None, key: Key::Events, help: "sleep on completion events instead of busy polling" },
-    Flag { short: None, long: "wait", value: Some("how"), key: Key::Wait, help: "with -e: channel (CompletionChannel::get_event after arming, default) or cq (the crate's blocking wait, CompletionQueue::wait_until) or async (send_lat only: the loop as a future on tokio, completions through rdma::aio::AsyncCq; perf built with --features tokio)" },
+    Flag { short: None, long: "wait", value: Some("how"), key: Key::Wait, help: "with -e: channel (CompletionChannel::get_event after arming, default) or cq (the crate's blocking wait, CompletionQueue::wait_until) or async (send_lat and the bandwidth tests: the loop as a future on tokio, completions through rdma::aio::AsyncCq; perf built with --features tokio)" },
     Flag { short: Some('p'), long: "port", value: Some("port"), key: Key::Port, help: "TCP port of the out-of-band exchange (default 18515)" },
     Flag { short: Some('F'), long: "CPU-freq", value: None, key: Key::CpuFreq, help: "accepted for perftest compatibility (perf measures the TSC rate against CLOCK_MONOTONIC over each run)" },
     Flag { short: Some('q'), long: "qp", value: Some("n"), key: Key::Qps, help: "number of QPs, bandwidth tests only (default 1)" },
@@ -560,8 +560,8 @@ fn finish(mut o: Opts, g: Given) -> Result<Opts, ArgError> {
         return bad("--wait applies to -e on the safe path (leave out --raw)");
     }
     if o.wait == crate::events::Wait::Async {
-        if o.test.name() != "send_lat" {
-            return bad("--wait async is implemented for send_lat only");
+        if kind != Kind::Bw && o.test.name() != "send_lat" {
+            return bad("--wait async is implemented for send_lat and the bandwidth tests");
         }
         if !cfg!(feature = "tokio") {
             return bad("--wait async needs perf built with the tokio feature \
@@ -665,24 +665,33 @@ mod tests {
     }
 
     #[test]
-    fn wait_async_is_send_lat_with_events_and_the_tokio_feature() {
+    fn wait_async_is_send_lat_or_bw_with_events_and_the_tokio_feature() {
         for s in [
-            "send_bw -e --wait async",
+            "send_bw --wait async",
+            "write_bw -e --raw --wait async",
             "read_lat -e --wait async",
+            "write_lat -e --wait async",
             "send_lat --wait async",
             "send_lat -e --raw --post legacy --wait async",
             "send_lat -e --wait later",
         ] {
             assert!(matches!(p(s), Err(ArgError::Bad(_))), "{s:?} accepted");
         }
-        let r = p("send_lat -e --wait async");
-        if cfg!(feature = "tokio") {
-            assert_eq!(r.unwrap().wait, crate::events::Wait::Async);
-        } else {
-            assert!(
-                matches!(&r, Err(ArgError::Bad(m)) if m.contains("--features tokio")),
-                "accepted without the feature"
-            );
+        for s in [
+            "send_lat -e --wait async",
+            "send_bw -e --wait async",
+            "write_bw -e --wait async",
+            "read_bw -e --wait async",
+        ] {
+            let r = p(s);
+            if cfg!(feature = "tokio") {
+                assert_eq!(r.unwrap().wait, crate::events::Wait::Async, "{s:?}");
+            } else {
+                assert!(
+                    matches!(&r, Err(ArgError::Bad(m)) if m.contains("--features tokio")),
+                    "{s:?} accepted without the feature"
+                );
+            }
         }
     }
 

@@ -350,6 +350,14 @@ fn print_header(
     if verb == Verb::Send {
         println!(" RX depth        : {}", opts.rx_depth);
     }
+    if opts.events {
+        let wait = match opts.wait {
+            crate::events::Wait::Channel => "channel (CompletionChannel::get_event)",
+            crate::events::Wait::Cq => "cq (CompletionQueue::wait_until)",
+            crate::events::Wait::Async => "async (rdma::aio::AsyncCq on tokio)",
+        };
+        println!(" Events          : {wait}");
+    }
     if opts.test.kind == Kind::Bw && !opts.is_server() {
         let bufs = match (crate::io::shares_buffer(verb), opts.raw) {
             (true, false) => "one region shared by every request (WrBuffers::Shared)",
