@@ -27,6 +27,38 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::cm::{CmAddr, ConnParam};
 use crate::{ffi, AhAttr, RemoteMemory};
 
+/// The deterministic random numbers of the corpus tests (this crate's and
+/// the workspace's other decoders'): xorshift64*, from a fixed seed, so a
+/// failing mutation is found again by running the test again.
+#[derive(Debug, Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next number.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// A corpus test's time budget: the seconds in the environment variable
+/// `var`, else `default`.
+pub fn budget(var: &str, default: f64) -> std::time::Duration {
+    let secs = std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    std::time::Duration::from_secs_f64(secs)
+}
+
 /// Runs the input through the part its first byte chooses.
 ///
 /// # Panics

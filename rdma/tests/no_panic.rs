@@ -9,28 +9,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use rdma::fuzzing::Rng;
 
 fn budget() -> Duration {
-    let secs = std::env::var("RDMA_FUZZ_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2.0);
-    Duration::from_secs_f64(secs)
+    rdma::fuzzing::budget("RDMA_FUZZ_SECS", 2.0)
 }
 
 fn corpus() -> Vec<(String, Vec<u8>)> {
