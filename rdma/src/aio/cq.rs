@@ -241,6 +241,25 @@ impl fmt::Debug for CqChannel {
 /// refused); other threads may still poll the CQ directly, and a completion
 /// goes to whoever polls it. Completions polled but not yet returned wait in
 /// the `AsyncCq`, never in a future: dropping a future loses none.
+///
+/// ```no_run
+/// # #[cfg(feature = "tokio")]
+/// # async fn f(qp: &mut rdma::QueuePair, cq: &rdma::CompletionQueue) -> rdma::Result<()> {
+/// use rdma::{AccessFlags, PostError};
+///
+/// // `cq` was created with a completion channel:
+/// // `ctx.create_cq(64, Some(&ctx.create_comp_channel()?), 0)`.
+/// let mut completions = rdma::aio::tokio::completions(cq)?;
+/// let buf = qp.pd().alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+/// qp.post_recv(7, buf).map_err(PostError::drop_buffers)?;
+/// // Sleeps until the receive completes (the CQ armed, its event awaited,
+/// // acknowledged in batches); the region comes back with it.
+/// let mut c = completions.next().await?.ok()?;
+/// println!("{} bytes in request {}", c.byte_len, c.wr_id);
+/// let _region = c.take_buffers();
+/// # Ok(())
+/// # }
+/// ```
 pub struct AsyncCq {
     chan: Arc<ChanShared>,
     cq: CompletionQueue,
