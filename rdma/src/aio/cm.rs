@@ -566,6 +566,34 @@ impl fmt::Debug for AsyncCmId {
 /// accept can carry, the CQ and QP), then [`Incoming::accept`].
 ///
 /// Dropped unanswered, the request's id is destroyed, which rejects it.
+///
+/// ```no_run
+/// # #[cfg(feature = "tokio")]
+/// # async fn f() -> rdma::Result<()> {
+/// use rdma::cm::ConnParam;
+/// use rdma::{AccessFlags, QpType};
+///
+/// let cm = rdma::aio::tokio::cm_channel()?;
+/// let mut listener = cm.listen("10.8.0.1:7471".parse().unwrap(), 16)?;
+/// let incoming = listener.get_request().await?;
+/// // The connection's objects, on the device the request came in on.
+/// let ctx = incoming.context()?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(64, None, 0)?;
+/// let qp = pd.qp_builder(QpType::Rc, &cq, &cq).build()?;
+/// // Memory the peer may write, registered on this PD: its address, length
+/// // and rkey travel in the accept's private data.
+/// let target = pd.alloc_mr(1 << 20, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+/// let param = ConnParam {
+///     private_data: target.remote().to_bytes().to_vec(),
+///     ..ConnParam::default()
+/// };
+/// let conn = incoming.accept(&qp, &param).await?;
+/// // ... the peer writes into `target` ...
+/// # drop(conn);
+/// # Ok(())
+/// # }
+/// ```
 pub struct Incoming {
     id: AsyncCmId,
     param: ConnParam,
