@@ -10,6 +10,7 @@
 //! - [`server`]: RDMA CM on the crate's async layer (tokio): one QP per
 //!   client, every message one SEND, receives of the largest msize always
 //!   posted (before the connection is accepted, too).
+//! - [`fuzzing`]: every decoder of a peer's messages on arbitrary bytes.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), String> {
@@ -21,6 +22,7 @@
 
 pub mod client;
 pub mod fs;
+pub mod fuzzing;
 mod link;
 pub mod proto;
 pub mod server;
