@@ -16,11 +16,7 @@ fn budget() -> Duration {
 
 fn corpus() -> Vec<Vec<u8>> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/parse");
-    let mut seeds: Vec<Vec<u8>> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
-        .collect();
-    seeds.sort();
+    let seeds = rdma::fuzzing::corpus(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     assert!(
         seeds.len() >= 10,
         "{} seeds in {}",
@@ -28,32 +24,6 @@ fn corpus() -> Vec<Vec<u8>> {
         dir.display()
     );
     seeds
-}
-
-fn mutate(rng: &mut Rng, data: &mut Vec<u8>) {
-    for _ in 0..=rng.below(4) {
-        match rng.below(6) {
-            0 | 1 if data.len() > 1 => {
-                // Never the mode byte: each seed stays with its decoder.
-                let i = 1 + rng.below(data.len() - 1);
-                data[i] ^= 1 << rng.below(8);
-            }
-            2 if data.len() > 1 => {
-                // A length or count field set to something large or small.
-                let i = 1 + rng.below(data.len() - 1);
-                data[i] = [0, 1, 0x7f, 0x80, 0xff][rng.below(5)];
-            }
-            3 => {
-                let n = rng.below(data.len() + 1);
-                data.truncate(n);
-            }
-            _ => {
-                for _ in 0..rng.below(64) {
-                    data.push(rng.next() as u8);
-                }
-            }
-        }
-    }
 }
 
 #[test]
@@ -85,7 +55,7 @@ fn mutated_and_random_input_never_panics() {
     while Instant::now() < end {
         for seed in &seeds {
             let mut d = seed.clone();
-            mutate(&mut rng, &mut d);
+            rdma::fuzzing::mutate(&mut rng, &mut d);
             rdma_nfs::fuzzing::run(&d);
             runs += 1;
         }

@@ -16,11 +16,7 @@ fn budget() -> Duration {
 
 fn corpus() -> Vec<Vec<u8>> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/parse");
-    let mut seeds: Vec<Vec<u8>> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
-        .collect();
-    seeds.sort();
+    let seeds = rdma::fuzzing::corpus(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     assert!(
         seeds.len() >= 10,
         "{} seeds in {}",
@@ -30,31 +26,10 @@ fn corpus() -> Vec<Vec<u8>> {
     seeds
 }
 
-/// Flips, sets, cuts and extends; every message's size field is fixed up
-/// half of the time, so that mutations reach the bodies' decoders.
+/// `rdma::fuzzing::mutate`, and every message's size field fixed up half of
+/// the time, so that mutations reach the bodies' decoders.
 fn mutate(rng: &mut Rng, data: &mut Vec<u8>) {
-    for _ in 0..=rng.below(4) {
-        match rng.below(5) {
-            0 | 1 if data.len() > 1 => {
-                // Never the mode byte: each seed stays with its decoder.
-                let i = 1 + rng.below(data.len() - 1);
-                data[i] ^= 1 << rng.below(8);
-            }
-            2 if data.len() > 1 => {
-                let i = 1 + rng.below(data.len() - 1);
-                data[i] = [0, 1, 0x7f, 0x80, 0xff][rng.below(5)];
-            }
-            3 => {
-                let n = rng.below(data.len() + 1);
-                data.truncate(n);
-            }
-            _ => {
-                for _ in 0..rng.below(64) {
-                    data.push(rng.next() as u8);
-                }
-            }
-        }
-    }
+    rdma::fuzzing::mutate(rng, data);
     if data.len() >= 5 && data[0] < 2 && rng.below(2) == 0 {
         let size = (data.len() - 1) as u32;
         data[1..5].copy_from_slice(&size.to_le_bytes());

@@ -59,6 +59,48 @@ pub fn budget(var: &str, default: f64) -> std::time::Duration {
     std::time::Duration::from_secs_f64(secs)
 }
 
+/// The files of a committed corpus directory, sorted by content.
+///
+/// # Errors
+/// The directory or a file cannot be read.
+pub fn corpus(dir: &Path) -> std::io::Result<Vec<Vec<u8>>> {
+    let mut seeds = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        seeds.push(std::fs::read(e?.path())?);
+    }
+    seeds.sort();
+    Ok(seeds)
+}
+
+/// Mutates an input as the corpus tests do, one to five times: a bit
+/// flipped, a byte set to a boundary value (0, 1, 0x7f, 0x80, 0xff: lengths
+/// and counts), the input cut short, random bytes appended. The first byte
+/// (a `run`'s choice of decoder) is never changed, so each seed stays with
+/// its decoder.
+pub fn mutate(rng: &mut Rng, data: &mut Vec<u8>) {
+    for _ in 0..=rng.below(4) {
+        match rng.below(6) {
+            0 | 1 if data.len() > 1 => {
+                let i = 1 + rng.below(data.len() - 1);
+                data[i] ^= 1 << rng.below(8);
+            }
+            2 if data.len() > 1 => {
+                let i = 1 + rng.below(data.len() - 1);
+                data[i] = [0, 1, 0x7f, 0x80, 0xff][rng.below(5)];
+            }
+            3 => {
+                let n = rng.below(data.len() + 1);
+                data.truncate(n);
+            }
+            _ => {
+                for _ in 0..rng.below(64) {
+                    data.push(rng.next() as u8);
+                }
+            }
+        }
+    }
+}
+
 /// Runs the input through the part its first byte chooses.
 ///
 /// # Panics
