@@ -375,6 +375,41 @@ fn capture_perftest_send() {
     perftest("ib_send_bw", "SEND", "");
 }
 
+/// Atomics, both kinds: every packet's fields (the AtomicETH's operands, the
+/// AtomicAckETH's original value) equal tshark's, and every atomic is paired
+/// with its ACK.
+#[test]
+#[ignore = "needs an RDMA device (rxe0 on veth0 in ci/vm), root, tcpdump and tshark"]
+fn capture_perftest_atomics() {
+    let path = WirePath::up();
+    let iters = 8u64;
+    for (ty, kind) in [("FETCH_AND_ADD", "FETCH_ADD"), ("CMP_AND_SWAP", "CMP_SWAP")] {
+        let cap = Tcpdump::start(&format!("ib_atomic_bw_{kind}"));
+        let args = format!("-n {iters} -F -A {ty}");
+        pair(
+            &format!("ib_atomic_bw -d rxe1 -x {} {args}", path.gid1),
+            &format!("ib_atomic_bw -d rxe0 -x {} {args} 127.0.0.1", path.gid0),
+            18515,
+        );
+        let file = cap.stop();
+        let (pkts, payloads) = compare_with_tshark(&file);
+        let msgs = messages(&file, &payloads, &pkts);
+        let ms = of_kind(&msgs, kind);
+        assert!(
+            ms.len() as u64 >= iters,
+            "{} {kind} messages: {msgs:?}",
+            ms.len()
+        );
+        for m in &ms {
+            assert_eq!(m["length"].as_u64(), Some(8), "{m}");
+            assert!(
+                m["atomic"]["original"].is_u64(),
+                "an atomic without its ACK: {m}"
+            );
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs an RDMA device (rxe0 on veth0 in ci/vm), root, tcpdump and tshark"]
 fn capture_rping_cm_read_write() {

@@ -21,8 +21,9 @@ const FIELDS: &[(&str, &str)] = &[
     ("infiniband.bth.psn", "bth.psn"),
     ("infiniband.deth.q_key", "deth.qkey"),
     ("infiniband.deth.srcqp", "deth.src_qp"),
-    ("infiniband.reth.va", "reth.va"),
-    ("infiniband.reth.r_key", "reth.rkey"),
+    // Wireshark shows the AtomicETH's address and key under the RETH's field names.
+    ("infiniband.reth.va", "reth.va|atomic.va"),
+    ("infiniband.reth.r_key", "reth.rkey|atomic.rkey"),
     ("infiniband.reth.dmalen", "reth.dma_len"),
     ("infiniband.aeth.syndrome", "aeth.syndrome"),
     ("infiniband.aeth.msn", "aeth.msn"),
@@ -85,6 +86,10 @@ fn tshark_number(v: &str) -> Option<u64> {
 }
 
 fn json_number(pkt: &Value, path: &str) -> Option<u64> {
+    // `a|b`: the first of the two that the packet has.
+    if let Some((first, second)) = path.split_once('|') {
+        return json_number(pkt, first).or_else(|| json_number(pkt, second));
+    }
     let (path, msg) = match path.split_once('@') {
         Some((p, m)) => (p, Some(m)),
         None => (path, None),
