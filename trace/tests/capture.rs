@@ -328,13 +328,11 @@ fn capture_ud_pingpong_datagrams() {
     }
 }
 
-/// perftest fills its buffers with random bytes: the digests are checked against tshark's
-/// payloads, the counts and lengths against the arguments.
-fn perftest(tool: &str, kind: &str, extra: &str) {
-    let path = WirePath::up();
-    let cap = Tcpdump::start(tool);
-    let (size, iters) = (5000u64, 8u64);
-    let args = format!("-s {size} -n {iters} -F {extra}");
+/// Runs perftest's `tool` from rxe0 to rxe1 with `args` under a capture named
+/// `name`, checks every packet's fields against tshark, and returns the
+/// reassembled messages.
+fn perftest_messages(path: &WirePath, tool: &str, name: &str, args: &str) -> Vec<Value> {
+    let cap = Tcpdump::start(name);
     pair(
         &format!("{tool} -d rxe1 -x {} {args}", path.gid1),
         &format!("{tool} -d rxe0 -x {} {args} 127.0.0.1", path.gid0),
@@ -342,7 +340,20 @@ fn perftest(tool: &str, kind: &str, extra: &str) {
     );
     let file = cap.stop();
     let (pkts, payloads) = compare_with_tshark(&file);
-    let msgs = messages(&file, &payloads, &pkts);
+    messages(&file, &payloads, &pkts)
+}
+
+/// perftest fills its buffers with random bytes: the digests are checked against tshark's
+/// payloads, the counts and lengths against the arguments.
+fn perftest(tool: &str, kind: &str, extra: &str) {
+    let path = WirePath::up();
+    let (size, iters) = (5000u64, 8u64);
+    let msgs = perftest_messages(
+        &path,
+        tool,
+        tool,
+        &format!("-s {size} -n {iters} -F {extra}"),
+    );
     let ms = of_kind(&msgs, kind);
     assert!(
         ms.len() as u64 >= iters,
@@ -384,16 +395,12 @@ fn capture_perftest_atomics() {
     let path = WirePath::up();
     let iters = 8u64;
     for (ty, kind) in [("FETCH_AND_ADD", "FETCH_ADD"), ("CMP_AND_SWAP", "CMP_SWAP")] {
-        let cap = Tcpdump::start(&format!("ib_atomic_bw_{kind}"));
-        let args = format!("-n {iters} -F -A {ty}");
-        pair(
-            &format!("ib_atomic_bw -d rxe1 -x {} {args}", path.gid1),
-            &format!("ib_atomic_bw -d rxe0 -x {} {args} 127.0.0.1", path.gid0),
-            18515,
+        let msgs = perftest_messages(
+            &path,
+            "ib_atomic_bw",
+            &format!("ib_atomic_bw_{kind}"),
+            &format!("-n {iters} -F -A {ty}"),
         );
-        let file = cap.stop();
-        let (pkts, payloads) = compare_with_tshark(&file);
-        let msgs = messages(&file, &payloads, &pkts);
         let ms = of_kind(&msgs, kind);
         assert!(
             ms.len() as u64 >= iters,
