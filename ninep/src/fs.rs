@@ -280,6 +280,74 @@ impl Session {
         Ok(())
     }
 
+    /// Handles one message and writes its reply at the start of `out` (the
+    /// send buffer, at least [`MIN_MSIZE`] bytes); returns the reply's length.
+    /// A `Tread`'s bytes go from the file straight into `out` after the
+    /// reply's header: the only copy of a read on this side. Other replies
+    /// are encoded as by [`Session::handle`] and copied; one that would not
+    /// fit in `out` is answered with `EMSGSIZE`.
+    ///
+    /// # Errors
+    /// As [`Session::handle`].
+    pub fn handle_into(
+        &self,
+        msg: &[u8],
+        out: &mut [u8],
+    ) -> Result<usize, crate::proto::DecodeError> {
+        if msg.len() <= self.msize() as usize && msg.get(4) == Some(&crate::proto::ty::TREAD) {
+            if let Ok(Request {
+                tag,
+                msg: Tmsg::Read { fid, offset, count },
+            }) = Request::decode(msg)
+            {
+                if let Some(room) = out.get_mut(IOHDRSZ..) {
+                    if let Ok(got) = self.read(fid, offset, count, room) {
+                        let len = IOHDRSZ + got;
+                        // (At most msize, which fits in 32 bits.)
+                        out[..4].copy_from_slice(&(len as u32).to_le_bytes());
+                        out[4] = crate::proto::ty::TREAD + 1;
+                        out[5..7].copy_from_slice(&tag.to_le_bytes());
+                        out[7..IOHDRSZ].copy_from_slice(&(got as u32).to_le_bytes());
+                        return Ok(len);
+                    }
+                }
+            }
+        }
+        let mut reply = Vec::new();
+        self.handle(msg, &mut reply)?;
+        if reply.len() > out.len() {
+            let (_, tag, _) = crate::proto::split(msg)?;
+            reply.clear();
+            Rmsg::Lerror {
+                ecode: libc::EMSGSIZE as u32,
+            }
+            .encode(tag, &mut reply);
+        }
+        let room = out
+            .get_mut(..reply.len())
+            .ok_or(crate::proto::DecodeError::Short)?;
+        room.copy_from_slice(&reply);
+        Ok(reply.len())
+    }
+
+    /// How many bytes a `Tread` of `count` may return into `room` bytes:
+    /// at most what fits in msize after the reply's header.
+    fn read_len(&self, count: u32, room: usize) -> usize {
+        let max = (self.msize() as usize).saturating_sub(IOHDRSZ);
+        (count as usize).min(max).min(room)
+    }
+
+    /// `Tread`: reads from `fid`'s open file at `offset` into the start of
+    /// `buf`, at most [`Session::read_len`] bytes; returns how many.
+    fn read(&self, fid: u32, offset: u64, count: u32, buf: &mut [u8]) -> R<usize> {
+        let f = self.fid(fid)?;
+        let Some(Open::File { file, .. }) = f.open.as_deref() else {
+            return Err(errno(libc::EBADF));
+        };
+        let n = self.read_len(count, buf.len());
+        read_full_at(file, &mut buf[..n], offset)
+    }
+
     /// A copy of the fid's state (its open file shared).
     fn fid(&self, fid: u32) -> R<Fid> {
         locked(&self.fids)
@@ -486,14 +554,8 @@ impl Session {
                 })
             }
             Tmsg::Read { fid, offset, count } => {
-                let f = self.fid(fid)?;
-                let Some(Open::File { file, .. }) = f.open.as_deref() else {
-                    return Err(errno(libc::EBADF));
-                };
-                let max = (self.msize() as usize).saturating_sub(IOHDRSZ);
-                let n = (count as usize).min(max);
-                data.resize(n, 0);
-                let got = read_full_at(file, data, offset)?;
+                data.resize(self.read_len(count, usize::MAX), 0);
+                let got = self.read(fid, offset, count, data)?;
                 data.truncate(got);
                 Ok(Rmsg::Read { data })
             }

@@ -161,32 +161,18 @@ fn handle(
     len: usize,
     mut slot: MemoryRegion,
 ) -> Done {
-    thread_local! {
-        static OUT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
     let tag = tag_of(&recv);
-    let written = OUT.with(|out| {
-        let mut fresh = Vec::new();
-        let mut held = out.try_borrow_mut();
-        let out = match &mut held {
-            Ok(o) => &mut **o,
-            Err(_) => &mut fresh,
-        };
-        out.clear();
+    let written = (|| {
         let msg = recv
             .as_slice()
             .map_err(fail("receive buffer"))?
             .get(..len)
             .ok_or("a receive longer than its buffer")?;
+        let out = slot.as_mut_slice().map_err(fail("send buffer"))?;
         session
-            .handle(msg, out)
-            .map_err(|e| format!("malformed message, closing: {e}"))?;
-        if out.len() > slot.len() {
-            return Err(format!("a reply of {} bytes exceeds msize", out.len()));
-        }
-        slot.write_at(0, out).map_err(fail("send buffer"))?;
-        Ok(out.len())
-    });
+            .handle_into(msg, out)
+            .map_err(|e| format!("malformed message, closing: {e}"))
+    })();
     let (len, fatal) = match written {
         Ok(n) => (n, None),
         Err(e) => (0, Some(e)),

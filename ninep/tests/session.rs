@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use rdma_9p::fs::{Export, Session};
-use rdma_9p::proto::{setattr, DirEntry, Flock, Request, Rmsg, SetAttr, Tmsg, NOFID, VERSION};
+use rdma_9p::proto::{
+    setattr, DirEntry, Flock, Request, Rmsg, SetAttr, Tmsg, IOHDRSZ, NOFID, VERSION,
+};
 
 /// A fresh directory under the system's temp dir, removed on drop.
 struct TempDir(PathBuf);
@@ -76,8 +78,10 @@ impl<'e> Client<'e> {
         self.tag = self.tag.wrapping_add(1);
         let mut buf = Vec::new();
         Request { tag: self.tag, msg }.encode(&mut buf);
-        let mut out = Vec::new();
-        self.s.handle(&buf, &mut out).expect("a sound header");
+        // The server's path: the reply written into a send buffer of msize.
+        let mut out = vec![0; self.s.msize() as usize];
+        let n = self.s.handle_into(&buf, &mut out).expect("a sound header");
+        out.truncate(n);
         let (tag, _) = Rmsg::decode(&out).expect("a well-formed reply");
         assert_eq!(tag, self.tag);
         out
@@ -786,8 +790,18 @@ fn mutated_requests_never_panic_or_escape() {
             }
         }
         let mut out = Vec::new();
-        match c.s.handle(&buf, &mut out) {
-            Ok(()) => {
+        let mut send = vec![0; c.s.msize() as usize];
+        // One message in two through each of the server's two entry points.
+        let written = if i % 2 == 0 {
+            c.s.handle(&buf, &mut out).map(|()| out.len())
+        } else {
+            c.s.handle_into(&buf, &mut send).inspect(|&n| {
+                out.extend_from_slice(&send[..n]);
+            })
+        };
+        match written {
+            Ok(n) => {
+                assert_eq!(n, out.len());
                 let (tag, _) = Rmsg::decode(&out).expect("a well-formed reply");
                 assert_eq!(
                     usize::from(tag),
@@ -1111,4 +1125,68 @@ fn device_nodes_are_not_opened() {
     // The watch sees a plain file's open (the assertion above could fail).
     std::fs::write(t.0.join("plain"), b"x").unwrap();
     assert!(watch.opened().iter().any(|n| n == "plain"));
+}
+
+/// The server's `Tread` path (the file read straight into the send buffer)
+/// answers exactly as the general one, whatever `count` and offset, and
+/// never writes past msize or the buffer it is given.
+#[test]
+fn reads_into_the_send_buffer_answer_as_the_general_path() {
+    let dir = TempDir::new("read-into");
+    let content: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+    std::fs::write(dir.0.join("f"), &content).unwrap();
+    let ex = export(&dir.0);
+    let mut c = Client::new(&ex);
+    c.walk(0, 1, &[b"f"]);
+    c.ok(Tmsg::Lopen {
+        fid: 1,
+        flags: libc::O_RDONLY as u32,
+    });
+    let msize = c.s.msize() as usize;
+    for (offset, count) in [
+        (0u64, 0u32),
+        (0, 1),
+        (3, 100),
+        (0, (msize - IOHDRSZ) as u32),
+        (0, (msize - IOHDRSZ + 1) as u32),
+        (5, u32::MAX),
+        (19_990, 100),
+        (20_000, 10),
+        (u64::MAX, 10),
+    ] {
+        for (fid, room) in [(1, msize), (1, msize + 64), (1, IOHDRSZ + 10), (9, msize)] {
+            let mut buf = Vec::new();
+            Request {
+                tag: 77,
+                msg: Tmsg::Read { fid, offset, count },
+            }
+            .encode(&mut buf);
+            let mut general = Vec::new();
+            c.s.handle(&buf, &mut general).unwrap();
+            let mut send = vec![0xa5; room + 16];
+            let n = c.s.handle_into(&buf, &mut send[..room]).unwrap();
+            assert!(
+                send[room..].iter().all(|&b| b == 0xa5),
+                "wrote past the buffer"
+            );
+            let what = format!("offset {offset} count {count} fid {fid} room {room}");
+            if room >= msize {
+                assert_eq!(&send[..n], &general[..], "{what}");
+            } else {
+                // A smaller buffer bounds the read instead.
+                let (tag, r) = Rmsg::decode(&send[..n]).expect(&what);
+                assert_eq!(tag, 77);
+                let (_, g) = Rmsg::decode(&general).unwrap();
+                match (r, g) {
+                    (Rmsg::Read { data }, Rmsg::Read { data: all }) => {
+                        assert_eq!(data, &all[..all.len().min(room - IOHDRSZ)], "{what}")
+                    }
+                    (r, g) => assert_eq!(r, g, "{what}"),
+                }
+            }
+            if fid == 9 {
+                assert_eq!(lerror(&send[..n]), Some(libc::EBADF as u32), "{what}");
+            }
+        }
+    }
 }
