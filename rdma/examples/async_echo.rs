@@ -114,18 +114,21 @@ fn main() -> ExitCode {
             }
         };
     }
+    // The I/O driver only: nothing here sleeps on tokio's timers, and an
+    // enabled time driver is consulted at every park (callgrind on the
+    // server: about 90 user-space instructions per echo at 1 connection).
     let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
+        .enable_io()
         .build()
         .expect("a tokio runtime");
-    let local = tokio::task::LocalSet::new();
-    let result = local.block_on(&runtime, async {
-        if o.server {
-            server(o).await
-        } else {
-            client(o).await
-        }
-    });
+    // The server's tasks are spawned on the runtime itself (no `LocalSet`,
+    // whose scheduling cost about 30 instructions per echo); the client's
+    // share an `Rc` and run on a `LocalSet`.
+    let result = if o.server {
+        runtime.block_on(server(o))
+    } else {
+        tokio::task::LocalSet::new().block_on(&runtime, client(o))
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -177,7 +180,7 @@ async fn server(o: Opts) -> Res<()> {
             .map_err(fail("rdma_get_cm_event"))?;
         accepted += 1;
         let o = o.clone();
-        tasks.spawn_local(async move { echo(incoming, &o).await });
+        tasks.spawn(async move { echo(incoming, &o).await });
     }
     let mut result = Ok(());
     while let Some(r) = tasks.join_next().await {
