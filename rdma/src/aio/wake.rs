@@ -19,6 +19,13 @@
 //! while someone else reads is read by that reader (or by the one after
 //! it), never dropped.
 //!
+//! A waiter reads only when the reactor may not hold the driver's waker
+//! ([`Hub::armed`]): while it does, a waiter with nothing for it registers
+//! its own waker, looks for its event once more, and sleeps; the report of
+//! the descriptor runs the read that wakes it. Registering before the look
+//! is what loses nothing: an event read before the registration is found by
+//! the look, one read after it wakes the waiter.
+//!
 //! A reactor may wake the driver's waker from inside the read that
 //! registers it (tokio does when the task's cooperative budget is spent:
 //! it wakes the waker and returns `Pending` without registering it). That
