@@ -17,15 +17,20 @@ use crate::cm::{CmAddr, CmEvent, CmEventType, CmId, ConnParam, EventChannel, Por
 use crate::error::{Error, Result};
 use crate::QueuePair;
 
-/// The waiter key of [`CmChannel::next_event`] (ids use their address).
+/// The waiter key of [`CmChannel::next_event`]: the hub's first key, never
+/// released (ids get theirs from [`super::wake::Waiters::alloc`]).
 const UNROUTED: usize = 0;
 
 #[derive(Default)]
 struct CmState {
-    /// Events of the ids with an [`AsyncCmId`], by id (a connect request
-    /// under its listener). Each event holds its id and is acknowledged
+    /// Events of the ids with an [`AsyncCmId`], by the id's waiter key (a
+    /// connect request under its listener): a waiter's poll finds its
+    /// mailbox without hashing. Each event holds its id and is acknowledged
     /// when dropped.
-    boxes: HashMap<usize, VecDeque<CmEvent>>,
+    boxes: Vec<Option<VecDeque<CmEvent>>>,
+    /// The waiter key of each id with an [`AsyncCmId`], by id: what an
+    /// event names (one lookup per event read, not per poll).
+    keys: HashMap<usize, usize>,
     /// Events of other ids, for [`CmChannel::next_event`].
     unrouted: VecDeque<CmEvent>,
 }
@@ -59,6 +64,14 @@ impl CmShared {
         if let Some(e) = pop(&mut self.state(), key) {
             return Poll::Ready(Ok(e));
         }
+        if self.hub.armed() {
+            // The reactor holds the driver's waker: an event for `key`, when
+            // one comes, is read by it and wakes this waiter (registered
+            // above, before the look at the mailbox). An id whose events are
+            // awaited beside its completions (a `select!`) costs a look at
+            // its mailbox per sleep, not a read of the channel.
+            return Poll::Pending;
+        }
         let read = self.hub.drive(self, &self.driver_waker, key);
         if let Some(e) = pop(&mut self.state(), key) {
             return Poll::Ready(Ok(e));
@@ -72,9 +85,9 @@ impl CmShared {
     /// Registers `id`: its events go to a mailbox of its own, and those
     /// already waiting among the unrouted ones move there.
     fn register(self: &Arc<Self>, id: CmId, operation: &'static str) -> Result<AsyncCmId> {
-        let key = id_key(&id);
+        let address = id_key(&id);
         let mut st = self.state();
-        if st.boxes.contains_key(&key) {
+        if st.keys.contains_key(&address) {
             return Err(Error::Async {
                 operation,
                 reason: "the id already has an AsyncCmId (one async handle per id)".into(),
@@ -83,9 +96,14 @@ impl CmShared {
         }
         let (mine, rest): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut st.unrouted)
             .into_iter()
-            .partition(|e| about(e) == key);
+            .partition(|e| about(e) == address);
         st.unrouted = rest;
-        st.boxes.insert(key, mine);
+        let key = self.hub.waiters.alloc();
+        if key >= st.boxes.len() {
+            st.boxes.resize_with(key + 1, || None);
+        }
+        st.boxes[key] = Some(mine);
+        st.keys.insert(address, key);
         drop(st);
         Ok(AsyncCmId {
             chan: Arc::clone(self),
@@ -136,9 +154,9 @@ fn about(e: &CmEvent) -> usize {
 
 /// Puts `event` where its waiter looks; returns that waiter's key.
 fn route(st: &mut CmState, event: CmEvent) -> usize {
-    let key = about(&event);
-    match st.boxes.get_mut(&key) {
-        Some(b) => {
+    let key = st.keys.get(&about(&event)).copied();
+    match key.and_then(|k| Some((k, st.boxes.get_mut(k)?.as_mut()?))) {
+        Some((key, b)) => {
             b.push_back(event);
             key
         }
@@ -153,7 +171,7 @@ fn pop(st: &mut CmState, key: usize) -> Option<CmEvent> {
     if key == UNROUTED {
         st.unrouted.pop_front()
     } else {
-        st.boxes.get_mut(&key)?.pop_front()
+        st.boxes.get_mut(key)?.as_mut()?.pop_front()
     }
 }
 
@@ -229,10 +247,14 @@ impl CmChannel {
         Ok(CmChannel {
             shared: Arc::new_cyclic(|me: &std::sync::Weak<CmShared>| {
                 let me: std::sync::Weak<dyn DrivenSource> = std::sync::Weak::<CmShared>::clone(me);
+                let hub = Hub::default();
+                // The first key, UNROUTED's (a fresh hub hands out 0).
+                let unrouted = hub.waiters.alloc();
+                debug_assert_eq!(unrouted, UNROUTED);
                 CmShared {
                     readiness,
                     state: Mutex::new(CmState::default()),
-                    hub: Hub::default(),
+                    hub,
                     driver_waker: Waker::from(Arc::new(DriverWaker(me))),
                     channel: channel.clone(),
                 }
@@ -316,7 +338,7 @@ impl fmt::Debug for CmChannel {
         let st = self.shared.state();
         f.debug_struct("CmChannel")
             .field("channel", &self.shared.channel)
-            .field("ids", &st.boxes.len())
+            .field("ids", &st.keys.len())
             .field("unrouted", &st.unrouted.len())
             .finish()
     }
@@ -547,8 +569,14 @@ impl AsyncCmId {
 
 impl Drop for AsyncCmId {
     fn drop(&mut self) {
-        let mailbox = self.chan.state().boxes.remove(&self.key);
-        self.chan.hub.waiters.remove(self.key);
+        let mailbox = {
+            let mut st = self.chan.state();
+            st.keys.remove(&id_key(&self.id));
+            st.boxes.get_mut(self.key).and_then(Option::take)
+        };
+        // After the mailbox is gone: a new id given the key finds none of
+        // this one's events.
+        self.chan.hub.waiters.release(self.key);
         // Outside the lock: acknowledging may let the id be destroyed.
         drop(mailbox);
     }

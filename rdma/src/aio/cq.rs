@@ -46,8 +46,19 @@ impl CqEntry {
 
 #[derive(Default)]
 struct ChanState {
-    /// The CQs with an [`AsyncCq`], by `ibv_cq` address.
-    cqs: HashMap<usize, CqEntry>,
+    /// The CQs with an [`AsyncCq`], by the waiter key of their `AsyncCq`
+    /// (a slot of the hub's waiters): a waiter's poll finds its entry
+    /// without hashing.
+    cqs: Vec<Option<CqEntry>>,
+    /// The key of each CQ with an [`AsyncCq`], by `ibv_cq` address: what an
+    /// event names (one lookup per event read, not per poll).
+    keys: HashMap<usize, usize>,
+}
+
+impl ChanState {
+    fn entry(&mut self, key: usize) -> Option<&mut CqEntry> {
+        self.cqs.get_mut(key).and_then(Option::as_mut)
+    }
 }
 
 struct ChanShared {
@@ -76,6 +87,12 @@ impl ChanShared {
         self.hub.waiters.register(key, cx.waker());
         if take_fired(&mut self.state(), key) {
             return Poll::Ready(Ok(()));
+        }
+        if self.hub.armed() {
+            // The reactor holds the driver's waker: the CQ's event, when it
+            // comes, is read by it and wakes this waiter (registered above,
+            // before the look at `fired`).
+            return Poll::Pending;
         }
         let read = self.hub.drive(self, &self.driver_waker, key);
         if take_fired(&mut self.state(), key) {
@@ -112,9 +129,7 @@ impl DrivenSource for ChanShared {
 }
 
 fn take_fired(st: &mut ChanState, key: usize) -> bool {
-    st.cqs
-        .get_mut(&key)
-        .is_some_and(|e| std::mem::take(&mut e.fired))
+    st.entry(key).is_some_and(|e| std::mem::take(&mut e.fired))
 }
 
 /// Reads every pending event of `channel` (non-blocking), noting which CQs
@@ -134,9 +149,9 @@ fn drain(
         if rc != 0 {
             return Err(io::Error::last_os_error());
         }
-        let key = cq as usize;
-        match st.cqs.get_mut(&key) {
-            Some(entry) => {
+        let key = st.keys.get(&(cq as usize)).copied();
+        match key.and_then(|k| Some((k, st.entry(k)?))) {
+            Some((key, entry)) => {
                 entry.unacked += 1;
                 entry.fired = true;
                 if entry.unacked >= ACK_BATCH {
@@ -155,7 +170,7 @@ fn drain(
 impl Drop for ChanShared {
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        for entry in st.cqs.values_mut() {
+        for entry in st.cqs.iter_mut().flatten() {
             entry.ack();
         }
         if self.was_blocking {
@@ -228,7 +243,7 @@ impl fmt::Debug for CqChannel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CqChannel")
             .field("channel", &self.shared.channel)
-            .field("cqs", &self.shared.state().cqs.len())
+            .field("cqs", &self.shared.state().keys.len())
             .finish()
     }
 }
@@ -296,23 +311,25 @@ impl AsyncCq {
                 "the CQ signals another completion channel than the CqChannel drives",
             ));
         }
-        let key = cq.as_raw() as usize;
+        let address = cq.as_raw() as usize;
         let mut st = channel.shared.state();
-        if st.cqs.contains_key(&key) {
+        if st.keys.contains_key(&address) {
             return Err(Error::Async {
                 operation: "AsyncCq::new",
                 reason: "the CQ already has an AsyncCq (one async waiter per CQ)".into(),
                 errno: libc::EBUSY,
             });
         }
-        st.cqs.insert(
-            key,
-            CqEntry {
-                cq: cq.clone(),
-                unacked: 0,
-                fired: false,
-            },
-        );
+        let key = channel.shared.hub.waiters.alloc();
+        if key >= st.cqs.len() {
+            st.cqs.resize_with(key + 1, || None);
+        }
+        st.cqs[key] = Some(CqEntry {
+            cq: cq.clone(),
+            unacked: 0,
+            fired: false,
+        });
+        st.keys.insert(address, key);
         drop(st);
         Ok(AsyncCq {
             chan: Arc::clone(&channel.shared),
@@ -612,6 +629,13 @@ impl AsyncCq {
         qp: &mut QueuePair,
         wr: SendWr,
     ) -> std::result::Result<(), PostError> {
+        // Room already (the common case): posted in this first poll, without
+        // building `send_room`'s future, as `send_room` would find.
+        if qp.send_cq().as_raw() == self.cq.as_raw()
+            && qp.in_flight().0 < usize::try_from(qp.caps().max_send_wr).unwrap_or(usize::MAX)
+        {
+            return qp.post_send(wr);
+        }
         if let Err(error) = self.send_room(qp).await {
             return Err(PostError {
                 error,
@@ -649,13 +673,16 @@ impl Drop for AsyncCq {
     fn drop(&mut self) {
         let entry = {
             let mut st = self.chan.state();
-            let mut entry = st.cqs.remove(&self.key);
+            st.keys.remove(&(self.cq.as_raw() as usize));
+            let mut entry = st.cqs.get_mut(self.key).and_then(Option::take);
             if let Some(e) = &mut entry {
                 e.ack();
             }
             entry
         };
-        self.chan.hub.waiters.remove(self.key);
+        // After the entry is gone: a new AsyncCq given the key finds none of
+        // this one's state.
+        self.chan.hub.waiters.release(self.key);
         // Outside the lock: releasing the CQ may destroy it.
         drop(entry);
     }

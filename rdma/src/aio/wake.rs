@@ -19,6 +19,13 @@
 //! while someone else reads is read by that reader (or by the one after
 //! it), never dropped.
 //!
+//! A waiter reads only when the reactor may not hold the driver's waker
+//! ([`Hub::armed`]): while it does, a waiter with nothing for it registers
+//! its own waker, looks for its event once more, and sleeps; the report of
+//! the descriptor runs the read that wakes it. Registering before the look
+//! is what loses nothing: an event read before the registration is found by
+//! the look, one read after it wakes the waiter.
+//!
 //! A reactor may wake the driver's waker from inside the read that
 //! registers it (tokio does when the task's cooperative budget is spent:
 //! it wakes the waker and returns `Pending` without registering it). That
@@ -28,7 +35,6 @@
 //! driver's waker again.
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, Weak};
 use std::task::{Context, Poll, Wake, Waker};
@@ -38,38 +44,73 @@ use crate::error::Result;
 /// Key of no waiter (`Hub::drive` called by the driver's waker).
 pub(super) const NOBODY: usize = usize::MAX;
 
+/// The waiting tasks of one driver, by key: a slot index each CQ or id gets
+/// when it is registered ([`Waiters::alloc`]), so that registering a waker
+/// and waking one index a `Vec` (no hashing: a waiter registers on every
+/// poll that may sleep).
+///
+/// A key is reused after [`Waiters::release`]: a wake-up noted for the old
+/// owner and delivered after the reuse wakes the new one spuriously, which
+/// a waiter tolerates (it looks for its own event and sleeps again).
 #[derive(Default)]
 pub(super) struct Waiters {
-    /// Waiting tasks by key (a CQ's or an id's address).
-    wakers: Mutex<HashMap<usize, Waker>>,
+    slots: Mutex<Slots>,
+}
+
+#[derive(Default)]
+struct Slots {
+    /// The waker of the task waiting on each key.
+    wakers: Vec<Option<Waker>>,
+    /// Released keys, handed out again first.
+    free: Vec<usize>,
+    /// Keys handed out so far (the next new one).
+    next: usize,
 }
 
 impl Waiters {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Waker>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
         // Nothing panics while holding it.
-        self.wakers.lock().unwrap_or_else(|p| p.into_inner())
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A key of no other live waiter: a released one, or a new one.
+    pub(super) fn alloc(&self) -> usize {
+        let mut s = self.lock();
+        if let Some(k) = s.free.pop() {
+            return k;
+        }
+        s.next += 1;
+        s.next - 1
+    }
+
+    /// Forgets the waiter of `key` (its handle is gone) and frees the key.
+    pub(super) fn release(&self, key: usize) {
+        let mut s = self.lock();
+        let w = s.wakers.get_mut(key).and_then(Option::take);
+        if key < s.next {
+            s.free.push(key);
+        }
+        drop(s);
+        // Outside the lock: dropping a waker may run anything.
+        drop(w);
     }
 
     /// Records the waker of the task waiting on `key`.
     pub(super) fn register(&self, key: usize, waker: &Waker) {
-        let mut map = self.lock();
-        match map.get_mut(&key) {
+        let mut s = self.lock();
+        if key >= s.wakers.len() {
+            s.wakers.resize_with(key + 1, || None);
+        }
+        match &mut s.wakers[key] {
             Some(w) if w.will_wake(waker) => {}
             Some(w) => w.clone_from(waker),
-            None => {
-                map.insert(key, waker.clone());
-            }
+            slot @ None => *slot = Some(waker.clone()),
         }
-    }
-
-    /// Forgets the waiter of `key` (its handle is gone).
-    pub(super) fn remove(&self, key: usize) {
-        drop(self.lock().remove(&key));
     }
 
     /// Wakes the waiter of `key`, if any.
     pub(super) fn wake(&self, key: usize) {
-        let w = self.lock().remove(&key);
+        let w = self.lock().wakers.get_mut(key).and_then(Option::take);
         if let Some(w) = w {
             w.wake();
         }
@@ -77,7 +118,12 @@ impl Waiters {
 
     /// Wakes every waiter (outside the lock: a waker may run anything).
     pub(super) fn wake_all(&self) {
-        let all: Vec<Waker> = self.lock().drain().map(|(_, w)| w).collect();
+        let all: Vec<Waker> = self
+            .lock()
+            .wakers
+            .iter_mut()
+            .filter_map(Option::take)
+            .collect();
         for w in all {
             w.wake();
         }
@@ -106,6 +152,13 @@ pub(super) struct Hub {
     pending: AtomicBool,
     /// Someone is reading the channel.
     reading: AtomicBool,
+    /// The reactor holds the driver's waker: the last read registered it
+    /// and no report has taken it since. A report then runs a read (in
+    /// [`DriverWaker`]) that wakes every waiter whose event came, so a
+    /// waiter with nothing for it registers its waker and sleeps without
+    /// reading the channel itself (no `poll_read` of the reactor, no
+    /// attempt to read, per sleep).
+    armed: AtomicBool,
 }
 
 thread_local! {
@@ -115,6 +168,14 @@ thread_local! {
 }
 
 impl Hub {
+    /// Whether the reactor holds the driver's waker (see `armed`). A waiter
+    /// registers its own waker **before** asking, and looks for its event
+    /// in between: an event read after that wakes it, one read before it
+    /// is found.
+    pub(super) fn armed(&self) -> bool {
+        self.armed.load(Ordering::SeqCst)
+    }
+
     /// Reads `source`'s channel (see the module documentation), then wakes
     /// the waiters whose events came, except `me` (the calling waiter,
     /// which looks for its own event itself; [`NOBODY`] from the driver's
@@ -136,7 +197,10 @@ impl Hub {
             }
             let mut woken = Vec::new();
             let mut everyone = false;
+            // A read in this turn left the driver's waker with the reactor.
+            let mut registered = false;
             while self.pending.swap(false, Ordering::AcqRel) {
+                registered = false;
                 READING.with(|r| r.set((this, false)));
                 let read = source.read(&mut Context::from_waker(driver), &mut woken);
                 let (_, woken_inside) = READING.with(|r| r.replace((0, false)));
@@ -151,6 +215,14 @@ impl Hub {
                     everyone = true;
                     break;
                 }
+                registered = true;
+            }
+            // Before letting the flag go: a report that takes the waker
+            // after this clears `armed` (`DriverWaker::run`) before it reads.
+            if registered {
+                self.armed.store(true, Ordering::SeqCst);
+            } else if everyone {
+                self.armed.store(false, Ordering::SeqCst);
             }
             self.reading.store(false, Ordering::Release);
             for k in woken {
@@ -185,6 +257,9 @@ impl DriverWaker {
             return;
         };
         let hub = source.hub();
+        // The reactor gave the waker back: the next waiter reads unless this
+        // read registers it again.
+        hub.armed.store(false, Ordering::SeqCst);
         let inside = READING.with(|r| {
             let (h, _) = r.get();
             if h == hub as *const Hub as usize {
@@ -250,7 +325,7 @@ mod tests {
         // Woken waiters are forgotten until they wait again.
         w.wake(1);
         assert_eq!(n(&a), 1);
-        w.remove(2);
+        w.release(2);
         w.wake(2);
         assert_eq!(n(&b), 0);
     }
@@ -328,6 +403,45 @@ mod tests {
         f.hub.waiters.register(1, &wa);
         f.hub.drive(&*f, &driver, 1).unwrap();
         assert_eq!(n(&a), 10);
+    }
+
+    #[test]
+    fn armed_while_the_reactor_holds_the_drivers_waker() {
+        let (f, driver) = fake();
+        let (a, wa) = counter();
+        assert!(!f.hub.armed(), "nothing registered the driver's waker yet");
+        f.hub.waiters.register(1, &wa);
+        f.hub.drive(&*f, &driver, 1).unwrap();
+        assert!(f.hub.armed(), "the waiter's read registered it");
+        // A report takes the waker; its read registers it again and wakes
+        // the waiter whose event came.
+        report(&f, 1);
+        assert!(f.hub.armed());
+        assert_eq!(n(&a), 1);
+        // A read whose waker is woken inside (spent budget) leaves the
+        // waiters to read themselves: not armed.
+        f.refuse.store(true, Ordering::SeqCst);
+        f.registered.lock().unwrap().take().unwrap().wake();
+        assert!(!f.hub.armed(), "the reactor did not keep the waker");
+        f.refuse.store(false, Ordering::SeqCst);
+        f.hub.waiters.register(1, &wa);
+        f.hub.drive(&*f, &driver, 1).unwrap();
+        assert!(f.hub.armed());
+    }
+
+    #[test]
+    fn a_released_key_is_handed_out_again_without_its_waker() {
+        let w = Waiters::default();
+        let (k0, k1) = (w.alloc(), w.alloc());
+        assert_ne!(k0, k1);
+        let (a, wa) = counter();
+        w.register(k1, &wa);
+        w.release(k1);
+        let k2 = w.alloc();
+        assert_eq!(k2, k1, "the released key is reused");
+        w.wake(k2);
+        assert_eq!(n(&a), 0, "the old owner's waker went with its key");
+        assert_ne!(w.alloc(), k0);
     }
 
     #[test]
