@@ -1665,7 +1665,12 @@ fn iw_send(
         if !disconnected {
             if let Some(ev) = ch.try_get_event().expect("rdma_get_cm_event") {
                 eprintln!("[a] event {} status {}", ev.event_type(), ev.status());
-                assert_eq!(cut, Some(false), "a CM event during the transfer: {ev:?}");
+                assert_eq!(
+                    cut,
+                    Some(false),
+                    "a CM event during the transfer: {ev:?}; {seen:?}; kernel log:\n{}",
+                    kernel_log()
+                );
                 assert_eq!(ev.event_type(), CmEventType::Disconnected, "{ev:?}");
                 disconnected = true;
                 failed = true;
@@ -1802,7 +1807,12 @@ fn iw_receive(sync: &Sync, ch: &EventChannel, e: &mut End, gen: u32) -> u32 {
             }
         }
         if let Some(ev) = ch.try_get_event().expect("rdma_get_cm_event") {
-            eprintln!("[b] event {} status {}", ev.event_type(), ev.status());
+            eprintln!(
+                "[b] event {} status {} ({received} received); kernel log:\n{}",
+                ev.event_type(),
+                ev.status(),
+                kernel_log()
+            );
             assert_eq!(ev.event_type(), CmEventType::Disconnected, "{ev:?}");
             drop(ev);
             let _ = e.id.disconnect();
@@ -1835,6 +1845,48 @@ fn iw_receive(sync: &Sync, ch: &EventChannel, e: &mut End, gen: u32) -> u32 {
     }
 }
 
+/// The iWARP sender's side of a connection: like `connect`, but its 64
+/// receives (for the receiver's credit messages) are posted before it
+/// connects: the receiver's first credit message may otherwise arrive
+/// before them, and siw answers a SEND without a receive by terminating
+/// the connection.
+fn iw_connect(ch: &EventChannel, dst: SocketAddr) -> End {
+    let id = ch.create_id(PortSpace::Tcp).unwrap();
+    id.resolve_addr(None, dst, Duration::from_secs(5)).unwrap();
+    drop(expect_event(ch, CmEventType::AddrResolved));
+    id.resolve_route(Duration::from_secs(5)).unwrap();
+    drop(expect_event(ch, CmEventType::RouteResolved));
+    let mut e = end_for(&id, false);
+    id.modify_qp(&e.qp, rdma::QpState::Init).unwrap();
+    post_receives(&mut e, 64);
+    id.connect_qp(&e.qp, &ConnParam::default()).unwrap();
+    let ev = next_event(ch, BOUND);
+    match (ev.event_type(), ev.status()) {
+        (CmEventType::ConnectResponse, 0) => {
+            drop(ev);
+            id.establish_qp(&e.qp).unwrap();
+        }
+        (CmEventType::Established, 0) => {}
+        _ => panic!("connecting to {dst}: {ev:?}"),
+    }
+    e
+}
+
+/// siw's and the iWARP CM's lines in the kernel log (the last 20), for a
+/// failure's message.
+fn kernel_log() -> String {
+    let out = Command::new("dmesg")
+        .output()
+        .map(|o| o.stdout)
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&out);
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("siw") || l.contains("iw_cm") || l.contains("TERMINATE"))
+        .collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
 /// Listens on `ip` (an iWARP address).
 fn listen_on(ch: &EventChannel, ip: IpAddr) -> CmId {
     let l = ch.create_id(PortSpace::Tcp).unwrap();
@@ -1856,7 +1908,10 @@ fn cm_rc_link_down_shorter_and_longer_than_the_retry_timeout_iwarp() {
         ip_var("RDMA_TEST_IWARP_IP"),
         ip_var("RDMA_TEST_IWARP_PEER_IP"),
     );
-    let dir = PathBuf::from(var("RDMA_VM_SYNC_DIR"));
+    // PAIR_SYNC_TAG keeps the keys of repeated runs in one boot apart.
+    let dir = PathBuf::from(var("RDMA_VM_SYNC_DIR"))
+        .join(std::env::var("PAIR_SYNC_TAG").unwrap_or_default());
+    std::fs::create_dir_all(&dir).expect("the sync folder");
     let sync = Sync { dir, test: TEST };
     // librdmacm opens siw0's context on first use: before the baseline.
     {
@@ -1894,7 +1949,7 @@ fn cm_rc_link_down_shorter_and_longer_than_the_retry_timeout_iwarp() {
     let ch = EventChannel::new().unwrap();
     for (gen, cut) in phases {
         let retries = (cut == Some(false)).then(|| TcpRetries2::set(iw_retries2()));
-        let mut e = connect(&ch, dst, false, None, &ConnParam::default());
+        let mut e = iw_connect(&ch, dst);
         let seen = iw_send(&ch, &mut e, gen, cut, local, peer, N);
         drop(retries);
         let posted = (seen.statuses.len() + seen.reclaimed) as u32;
