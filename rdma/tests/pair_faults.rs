@@ -1566,6 +1566,9 @@ struct IwCut {
     failed_after: Option<Duration>,
     /// TCP's unacknowledged bytes to the peer once the links were down.
     unacked_at_down: Option<u64>,
+    /// Whether the sender was then waiting for the receiver's count (it had
+    /// `IW_DEPTH - 1` unconsumed): the cut held the count instead.
+    blocked_at_down: bool,
     /// Credit messages received; the receiver's last count.
     credits: u32,
     peer_consumed: Option<u32>,
@@ -1631,6 +1634,9 @@ fn iw_send(
             down_at = Some(Instant::now());
             posting = false;
             seen.unacked_at_down = tcp_unacked_to(local, peer);
+            seen.blocked_at_down = seen
+                .peer_consumed
+                .is_some_and(|p| posted - p >= IW_DEPTH - 1);
             if cut == Some(true) {
                 seen.down_for = asked.elapsed();
                 link("up", "b");
@@ -1976,10 +1982,11 @@ fn cm_rc_link_down_shorter_and_longer_than_the_retry_timeout_iwarp() {
             .filter(|s| **s == WcStatus::Success)
             .count() as u32;
         eprintln!(
-            "phase {gen}: link down for {:?}, failed after {:?}, TCP unacked once down {:?} bytes; {ok} of {posted} sent, {} taken back; credits {}, receiver's count {:?}; failures {:?}",
+            "phase {gen}: link down for {:?}, failed after {:?}, TCP unacked once down {:?} bytes (waiting for a count: {}); {ok} of {posted} sent, {} taken back; credits {}, receiver's count {:?}; failures {:?}",
             seen.down_for,
             seen.failed_after,
             seen.unacked_at_down,
+            seen.blocked_at_down,
             seen.reclaimed,
             seen.credits,
             seen.peer_consumed,
@@ -2038,9 +2045,11 @@ fn cm_rc_link_down_shorter_and_longer_than_the_retry_timeout_iwarp() {
             assert_eq!(got, posted, "phase {gen}");
         }
         if cut == Some(true) {
+            // The cut caught the stream: data in flight (TCP's Send-Q), or
+            // the sender waiting for a count the cut held.
             assert!(
-                seen.unacked_at_down.is_some_and(|b| b > 0),
-                "the short cut caught data in flight (TCP's Send-Q): {seen:?}"
+                seen.unacked_at_down.is_some_and(|b| b > 0) || seen.blocked_at_down,
+                "the short cut caught the stream: {seen:?}"
             );
         }
         drop(e);
