@@ -383,3 +383,152 @@ fn iwarp_cq_overrun_is_an_async_event() {
     drop(EventChannel::new().map(|c| listen(&c)));
     assert_back_to(before);
 }
+
+/// The QP moved to the error state while another thread posts, over iWARP
+/// (siw), on a connection in this process: RDMA WRITEs streamed by one
+/// thread while another moves the QP to ERR (raw verb). Every post is
+/// refused with its memory returned, or completes (in order: successes,
+/// then at most one `LOC_QP_OP_ERR`, the WRITE siw was transmitting, then
+/// flushes), or, posted after the switch and never completed by siw,
+/// is taken back by `reset`. siw writes the flushes of what it had into
+/// the CQ before `ibv_modify_qp` returns, so once the switch is done and
+/// the poster has stopped, an empty poll means nothing more will come.
+#[test]
+#[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
+fn iwarp_qp_moved_to_error_while_another_thread_posts() {
+    use common::iwarp::{iwarp_connection, iwarp_ip};
+    use rdma::cm::{EventChannel, PortSpace};
+    use std::net::SocketAddr;
+    const BASE: u64 = 1000;
+    // 64 KiB each, so that siw still holds some (not yet given to TCP)
+    // when the switch comes.
+    const LEN: usize = 64 << 10;
+    let listen = |ch: &EventChannel| {
+        let l = ch.create_id(PortSpace::Tcp).unwrap();
+        l.bind_addr(SocketAddr::new(iwarp_ip(), 0)).unwrap();
+        l.listen(4).unwrap();
+        l
+    };
+    // librdmacm's context on siw0 (kept for the life of the process).
+    drop(listen(&EventChannel::new().unwrap()));
+    let before = baseline();
+    let ch = EventChannel::new().unwrap();
+    let listener = listen(&ch);
+    let (mut a, b) = iwarp_connection(&ch, &listener);
+    let target = b.pd.alloc_mr(LEN, LW | AccessFlags::REMOTE_WRITE).unwrap();
+    let remote = target.remote();
+    let raw = a.qp.as_raw() as usize;
+    let (at_100, reached) = std::sync::mpsc::channel::<()>();
+    let switched = std::sync::atomic::AtomicBool::new(false);
+    let (qp, cq, pd) = (&mut a.qp, &a.cq, &a.pd);
+    let (posted, refused, statuses, reclaimed) = std::thread::scope(|s| {
+        let switched = &switched;
+        let poster = s.spawn(move || {
+            let mut posted = 0u64;
+            let mut refused = 0u64;
+            let mut statuses = Vec::new();
+            let mut out = Vec::new();
+            let mut free: Vec<_> = pd.alloc_mr(16 * LEN, LW).unwrap().chunks(LEN).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut stopped = false;
+            loop {
+                if !stopped {
+                    if let Some(m) = free.pop() {
+                        match qp.post_send(SendWr::write(BASE + posted, m, remote)) {
+                            Ok(()) => posted += 1,
+                            Err(e) => {
+                                refused += 1;
+                                assert_eq!(e.returned.len(), 1, "{}", e.error);
+                                free.extend(
+                                    e.returned.into_iter().filter_map(|(_, b)| b.into_one()),
+                                );
+                                stopped = true;
+                            }
+                        }
+                    }
+                    if posted == 100 {
+                        at_100.send(()).unwrap();
+                    }
+                }
+                // Read the switch before polling: an empty poll after it
+                // has nothing more to wait for.
+                let done_switching = switched.load(std::sync::atomic::Ordering::Acquire);
+                cq.poll(&mut out, 16).unwrap();
+                let empty = out.is_empty();
+                for mut c in out.drain(..) {
+                    if c.wr_id < BASE {
+                        // The receive the connection left posted: flushed.
+                        assert_eq!(c.status, WcStatus::WrFlushErr, "{c:?}");
+                        continue;
+                    }
+                    assert_eq!(c.wr_id, BASE + statuses.len() as u64, "in order: {c:?}");
+                    if c.status != WcStatus::Success {
+                        stopped = true;
+                    }
+                    statuses.push(c.status);
+                    free.extend(c.take_buffers().into_one());
+                }
+                if stopped && (statuses.len() as u64 == posted || (done_switching && empty)) {
+                    break;
+                }
+                if done_switching && posted >= 100 && !stopped {
+                    // The switch is done; what was posted after it is
+                    // either refused or never completed: stop here.
+                    stopped = true;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{posted} posted, {} completed",
+                    statuses.len()
+                );
+            }
+            let back = qp.reset().expect("reset after the error state");
+            let reclaimed = back.iter().filter(|(id, _)| *id >= BASE).count() as u64;
+            (posted, refused, statuses, reclaimed)
+        });
+        reached
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the poster reached 100 posts");
+        // SAFETY: ibv_qp_attr is plain C data; all zeroes is a valid value.
+        let mut attr: rdma::ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = rdma::ffi::IBV_QPS_ERR;
+        // SAFETY: the QP is alive (the poster holds it until the scope ends);
+        // ibv_modify_qp may run beside ibv_post_send on the same QP.
+        let rc = unsafe {
+            rdma::ffi::ibv_modify_qp(
+                raw as *mut rdma::ffi::ibv_qp,
+                &mut attr,
+                rdma::ffi::IBV_QP_STATE as i32,
+            )
+        };
+        assert_eq!(rc, 0, "ibv_modify_qp to ERR");
+        switched.store(true, std::sync::atomic::Ordering::Release);
+        poster.join().unwrap()
+    });
+    let first_bad = statuses.iter().position(|s| *s != WcStatus::Success);
+    eprintln!(
+        "iWARP: {posted} posted, {refused} refused, first flush at {first_bad:?}, {} completions, {reclaimed} taken back by reset",
+        statuses.len()
+    );
+    assert!(posted >= 100);
+    assert_eq!(
+        statuses.len() as u64 + reclaimed,
+        posted,
+        "every posted WRITE completed or was taken back"
+    );
+    // The WRITE siw was transmitting when the switch came ends in
+    // LOC_QP_OP_ERR (its transmit error path), the rest are flushed.
+    if let Some(i) = first_bad {
+        assert!(
+            statuses[i..]
+                .iter()
+                .enumerate()
+                .all(|(k, s)| *s == WcStatus::WrFlushErr || (k == 0 && *s == WcStatus::LocQpOpErr)),
+            "{statuses:?}"
+        );
+    }
+    assert_eq!(a.qp.in_flight().0, 0);
+    drop((target, a, b, listener, ch));
+    drop(listen(&EventChannel::new().unwrap()));
+    assert_back_to(before);
+}
