@@ -251,3 +251,153 @@ fn connect_to_a_listener_bound_to_another_address() {
         "the listener on {bound} saw no request"
     );
 }
+
+/// The same refusals over iWARP (siw: no atomics, no memory windows, no
+/// UD): WRITE to a region without remote write, WRITE with the rkey of
+/// another PD's region and with the rkey of a deregistered one; and READ
+/// from a region without remote read, which siw serves (below). Each on a connection of its own in this
+/// process, after a permitted request of the same kind worked on it.
+/// iWARP answers an access violation with a TERMINATE that ends the
+/// connection: the responder's QP goes to the error state (its posted
+/// receive is flushed), and so does the requester's (its receive flushed
+/// too). A WRITE carries no acknowledgement in iWARP, so its completion may
+/// be a success (siw completes a send when TCP took it), or
+/// `LOC_QP_OP_ERR` when the TERMINATE stopped it first (both measured):
+/// what shows the refusal is the target left unchanged and the connection
+/// ended. Ends at
+/// the resource and descriptor baseline.
+#[test]
+#[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
+fn iwarp_write_read_without_access_and_foreign_or_stale_rkeys() {
+    use common::iwarp::{iwarp_connection, iwarp_ip};
+    const RW: AccessFlags = AccessFlags::REMOTE_WRITE.union(AccessFlags::REMOTE_READ);
+    let listen = |ch: &EventChannel| {
+        let l = ch.create_id(PortSpace::Tcp).unwrap();
+        l.bind_addr(SocketAddr::new(iwarp_ip(), 0)).unwrap();
+        l.listen(4).unwrap();
+        l
+    };
+    // librdmacm's context on siw0 (kept for the life of the process).
+    drop(listen(&EventChannel::new().unwrap()));
+    let before = (common::resource_counts(), common::open_fds());
+    for case in [
+        "write without remote write",
+        "read without remote read",
+        "write with another PD's rkey",
+        "write with a deregistered region's rkey",
+    ] {
+        let ch = EventChannel::new().unwrap();
+        let listener = listen(&ch);
+        let (mut a, b) = iwarp_connection(&ch, &listener);
+        let read = case.starts_with("read");
+        // Permitted first: the same kind of request to a region that
+        // grants it works on this connection.
+        let open = target(&b.pd, LW | RW);
+        let local = a.pd.alloc_mr(64, LW).unwrap();
+        let wr = if read {
+            SendWr::read(1, local, open.remote())
+        } else {
+            let src = a.pd.reg_mr(vec![1u8; 64], AccessFlags::empty()).unwrap();
+            SendWr::write(1, src, open.remote())
+        };
+        a.qp.post_send(wr).unwrap();
+        let mut c = wait(&a.cq, 1).pop().unwrap();
+        assert_eq!(
+            c.status,
+            WcStatus::Success,
+            "{case}: the permitted one: {c:?}"
+        );
+        let got = c.take_buffers().into_one().unwrap().to_vec();
+        if read {
+            assert_eq!(got, vec![PATTERN; 64], "{case}: read");
+        } else {
+            assert_eq!(open.to_vec(), vec![1u8; 64], "{case}: written");
+        }
+        // Then the one outside what was granted.
+        let other_pd = b.id.context().unwrap().alloc_pd().unwrap();
+        let (t, remote) = match case {
+            "write without remote write" => {
+                let t = target(&b.pd, LW | AccessFlags::REMOTE_READ);
+                let r = t.remote();
+                (t, r)
+            }
+            "read without remote read" => {
+                let t = target(&b.pd, LW | AccessFlags::REMOTE_WRITE);
+                let r = t.remote();
+                (t, r)
+            }
+            "write with another PD's rkey" => {
+                let t = target(&other_pd, LW | RW);
+                let r = t.remote();
+                (t, r)
+            }
+            _ => {
+                let gone = target(&b.pd, LW | RW);
+                let stale = gone.remote();
+                gone.destroy().map_err(|(_, e)| e).expect("ibv_dereg_mr");
+                (target(&b.pd, LW | RW), stale)
+            }
+        };
+        let wr = if read {
+            SendWr::read(2, a.pd.alloc_mr(64, LW).unwrap(), remote)
+        } else {
+            let src = a.pd.reg_mr(vec![2u8; 64], AccessFlags::empty()).unwrap();
+            SendWr::write(2, src, remote)
+        };
+        a.qp.post_send(wr).unwrap();
+        if read {
+            // siw serves it: a read response's memory is checked with no
+            // permissions (`siw_qp_sq_proc_tx`: `siw_check_sgl_tx(qp->pd,
+            // wqe, 0)`), so REMOTE_READ is not enforced; the PD and the
+            // key still are (the cases below). Measured on Linux 6.1.
+            let mut c = wait(&a.cq, 1).pop().unwrap();
+            eprintln!("{case}: request {}", c.status);
+            assert_eq!(
+                (c.wr_id, c.status),
+                (2, WcStatus::Success),
+                "{case}: siw (6.1) does not check REMOTE_READ; if this fails, it now does: {c:?}"
+            );
+            assert_eq!(
+                c.take_buffers().into_one().unwrap().to_vec(),
+                vec![PATTERN; 64],
+                "{case}"
+            );
+            unchanged(&t);
+            drop((c, t, other_pd, open));
+            drop((a, b, listener, ch));
+            continue;
+        }
+        // The requester: the request's completion and its posted receive
+        // (flushed); the responder: its posted receive, flushed.
+        let mut at_a = wait(&a.cq, 2);
+        let op = common::take(&mut at_a, 2);
+        let recv_a = common::take(&mut at_a, 1);
+        let recv_b = wait(&b.cq, 1).pop().unwrap();
+        eprintln!(
+            "{case}: request {}, requester's receive {}, responder's receive {}",
+            op.status, recv_a.status, recv_b.status
+        );
+        assert!(
+            matches!(
+                op.status,
+                WcStatus::Success
+                    | WcStatus::RemAccessErr
+                    | WcStatus::WrFlushErr
+                    | WcStatus::LocQpOpErr
+            ),
+            "{case}: {op:?}"
+        );
+        assert_eq!(recv_a.status, WcStatus::WrFlushErr, "{case}: {recv_a:?}");
+        assert_eq!(recv_b.status, WcStatus::WrFlushErr, "{case}: {recv_b:?}");
+        unchanged(&t);
+        drop((op, recv_a, recv_b, t, other_pd, open));
+        drop((a, b, listener, ch));
+    }
+    drop(listen(&EventChannel::new().unwrap()));
+    assert_eq!(
+        (common::resource_counts(), common::open_fds()),
+        before,
+        "(pd, cq, qp, cm_id, mr) and open fds back to the baseline"
+    );
+    assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
+}

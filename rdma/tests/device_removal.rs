@@ -24,6 +24,7 @@ use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use common::iwarp::{iwarp_connection, iwarp_ip, next_event, End};
 use rdma::cm::{CmEventType, EventChannel, PortSpace};
 use rdma::{AccessFlags, QpType, SendWr, WcStatus};
 
@@ -50,17 +51,20 @@ fn wait_for(what: &str, bound: Duration, cond: impl Fn() -> bool) {
     }
 }
 
-/// `rdma link add DEV type rxe netdev NETDEV`, then waits for the port and
-/// the GID index the tests use.
-fn add_again(dev: &str) {
+/// `rdma link add DEV type KIND netdev NETDEV`, then waits for the port
+/// and, on rxe, the GID index the tests use.
+fn add_again(dev: &str, kind: &str, netdev: &str) {
     let out = Command::new("rdma")
-        .args(["link", "add", dev, "type", "rxe", "netdev", &netdev()])
+        .args(["link", "add", dev, "type", kind, "netdev", netdev])
         .output()
         .expect("rdma runs");
     assert!(out.status.success(), "rdma link add {dev}: {out:?}");
     wait_for("port ACTIVE again", Duration::from_secs(20), || {
         port_active(dev)
     });
+    if kind != "rxe" {
+        return;
+    }
     let want = format!("::ffff:{}", common::ip());
     let gid_path = format!("ports/1/gids/{}", common::gid_index());
     wait_for(
@@ -73,6 +77,24 @@ fn add_again(dev: &str) {
             })
         },
     );
+}
+
+/// The netdev under `dev`, from `rdma link show DEV/1` (`... netdev NAME`).
+fn netdev_of(dev: &str) -> String {
+    let out = Command::new("rdma")
+        .args(["link", "show", &format!("{dev}/1")])
+        .output()
+        .expect("rdma runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut words = text.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "netdev" {
+            if let Some(n) = words.next() {
+                return n.to_string();
+            }
+        }
+    }
+    panic!("no netdev for {dev} in `rdma link show`: {out:?}");
 }
 
 /// The `uverbs` node of `dev` (`uverbs0`), from sysfs.
@@ -207,7 +229,7 @@ fn removal_child(dev: &str) {
     assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
 
     // Back, and used again by this process: verbs and CM.
-    add_again(dev);
+    add_again(dev, "rxe", &netdev());
     let mut p = common::pair(QpType::Rc, AccessFlags::empty());
     p.b.post_recv(1, p.pd.alloc_mr(64, LW).unwrap()).unwrap();
     let msg = p.pd.reg_mr(vec![9u8; 64], AccessFlags::empty()).unwrap();
@@ -235,11 +257,23 @@ fn device_deleted_under_live_qps_and_cm_ids_then_added_again() {
         removal_child(&dev);
         return;
     }
-    assert!(port_active(&dev), "{dev} is up before the test");
+    run_child_and_restore(
+        "device_deleted_under_live_qps_and_cm_ids_then_added_again",
+        &dev,
+        "rxe",
+        &netdev(),
+    );
+}
+
+/// Runs this binary's `test` again as the child (`RDMA_REMOVAL_CHILD=1`),
+/// waits for it (45 s, then kills it) and puts `dev` (of `kind`, on
+/// `netdev`) back whatever happened.
+fn run_child_and_restore(test: &str, dev: &str, kind: &str, netdev: &str) {
+    assert!(port_active(dev), "{dev} is up before the test");
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "device_deleted_under_live_qps_and_cm_ids_then_added_again",
+            test,
             "--ignored",
             "--nocapture",
             "--test-threads=1",
@@ -254,23 +288,199 @@ fn device_deleted_under_live_qps_and_cm_ids_then_added_again() {
         "the pending delete to finish",
         Duration::from_secs(30),
         || {
-            !device_present(&dev)
+            !device_present(dev)
                 || Command::new("pgrep")
                     .args(["-x", "rdma"])
                     .status()
                     .is_ok_and(|s| !s.success())
         },
     );
-    if !device_present(&dev) {
-        add_again(&dev);
+    if !device_present(dev) {
+        add_again(dev, kind, netdev);
     }
     wait_for(
         "the device up after the test",
         Duration::from_secs(20),
-        || port_active(&dev),
+        || port_active(dev),
     );
     let status = status.expect(
         "the child finished within 45 s (killed: rdma link delete still waited after it had dropped every object)",
     );
     assert!(status.success(), "the child failed: {status}");
+}
+
+// ---------------------------------------------------------------------------
+// The same over iWARP (siw). siw has no connection without RDMA CM, so the
+// live QPs are the two ends of a connection in this process
+// (`common::iwarp`).
+
+/// The child over siw: a listener, a connection (two connected ids, two
+/// QPs with a receive posted each), the device deleted under them, every
+/// object dropped, the device added again, a new connection over it.
+fn iwarp_removal_child(dev: &str) {
+    let netdev = netdev_of(dev);
+    // librdmacm's contexts, opened before the baseline: it keeps one per
+    // device for the life of the process, and the crate's
+    // `rdma_get_devices` on DEVICE_REMOVAL opens every other device's
+    // (rxe0's here: two descriptors, measured).
+    let warm = |ch: &EventChannel| {
+        for ip in [iwarp_ip(), IpAddr::V4(common::ip())] {
+            let id = ch.create_id(PortSpace::Tcp).unwrap();
+            id.bind_addr(SocketAddr::new(ip, 0)).unwrap();
+            drop(id.context().expect("the bound id has a device"));
+        }
+    };
+    warm(&EventChannel::new().unwrap());
+    let before = (common::resource_counts(), common::open_fds());
+    let ch = EventChannel::new().unwrap();
+    let listener = ch.create_id(PortSpace::Tcp).unwrap();
+    listener.bind_addr(SocketAddr::new(iwarp_ip(), 0)).unwrap();
+    listener.listen(4).unwrap();
+    let (client, server) = iwarp_connection(&ch, &listener);
+    assert_eq!(client.id.context().unwrap().name(), dev);
+
+    let node = uverbs_node(dev);
+    let start = Instant::now();
+    let mut delete = Command::new("rdma")
+        .args(["link", "delete", dev])
+        .spawn()
+        .expect("rdma link delete");
+    // DEVICE_REMOVAL on the three ids; other events (a connection's
+    // DISCONNECTED) may come first and are counted.
+    let mut removed = [false; 3];
+    let mut others = Vec::new();
+    while removed.iter().any(|r| !r) {
+        let e = ch
+            .get_event_timeout(Duration::from_secs(20))
+            .unwrap()
+            .unwrap_or_else(|| panic!("DEVICE_REMOVAL on {removed:?} (listener, client, server) within 20 s; other events {others:?}"));
+        eprintln!(
+            "event {} status {} after {:?}",
+            e.event_type(),
+            e.status(),
+            start.elapsed()
+        );
+        let which = [&listener, &client.id, &server.id]
+            .iter()
+            .position(|id| e.id().same_id(id))
+            .expect("an event of one of the three ids");
+        if e.event_type() == CmEventType::DeviceRemoval {
+            assert!(!removed[which], "one DEVICE_REMOVAL per id");
+            removed[which] = true;
+        } else {
+            others.push((which, e.event_type()));
+        }
+    }
+    eprintln!(
+        "DEVICE_REMOVAL on the three ids after {:?}; before them: {others:?}",
+        start.elapsed()
+    );
+    // The receives posted on each end come back (flushed) or are taken
+    // back with reset: none is lost.
+    let fds = || fds_on(&node);
+    let mut trail = vec![("live", fds())];
+    let End {
+        qp: sqp,
+        cq: scq,
+        pd: spd,
+        id: sid,
+    } = server;
+    let End {
+        qp: cqp,
+        cq: ccq,
+        pd: cpd,
+        id: cid,
+    } = client;
+    for (end, qp, cq) in [("server", &sqp, &scq), ("client", &cqp, &ccq)] {
+        let mut out = Vec::new();
+        cq.poll(&mut out, 16).expect("poll after removal");
+        for c in &out {
+            assert_eq!(c.wr_id, 1, "{end}: only the posted receive is left: {c:?}");
+        }
+        let reset = qp.reset().expect("reset after DEVICE_REMOVAL");
+        eprintln!(
+            "{end}: receive back from the CQ {:?}, from reset {:?}",
+            out.iter().map(|c| c.status).collect::<Vec<_>>(),
+            reset.iter().map(|r| r.0).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            out.len() + reset.len(),
+            1,
+            "{end}: the posted receive comes back once"
+        );
+    }
+    drop(sqp);
+    trail.push(("server qp", fds()));
+    drop(cid);
+    trail.push(("client id", fds()));
+    drop(spd);
+    trail.push(("server pd", fds()));
+    drop(ccq);
+    trail.push(("client cq", fds()));
+    drop(sid);
+    trail.push(("server id", fds()));
+    drop(cqp);
+    trail.push(("client qp", fds()));
+    drop(scq);
+    trail.push(("server cq", fds()));
+    drop(listener);
+    trail.push(("listener id", fds()));
+    drop(cpd);
+    trail.push(("client pd", fds()));
+    drop(ch);
+    trail.push(("channel", fds()));
+    eprintln!("descriptors on /dev/infiniband/{node} after each drop: {trail:?}");
+    assert_eq!(
+        trail.last().unwrap().1,
+        0,
+        "librdmacm's context closed with the last object on it: {trail:?}"
+    );
+    let st = wait_child(&mut delete, Duration::from_secs(30))
+        .expect("rdma link delete finished once the process let go of the device");
+    assert!(st.success(), "rdma link delete: {st}");
+    assert!(!device_present(dev));
+    eprintln!("device gone after {:?}", start.elapsed());
+    assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
+
+    // Back, and used again by this process: a new connection, a SEND each way.
+    add_again(dev, "siw", &netdev);
+    let ch = EventChannel::new().unwrap();
+    let listener = ch.create_id(PortSpace::Tcp).unwrap();
+    listener.bind_addr(SocketAddr::new(iwarp_ip(), 0)).unwrap();
+    assert_eq!(
+        listener.context().unwrap().name(),
+        dev,
+        "librdmacm finds the new device"
+    );
+    listener.listen(4).unwrap();
+    let (client, server) = iwarp_connection(&ch, &listener);
+    eprintln!("used again after {:?}", start.elapsed());
+    client.id.disconnect().unwrap();
+    drop(next_event(&ch, CmEventType::Disconnected));
+    drop(next_event(&ch, CmEventType::Disconnected));
+    drop((client, server, listener, ch));
+    warm(&EventChannel::new().unwrap());
+    assert_eq!(
+        (common::resource_counts(), common::open_fds()),
+        before,
+        "(pd, cq, qp, cm_id, mr) and open fds back to the baseline"
+    );
+    assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
+}
+
+#[test]
+#[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE) it may delete and add again (siw)"]
+fn iwarp_device_deleted_under_live_qps_and_cm_ids_then_added_again() {
+    let dev = common::iwarp_device_name();
+    if std::env::var_os("RDMA_REMOVAL_CHILD").is_some() {
+        iwarp_removal_child(&dev);
+        return;
+    }
+    let netdev = netdev_of(&dev);
+    run_child_and_restore(
+        "iwarp_device_deleted_under_live_qps_and_cm_ids_then_added_again",
+        &dev,
+        "siw",
+        &netdev,
+    );
 }

@@ -259,3 +259,276 @@ fn fork_with_registered_memory() {
     drop((c, target, p));
     assert_back_to(before);
 }
+
+/// The CQ overrun over iWARP (siw), on a connection in this process (siw
+/// has no connected QP without RDMA CM): the sender's send CQ holds 2 or so
+/// entries, 8 more signaled SENDs than that are carried out (the receiver,
+/// whose CQ has room, gets them all, in order); the overrun is reported as
+/// a CQ_ERR async event naming that CQ; the CQ gives at most its size; the
+/// sends whose completions were lost come back from `reset`, one each.
+#[test]
+#[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
+fn iwarp_cq_overrun_is_an_async_event() {
+    use common::iwarp::{iwarp_ip, next_event};
+    use rdma::cm::{CmEventType, ConnParam, EventChannel, PortSpace};
+    use std::net::SocketAddr;
+    let listen = |ch: &EventChannel| {
+        let l = ch.create_id(PortSpace::Tcp).unwrap();
+        l.bind_addr(SocketAddr::new(iwarp_ip(), 0)).unwrap();
+        l.listen(4).unwrap();
+        l
+    };
+    // librdmacm's context on siw0 (kept for the life of the process).
+    drop(listen(&EventChannel::new().unwrap()));
+    let before = baseline();
+    let ch = EventChannel::new().unwrap();
+    let listener = listen(&ch);
+    let id = ch.create_id(PortSpace::Tcp).unwrap();
+    id.resolve_addr(
+        None,
+        SocketAddr::new(iwarp_ip(), listener.src_port()),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    drop(next_event(&ch, CmEventType::AddrResolved));
+    id.resolve_route(Duration::from_secs(5)).unwrap();
+    drop(next_event(&ch, CmEventType::RouteResolved));
+    let ctx = id.context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let small = ctx.create_cq(2, None, 0).unwrap();
+    let big = ctx.create_cq(64, None, 0).unwrap();
+    let size = small.cqe() as usize;
+    let n = size + 8;
+    let mut a = pd.qp_builder(QpType::Rc, &small, &big).build().unwrap();
+    id.connect_qp(&a, &ConnParam::default()).unwrap();
+    let req = next_event(&ch, CmEventType::ConnectRequest);
+    let sid = req.id().clone();
+    drop(req);
+    let spd = sid.context().unwrap().alloc_pd().unwrap();
+    let scq = sid.context().unwrap().create_cq(64, None, 0).unwrap();
+    let mut b = spd.qp_builder(QpType::Rc, &scq, &scq).build().unwrap();
+    sid.modify_qp(&b, rdma::QpState::Init).unwrap();
+    let recvs = spd.alloc_mr(n * 16, LW).unwrap().chunks(16).unwrap();
+    b.post_recv_batch(
+        recvs
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| (i as u64, m.into())),
+    )
+    .map_err(|p| p.drop_buffers())
+    .unwrap();
+    sid.accept_qp(&b, &ConnParam::default()).unwrap();
+    for _ in 0..2 {
+        let e = ch
+            .get_event_timeout(Duration::from_secs(10))
+            .unwrap()
+            .expect("established within 10 s");
+        match (e.event_type(), e.status()) {
+            (CmEventType::ConnectResponse, 0) => {
+                drop(e);
+                id.establish_qp(&a).unwrap();
+            }
+            (CmEventType::Established, 0) => {}
+            _ => panic!("connecting: {e:?}"),
+        }
+    }
+    for i in 0..n {
+        let msg = pd.reg_mr(vec![i as u8; 16], AccessFlags::empty()).unwrap();
+        a.post_send(SendWr::send(i as u64, msg))
+            .map_err(|p| p.drop_buffers())
+            .unwrap();
+    }
+    let ev = wait_async(&ctx, AsyncEventType::CqErr);
+    assert_eq!(
+        ev.element,
+        AsyncEventElement::Cq(small.as_raw() as usize),
+        "{ev:?}"
+    );
+    // What arrived at b: in order, whole, successful.
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut out = Vec::new();
+    while got.len() < n && Instant::now() < deadline {
+        scq.poll(&mut out, 64).expect("poll b");
+        got.append(&mut out);
+    }
+    for (i, c) in got.iter_mut().enumerate() {
+        assert_eq!((c.wr_id, c.status), (i as u64, WcStatus::Success), "{c:?}");
+        assert_eq!(
+            c.take_buffers().into_one().unwrap().to_vec(),
+            vec![i as u8; 16]
+        );
+    }
+    let mut out = Vec::new();
+    let polled = small.poll(&mut out, n);
+    eprintln!(
+        "iWARP overrun CQ of {size}: b received {} of {n}; poll gave {polled:?}, {} completions: {:?}",
+        got.len(),
+        out.len(),
+        out.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>()
+    );
+    let polled_n = out.len();
+    assert!(polled_n <= size, "{out:?}");
+    drop(out);
+    let (sends_left, _) = a.in_flight();
+    let back = a.reset().expect("reset gives the memory back");
+    eprintln!(
+        "{sends_left} sends in flight, {} back from reset",
+        back.len()
+    );
+    assert_eq!(back.len(), sends_left, "every lost send comes back");
+    assert_eq!(polled_n + back.len(), n, "every send accounted for");
+    drop((back, got, ev, a, b, small, big, pd, scq, spd, ctx));
+    drop((sid, id, listener, ch));
+    drop(EventChannel::new().map(|c| listen(&c)));
+    assert_back_to(before);
+}
+
+/// The QP moved to the error state while another thread posts, over iWARP
+/// (siw), on a connection in this process: RDMA WRITEs streamed by one
+/// thread while another moves the QP to ERR (raw verb). Every post is
+/// refused with its memory returned, or completes (in order: successes,
+/// then at most one `LOC_QP_OP_ERR`, the WRITE siw was transmitting, then
+/// flushes), or, posted after the switch and never completed by siw,
+/// is taken back by `reset`. siw writes the flushes of what it had into
+/// the CQ before `ibv_modify_qp` returns, so once the switch is done and
+/// the poster has stopped, an empty poll means nothing more will come.
+#[test]
+#[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
+fn iwarp_qp_moved_to_error_while_another_thread_posts() {
+    use common::iwarp::{iwarp_connection, iwarp_ip};
+    use rdma::cm::{EventChannel, PortSpace};
+    use std::net::SocketAddr;
+    const BASE: u64 = 1000;
+    // 64 KiB each, so that siw still holds some (not yet given to TCP)
+    // when the switch comes.
+    const LEN: usize = 64 << 10;
+    let listen = |ch: &EventChannel| {
+        let l = ch.create_id(PortSpace::Tcp).unwrap();
+        l.bind_addr(SocketAddr::new(iwarp_ip(), 0)).unwrap();
+        l.listen(4).unwrap();
+        l
+    };
+    // librdmacm's context on siw0 (kept for the life of the process).
+    drop(listen(&EventChannel::new().unwrap()));
+    let before = baseline();
+    let ch = EventChannel::new().unwrap();
+    let listener = listen(&ch);
+    let (mut a, b) = iwarp_connection(&ch, &listener);
+    let target = b.pd.alloc_mr(LEN, LW | AccessFlags::REMOTE_WRITE).unwrap();
+    let remote = target.remote();
+    let raw = a.qp.as_raw() as usize;
+    let (at_100, reached) = std::sync::mpsc::channel::<()>();
+    let switched = std::sync::atomic::AtomicBool::new(false);
+    let (qp, cq, pd) = (&mut a.qp, &a.cq, &a.pd);
+    let (posted, refused, statuses, reclaimed) = std::thread::scope(|s| {
+        let switched = &switched;
+        let poster = s.spawn(move || {
+            let mut posted = 0u64;
+            let mut refused = 0u64;
+            let mut statuses = Vec::new();
+            let mut out = Vec::new();
+            let mut free: Vec<_> = pd.alloc_mr(16 * LEN, LW).unwrap().chunks(LEN).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut stopped = false;
+            loop {
+                if !stopped {
+                    if let Some(m) = free.pop() {
+                        match qp.post_send(SendWr::write(BASE + posted, m, remote)) {
+                            Ok(()) => posted += 1,
+                            Err(e) => {
+                                refused += 1;
+                                assert_eq!(e.returned.len(), 1, "{}", e.error);
+                                free.extend(
+                                    e.returned.into_iter().filter_map(|(_, b)| b.into_one()),
+                                );
+                                stopped = true;
+                            }
+                        }
+                    }
+                    if posted == 100 {
+                        at_100.send(()).unwrap();
+                    }
+                }
+                // Read the switch before polling: an empty poll after it
+                // has nothing more to wait for.
+                let done_switching = switched.load(std::sync::atomic::Ordering::Acquire);
+                cq.poll(&mut out, 16).unwrap();
+                let empty = out.is_empty();
+                for mut c in out.drain(..) {
+                    if c.wr_id < BASE {
+                        // The receive the connection left posted: flushed.
+                        assert_eq!(c.status, WcStatus::WrFlushErr, "{c:?}");
+                        continue;
+                    }
+                    assert_eq!(c.wr_id, BASE + statuses.len() as u64, "in order: {c:?}");
+                    if c.status != WcStatus::Success {
+                        stopped = true;
+                    }
+                    statuses.push(c.status);
+                    free.extend(c.take_buffers().into_one());
+                }
+                if stopped && (statuses.len() as u64 == posted || (done_switching && empty)) {
+                    break;
+                }
+                if done_switching && posted >= 100 && !stopped {
+                    // The switch is done; what was posted after it is
+                    // either refused or never completed: stop here.
+                    stopped = true;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{posted} posted, {} completed",
+                    statuses.len()
+                );
+            }
+            let back = qp.reset().expect("reset after the error state");
+            let reclaimed = back.iter().filter(|(id, _)| *id >= BASE).count() as u64;
+            (posted, refused, statuses, reclaimed)
+        });
+        reached
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the poster reached 100 posts");
+        // SAFETY: ibv_qp_attr is plain C data; all zeroes is a valid value.
+        let mut attr: rdma::ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = rdma::ffi::IBV_QPS_ERR;
+        // SAFETY: the QP is alive (the poster holds it until the scope ends);
+        // ibv_modify_qp may run beside ibv_post_send on the same QP.
+        let rc = unsafe {
+            rdma::ffi::ibv_modify_qp(
+                raw as *mut rdma::ffi::ibv_qp,
+                &mut attr,
+                rdma::ffi::IBV_QP_STATE as i32,
+            )
+        };
+        assert_eq!(rc, 0, "ibv_modify_qp to ERR");
+        switched.store(true, std::sync::atomic::Ordering::Release);
+        poster.join().unwrap()
+    });
+    let first_bad = statuses.iter().position(|s| *s != WcStatus::Success);
+    eprintln!(
+        "iWARP: {posted} posted, {refused} refused, first flush at {first_bad:?}, {} completions, {reclaimed} taken back by reset",
+        statuses.len()
+    );
+    assert!(posted >= 100);
+    assert_eq!(
+        statuses.len() as u64 + reclaimed,
+        posted,
+        "every posted WRITE completed or was taken back"
+    );
+    // The WRITE siw was transmitting when the switch came ends in
+    // LOC_QP_OP_ERR (its transmit error path), the rest are flushed.
+    if let Some(i) = first_bad {
+        assert!(
+            statuses[i..]
+                .iter()
+                .enumerate()
+                .all(|(k, s)| *s == WcStatus::WrFlushErr || (k == 0 && *s == WcStatus::LocQpOpErr)),
+            "{statuses:?}"
+        );
+    }
+    assert_eq!(a.qp.in_flight().0, 0);
+    drop((target, a, b, listener, ch));
+    drop(listen(&EventChannel::new().unwrap()));
+    assert_back_to(before);
+}

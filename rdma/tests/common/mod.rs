@@ -12,6 +12,8 @@ use std::process::Command;
 
 use rdma::Context;
 
+pub mod iwarp;
+
 fn required_env(var: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| {
         panic!(
