@@ -86,11 +86,40 @@ impl Chunk {
         }
     }
 
-    /// Copies `out.len()` bytes from the start of the chunk.
+    /// Copies `out.len()` bytes from the start of the chunk, with the
+    /// crate's atomic copy (the server may still reach the memory: an own
+    /// registration lives until the chunk is dropped, and a window is read
+    /// here only when its invalidation did not complete).
     pub(crate) fn read(&self, out: &mut [u8]) -> rdma::Result<()> {
         match self {
             Chunk::Bound { region, .. } => region.mr.read_at(0, out),
             Chunk::Own(mr) => mr.read_at(0, out),
+        }
+    }
+
+    /// The first `len` bytes of a pooled region, in place, for a plain copy
+    /// (`None` for an own registration, which the server can still reach
+    /// until it is dropped, or when `len` exceeds what was lent).
+    ///
+    /// # Safety
+    /// The caller must have seen the successful completion of a `LOCAL_INV`
+    /// of this chunk's window ([`Chunk::window_rkey`]), posted after the
+    /// call's reply arrived, and not bound the window again since: the
+    /// window's rkey was the only key to the region the server was ever
+    /// given (the region is registered without remote access of its own),
+    /// so from that completion on no peer writes these bytes while the
+    /// returned borrow lives.
+    pub(crate) unsafe fn invalidated_bytes(&self, len: usize) -> Option<&[u8]> {
+        match self {
+            Chunk::Bound { region, len: lent } if len <= *lent => {
+                // SAFETY: the region's own registration grants no remote
+                // access (`LOCAL_WRITE | MW_BIND`), and its window's
+                // invalidation completed (caller): no peer writes it while
+                // `&self` lives, and no work request holds it.
+                let all = unsafe { region.mr.as_slice_unchecked() };
+                all.get(..len)
+            }
+            _ => None,
         }
     }
 
@@ -244,18 +273,36 @@ impl ChunkPool {
                 r
             }
         };
-        // The window is not bound yet: no peer reaches the region while it
-        // is filled.
-        let mut at = 0;
-        let mut fill_one = |region: &mut Region, b: &[u8]| {
-            let r = region.mr.write_at(at, b);
-            at += b.len();
-            r
-        };
-        let filled = match fill {
-            Fill::Zero => Ok(()),
-            Fill::Move(d) => fill_one(&mut region, &d),
-            Fill::Pieces(p) => p.iter().try_for_each(|b| fill_one(&mut region, b)),
+        // The window is not bound yet: a plain copy into the region.
+        let region_len = region.mr.len();
+        let filled = {
+            // SAFETY: a region is in `free` (or new) only while its window is
+            // unbound: never bound, or its `LOCAL_INV` completed before the
+            // region came back (`put` is called only after that completion;
+            // a region whose invalidation did not complete is discarded,
+            // never put back), and the region's own registration grants no
+            // remote access (`LOCAL_WRITE | MW_BIND`). So no peer reaches
+            // these bytes until the bind below is posted, and `&mut region`
+            // makes this the only access.
+            let dst = unsafe { region.mr.as_mut_slice_unchecked() };
+            let mut at = 0usize;
+            let mut fill_one = |b: &[u8]| match dst.get_mut(at..at.saturating_add(b.len())) {
+                Some(d) => {
+                    d.copy_from_slice(b);
+                    at += b.len();
+                    Ok(())
+                }
+                None => Err(format!(
+                    "{} bytes do not fit the region of {} at {at}",
+                    b.len(),
+                    region_len
+                )),
+            };
+            match fill {
+                Fill::Zero => Ok(()),
+                Fill::Move(d) => fill_one(&d),
+                Fill::Pieces(p) => p.iter().try_for_each(|b| fill_one(b)),
+            }
         };
         if let Err(e) = filled {
             self.free.push(region);
