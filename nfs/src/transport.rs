@@ -1660,8 +1660,8 @@ fn outcome(p: &Pending, o: Outcome, invalidated: bool) -> Result<Reply> {
 /// Delivers a reply: its chunks go back to `pool` (the connection they were
 /// bound on), or are dropped without one. `invalidated`: the `LOCAL_INV` of
 /// every window the call was lent completed (only then does a window's
-/// region go back to the pool, whose fill relies on it; a call with windows
-/// and no such proof has them discarded).
+/// region go back to the pool, whose regions are all unbound; a call with
+/// windows and no such proof has them discarded).
 fn deliver(e: Ending, pool: Option<&mut ChunkPool>, invalidated: bool) {
     let Ending {
         mut pending,
