@@ -86,11 +86,40 @@ impl Chunk {
         }
     }
 
-    /// Copies `out.len()` bytes from the start of the chunk.
+    /// Copies `out.len()` bytes from the start of the chunk, with the
+    /// crate's atomic copy (the server may still reach the memory: an own
+    /// registration lives until the chunk is dropped, and a window is read
+    /// here only when its invalidation did not complete).
     pub(crate) fn read(&self, out: &mut [u8]) -> rdma::Result<()> {
         match self {
             Chunk::Bound { region, .. } => region.mr.read_at(0, out),
             Chunk::Own(mr) => mr.read_at(0, out),
+        }
+    }
+
+    /// The first `len` bytes of a pooled region, in place, for a plain copy
+    /// (`None` for an own registration, which the server can still reach
+    /// until it is dropped, or when `len` exceeds what was lent).
+    ///
+    /// # Safety
+    /// The caller must have seen the successful completion of a `LOCAL_INV`
+    /// of this chunk's window ([`Chunk::window_rkey`]), posted after the
+    /// call's reply arrived, and not bound the window again since: the
+    /// window's rkey was the only key to the region the server was ever
+    /// given (the region is registered without remote access of its own),
+    /// so from that completion on no peer writes these bytes while the
+    /// returned borrow lives.
+    pub(crate) unsafe fn invalidated_bytes(&self, len: usize) -> Option<&[u8]> {
+        match self {
+            Chunk::Bound { region, len: lent } if len <= *lent => {
+                // SAFETY: the region's own registration grants no remote
+                // access (`LOCAL_WRITE | MW_BIND`), and its window's
+                // invalidation completed (caller): no peer writes it while
+                // `&self` lives, and no work request holds it.
+                let all = unsafe { region.mr.as_slice_unchecked() };
+                all.get(..len)
+            }
+            _ => None,
         }
     }
 
@@ -245,7 +274,9 @@ impl ChunkPool {
             }
         };
         // The window is not bound yet: no peer reaches the region while it
-        // is filled.
+        // is filled. (The crate's atomic copy: a plain copy here, whose
+        // argument is that free regions are never bound, costs the same per
+        // byte in the VM, session 20 of docs/benchmarks-log.md.)
         let mut at = 0;
         let mut fill_one = |region: &mut Region, b: &[u8]| {
             let r = region.mr.write_at(at, b);

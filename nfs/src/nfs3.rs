@@ -10,10 +10,11 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 
 use crate::mount::{self, MountError, FHSIZE3, NFS_PROG};
 use crate::rpc::{decode_reply, encode_call, Auth, ReplyError};
-use crate::transport::{self, Call, Payload, Reply, Transport};
+use crate::transport::{self, Call, Destination, Payload, Reply, Transport};
 use crate::xdr::{DResult, DecodeError, Reader, Writer};
 
 /// NFS version 3.
@@ -171,6 +172,23 @@ pub struct DirEntry {
     pub attr: Option<Fattr>,
     /// Handle (READDIRPLUS, when the server sent it).
     pub fh: Option<Fh>,
+}
+
+/// The most bytes [`Client::read_all`] sizes its result for at once from the
+/// size the server states (a larger file is read on after it, a READ at a
+/// time).
+const READ_ALL_AT_ONCE: u64 = 1 << 30;
+
+/// Copies a READ's data to its destination.
+fn place(to: &Destination, data: &[u8]) -> Result<()> {
+    if to.fill(data) {
+        Ok(())
+    } else {
+        Err(NfsError::Invalid(format!(
+            "READ: {} bytes do not fit the destination {to:?}",
+            data.len()
+        )))
+    }
 }
 
 pub(crate) fn fattr(r: &mut Reader<'_>) -> DResult<Fattr> {
@@ -446,6 +464,39 @@ impl Client {
     /// As [`Client::fsinfo`]; [`NfsError::Decode`] when the data the
     /// server says it sent is not there.
     pub async fn read(&self, f: &Fh, offset: u64, count: u32) -> Result<(Vec<u8>, bool)> {
+        let (data, _, eof) = self.read_to(f, offset, count, None).await?;
+        Ok((data.unwrap_or_default(), eof))
+    }
+
+    /// READ of up to `count` bytes at `offset` into `into`: how many bytes
+    /// it placed there (from its start) and whether it reached the end of
+    /// the file. Data that comes in a write chunk is copied once, by the
+    /// transport, from the chunk memory to `into`; inline data is copied
+    /// from the reply.
+    ///
+    /// # Errors
+    /// As [`Client::read`]; [`NfsError::Invalid`] when `into` has less
+    /// room than the data, or its buffer stays locked by someone else.
+    pub async fn read_into(
+        &self,
+        f: &Fh,
+        offset: u64,
+        count: u32,
+        into: &Destination,
+    ) -> Result<(usize, bool)> {
+        let (_, len, eof) = self.read_to(f, offset, count, Some(into)).await?;
+        Ok((len, eof))
+    }
+
+    /// READ: the data (`None` when it was placed in `into`), its length and
+    /// the end-of-file flag.
+    async fn read_to(
+        &self,
+        f: &Fh,
+        offset: u64,
+        count: u32,
+        into: Option<&Destination>,
+    ) -> Result<(Option<Vec<u8>>, usize, bool)> {
         let mut w = self.header(proc_::READ);
         w.opaque(&f.0).u64(offset).u32(count);
         let inline = count as usize + 512 <= self.t.negotiated().inline_recv;
@@ -454,6 +505,7 @@ impl Client {
                 msg: w.buf,
                 write_chunk: if inline { 0 } else { count as usize },
                 max_reply: 1024,
+                data_into: if inline { None } else { into.cloned() },
                 ..Call::default()
             })
             .await?;
@@ -478,34 +530,40 @@ impl Client {
         }
         let inline_data = r.remaining() > 0 || len == 0;
         let end_pos = r.pos();
+        let truncated = |have: usize| {
+            NfsError::Decode(
+                "READ",
+                DecodeError {
+                    what: "READ3resok.data (write chunk)",
+                    at: end_pos,
+                    kind: crate::xdr::DecodeErrorKind::Truncated { need: len, have },
+                },
+            )
+        };
         let data = if inline_data {
             // Inline.
             let mut r2 = Reader::new(&reply.msg[at..]);
-            r2.opaque("READ3resok.data", count as usize)
-                .map_err(d)?
-                .to_vec()
+            r2.opaque("READ3resok.data", count as usize).map_err(d)?
         } else {
-            match reply.data {
-                Some(mut data) if data.len() >= len => {
+            match (reply.placed, reply.data) {
+                // In `into` already (the server may have written more than
+                // the XDR length says: only `len` bytes count).
+                (Some(p), _) if p >= len => return Ok((None, len, eof)),
+                (Some(p), _) => return Err(truncated(p)),
+                (None, Some(mut data)) if data.len() >= len => {
                     data.truncate(len);
-                    data
+                    match into {
+                        Some(to) => return place(to, &data).map(|()| (None, len, eof)),
+                        None => return Ok((Some(data), len, eof)),
+                    }
                 }
-                other => {
-                    return Err(NfsError::Decode(
-                        "READ",
-                        DecodeError {
-                            what: "READ3resok.data (write chunk)",
-                            at: end_pos,
-                            kind: crate::xdr::DecodeErrorKind::Truncated {
-                                need: len,
-                                have: other.map_or(0, |d| d.len()),
-                            },
-                        },
-                    ))
-                }
+                (None, other) => return Err(truncated(other.map_or(0, |d| d.len()))),
             }
         };
-        Ok((data, eof))
+        match into {
+            Some(to) => place(to, data).map(|()| (None, len, eof)),
+            None => Ok((Some(data.to_vec()), len, eof)),
+        }
     }
 
     /// WRITE of `data` at `offset`, `FILE_SYNC`: how many bytes the server
@@ -655,38 +713,63 @@ impl Client {
         }
     }
 
-    /// The whole file, with up to the window's READs in flight.
+    /// The whole file, with up to the window's READs in flight, each
+    /// placed straight into the result ([`Client::read_into`]: one copy
+    /// from chunk memory per byte).
     ///
     /// # Errors
     /// As [`Client::read`].
     pub async fn read_all(&self, f: &Fh) -> Result<Vec<u8>> {
         let size = self.getattr(f).await?.size;
         let step = u64::from(self.rsize);
-        let mut out = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(1 << 30));
+        // The size the server states is sized for at once (the zeroed
+        // pages cost nothing until the data lands in them) up to a bound;
+        // a larger file is read on in pieces after it.
+        let first = size.min(READ_ALL_AT_ONCE);
+        let buf = Arc::new(Mutex::new(vec![0u8; first as usize]));
         let mut q = VecDeque::new();
         let mut next = 0u64;
+        // The bytes read from offset 0 on without a gap.
+        let mut filled = 0u64;
+        let mut short = false;
         let mut eof = false;
-        while next < size || !q.is_empty() {
-            while next < size && q.len() < self.window {
+        while next < first || !q.is_empty() {
+            while !short && next < first && q.len() < self.window {
                 let c = self.clone();
                 let f = f.clone();
-                let n = step.min(size - next) as u32;
+                let n = step.min(first - next) as u32;
+                let to = Destination::new(Arc::clone(&buf), next as usize);
                 let at = next;
-                q.push_back(tokio::spawn(async move { c.read(&f, at, n).await }));
+                q.push_back((
+                    at,
+                    n,
+                    tokio::spawn(async move { c.read_into(&f, at, n, &to).await }),
+                ));
                 next += u64::from(n);
             }
-            let Some(h) = q.pop_front() else { break };
-            let (data, e) = h
+            let Some((at, n, h)) = q.pop_front() else {
+                break;
+            };
+            let (got, e) = h
                 .await
                 .map_err(|e| NfsError::Invalid(format!("READ task: {e}")))??;
-            out.extend_from_slice(&data);
+            if short || at != filled {
+                // After a short READ: the calls still in flight are
+                // awaited (they fill `buf`), their data not counted.
+                continue;
+            }
+            filled += got as u64;
             eof = e;
-            if data.is_empty() && next < size {
-                // The file shrank: stop at what was read.
-                break;
+            if (got as u64) < u64::from(n) {
+                // The file ended (or shrank) here: what follows is read on
+                // from `filled`, below.
+                short = true;
             }
         }
-        // The file may have grown since GETATTR: read on to the end.
+        let mut out = std::mem::take(&mut *buf.lock().unwrap_or_else(|p| p.into_inner()));
+        out.truncate(filled as usize);
+        // The file may be larger than stated, or have grown since GETATTR:
+        // read on to the end.
         while !eof {
             let (data, e) = self.read(f, out.len() as u64, self.rsize).await?;
             out.extend_from_slice(&data);

@@ -37,7 +37,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdma::aio::{tokio as rt, AsyncCmId, AsyncCq};
@@ -175,6 +175,62 @@ pub struct Call {
     /// The largest reply expected: a reply chunk of this size is offered
     /// when it exceeds the inline receive size.
     pub max_reply: usize,
+    /// Where the write chunk's data goes: copied once, straight out of the
+    /// chunk memory, instead of into [`Reply::data`] (which it still goes
+    /// to when the destination cannot take it: see [`Destination`]).
+    pub data_into: Option<Destination>,
+}
+
+/// A range of a buffer that several calls share (the pieces of one large
+/// READ), where the transport copies a call's write chunk data: one copy
+/// from the chunk memory into its place, no buffer of its own per call.
+///
+/// The transport never waits for the buffer's lock: when another holder has
+/// it (or a panic poisoned it), or the data does not fit after `at`, the
+/// data goes to [`Reply::data`] as without a destination.
+#[derive(Clone)]
+pub struct Destination {
+    buf: Arc<Mutex<Vec<u8>>>,
+    at: usize,
+}
+
+impl Destination {
+    /// The bytes of `buf` from `at` on.
+    pub fn new(buf: Arc<Mutex<Vec<u8>>>, at: usize) -> Destination {
+        Destination { buf, at }
+    }
+
+    /// Runs `f` on the `len` bytes at the destination, if the buffer's lock
+    /// is free now and they fit (`None` otherwise; `f` is not run). What
+    /// the transport calls: it never waits.
+    pub fn try_fill<R>(&self, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
+        let mut buf = self.buf.try_lock().ok()?;
+        let dst = buf.get_mut(self.at..self.at.checked_add(len)?)?;
+        Some(f(dst))
+    }
+
+    /// Copies `data` to the destination, waiting for the buffer's lock
+    /// (held by others only to copy in their own range): `false` when it
+    /// does not fit, or a panic poisoned the lock.
+    pub fn fill(&self, data: &[u8]) -> bool {
+        let Ok(mut buf) = self.buf.lock() else {
+            return false;
+        };
+        let end = self.at.checked_add(data.len());
+        match end.and_then(|end| buf.get_mut(self.at..end)) {
+            Some(dst) => {
+                dst.copy_from_slice(data);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl fmt::Debug for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Destination(at {})", self.at)
+    }
 }
 
 /// A call's payload: bytes of its own, or a range of a buffer that several
@@ -262,8 +318,12 @@ impl fmt::Debug for Payload {
 pub struct Reply {
     /// The RPC reply, from the xid on.
     pub msg: Vec<u8>,
-    /// The write chunk's data, when the server used it.
+    /// The write chunk's data, when the server used it (and the call had
+    /// no [`Call::data_into`] that took it).
     pub data: Option<Vec<u8>>,
+    /// How many bytes of the write chunk's data were copied to
+    /// [`Call::data_into`] (then `data` is `None`).
+    pub placed: Option<usize>,
 }
 
 /// Counters of what the transport did.
@@ -279,6 +339,12 @@ pub struct Stats {
     pub write_chunk_replies: AtomicU64,
     /// Replies that came in the reply chunk (`RDMA_NOMSG`).
     pub reply_chunk_replies: AtomicU64,
+    /// Replies whose write chunk data was copied straight to the call's
+    /// [`Call::data_into`].
+    pub data_placed: AtomicU64,
+    /// Write or reply chunks read with a plain copy, their window's
+    /// invalidation complete (the others take the crate's atomic copy).
+    pub plain_chunk_reads: AtomicU64,
     /// Replies to no pending call (late duplicates), dropped.
     pub dropped_replies: AtomicU64,
     /// The most calls ever in flight at once.
@@ -1247,7 +1313,9 @@ impl Engine {
             deadline: Instant::now() + self.opts.invalidate_timeout,
         };
         if waiting == 0 && broken.is_none() {
-            deliver(e, self.conn.as_mut().map(|c| &mut c.chunks));
+            // No window was lent (or there is no connection to have bound
+            // one on): nothing to prove.
+            deliver(e, self.conn.as_mut().map(|c| &mut c.chunks), false);
         } else {
             self.ending.insert(xid, e);
         }
@@ -1268,7 +1336,12 @@ impl Engine {
         e.waiting = e.waiting.saturating_sub(1);
         if e.waiting == 0 {
             if let Some(e) = self.ending.remove(&xid) {
-                deliver(e, self.conn.as_mut().map(|c| &mut c.chunks));
+                // Every window this call was lent had its `LOCAL_INV`
+                // posted in `finish` (a failed post drops the connection,
+                // which delivers the call without this), and each has now
+                // completed successfully (a failed completion drops the
+                // connection too).
+                deliver(e, self.conn.as_mut().map(|c| &mut c.chunks), true);
             }
         }
     }
@@ -1494,50 +1567,117 @@ fn nomsg_reply(p: &Pending, c: &Chunks) -> Result<usize> {
     Ok(len as usize)
 }
 
-/// Reads `len` bytes of a lent chunk.
-fn read_lent(l: &Option<Lent>, len: usize, what: &str) -> Result<Vec<u8>> {
+/// Counts a chunk read with a plain copy.
+fn plain_read(l: &Option<Lent>) {
+    if let Some(l) = l {
+        l.stats.plain_chunk_reads.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Reads `len` bytes of a lent chunk: a plain copy when `invalidated` (the
+/// call's windows' `LOCAL_INV`s all completed), else the crate's atomic
+/// copy.
+fn read_lent(l: &Option<Lent>, len: usize, what: &str, invalidated: bool) -> Result<Vec<u8>> {
     let Some(c) = l.as_ref().and_then(|l| l.chunk.as_ref()) else {
         return Err(Error::Malformed(format!("{what}: never offered")));
     };
+    if invalidated {
+        // SAFETY: `invalidated` is true only from `Engine::invalidated`, once
+        // the `LOCAL_INV` of every window this call was lent (posted in
+        // `Engine::finish`, after its reply came) has completed successfully;
+        // its windows are not bound again before `deliver` puts them back.
+        if let Some(b) = unsafe { c.invalidated_bytes(len) } {
+            plain_read(l);
+            return Ok(b.to_vec());
+        }
+    }
     let mut v = vec![0; len];
     c.read(&mut v)
         .map_err(|e| Error::Malformed(format!("{what}: {e}")))?;
     Ok(v)
 }
 
-/// The reply, read out of chunks no peer can reach any more.
-fn outcome(p: &Pending, o: Outcome) -> Result<Reply> {
-    let data = |w: Option<usize>| match w {
-        Some(n) => read_lent(&p.write, n, "write chunk").map(Some),
-        None => Ok(None),
+/// The reply, read out of chunks no peer can reach any more (`invalidated`:
+/// every window's invalidation completed; otherwise the windows' QP is in
+/// error and they are read with the atomic copy).
+fn outcome(p: &Pending, o: Outcome, invalidated: bool) -> Result<Reply> {
+    let (msg, written) = match o {
+        Outcome::Failed(e) => return Err(e),
+        Outcome::Msg { msg, written } => (msg, written),
+        Outcome::NoMsg { len, written } => (
+            read_lent(&p.reply_chunk, len, "reply chunk", invalidated)?,
+            written,
+        ),
     };
-    match o {
-        Outcome::Failed(e) => Err(e),
-        Outcome::Msg { msg, written } => Ok(Reply {
+    let Some(n) = written else {
+        return Ok(Reply {
             msg,
-            data: data(written)?,
-        }),
-        Outcome::NoMsg { len, written } => Ok(Reply {
-            msg: read_lent(&p.reply_chunk, len, "reply chunk")?,
-            data: data(written)?,
-        }),
+            data: None,
+            placed: None,
+        });
+    };
+    if let (Some(d), Some(c)) = (
+        &p.call.data_into,
+        p.write.as_ref().and_then(|l| l.chunk.as_ref()),
+    ) {
+        let plain = if invalidated {
+            // SAFETY: as in `read_lent`: every window of this call had its
+            // `LOCAL_INV` complete successfully after the reply came, and
+            // none is bound again before `deliver` puts it back.
+            unsafe { c.invalidated_bytes(n) }
+        } else {
+            None
+        };
+        let placed = if let Some(b) = plain {
+            let r = d.try_fill(n, |dst| dst.copy_from_slice(b));
+            if r.is_some() {
+                plain_read(&p.write);
+            }
+            r
+        } else {
+            d.try_fill(n, |dst| c.read(dst).is_ok())
+                .filter(|ok| *ok)
+                .map(|_| ())
+        };
+        if placed.is_some() {
+            if let Some(l) = &p.write {
+                l.stats.data_placed.fetch_add(1, Ordering::Relaxed);
+            }
+            return Ok(Reply {
+                msg,
+                data: None,
+                placed: Some(n),
+            });
+        }
     }
+    Ok(Reply {
+        msg,
+        data: Some(read_lent(&p.write, n, "write chunk", invalidated)?),
+        placed: None,
+    })
 }
 
-/// Delivers a reply whose chunks were invalidated: they go back to `pool`
-/// (the connection they were bound on), or are dropped without one.
-fn deliver(e: Ending, pool: Option<&mut ChunkPool>) {
+/// Delivers a reply: its chunks go back to `pool` (the connection they were
+/// bound on), or are dropped without one. `invalidated`: the `LOCAL_INV` of
+/// every window the call was lent completed (only then does a window's
+/// region go back to the pool, whose regions are all unbound; a call with
+/// windows and no such proof has them discarded).
+fn deliver(e: Ending, pool: Option<&mut ChunkPool>, invalidated: bool) {
     let Ending {
         mut pending,
         outcome: o,
         ..
     } = e;
-    let r = outcome(&pending, o);
+    let r = outcome(&pending, o, invalidated);
     match pool {
         Some(pool) => {
             for l in pending.lent() {
                 if let Some(c) = l.chunk.take() {
-                    pool.put(c);
+                    if invalidated || c.window_rkey().is_none() {
+                        pool.put(c);
+                    } else {
+                        pool.discard(c);
+                    }
                 }
             }
         }
@@ -1555,7 +1695,7 @@ fn deliver_discarding(e: Ending, pool: &mut ChunkPool) {
         outcome: o,
         ..
     } = e;
-    let r = outcome(&pending, o);
+    let r = outcome(&pending, o, false);
     for l in pending.lent() {
         if let Some(c) = l.chunk.take() {
             pool.discard(c);
@@ -1574,6 +1714,24 @@ impl From<DecodeError> for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_destination_fills_its_range_and_never_waits_in_try_fill() {
+        let buf = Arc::new(Mutex::new(vec![0u8; 10]));
+        let d = Destination::new(Arc::clone(&buf), 4);
+        assert_eq!(d.try_fill(3, |b| b.copy_from_slice(&[1, 2, 3])), Some(()));
+        assert!(d.fill(&[9, 9]));
+        assert_eq!(*buf.lock().unwrap(), [0, 0, 0, 0, 9, 9, 3, 0, 0, 0]);
+        // Past the end: neither fills, nothing changes.
+        assert_eq!(d.try_fill(7, |b| b.fill(5)), None);
+        assert!(!d.fill(&[5; 7]));
+        assert!(!Destination::new(Arc::clone(&buf), usize::MAX).fill(&[1]));
+        // Held by someone else: `try_fill` gives up at once.
+        let held = buf.lock().unwrap();
+        assert_eq!(d.try_fill(1, |b| b.fill(5)), None);
+        drop(held);
+        assert_eq!(*buf.lock().unwrap(), [0, 0, 0, 0, 9, 9, 3, 0, 0, 0]);
+    }
 
     #[test]
     fn a_shared_payload_is_its_range_and_nothing_else() {

@@ -84,6 +84,22 @@ fn sizes(iwarp: bool) {
     let regs = stats.chunk_registrations.load(Ordering::Relaxed);
     let binds = stats.chunk_binds.load(Ordering::Relaxed);
     println!("chunk registrations {regs}, window binds {binds}");
+    // `read_all` has the transport copy each write chunk's data straight
+    // into the result; on rxe with a plain copy (the window's invalidation
+    // completed first), on siw with the atomic one (the chunk is still
+    // registered when it is read).
+    let placed = stats.data_placed.load(Ordering::Relaxed);
+    let plain = stats.plain_chunk_reads.load(Ordering::Relaxed);
+    println!("write chunk data placed {placed}, plain chunk reads {plain}");
+    assert!(
+        placed >= 1,
+        "write chunk data copied into read_all's result"
+    );
+    if windows {
+        assert!(plain >= placed, "{plain} plain reads for {placed} placed");
+    } else {
+        assert_eq!(plain, 0, "no plain read of a chunk still registered");
+    }
     if windows {
         assert!(
             binds > regs,
