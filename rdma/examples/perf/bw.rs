@@ -95,6 +95,7 @@ fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps)
     let mut wcs: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
+    stamps.loop_start();
     while !client.finished() {
         client.post(&mut conn.qps, stamps)?;
         wcs.clear();
@@ -104,6 +105,7 @@ fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps)
         }
         client.complete(&mut wcs, stamps)?;
     }
+    stamps.loop_end(client.total);
     Ok(client.total)
 }
 
@@ -190,7 +192,7 @@ impl SafeClient {
             })
             .collect::<Res<_>>()?;
         let total = opts.iters as usize * nq;
-        stamps.reset(total);
+        stamps.reset(total, !opts.no_peak);
         Ok(SafeClient {
             depth,
             cq_mod,
@@ -230,7 +232,7 @@ impl SafeClient {
                 let n = side.scnt + 1;
                 let signaled = n % cq_mod == 0 || n == iters;
                 let id = io::wr_id(q, n);
-                stamps.posted.push(clock::now());
+                stamps.post();
                 match (&mut side.prepared, &self.shared, own) {
                     (Some(p), Some(s), _) => {
                         p.set_signaled(signaled);
@@ -264,7 +266,7 @@ impl SafeClient {
     /// A failed completion, or one of an unknown QP.
     #[inline(always)]
     pub fn complete(&mut self, wcs: &mut [Completion], stamps: &mut BwStamps) -> Res<()> {
-        let now = clock::now();
+        let now = stamps.poll_time();
         for c in wcs {
             io::check(c, "send")?;
             let (q, n) = io::split_id(c.wr_id);
@@ -285,7 +287,7 @@ impl SafeClient {
             side.free.extend(c.take_buffers().into_one());
             self.done += (n - side.ccnt) as usize;
             side.ccnt = n;
-            stamps.completed.push((self.done, now));
+            stamps.complete(self.done, now);
         }
         Ok(())
     }
@@ -326,16 +328,17 @@ fn client_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) 
     let mut ccnt = vec![0u32; nq];
     let mut done = 0usize;
     let mut wc = [ffi::ibv_wc::default(); POLL_BATCH];
-    stamps.reset(total);
+    stamps.reset(total, !opts.no_peak);
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
+    stamps.loop_start();
     while done < total {
         for (q, qp) in conn.qps.iter_mut().enumerate() {
             while scnt[q] < iters && scnt[q] - ccnt[q] < depth {
                 let n = scnt[q] + 1;
                 let signaled = n % cq_mod == 0 || n == iters;
                 let addr = bases[q] + u64::from(scnt[q] % slots) * len as u64;
-                stamps.posted.push(clock::now());
+                stamps.post();
                 // SAFETY: slot `scnt % slots` of the registration kept in
                 // `conn.raw_keep`, to which no Rust reference exists. With
                 // one slot the device only reads it (SEND, WRITE), from any
@@ -352,15 +355,16 @@ fn client_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) 
             watch.idle()?;
             continue;
         }
-        let now = clock::now();
+        let now = stamps.poll_time();
         for w in &wc[..got] {
             let (q, n) = io::split_id(w.wr_id);
             let c = ccnt.get_mut(q).ok_or("completion for an unknown QP")?;
             done += (n - *c) as usize;
             *c = n;
-            stamps.completed.push((done, now));
+            stamps.complete(done, now);
         }
     }
+    stamps.loop_end(total);
     Ok(total)
 }
 
@@ -432,7 +436,7 @@ impl SafeServer {
             )
             .map_err(|e| format!("Couldn't post receives on QP {q}: {}", e.error))?;
         }
-        stamps.reset(1);
+        stamps.reset(1, true);
         Ok(SafeServer {
             iters: opts.iters,
             total: opts.iters as usize * nq,
@@ -513,7 +517,7 @@ fn server_send_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwSta
     let mut first = None;
     let mut last = clock::now();
     let mut wc = [ffi::ibv_wc::default(); POLL_BATCH];
-    stamps.reset(1);
+    stamps.reset(1, true);
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
     while got < total {
