@@ -1233,8 +1233,7 @@ fn perf_raw_paths_run_the_same_tests() {
 
 /// `-N`: as perftest, no stamp per message, only the timed loop's start
 /// and end; the row has no peak (0) and an average that agrees with the
-/// message rate, on the safe path and on the raw one through the
-/// provider's `ibv_qp_ex` functions (`--post extended`).
+/// message rate, on the safe path and on the raw one (`--post extended`).
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn perf_no_peak_times_the_loop_from_its_two_ends() {

@@ -237,67 +237,11 @@ pub fn local_access(verb: Verb) -> AccessFlags {
 pub struct RawSend {
     sge: ffi::ibv_sge,
     wr: ffi::ibv_send_wr,
-    /// The extended view of the QP and its provider's functions, for
-    /// `--post extended`.
-    qpx: Option<Extended>,
+    /// The extended view of the QP, for `--post extended`.
+    qpx: Option<*mut ffi::ibv_qp_ex>,
     verb: Verb,
+    atomic: AtomicOp,
     remote: RemoteMemory,
-}
-
-type Qpx = *mut ffi::ibv_qp_ex;
-
-/// The `ibv_wr_*` calls of one request, made as a C program's inlined
-/// `ibv_wr_*` make them: through the provider's functions in `struct
-/// ibv_qp_ex` (each `static inline ibv_wr_*` of `verbs.h` is one call
-/// through its member), copied once here instead of going through
-/// `rdma-sys`'s generated wrapper of each (the crate's safe path calls them
-/// the same way, `qp/wr_ops.rs`).
-#[derive(Clone, Copy)]
-struct Extended {
-    qp: Qpx,
-    start: unsafe extern "C" fn(Qpx),
-    complete: unsafe extern "C" fn(Qpx) -> std::ffi::c_int,
-    set_sge: unsafe extern "C" fn(Qpx, u32, u64, u32),
-    set_inline_data: unsafe extern "C" fn(Qpx, *mut std::ffi::c_void, usize),
-    op: XOp,
-}
-
-/// The operation's member of `struct ibv_qp_ex`.
-#[derive(Clone, Copy)]
-enum XOp {
-    Send(unsafe extern "C" fn(Qpx)),
-    /// RDMA WRITE or READ.
-    Rdma(unsafe extern "C" fn(Qpx, u32, u64)),
-    FetchAdd(unsafe extern "C" fn(Qpx, u32, u64, u64)),
-    CmpSwap(unsafe extern "C" fn(Qpx, u32, u64, u64, u64)),
-}
-
-impl Extended {
-    /// The functions the requests of `verb` need, or `None` when the
-    /// provider left one unset.
-    ///
-    /// # Safety
-    /// `qp` is the extended view of a live QP (`ibv_qp_to_qp_ex`).
-    unsafe fn new(qp: Qpx, verb: Verb, atomic: AtomicOp) -> Option<Extended> {
-        // SAFETY: the caller's contract: a live `struct ibv_qp_ex`, whose
-        // members the provider set when it created the QP.
-        let q = unsafe { &*qp };
-        let op = match (verb, atomic) {
-            (Verb::Send, _) => XOp::Send(q.wr_send?),
-            (Verb::Write, _) => XOp::Rdma(q.wr_rdma_write?),
-            (Verb::Read, _) => XOp::Rdma(q.wr_rdma_read?),
-            (Verb::Atomic, AtomicOp::FetchAdd) => XOp::FetchAdd(q.wr_atomic_fetch_add?),
-            (Verb::Atomic, AtomicOp::CmpSwap) => XOp::CmpSwap(q.wr_atomic_cmp_swp?),
-        };
-        Some(Extended {
-            qp,
-            start: q.wr_start?,
-            complete: q.wr_complete?,
-            set_sge: q.wr_set_sge?,
-            set_inline_data: q.wr_set_inline_data?,
-            op,
-        })
-    }
 }
 
 impl RawSend {
@@ -342,15 +286,12 @@ impl RawSend {
             }
             Verb::Send => {}
         }
-        let qpx = if qp.post_path() == PostPath::Extended {
+        let qpx = (qp.post_path() == PostPath::Extended).then(|| {
             // SAFETY: with --post extended the QP was created by
             // ibv_create_qp_ex with send_ops_flags (PostPath::Extended
-            // fails otherwise), so it has a live extended view. A provider
-            // missing a function gets `ibv_post_send`.
-            unsafe { Extended::new(ffi::ibv_qp_to_qp_ex(qp.as_raw()), verb, atomic) }
-        } else {
-            None
-        };
+            // fails otherwise), so it has an extended view.
+            unsafe { ffi::ibv_qp_to_qp_ex(qp.as_raw()) }
+        });
         RawSend {
             sge: ffi::ibv_sge {
                 addr: 0,
@@ -360,6 +301,7 @@ impl RawSend {
             wr,
             qpx,
             verb,
+            atomic,
             remote,
         }
     }
@@ -382,27 +324,36 @@ impl RawSend {
         self.sge.addr = addr;
         let inline = self.wr.send_flags & ffi::IBV_SEND_INLINE;
         let flags = inline | if signaled { ffi::IBV_SEND_SIGNALED } else { 0 };
-        if let Some(x) = self.qpx {
-            let (q, r) = (x.qp, self.remote);
-            // SAFETY: `q` is the extended view of `qp` and the functions
-            // its provider's (see `new`); `&mut` keeps any other post from
-            // the QP; the buffer contract is the caller's.
+        if let Some(q) = self.qpx {
+            let r = self.remote;
+            // SAFETY: `q` is the extended view of `qp` (see `new`), which
+            // `&mut` keeps from any other post; the buffer contract is the
+            // caller's.
             let rc = unsafe {
-                (x.start)(q);
+                ffi::ibv_wr_start(q);
                 (*q).wr_id = id;
                 (*q).wr_flags = flags & !ffi::IBV_SEND_INLINE;
-                match x.op {
-                    XOp::Send(f) => f(q),
-                    XOp::Rdma(f) => f(q, r.rkey, r.addr),
-                    XOp::FetchAdd(f) => f(q, r.rkey, r.addr, 1),
-                    XOp::CmpSwap(f) => f(q, r.rkey, r.addr, 0, 0),
+                match (self.verb, self.atomic) {
+                    (Verb::Send, _) => ffi::ibv_wr_send(q),
+                    (Verb::Write, _) => ffi::ibv_wr_rdma_write(q, r.rkey, r.addr),
+                    (Verb::Read, _) => ffi::ibv_wr_rdma_read(q, r.rkey, r.addr),
+                    (Verb::Atomic, AtomicOp::FetchAdd) => {
+                        ffi::ibv_wr_atomic_fetch_add(q, r.rkey, r.addr, 1)
+                    }
+                    (Verb::Atomic, AtomicOp::CmpSwap) => {
+                        ffi::ibv_wr_atomic_cmp_swp(q, r.rkey, r.addr, 0, 0)
+                    }
                 }
                 if inline != 0 {
-                    (x.set_inline_data)(q, addr as usize as *mut _, self.sge.length as usize);
+                    ffi::ibv_wr_set_inline_data(
+                        q,
+                        addr as usize as *mut _,
+                        self.sge.length as usize,
+                    );
                 } else {
-                    (x.set_sge)(q, self.sge.lkey, addr, self.sge.length);
+                    ffi::ibv_wr_set_sge(q, self.sge.lkey, addr, self.sge.length);
                 }
-                (x.complete)(q)
+                ffi::ibv_wr_complete(q)
             };
             if rc != 0 {
                 return Err(format!(
