@@ -1231,6 +1231,31 @@ fn perf_raw_paths_run_the_same_tests() {
     assert!(perf_row(&out, 4096, 200)[3] > 0.0);
 }
 
+/// `-N`: as perftest, no stamp per message, only the timed loop's start
+/// and end; the row has no peak (0) and an average that agrees with the
+/// message rate, on the safe path and on the raw one (`--post extended`).
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn perf_no_peak_times_the_loop_from_its_two_ends() {
+    let runs: [(&str, &[&str], u16); 2] = [
+        ("write_bw", &[], 18880),
+        ("read_bw", &["--raw", "--post", "extended"], 18881),
+    ];
+    for (test, extra, port) in runs {
+        let mut args = vec!["-s", "4096", "-n", "200", "-N"];
+        args.extend_from_slice(extra);
+        let out = perf_pair(test, &args, port);
+        let v = perf_row(&out, 4096, 200);
+        let (peak, avg, mpps) = (v[2], v[3], v[4]);
+        // MiB/s from the message rate: 4096 bytes a message.
+        let from_rate = mpps * 1e6 * 4096.0 / 1_048_576.0;
+        assert!(
+            peak == 0.0 && avg > 0.0 && avg < 1e6 && (avg / from_rate - 1.0).abs() < 0.01,
+            "{test} {extra:?}: {v:?}"
+        );
+    }
+}
+
 /// `-e` (sleeping on completion events) with each way of waiting: the
 /// bandwidth tests and `send_lat` run and report, and the header names the
 /// wait. `--wait async` (the loops as futures on `rdma::aio`) needs perf

@@ -59,6 +59,7 @@ pub fn bw_client(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamp
         let mut acq = rt::completions(&conn.send_cq).or_fail("Couldn't await the send CQ")?;
         let mut wcs: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
         conn.oob.barrier()?;
+        stamps.loop_start();
         while !client.finished() {
             client.post(&mut conn.qps, stamps)?;
             wcs.clear();
@@ -67,6 +68,7 @@ pub fn bw_client(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamp
                 .or_fail("poll CQ failed")?;
             client.complete(&mut wcs, stamps)?;
         }
+        stamps.loop_end(client.total);
         Ok(client.total)
     })
 }

@@ -95,6 +95,7 @@ fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps)
     let mut wcs: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
+    stamps.loop_start();
     while !client.finished() {
         client.post(&mut conn.qps, stamps)?;
         wcs.clear();
@@ -104,6 +105,7 @@ fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps)
         }
         client.complete(&mut wcs, stamps)?;
     }
+    stamps.loop_end(client.total);
     Ok(client.total)
 }
 
@@ -134,6 +136,9 @@ struct QpSide {
     /// Requests posted and completed.
     scnt: u32,
     ccnt: u32,
+    /// Posts until the next signaled one (a countdown from the moderation,
+    /// instead of a division per post).
+    to_signal: u32,
     /// The regions of READ and atomic requests not in flight.
     free: Vec<MemoryRegion>,
     /// The request checked once and posted again and again (perftest builds
@@ -183,6 +188,7 @@ impl SafeClient {
                 Ok(QpSide {
                     scnt: 0,
                     ccnt: 0,
+                    to_signal: cq_mod,
                     free,
                     prepared,
                     remote,
@@ -190,7 +196,7 @@ impl SafeClient {
             })
             .collect::<Res<_>>()?;
         let total = opts.iters as usize * nq;
-        stamps.reset(total);
+        stamps.reset(total, !opts.no_peak);
         Ok(SafeClient {
             depth,
             cq_mod,
@@ -211,46 +217,84 @@ impl SafeClient {
     }
 
     /// Posts on every QP while it has fewer than the depth in flight (and
-    /// a free region, for READ and atomic requests) and more are due.
+    /// a free region, for READ and atomic requests) and more are due. Which
+    /// kind of post is chosen once per QP visited, not per request.
     ///
     /// # Errors
     /// A failed post.
     #[inline(always)]
     pub fn post(&mut self, qps: &mut [QueuePair], stamps: &mut BwStamps) -> Res<()> {
         let (iters, depth, cq_mod) = (self.iters, self.depth, self.cq_mod);
+        let failed = |q: usize, n: u32, e: rdma::PostError| {
+            format!("Couldn't post send on QP {q} (request {n}): {}", e.error)
+        };
         for (q, (qp, side)) in qps.iter_mut().zip(&mut self.sides).enumerate() {
-            while side.scnt < iters && side.scnt - side.ccnt < depth {
-                // The shared region, or a region of the pool.
-                let own = if self.shared.is_some() {
-                    None
-                } else {
-                    let Some(mr) = side.free.pop() else { break };
-                    Some(mr)
+            let QpSide {
+                scnt,
+                ccnt,
+                to_signal,
+                free,
+                prepared,
+                remote,
+            } = side;
+            // Whether the QP has room and more are due.
+            macro_rules! room {
+                () => {
+                    *scnt < iters && *scnt - *ccnt < depth
                 };
-                let n = side.scnt + 1;
-                let signaled = n % cq_mod == 0 || n == iters;
-                let id = io::wr_id(q, n);
-                stamps.posted.push(clock::now());
-                match (&mut side.prepared, &self.shared, own) {
-                    (Some(p), Some(s), _) => {
+            }
+            // The next request's number, whether it is signaled (every
+            // `cq_mod`-th, and the last) and its id; stamps the post.
+            macro_rules! next {
+                () => {{
+                    let n = *scnt + 1;
+                    *to_signal -= 1;
+                    let signaled = *to_signal == 0 || n == iters;
+                    if *to_signal == 0 {
+                        *to_signal = cq_mod;
+                    }
+                    stamps.post();
+                    (n, signaled, io::wr_id(q, n))
+                }};
+            }
+            match (prepared, &self.shared) {
+                // SENDs and WRITEs: one shared region.
+                (Some(p), Some(s)) => {
+                    while room!() {
+                        let (n, signaled, id) = next!();
                         p.set_signaled(signaled);
                         qp.post_prepared_shared(p, id, Arc::clone(s))
-                    }
-                    (Some(p), None, Some(mr)) => {
-                        p.set_signaled(signaled);
-                        qp.post_prepared(p, id, mr)
-                    }
-                    (_, s, mr) => {
-                        let buffers = match s {
-                            Some(s) => WrBuffers::Shared(Arc::clone(s)),
-                            None => mr.map_or(WrBuffers::None, WrBuffers::One),
-                        };
-                        let wr = io::safe_wr(self.verb, self.atomic, id, buffers, side.remote);
-                        qp.post_send(wr.signaled(signaled))
+                            .map_err(|e| failed(q, n, e))?;
+                        *scnt = n;
                     }
                 }
-                .map_err(|e| format!("Couldn't post send on QP {q} (request {n}): {}", e.error))?;
-                side.scnt = n;
+                // READs and atomics: a region of the pool each.
+                (Some(p), None) => {
+                    while room!() {
+                        let Some(mr) = free.pop() else { break };
+                        let (n, signaled, id) = next!();
+                        p.set_signaled(signaled);
+                        qp.post_prepared(p, id, mr).map_err(|e| failed(q, n, e))?;
+                        *scnt = n;
+                    }
+                }
+                // --post-send: a request built per post.
+                (None, s) => {
+                    while room!() {
+                        let buffers = match s {
+                            Some(s) => WrBuffers::Shared(Arc::clone(s)),
+                            None => match free.pop() {
+                                Some(mr) => WrBuffers::One(mr),
+                                None => break,
+                            },
+                        };
+                        let (n, signaled, id) = next!();
+                        let wr = io::safe_wr(self.verb, self.atomic, id, buffers, *remote);
+                        qp.post_send(wr.signaled(signaled))
+                            .map_err(|e| failed(q, n, e))?;
+                        *scnt = n;
+                    }
+                }
             }
         }
         Ok(())
@@ -264,7 +308,7 @@ impl SafeClient {
     /// A failed completion, or one of an unknown QP.
     #[inline(always)]
     pub fn complete(&mut self, wcs: &mut [Completion], stamps: &mut BwStamps) -> Res<()> {
-        let now = clock::now();
+        let now = stamps.poll_time();
         for c in wcs {
             io::check(c, "send")?;
             let (q, n) = io::split_id(c.wr_id);
@@ -285,7 +329,7 @@ impl SafeClient {
             side.free.extend(c.take_buffers().into_one());
             self.done += (n - side.ccnt) as usize;
             side.ccnt = n;
-            stamps.completed.push((self.done, now));
+            stamps.complete(self.done, now);
         }
         Ok(())
     }
@@ -324,27 +368,42 @@ fn client_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) 
     let total = iters as usize * nq;
     let mut scnt = vec![0u32; nq];
     let mut ccnt = vec![0u32; nq];
+    // Per QP: posts until the next signaled one, and the next slot.
+    let mut to_signal = vec![cq_mod; nq];
+    let mut slot = vec![0u32; nq];
     let mut done = 0usize;
     let mut wc = [ffi::ibv_wc::default(); POLL_BATCH];
-    stamps.reset(total);
+    stamps.reset(total, !opts.no_peak);
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
+    stamps.loop_start();
     while done < total {
         for (q, qp) in conn.qps.iter_mut().enumerate() {
-            while scnt[q] < iters && scnt[q] - ccnt[q] < depth {
-                let n = scnt[q] + 1;
-                let signaled = n % cq_mod == 0 || n == iters;
-                let addr = bases[q] + u64::from(scnt[q] % slots) * len as u64;
-                stamps.posted.push(clock::now());
-                // SAFETY: slot `scnt % slots` of the registration kept in
+            let (scnt, ccnt) = (&mut scnt[q], ccnt[q]);
+            let (to_signal, slot, base, req) =
+                (&mut to_signal[q], &mut slot[q], bases[q], &mut reqs[q]);
+            while *scnt < iters && *scnt - ccnt < depth {
+                let n = *scnt + 1;
+                *to_signal -= 1;
+                let signaled = *to_signal == 0 || n == iters;
+                if *to_signal == 0 {
+                    *to_signal = cq_mod;
+                }
+                let addr = base + u64::from(*slot) * len as u64;
+                *slot += 1;
+                if *slot == slots {
+                    *slot = 0;
+                }
+                stamps.post();
+                // SAFETY: slot `slot` (`scnt % slots`) of the registration kept in
                 // `conn.raw_keep`, to which no Rust reference exists. With
                 // one slot the device only reads it (SEND, WRITE), from any
                 // number of requests at once; with `depth` slots at most
                 // `depth` requests are in flight, so a slot the device writes
                 // is reused only after its request completed.
-                unsafe { reqs[q].post(qp, addr, io::wr_id(q, n), signaled) }
+                unsafe { req.post(qp, addr, io::wr_id(q, n), signaled) }
                     .map_err(|e| format!("QP {q}, request {n}: {e}"))?;
-                scnt[q] = n;
+                *scnt = n;
             }
         }
         let got = io::poll_raw(&conn.send_cq, conn.send_ch.as_ref(), &mut wc, "send")?;
@@ -352,15 +411,16 @@ fn client_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) 
             watch.idle()?;
             continue;
         }
-        let now = clock::now();
+        let now = stamps.poll_time();
         for w in &wc[..got] {
             let (q, n) = io::split_id(w.wr_id);
             let c = ccnt.get_mut(q).ok_or("completion for an unknown QP")?;
             done += (n - *c) as usize;
             *c = n;
-            stamps.completed.push((done, now));
+            stamps.complete(done, now);
         }
     }
+    stamps.loop_end(total);
     Ok(total)
 }
 
@@ -432,7 +492,7 @@ impl SafeServer {
             )
             .map_err(|e| format!("Couldn't post receives on QP {q}: {}", e.error))?;
         }
-        stamps.reset(1);
+        stamps.reset(1, true);
         Ok(SafeServer {
             iters: opts.iters,
             total: opts.iters as usize * nq,
@@ -513,7 +573,7 @@ fn server_send_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwSta
     let mut first = None;
     let mut last = clock::now();
     let mut wc = [ffi::ibv_wc::default(); POLL_BATCH];
-    stamps.reset(1);
+    stamps.reset(1, true);
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
     while got < total {

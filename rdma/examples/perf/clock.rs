@@ -79,25 +79,27 @@ fn ticks() -> u64 {
 }
 
 impl Stamps {
+    /// Room for `n` stamps; the tick rate is measured from now.
     pub fn with_capacity(n: usize) -> Self {
+        let mut rate = Rate::default();
+        rate.start();
         Stamps {
             ticks: Vec::with_capacity(n),
-            rate: Rate::default(),
+            rate,
         }
     }
 
-    /// Forgets the stamps (keeps the allocation).
+    /// Forgets the stamps (keeps the allocation) and measures the tick rate
+    /// from now: a stamp is then only the counter's read and its store,
+    /// as perftest's into its preallocated array.
     pub fn clear(&mut self) {
         self.ticks.clear();
-        self.rate = Rate::default();
+        self.rate.start();
     }
 
     /// Takes one stamp.
     #[inline(always)]
     pub fn push(&mut self) {
-        if self.rate.start.is_none() {
-            self.rate.start();
-        }
         self.ticks.push(ticks());
     }
 

@@ -34,29 +34,84 @@ pub fn footer() {
     println!("{}", rule());
 }
 
-/// The timestamps of a bandwidth run: one per posted request, and one per
-/// polled completion with the number of requests completed so far, in ticks
-/// of `crate::clock::now`, whose worth `rate` measures over the run (perftest
-/// stamps with `rdtsc`; a CLOCK_MONOTONIC read is an HPET access in the TCG
-/// guest).
+/// The timestamps of a bandwidth run, in ticks of `crate::clock::now`,
+/// whose worth `rate` measures over the run (perftest stamps with `rdtsc`; a
+/// CLOCK_MONOTONIC read is an HPET access in the TCG guest).
+///
+/// For the peak (`every`): one per posted request, and one per polled
+/// completion with the number of requests completed so far. Without it
+/// (`-N`), as perftest with `-N`: only the start of the timed loop (the
+/// first post's time) and its end (the last completion's), and nothing per
+/// message: the average needs no more.
 #[derive(Debug, Default)]
 pub struct BwStamps {
-    /// When each request was posted (in order, over all QPs).
+    /// When each request was posted (in order, over all QPs); without
+    /// `every`, the loop's start only.
     pub posted: Vec<u64>,
-    /// `(requests completed so far, when)` at each completion.
+    /// `(requests completed so far, when)` at each completion; without
+    /// `every`, the loop's end only.
     pub completed: Vec<(usize, u64)>,
+    /// Whether every post and completion is stamped.
+    every: bool,
     rate: Rate,
 }
 
 impl BwStamps {
-    /// Empties both lists, keeping their memory, makes room for `n`, and
-    /// starts measuring the tick rate.
-    pub fn reset(&mut self, n: usize) {
+    /// Empties both lists, keeping their memory, makes room for `n` when
+    /// stamping `every` post and completion, and starts measuring the tick
+    /// rate.
+    pub fn reset(&mut self, n: usize, every: bool) {
         self.posted.clear();
         self.completed.clear();
-        self.posted.reserve(n);
-        self.completed.reserve(n);
+        self.every = every;
+        if every {
+            self.posted.reserve(n);
+            self.completed.reserve(n);
+        }
         self.rate.start();
+    }
+
+    /// Right before the timed loop's first post: without `every`, the
+    /// run's first stamp.
+    pub fn loop_start(&mut self) {
+        if !self.every {
+            self.posted.push(crate::clock::now());
+        }
+    }
+
+    /// Right after a post (with `every`).
+    #[inline(always)]
+    pub fn post(&mut self) {
+        if self.every {
+            self.posted.push(crate::clock::now());
+        }
+    }
+
+    /// The time of a poll's completions: read only with `every`.
+    #[inline(always)]
+    pub fn poll_time(&self) -> u64 {
+        if self.every {
+            crate::clock::now()
+        } else {
+            0
+        }
+    }
+
+    /// A completion that brings the requests completed to `done`, polled at
+    /// `now` ([`BwStamps::poll_time`]), with `every`.
+    #[inline(always)]
+    pub fn complete(&mut self, done: usize, now: u64) {
+        if self.every {
+            self.completed.push((done, now));
+        }
+    }
+
+    /// Right after the timed loop, `done` requests completed: without
+    /// `every`, the run's last stamp.
+    pub fn loop_end(&mut self, done: usize) {
+        if !self.every {
+            self.completed.push((done, crate::clock::now()));
+        }
     }
 
     /// Ends the run's tick-rate measurement.
@@ -298,7 +353,7 @@ mod tests {
     fn bandwidth_follows_the_monotonic_clock() {
         // Ten 1 MiB messages: all posted at once, one completing every ~2 ms.
         let mut stamps = BwStamps::default();
-        stamps.reset(10);
+        stamps.reset(10, true);
         let start = std::time::Instant::now();
         let t0 = crate::clock::now();
         stamps.posted.extend(std::iter::repeat(t0).take(10));
