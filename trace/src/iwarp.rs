@@ -1694,18 +1694,20 @@ mod tests {
             ..IwarpLimits::default()
         });
         let mut lost = Vec::new();
-        let mk = |seq: u32, syn: bool, payload: &'static [u8]| Segment {
-            src: A.into(),
-            dst: B.into(),
-            src_port: 1,
-            dst_port: 2,
-            seq,
-            syn,
-            payload,
-        };
-        let req: &'static [u8] = Box::leak(build_frame(true, false, false, b"").into_boxed_slice());
+        fn mk(seq: u32, syn: bool, payload: &[u8]) -> Segment<'_> {
+            Segment {
+                src: A.into(),
+                dst: B.into(),
+                src_port: 1,
+                dst_port: 2,
+                seq,
+                syn,
+                payload,
+            }
+        }
+        let req = build_frame(true, false, false, b"");
         dec.push(1, &mk(0, true, b""), &mut |_, _| {});
-        dec.push(2, &mk(1, false, req), &mut |_, _| {});
+        dec.push(2, &mk(1, false, &req), &mut |_, _| {});
         dec.push(3, &mk(500, false, &[0; 150]), &mut |p, _| {
             lost.push(p.clone())
         });
