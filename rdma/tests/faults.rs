@@ -177,18 +177,7 @@ fn qp_moved_to_error_while_another_thread_posts() {
         });
         rx.recv_timeout(Duration::from_secs(30))
             .expect("the poster reached 100 posts");
-        let mut attr: rdma::ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
-        attr.qp_state = rdma::ffi::IBV_QPS_ERR;
-        // SAFETY: the QP is alive (the poster holds it until the scope ends);
-        // ibv_modify_qp may run beside ibv_post_send on the same QP.
-        let rc = unsafe {
-            rdma::ffi::ibv_modify_qp(
-                raw as *mut rdma::ffi::ibv_qp,
-                &mut attr,
-                rdma::ffi::IBV_QP_STATE as i32,
-            )
-        };
-        assert_eq!(rc, 0, "ibv_modify_qp to ERR");
+        to_error_beside_the_poster(raw);
         poster.join().unwrap()
     });
     let first_bad = statuses.iter().position(|s| *s != WcStatus::Success);
@@ -489,19 +478,7 @@ fn iwarp_qp_moved_to_error_while_another_thread_posts() {
         reached
             .recv_timeout(Duration::from_secs(30))
             .expect("the poster reached 100 posts");
-        // SAFETY: ibv_qp_attr is plain C data; all zeroes is a valid value.
-        let mut attr: rdma::ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
-        attr.qp_state = rdma::ffi::IBV_QPS_ERR;
-        // SAFETY: the QP is alive (the poster holds it until the scope ends);
-        // ibv_modify_qp may run beside ibv_post_send on the same QP.
-        let rc = unsafe {
-            rdma::ffi::ibv_modify_qp(
-                raw as *mut rdma::ffi::ibv_qp,
-                &mut attr,
-                rdma::ffi::IBV_QP_STATE as i32,
-            )
-        };
-        assert_eq!(rc, 0, "ibv_modify_qp to ERR");
+        to_error_beside_the_poster(raw);
         switched.store(true, std::sync::atomic::Ordering::Release);
         poster.join().unwrap()
     });
@@ -531,4 +508,22 @@ fn iwarp_qp_moved_to_error_while_another_thread_posts() {
     drop((target, a, b, listener, ch));
     drop(listen(&EventChannel::new().unwrap()));
     assert_back_to(before);
+}
+
+/// Moves the QP at `raw` to the error state with the raw verb, from a thread
+/// other than the one posting to it (the QP's safe methods need `&mut`).
+fn to_error_beside_the_poster(raw: usize) {
+    // SAFETY: ibv_qp_attr is plain C data; all zeroes is a valid value.
+    let mut attr: rdma::ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+    attr.qp_state = rdma::ffi::IBV_QPS_ERR;
+    // SAFETY: the callers keep the QP alive (the poster holds it until their
+    // scope ends); ibv_modify_qp may run beside ibv_post_send on the same QP.
+    let rc = unsafe {
+        rdma::ffi::ibv_modify_qp(
+            raw as *mut rdma::ffi::ibv_qp,
+            &mut attr,
+            rdma::ffi::IBV_QP_STATE as i32,
+        )
+    };
+    assert_eq!(rc, 0, "ibv_modify_qp to ERR");
 }
