@@ -59,14 +59,22 @@ pub fn budget(var: &str, default: f64) -> std::time::Duration {
     std::time::Duration::from_secs_f64(secs)
 }
 
-/// The files of a committed corpus directory, sorted by content.
+/// The files of a committed corpus directory, sorted by content; at least
+/// `at_least` of them, so that a test cannot pass on a corpus gone missing.
 ///
 /// # Errors
-/// The directory or a file cannot be read.
-pub fn corpus(dir: &Path) -> std::io::Result<Vec<Vec<u8>>> {
+/// The directory or a file cannot be read, or it holds fewer than
+/// `at_least` files (`InvalidData`).
+pub fn corpus(dir: &Path, at_least: usize) -> std::io::Result<Vec<Vec<u8>>> {
     let mut seeds = Vec::new();
     for e in std::fs::read_dir(dir)? {
         seeds.push(std::fs::read(e?.path())?);
+    }
+    if seeds.len() < at_least {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} seeds, fewer than the {at_least} expected", seeds.len()),
+        ));
     }
     seeds.sort();
     Ok(seeds)
