@@ -93,6 +93,61 @@ fn event_held_while_everything_else_is_dropped() {
     drop(event);
 }
 
+/// The same over iWARP (siw0), on a connection in this process: the
+/// client's CQ event held (unacknowledged) while the connection's QPs, CQs,
+/// PDs, ids, the listener and both channels are dropped; the event still
+/// names its CQ; nothing hangs (60 s bound), no destroy fails, and
+/// resources and descriptors are back at the baseline once it is dropped.
+#[test]
+#[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
+fn iwarp_event_held_while_everything_else_is_dropped() {
+    use common::iwarp::{iwarp_connection_with, iwarp_ip};
+    use rdma::cm::{EventChannel, PortSpace};
+    use std::net::SocketAddr;
+    let listen = |ch: &EventChannel| {
+        let l = ch.create_id(PortSpace::Tcp).unwrap();
+        l.bind_addr(SocketAddr::new(iwarp_ip(), 0)).unwrap();
+        l.listen(4).unwrap();
+        l
+    };
+    // librdmacm's context on siw0 (kept for the life of the process).
+    drop(listen(&EventChannel::new().unwrap()));
+    let before = (common::resource_counts(), common::open_fds());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let ch = EventChannel::new().unwrap();
+        let listener = listen(&ch);
+        let channel = listener
+            .context()
+            .unwrap()
+            .create_comp_channel()
+            .expect("ibv_create_comp_channel");
+        let (client, mut server) = iwarp_connection_with(&ch, &listener, Some(&channel));
+        let client_cq = client.cq.as_raw();
+        client.cq.req_notify(false).unwrap();
+        // The client has a receive posted: a SEND to it completes there.
+        let msg = server
+            .pd
+            .reg_mr(vec![3u8; 64], AccessFlags::empty())
+            .unwrap();
+        server.qp.post_send(SendWr::send(3, msg)).unwrap();
+        let event = channel.get_event().expect("ibv_get_cq_event");
+        assert_eq!(event.cq().as_raw(), client_cq);
+        drop((client, server, listener, ch, channel));
+        assert_eq!(event.cq().as_raw(), client_cq, "the event keeps its CQ");
+        drop(event);
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the drops with a CQ event held hung (60 s) or failed (see the panic above)");
+    assert_eq!(
+        (common::resource_counts(), common::open_fds()),
+        before,
+        "(pd, cq, qp, cm_id, mr) and open fds are back to the baseline"
+    );
+    assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
+}
+
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn req_notify_without_channel_is_rejected() {

@@ -5,7 +5,8 @@
 //! `rdma::teardown_failures()` zero.
 //! (Events left unacknowledged at drop: `cm.rs`
 //! `dropping_ids_with_events_unacked_does_not_hang` and `cq_events.rs`
-//! `event_held_while_everything_else_is_dropped`.)
+//! `event_held_while_everything_else_is_dropped`, and their `iwarp_`
+//! versions.)
 
 mod common;
 
@@ -209,6 +210,62 @@ fn fork_with_registered_memory() {
     let access = LW | AccessFlags::REMOTE_WRITE;
     let mut p = common::pair(QpType::Rc, access);
     let target = p.pd.reg_mr(vec![1u8; 4096], access).unwrap();
+    fork_then_write(&target, |remote| {
+        let src = p.pd.reg_mr(vec![7u8; 4096], AccessFlags::empty()).unwrap();
+        p.a.post_send(SendWr::write(1, src, remote)).unwrap();
+        let c = common::wait(&p.cq, 1).pop().unwrap();
+        assert_eq!(c.status, WcStatus::Success, "{c:?}");
+    });
+    drop((target, p));
+    assert_back_to(before);
+}
+
+/// The same over iWARP (siw0), on a connection in this process: the
+/// region is the server end's, the WRITE the client's. siw completes a
+/// WRITE once TCP took it, so a SEND after it (iWARP keeps their order)
+/// says it landed.
+#[test]
+#[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
+fn iwarp_fork_with_registered_memory() {
+    use common::iwarp::{iwarp_connection, iwarp_ip, send_one};
+    use rdma::cm::{EventChannel, PortSpace};
+    use std::net::SocketAddr;
+    let listen = |ch: &EventChannel| {
+        let l = ch.create_id(PortSpace::Tcp).unwrap();
+        l.bind_addr(SocketAddr::new(iwarp_ip(), 0)).unwrap();
+        l.listen(4).unwrap();
+        l
+    };
+    // librdmacm's context on siw0 (kept for the life of the process).
+    drop(listen(&EventChannel::new().unwrap()));
+    let before = baseline();
+    let ch = EventChannel::new().unwrap();
+    let listener = listen(&ch);
+    let (mut client, mut server) = iwarp_connection(&ch, &listener);
+    let target = server
+        .pd
+        .reg_mr(vec![1u8; 4096], LW | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    fork_then_write(&target, |remote| {
+        let src = client
+            .pd
+            .reg_mr(vec![7u8; 4096], AccessFlags::empty())
+            .unwrap();
+        client.qp.post_send(SendWr::write(1, src, remote)).unwrap();
+        let c = common::wait(&client.cq, 1).pop().unwrap();
+        assert_eq!(c.status, WcStatus::Success, "{c:?}");
+        send_one(&mut client, &mut server, 9);
+    });
+    drop((target, client, server, listener, ch));
+    assert_back_to(before);
+}
+
+/// Forks; the child fills its copy of `target` (4096 bytes of 1) with 0xcc
+/// and exits; the parent's copy must still hold 1s. Then `write` must put
+/// 4096 bytes of 7 at `target`'s remote address (and wait until they
+/// landed): they must be in the parent's memory.
+fn fork_then_write(target: &rdma::MemoryRegion, write: impl FnOnce(rdma::RemoteMemory)) {
+    assert_eq!(target.to_vec(), vec![1u8; 4096]);
     let addr = target.addr() as usize;
     // SAFETY: fork in a test process; the child only writes memory and calls
     // _exit (async-signal-safe).
@@ -235,18 +292,12 @@ fn fork_with_registered_memory() {
         vec![1u8; 4096],
         "the child's writes stayed in the child"
     );
-    let src = p.pd.reg_mr(vec![7u8; 4096], AccessFlags::empty()).unwrap();
-    p.a.post_send(SendWr::write(1, src, target.remote()))
-        .unwrap();
-    let c = common::wait(&p.cq, 1).pop().unwrap();
-    assert_eq!(c.status, WcStatus::Success, "{c:?}");
+    write(target.remote());
     assert_eq!(
         target.to_vec(),
         vec![7u8; 4096],
         "the WRITE after fork reached the parent's memory"
     );
-    drop((c, target, p));
-    assert_back_to(before);
 }
 
 /// The CQ overrun over iWARP (siw), on a connection in this process (siw

@@ -28,9 +28,14 @@ pub struct End {
 
 /// PD, CQ (16) and RC QP on the id's context.
 pub fn end_for(id: &rdma::cm::CmId) -> End {
+    end_with(id, None)
+}
+
+/// The same, the CQ tied to `channel` (made on the id's context).
+pub fn end_with(id: &rdma::cm::CmId, channel: Option<&rdma::CompletionChannel>) -> End {
     let ctx = id.context().expect("the id has a device");
     let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(16, None, 0).unwrap();
+    let cq = ctx.create_cq(16, channel, 0).unwrap();
     let qp = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
     End {
         qp,
@@ -53,13 +58,24 @@ pub fn next_event(ch: &EventChannel, want: CmEventType) -> rdma::cm::CmEvent {
 /// A connection from `listener`'s channel to itself: (client, server).
 /// Each end has a receive posted, and one SEND has gone each way.
 pub fn iwarp_connection(ch: &EventChannel, listener: &rdma::cm::CmId) -> (End, End) {
+    iwarp_connection_with(ch, listener, None)
+}
+
+/// The same, the client's CQ tied to `channel` (made on the listener's
+/// context: librdmacm's one context of the device, which the client's id
+/// shares).
+pub fn iwarp_connection_with(
+    ch: &EventChannel,
+    listener: &rdma::cm::CmId,
+    channel: Option<&rdma::CompletionChannel>,
+) -> (End, End) {
     let dst = SocketAddr::new(iwarp_ip(), listener.src_port());
     let id = ch.create_id(PortSpace::Tcp).unwrap();
     id.resolve_addr(None, dst, Duration::from_secs(5)).unwrap();
     drop(next_event(ch, CmEventType::AddrResolved));
     id.resolve_route(Duration::from_secs(5)).unwrap();
     drop(next_event(ch, CmEventType::RouteResolved));
-    let mut client = end_for(&id);
+    let mut client = end_with(&id, channel);
     id.connect_qp(&client.qp, &rdma::cm::ConnParam::default())
         .unwrap();
     let req = next_event(ch, CmEventType::ConnectRequest);
