@@ -1377,10 +1377,12 @@ fn ud_victim(sync: &Sync, gen: u32) {
     let mut free = e.pd.alloc_mr(16 * MSG, LW).unwrap().chunks(MSG).unwrap();
     let mut seen = UdSeen::default();
     // Until 100 datagrams went each way; generation 1 then goes on until
-    // killed, generation 2 stops.
-    // Datagrams can be dropped (UD): generation 2 goes on until the
-    // survivor says it has its 100.
-    let got = sync.path("survivor.got2");
+    // killed, generation 2 stops. Datagrams can be dropped (UD), and the
+    // two ends' streams do not keep pace: each generation goes on until the
+    // survivor says it has its 100. (Generation 1 used to say it was
+    // transferring, and so get killed, once it alone had its 100: the
+    // survivor, with 89, then waited for more from a dead peer.)
+    let got = sync.path(&format!("survivor.got{gen}"));
     ud_round(
         &mut e,
         survivor,
@@ -1388,7 +1390,7 @@ fn ud_victim(sync: &Sync, gen: u32) {
         Some(100 + gen),
         &mut seen,
         &mut free,
-        &|s| s.received >= 100 && s.completed >= 100 && (gen == 1 || got.exists()),
+        &|s| s.received >= 100 && s.completed >= 100 && got.exists(),
     );
     if gen == 1 {
         sync.put("victim1.transferring", "");
@@ -1434,10 +1436,16 @@ fn ud_peer_killed_and_restarted() {
         let mut free = e.pd.alloc_mr(16 * MSG, LW).unwrap().chunks(MSG).unwrap();
         let v1: u32 = sync.get("victim1.qpn", BOUND).trim().parse().unwrap();
         let mut seen = UdSeen::default();
-        // Stream to the victim until b says it is dead.
-        let killed = sync.path("killed1");
+        // Stream to the victim until it has our 100 and we its 100 (only
+        // then does it say it is transferring, and b kill it), then until b
+        // says it is dead.
         ud_round(&mut e, v1, 101, Some(11), &mut seen, &mut free, &|s| {
-            s.received >= 100 && killed.exists()
+            s.received >= 100
+        });
+        sync.put("survivor.got1", "");
+        let killed = sync.path("killed1");
+        ud_round(&mut e, v1, 101, Some(11), &mut seen, &mut free, &|_| {
+            killed.exists()
         });
         // Sending to the dead QP number goes on succeeding: nothing answers,
         // nothing fails.
