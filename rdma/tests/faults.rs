@@ -128,59 +128,12 @@ fn qp_moved_to_error_while_another_thread_posts() {
     let mut p = common::pair(QpType::Rc, LW | AccessFlags::REMOTE_WRITE);
     let target = p.pd.alloc_mr(64, LW | AccessFlags::REMOTE_WRITE).unwrap();
     let remote = target.remote();
-    let raw = p.a.as_raw() as usize;
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let (a, cq, pd) = (&mut p.a, &p.cq, &p.pd);
-    let (posted, refused, statuses) = std::thread::scope(|s| {
-        let poster = s.spawn(move || {
-            let mut posted = 0u64;
-            let mut refused = 0u64;
-            let mut statuses = Vec::new();
-            let mut out = Vec::new();
-            let mut free: Vec<_> = pd.alloc_mr(16 * 64, LW).unwrap().chunks(64).unwrap();
-            let deadline = Instant::now() + Duration::from_secs(30);
-            let mut stopped = false;
-            while !(stopped && statuses.len() as u64 == posted) {
-                if !stopped {
-                    if let Some(m) = free.pop() {
-                        match a.post_send(SendWr::write(posted, m, remote)) {
-                            Ok(()) => posted += 1,
-                            Err(e) => {
-                                refused += 1;
-                                assert_eq!(e.returned.len(), 1, "{}", e.error);
-                                free.extend(
-                                    e.returned.into_iter().filter_map(|(_, b)| b.into_one()),
-                                );
-                                stopped = true;
-                            }
-                        }
-                    }
-                    if posted == 100 {
-                        tx.send(()).unwrap();
-                    }
-                }
-                cq.poll(&mut out, 16).unwrap();
-                for mut c in out.drain(..) {
-                    assert_eq!(c.wr_id, statuses.len() as u64, "in order: {c:?}");
-                    if c.status != WcStatus::Success {
-                        stopped = true;
-                    }
-                    statuses.push(c.status);
-                    free.extend(c.take_buffers().into_one());
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "{posted} posted, {} completed",
-                    statuses.len()
-                );
-            }
-            (posted, refused, statuses)
-        });
-        rx.recv_timeout(Duration::from_secs(30))
-            .expect("the poster reached 100 posts");
-        to_error_beside_the_poster(raw);
-        poster.join().unwrap()
-    });
+    let Streamed {
+        posted,
+        refused,
+        statuses,
+        ..
+    } = stream_writes_while_switched_to_error(&mut p.a, &p.cq, &p.pd, remote, 64, 0, false);
     let first_bad = statuses.iter().position(|s| *s != WcStatus::Success);
     eprintln!(
         "{posted} posted, {refused} refused, first flush at {first_bad:?}, {} completions",
@@ -457,82 +410,12 @@ fn iwarp_qp_moved_to_error_while_another_thread_posts() {
     let (mut a, b) = iwarp_connection(&ch, &listener);
     let target = b.pd.alloc_mr(LEN, LW | AccessFlags::REMOTE_WRITE).unwrap();
     let remote = target.remote();
-    let raw = a.qp.as_raw() as usize;
-    let (at_100, reached) = std::sync::mpsc::channel::<()>();
-    let switched = std::sync::atomic::AtomicBool::new(false);
-    let (qp, cq, pd) = (&mut a.qp, &a.cq, &a.pd);
-    let (posted, refused, statuses, reclaimed) = std::thread::scope(|s| {
-        let switched = &switched;
-        let poster = s.spawn(move || {
-            let mut posted = 0u64;
-            let mut refused = 0u64;
-            let mut statuses = Vec::new();
-            let mut out = Vec::new();
-            let mut free: Vec<_> = pd.alloc_mr(16 * LEN, LW).unwrap().chunks(LEN).unwrap();
-            let deadline = Instant::now() + Duration::from_secs(30);
-            let mut stopped = false;
-            loop {
-                if !stopped {
-                    if let Some(m) = free.pop() {
-                        match qp.post_send(SendWr::write(BASE + posted, m, remote)) {
-                            Ok(()) => posted += 1,
-                            Err(e) => {
-                                refused += 1;
-                                assert_eq!(e.returned.len(), 1, "{}", e.error);
-                                free.extend(
-                                    e.returned.into_iter().filter_map(|(_, b)| b.into_one()),
-                                );
-                                stopped = true;
-                            }
-                        }
-                    }
-                    if posted == 100 {
-                        at_100.send(()).unwrap();
-                    }
-                }
-                // Read the switch before polling: an empty poll after it
-                // has nothing more to wait for.
-                let done_switching = switched.load(std::sync::atomic::Ordering::Acquire);
-                cq.poll(&mut out, 16).unwrap();
-                let empty = out.is_empty();
-                for mut c in out.drain(..) {
-                    if c.wr_id < BASE {
-                        // The receive the connection left posted: flushed.
-                        assert_eq!(c.status, WcStatus::WrFlushErr, "{c:?}");
-                        continue;
-                    }
-                    assert_eq!(c.wr_id, BASE + statuses.len() as u64, "in order: {c:?}");
-                    if c.status != WcStatus::Success {
-                        stopped = true;
-                    }
-                    statuses.push(c.status);
-                    free.extend(c.take_buffers().into_one());
-                }
-                if stopped && (statuses.len() as u64 == posted || (done_switching && empty)) {
-                    break;
-                }
-                if done_switching && posted >= 100 && !stopped {
-                    // The switch is done; what was posted after it is
-                    // either refused or never completed: stop here.
-                    stopped = true;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "{posted} posted, {} completed",
-                    statuses.len()
-                );
-            }
-            let back = qp.reset().expect("reset after the error state");
-            let reclaimed = back.iter().filter(|(id, _)| *id >= BASE).count() as u64;
-            (posted, refused, statuses, reclaimed)
-        });
-        reached
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the poster reached 100 posts");
-        to_error_beside_the_poster(raw);
-        switched.store(true, std::sync::atomic::Ordering::Release);
-        poster.join().unwrap()
-    });
+    let Streamed {
+        posted,
+        refused,
+        statuses,
+        reclaimed,
+    } = stream_writes_while_switched_to_error(&mut a.qp, &a.cq, &a.pd, remote, LEN, BASE, true);
     let first_bad = statuses.iter().position(|s| *s != WcStatus::Success);
     eprintln!(
         "iWARP: {posted} posted, {refused} refused, first flush at {first_bad:?}, {} completions, {reclaimed} taken back by reset",
@@ -559,6 +442,118 @@ fn iwarp_qp_moved_to_error_while_another_thread_posts() {
     drop((target, a, b, listener, ch));
     drop(listen(&EventChannel::new().unwrap()));
     assert_back_to(before);
+}
+
+/// What `stream_writes_while_switched_to_error` saw.
+struct Streamed {
+    posted: u64,
+    refused: u64,
+    /// The WRITEs' completions, in posting order.
+    statuses: Vec<WcStatus>,
+    /// WRITEs without a completion, taken back by `reset` at the end.
+    reclaimed: u64,
+}
+
+/// The posting loop both devices' tests share: a thread streams RDMA WRITEs
+/// of `len` bytes (work request ids from `base`) to `remote`, 16 in flight,
+/// while this one moves the QP to the error state with the raw verb once
+/// 100 were posted. A refused post returns its memory and stops the posting;
+/// completions must come in order, and the first that is not a success
+/// stops it too. Completions below `base` are the connection's posted
+/// receive, which must be flushed. The loop ends when every posted WRITE
+/// has completed, or, with `empty_poll_ends` (siw: it writes its flushes
+/// before `ibv_modify_qp` returns), at an empty poll after the switch;
+/// then `reset` takes back what never completed. Every wait: 30 s.
+fn stream_writes_while_switched_to_error(
+    qp: &mut rdma::QueuePair,
+    cq: &rdma::CompletionQueue,
+    pd: &rdma::ProtectionDomain,
+    remote: rdma::RemoteMemory,
+    len: usize,
+    base: u64,
+    empty_poll_ends: bool,
+) -> Streamed {
+    let raw = qp.as_raw() as usize;
+    let (at_100, reached) = std::sync::mpsc::channel::<()>();
+    let switched = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let switched = &switched;
+        let poster = s.spawn(move || {
+            let mut posted = 0u64;
+            let mut refused = 0u64;
+            let mut statuses = Vec::new();
+            let mut out = Vec::new();
+            let mut free: Vec<_> = pd.alloc_mr(16 * len, LW).unwrap().chunks(len).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut stopped = false;
+            loop {
+                if !stopped {
+                    if let Some(m) = free.pop() {
+                        match qp.post_send(SendWr::write(base + posted, m, remote)) {
+                            Ok(()) => posted += 1,
+                            Err(e) => {
+                                refused += 1;
+                                assert_eq!(e.returned.len(), 1, "{}", e.error);
+                                free.extend(
+                                    e.returned.into_iter().filter_map(|(_, b)| b.into_one()),
+                                );
+                                stopped = true;
+                            }
+                        }
+                    }
+                    if posted == 100 {
+                        at_100.send(()).unwrap();
+                    }
+                }
+                // Read the switch before polling: an empty poll after it
+                // has nothing more to wait for (siw).
+                let done_switching = switched.load(std::sync::atomic::Ordering::Acquire);
+                cq.poll(&mut out, 16).unwrap();
+                let empty = out.is_empty();
+                for mut c in out.drain(..) {
+                    if c.wr_id < base {
+                        // The receive the connection left posted: flushed.
+                        assert_eq!(c.status, WcStatus::WrFlushErr, "{c:?}");
+                        continue;
+                    }
+                    assert_eq!(c.wr_id, base + statuses.len() as u64, "in order: {c:?}");
+                    if c.status != WcStatus::Success {
+                        stopped = true;
+                    }
+                    statuses.push(c.status);
+                    free.extend(c.take_buffers().into_one());
+                }
+                let all_done = statuses.len() as u64 == posted;
+                if stopped && (all_done || (empty_poll_ends && done_switching && empty)) {
+                    break;
+                }
+                if empty_poll_ends && done_switching && posted >= 100 && !stopped {
+                    // The switch is done; what was posted after it is
+                    // either refused or never completed: stop here.
+                    stopped = true;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{posted} posted, {} completed",
+                    statuses.len()
+                );
+            }
+            let back = qp.reset().expect("reset after the error state");
+            let reclaimed = back.iter().filter(|(id, _)| *id >= base).count() as u64;
+            Streamed {
+                posted,
+                refused,
+                statuses,
+                reclaimed,
+            }
+        });
+        reached
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the poster reached 100 posts");
+        to_error_beside_the_poster(raw);
+        switched.store(true, std::sync::atomic::Ordering::Release);
+        poster.join().unwrap()
+    })
 }
 
 /// Moves the QP at `raw` to the error state with the raw verb, from a thread
