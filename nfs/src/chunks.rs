@@ -97,18 +97,25 @@ impl Chunk {
         }
     }
 
-    /// The first `len` bytes of a pooled region, in place, for a plain copy
-    /// (`None` for an own registration, which the server can still reach
-    /// until it is dropped, or when `len` exceeds what was lent).
+    /// The first `len` bytes of the chunk, in place, for a plain copy
+    /// (`None` when `len` exceeds what was lent).
     ///
     /// # Safety
-    /// The caller must have seen the successful completion of a `LOCAL_INV`
-    /// of this chunk's window ([`Chunk::window_rkey`]), posted after the
-    /// call's reply arrived, and not bound the window again since: the
-    /// window's rkey was the only key to the region the server was ever
-    /// given (the region is registered without remote access of its own),
-    /// so from that completion on no peer writes these bytes while the
-    /// returned borrow lives.
+    /// The caller must know that no peer can reach the chunk any more:
+    /// - a pooled region: the successful completion of a `LOCAL_INV` of its
+    ///   window ([`Chunk::window_rkey`]), posted after the call's reply
+    ///   arrived, or the reply's receive completion reporting the window's
+    ///   rkey invalidated by the server (`IBV_WC_WITH_INV`), and the window
+    ///   not bound again since: its rkey was the only key to the region the
+    ///   server was ever given (the region is registered without remote
+    ///   access of its own);
+    /// - a registration of its own: the reply's receive completion
+    ///   reporting its rkey invalidated by the server. The responder
+    ///   invalidates before it makes that completion, and the server's
+    ///   RDMA operations on the chunk came before its reply on the same
+    ///   connection.
+    ///
+    /// So no peer writes these bytes while the returned borrow lives.
     pub(crate) unsafe fn invalidated_bytes(&self, len: usize) -> Option<&[u8]> {
         match self {
             Chunk::Bound { region, len: lent } if len <= *lent => {
@@ -117,6 +124,14 @@ impl Chunk {
                 // invalidation completed (caller): no peer writes it while
                 // `&self` lives, and no work request holds it.
                 let all = unsafe { region.mr.as_slice_unchecked() };
+                all.get(..len)
+            }
+            Chunk::Own(mr) if len <= mr.len() => {
+                // SAFETY: the registration's rkey was invalidated by the
+                // server before the reply's completion (caller): no peer
+                // writes it while `&self` lives, and a chunk is never in a
+                // local work request.
+                let all = unsafe { mr.as_slice_unchecked() };
                 all.get(..len)
             }
             _ => None,
