@@ -1845,6 +1845,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn remote_invalidation_is_read_from_rxe_s_kernel_bit_only_on_rxe() {
+        // rxe: IBV_WC_WITH_INV, or bit 2 (its kernel's IB_WC_WITH_INVALIDATE).
+        let rxe = remote_inv_flags(RXE_VENDOR_ID);
+        assert!(rxe.contains(WcFlags::WITH_INV));
+        assert!(
+            WcFlags::from_bits_retain(0x5).intersects(rxe),
+            "rxe's SEND_WITH_INV"
+        );
+        assert!(
+            !WcFlags::from_bits_retain(0x1).intersects(rxe),
+            "rxe's plain SEND"
+        );
+        // Any other device: IBV_WC_WITH_INV only (a checksum flag is not an
+        // invalidation there).
+        let other = remote_inv_flags(0x02c9);
+        assert_eq!(other, WcFlags::WITH_INV);
+        assert!(!WcFlags::from_bits_retain(0x5).intersects(other));
+    }
+
+    #[test]
     fn a_destination_fills_its_range_and_never_waits_in_try_fill() {
         let buf = Arc::new(Mutex::new(vec![0u8; 10]));
         let d = Destination::new(Arc::clone(&buf), 4);
