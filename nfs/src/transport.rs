@@ -660,9 +660,23 @@ struct Pending {
     chunks: Vec<Lent>,
     write: Option<Lent>,
     reply_chunk: Option<Lent>,
+    /// Rkeys of its chunks that the server invalidated with the reply to
+    /// another call (a receive completion named them): invalid already, so
+    /// they take no `LOCAL_INV` (on Linux 6.1's rxe a `LOCAL_INV` of a
+    /// window already invalidated crashes the kernel).
+    remote: Vec<u32>,
 }
 
 impl Pending {
+    /// Whether the call lent a chunk under `rkey`.
+    fn lends(&self, rkey: u32) -> bool {
+        self.chunks
+            .iter()
+            .chain(self.write.as_ref())
+            .chain(self.reply_chunk.as_ref())
+            .any(|l| l.chunk.as_ref().is_some_and(|c| c.segment().handle == rkey))
+    }
+
     fn lent(&mut self) -> impl Iterator<Item = &mut Lent> {
         self.chunks
             .iter_mut()
@@ -727,10 +741,10 @@ enum Outcome {
 struct Ending {
     pending: Pending,
     outcome: Outcome,
-    /// The rkey of this call's chunk that the server invalidated with its
-    /// reply (its receive completion said so): that chunk took no
-    /// `LOCAL_INV`.
-    remote: Option<u32>,
+    /// The rkeys of this call's chunks that the server invalidated (the
+    /// receive completion of its reply, or of another call's, said so):
+    /// they took no `LOCAL_INV`.
+    remote: Vec<u32>,
     waiting: u32,
     /// When the invalidations count as lost.
     deadline: Instant,
@@ -1057,6 +1071,7 @@ impl Engine {
             chunks: Vec::new(),
             write: None,
             reply_chunk: None,
+            remote: Vec::new(),
         };
         let r = Self::marshal(conn, &self.stats, self.opts.credits, xid, &mut p, &plan);
         match r {
@@ -1351,19 +1366,27 @@ impl Engine {
             return;
         };
         self.in_flight -= 1;
-        let remote = inv.filter(|k| {
-            p.lent()
-                .any(|l| l.chunk.as_ref().is_some_and(|c| c.segment().handle == *k))
-        });
-        if remote.is_some() {
-            self.stats
-                .remote_invalidations
-                .fetch_add(1, Ordering::Relaxed);
-        } else if inv.is_some() {
-            self.stats
-                .stray_invalidations
-                .fetch_add(1, Ordering::Relaxed);
+        if let Some(k) = inv {
+            let owner = if p.lends(k) {
+                Some(&mut p)
+            } else {
+                // Not this call's: another call in flight may have lent it
+                // (a server that invalidates the wrong rkey). Either way
+                // that rkey is invalid now, and this call's own chunks take
+                // their `LOCAL_INV`.
+                self.stats
+                    .stray_invalidations
+                    .fetch_add(1, Ordering::Relaxed);
+                self.pending.values_mut().find(|q| q.lends(k))
+            };
+            if let Some(owner) = owner {
+                owner.remote.push(k);
+                self.stats
+                    .remote_invalidations
+                    .fetch_add(1, Ordering::Relaxed);
+            }
         }
+        let remote = std::mem::take(&mut p.remote);
         let mut waiting = 0;
         let mut broken = None;
         let mut windows = 0;
@@ -1373,7 +1396,7 @@ impl Engine {
                     continue;
                 };
                 windows += 1;
-                if broken.is_some() || Some(rkey) == remote {
+                if broken.is_some() || remote.contains(&rkey) {
                     continue;
                 }
                 let wr = conn.next_id();
@@ -1398,8 +1421,8 @@ impl Engine {
         };
         if waiting == 0 && broken.is_none() {
             // No window was lent (or there is no connection to have bound
-            // one on), or the only one was the rkey the server invalidated
-            // before the reply's completion was made: nothing to wait for.
+            // one on), or each was invalidated by the server before a
+            // reply's completion said so: nothing to wait for.
             deliver(e, self.conn.as_mut().map(|c| &mut c.chunks), windows > 0);
         } else {
             self.ending.insert(xid, e);
@@ -1663,30 +1686,22 @@ fn plain_read(l: &Option<Lent>) {
 /// Which of a call's chunks no peer can reach any more, so that they may be
 /// read with a plain copy.
 #[derive(Clone, Copy)]
-struct Gone {
+struct Gone<'a> {
     /// Every window the call was lent was invalidated: its `LOCAL_INV`
-    /// completed successfully after the reply came, or it is the rkey of
-    /// `remote`.
+    /// completed successfully after the reply came, or it is in `remote`.
     windows: bool,
-    /// The rkey the server invalidated with its reply, reported by the
-    /// reply's receive completion (`IBV_WC_WITH_INV`), when the call lent
-    /// it.
-    remote: Option<u32>,
+    /// The rkeys of the call's chunks that the server invalidated, as
+    /// receive completions reported (`IBV_WC_WITH_INV`).
+    remote: &'a [u32],
 }
 
-impl Gone {
-    /// Nothing proved: every chunk takes the atomic copy.
-    const NOTHING: Gone = Gone {
-        windows: false,
-        remote: None,
-    };
-
+impl Gone<'_> {
     /// Whether `c`'s rkey is invalid: a window, when all were invalidated;
     /// a registration of its own, when the server invalidated its rkey.
     fn unreachable(self, c: &Chunk) -> bool {
         match c.window_rkey() {
             Some(_) => self.windows,
-            None => self.remote == Some(c.segment().handle),
+            None => self.remote.contains(&c.segment().handle),
         }
     }
 }
@@ -1789,7 +1804,10 @@ fn deliver(e: Ending, pool: Option<&mut ChunkPool>, windows: bool) {
         remote,
         ..
     } = e;
-    let gone = Gone { windows, remote };
+    let gone = Gone {
+        windows,
+        remote: &remote,
+    };
     let r = outcome(&pending, o, gone);
     match pool {
         Some(pool) => {
@@ -1821,8 +1839,8 @@ fn deliver_discarding(e: Ending, pool: &mut ChunkPool) {
     // A registration the server invalidated is still unreachable (the
     // windows are read with the atomic copy: their QP is in error).
     let gone = Gone {
-        remote: e_remote,
-        ..Gone::NOTHING
+        windows: false,
+        remote: &e_remote,
     };
     let r = outcome(&pending, o, gone);
     for l in pending.lent() {
