@@ -42,7 +42,11 @@ use crate::transport::{Error, Fill, Stats};
 
 /// The smallest pooled region.
 const MIN_REGION: usize = 64 << 10;
-/// Chunks larger than this are registered for their call even in window mode.
+/// The largest pooled region: in window mode a larger chunk gets a window
+/// over a region of its own, deregistered when its call ends (still a
+/// window: a server that invalidates the call's one rkey with its reply
+/// must find a window or a fast-registered key, and a plain registration's
+/// rkey is neither, so rxe would fail that reply with an access error).
 pub(crate) const MAX_REGION: usize = 4 << 20;
 
 /// A pooled region and its window.
@@ -214,7 +218,10 @@ impl ChunkPool {
     }
 
     fn region(&self, len: usize) -> rdma::Result<Region> {
-        let size = len.next_power_of_two().max(MIN_REGION);
+        self.region_of(len.next_power_of_two().max(MIN_REGION))
+    }
+
+    fn region_of(&self, size: usize) -> rdma::Result<Region> {
         let mw = self.pd.alloc_mw(MwType::Type2)?;
         let mr = self
             .pd
@@ -238,7 +245,8 @@ impl ChunkPool {
     }
 
     /// Lends `len` bytes with remote `access`, filled first as `fill` says.
-    /// Window mode binds a pooled region's window on `qp` with `wr_id`;
+    /// Window mode binds a pooled region's window on `qp` with `wr_id` (a
+    /// region of its own beyond [`MAX_REGION`]);
     /// per-call mode registers a moved buffer itself (no copy), or the
     /// pieces joined, or `len` zeroed bytes.
     pub(crate) fn take(
@@ -254,7 +262,7 @@ impl ChunkPool {
         } else {
             "a write or reply chunk"
         };
-        if !self.windows || len > MAX_REGION {
+        if !self.windows {
             let mr = match fill {
                 Fill::Move(d) => self.pd.reg_mr(d, access),
                 Fill::Pieces(p) => self.pd.reg_mr(p.concat(), access),
@@ -266,7 +274,16 @@ impl ChunkPool {
                 .fetch_add(1, Ordering::Relaxed);
             return Ok(Chunk::Own(mr));
         }
-        let mut region = match self.free_fit(len) {
+        let free = if len > MAX_REGION {
+            // A region of its own, exactly as large (never pooled).
+            Some(
+                self.region_of(len)
+                    .map_err(|e| Error::NoBuffers(format!("registering {what}: {e}")))?,
+            )
+        } else {
+            self.free_fit(len)
+        };
+        let mut region = match free {
             Some(r) => r,
             None => {
                 if self.live >= self.cap {
@@ -304,7 +321,7 @@ impl ChunkPool {
             Fill::Pieces(p) => p.iter().try_for_each(|b| fill_one(&mut region, b)),
         };
         if let Err(e) = filled {
-            self.free.push(region);
+            self.unbound(region);
             return Err(Error::Permanent(format!("{what}: {e}")));
         }
         match qp.bind_mw(wr_id, &mut region.mw, &region.mr, 0, len, access) {
@@ -314,9 +331,17 @@ impl ChunkPool {
             }
             Err(e) => {
                 // Never bound: still free.
-                self.free.push(region);
+                self.unbound(region);
                 Err(Error::NotConnected(format!("binding a memory window: {e}")))
             }
+        }
+    }
+
+    /// A region whose window is not bound goes back to the free list; one
+    /// of its own (larger than [`MAX_REGION`]) is dropped: deregistered.
+    fn unbound(&mut self, region: Region) {
+        if region.mr.len() <= MAX_REGION {
+            self.free.push(region);
         }
     }
 
@@ -335,7 +360,7 @@ impl ChunkPool {
                 self.stats
                     .chunk_invalidations
                     .fetch_add(1, Ordering::Relaxed);
-                self.free.push(region);
+                self.unbound(region);
             }
             Chunk::Own(mr) => drop(mr),
         }
@@ -344,9 +369,12 @@ impl ChunkPool {
     /// A chunk that cannot be invalidated (its connection broke): its
     /// window is deallocated with it, and the pool forgets the region.
     pub(crate) fn discard(&mut self, chunk: Chunk) {
-        if let Chunk::Bound { .. } = chunk {
-            self.live -= 1;
-            self.publish();
+        if let Chunk::Bound { region, .. } = &chunk {
+            // A region of its own was never counted among the pooled ones.
+            if region.mr.len() <= MAX_REGION {
+                self.live -= 1;
+                self.publish();
+            }
         }
         drop(chunk);
     }

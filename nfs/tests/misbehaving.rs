@@ -818,6 +818,19 @@ fn remote_invalidation_skips_local_inv_over_rxe() {
         let s = t.stats();
         assert!(s.chunk_registrations.load(Ordering::Relaxed) <= 3);
         assert_eq!(s.chunk_binds.load(Ordering::Relaxed), CALLS);
+        // A chunk beyond the pool's largest region (4 MiB) is a window too,
+        // over a region of its own: the server's invalidation finds it.
+        let mut big = null_call();
+        big.write_chunk = 5 << 20;
+        let r = t.call(big).await.unwrap();
+        check_reply(&r);
+        let data = r.data.expect("the write chunk's data");
+        assert_eq!(data.len(), 5 << 20);
+        assert!(data.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        let [local, remote, _, plain] = inv_counts(&t);
+        assert_eq!((local, remote, plain), (0, CALLS + 1, CALLS + 1));
+        assert_eq!(s.chunk_binds.load(Ordering::Relaxed), CALLS + 1);
+        assert!(s.chunk_regions.load(Ordering::Relaxed) <= 3, "not pooled");
     });
 }
 
