@@ -46,7 +46,8 @@ const MIN_REGION: usize = 64 << 10;
 /// over a region of its own, deregistered when its call ends (still a
 /// window: a server that invalidates the call's one rkey with its reply
 /// must find a window or a fast-registered key, and a plain registration's
-/// rkey is neither, so rxe would fail that reply with an access error).
+/// rkey is neither: rxe's `rxe_invalidate_mr` refuses every MR but a
+/// fast-registration one, read in its source, not provoked).
 pub(crate) const MAX_REGION: usize = 4 << 20;
 
 /// A pooled region and its window.
