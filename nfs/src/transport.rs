@@ -80,7 +80,8 @@ pub struct Options {
     /// Advertise RFC 8797 private data when connecting.
     pub private_data: bool,
     /// Say in that private data that the server may invalidate the call's
-    /// chunk with its reply (RFC 8797 `Send With Invalidate`). Linux's
+    /// chunk with its reply (RFC 8797 `Send With Invalidate`), when the
+    /// connection lends memory windows ([`Negotiated::remote_invalidation`]). Linux's
     /// server then sends a reply `SEND_WITH_INV` of the one rkey the call
     /// named, when it named exactly one distinct rkey (its read list, write
     /// list and reply chunk together); the receive completion reports it,
@@ -404,6 +405,12 @@ pub struct Negotiated {
     pub inline_recv: usize,
     /// The server sent RFC 8797 private data.
     pub server_private: bool,
+    /// Remote invalidation was offered to the server: asked for
+    /// ([`Options::remote_invalidation`]), with private data, and the
+    /// connection lends windows (a registration per chunk is not offered:
+    /// a server's Send With Invalidate of a plain registration's rkey fails
+    /// the reply on rxe, measured, and siw's provider would not report it).
+    pub remote_invalidation: bool,
 }
 
 struct Request {
@@ -572,11 +579,17 @@ impl Conn {
             qp.post_recv(RECV | next_wr, buf)
                 .map_err(|e| Error::NotConnected(format!("ibv_post_recv: {e}")))?;
         }
+        let chunks = ChunkPool::new(&pd, o.memory_windows, regions, stats);
+        stats
+            .memory_windows
+            .store(chunks.windows(), Ordering::Relaxed);
+        // Remote invalidation only for windows (`Negotiated::remote_invalidation`).
+        let offer_inv = o.private_data && o.remote_invalidation && chunks.windows();
         let mut param = ConnParam::default();
         if o.private_data {
             param.private_data = ConnectPrivate {
                 version: 1,
-                flags: if o.remote_invalidation {
+                flags: if offer_inv {
                     CP_FLAG_REMOTE_INVALIDATE
                 } else {
                     0
@@ -613,17 +626,15 @@ impl Conn {
                 inline_send: o.inline_send.min(s.recv_size),
                 inline_recv: o.inline_recv,
                 server_private: true,
+                remote_invalidation: offer_inv,
             },
             None => Negotiated {
                 inline_send: o.inline_send.min(DEFAULT_INLINE),
                 inline_recv: o.inline_recv,
                 server_private: false,
+                remote_invalidation: offer_inv,
             },
         };
-        let chunks = ChunkPool::new(&pd, o.memory_windows, regions, stats);
-        stats
-            .memory_windows
-            .store(chunks.windows(), Ordering::Relaxed);
         Ok(Conn {
             qp,
             acq,

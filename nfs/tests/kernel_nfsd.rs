@@ -33,6 +33,12 @@ fn sizes(iwarp: bool) {
         neg.server_private,
         "the kernel server answers RFC 8797 private data"
     );
+    // Offered where chunks are windows (rxe), not with a registration per
+    // chunk (siw).
+    assert_eq!(
+        neg.remote_invalidation, !iwarp,
+        "remote invalidation offered"
+    );
     let t = client.max_inline_write(client.root());
     println!("negotiated {neg:?}, largest inline WRITE {t}");
     assert!(t > 0 && t < neg.inline_send);
@@ -87,8 +93,8 @@ fn sizes(iwarp: bool) {
     // `read_all` has the transport copy each write chunk's data straight
     // into the result; on rxe with a plain copy (the server invalidated the
     // window with its reply, or its LOCAL_INV completed first), on siw with
-    // the atomic one (its provider does not report remote invalidation, so
-    // the chunk counts as reachable until it is deregistered).
+    // the atomic one (its registration counts as reachable until it is
+    // deregistered).
     let placed = stats.data_placed.load(Ordering::Relaxed);
     let plain = stats.plain_chunk_reads.load(Ordering::Relaxed);
     println!("write chunk data placed {placed}, plain chunk reads {plain}");
@@ -110,8 +116,8 @@ fn sizes(iwarp: bool) {
     }
     // A READ of 1 MiB: the kernel server invalidates its write chunk with
     // the reply (SEND_WITH_INV); on rxe the receive completion says so and
-    // no READ posts a LOCAL_INV. siw's provider reports no invalidation:
-    // its registration per chunk is deregistered, as before.
+    // no READ posts a LOCAL_INV. siw (a registration per chunk) is not
+    // offered it: its registrations are deregistered, as before.
     let c = read_counted(&rt, &client, "f1048576", 1 << 20, 1048576);
     println!("remote invalidation advertised: {c:?}");
     assert!(c.replies >= 1, "the READs used write chunks");
@@ -124,7 +130,7 @@ fn sizes(iwarp: bool) {
         );
         assert_eq!(c.plain, c.replies, "each READ's data copied plainly");
     } else {
-        assert_eq!(c.remote, 0, "siw's provider reports no remote invalidation");
+        assert_eq!(c.remote, 0, "not offered with a registration per chunk");
         assert_eq!(c.plain, 0);
     }
     rt.block_on(client.close());
@@ -140,6 +146,7 @@ fn sizes(iwarp: bool) {
         ..Default::default()
     };
     let client = rt.block_on(mount(ip, test, no_inv));
+    assert!(!client.transport().negotiated().remote_invalidation);
     let c = read_counted(&rt, &client, "f1048576", 1 << 20, 1048576);
     println!("remote invalidation not advertised: {c:?}");
     assert!(c.replies >= 1, "the READs used write chunks");
