@@ -8,7 +8,10 @@
 //!   and what each cost the process: CPU time per MiB (`getrusage`, user +
 //!   system), and the chunk registrations and window binds it made.
 //!   `NFS_BENCH_WINDOWS=0` lends chunks by a registration per chunk instead
-//!   of memory windows over pooled regions.
+//!   of memory windows over pooled regions; `NFS_BENCH_REMOTE_INV=0` does not
+//!   offer the server remote invalidation (every window then takes a
+//!   `LOCAL_INV`). The READs' `LOCAL_INV`s and the chunks the server
+//!   invalidated are counted.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
@@ -83,6 +86,8 @@ async fn file(ip: IpAddr, rest: &[String]) -> Result<(), String> {
         std::sync::Arc::new((0..len).map(|i| (i % 253) as u8).collect());
     let mut o = Options::default();
     o.transport.memory_windows = std::env::var("NFS_BENCH_WINDOWS").map_or(true, |v| v != "0");
+    o.transport.remote_invalidation =
+        std::env::var("NFS_BENCH_REMOTE_INV").map_or(true, |v| v != "0");
     let c = Client::mount(ip, export, o)
         .await
         .map_err(|e| e.to_string())?;
@@ -91,6 +96,8 @@ async fn file(ip: IpAddr, rest: &[String]) -> Result<(), String> {
         (
             stats.chunk_registrations.load(Ordering::Relaxed),
             stats.chunk_binds.load(Ordering::Relaxed),
+            stats.local_invalidations.load(Ordering::Relaxed),
+            stats.remote_invalidations.load(Ordering::Relaxed),
         )
     };
     let f = c
@@ -115,7 +122,7 @@ async fn file(ip: IpAddr, rest: &[String]) -> Result<(), String> {
     println!(
         "ours write_MBps={:.2} read_MBps={:.2} write_cpu_ms_per_MiB={:.2} \
          read_cpu_ms_per_MiB={:.2} write_regs={} write_binds={} read_regs={} read_binds={} \
-         windows={}",
+         read_local_inv={} read_remote_inv={} windows={}",
         len as f64 / w / 1e6,
         len as f64 / r / 1e6,
         (cpu1 - cpu0) * 1e3 / mib,
@@ -124,6 +131,8 @@ async fn file(ip: IpAddr, rest: &[String]) -> Result<(), String> {
         n1.1 - n0.1,
         n2.0 - n1.0,
         n2.1 - n1.1,
+        n2.2 - n1.2,
+        n2.3 - n1.3,
         stats.memory_windows.load(Ordering::Relaxed)
     );
     c.remove(c.root(), b"nfs-bench")

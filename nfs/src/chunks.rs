@@ -42,7 +42,12 @@ use crate::transport::{Error, Fill, Stats};
 
 /// The smallest pooled region.
 const MIN_REGION: usize = 64 << 10;
-/// Chunks larger than this are registered for their call even in window mode.
+/// The largest pooled region: in window mode a larger chunk gets a window
+/// over a region of its own, deregistered when its call ends (still a
+/// window: a server that invalidates the call's one rkey with its reply
+/// must find a window or a fast-registered key, and a plain registration's
+/// rkey is neither: rxe's `rxe_invalidate_mr` refuses every MR but a
+/// fast-registration one, read in its source, not provoked).
 pub(crate) const MAX_REGION: usize = 4 << 20;
 
 /// A pooled region and its window.
@@ -97,18 +102,25 @@ impl Chunk {
         }
     }
 
-    /// The first `len` bytes of a pooled region, in place, for a plain copy
-    /// (`None` for an own registration, which the server can still reach
-    /// until it is dropped, or when `len` exceeds what was lent).
+    /// The first `len` bytes of the chunk, in place, for a plain copy
+    /// (`None` when `len` exceeds what was lent).
     ///
     /// # Safety
-    /// The caller must have seen the successful completion of a `LOCAL_INV`
-    /// of this chunk's window ([`Chunk::window_rkey`]), posted after the
-    /// call's reply arrived, and not bound the window again since: the
-    /// window's rkey was the only key to the region the server was ever
-    /// given (the region is registered without remote access of its own),
-    /// so from that completion on no peer writes these bytes while the
-    /// returned borrow lives.
+    /// The caller must know that no peer can reach the chunk any more:
+    /// - a pooled region: the successful completion of a `LOCAL_INV` of its
+    ///   window ([`Chunk::window_rkey`]), posted after the call's reply
+    ///   arrived, or the reply's receive completion reporting the window's
+    ///   rkey invalidated by the server (`IBV_WC_WITH_INV`), and the window
+    ///   not bound again since: its rkey was the only key to the region the
+    ///   server was ever given (the region is registered without remote
+    ///   access of its own);
+    /// - a registration of its own: the reply's receive completion
+    ///   reporting its rkey invalidated by the server. The responder
+    ///   invalidates before it makes that completion, and the server's
+    ///   RDMA operations on the chunk came before its reply on the same
+    ///   connection.
+    ///
+    /// So no peer writes these bytes while the returned borrow lives.
     pub(crate) unsafe fn invalidated_bytes(&self, len: usize) -> Option<&[u8]> {
         match self {
             Chunk::Bound { region, len: lent } if len <= *lent => {
@@ -117,6 +129,14 @@ impl Chunk {
                 // invalidation completed (caller): no peer writes it while
                 // `&self` lives, and no work request holds it.
                 let all = unsafe { region.mr.as_slice_unchecked() };
+                all.get(..len)
+            }
+            Chunk::Own(mr) if len <= mr.len() => {
+                // SAFETY: the registration's rkey was invalidated by the
+                // server before the reply's completion (caller): no peer
+                // writes it while `&self` lives, and a chunk is never in a
+                // local work request.
+                let all = unsafe { mr.as_slice_unchecked() };
                 all.get(..len)
             }
             _ => None,
@@ -199,7 +219,10 @@ impl ChunkPool {
     }
 
     fn region(&self, len: usize) -> rdma::Result<Region> {
-        let size = len.next_power_of_two().max(MIN_REGION);
+        self.region_of(len.next_power_of_two().max(MIN_REGION))
+    }
+
+    fn region_of(&self, size: usize) -> rdma::Result<Region> {
         let mw = self.pd.alloc_mw(MwType::Type2)?;
         let mr = self
             .pd
@@ -223,7 +246,8 @@ impl ChunkPool {
     }
 
     /// Lends `len` bytes with remote `access`, filled first as `fill` says.
-    /// Window mode binds a pooled region's window on `qp` with `wr_id`;
+    /// Window mode binds a pooled region's window on `qp` with `wr_id` (a
+    /// region of its own beyond [`MAX_REGION`]);
     /// per-call mode registers a moved buffer itself (no copy), or the
     /// pieces joined, or `len` zeroed bytes.
     pub(crate) fn take(
@@ -239,7 +263,7 @@ impl ChunkPool {
         } else {
             "a write or reply chunk"
         };
-        if !self.windows || len > MAX_REGION {
+        if !self.windows {
             let mr = match fill {
                 Fill::Move(d) => self.pd.reg_mr(d, access),
                 Fill::Pieces(p) => self.pd.reg_mr(p.concat(), access),
@@ -251,7 +275,16 @@ impl ChunkPool {
                 .fetch_add(1, Ordering::Relaxed);
             return Ok(Chunk::Own(mr));
         }
-        let mut region = match self.free_fit(len) {
+        let free = if len > MAX_REGION {
+            // A region of its own, exactly as large (never pooled).
+            Some(
+                self.region_of(len)
+                    .map_err(|e| Error::NoBuffers(format!("registering {what}: {e}")))?,
+            )
+        } else {
+            self.free_fit(len)
+        };
+        let mut region = match free {
             Some(r) => r,
             None => {
                 if self.live >= self.cap {
@@ -289,7 +322,7 @@ impl ChunkPool {
             Fill::Pieces(p) => p.iter().try_for_each(|b| fill_one(&mut region, b)),
         };
         if let Err(e) = filled {
-            self.free.push(region);
+            self.unbound(region);
             return Err(Error::Permanent(format!("{what}: {e}")));
         }
         match qp.bind_mw(wr_id, &mut region.mw, &region.mr, 0, len, access) {
@@ -299,9 +332,17 @@ impl ChunkPool {
             }
             Err(e) => {
                 // Never bound: still free.
-                self.free.push(region);
+                self.unbound(region);
                 Err(Error::NotConnected(format!("binding a memory window: {e}")))
             }
+        }
+    }
+
+    /// A region whose window is not bound goes back to the free list; one
+    /// of its own (larger than [`MAX_REGION`]) is dropped: deregistered.
+    fn unbound(&mut self, region: Region) {
+        if region.mr.len() <= MAX_REGION {
+            self.free.push(region);
         }
     }
 
@@ -320,7 +361,7 @@ impl ChunkPool {
                 self.stats
                     .chunk_invalidations
                     .fetch_add(1, Ordering::Relaxed);
-                self.free.push(region);
+                self.unbound(region);
             }
             Chunk::Own(mr) => drop(mr),
         }
@@ -329,9 +370,12 @@ impl ChunkPool {
     /// A chunk that cannot be invalidated (its connection broke): its
     /// window is deallocated with it, and the pool forgets the region.
     pub(crate) fn discard(&mut self, chunk: Chunk) {
-        if let Chunk::Bound { .. } = chunk {
-            self.live -= 1;
-            self.publish();
+        if let Chunk::Bound { region, .. } = &chunk {
+            // A region of its own was never counted among the pooled ones.
+            if region.mr.len() <= MAX_REGION {
+                self.live -= 1;
+                self.publish();
+            }
         }
         drop(chunk);
     }

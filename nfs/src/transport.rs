@@ -43,7 +43,7 @@ use std::time::Duration;
 use rdma::aio::{tokio as rt, AsyncCmId, AsyncCq};
 use rdma::cm::{CmEventType, ConnParam, PortSpace};
 use rdma::{
-    AccessFlags, BufferPool, Completion, MemoryRegion, QpState, QpType, QueuePair, SendWr,
+    AccessFlags, BufferPool, Completion, MemoryRegion, QpState, QpType, QueuePair, SendWr, WcFlags,
     WcOpcode, WcStatus,
 };
 use tokio::sync::{mpsc, oneshot};
@@ -51,7 +51,8 @@ use tokio::time::Instant;
 
 use crate::chunks::{Chunk, ChunkPool, MAX_REGION};
 use crate::rpcrdma::{
-    Body, Chunks, ConnectPrivate, Header, RdmaError, ReadSegment, Segment, DEFAULT_INLINE, VERSION,
+    Body, Chunks, ConnectPrivate, Header, RdmaError, ReadSegment, Segment,
+    CP_FLAG_REMOTE_INVALIDATE, DEFAULT_INLINE, VERSION,
 };
 use crate::xdr::{pad, DecodeError, Writer};
 
@@ -78,6 +79,15 @@ pub struct Options {
     pub retries: u32,
     /// Advertise RFC 8797 private data when connecting.
     pub private_data: bool,
+    /// Say in that private data that the server may invalidate the call's
+    /// chunk with its reply (RFC 8797 `Send With Invalidate`), when the
+    /// connection lends memory windows ([`Negotiated::remote_invalidation`]). Linux's
+    /// server then sends a reply `SEND_WITH_INV` of the one rkey the call
+    /// named, when it named exactly one distinct rkey (its read list, write
+    /// list and reply chunk together); the receive completion reports it,
+    /// and that chunk needs no `LOCAL_INV`. Any other reply (no
+    /// invalidation, another rkey) falls back to `LOCAL_INV`.
+    pub remote_invalidation: bool,
     /// Lend chunks through type 2 memory windows over pooled regions when
     /// the device has them (otherwise: a registration per chunk).
     pub memory_windows: bool,
@@ -106,6 +116,7 @@ impl Default for Options {
             call_timeout: Duration::from_secs(30),
             retries: 2,
             private_data: true,
+            remote_invalidation: true,
             memory_windows: true,
             chunk_regions: 64,
             invalidate_timeout: Duration::from_secs(10),
@@ -365,6 +376,15 @@ pub struct Stats {
     pub chunk_binds: AtomicU64,
     /// Memory windows invalidated when their call ended, ever.
     pub chunk_invalidations: AtomicU64,
+    /// `LOCAL_INV` work requests posted for chunks, ever.
+    pub local_invalidations: AtomicU64,
+    /// Chunks (windows or registrations of their own) the server
+    /// invalidated with its reply (the receive completion named their
+    /// rkey), ever: none of them took a `LOCAL_INV`.
+    pub remote_invalidations: AtomicU64,
+    /// Replies whose receive completion named an rkey invalidated that the
+    /// call had not lent (their chunks took a `LOCAL_INV`).
+    pub stray_invalidations: AtomicU64,
     /// Pooled chunk regions alive now (0 without memory windows).
     pub chunk_regions: AtomicU64,
     /// Whether the connection lends chunks through memory windows.
@@ -385,6 +405,12 @@ pub struct Negotiated {
     pub inline_recv: usize,
     /// The server sent RFC 8797 private data.
     pub server_private: bool,
+    /// Remote invalidation was offered to the server: asked for
+    /// ([`Options::remote_invalidation`]), with private data, and the
+    /// connection lends windows (a registration per chunk is not offered:
+    /// a server's Send With Invalidate of a plain registration's rkey fails
+    /// the reply on rxe, measured, and siw's provider would not report it).
+    pub remote_invalidation: bool,
 }
 
 struct Request {
@@ -448,6 +474,29 @@ struct Conn {
     /// Unused tails of send buffers in flight, by work request.
     tails: HashMap<u64, MemoryRegion>,
     next_wr: u64,
+    /// The receive completion flags that say the server invalidated an
+    /// rkey (its value in the immediate data field): [`remote_inv_flags`].
+    inv_flags: WcFlags,
+}
+
+/// The vendor id soft-RoCE (rxe) reports.
+const RXE_VENDOR_ID: u32 = 0xff_ffff;
+
+/// The flags by which a device's receive completions say the sender
+/// invalidated an rkey. `IBV_WC_WITH_INV` everywhere; on soft-RoCE also
+/// bit 2: its kernel driver writes the kernel's flag values into the CQ it
+/// shares with user space, and the kernel's `IB_WC_WITH_INVALIDATE` is bit
+/// 2, which libibverbs calls `IBV_WC_IP_CSUM_OK` (measured: Linux 6.1 and
+/// rdma-core 44 report a `SEND_WITH_INV` as flags `0x5`, the rkey in the
+/// immediate data field; rxe never reports a checksum). Soft-iWARP's
+/// provider reports no flags at all (measured: 0), so its remote
+/// invalidations go unseen and it keeps deregistering each chunk.
+fn remote_inv_flags(vendor_id: u32) -> WcFlags {
+    if vendor_id == RXE_VENDOR_ID {
+        WcFlags::WITH_INV | WcFlags::IP_CSUM_OK
+    } else {
+        WcFlags::WITH_INV
+    }
 }
 
 impl Conn {
@@ -485,6 +534,11 @@ impl Conn {
         .map_err(at)?;
         let ctx = id.id().context().map_err(rdma_err("rdma_cm context"))?;
         let pd = ctx.alloc_pd().map_err(rdma_err("ibv_alloc_pd"))?;
+        let inv_flags = remote_inv_flags(
+            ctx.query_device()
+                .map_err(rdma_err("ibv_query_device"))?
+                .vendor_id(),
+        );
         let channel = ctx
             .create_comp_channel()
             .map_err(rdma_err("ibv_create_comp_channel"))?;
@@ -525,11 +579,21 @@ impl Conn {
             qp.post_recv(RECV | next_wr, buf)
                 .map_err(|e| Error::NotConnected(format!("ibv_post_recv: {e}")))?;
         }
+        let chunks = ChunkPool::new(&pd, o.memory_windows, regions, stats);
+        stats
+            .memory_windows
+            .store(chunks.windows(), Ordering::Relaxed);
+        // Remote invalidation only for windows (`Negotiated::remote_invalidation`).
+        let offer_inv = o.private_data && o.remote_invalidation && chunks.windows();
         let mut param = ConnParam::default();
         if o.private_data {
             param.private_data = ConnectPrivate {
                 version: 1,
-                flags: 0,
+                flags: if offer_inv {
+                    CP_FLAG_REMOTE_INVALIDATE
+                } else {
+                    0
+                },
                 send_size: o.inline_send,
                 recv_size: o.inline_recv,
             }
@@ -562,17 +626,15 @@ impl Conn {
                 inline_send: o.inline_send.min(s.recv_size),
                 inline_recv: o.inline_recv,
                 server_private: true,
+                remote_invalidation: offer_inv,
             },
             None => Negotiated {
                 inline_send: o.inline_send.min(DEFAULT_INLINE),
                 inline_recv: o.inline_recv,
                 server_private: false,
+                remote_invalidation: offer_inv,
             },
         };
-        let chunks = ChunkPool::new(&pd, o.memory_windows, regions, stats);
-        stats
-            .memory_windows
-            .store(chunks.windows(), Ordering::Relaxed);
         Ok(Conn {
             qp,
             acq,
@@ -583,6 +645,7 @@ impl Conn {
             negotiated,
             tails: HashMap::new(),
             next_wr,
+            inv_flags,
         })
     }
 
@@ -608,9 +671,23 @@ struct Pending {
     chunks: Vec<Lent>,
     write: Option<Lent>,
     reply_chunk: Option<Lent>,
+    /// Rkeys of its chunks that the server invalidated with the reply to
+    /// another call (a receive completion named them): invalid already, so
+    /// they take no `LOCAL_INV` (on Linux 6.1's rxe a `LOCAL_INV` of a
+    /// window already invalidated crashes the kernel).
+    remote: Vec<u32>,
 }
 
 impl Pending {
+    /// Whether the call lent a chunk under `rkey`.
+    fn lends(&self, rkey: u32) -> bool {
+        self.chunks
+            .iter()
+            .chain(self.write.as_ref())
+            .chain(self.reply_chunk.as_ref())
+            .any(|l| l.chunk.as_ref().is_some_and(|c| c.segment().handle == rkey))
+    }
+
     fn lent(&mut self) -> impl Iterator<Item = &mut Lent> {
         self.chunks
             .iter_mut()
@@ -675,6 +752,10 @@ enum Outcome {
 struct Ending {
     pending: Pending,
     outcome: Outcome,
+    /// The rkeys of this call's chunks that the server invalidated (the
+    /// receive completion of its reply, or of another call's, said so):
+    /// they took no `LOCAL_INV`.
+    remote: Vec<u32>,
     waiting: u32,
     /// When the invalidations count as lost.
     deadline: Instant,
@@ -1001,6 +1082,7 @@ impl Engine {
             chunks: Vec::new(),
             write: None,
             reply_chunk: None,
+            remote: Vec::new(),
         };
         let r = Self::marshal(conn, &self.stats, self.opts.credits, xid, &mut p, &plan);
         match r {
@@ -1203,14 +1285,17 @@ impl Engine {
             return;
         }
         let len = (c.byte_len as usize).min(buf.len());
+        // A `SEND_WITH_INV`: the rkey the server invalidated, before this
+        // completion was made.
+        let inv = c.wc_flags.intersects(conn.inv_flags).then_some(c.imm_data);
         // The receive buffer is local-only memory: read in place, and only
         // the RPC message is copied out (once).
         match buf.as_slice() {
-            Ok(b) => self.reply(&b[..len]),
+            Ok(b) => self.reply(&b[..len], inv),
             Err(_) => {
                 let mut bytes = vec![0; len];
                 if buf.read_at(0, &mut bytes).is_ok() {
-                    self.reply(&bytes);
+                    self.reply(&bytes, inv);
                 }
             }
         }
@@ -1224,7 +1309,7 @@ impl Engine {
         }
     }
 
-    fn reply(&mut self, bytes: &[u8]) {
+    fn reply(&mut self, bytes: &[u8], inv: Option<u32>) {
         let (h, hlen) = match Header::decode(bytes) {
             Ok(h) => h,
             Err(e) => {
@@ -1236,6 +1321,7 @@ impl Engine {
                     self.finish(
                         xid,
                         Outcome::Failed(Error::Malformed(format!("transport header: {e}"))),
+                        inv,
                     );
                 }
                 return;
@@ -1274,32 +1360,63 @@ impl Engine {
                 .write_chunk_replies
                 .fetch_add(1, Ordering::Relaxed);
         }
-        self.finish(h.xid, outcome);
+        self.finish(h.xid, outcome, inv);
     }
 
     /// A call's reply came: its windows are invalidated, and the reply is
     /// delivered once they all are (at once for registrations of its own,
-    /// which go when it does).
-    fn finish(&mut self, xid: u32, outcome: Outcome) {
+    /// which go when it does). `inv`: the rkey the reply's receive
+    /// completion says the server invalidated (`SEND_WITH_INV`); when it is
+    /// one this call lent, that chunk is already unreachable and takes no
+    /// `LOCAL_INV`.
+    fn finish(&mut self, xid: u32, outcome: Outcome, inv: Option<u32>) {
         let Some(mut p) = self.pending.remove(&xid) else {
+            // A late duplicate: its invalidation (if any) named a chunk
+            // that call already released.
             self.stats.dropped_replies.fetch_add(1, Ordering::Relaxed);
             return;
         };
         self.in_flight -= 1;
+        if let Some(k) = inv {
+            let owner = if p.lends(k) {
+                Some(&mut p)
+            } else {
+                // Not this call's: another call in flight may have lent it
+                // (a server that invalidates the wrong rkey). Either way
+                // that rkey is invalid now, and this call's own chunks take
+                // their `LOCAL_INV`.
+                self.stats
+                    .stray_invalidations
+                    .fetch_add(1, Ordering::Relaxed);
+                self.pending.values_mut().find(|q| q.lends(k))
+            };
+            if let Some(owner) = owner {
+                owner.remote.push(k);
+                self.stats
+                    .remote_invalidations
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let remote = std::mem::take(&mut p.remote);
         let mut waiting = 0;
         let mut broken = None;
+        let mut windows = 0;
         if let Some(conn) = self.conn.as_mut() {
             for l in p.lent() {
                 let Some(rkey) = l.chunk.as_ref().and_then(Chunk::window_rkey) else {
                     continue;
                 };
-                if broken.is_some() {
+                windows += 1;
+                if broken.is_some() || remote.contains(&rkey) {
                     continue;
                 }
                 let wr = conn.next_id();
                 match conn.qp.post_send(SendWr::local_invalidate(wr, rkey)) {
                     Ok(()) => {
                         self.invalidating.insert(wr, xid);
+                        self.stats
+                            .local_invalidations
+                            .fetch_add(1, Ordering::Relaxed);
                         waiting += 1;
                     }
                     Err(e) => broken = Some(format!("ibv_post_send(LOCAL_INV): {}", e.error)),
@@ -1309,13 +1426,15 @@ impl Engine {
         let e = Ending {
             pending: p,
             outcome,
+            remote,
             waiting,
             deadline: Instant::now() + self.opts.invalidate_timeout,
         };
         if waiting == 0 && broken.is_none() {
             // No window was lent (or there is no connection to have bound
-            // one on): nothing to prove.
-            deliver(e, self.conn.as_mut().map(|c| &mut c.chunks), false);
+            // one on), or each was invalidated by the server before a
+            // reply's completion said so: nothing to wait for.
+            deliver(e, self.conn.as_mut().map(|c| &mut c.chunks), windows > 0);
         } else {
             self.ending.insert(xid, e);
         }
@@ -1340,7 +1459,8 @@ impl Engine {
                 // posted in `finish` (a failed post drops the connection,
                 // which delivers the call without this), and each has now
                 // completed successfully (a failed completion drops the
-                // connection too).
+                // connection too), but the one the server invalidated with
+                // its reply, if any (`finish` skipped it).
                 deliver(e, self.conn.as_mut().map(|c| &mut c.chunks), true);
             }
         }
@@ -1574,18 +1694,42 @@ fn plain_read(l: &Option<Lent>) {
     }
 }
 
-/// Reads `len` bytes of a lent chunk: a plain copy when `invalidated` (the
-/// call's windows' `LOCAL_INV`s all completed), else the crate's atomic
-/// copy.
-fn read_lent(l: &Option<Lent>, len: usize, what: &str, invalidated: bool) -> Result<Vec<u8>> {
+/// Which of a call's chunks no peer can reach any more, so that they may be
+/// read with a plain copy.
+#[derive(Clone, Copy)]
+struct Gone<'a> {
+    /// Every window the call was lent was invalidated: its `LOCAL_INV`
+    /// completed successfully after the reply came, or it is in `remote`.
+    windows: bool,
+    /// The rkeys of the call's chunks that the server invalidated, as
+    /// receive completions reported (`IBV_WC_WITH_INV`).
+    remote: &'a [u32],
+}
+
+impl Gone<'_> {
+    /// Whether `c`'s rkey is invalid: a window, when all were invalidated;
+    /// a registration of its own, when the server invalidated its rkey.
+    fn unreachable(self, c: &Chunk) -> bool {
+        match c.window_rkey() {
+            Some(_) => self.windows,
+            None => self.remote.contains(&c.segment().handle),
+        }
+    }
+}
+
+/// Reads `len` bytes of a lent chunk: a plain copy when `gone` proves it
+/// unreachable, else the crate's atomic copy.
+fn read_lent(l: &Option<Lent>, len: usize, what: &str, gone: Gone) -> Result<Vec<u8>> {
     let Some(c) = l.as_ref().and_then(|l| l.chunk.as_ref()) else {
         return Err(Error::Malformed(format!("{what}: never offered")));
     };
-    if invalidated {
-        // SAFETY: `invalidated` is true only from `Engine::invalidated`, once
-        // the `LOCAL_INV` of every window this call was lent (posted in
-        // `Engine::finish`, after its reply came) has completed successfully;
-        // its windows are not bound again before `deliver` puts them back.
+    if gone.unreachable(c) {
+        // SAFETY: `gone` says this chunk's rkey is invalid: a window whose
+        // `LOCAL_INV` (posted in `Engine::finish`, after its reply came)
+        // completed successfully (`Engine::invalidated`), or whose rkey, or
+        // a registration whose rkey, the reply's receive completion reported
+        // invalidated by the server; windows are not bound again before
+        // `deliver` puts them back, registrations are dropped after.
         if let Some(b) = unsafe { c.invalidated_bytes(len) } {
             plain_read(l);
             return Ok(b.to_vec());
@@ -1597,15 +1741,15 @@ fn read_lent(l: &Option<Lent>, len: usize, what: &str, invalidated: bool) -> Res
     Ok(v)
 }
 
-/// The reply, read out of chunks no peer can reach any more (`invalidated`:
-/// every window's invalidation completed; otherwise the windows' QP is in
-/// error and they are read with the atomic copy).
-fn outcome(p: &Pending, o: Outcome, invalidated: bool) -> Result<Reply> {
+/// The reply, read out of its chunks: with a plain copy where `gone`
+/// proves no peer can reach them, else with the atomic copy (the windows'
+/// QP may be in error, or a registration still valid until it is dropped).
+fn outcome(p: &Pending, o: Outcome, gone: Gone) -> Result<Reply> {
     let (msg, written) = match o {
         Outcome::Failed(e) => return Err(e),
         Outcome::Msg { msg, written } => (msg, written),
         Outcome::NoMsg { len, written } => (
-            read_lent(&p.reply_chunk, len, "reply chunk", invalidated)?,
+            read_lent(&p.reply_chunk, len, "reply chunk", gone)?,
             written,
         ),
     };
@@ -1620,10 +1764,11 @@ fn outcome(p: &Pending, o: Outcome, invalidated: bool) -> Result<Reply> {
         &p.call.data_into,
         p.write.as_ref().and_then(|l| l.chunk.as_ref()),
     ) {
-        let plain = if invalidated {
-            // SAFETY: as in `read_lent`: every window of this call had its
-            // `LOCAL_INV` complete successfully after the reply came, and
-            // none is bound again before `deliver` puts it back.
+        let plain = if gone.unreachable(c) {
+            // SAFETY: as in `read_lent`: this chunk's rkey is invalid (its
+            // `LOCAL_INV` completed after the reply came, or the server
+            // invalidated it with the reply), and it is neither bound again
+            // nor deregistered before `deliver` is done with it.
             unsafe { c.invalidated_bytes(n) }
         } else {
             None
@@ -1652,28 +1797,34 @@ fn outcome(p: &Pending, o: Outcome, invalidated: bool) -> Result<Reply> {
     }
     Ok(Reply {
         msg,
-        data: Some(read_lent(&p.write, n, "write chunk", invalidated)?),
+        data: Some(read_lent(&p.write, n, "write chunk", gone)?),
         placed: None,
     })
 }
 
 /// Delivers a reply: its chunks go back to `pool` (the connection they were
-/// bound on), or are dropped without one. `invalidated`: the `LOCAL_INV` of
-/// every window the call was lent completed (only then does a window's
-/// region go back to the pool, whose regions are all unbound; a call with
-/// windows and no such proof has them discarded).
-fn deliver(e: Ending, pool: Option<&mut ChunkPool>, invalidated: bool) {
+/// bound on), or are dropped without one. `windows`: every window the call
+/// was lent is invalidated (its `LOCAL_INV` completed, or the server
+/// invalidated it with the reply); only then does a window's region go back
+/// to the pool, whose regions are all unbound; a call with windows and no
+/// such proof has them discarded.
+fn deliver(e: Ending, pool: Option<&mut ChunkPool>, windows: bool) {
     let Ending {
         mut pending,
         outcome: o,
+        remote,
         ..
     } = e;
-    let r = outcome(&pending, o, invalidated);
+    let gone = Gone {
+        windows,
+        remote: &remote,
+    };
+    let r = outcome(&pending, o, gone);
     match pool {
         Some(pool) => {
             for l in pending.lent() {
                 if let Some(c) = l.chunk.take() {
-                    if invalidated || c.window_rkey().is_none() {
+                    if windows || c.window_rkey().is_none() {
                         pool.put(c);
                     } else {
                         pool.discard(c);
@@ -1693,9 +1844,16 @@ fn deliver_discarding(e: Ending, pool: &mut ChunkPool) {
     let Ending {
         mut pending,
         outcome: o,
+        remote: e_remote,
         ..
     } = e;
-    let r = outcome(&pending, o, false);
+    // A registration the server invalidated is still unreachable (the
+    // windows are read with the atomic copy: their QP is in error).
+    let gone = Gone {
+        windows: false,
+        remote: &e_remote,
+    };
+    let r = outcome(&pending, o, gone);
     for l in pending.lent() {
         if let Some(c) = l.chunk.take() {
             pool.discard(c);
@@ -1714,6 +1872,26 @@ impl From<DecodeError> for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn remote_invalidation_is_read_from_rxe_s_kernel_bit_only_on_rxe() {
+        // rxe: IBV_WC_WITH_INV, or bit 2 (its kernel's IB_WC_WITH_INVALIDATE).
+        let rxe = remote_inv_flags(RXE_VENDOR_ID);
+        assert!(rxe.contains(WcFlags::WITH_INV));
+        assert!(
+            WcFlags::from_bits_retain(0x5).intersects(rxe),
+            "rxe's SEND_WITH_INV"
+        );
+        assert!(
+            !WcFlags::from_bits_retain(0x1).intersects(rxe),
+            "rxe's plain SEND"
+        );
+        // Any other device: IBV_WC_WITH_INV only (a checksum flag is not an
+        // invalidation there).
+        let other = remote_inv_flags(0x02c9);
+        assert_eq!(other, WcFlags::WITH_INV);
+        assert!(!WcFlags::from_bits_retain(0x5).intersects(other));
+    }
 
     #[test]
     fn a_destination_fills_its_range_and_never_waits_in_try_fill() {

@@ -33,6 +33,12 @@ fn sizes(iwarp: bool) {
         neg.server_private,
         "the kernel server answers RFC 8797 private data"
     );
+    // Offered where chunks are windows (rxe), not with a registration per
+    // chunk (siw).
+    assert_eq!(
+        neg.remote_invalidation, !iwarp,
+        "remote invalidation offered"
+    );
     let t = client.max_inline_write(client.root());
     println!("negotiated {neg:?}, largest inline WRITE {t}");
     assert!(t > 0 && t < neg.inline_send);
@@ -85,9 +91,10 @@ fn sizes(iwarp: bool) {
     let binds = stats.chunk_binds.load(Ordering::Relaxed);
     println!("chunk registrations {regs}, window binds {binds}");
     // `read_all` has the transport copy each write chunk's data straight
-    // into the result; on rxe with a plain copy (the window's invalidation
-    // completed first), on siw with the atomic one (the chunk is still
-    // registered when it is read).
+    // into the result; on rxe with a plain copy (the server invalidated the
+    // window with its reply, or its LOCAL_INV completed first), on siw with
+    // the atomic one (its registration counts as reachable until it is
+    // deregistered).
     let placed = stats.data_placed.load(Ordering::Relaxed);
     let plain = stats.plain_chunk_reads.load(Ordering::Relaxed);
     println!("write chunk data placed {placed}, plain chunk reads {plain}");
@@ -107,6 +114,54 @@ fn sizes(iwarp: bool) {
         );
         assert_eq!(binds, stats.chunk_invalidations.load(Ordering::Relaxed));
     }
+    // A READ of 1 MiB: the kernel server invalidates its write chunk with
+    // the reply (SEND_WITH_INV); on rxe the receive completion says so and
+    // no READ posts a LOCAL_INV. siw (a registration per chunk) is not
+    // offered it: its registrations are deregistered, as before.
+    let c = read_counted(&rt, &client, "f1048576", 1 << 20, 1048576);
+    println!("remote invalidation advertised: {c:?}");
+    assert!(c.replies >= 1, "the READs used write chunks");
+    assert_eq!(c.local, 0, "no LOCAL_INV posted for a READ");
+    assert_eq!(c.stray, 0);
+    if windows {
+        assert_eq!(
+            c.remote, c.replies,
+            "each READ's window invalidated by the server"
+        );
+        assert_eq!(c.plain, c.replies, "each READ's data copied plainly");
+    } else {
+        assert_eq!(c.remote, 0, "not offered with a registration per chunk");
+        assert_eq!(c.plain, 0);
+    }
+    rt.block_on(client.close());
+
+    // Remote invalidation not advertised: the server sends a plain SEND,
+    // and every window takes a LOCAL_INV (siw: the registration is read
+    // with the atomic copy, then deregistered).
+    let no_inv = Options {
+        transport: transport::Options {
+            remote_invalidation: false,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let client = rt.block_on(mount(ip, test, no_inv));
+    assert!(!client.transport().negotiated().remote_invalidation);
+    let c = read_counted(&rt, &client, "f1048576", 1 << 20, 1048576);
+    println!("remote invalidation not advertised: {c:?}");
+    assert!(c.replies >= 1, "the READs used write chunks");
+    assert_eq!(c.remote, 0, "no invalidation by the server");
+    if windows {
+        assert_eq!(c.local, c.replies, "a LOCAL_INV per READ's window");
+        assert_eq!(c.plain, c.replies);
+    } else {
+        assert_eq!(c.local, 0, "no windows to invalidate");
+        assert_eq!(c.plain, 0, "no plain read of a chunk still registered");
+    }
+    assert_eq!(
+        stats_of(&client).chunks_registered.load(Ordering::Relaxed),
+        0
+    );
     rt.block_on(client.close());
 
     // The binary, both ways, on each side of the threshold.
@@ -131,6 +186,68 @@ fn sizes(iwarp: bool) {
         assert_eq!(sha(&out.stdout), sha(&data), "cat {len}: digest");
     }
     let _ = std::fs::remove_file(&local);
+}
+
+/// What the transport did for the READs of one `read_all`.
+#[derive(Debug)]
+struct Counts {
+    /// Replies that used a write chunk.
+    replies: u64,
+    /// `LOCAL_INV`s posted.
+    local: u64,
+    /// Chunks the server invalidated with its reply.
+    remote: u64,
+    /// Invalidations of an rkey the call had not lent.
+    stray: u64,
+    /// Chunks read with a plain copy.
+    plain: u64,
+}
+
+fn stats_of(c: &rdma_nfs::nfs3::Client) -> &transport::Stats {
+    c.transport().stats()
+}
+
+/// Reads `name` (`len` bytes, written by `sizes` with seed `seed`) whole,
+/// checks its digest, and counts what its READs did.
+fn read_counted(
+    rt: &tokio::runtime::Runtime,
+    client: &rdma_nfs::nfs3::Client,
+    name: &str,
+    len: usize,
+    seed: u32,
+) -> Counts {
+    let s = stats_of(client);
+    let load = |s: &transport::Stats| {
+        [
+            s.write_chunk_replies.load(Ordering::Relaxed),
+            s.local_invalidations.load(Ordering::Relaxed),
+            s.remote_invalidations.load(Ordering::Relaxed),
+            s.stray_invalidations.load(Ordering::Relaxed),
+            s.plain_chunk_reads.load(Ordering::Relaxed),
+        ]
+    };
+    let before = load(s);
+    let back = rt
+        .block_on(async {
+            let (f, _) = client.lookup(client.root(), name.as_bytes()).await?;
+            client.read_all(&f).await
+        })
+        .unwrap_or_else(|e| panic!("reading {name}: {e}"));
+    let after = load(s);
+    assert_eq!(back.len(), len);
+    assert_eq!(
+        sha(&back),
+        sha(&content(len, seed)),
+        "{name}: digest read back"
+    );
+    let d = |i: usize| after[i] - before[i];
+    Counts {
+        replies: d(0),
+        local: d(1),
+        remote: d(2),
+        stray: d(3),
+        plain: d(4),
+    }
 }
 
 #[test]
