@@ -8,8 +8,11 @@
 //!
 //! The RDMA work of every connection runs on one thread (a tokio
 //! `LocalSet`); the requests run on tokio's blocking pool, so one client's
-//! slow request (a large read, an fsync, a FIFO without data) delays
-//! neither the other clients nor that client's other requests. A request
+//! slow request (an fsync, a FIFO without data, a lock) delays neither the
+//! other clients nor that client's other requests. Reads and writes of
+//! regular files are the exception: they wait only for the file system and
+//! run on the connection's thread as they arrive, which saves two thread
+//! wake-ups per request (`Session::is_file_io`). A request
 //! starts as soon as a send buffer is free for its reply (`send_depth` per
 //! connection: that many requests of one client run at once) and is
 //! answered with one SEND as soon as it is done, in whatever order they
@@ -21,6 +24,10 @@
 //!
 //! `RDMA_9P_TRACE` set in the environment prints every request started,
 //! reply sent and completion polled to stderr (for debugging a client).
+//! `RDMA_9P_STATS` prints, after each burst of reads and writes (a pause
+//! of 200 ms ends one) and when a connection ends, where its requests spent
+//! their time on the server; `RDMA_9P_POOL_ALL` sends every request to the
+//! blocking pool, as before (both for measuring, `ninep/bench/`).
 //!
 //! A connection that ends (disconnect, a failed completion, a malformed
 //! header) drops its fids (each file closes when the last request using it
@@ -386,10 +393,9 @@ impl Conn {
                 // A read or write of a regular file runs here, on the
                 // connection's thread: it waits only for the file system
                 // (page cache copies for a local one), and handing it to the
-                // blocking pool cost two thread wake-ups per request, a
-                // tenth of a 128 KiB request's time under TCG
-                // (`RDMA_9P_STATS`). Anything that may wait for another
-                // party goes to the pool.
+                // blocking pool costs two thread wake-ups per request
+                // (`RDMA_9P_STATS`: "handoff" and part of "back"). Anything
+                // that may wait for another party goes to the pool.
                 let inline = !pool_all() && msg.is_some_and(|m| session.is_file_io(m));
                 let tag = tag_of(&buf);
                 trace(format_args!(
