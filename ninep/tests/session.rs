@@ -964,6 +964,8 @@ fn a_waiting_request_does_not_hold_up_another() {
     let mut c = Client::new(&ex);
     // Opening for reading with no writer returns at once.
     open_file(&mut c, 1, b"p", libc::O_RDONLY);
+    std::fs::write(t.0.join("f"), b"hello").unwrap();
+    open_file(&mut c, 2, b"f", libc::O_RDONLY);
     // A writer that has written nothing yet: the read waits for it.
     let mut writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
     let session = &c.s;
@@ -983,6 +985,25 @@ fn a_waiting_request_does_not_hold_up_another() {
             session.handle(&buf, &mut out).unwrap();
             out
         });
+        // A read of a regular file is one the server runs where it
+        // receives it; it is answered while the FIFO's read waits.
+        let mut buf = Vec::new();
+        Request {
+            tag: 102,
+            msg: Tmsg::Read {
+                fid: 2,
+                offset: 1,
+                count: 3,
+            },
+        }
+        .encode(&mut buf);
+        assert!(session.is_file_io(&buf));
+        let mut out = vec![0; 8192];
+        let n = session.handle_into(&buf, &mut out).unwrap();
+        assert_eq!(
+            Rmsg::decode(&out[..n]).unwrap(),
+            (102, Rmsg::Read { data: b"ell" })
+        );
         // Answered while the read waits.
         let mut buf = Vec::new();
         Request {
