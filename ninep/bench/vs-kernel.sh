@@ -4,7 +4,12 @@
 # server (knfsd, NFSv3 with proto=rdma) and against diod over TCP, in one VM
 # boot, on the same tmpfs, alternated.
 #
-#   ninep/bench/vs-kernel.sh [--runs N] [--size MiB] [--msize BYTES]
+#   ninep/bench/vs-kernel.sh [--runs N] [--size MiB] [--msize BYTES] [--with-pool]
+#
+# --with-pool adds a fourth server to the rotation: the same rdma-9p binary
+# with RDMA_9P_POOL_ALL=1 (every request on tokio's blocking pool, as before
+# reads and writes of regular files ran on the connection's thread), and a
+# row of rdma-9p/that ratios.
 #
 # Defaults: 7 rounds, a 64 MiB file, msize 128 KiB for both 9P mounts (the
 # kernel's default msize, and the rsize/wsize the kernel's NFS client over
@@ -23,7 +28,7 @@ out=$repo/target/bench-9p
 say() { printf 'bench-9p: %s\n' "$*" >&2; }
 
 if [ "${1:-}" = --guest ]; then
-    runs=$2 size=$3 msize=$4
+    runs=$2 size=$3 msize=$4 pool=$5
     ip=10.8.0.1
     bin=/tmp/rdma-9p
     cp "$repo/target/release/rdma-9p" "$bin"
@@ -31,9 +36,9 @@ if [ "${1:-}" = --guest ]; then
     modprobe 9p
     modprobe nfsd
     modprobe rpcrdma
-    mkdir -p /export /run/rpcbind /var/lib/nfs /mnt/nfs /mnt/r9 /mnt/diod
-    mount -t tmpfs -o size=$((size * 3 + 64))m tmpfs /export
-    mkdir -p /export/nfs /export/r9 /export/diod
+    mkdir -p /export /run/rpcbind /var/lib/nfs /mnt/nfs /mnt/r9 /mnt/r9p /mnt/diod
+    mount -t tmpfs -o size=$((size * 4 + 64))m tmpfs /export
+    mkdir -p /export/nfs /export/r9 /export/r9p /export/diod
     # The kernel NFS server (../shared/kernel-peers.md §1), NFSv3 over RDMA.
     mount -t nfsd nfsd /proc/fs/nfsd
     echo '/export 10.8.0.0/24(rw,no_root_squash,insecure,fsid=0,no_subtree_check)' >/etc/exports
@@ -49,6 +54,14 @@ if [ "${1:-}" = --guest ]; then
     for _ in $(seq 100); do grep -q serving /tmp/r9.log && break; sleep 0.1; done
     grep -q serving /tmp/r9.log || { cat /tmp/r9.log; exit 1; }
     mount -t 9p -o trans=rdma,port=5640,version=9p2000.L,msize="$msize" $ip /mnt/r9
+    r9p=
+    if [ "$pool" = 1 ]; then
+        RDMA_9P_POOL_ALL=1 "$bin" serve --addr $ip --port 5641 --msize "$msize" /export/r9p >/tmp/r9p.log 2>&1 &
+        r9p=$!
+        for _ in $(seq 100); do grep -q serving /tmp/r9p.log && break; sleep 0.1; done
+        grep -q serving /tmp/r9p.log || { cat /tmp/r9p.log; exit 1; }
+        mount -t 9p -o trans=rdma,port=5641,version=9p2000.L,msize="$msize" $ip /mnt/r9p
+    fi
     # diod over TCP (it looks up its client's name: give the address one).
     grep -q '^10\.8\.0\.1[[:space:]]' /etc/hosts || echo '10.8.0.1 rdma-vm-veth0' >>/etc/hosts
     diod -f -n -e /export/diod -l $ip:564 >/tmp/diod.log 2>&1 &
@@ -60,16 +73,17 @@ if [ "${1:-}" = --guest ]; then
         cat /tmp/diod.log >&2
         order=(r9 nfs)
     fi
-    grep -E ' /mnt/(nfs|r9|diod) ' /proc/mounts
+    [ -z "$r9p" ] || order+=(r9p)
+    grep -E ' /mnt/(nfs|r9|r9p|diod) ' /proc/mounts
     # diod passes O_DIRECT through to the tmpfs it serves, which refuses it
     # on kernels before 6.6: then only the two RDMA servers are compared.
-    if [ "${order[*]}" = "r9 nfs diod" ] &&
+    if [[ " ${order[*]} " = *" diod "* ]] &&
         ! dd if=/dev/zero of=/mnt/diod/probe bs=4k count=1 oflag=direct 2>/dev/null; then
         echo "bench-9p: diod refuses O_DIRECT on this kernel's tmpfs: left out" >&2
-        order=(r9 nfs)
+        order=(r9 nfs ${r9p:+r9p})
     fi
     rm -f /mnt/diod/probe
-    declare -A dir=([r9]=/mnt/r9 [nfs]=/mnt/nfs/nfs [diod]=/mnt/diod)
+    declare -A dir=([r9]=/mnt/r9 [r9p]=/mnt/r9p [nfs]=/mnt/nfs/nfs [diod]=/mnt/diod)
     fio_bw() { # SERVER DIRECTION -> MB/s
         local rw=$2 key=$2
         [ "$rw" = write ] || sync
@@ -99,18 +113,19 @@ if [ "${1:-}" = --guest ]; then
         order=("${order[@]:1}" "${order[0]}")
     done >"$out/runs.txt"
     umount /mnt/r9 /mnt/nfs
-    umount /mnt/diod 2>/dev/null || true
-    kill $r9 $diod
+    umount /mnt/diod /mnt/r9p 2>/dev/null || true
+    kill $r9 $diod $r9p
     exit 0
 fi
 
-runs=7 size=64 msize=131072
+runs=7 size=64 msize=131072 pool=0
 while [ $# -gt 0 ]; do
     case $1 in
         --runs) runs=${2:?--runs needs a value}; shift 2 ;;
         --size) size=${2:?--size needs a value}; shift 2 ;;
         --msize) msize=${2:?--msize needs a value}; shift 2 ;;
-        -h | --help) sed -n '2,19s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        --with-pool) pool=1; shift ;;
+        -h | --help) sed -n '2,24s/^# \{0,1\}//p' "$0"; exit 0 ;;
         *) say "unknown argument $1 (see --help)"; exit 2 ;;
     esac
 done
@@ -123,7 +138,7 @@ cd "$repo"
 cargo build --release --offline -p rdma-9p >&2
 mkdir -p "$out"
 rm -f "$out/runs.txt"
-ci/vm run --timeout 3000 -- "$0" --guest "$runs" "$size" "$msize"
+ci/vm run --timeout 3000 -- "$0" --guest "$runs" "$size" "$msize" "$pool"
 [ -s "$out/runs.txt" ] || { say "the guest wrote no results"; exit 1; }
 
 # Round 0 is the warm-up.
@@ -140,6 +155,10 @@ ratios() { # DIRECTION OTHER: rdma-9p / OTHER per round
         printf '| %s | %s | %s | %s | %s | %s |\n' "$d" "$(m r9)" "$(m nfs)" "$(m diod)" \
             "$(ratios "$d" nfs | awk -f ci/lib/interval.awk)" "$(ratios "$d" diod | awk -f ci/lib/interval.awk)"
     done
+    if [ "$pool" = 1 ]; then
+        echo
+        echo "rdma-9p / rdma-9p with RDMA_9P_POOL_ALL=1 (every request on the blocking pool), per round: write $(ratios write r9p | awk -f ci/lib/interval.awk), read $(ratios read r9p | awk -f ci/lib/interval.awk)"
+    fi
     echo
     echo "$runs rounds (after one warm-up), ${size} MiB file, 1 MiB blocks, O_DIRECT, msize $msize; MB/s medians; ratios: median of the per-round ratios (95% interval)."
 } >"$out/results.md"

@@ -157,6 +157,9 @@ enum Open {
     File {
         file: File,
         writable: bool,
+        /// A regular file (not a FIFO or a socket): reading or writing it
+        /// never waits for another party.
+        regular: bool,
     },
     Dir {
         file: File,
@@ -215,6 +218,27 @@ impl Session {
     /// How many fids are in use.
     pub fn fids(&self) -> usize {
         locked(&self.fids).len()
+    }
+
+    /// Whether `msg` is a `Tread` or `Twrite` of a fid open on a regular
+    /// file: a request that never waits for another party (a FIFO's other
+    /// end, a lock holder), only for the file system, so a server may run
+    /// it where it receives it instead of handing it to another thread.
+    /// Anything else, malformed messages included, is `false`.
+    pub fn is_file_io(&self, msg: &[u8]) -> bool {
+        let ty = msg.get(4).copied();
+        if ty != Some(crate::proto::ty::TREAD) && ty != Some(crate::proto::ty::TWRITE) {
+            return false;
+        }
+        let Some(fid) = msg.get(7..11) else {
+            return false;
+        };
+        let fid = u32::from_le_bytes([fid[0], fid[1], fid[2], fid[3]]);
+        let fids = locked(&self.fids);
+        matches!(
+            fids.get(&fid).and_then(|f| f.open.as_deref()),
+            Some(Open::File { regular: true, .. })
+        )
     }
 
     /// Forgets every fid (the connection is gone): their files close now,
@@ -497,6 +521,7 @@ impl Session {
                     Open::File {
                         file: open_plain(&node, acc | trunc)?,
                         writable: acc != libc::O_RDONLY,
+                        regular: m.is_file(),
                     }
                 };
                 self.set_open(fid, open, None)?;
@@ -546,6 +571,7 @@ impl Session {
                 let open = Open::File {
                     file,
                     writable: acc != libc::O_RDONLY,
+                    regular: m.is_file(),
                 };
                 self.set_open(fid, open, Some(path))?;
                 Ok(Rmsg::Lcreate {
@@ -566,7 +592,7 @@ impl Session {
             } => {
                 self.writable()?;
                 let f = self.fid(fid)?;
-                let Some(Open::File { file, writable }) = f.open.as_deref() else {
+                let Some(Open::File { file, writable, .. }) = f.open.as_deref() else {
                     return Err(errno(libc::EBADF));
                 };
                 if !writable {

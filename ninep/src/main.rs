@@ -30,7 +30,11 @@ options of serve:
   -h, --help     print this help
 
 environment:
-  RDMA_9P_TRACE  when set, every request, reply and completion is printed to stderr",
+  RDMA_9P_TRACE  when set, every request, reply and completion is printed to stderr
+  RDMA_9P_STATS  when set, where reads' and writes' time went on the server is
+                 printed to stderr after each burst of them
+  RDMA_9P_POOL_ALL  when set, reads and writes of regular files go to the
+                 thread pool as every other request (for comparisons)",
         addr = defaults.addr,
         fids = defaults.max_fids,
     )

@@ -8,8 +8,12 @@
 //!
 //! The RDMA work of every connection runs on one thread (a tokio
 //! `LocalSet`); the requests run on tokio's blocking pool, so one client's
-//! slow request (a large read, an fsync, a FIFO without data) delays
-//! neither the other clients nor that client's other requests. A request
+//! slow request (an fsync, a FIFO without data, a lock) delays neither the
+//! other clients nor that client's other requests. Reads and writes of
+//! regular files are the exception: they wait only for the file system and,
+//! while none of the connection's requests is on the pool, run on the
+//! connection's thread as they arrive, which saves two thread wake-ups per
+//! request (`Session::is_file_io`). A request
 //! starts as soon as a send buffer is free for its reply (`send_depth` per
 //! connection: that many requests of one client run at once) and is
 //! answered with one SEND as soon as it is done, in whatever order they
@@ -21,6 +25,10 @@
 //!
 //! `RDMA_9P_TRACE` set in the environment prints every request started,
 //! reply sent and completion polled to stderr (for debugging a client).
+//! `RDMA_9P_STATS` prints, after each burst of reads and writes (a pause
+//! of 200 ms ends one) and when a connection ends, where its requests spent
+//! their time on the server; `RDMA_9P_POOL_ALL` sends every request to the
+//! blocking pool, as before (both for measuring, `ninep/bench/`).
 //!
 //! A connection that ends (disconnect, a failed completion, a malformed
 //! header) drops its fids (each file closes when the last request using it
@@ -31,6 +39,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rdma::aio::{tokio as rt, Incoming};
 use rdma::cm::{CmEventType, ConnParam};
@@ -150,6 +159,9 @@ struct Done {
     tag: u16,
     /// A reason to close the connection instead of answering.
     fatal: Option<String>,
+    /// When the receive was polled and handed over, when the handler began
+    /// and ended (`RDMA_9P_STATS` only).
+    times: Option<[Instant; 4]>,
 }
 
 /// Handles one request (`len` bytes of `recv`) and writes the reply into
@@ -160,7 +172,9 @@ fn handle(
     recv_wr: u64,
     len: usize,
     mut slot: MemoryRegion,
+    handed: Option<(Instant, Instant)>,
 ) -> Done {
+    let began = handed.map(|h| (h, Instant::now()));
     let tag = tag_of(&recv);
     let written = (|| {
         let msg = recv
@@ -184,6 +198,57 @@ fn handle(
         len,
         tag,
         fatal,
+        times: began.map(|((r, h), b)| [r, h, b, Instant::now()]),
+    }
+}
+
+/// `RDMA_9P_POOL_ALL`: every request goes to the blocking pool, as before
+/// reads and writes of regular files ran inline (for comparing the two).
+fn pool_all() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("RDMA_9P_POOL_ALL").is_some())
+}
+
+fn stats_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("RDMA_9P_STATS").is_some())
+}
+
+/// Where a connection's requests spent their time (`RDMA_9P_STATS`),
+/// printed to stderr when it ends: sums over `n` requests.
+#[derive(Default)]
+struct Stats {
+    n: u32,
+    /// Receive completion polled -> handed to the blocking pool.
+    queued: Duration,
+    /// Handed over -> the handler began on its thread.
+    handoff: Duration,
+    /// The handler itself (decode, file I/O, reply).
+    handle: Duration,
+    /// Handler ended -> reply posted.
+    back: Duration,
+    /// Reply posted -> the next receive completion polled, with nothing
+    /// running: the client's and the transport's share.
+    idle: Duration,
+    idle_n: u32,
+}
+
+impl Stats {
+    fn print(&self) {
+        if self.n == 0 {
+            return;
+        }
+        let us = |d: Duration, n: u32| d.as_secs_f64() * 1e6 / f64::from(n.max(1));
+        eprintln!(
+            "rdma-9p stats: {} requests, mean us: queued {:.1} handoff {:.1} handle {:.1} back {:.1}; idle between requests {:.1} ({} gaps)",
+            self.n,
+            us(self.queued, self.n),
+            us(self.handoff, self.n),
+            us(self.handle, self.n),
+            us(self.back, self.n),
+            us(self.idle, self.idle_n),
+            self.idle_n
+        );
     }
 }
 
@@ -288,22 +353,36 @@ impl Conn {
         id: &mut rdma::aio::AsyncCmId,
     ) -> Res<()> {
         // Requests received and not yet started: (buffer, length, wr_id).
-        let mut pending: VecDeque<(MemoryRegion, usize, u64)> = VecDeque::new();
+        let mut pending: VecDeque<(MemoryRegion, usize, u64, Option<Instant>)> = VecDeque::new();
+        let mut stats = Stats::default();
+        let mut last_reply: Option<Instant> = None;
+        let result = self
+            .serve_loop(session, acq, id, &mut pending, &mut stats, &mut last_reply)
+            .await;
+        stats.print();
+        result
+    }
+
+    async fn serve_loop(
+        &mut self,
+        session: &Arc<Session>,
+        acq: &mut rdma::aio::AsyncCq,
+        id: &mut rdma::aio::AsyncCmId,
+        pending: &mut VecDeque<(MemoryRegion, usize, u64, Option<Instant>)>,
+        stats: &mut Stats,
+        last_reply: &mut Option<Instant>,
+    ) -> Res<()> {
         let mut running: JoinSet<Done> = JoinSet::new();
         // Tags in progress, with the flushes that wait for them: (tag, slot).
         let mut in_progress: HashMap<u16, Vec<(u16, MemoryRegion)>> = HashMap::new();
         loop {
             while self.send_pool.available() > 0 {
-                let Some((buf, len, wr_id)) = pending.pop_front() else {
+                let Some((buf, len, wr_id, polled)) = pending.pop_front() else {
                     break;
                 };
                 let slot = self.send_pool.take().ok_or("send pool empty")?;
-                let flush = buf
-                    .as_slice()
-                    .ok()
-                    .and_then(|b| b.get(..len))
-                    .and_then(flush_of);
-                if let Some((tag, old)) = flush {
+                let msg = buf.as_slice().ok().and_then(|b| b.get(..len));
+                if let Some((tag, old)) = msg.and_then(flush_of) {
                     if let Some(waiting) = in_progress.get_mut(&old) {
                         waiting.push((tag, slot));
                         self.qp
@@ -312,33 +391,44 @@ impl Conn {
                         continue;
                     }
                 }
+                // A read or write of a regular file runs here, on the
+                // connection's thread, when none of this connection's
+                // requests is on the pool: it waits only for the file system
+                // (page cache copies for a local one), and handing it to the
+                // blocking pool costs two thread wake-ups per request
+                // (`RDMA_9P_STATS`: "handoff" and part of "back"). Anything
+                // that may wait for another party goes to the pool, and so
+                // does everything while a request is there (a read of a
+                // regular file next to a FIFO's waiting read went unanswered
+                // in `kernel_mount_concurrent_clients_*` when run here; the
+                // cause is not found yet).
+                let inline =
+                    !pool_all() && running.is_empty() && msg.is_some_and(|m| session.is_file_io(m));
                 let tag = tag_of(&buf);
+                trace(format_args!(
+                    "start tag {tag} len {len} type {:?} wr {wr_id:#x}{}",
+                    buf.as_slice().ok().and_then(|b| b.get(4).copied()),
+                    if inline { " inline" } else { "" }
+                ));
+                let handed = polled.map(|p| (p, Instant::now()));
+                if inline {
+                    let d = handle(session, buf, wr_id, len, slot, handed);
+                    let idle = running.is_empty() && pending.is_empty();
+                    self.finish(acq, d, Vec::new(), stats, last_reply, idle)
+                        .await?;
+                    continue;
+                }
                 in_progress.entry(tag).or_default();
                 let s = Arc::clone(session);
-                trace(format_args!(
-                    "start tag {tag} len {len} type {:?} wr {wr_id:#x}",
-                    buf.as_slice().ok().and_then(|b| b.get(4).copied())
-                ));
-                running.spawn_blocking(move || handle(&s, buf, wr_id, len, slot));
+                running.spawn_blocking(move || handle(&s, buf, wr_id, len, slot, handed));
             }
             tokio::select! {
                 done = running.join_next(), if !running.is_empty() => {
                     let Some(done) = done else { continue };
                     let d = done.map_err(|e| format!("a request's handler failed: {e}"))?;
-                    if let Some(e) = d.fatal {
-                        return Err(e);
-                    }
-                    self.qp
-                        .post_recv(d.recv_wr, d.recv)
-                        .map_err(|e| format!("ibv_post_recv: {e}"))?;
-                    trace(format_args!("reply tag {} len {} type {:?} running {} pending {} free {}", d.tag, d.len, d.slot.as_slice().ok().and_then(|b| b.get(4).copied()), running.len(), pending.len(), self.send_pool.available()));
-                    self.send(acq, d.slot, d.len).await?;
-                    for (tag, mut slot) in in_progress.remove(&d.tag).unwrap_or_default() {
-                        let mut out = Vec::with_capacity(HEADER);
-                        Rmsg::Flush.encode(tag, &mut out);
-                        slot.write_at(0, &out).map_err(fail("send buffer"))?;
-                        self.send(acq, slot, out.len()).await?;
-                    }
+                    let idle = running.is_empty() && pending.is_empty();
+                    let waiting = in_progress.remove(&d.tag).unwrap_or_default();
+                    self.finish(acq, d, waiting, stats, last_reply, idle).await?;
                 }
                 c = acq.next() => {
                     let mut c = c.map_err(|e| format!("poll: {e}"))?;
@@ -353,7 +443,18 @@ impl Conn {
                     };
                     trace(format_args!("wc {:?} wr {:#x} status {} len {}", c.opcode, c.wr_id, c.status, c.byte_len));
                     if c.opcode == WcOpcode::Recv {
-                        pending.push_back((buf, c.byte_len as usize, c.wr_id));
+                        let now = stats_on().then(Instant::now);
+                        if let (Some(now), Some(last)) = (now, last_reply.take()) {
+                            // A pause: what came before was one burst.
+                            if now - last > Duration::from_millis(200) {
+                                stats.print();
+                                *stats = Stats::default();
+                            } else {
+                                stats.idle += now - last;
+                                stats.idle_n += 1;
+                            }
+                        }
+                        pending.push_back((buf, c.byte_len as usize, c.wr_id, now));
                     } else {
                         if let Some(tail) = self.tails.remove(&c.wr_id) {
                             if buf.unsplit(tail).is_err() {
@@ -372,6 +473,53 @@ impl Conn {
                 },
             }
         }
+    }
+
+    /// Answers a request that has been handled: posts its receive again,
+    /// sends its reply, then the replies of the flushes that waited for it
+    /// (`waiting`: their tags and send buffers).
+    async fn finish(
+        &mut self,
+        acq: &mut rdma::aio::AsyncCq,
+        d: Done,
+        waiting: Vec<(u16, MemoryRegion)>,
+        stats: &mut Stats,
+        last_reply: &mut Option<Instant>,
+        idle: bool,
+    ) -> Res<()> {
+        if let Some(e) = d.fatal {
+            return Err(e);
+        }
+        self.qp
+            .post_recv(d.recv_wr, d.recv)
+            .map_err(|e| format!("ibv_post_recv: {e}"))?;
+        let ty = d.slot.as_slice().ok().and_then(|b| b.get(4).copied());
+        trace(format_args!(
+            "reply tag {} len {} type {ty:?} free {}",
+            d.tag,
+            d.len,
+            self.send_pool.available()
+        ));
+        self.send(acq, d.slot, d.len).await?;
+        let data = ty == Some(ty::TREAD + 1) || ty == Some(ty::TWRITE + 1);
+        if let (Some([r, h, b, e]), true) = (d.times, data) {
+            let now = Instant::now();
+            stats.n += 1;
+            stats.queued += h - r;
+            stats.handoff += b - h;
+            stats.handle += e - b;
+            stats.back += now - e;
+            if idle {
+                *last_reply = Some(now);
+            }
+        }
+        for (tag, mut slot) in waiting {
+            let mut out = Vec::with_capacity(HEADER);
+            Rmsg::Flush.encode(tag, &mut out);
+            slot.write_at(0, &out).map_err(fail("send buffer"))?;
+            self.send(acq, slot, out.len()).await?;
+        }
+        Ok(())
     }
 }
 

@@ -964,6 +964,8 @@ fn a_waiting_request_does_not_hold_up_another() {
     let mut c = Client::new(&ex);
     // Opening for reading with no writer returns at once.
     open_file(&mut c, 1, b"p", libc::O_RDONLY);
+    std::fs::write(t.0.join("f"), b"hello").unwrap();
+    open_file(&mut c, 2, b"f", libc::O_RDONLY);
     // A writer that has written nothing yet: the read waits for it.
     let mut writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
     let session = &c.s;
@@ -983,6 +985,25 @@ fn a_waiting_request_does_not_hold_up_another() {
             session.handle(&buf, &mut out).unwrap();
             out
         });
+        // A read of a regular file is one the server runs where it
+        // receives it; it is answered while the FIFO's read waits.
+        let mut buf = Vec::new();
+        Request {
+            tag: 102,
+            msg: Tmsg::Read {
+                fid: 2,
+                offset: 1,
+                count: 3,
+            },
+        }
+        .encode(&mut buf);
+        assert!(session.is_file_io(&buf));
+        let mut out = vec![0; 8192];
+        let n = session.handle_into(&buf, &mut out).unwrap();
+        assert_eq!(
+            Rmsg::decode(&out[..n]).unwrap(),
+            (102, Rmsg::Read { data: b"ell" })
+        );
         // Answered while the read waits.
         let mut buf = Vec::new();
         Request {
@@ -1007,6 +1028,81 @@ fn a_waiting_request_does_not_hold_up_another() {
             (100, Rmsg::Read { data: b"data" })
         );
     });
+}
+
+/// The requests the server runs where it receives them (`is_file_io`):
+/// reads and writes of fids open on regular files, and nothing else: not a
+/// FIFO (its read waits for a writer), a directory, a fid not open or not
+/// known, another message type or a message cut short.
+#[test]
+fn only_reads_and_writes_of_regular_files_run_inline() {
+    let t = TempDir::new("inline");
+    let fifo = t.0.join("p");
+    let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    std::fs::create_dir(t.0.join("d")).unwrap();
+    std::fs::write(t.0.join("f"), b"x").unwrap();
+    let ex = export(&t.0);
+    let mut c = Client::new(&ex);
+    open_file(&mut c, 1, b"f", libc::O_RDWR);
+    open_file(&mut c, 2, b"p", libc::O_RDONLY);
+    open_file(&mut c, 3, b"d", libc::O_RDONLY | libc::O_DIRECTORY);
+    assert_eq!(lerror(&c.walk(0, 4, &[])), None); // the root, created in
+    c.ok(Tmsg::Lcreate {
+        fid: 4,
+        name: b"new",
+        flags: libc::O_RDWR as u32,
+        mode: 0o600,
+        gid: 0,
+    });
+    let enc = |msg: Tmsg<'_>| {
+        let mut buf = Vec::new();
+        Request { tag: 7, msg }.encode(&mut buf);
+        buf
+    };
+    let read = |fid| {
+        enc(Tmsg::Read {
+            fid,
+            offset: 0,
+            count: 64,
+        })
+    };
+    let write = |fid| {
+        enc(Tmsg::Write {
+            fid,
+            offset: 0,
+            data: b"y",
+        })
+    };
+    // A regular file, opened with Tlopen (fid 1) or Tlcreate (fid 4).
+    for fid in [1, 4] {
+        assert!(c.s.is_file_io(&read(fid)), "read of fid {fid}");
+        assert!(c.s.is_file_io(&write(fid)), "write of fid {fid}");
+    }
+    // A FIFO, a directory, the root (not open), a fid nobody has.
+    for fid in [2, 3, 0, 99] {
+        assert!(!c.s.is_file_io(&read(fid)), "read of fid {fid}");
+        assert!(!c.s.is_file_io(&write(fid)), "write of fid {fid}");
+    }
+    // Other requests on the regular file's fid.
+    assert!(!c.s.is_file_io(&enc(Tmsg::Getattr {
+        fid: 1,
+        mask: 0x7ff
+    })));
+    assert!(!c.s.is_file_io(&enc(Tmsg::Fsync {
+        fid: 1,
+        datasync: 0
+    })));
+    // Cut short before the fid ends, and empty.
+    let r = read(1);
+    for n in 0..11 {
+        assert!(!c.s.is_file_io(&r[..n]), "read cut to {n} bytes");
+    }
+    assert!(c.s.is_file_io(&r[..11]), "the fid is all it looks at");
+    // Clunked: no longer.
+    c.ok(Tmsg::Clunk { fid: 1 });
+    assert!(!c.s.is_file_io(&read(1)));
 }
 
 /// Watches a directory for opens of its entries (`IN_OPEN`; descriptors
