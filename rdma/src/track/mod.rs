@@ -68,6 +68,9 @@ pub(crate) struct Pending {
     pub _ah: Option<AddressHandle>,
     /// Keeps a memory window alive until its bind completes.
     pub _mw: Option<Arc<crate::mw::MwInner>>,
+    /// A prepared request's send, which holds nothing: not listed in
+    /// [`Completion::unsignaled`] when a later completion finishes it.
+    pub quiet: bool,
 }
 
 impl Pending {
@@ -78,6 +81,7 @@ impl Pending {
             buffers,
             _ah: None,
             _mw: None,
+            quiet: false,
         }
     }
 
@@ -89,6 +93,7 @@ impl Pending {
             buffers: wr.buffers,
             _ah: wr.ud.map(|d| d.ah),
             _mw: None,
+            quiet: false,
         }
     }
 
@@ -156,6 +161,29 @@ pub(crate) struct QpTracker {
     serial: Serial,
     sq: Ring,
     rq: Ring,
+    /// Regions of prepared requests dropped while a send they lent was in
+    /// flight, each with the sequence number of its last send: released
+    /// once the send queue has passed it (by the polls that resolve it, or
+    /// when the QP is drained).
+    orphans: Spin<Vec<Orphan>>,
+    /// Whether `orphans` may hold something: the one load a completion
+    /// pays for them.
+    has_orphans: std::sync::atomic::AtomicBool,
+}
+
+/// A dropped prepared request's memory (its region, a UD request's address
+/// handle), kept until its last send, `seq`, is done.
+pub(crate) struct Orphan {
+    pub seq: u32,
+    pub keep: Box<dyn Send>,
+}
+
+impl std::fmt::Debug for Orphan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Orphan")
+            .field("seq", &self.seq)
+            .finish_non_exhaustive()
+    }
 }
 
 impl QpTracker {
@@ -173,6 +201,8 @@ impl QpTracker {
                 queue: Queue::new(),
                 consumer: recv.address(),
             },
+            orphans: Spin::default(),
+            has_orphans: std::sync::atomic::AtomicBool::new(false),
         });
         send.register(Tracked::Qp(Arc::clone(&t)));
         if !std::ptr::eq(send, recv) {
@@ -213,6 +243,70 @@ impl QpTracker {
         }
     }
 
+    /// Whether the send with sequence number `seq` (posted and published)
+    /// may still be in flight: its completion, or a later one of the send
+    /// queue, not resolved yet.
+    pub fn send_in_flight(&self, seq: u32) -> bool {
+        self.sq.queue.holds(seq)
+    }
+
+    /// Takes a dropped prepared request's memory, whose last send is `seq`,
+    /// until that send is done.
+    pub fn adopt(&self, o: Orphan) {
+        use std::sync::atomic::Ordering;
+        let seq = o.seq;
+        {
+            let mut orphans = self.orphans.lock();
+            orphans.push(o);
+            self.has_orphans.store(true, Ordering::Relaxed);
+        }
+        // A poll that resolved `seq` between the caller's test and the push
+        // may have missed the flag: take back what is done already (else it
+        // waits for the next completion of the queue, or the QP's drain).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if !self.send_in_flight(seq) {
+            let done = self.take_orphans(false);
+            drop(done);
+        }
+    }
+
+    /// Removes the orphans whose last send is done (`all`: every one, the
+    /// QP being destroyed).
+    fn take_orphans(&self, all: bool) -> Vec<Orphan> {
+        let mut orphans = self.orphans.lock();
+        let mut done = Vec::new();
+        let mut i = 0;
+        while i < orphans.len() {
+            if all || !self.send_in_flight(orphans[i].seq) {
+                done.push(orphans.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        if orphans.is_empty() {
+            self.has_orphans
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+        done
+    }
+
+    /// After a send completion moved the queue on: what orphans it released
+    /// go to `later` (dropped after the registry's lock).
+    #[inline(always)]
+    fn release_orphans(&self, later: &mut Later) {
+        if self.has_orphans.load(std::sync::atomic::Ordering::Relaxed) {
+            self.release_orphans_slow(later);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn release_orphans_slow(&self, later: &mut Later) {
+        for o in self.take_orphans(false) {
+            later.deferred().3.push(o.keep);
+        }
+    }
+
     /// Number of requests in flight on (send, receive) queue.
     pub fn in_flight(&self) -> (usize, usize) {
         (self.sq.queue.len(), self.rq.queue.len())
@@ -241,6 +335,8 @@ impl QpTracker {
         let mut all = unsafe { self.sq.queue.drain() };
         // SAFETY: as above.
         all.extend(unsafe { self.rq.queue.drain() });
+        // The QP is destroyed: nothing in flight any more.
+        drop(self.take_orphans(true));
         all
     }
 
@@ -281,6 +377,9 @@ impl QpTracker {
             // left bare.
             None => {}
         }
+        if !recv {
+            self.release_orphans(later);
+        }
     }
 
     /// [`QpTracker::complete`] when the completion is not for the oldest
@@ -294,7 +393,6 @@ impl QpTracker {
     /// `off` is before the published tail.
     #[inline(never)]
     unsafe fn complete_after_others(q: &Queue, off: u32, c: &mut Completion, later: &mut Later) {
-        c.unsignaled.reserve(off as usize);
         let mut before = off;
         // SAFETY: the caller's contract: the `off` entries before the
         // completion's and that one are published, and this is the consumer.
@@ -304,8 +402,14 @@ impl QpTracker {
                     p.finish(c, later);
                 } else {
                     before -= 1;
+                    // A prepared request's sends hold nothing: not listed.
+                    if !p.quiet {
+                        if c.unsignaled.capacity() == 0 {
+                            c.unsignaled.reserve(before as usize + 1);
+                        }
+                        c.unsignaled.push((p.wr_id, p.buffers));
+                    }
                     later.keep(p._ah, p._mw);
-                    c.unsignaled.push((p.wr_id, p.buffers));
                 }
             })
         };
@@ -411,7 +515,7 @@ pub(crate) struct Kept {
 #[derive(Default)]
 pub(crate) struct Later(std::mem::ManuallyDrop<Option<Box<Deferred>>>);
 
-type Deferred = (Vec<Kept>, Vec<Tracked>, Vec<WrBuffers>);
+type Deferred = (Vec<Kept>, Vec<Tracked>, Vec<WrBuffers>, Vec<Box<dyn Send>>);
 
 impl Drop for Later {
     /// A test in line; the drop itself out of line (callgrind: the drop glue

@@ -117,6 +117,17 @@ impl Queue {
         tail.wrapping_sub(head) as usize
     }
 
+    /// Whether entry `seq` was published and is still in flight (its
+    /// completion not resolved, nor the queue drained). A snapshot: another
+    /// thread's poll may resolve it at once; once `false` for an entry that
+    /// was published, it stays `false`, and the consumer's work on it
+    /// (Release store of `head`) happened before (Acquire load).
+    pub(super) fn holds(&self, seq: u32) -> bool {
+        let head = self.head.load(Ordering::Acquire);
+        let tail = self.tail.load(Ordering::Acquire);
+        seq.wrapping_sub(head) < tail.wrapping_sub(head)
+    }
+
     // --- producer side ---
 
     /// # Safety
