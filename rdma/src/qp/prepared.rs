@@ -157,10 +157,11 @@ impl PreparedSend {
     /// that lent it is in flight; else the request itself comes back.
     ///
     /// # Errors
-    /// The request, unchanged, while a send is in flight.
-    pub fn into_region(mut self) -> std::result::Result<WrBuffers, PreparedSend> {
+    /// The request, unchanged (boxed: it is large), while a send is in
+    /// flight.
+    pub fn into_region(mut self) -> std::result::Result<WrBuffers, Box<PreparedSend>> {
         if self.in_flight() {
-            return Err(self);
+            return Err(Box::new(self));
         }
         Ok(std::mem::take(&mut self.region))
     }
@@ -373,7 +374,7 @@ impl QueuePair {
     /// the region or of a length the request does not take, or a request
     /// another QP prepared; [`Error::Verb`] as for [`QueuePair::post_send`]
     /// (e.g. `ENOMEM` when the send queue is full).
-    #[inline]
+    #[inline(always)]
     pub fn post_prepared(
         &mut self,
         p: &mut PreparedSend,

@@ -68,7 +68,9 @@ pub(crate) struct Pending {
     pub _ah: Option<AddressHandle>,
     /// Keeps a memory window alive until its bind completes.
     pub _mw: Option<Arc<crate::mw::MwInner>>,
-    /// A prepared request's send, which holds nothing: not listed in
+    /// A prepared request's send, which holds nothing (`buffers` is
+    /// `None`, no address handle, no window; its memory stays with the
+    /// request): forgotten rather than dropped when done, and not listed in
     /// [`Completion::unsignaled`] when a later completion finishes it.
     pub quiet: bool,
 }
@@ -101,6 +103,14 @@ impl Pending {
     #[inline(always)]
     fn finish(self, c: &mut Completion, later: &mut Later) {
         c.wr_id = self.wr_id;
+        if self.quiet {
+            // A prepared request's send holds nothing (its memory stays
+            // with the request): no drop glue to run.
+            debug_assert!(matches!(self.buffers, WrBuffers::None));
+            debug_assert!(self._ah.is_none() && self._mw.is_none());
+            std::mem::forget(self);
+            return;
+        }
         // `c` comes without memory from every poll (a test here, where an
         // assignment would run the drop glue of the old value under the
         // lock); anything else goes to `later`.
@@ -400,15 +410,17 @@ impl QpTracker {
             q.advance_n(off as usize + 1, |p| {
                 if before == 0 {
                     p.finish(c, later);
+                } else if p.quiet {
+                    before -= 1;
+                    // A prepared request's send holds nothing: not listed,
+                    // no drop glue.
+                    std::mem::forget(p);
                 } else {
                     before -= 1;
-                    // A prepared request's sends hold nothing: not listed.
-                    if !p.quiet {
-                        if c.unsignaled.capacity() == 0 {
-                            c.unsignaled.reserve(before as usize + 1);
-                        }
-                        c.unsignaled.push((p.wr_id, p.buffers));
+                    if c.unsignaled.capacity() == 0 {
+                        c.unsignaled.reserve(before as usize + 1);
                     }
+                    c.unsignaled.push((p.wr_id, p.buffers));
                     later.keep(p._ah, p._mw);
                 }
             })
