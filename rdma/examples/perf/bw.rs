@@ -356,7 +356,10 @@ impl SafeClient {
                     side.free.extend(b.into_one());
                 }
             }
-            side.free.extend(c.take_buffers().into_one());
+            // (Prepared requests' completions carry no memory.)
+            if !matches!(c.buffers, WrBuffers::None) {
+                side.free.extend(c.take_buffers().into_one());
+            }
             self.done += (n - side.ccnt) as usize;
             side.ccnt = n;
             stamps.complete(self.done, now);

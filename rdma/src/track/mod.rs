@@ -372,11 +372,16 @@ impl QpTracker {
                 // SAFETY: the only consumer (above); `find` saw entry 0
                 // published.
                 unsafe {
-                    q.advance_with(|slot| {
-                        // Taken whole: the slot is left `None`, so emptying it
-                        // drops nothing.
-                        if let Some(p) = slot.take() {
-                            p.finish(c, later);
+                    q.advance_with(|slot| match slot {
+                        // A prepared request's send: its id is all there
+                        // is (the queue empties the slot).
+                        Some(p) if p.quiet => c.wr_id = p.wr_id,
+                        // Taken whole: the slot is left `None`, so emptying
+                        // it drops nothing.
+                        _ => {
+                            if let Some(p) = slot.take() {
+                                p.finish(c, later);
+                            }
                         }
                     })
                 };

@@ -304,7 +304,13 @@ impl Queue {
         // `tail`), so the producer no longer touches it.
         let slot = unsafe { &mut *b.slots[head as usize % BLOCK].get() };
         f(slot);
-        *slot = None;
+        match slot {
+            // A prepared request's send holds nothing (see
+            // `Pending::quiet`): emptied without its drop glue.
+            // SAFETY: a valid place, and the value overwritten owns nothing.
+            Some(p) if p.quiet => unsafe { std::ptr::write(slot, None) },
+            _ => *slot = None,
+        }
         let next = head.wrapping_add(1);
         if next as usize % BLOCK == 0 {
             // The producer linked the next block before publishing `head`.

@@ -639,4 +639,12 @@ fn quiet_sends_are_not_listed_as_unsignaled() {
     let ids: Vec<u64> = done.unsignaled.iter().map(|(id, _)| *id).collect();
     assert_eq!(ids, [2]);
     assert_eq!(t.in_flight(), (0, 0));
+    // The oldest in flight, on its own: its id comes back, nothing else.
+    for id in 5..40 {
+        let c = quiet(&t, id);
+        let done = reg.completion(&wc(c));
+        assert_eq!(done.wr_id, id);
+        assert!(done.unsignaled.is_empty() && matches!(done.buffers, WrBuffers::None));
+    }
+    assert_eq!(t.in_flight(), (0, 0));
 }
