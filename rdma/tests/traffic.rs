@@ -1302,3 +1302,84 @@ fn auto_path_picks_the_extended_api_on_rxe() {
     });
     assert_eq!(p.a.post_path(), PostPath::Legacy);
 }
+
+/// Prepared requests over iWARP (siw: the legacy post path): a WRITE and a
+/// READ lend ranges of the regions they own; a WRITE dropped with its sends
+/// in flight keeps its region alive until the completion of the last one
+/// is polled, then releases it.
+#[test]
+#[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
+fn iwarp_prepared_requests_lend_their_region_and_outlive_a_drop_in_flight() {
+    use common::iwarp::{iwarp_connection, iwarp_ip};
+    use rdma::cm::{EventChannel, PortSpace};
+    let ch = EventChannel::new().unwrap();
+    let listener = ch.create_id(PortSpace::Tcp).unwrap();
+    listener
+        .bind_addr(std::net::SocketAddr::new(iwarp_ip(), 0))
+        .unwrap();
+    listener.listen(4).unwrap();
+    let (mut a, b) = iwarp_connection(&ch, &listener);
+    let access = LW | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let target = b.pd.alloc_mr(8192, access).unwrap();
+    let first = target.remote().slice(0, 4096).unwrap();
+    let mut write =
+        a.qp.prepare_send(
+            SendOp::Write(first),
+            SendFlags::SIGNALED,
+            a.pd.alloc_mr(4096, AccessFlags::empty()).unwrap(),
+        )
+        .unwrap();
+    let data = pattern(4096, 3);
+    write.write_at(0, &data).unwrap();
+    a.qp.post_prepared(&mut write, 1, 0, 4096).unwrap();
+    let c = wait(&a.cq, 1).pop().unwrap().ok().unwrap();
+    assert_eq!((c.wr_id, c.opcode), (1, WcOpcode::RdmaWrite));
+    // A WRITE's completion on iWARP means TCP took it: the READ after it on
+    // the same connection reads what it wrote, into the second half of
+    // the READ's region.
+    let mut read =
+        a.qp.prepare_send(
+            SendOp::Read(first),
+            SendFlags::SIGNALED,
+            a.pd.alloc_mr(8192, LW).unwrap(),
+        )
+        .unwrap();
+    a.qp.post_prepared(&mut read, 2, 4096, 4096).unwrap();
+    let c = wait(&a.cq, 1).pop().unwrap().ok().unwrap();
+    assert_eq!(
+        (c.wr_id, c.opcode, c.byte_len),
+        (2, WcOpcode::RdmaRead, 4096)
+    );
+    let mut got = vec![0; 4096];
+    read.read_at(4096, &mut got).unwrap();
+    assert_eq!(got, data);
+    read.read_at(0, &mut got).unwrap();
+    assert_eq!(got, vec![0; 4096], "the first half was not lent");
+
+    let shared = Arc::new(a.pd.reg_mr(pattern(4096, 4), AccessFlags::empty()).unwrap());
+    let alive = Arc::downgrade(&shared);
+    let mut quiet =
+        a.qp.prepare_send(
+            SendOp::Write(target.remote().slice(4096, 4096).unwrap()),
+            SendFlags::empty(),
+            shared,
+        )
+        .unwrap();
+    for i in 0..4u64 {
+        quiet.set_signaled(i == 3);
+        a.qp.post_prepared(&mut quiet, 10 + i, 0, 4096).unwrap();
+    }
+    drop(quiet);
+    assert!(
+        alive.upgrade().is_some(),
+        "the region went while its sends were in flight"
+    );
+    let c = wait(&a.cq, 1).pop().unwrap().ok().unwrap();
+    assert_eq!(c.wr_id, 13);
+    assert!(c.unsignaled.is_empty(), "{c:?}");
+    assert!(
+        alive.upgrade().is_none(),
+        "the poll that passed the last send released it"
+    );
+    assert_eq!(a.qp.in_flight().0, 0);
+}
