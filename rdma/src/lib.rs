@@ -307,15 +307,13 @@ pub use pd::ProtectionDomain;
 pub use pool::BufferPool;
 pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortState};
 pub use qp::{
-    InitAttr, PostPath, QpAttr, QpCaps, QpCreateFlags, QpState, QpType, QueuePair,
+    InitAttr, PostPath, PreparedSend, QpAttr, QpCaps, QpCreateFlags, QpState, QpType, QueuePair,
     QueuePairBuilder, RtrAttr, RtsAttr,
 };
 pub use srq::{SharedReceiveQueue, SrqAttr, SrqType};
 pub use td::{ParentDomain, ThreadDomain};
 pub use wc::{Completion, WcFlags, WcOpcode, WcStatus};
-pub use wr::{
-    InlineSend, PostError, PreparedSend, SendFlags, SendOp, SendWr, UdDest, WrBuffers, WrOpcode,
-};
+pub use wr::{InlineSend, PostError, SendFlags, SendOp, SendWr, UdDest, WrBuffers, WrOpcode};
 pub use xrc::{XrcDomain, XrcRecvQueuePair};
 
 #[cfg(test)]

@@ -797,6 +797,29 @@ impl MemoryRegion {
         Ok(())
     }
 
+    /// [`MemoryRegion::read_at`] with the atomic copy whatever the access
+    /// flags: for a region lent to sends in flight
+    /// ([`crate::PreparedSend::read_at`]), which the device may write.
+    pub(crate) fn read_racy(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check_range("PreparedSend::read_at", offset, out.len())?;
+        // SAFETY: in bounds (checked) of this piece, which owns its range;
+        // `out` is a distinct borrow; the device's and peers' accesses are
+        // atomic with respect to Rust, and so is this copy.
+        unsafe { self.inner.memory.read(self.offset + offset, out, true) };
+        Ok(())
+    }
+
+    /// [`MemoryRegion::write_at`] with the atomic copy whatever the access
+    /// flags ([`crate::PreparedSend::write_at`]).
+    pub(crate) fn write_racy(&mut self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check_range("PreparedSend::write_at", offset, data.len())?;
+        // SAFETY: in bounds (checked) of this piece; `&mut self` makes this
+        // the only Rust access to the range; the device's and peers'
+        // accesses are atomic with respect to Rust, and so is this copy.
+        unsafe { self.inner.memory.write(self.offset + offset, data, true) };
+        Ok(())
+    }
+
     /// The whole piece copied into a `Vec`, as [`MemoryRegion::read_at`]
     /// copies (a concurrent peer write may leave a torn value).
     pub fn to_vec(&self) -> Vec<u8> {

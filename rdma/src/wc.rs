@@ -151,7 +151,8 @@ pub struct Completion {
     /// The memory of this work request (safe post only).
     pub buffers: WrBuffers,
     /// `(wr_id, memory)` of unsignaled send requests this completion implies
-    /// finished, oldest first (safe post only).
+    /// finished, oldest first (safe post only; a prepared request's sends,
+    /// which hold no memory, are not listed).
     pub unsignaled: Vec<(u64, WrBuffers)>,
 }
 

@@ -117,15 +117,26 @@ async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut 
     let mut rposted = slots;
     let cq_mod = opts.cq_mod_for(size);
     let inline = size <= *max_inline as usize;
-    let mut sbufs = if inline {
+    // As the blocking loop: one prepared send with its own buffer, or a
+    // pool of buffers with `--post-send`.
+    let mut prepared = if inline {
+        None
+    } else {
+        crate::lat::prepare(
+            qp,
+            opts,
+            SendOp::Send,
+            SendFlags::SIGNALED,
+            size,
+            AccessFlags::empty(),
+        )?
+    };
+    let mut sbufs = if inline || prepared.is_some() {
         Vec::new()
     } else {
         setup::pool(pd, cq_mod, size, AccessFlags::empty())?
     };
     let data = vec![0u8; size];
-    let signaled_send = crate::lat::prepare(qp, opts, SendOp::Send, SendFlags::SIGNALED)?;
-    let unsignaled_send = crate::lat::prepare(qp, opts, SendOp::Send, SendFlags::empty())?;
-    let mut prepared = signaled_send.zip(unsignaled_send);
     let mut recv_acq = rt::completions(recv_cq).or_fail("Couldn't await the receive CQ")?;
     let mut send_acq = rt::completions(send_cq).or_fail("Couldn't await the send CQ")?;
     let (mut rslot, mut sslot) = (None, None);
@@ -148,16 +159,14 @@ async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut 
         if inline {
             qp.post_send_inline(InlineSend::send(u64::from(n), &data).signaled(signaled))
                 .or_fail("Couldn't post send")?;
+        } else if let Some(p) = &mut prepared {
+            p.set_signaled(signaled);
+            qp.post_prepared(p, u64::from(n), 0, size)
+                .or_fail("Couldn't post send")?;
         } else {
             let mr = sbufs.pop().ok_or("no free send buffer")?;
-            match &mut prepared {
-                Some((send, unsignaled)) => {
-                    let p = if signaled { send } else { unsignaled };
-                    qp.post_prepared(p, u64::from(n), mr)
-                }
-                None => qp.post_send(rdma::SendWr::send(u64::from(n), mr).signaled(signaled)),
-            }
-            .map_err(|e| format!("Couldn't post send: {}", e.error))?;
+            qp.post_send(rdma::SendWr::send(u64::from(n), mr).signaled(signaled))
+                .map_err(|e| format!("Couldn't post send: {}", e.error))?;
         }
         stamps.push();
         if let (true, Some(c)) = (arrived, rslot.as_mut()) {

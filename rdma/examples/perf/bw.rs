@@ -82,11 +82,14 @@ fn buf_len(opts: &Opts, size: usize) -> usize {
     }
 }
 
-/// Safe client: SEND and WRITE requests all share one region (which the
-/// device only reads), as perftest posts them all from one buffer; READ and
-/// atomic requests each move a region of their own into the queue, which
-/// the completion (or, for unsignaled requests, the next signaled one) gives
-/// back to be posted again. Returns the number of requests.
+/// Safe client: each QP's request is prepared once and owns its region,
+/// as perftest posts from buffers registered once: SEND and WRITE requests
+/// all lend one region shared by the QPs (which the device only reads);
+/// READ and atomic requests lend `depth` slots of a region of their QP's in
+/// turn (the raw client's layout). With `--post-send`, READ and atomic
+/// requests move a region of a pool into the queue, which the completion
+/// (or, for unsignaled requests, the next signaled one) gives back.
+/// Returns the number of requests.
 ///
 /// The loop is [`SafeClient`]'s; `-e --wait async` runs the same loop with
 /// its completions awaited (`aio::bw_client`).
@@ -119,6 +122,8 @@ pub struct SafeClient {
     cq_mod: u32,
     verb: Verb,
     atomic: AtomicOp,
+    /// Bytes per request.
+    len: usize,
     /// The region every SEND and WRITE request shares.
     shared: Option<Arc<MemoryRegion>>,
     /// Per QP (in the QPs' order): one bounds check per QP visited, none
@@ -139,11 +144,16 @@ struct QpSide {
     /// Posts until the next signaled one (a countdown from the moderation,
     /// instead of a division per post).
     to_signal: u32,
-    /// The regions of READ and atomic requests not in flight.
+    /// With --post-send: the regions of READ and atomic requests not in
+    /// flight.
     free: Vec<MemoryRegion>,
     /// The request checked once and posted again and again (perftest builds
-    /// its requests once too), unless --post-send.
+    /// its requests once too), unless --post-send. It owns its region: the
+    /// shared one (SEND, WRITE), or `depth` slots of its own (READ,
+    /// atomics), lent in turn.
     prepared: Option<PreparedSend>,
+    /// The next slot of the prepared request's region.
+    slot: u32,
     remote: RemoteMemory,
 }
 
@@ -172,18 +182,25 @@ impl SafeClient {
             .iter()
             .zip(&conn.remote)
             .map(|(qp, &remote)| {
-                let free = match shared {
-                    Some(_) => Vec::new(),
-                    None => setup::pool(&conn.pd, depth, len, io::local_access(verb))?,
-                };
-                let prepared = if opts.prepared {
+                let (free, prepared) = if opts.prepared {
                     let op = io::safe_op(verb, opts.atomic, remote);
+                    let region: WrBuffers = match &shared {
+                        Some(s) => Arc::clone(s).into(),
+                        None => conn
+                            .pd
+                            .alloc_mr(len * depth as usize, io::local_access(verb))
+                            .map_err(|e| format!("Couldn't register the local buffers: {e}"))?
+                            .into(),
+                    };
                     let p = qp
-                        .prepare_send(op, SendFlags::SIGNALED)
-                        .map_err(|e| format!("Couldn't prepare the request: {e}"))?;
-                    Some(p)
+                        .prepare_send(op, SendFlags::SIGNALED, region)
+                        .map_err(|e| format!("Couldn't prepare the request: {}", e.error))?;
+                    (Vec::new(), Some(p))
+                } else if shared.is_some() {
+                    (Vec::new(), None)
                 } else {
-                    None
+                    let free = setup::pool(&conn.pd, depth, len, io::local_access(verb))?;
+                    (free, None)
                 };
                 Ok(QpSide {
                     scnt: 0,
@@ -191,6 +208,7 @@ impl SafeClient {
                     to_signal: cq_mod,
                     free,
                     prepared,
+                    slot: 0,
                     remote,
                 })
             })
@@ -202,6 +220,7 @@ impl SafeClient {
             cq_mod,
             verb,
             atomic: opts.atomic,
+            len,
             shared,
             sides,
             iters: opts.iters,
@@ -224,9 +243,12 @@ impl SafeClient {
     /// A failed post.
     #[inline(always)]
     pub fn post(&mut self, qps: &mut [QueuePair], stamps: &mut BwStamps) -> Res<()> {
-        let (iters, depth, cq_mod) = (self.iters, self.depth, self.cq_mod);
+        let (iters, depth, cq_mod, len) = (self.iters, self.depth, self.cq_mod, self.len);
         let failed = |q: usize, n: u32, e: rdma::PostError| {
             format!("Couldn't post send on QP {q} (request {n}): {}", e.error)
+        };
+        let failed_prepared = |q: usize, n: u32, e: rdma::Error| {
+            format!("Couldn't post send on QP {q} (request {n}): {e}")
         };
         for (q, (qp, side)) in qps.iter_mut().zip(&mut self.sides).enumerate() {
             let QpSide {
@@ -235,6 +257,7 @@ impl SafeClient {
                 to_signal,
                 free,
                 prepared,
+                slot,
                 remote,
             } = side;
             // Whether the QP has room and more are due.
@@ -258,23 +281,30 @@ impl SafeClient {
                 }};
             }
             match (prepared, &self.shared) {
-                // SENDs and WRITEs: one shared region.
-                (Some(p), Some(s)) => {
+                // SENDs and WRITEs: the whole shared region each time.
+                (Some(p), Some(_)) => {
                     while room!() {
                         let (n, signaled, id) = next!();
                         p.set_signaled(signaled);
-                        qp.post_prepared_shared(p, id, Arc::clone(s))
-                            .map_err(|e| failed(q, n, e))?;
+                        qp.post_prepared(p, id, 0, len)
+                            .map_err(|e| failed_prepared(q, n, e))?;
                         *scnt = n;
                     }
                 }
-                // READs and atomics: a region of the pool each.
+                // READs and atomics: the request's `depth` slots in turn (at
+                // most `depth` in flight, so a slot is lent again only after
+                // its request completed).
                 (Some(p), None) => {
                     while room!() {
-                        let Some(mr) = free.pop() else { break };
                         let (n, signaled, id) = next!();
                         p.set_signaled(signaled);
-                        qp.post_prepared(p, id, mr).map_err(|e| failed(q, n, e))?;
+                        let at = *slot as usize * len;
+                        *slot += 1;
+                        if *slot == depth {
+                            *slot = 0;
+                        }
+                        qp.post_prepared(p, id, at, len)
+                            .map_err(|e| failed_prepared(q, n, e))?;
                         *scnt = n;
                     }
                 }
@@ -326,7 +356,10 @@ impl SafeClient {
                     side.free.extend(b.into_one());
                 }
             }
-            side.free.extend(c.take_buffers().into_one());
+            // (Prepared requests' completions carry no memory.)
+            if !matches!(c.buffers, WrBuffers::None) {
+                side.free.extend(c.take_buffers().into_one());
+            }
             self.done += (n - side.ccnt) as usize;
             side.ccnt = n;
             stamps.complete(self.done, now);

@@ -93,18 +93,25 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
     Ok(())
 }
 
-/// `op` with `flags`, checked once for `qp` (`None` with `--post-send`).
+/// `op` with `flags`, checked once for `qp`, owning a new region of `len`
+/// bytes with `access` (`None` with `--post-send`).
 pub fn prepare(
     qp: &rdma::QueuePair,
     opts: &Opts,
     op: SendOp,
     flags: SendFlags,
+    len: usize,
+    access: AccessFlags,
 ) -> Res<Option<PreparedSend>> {
     if !opts.prepared {
         return Ok(None);
     }
-    qp.prepare_send(op, flags)
-        .or_fail("Couldn't prepare the request")
+    let pd = qp.pd();
+    let mr = pd
+        .alloc_mr(len, access)
+        .or_fail("Couldn't register the request's buffer")?;
+    qp.prepare_send(op, flags, mr)
+        .map_err(|e| format!("Couldn't prepare the request: {}", e.error))
         .map(Some)
 }
 
@@ -126,16 +133,26 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
     // one buffer per send between two completions (none when inline).
     let cq_mod = opts.cq_mod_for(size);
     let inline = size <= conn.inline as usize;
-    let mut sbufs = if inline {
+    // The send checked once, with its own buffer (unless `--post-send`,
+    // which takes a buffer of the pool per send).
+    let mut prepared = if inline {
+        None
+    } else {
+        prepare(
+            qp,
+            opts,
+            SendOp::Send,
+            SendFlags::SIGNALED,
+            size,
+            AccessFlags::empty(),
+        )?
+    };
+    let mut sbufs = if inline || prepared.is_some() {
         Vec::new()
     } else {
         setup::pool(&conn.pd, cq_mod, size, AccessFlags::empty())?
     };
     let data = vec![0u8; size];
-    // The sends checked once, signaled or not (unless `--post-send`).
-    let signaled_send = prepare(qp, opts, SendOp::Send, SendFlags::SIGNALED)?;
-    let unsignaled_send = prepare(qp, opts, SendOp::Send, SendFlags::empty())?;
-    let mut prepared = signaled_send.zip(unsignaled_send);
     // The last receive and send completion, polled in place.
     let mut rslot: Option<Completion> = None;
     let mut sslot: Option<Completion> = None;
@@ -157,16 +174,14 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
         if inline {
             qp.post_send_inline(InlineSend::send(u64::from(n), &data).signaled(signaled))
                 .or_fail("Couldn't post send")?;
+        } else if let Some(p) = &mut prepared {
+            p.set_signaled(signaled);
+            qp.post_prepared(p, u64::from(n), 0, size)
+                .or_fail("Couldn't post send")?;
         } else {
             let mr = sbufs.pop().ok_or("no free send buffer")?;
-            match &mut prepared {
-                Some((send, unsignaled)) => {
-                    let p = if signaled { send } else { unsignaled };
-                    qp.post_prepared(p, u64::from(n), mr)
-                }
-                None => qp.post_send(rdma::SendWr::send(u64::from(n), mr).signaled(signaled)),
-            }
-            .map_err(|e| format!("Couldn't post send: {}", e.error))?;
+            qp.post_send(rdma::SendWr::send(u64::from(n), mr).signaled(signaled))
+                .map_err(|e| format!("Couldn't post send: {}", e.error))?;
         }
         stamps.push();
         if let (true, Some(c)) = (arrived, rslot.as_mut()) {
@@ -346,12 +361,20 @@ fn write_interleaved(
     conn.target
         .write_at(size - 1, &[0])
         .or_fail("Couldn't clear the target buffer")?;
-    let mut prepared = prepare(
-        &conn.qps[0],
-        opts,
-        SendOp::Write(remote),
-        SendFlags::SIGNALED,
-    )?;
+    // The safe path's WRITE, with a buffer of its own (the raw path's is
+    // `smr`); none when inline.
+    let mut prepared = if inline {
+        None
+    } else {
+        prepare(
+            &conn.qps[0],
+            opts,
+            SendOp::Write(remote),
+            SendFlags::SIGNALED,
+            size,
+            AccessFlags::empty(),
+        )?
+    };
     let mut slot: Option<Completion> = None;
     let mut wc = [ffi::ibv_wc::default(); 1];
     if let Some((_, raw_stamp)) = interleave.as_mut() {
@@ -396,14 +419,19 @@ fn write_interleaved(
                 .or_fail("Couldn't post send")?;
             stamps.push();
             io::wait_one_safe(&conn.send_cq, None, &mut slot, &watch, "RDMA write")?;
+        } else if let Some(write) = &mut prepared {
+            write
+                .write_at(size - 1, &[n as u8])
+                .or_fail("send buffer")?;
+            qp.post_prepared(write, u64::from(n), 0, size)
+                .or_fail("Couldn't post send")?;
+            stamps.push();
+            io::wait_one_safe(&conn.send_cq, None, &mut slot, &watch, "RDMA write")?;
         } else {
             let mut mr = smr.take().ok_or("the send buffer is still in flight")?;
             mr.as_mut_slice().or_fail("send buffer")?[size - 1] = n as u8;
-            match &mut prepared {
-                Some(write) => qp.post_prepared(write, u64::from(n), mr),
-                None => qp.post_send(rdma::SendWr::write(u64::from(n), mr, remote)),
-            }
-            .map_err(|e| format!("Couldn't post send: {}", e.error))?;
+            qp.post_send(rdma::SendWr::write(u64::from(n), mr, remote))
+                .map_err(|e| format!("Couldn't post send: {}", e.error))?;
             stamps.push();
             let c = io::wait_one_safe(&conn.send_cq, None, &mut slot, &watch, "RDMA write")?;
             smr = c.take_buffers().into_one();
@@ -470,11 +498,6 @@ fn write_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
 fn one_sided_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
     let verb = opts.test.verb;
     let len = if verb == Verb::Atomic { 8 } else { size };
-    let mut mr = Some(
-        conn.pd
-            .alloc_mr(len, io::local_access(verb))
-            .or_fail("Couldn't register the local buffer")?,
-    );
     let remote = conn.remote[0];
     let what = if verb == Verb::Atomic {
         "atomic"
@@ -484,16 +507,31 @@ fn one_sided_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps
     let mut slot: Option<Completion> = None;
     let qp = &mut conn.qps[0];
     let op = io::safe_op(verb, opts.atomic, remote);
-    let mut prepared = prepare(qp, opts, op, SendFlags::SIGNALED)?;
+    // The request and its buffer (with `--post-send`, the buffer moves
+    // into each request and comes back with its completion).
+    let access = io::local_access(verb);
+    let mut prepared = prepare(qp, opts, op, SendFlags::SIGNALED, len, access)?;
+    let mut mr = match prepared {
+        Some(_) => None,
+        None => Some(
+            conn.pd
+                .alloc_mr(len, access)
+                .or_fail("Couldn't register the local buffer")?,
+        ),
+    };
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
     for i in 1..=opts.iters {
-        let m = mr.take().ok_or("the local buffer is still in flight")?;
         match &mut prepared {
-            Some(request) => qp.post_prepared(request, u64::from(i), m),
-            None => qp.post_send(io::safe_wr(verb, opts.atomic, u64::from(i), m, remote)),
+            Some(request) => qp
+                .post_prepared(request, u64::from(i), 0, len)
+                .or_fail("Couldn't post send")?,
+            None => {
+                let m = mr.take().ok_or("the local buffer is still in flight")?;
+                qp.post_send(io::safe_wr(verb, opts.atomic, u64::from(i), m, remote))
+                    .map_err(|e| format!("Couldn't post send: {}", e.error))?;
+            }
         }
-        .map_err(|e| format!("Couldn't post send: {}", e.error))?;
         stamps.push();
         let c = io::wait_one_safe(
             &conn.send_cq,

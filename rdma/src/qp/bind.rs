@@ -73,6 +73,7 @@ impl QueuePair {
                 buffers: WrBuffers::None,
                 _ah: None,
                 _mw: Some(Arc::clone(&mw.inner)),
+                quiet: false,
             });
         }
         drop(ring);

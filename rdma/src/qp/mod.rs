@@ -36,6 +36,7 @@ use wr_ops::ExtendedQp;
 pub use attr::{InitAttr, QpAttr, RtrAttr, RtsAttr};
 pub use builder::{PostPath, QpCaps, QpCreateFlags, QueuePairBuilder};
 pub(crate) use check::check_device_slice;
+pub use prepared::PreparedSend;
 
 c_enum! {
     /// `enum ibv_qp_type`.

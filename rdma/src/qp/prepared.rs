@@ -1,69 +1,263 @@
-//! Prepared sends: a request checked once and posted again and again, each
-//! time with a new region, written in place into the same C request.
+//! Prepared sends: a request checked once, which owns one region for its
+//! whole life and lends a range of it to each post, written in place into
+//! the same C request.
+//!
+//! A post moves no memory: the send queue's entry for it holds the caller's
+//! `wr_id` and nothing to drop, and its completion hands nothing back. The
+//! region stays valid for the device until the last send that lent it is
+//! done, whatever the caller drops: a prepared request dropped while a send
+//! is in flight hands its region (and a UD request's address handle) to the
+//! QP's tracker, which releases it once the send queue has passed that send
+//! (a completion polled, the QP reset or destroyed).
+
+use std::sync::Arc;
 
 use super::send::{fill_request, Outgoing};
 use super::{QpType, QueuePair};
-use crate::error::Result;
-use crate::mr::AccessFlags;
-use crate::track::Pending;
-use crate::wr::{PostError, PreparedSend, SendFlags, SendOp, UdDest, WrBuffers};
+use crate::error::{Error, Result};
+use crate::track::{Orphan, Pending, QpTracker};
+use crate::wr::{SendFlags, SendOp, UdDest, WrBuffers, SHARED_IS_READ_ONLY};
 use crate::{ffi, MemoryRegion};
 
+/// A send request checked once, which owns its region and is posted again
+/// and again with a range of it ([`QueuePair::prepare_send`],
+/// [`QueuePair::post_prepared`]): what a latency loop or a bandwidth loop
+/// does, without building and checking the whole request, nor moving
+/// memory, on every post.
+///
+/// It belongs to the QP that prepared it. Its region is lent to the device
+/// by every post: while a send may be in flight, the bytes are reached only
+/// through [`PreparedSend::read_at`] and [`PreparedSend::write_at`], which
+/// copy word by word with atomic accesses (a torn value is possible, never
+/// undefined behaviour); no slice of it is handed out.
+/// [`PreparedSend::into_region`] gives the region back once nothing is in
+/// flight. Dropped while a send is in flight, it hands the region to its QP,
+/// which keeps it until that send is done.
+pub struct PreparedSend {
+    /// The request as posted by the legacy path: each post writes `wr_id`
+    /// and the scatter entry in place and hands this very struct to the
+    /// provider. `next` is null; the UD address handle is null or that of
+    /// `ud`; `sg_list` points at `sge` during a post and is not read outside
+    /// one.
+    raw: ffi::ibv_send_wr,
+    sge: ffi::ibv_sge,
+    op: SendOp,
+    flags: SendFlags,
+    /// A UD request's destination; its address handle is kept alive here
+    /// for every post in flight.
+    ud: Option<UdDest>,
+    /// The region (`One` or `Shared`), and its address, lkey and length.
+    region: WrBuffers,
+    base: u64,
+    lkey: u32,
+    region_len: usize,
+    /// Bytes a post may lend (8 and 8 for atomics; up to the remote range
+    /// for RDMA).
+    min_len: usize,
+    max_len: usize,
+    /// The tracker of the QP it was checked for: its identity, and where
+    /// the region goes if dropped while in flight.
+    tracker: Arc<QpTracker>,
+    /// Sequence number of the last send posted (`None`: never posted).
+    last: Option<u32>,
+}
+
+// SAFETY: of the pointers in `raw`, `next` is null, the UD address handle is
+// null or that of `ud` (an `AddressHandle`, which is Send and Sync, kept
+// alive by this struct), and `sg_list` is only dereferenced (by the provider)
+// inside a post, which sets it to this struct's own `sge` first; the region
+// and the tracker are Send and Sync; the struct is plain data otherwise.
+unsafe impl Send for PreparedSend {}
+// SAFETY: as above; only a post changes it, through `&mut PreparedSend`, and
+// `&self` methods only read the region with atomic copies.
+unsafe impl Sync for PreparedSend {}
+
+impl std::fmt::Debug for PreparedSend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedSend")
+            .field("op", &self.op)
+            .field("flags", &self.flags)
+            .field("ud", &self.ud)
+            .field("region_len", &self.region_len)
+            .field("len", &(self.min_len..=self.max_len))
+            .field("in_flight", &self.in_flight())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PreparedSend {
+    /// The operation.
+    pub fn op(&self) -> SendOp {
+        self.op
+    }
+
+    /// The send flags of the next post.
+    pub fn flags(&self) -> SendFlags {
+        self.flags
+    }
+
+    /// Whether the next posts ask for a completion (`SIGNALED`), as a
+    /// bandwidth loop does once every so many requests. An unsignaled send
+    /// is done when a later signaled one of its queue completes.
+    #[inline]
+    pub fn set_signaled(&mut self, signaled: bool) {
+        self.flags.set(SendFlags::SIGNALED, signaled);
+        self.raw.send_flags = self.flags.bits();
+    }
+
+    /// The length of the region.
+    pub fn len(&self) -> usize {
+        self.region_len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.region_len == 0
+    }
+
+    /// Whether a send posted from this request may still be in flight (its
+    /// completion, or a later one of the QP's send queue, not polled yet).
+    pub fn in_flight(&self) -> bool {
+        self.last
+            .is_some_and(|seq| self.tracker.send_in_flight(seq))
+    }
+
+    /// Copies bytes out of the region at `offset`, whatever is in flight:
+    /// word by word with atomic loads, so a device or peer writing them
+    /// meanwhile leaves a torn value in `out`, never undefined behaviour.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the range does not fit.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.mr().read_racy(offset, out)
+    }
+
+    /// Copies `data` into the region at `offset`, whatever is in flight:
+    /// word by word with atomic stores, so a send reading them meanwhile
+    /// may carry part of `data` only. Agree with the peer on what a message
+    /// holds (write, then post).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the range does not fit, or the region
+    /// is shared ([`WrBuffers::Shared`]: its other holders may read it as a
+    /// slice).
+    pub fn write_at(&mut self, offset: usize, data: &[u8]) -> Result<()> {
+        match &mut self.region {
+            WrBuffers::One(m) => m.write_racy(offset, data),
+            _ => Err(Error::InvalidArgument {
+                verb: "PreparedSend::write_at",
+                reason: "the region is shared with other holders, who may read it as a slice: \
+                         write it before sharing it"
+                    .into(),
+            }),
+        }
+    }
+
+    /// Gives the region back (`One` or `Shared`, as prepared), when no send
+    /// that lent it is in flight; else the request itself comes back.
+    ///
+    /// # Errors
+    /// The request, unchanged (boxed: it is large), while a send is in
+    /// flight.
+    pub fn into_region(mut self) -> std::result::Result<WrBuffers, Box<PreparedSend>> {
+        if self.in_flight() {
+            return Err(Box::new(self));
+        }
+        Ok(std::mem::take(&mut self.region))
+    }
+
+    /// The region as a registration (always one: checked when prepared).
+    fn mr(&self) -> &MemoryRegion {
+        match &self.region {
+            WrBuffers::One(m) => m,
+            WrBuffers::Shared(m) => m,
+            // Never: `prepare` takes only `One` and `Shared`, and only
+            // `into_region` (which consumes the request) takes it out.
+            _ => unreachable!("a prepared request always holds its region"),
+        }
+    }
+}
+
+impl Drop for PreparedSend {
+    fn drop(&mut self) {
+        if let Some(seq) = self.last {
+            if self.tracker.send_in_flight(seq) {
+                let keep = (std::mem::take(&mut self.region), self.ud.take());
+                self.tracker.adopt(Orphan {
+                    seq,
+                    keep: Box::new(keep),
+                });
+            }
+        }
+    }
+}
+
 impl QueuePair {
-    /// Checks a send request once, for [`QueuePair::post_prepared`] to post
-    /// again and again with one region each time.
+    /// Checks a send request once and gives it `region` for its whole
+    /// life, for [`QueuePair::post_prepared`] to post again and again with
+    /// a range of it.
     ///
     /// For RC and UC QPs (UD: [`QueuePair::prepare_send_ud`]; a request to
     /// an XRC SRQ goes through [`QueuePair::post_send`]); any operation that
-    /// takes memory, with
-    /// `flags` (`SIGNALED`, `FENCE`, `SOLICITED`; not `INLINE`). A remote
-    /// range bounds the regions it may be posted with, an atomic takes an
-    /// 8-byte region.
+    /// takes memory, with `flags` (`SIGNALED`, `FENCE`, `SOLICITED`; not
+    /// `INLINE`). `region` is a [`MemoryRegion`] (`One`) or, for SENDs and
+    /// RDMA WRITEs, which the device only reads, an `Arc` of one shared with
+    /// other holders (`Shared`). A remote range bounds the ranges a post may
+    /// lend; an atomic lends 8 bytes.
     ///
     /// ```no_run
-    /// # fn f(qp: &mut rdma::QueuePair, cq: &rdma::CompletionQueue, mut mr: rdma::MemoryRegion,
+    /// # fn f(qp: &mut rdma::QueuePair, cq: &rdma::CompletionQueue, mr: rdma::MemoryRegion,
     /// #      remote: rdma::RemoteMemory) -> Result<(), Box<dyn std::error::Error>> {
     /// use rdma::{SendFlags, SendOp};
-    /// let mut write = qp.prepare_send(SendOp::Write(remote), SendFlags::SIGNALED)?;
+    /// let mut write = qp
+    ///     .prepare_send(SendOp::Write(remote), SendFlags::SIGNALED, mr)
+    ///     .map_err(rdma::PostError::drop_buffers)?;
     /// for i in 0..1000 {
-    ///     mr.write_at(0, &[i as u8])?;
-    ///     qp.post_prepared(&mut write, i, mr)
-    ///         .map_err(rdma::PostError::drop_buffers)?;
-    ///     let done = loop {
+    ///     write.write_at(0, &[i as u8])?;
+    ///     qp.post_prepared(&mut write, i, 0, 1)?;
+    ///     loop {
     ///         if let Some(c) = cq.poll_one()? {
-    ///             break c.ok()?;
+    ///             c.ok()?;
+    ///             break;
     ///         }
-    ///     };
-    ///     mr = done.buffers.into_one().expect("the region comes back");
+    ///     }
     /// }
+    /// let _mr = write.into_region().expect("nothing in flight");
     /// # Ok(()) }
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming `ibv_post_send` for a request
-    /// [`QueuePair::post_send`] would refuse whatever the region, or that
-    /// has no region to take.
-    pub fn prepare_send(&self, op: SendOp, flags: SendFlags) -> Result<PreparedSend> {
+    /// [`Error::InvalidArgument`] naming `ibv_post_send` for a request
+    /// [`QueuePair::post_send`] would refuse with this region, with the
+    /// region in [`PostError::returned`](crate::PostError::returned) (under
+    /// `wr_id` 0).
+    pub fn prepare_send(
+        &self,
+        op: SendOp,
+        flags: SendFlags,
+        region: impl Into<WrBuffers>,
+    ) -> std::result::Result<PreparedSend, crate::PostError> {
+        let region = region.into();
         if !self.plain_sends {
-            return Err(self.invalid(format!(
+            let e = self.invalid(format!(
                 "a prepared send needs an RC or UC QP with a send scatter entry; QP {} is {:?} \
                  with max_send_sge {} (use prepare_send_ud for UD, post_send otherwise)",
                 self.qp_num(),
                 self.qp_type,
                 self.caps.max_send_sge
-            )));
+            ));
+            return Err(refused(e, region));
         }
-        self.prepare(op, flags, None)
+        self.prepare(op, flags, None, region)
     }
 
     /// [`QueuePair::prepare_send`] for a UD QP: every post goes to
     /// `remote_qpn` (Q_Key `remote_qkey`) through `ah`, which the request
-    /// keeps alive, as does every post in flight. A SEND (with or without
-    /// immediate data) of at most the path MTU.
+    /// keeps alive, as long as a send of it is in flight. A SEND (with or
+    /// without immediate data) of at most the path MTU.
     ///
     /// # Errors
-    /// As [`QueuePair::prepare_send`]; [`Error::InvalidArgument`](crate::Error::InvalidArgument) also for a
-    /// QP that is not UD.
+    /// As [`QueuePair::prepare_send`]; also for a QP that is not UD.
     pub fn prepare_send_ud(
         &self,
         op: SendOp,
@@ -71,47 +265,80 @@ impl QueuePair {
         ah: &crate::AddressHandle,
         remote_qpn: u32,
         remote_qkey: u32,
-    ) -> Result<PreparedSend> {
+        region: impl Into<WrBuffers>,
+    ) -> std::result::Result<PreparedSend, crate::PostError> {
+        let region = region.into();
         if self.qp_type != QpType::Ud || self.caps.max_send_sge == 0 {
-            return Err(self.invalid(format!(
+            let e = self.invalid(format!(
                 "prepare_send_ud needs a UD QP with a send scatter entry; QP {} is {:?} \
                  with max_send_sge {} (use prepare_send)",
                 self.qp_num(),
                 self.qp_type,
                 self.caps.max_send_sge
-            )));
+            ));
+            return Err(refused(e, region));
         }
         let dest = UdDest {
             ah: ah.clone(),
             remote_qpn,
             remote_qkey,
         };
-        self.prepare(op, flags, Some(dest))
+        self.prepare(op, flags, Some(dest), region)
     }
 
     /// The checks and the template of [`QueuePair::prepare_send`] and
     /// [`QueuePair::prepare_send_ud`] (which checked the QP type).
-    fn prepare(&self, op: SendOp, flags: SendFlags, ud: Option<UdDest>) -> Result<PreparedSend> {
-        if flags.contains(SendFlags::INLINE) {
-            return Err(self.invalid(
-                "a prepared send posts a region; inline data goes through post_send_inline".into(),
-            ));
-        }
-        if matches!(op, SendOp::LocalInvalidate(_)) {
-            return Err(
-                self.invalid("a local invalidate takes no memory: post it with post_send".into())
-            );
-        }
-        let (min_len, max_len) = if op.is_atomic() {
-            (8, 8)
-        } else {
-            let remote = op.remote().map_or(u64::MAX, |r| r.len);
-            (
-                0,
-                usize::try_from(remote.min(u64::from(u32::MAX))).unwrap_or(usize::MAX),
-            )
+    fn prepare(
+        &self,
+        op: SendOp,
+        flags: SendFlags,
+        ud: Option<UdDest>,
+        region: WrBuffers,
+    ) -> std::result::Result<PreparedSend, crate::PostError> {
+        let checked = (|| {
+            if flags.contains(SendFlags::INLINE) {
+                return Err(self.invalid(
+                    "a prepared send posts a region; inline data goes through post_send_inline"
+                        .into(),
+                ));
+            }
+            if matches!(op, SendOp::LocalInvalidate(_)) {
+                return Err(self
+                    .invalid("a local invalidate takes no memory: post it with post_send".into()));
+            }
+            let Some(mr) = region.single() else {
+                return Err(self.invalid(
+                    "a prepared send owns one region: WrBuffers::One or WrBuffers::Shared".into(),
+                ));
+            };
+            if op.writes_local() && region.is_shared() {
+                return Err(self.invalid(SHARED_IS_READ_ONLY.into()));
+            }
+            let (min_len, max_len) = if op.is_atomic() {
+                (8, 8)
+            } else {
+                let remote = op.remote().map_or(u64::MAX, |r| r.len);
+                (
+                    0,
+                    usize::try_from(remote.min(u64::from(u32::MAX))).unwrap_or(usize::MAX),
+                )
+            };
+            if mr.len() < min_len {
+                return Err(self.invalid(format!(
+                    "a {}-byte region, but the prepared {op:?} lends {min_len} bytes",
+                    mr.len()
+                )));
+            }
+            // The region's PD and access, with one range of the smallest
+            // length the request lends (the post checks each length).
+            self.check_buffers(&region, 1, op.writes_local(), "ibv_post_send")?;
+            self.check_send(&op, min_len as u64, &ud, None)?;
+            Ok((min_len, max_len, mr.addr(), mr.lkey(), mr.len()))
+        })();
+        let (min_len, max_len, base, lkey, region_len) = match checked {
+            Ok(c) => c,
+            Err(e) => return Err(refused(e, region)),
         };
-        self.check_send(&op, min_len as u64, &ud, None)?;
         let mut raw = ffi::ibv_send_wr {
             num_sge: 1,
             send_flags: flags.bits(),
@@ -124,152 +351,123 @@ impl QueuePair {
             op,
             flags,
             ud,
-            serial: self.owned.tracker.serial(),
+            region,
+            base,
+            lkey,
+            region_len,
             min_len,
             max_len,
+            tracker: Arc::clone(&self.owned.tracker),
+            last: None,
         })
     }
 
-    /// Posts the request `p` ([`QueuePair::prepare_send`]) with `mr` as its
-    /// one scatter entry, under the caller's `wr_id`: what
-    /// [`QueuePair::post_send`] does with the same request, with only the
-    /// checks that depend on the region (its PD, its length, `LOCAL_WRITE`
-    /// where the device writes it). The region comes back with the
-    /// completion.
-    ///
-    /// The region moves into the queue, as with [`QueuePair::post_send`]:
-    ///
-    /// ```compile_fail
-    /// # fn f(qp: &mut rdma::QueuePair, p: &mut rdma::PreparedSend, mr: rdma::MemoryRegion) {
-    /// qp.post_prepared(p, 1, mr).unwrap();
-    /// let _ = mr.len(); // moved into the send queue
-    /// # }
-    /// ```
+    /// Posts the request `p` ([`QueuePair::prepare_send`]) with the `len`
+    /// bytes of its region at `offset` as its one scatter entry, under the
+    /// caller's `wr_id`: what [`QueuePair::post_send`] does with the same
+    /// request, with only the checks that depend on the range. Nothing
+    /// moves: the completion carries the `wr_id`, and the region stays with
+    /// `p`.
     ///
     /// # Errors
-    /// As [`QueuePair::post_send`], with the region in
-    /// [`PostError::returned`]; [`Error::InvalidArgument`](crate::Error::InvalidArgument) also when `p` was
-    /// prepared by another QP.
-    #[inline]
+    /// [`Error::InvalidArgument`] naming `ibv_post_send` for a range outside
+    /// the region or of a length the request does not take, or a request
+    /// another QP prepared; [`Error::Verb`] as for [`QueuePair::post_send`]
+    /// (e.g. `ENOMEM` when the send queue is full).
+    #[inline(always)]
     pub fn post_prepared(
         &mut self,
         p: &mut PreparedSend,
         wr_id: u64,
-        mr: MemoryRegion,
-    ) -> std::result::Result<(), PostError> {
-        self.post_prepared_with(p, wr_id, WrBuffers::One(mr))
-    }
-
-    /// [`QueuePair::post_prepared`] with a region shared with other
-    /// requests and holders ([`WrBuffers::Shared`]): for SENDs and RDMA
-    /// WRITEs, which the device only reads; this request holds one reference
-    /// until its completion gives it back.
-    ///
-    /// # Errors
-    /// As [`QueuePair::post_prepared`]; [`Error::InvalidArgument`](crate::Error::InvalidArgument) also when
-    /// the prepared operation writes local memory (RDMA READ, atomics).
-    #[inline]
-    pub fn post_prepared_shared(
-        &mut self,
-        p: &mut PreparedSend,
-        wr_id: u64,
-        mr: std::sync::Arc<MemoryRegion>,
-    ) -> std::result::Result<(), PostError> {
-        self.post_prepared_with(p, wr_id, WrBuffers::Shared(mr))
-    }
-
-    /// The body of both: `buffers` is `One` or `Shared` (anything else is
-    /// refused with the full checks' reason).
-    #[inline(always)]
-    fn post_prepared_with(
-        &mut self,
-        p: &mut PreparedSend,
-        wr_id: u64,
-        buffers: WrBuffers,
-    ) -> std::result::Result<(), PostError> {
-        let Some(mr) = buffers.single() else {
-            return Err(self.prepared_refused(p, wr_id, buffers));
-        };
-        let len = mr.len();
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
         let max = self.max_msg.load(std::sync::atomic::Ordering::Relaxed) as usize;
-        // (The QP's kind again: serials wrap after 2^30 QPs, and a template
-        // checked for an RC QP must never reach a UD one, nor the reverse.)
-        if p.serial != self.owned.tracker.serial()
-            || !(if p.ud.is_some() {
-                self.qp_type == QpType::Ud
-            } else {
-                self.plain_sends
-            })
+        if !Arc::ptr_eq(&p.tracker, &self.owned.tracker)
             || len < p.min_len
             || len > p.max_len
             || (max != 0 && len > max)
-            || mr.pd().as_raw() != self.pd.as_raw()
-            || (p.op.writes_local()
-                && (buffers.is_shared() || !mr.access().contains(AccessFlags::LOCAL_WRITE)))
+            || offset > p.region_len
+            || len > p.region_len - offset
         {
-            return Err(self.prepared_refused(p, wr_id, buffers));
+            return Err(self.prepared_refused(p, offset, len));
         }
-        let sge = mr.sge();
+        let sge = ffi::ibv_sge {
+            addr: p.base + offset as u64,
+            // At most `max_len`, which is at most u32::MAX.
+            length: len as u32,
+            lkey: p.lkey,
+        };
         // SAFETY: `&mut self`: the only poster to this QP's send queue.
         let mut ring = unsafe { self.owned.tracker.producer(false) };
+        let ours = ring.wr_id(0);
         let rc = match self.path.extended(1, false) {
             Some(x) => {
                 let req = Outgoing::prepared(&p.op, p.flags, p.ud.as_ref());
                 // SAFETY: `&mut self`: the only poster; the one SGE points
-                // into `buffers`' region, parked in the tracker below.
-                unsafe { x.post_one(&req, &sge, ring.wr_id(0)) }
+                // into `p`'s region, which `p` keeps (or hands to the
+                // tracker) until the send is done.
+                unsafe { x.post_one(&req, &sge, ours) }
             }
             None => {
                 p.sge = sge;
-                p.raw.wr_id = ring.wr_id(0);
+                p.raw.wr_id = ours;
                 p.raw.sg_list = &mut p.sge;
                 let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
                 // SAFETY: a well-formed request (checked when prepared, the
-                // region just now) whose one SGE points into `buffers`'
-                // region, which is parked in the tracker below and published
-                // when `ring` is dropped (a poll that sees the completion
-                // first waits).
+                // range just now) whose one SGE points into `p`'s region,
+                // kept as above; the entry is published when `ring` is
+                // dropped (a poll that sees the completion first waits).
                 unsafe { ffi::ibv_post_send(self.as_raw(), &mut p.raw, &mut bad) }
             }
         };
         if rc != 0 {
             drop(ring);
-            return Err(self.not_posted("ibv_post_send", rc, (wr_id, buffers)));
+            return Err(self
+                .not_posted("ibv_post_send", rc, (wr_id, WrBuffers::None))
+                .error);
         }
         ring.push(Pending {
             wr_id,
-            buffers,
-            _ah: p.ud.as_ref().map(|d| d.ah.clone()),
+            buffers: WrBuffers::None,
+            _ah: None,
             _mw: None,
+            quiet: true,
         });
+        p.last = Some(ours as u32);
         Ok(())
     }
 
-    /// Why [`QueuePair::post_prepared`] refused `buffers` (the full checks of
-    /// [`QueuePair::post_send`] explain it).
+    /// Why [`QueuePair::post_prepared`] refused a range.
     #[cold]
-    fn prepared_refused(&self, p: &PreparedSend, wr_id: u64, buffers: WrBuffers) -> PostError {
-        let error = if p.serial != self.owned.tracker.serial() {
-            self.invalid(format!(
+    fn prepared_refused(&self, p: &PreparedSend, offset: usize, len: usize) -> Error {
+        if !Arc::ptr_eq(&p.tracker, &self.owned.tracker) {
+            return self.invalid(format!(
                 "the request was prepared by another QP than QP {}",
                 self.qp_num()
-            ))
-        } else {
-            let len = Self::total_len(&buffers);
-            match self
-                .check_buffers(&buffers, 1, p.op.writes_local(), "ibv_post_send")
-                .and_then(|()| self.check_send(&p.op, len, &p.ud, None))
-            {
-                Err(e) => e,
-                Ok(()) => self.invalid(format!(
-                    "a {len}-byte region, but the prepared {:?} takes {} to {} bytes",
-                    p.op, p.min_len, p.max_len
-                )),
-            }
-        };
-        PostError {
-            error,
-            returned: vec![(wr_id, buffers)],
+            ));
         }
+        if offset.checked_add(len).is_none_or(|end| end > p.region_len) {
+            return self.invalid(format!(
+                "range {offset}..{} is outside the prepared request's region of {} bytes",
+                offset.saturating_add(len),
+                p.region_len
+            ));
+        }
+        match self.check_send(&p.op, len as u64, &p.ud, None) {
+            Err(e) => e,
+            Ok(()) => self.invalid(format!(
+                "{len} bytes, but the prepared {:?} lends {} to {} bytes",
+                p.op, p.min_len, p.max_len
+            )),
+        }
+    }
+}
+
+/// A refused preparation: the error, and the region back under `wr_id` 0.
+fn refused(error: Error, region: WrBuffers) -> crate::PostError {
+    crate::PostError {
+        error,
+        returned: vec![(0, region)],
     }
 }

@@ -245,6 +245,7 @@ impl QueuePair {
                 buffers: WrBuffers::None,
                 _ah: wr.ud.map(|d| d.ah),
                 _mw: None,
+                quiet: false,
             });
         }
         drop(ring);

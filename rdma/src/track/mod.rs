@@ -68,6 +68,11 @@ pub(crate) struct Pending {
     pub _ah: Option<AddressHandle>,
     /// Keeps a memory window alive until its bind completes.
     pub _mw: Option<Arc<crate::mw::MwInner>>,
+    /// A prepared request's send, which holds nothing (`buffers` is
+    /// `None`, no address handle, no window; its memory stays with the
+    /// request): forgotten rather than dropped when done, and not listed in
+    /// [`Completion::unsignaled`] when a later completion finishes it.
+    pub quiet: bool,
 }
 
 impl Pending {
@@ -78,6 +83,7 @@ impl Pending {
             buffers,
             _ah: None,
             _mw: None,
+            quiet: false,
         }
     }
 
@@ -89,6 +95,7 @@ impl Pending {
             buffers: wr.buffers,
             _ah: wr.ud.map(|d| d.ah),
             _mw: None,
+            quiet: false,
         }
     }
 
@@ -96,6 +103,14 @@ impl Pending {
     #[inline(always)]
     fn finish(self, c: &mut Completion, later: &mut Later) {
         c.wr_id = self.wr_id;
+        if self.quiet {
+            // A prepared request's send holds nothing (its memory stays
+            // with the request): no drop glue to run.
+            debug_assert!(matches!(self.buffers, WrBuffers::None));
+            debug_assert!(self._ah.is_none() && self._mw.is_none());
+            std::mem::forget(self);
+            return;
+        }
         // `c` comes without memory from every poll (a test here, where an
         // assignment would run the drop glue of the old value under the
         // lock); anything else goes to `later`.
@@ -156,6 +171,29 @@ pub(crate) struct QpTracker {
     serial: Serial,
     sq: Ring,
     rq: Ring,
+    /// Regions of prepared requests dropped while a send they lent was in
+    /// flight, each with the sequence number of its last send: released
+    /// once the send queue has passed it (by the polls that resolve it, or
+    /// when the QP is drained).
+    orphans: Spin<Vec<Orphan>>,
+    /// Whether `orphans` may hold something: the one load a completion
+    /// pays for them.
+    has_orphans: std::sync::atomic::AtomicBool,
+}
+
+/// A dropped prepared request's memory (its region, a UD request's address
+/// handle), kept until its last send, `seq`, is done.
+pub(crate) struct Orphan {
+    pub seq: u32,
+    pub keep: Box<dyn Send>,
+}
+
+impl std::fmt::Debug for Orphan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Orphan")
+            .field("seq", &self.seq)
+            .finish_non_exhaustive()
+    }
 }
 
 impl QpTracker {
@@ -173,6 +211,8 @@ impl QpTracker {
                 queue: Queue::new(),
                 consumer: recv.address(),
             },
+            orphans: Spin::default(),
+            has_orphans: std::sync::atomic::AtomicBool::new(false),
         });
         send.register(Tracked::Qp(Arc::clone(&t)));
         if !std::ptr::eq(send, recv) {
@@ -213,6 +253,70 @@ impl QpTracker {
         }
     }
 
+    /// Whether the send with sequence number `seq` (posted and published)
+    /// may still be in flight: its completion, or a later one of the send
+    /// queue, not resolved yet.
+    pub fn send_in_flight(&self, seq: u32) -> bool {
+        self.sq.queue.holds(seq)
+    }
+
+    /// Takes a dropped prepared request's memory, whose last send is `seq`,
+    /// until that send is done.
+    pub fn adopt(&self, o: Orphan) {
+        use std::sync::atomic::Ordering;
+        let seq = o.seq;
+        {
+            let mut orphans = self.orphans.lock();
+            orphans.push(o);
+            self.has_orphans.store(true, Ordering::Relaxed);
+        }
+        // A poll that resolved `seq` between the caller's test and the push
+        // may have missed the flag: take back what is done already (else it
+        // waits for the next completion of the queue, or the QP's drain).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if !self.send_in_flight(seq) {
+            let done = self.take_orphans(false);
+            drop(done);
+        }
+    }
+
+    /// Removes the orphans whose last send is done (`all`: every one, the
+    /// QP being destroyed).
+    fn take_orphans(&self, all: bool) -> Vec<Orphan> {
+        let mut orphans = self.orphans.lock();
+        let mut done = Vec::new();
+        let mut i = 0;
+        while i < orphans.len() {
+            if all || !self.send_in_flight(orphans[i].seq) {
+                done.push(orphans.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        if orphans.is_empty() {
+            self.has_orphans
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+        done
+    }
+
+    /// After a send completion moved the queue on: what orphans it released
+    /// go to `later` (dropped after the registry's lock).
+    #[inline(always)]
+    fn release_orphans(&self, later: &mut Later) {
+        if self.has_orphans.load(std::sync::atomic::Ordering::Relaxed) {
+            self.release_orphans_slow(later);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn release_orphans_slow(&self, later: &mut Later) {
+        for o in self.take_orphans(false) {
+            later.deferred().3.push(o.keep);
+        }
+    }
+
     /// Number of requests in flight on (send, receive) queue.
     pub fn in_flight(&self) -> (usize, usize) {
         (self.sq.queue.len(), self.rq.queue.len())
@@ -241,6 +345,8 @@ impl QpTracker {
         let mut all = unsafe { self.sq.queue.drain() };
         // SAFETY: as above.
         all.extend(unsafe { self.rq.queue.drain() });
+        // The QP is destroyed: nothing in flight any more.
+        drop(self.take_orphans(true));
         all
     }
 
@@ -266,11 +372,16 @@ impl QpTracker {
                 // SAFETY: the only consumer (above); `find` saw entry 0
                 // published.
                 unsafe {
-                    q.advance_with(|slot| {
-                        // Taken whole: the slot is left `None`, so emptying it
-                        // drops nothing.
-                        if let Some(p) = slot.take() {
-                            p.finish(c, later);
+                    q.advance_with(|slot| match slot {
+                        // A prepared request's send: its id is all there
+                        // is (the queue empties the slot).
+                        Some(p) if p.quiet => c.wr_id = p.wr_id,
+                        // Taken whole: the slot is left `None`, so emptying
+                        // it drops nothing.
+                        _ => {
+                            if let Some(p) = slot.take() {
+                                p.finish(c, later);
+                            }
                         }
                     })
                 };
@@ -280,6 +391,9 @@ impl QpTracker {
             // Not in flight (released already, or reclaimed at a RESET):
             // left bare.
             None => {}
+        }
+        if !recv {
+            self.release_orphans(later);
         }
     }
 
@@ -294,7 +408,6 @@ impl QpTracker {
     /// `off` is before the published tail.
     #[inline(never)]
     unsafe fn complete_after_others(q: &Queue, off: u32, c: &mut Completion, later: &mut Later) {
-        c.unsignaled.reserve(off as usize);
         let mut before = off;
         // SAFETY: the caller's contract: the `off` entries before the
         // completion's and that one are published, and this is the consumer.
@@ -302,10 +415,18 @@ impl QpTracker {
             q.advance_n(off as usize + 1, |p| {
                 if before == 0 {
                     p.finish(c, later);
+                } else if p.quiet {
+                    before -= 1;
+                    // A prepared request's send holds nothing: not listed,
+                    // no drop glue.
+                    std::mem::forget(p);
                 } else {
                     before -= 1;
-                    later.keep(p._ah, p._mw);
+                    if c.unsignaled.capacity() == 0 {
+                        c.unsignaled.reserve(before as usize + 1);
+                    }
                     c.unsignaled.push((p.wr_id, p.buffers));
+                    later.keep(p._ah, p._mw);
                 }
             })
         };
@@ -411,7 +532,7 @@ pub(crate) struct Kept {
 #[derive(Default)]
 pub(crate) struct Later(std::mem::ManuallyDrop<Option<Box<Deferred>>>);
 
-type Deferred = (Vec<Kept>, Vec<Tracked>, Vec<WrBuffers>);
+type Deferred = (Vec<Kept>, Vec<Tracked>, Vec<WrBuffers>, Vec<Box<dyn Send>>);
 
 impl Drop for Later {
     /// A test in line; the drop itself out of line (callgrind: the drop glue

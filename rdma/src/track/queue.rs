@@ -117,6 +117,17 @@ impl Queue {
         tail.wrapping_sub(head) as usize
     }
 
+    /// Whether entry `seq` was published and is still in flight (its
+    /// completion not resolved, nor the queue drained). A snapshot: another
+    /// thread's poll may resolve it at once; once `false` for an entry that
+    /// was published, it stays `false`, and the consumer's work on it
+    /// (Release store of `head`) happened before (Acquire load).
+    pub(super) fn holds(&self, seq: u32) -> bool {
+        let head = self.head.load(Ordering::Acquire);
+        let tail = self.tail.load(Ordering::Acquire);
+        seq.wrapping_sub(head) < tail.wrapping_sub(head)
+    }
+
     // --- producer side ---
 
     /// # Safety
@@ -293,7 +304,13 @@ impl Queue {
         // `tail`), so the producer no longer touches it.
         let slot = unsafe { &mut *b.slots[head as usize % BLOCK].get() };
         f(slot);
-        *slot = None;
+        match slot {
+            // A prepared request's send holds nothing (see
+            // `Pending::quiet`): emptied without its drop glue.
+            // SAFETY: a valid place, and the value overwritten owns nothing.
+            Some(p) if p.quiet => unsafe { std::ptr::write(slot, None) },
+            _ => *slot = None,
+        }
         let next = head.wrapping_add(1);
         if next as usize % BLOCK == 0 {
             // The producer linked the next block before publishing `head`.

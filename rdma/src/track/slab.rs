@@ -64,6 +64,7 @@ mod tests {
             buffers: crate::WrBuffers::None,
             _ah: None,
             _mw: None,
+            quiet: false,
         }
     }
 

@@ -558,3 +558,93 @@ fn two_pollers_of_one_cq_resolve_in_the_cq_s_order() {
     assert_eq!(got, (0..N).collect::<Vec<_>>());
     assert_eq!(t.in_flight(), (0, 0));
 }
+
+/// A prepared request dropped while its sends are in flight hands its
+/// memory to the tracker (`adopt`): kept until a completion passes its last
+/// send, then released by that poll; released at once when already done;
+/// dropped with the QP's drain otherwise.
+#[test]
+fn orphaned_memory_lives_until_its_last_send_is_done() {
+    let reg = Registry::default();
+    let t = qp(&reg);
+    let first = pending(&t, false, 1);
+    let last = pending(&t, false, 2);
+    let after = pending(&t, false, 3);
+    let seq = |id: u64| decode(id).map(|(_, _, s)| s).expect("our id");
+    assert!(t.send_in_flight(seq(last)));
+    let memory = Arc::new(());
+    t.adopt(Orphan {
+        seq: seq(last),
+        keep: Box::new(Arc::clone(&memory)),
+    });
+    let alive = Arc::downgrade(&memory);
+    drop(memory);
+    // The completion of an earlier send does not pass it.
+    assert_eq!(reg.completion(&wc(first)).wr_id, 1);
+    assert!(
+        alive.upgrade().is_some(),
+        "released before its send was done"
+    );
+    // A later one does (the queue completes in order).
+    assert_eq!(reg.completion(&wc(after)).wr_id, 3);
+    assert!(!t.send_in_flight(seq(last)));
+    assert!(alive.upgrade().is_none(), "kept after its send was done");
+
+    // Adopted after its send is done: released at once.
+    let done = pending(&t, false, 4);
+    assert_eq!(reg.completion(&wc(done)).wr_id, 4);
+    let memory = Arc::new(());
+    let alive = Arc::downgrade(&memory);
+    t.adopt(Orphan {
+        seq: seq(done),
+        keep: Box::new(memory),
+    });
+    assert!(alive.upgrade().is_none(), "a done send's memory was kept");
+
+    // Still in flight when the QP goes: dropped by its drain.
+    let stuck = pending(&t, false, 5);
+    let memory = Arc::new(());
+    let alive = Arc::downgrade(&memory);
+    t.adopt(Orphan {
+        seq: seq(stuck),
+        keep: Box::new(memory),
+    });
+    assert!(alive.upgrade().is_some());
+    assert_eq!(destroy(&reg, &t), 1, "the send in flight");
+    assert!(alive.upgrade().is_none(), "the drain kept it");
+}
+
+/// A prepared request's sends hold nothing and are not listed as
+/// unsignaled; other requests finished by the same completion are.
+#[test]
+fn quiet_sends_are_not_listed_as_unsignaled() {
+    let reg = Registry::default();
+    let t = qp(&reg);
+    let quiet = |t: &QpTracker, wr_id: u64| {
+        // SAFETY: tests post from one thread at a time.
+        let mut p = unsafe { t.producer(false) };
+        let id = p.wr_id(0);
+        p.push(Pending {
+            quiet: true,
+            ..Pending::memory(wr_id, WrBuffers::None)
+        });
+        id
+    };
+    quiet(&t, 1);
+    pending(&t, false, 2);
+    quiet(&t, 3);
+    let c = quiet(&t, 4);
+    let done = reg.completion(&wc(c));
+    assert_eq!(done.wr_id, 4);
+    let ids: Vec<u64> = done.unsignaled.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, [2]);
+    assert_eq!(t.in_flight(), (0, 0));
+    // The oldest in flight, on its own: its id comes back, nothing else.
+    for id in 5..40 {
+        let c = quiet(&t, id);
+        let done = reg.completion(&wc(c));
+        assert_eq!(done.wr_id, id);
+        assert!(done.unsignaled.is_empty() && matches!(done.buffers, WrBuffers::None));
+    }
+    assert_eq!(t.in_flight(), (0, 0));
+}
