@@ -105,7 +105,9 @@ bitflags::bitflags! {
         const GRH = ffi::IBV_WC_GRH;
         /// Immediate data is valid.
         const WITH_IMM = ffi::IBV_WC_WITH_IMM;
-        /// IP checksum verified.
+        /// IP checksum verified. (Linux 6.1's rxe sets this bit on a
+        /// receive that invalidated an rkey: its kernel flag value, with the
+        /// rkey in `imm_data`; see [`SendOp::LocalInvalidate`](crate::SendOp::LocalInvalidate).)
         const IP_CSUM_OK = ffi::IBV_WC_IP_CSUM_OK;
         /// An rkey was invalidated.
         const WITH_INV = ffi::IBV_WC_WITH_INV;

@@ -314,6 +314,14 @@ pub enum SendOp {
     /// MR with remote invalidation).
     SendWithInvalidate(u32),
     /// Invalidates a local rkey (a type 2 memory window bound by this QP).
+    ///
+    /// Never post it for a window the peer has already invalidated (a
+    /// receive completed with [`WcFlags::WITH_INV`](crate::WcFlags::WITH_INV)
+    /// naming it): on Linux 6.1's rxe that crashed the kernel (a NULL
+    /// dereference in `rxe_invalidate_mw`, measured in the VM). rxe also
+    /// reports a remote invalidation with the kernel's flag bit 2, which
+    /// libibverbs names `IP_CSUM_OK`, the rkey in `imm_data`
+    /// (`nfs/README.md`).
     LocalInvalidate(u32),
     /// 64-bit fetch and add; the old value lands in the 8-byte local buffer.
     FetchAdd {
