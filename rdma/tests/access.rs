@@ -318,14 +318,9 @@ fn refused_by_a_listener_elsewhere(bound: IpAddr, other: IpAddr) -> (EventChanne
 #[test]
 #[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
 fn iwarp_write_read_without_access_and_foreign_or_stale_rkeys() {
-    use common::iwarp::{iwarp_connection, iwarp_ip};
+    use common::iwarp::iwarp_connection;
     const RW: AccessFlags = AccessFlags::REMOTE_WRITE.union(AccessFlags::REMOTE_READ);
-    let listen = |ch: &EventChannel| {
-        let l = ch.create_id(PortSpace::Tcp).unwrap();
-        l.bind_addr(SocketAddr::new(iwarp_ip(), 0)).unwrap();
-        l.listen(4).unwrap();
-        l
-    };
+    let listen = common::iwarp::listener;
     // librdmacm's context on siw0 (kept for the life of the process).
     drop(listen(&EventChannel::new().unwrap()));
     let before = (common::resource_counts(), common::open_fds());

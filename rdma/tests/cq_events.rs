@@ -101,15 +101,9 @@ fn event_held_while_everything_else_is_dropped() {
 #[test]
 #[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
 fn iwarp_event_held_while_everything_else_is_dropped() {
-    use common::iwarp::{iwarp_connection_with, iwarp_ip};
-    use rdma::cm::{EventChannel, PortSpace};
-    use std::net::SocketAddr;
-    let listen = |ch: &EventChannel| {
-        let l = ch.create_id(PortSpace::Tcp).unwrap();
-        l.bind_addr(SocketAddr::new(iwarp_ip(), 0)).unwrap();
-        l.listen(4).unwrap();
-        l
-    };
+    use common::iwarp::iwarp_connection_with;
+    use rdma::cm::EventChannel;
+    let listen = common::iwarp::listener;
     // librdmacm's context on siw0 (kept for the life of the process).
     drop(listen(&EventChannel::new().unwrap()));
     let before = (common::resource_counts(), common::open_fds());

@@ -180,15 +180,9 @@ fn fork_with_registered_memory() {
 #[test]
 #[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
 fn iwarp_fork_with_registered_memory() {
-    use common::iwarp::{iwarp_connection, iwarp_ip, send_one};
-    use rdma::cm::{EventChannel, PortSpace};
-    use std::net::SocketAddr;
-    let listen = |ch: &EventChannel| {
-        let l = ch.create_id(PortSpace::Tcp).unwrap();
-        l.bind_addr(SocketAddr::new(iwarp_ip(), 0)).unwrap();
-        l.listen(4).unwrap();
-        l
-    };
+    use common::iwarp::{iwarp_connection, send_one};
+    use rdma::cm::EventChannel;
+    let listen = common::iwarp::listener;
     // librdmacm's context on siw0 (kept for the life of the process).
     drop(listen(&EventChannel::new().unwrap()));
     let before = baseline();
@@ -265,12 +259,7 @@ fn iwarp_cq_overrun_is_an_async_event() {
     use common::iwarp::{iwarp_ip, next_event};
     use rdma::cm::{CmEventType, ConnParam, EventChannel, PortSpace};
     use std::net::SocketAddr;
-    let listen = |ch: &EventChannel| {
-        let l = ch.create_id(PortSpace::Tcp).unwrap();
-        l.bind_addr(SocketAddr::new(iwarp_ip(), 0)).unwrap();
-        l.listen(4).unwrap();
-        l
-    };
+    let listen = common::iwarp::listener;
     // librdmacm's context on siw0 (kept for the life of the process).
     drop(listen(&EventChannel::new().unwrap()));
     let before = baseline();
@@ -389,19 +378,13 @@ fn iwarp_cq_overrun_is_an_async_event() {
 #[test]
 #[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
 fn iwarp_qp_moved_to_error_while_another_thread_posts() {
-    use common::iwarp::{iwarp_connection, iwarp_ip};
-    use rdma::cm::{EventChannel, PortSpace};
-    use std::net::SocketAddr;
+    use common::iwarp::iwarp_connection;
+    use rdma::cm::EventChannel;
     const BASE: u64 = 1000;
     // 64 KiB each, so that siw still holds some (not yet given to TCP)
     // when the switch comes.
     const LEN: usize = 64 << 10;
-    let listen = |ch: &EventChannel| {
-        let l = ch.create_id(PortSpace::Tcp).unwrap();
-        l.bind_addr(SocketAddr::new(iwarp_ip(), 0)).unwrap();
-        l.listen(4).unwrap();
-        l
-    };
+    let listen = common::iwarp::listener;
     // librdmacm's context on siw0 (kept for the life of the process).
     drop(listen(&EventChannel::new().unwrap()));
     let before = baseline();

@@ -17,6 +17,17 @@ pub fn iwarp_ip() -> IpAddr {
         .expect("RDMA_TEST_IWARP_IP is an IP address")
 }
 
+/// A listener on the iWARP device's address (any port, backlog 4) on `ch`.
+/// Making and dropping one first opens librdmacm's context on siw0, which
+/// it keeps for the life of the process (so that a test's baseline counts
+/// it).
+pub fn listener(ch: &EventChannel) -> rdma::cm::CmId {
+    let l = ch.create_id(PortSpace::Tcp).unwrap();
+    l.bind_addr(SocketAddr::new(iwarp_ip(), 0)).unwrap();
+    l.listen(4).unwrap();
+    l
+}
+
 /// One end of an iWARP connection: its verbs objects, made on the id's
 /// context (librdmacm's).
 pub struct End {
