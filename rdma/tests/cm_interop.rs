@@ -298,10 +298,27 @@ fn rping_text(n: usize, size: usize) -> String {
     s
 }
 
+/// Whether an rping side ended well: exit status 0, or, for rdma-core's C
+/// `rping` only, its own teardown race. In rdma-core 44 the CM thread,
+/// woken by the DISCONNECTED event, asks for the next event after the main
+/// thread has destroyed the event channel, and exits 255 after printing
+/// `rdma_get_cm_event: Bad file descriptor` (seen once in CI, 27 Nov 2026,
+/// after a complete run; later rdma-core stops that thread first). The
+/// caller still checks that every ping was printed on both sides.
+fn rping_ended_well(f: &Finished) -> bool {
+    f.success()
+        || (f.name.contains("(C ")
+            && f.status.and_then(|st| st.code()) == Some(255)
+            && f.stderr.contains("DISCONNECT EVENT")
+            && f.stderr
+                .trim_end()
+                .ends_with("rdma_get_cm_event: Bad file descriptor"))
+}
+
 /// Both rping sides succeeded, and each printed every ping of the run.
 fn assert_rping_exchanged(s: &Finished, c: &Finished) {
-    assert!(c.success(), "client failed\n{s}{c}");
-    assert!(s.success(), "server failed\n{s}{c}");
+    assert!(rping_ended_well(c), "client failed\n{s}{c}");
+    assert!(rping_ended_well(s), "server failed\n{s}{c}");
     let want: Vec<String> = (0..RPING_COUNT)
         .map(|n| format!("ping data: {}", rping_text(n, 64)))
         .collect();
