@@ -19,7 +19,7 @@
 use rdma::aio::tokio as rt;
 use std::future::Future;
 
-use rdma::{AccessFlags, Completion, InlineSend, SendFlags, SendOp, WrBuffers};
+use rdma::{AccessFlags, Completion, InlineSend, WrBuffers};
 
 use crate::bw::{SafeClient, SafeServer};
 use crate::clock::Stamps;
@@ -106,7 +106,6 @@ async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut 
         qps,
         send_cq,
         recv_cq,
-        pd,
         oob,
         inline: max_inline,
         ..
@@ -117,25 +116,8 @@ async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut 
     let mut rposted = slots;
     let cq_mod = opts.cq_mod_for(size);
     let inline = size <= *max_inline as usize;
-    // As the blocking loop: one prepared send with its own buffer, or a
-    // pool of buffers with `--post-send`.
-    let mut prepared = if inline {
-        None
-    } else {
-        crate::lat::prepare(
-            qp,
-            opts,
-            SendOp::Send,
-            SendFlags::SIGNALED,
-            size,
-            AccessFlags::empty(),
-        )?
-    };
-    let mut sbufs = if inline || prepared.is_some() {
-        Vec::new()
-    } else {
-        setup::pool(pd, cq_mod, size, AccessFlags::empty())?
-    };
+    // As the blocking loop.
+    let (mut prepared, mut sbufs) = crate::lat::send_buffers(qp, opts, inline, size, cq_mod)?;
     let data = vec![0u8; size];
     let mut recv_acq = rt::completions(recv_cq).or_fail("Couldn't await the receive CQ")?;
     let mut send_acq = rt::completions(send_cq).or_fail("Couldn't await the send CQ")?;

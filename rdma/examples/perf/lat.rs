@@ -93,6 +93,26 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
     Ok(())
 }
 
+/// What a SEND latency loop sends from: nothing when inline; else the
+/// send checked once with its own buffer, or (`--post-send`) a pool of
+/// `cq_mod` buffers, one per send between two completions.
+pub fn send_buffers(
+    qp: &rdma::QueuePair,
+    opts: &Opts,
+    inline: bool,
+    size: usize,
+    cq_mod: u32,
+) -> Res<(Option<PreparedSend>, Vec<MemoryRegion>)> {
+    if inline {
+        return Ok((None, Vec::new()));
+    }
+    let none = AccessFlags::empty();
+    match prepare(qp, opts, SendOp::Send, SendFlags::SIGNALED, size, none)? {
+        Some(p) => Ok((Some(p), Vec::new())),
+        None => Ok((None, setup::pool(qp.pd(), cq_mod, size, none)?)),
+    }
+}
+
 /// `op` with `flags`, checked once for `qp`, owning a new region of `len`
 /// bytes with `access` (`None` with `--post-send`).
 pub fn prepare(
@@ -133,25 +153,7 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
     // one buffer per send between two completions (none when inline).
     let cq_mod = opts.cq_mod_for(size);
     let inline = size <= conn.inline as usize;
-    // The send checked once, with its own buffer (unless `--post-send`,
-    // which takes a buffer of the pool per send).
-    let mut prepared = if inline {
-        None
-    } else {
-        prepare(
-            qp,
-            opts,
-            SendOp::Send,
-            SendFlags::SIGNALED,
-            size,
-            AccessFlags::empty(),
-        )?
-    };
-    let mut sbufs = if inline || prepared.is_some() {
-        Vec::new()
-    } else {
-        setup::pool(&conn.pd, cq_mod, size, AccessFlags::empty())?
-    };
+    let (mut prepared, mut sbufs) = send_buffers(qp, opts, inline, size, cq_mod)?;
     let data = vec![0u8; size];
     // The last receive and send completion, polled in place.
     let mut rslot: Option<Completion> = None;
