@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::error::{call_ptr, check_errno_ret, check_minus_one, last_errno, Error, Result};
 use crate::track::Registry;
-use crate::wc::Completion;
+use crate::wc::{Completion, WorkCompletion};
+use crate::wr::WrBuffers;
 use crate::{ffi, Context};
 
 // ---------------------------------------------------------------------------
@@ -586,6 +587,66 @@ impl CompletionQueue {
         self.inner
             .poll_into(out, max)
             .map_err(|n| self.poll_failed(n))
+    }
+
+    /// Polls up to `wcs.len()` completions into `wcs` (`ibv_poll_cq(3)`, which
+    /// writes them there in place), returning how many. The compact form of
+    /// [`CompletionQueue::poll`], for loops that poll many: each
+    /// [`WorkCompletion`] carries the caller's `wr_id` and nothing to drop,
+    /// and the memory of the requests these completions finish (a safe
+    /// post's own, and that of the unsignaled requests before it) is appended
+    /// to `memory` as `(wr_id, memory)`, in posting order per queue. Prepared
+    /// requests' sends ([`QueuePair::post_prepared`](crate::QueuePair::post_prepared))
+    /// hold no memory and add nothing: a loop of them never touches `memory`.
+    ///
+    /// ```no_run
+    /// # fn f(cq: &rdma::CompletionQueue) -> rdma::Result<()> {
+    /// let mut wcs = [rdma::WorkCompletion::default(); 16];
+    /// let mut memory = Vec::new();
+    /// let n = cq.poll_wc(&mut wcs, &mut memory)?;
+    /// for wc in &wcs[..n] {
+    ///     wc.ok()?;
+    ///     println!("request {} done", wc.wr_id());
+    /// }
+    /// for (wr_id, _memory) in memory.drain(..) {
+    ///     println!("request {wr_id} gave its memory back");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`CompletionQueue::poll`].
+    #[inline]
+    pub fn poll_wc(
+        &self,
+        wcs: &mut [WorkCompletion],
+        memory: &mut Vec<(u64, WrBuffers)>,
+    ) -> Result<usize> {
+        if wcs.is_empty() {
+            return Ok(0);
+        }
+        let _guard = self.legacy_poll_guard()?;
+        let want = std::ffi::c_int::try_from(wcs.len()).unwrap_or(std::ffi::c_int::MAX);
+        let mut r = self.inner.registry.resolver();
+        // SAFETY: `wcs` has room for `want` entries (`WorkCompletion` is an
+        // `ibv_wc`, `repr(transparent)`); the CQ is live.
+        let n = unsafe {
+            ffi::ibv_poll_cq(self.as_raw(), want, wcs.as_mut_ptr().cast::<ffi::ibv_wc>())
+        };
+        let Ok(n) = usize::try_from(n) else {
+            drop(r);
+            return Err(self.poll_failed(n));
+        };
+        for wc in &mut wcs[..n] {
+            r.attach(&mut crate::track::Compact {
+                wc: wc.raw_mut(),
+                memory: &mut *memory,
+            });
+        }
+        if n < wcs.len() {
+            r.cq_empty();
+        }
+        Ok(n)
     }
 
     /// Polls one completion (`ibv_poll_cq(3)` for one entry): `None` when

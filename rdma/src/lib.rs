@@ -307,12 +307,12 @@ pub use pd::ProtectionDomain;
 pub use pool::BufferPool;
 pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortState};
 pub use qp::{
-    InitAttr, PostPath, PreparedSend, QpAttr, QpCaps, QpCreateFlags, QpState, QpType, QueuePair,
-    QueuePairBuilder, RtrAttr, RtsAttr,
+    InitAttr, PostPath, PreparedRecv, PreparedSend, QpAttr, QpCaps, QpCreateFlags, QpState, QpType,
+    QueuePair, QueuePairBuilder, RtrAttr, RtsAttr,
 };
 pub use srq::{SharedReceiveQueue, SrqAttr, SrqType};
 pub use td::{ParentDomain, ThreadDomain};
-pub use wc::{Completion, WcFlags, WcOpcode, WcStatus};
+pub use wc::{Completion, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{InlineSend, PostError, SendFlags, SendOp, SendWr, UdDest, WrBuffers, WrOpcode};
 pub use xrc::{XrcDomain, XrcRecvQueuePair};
 
@@ -343,6 +343,7 @@ mod auto_traits {
         send_sync::<crate::NullMemoryRegion>();
         send_sync::<crate::ImportedMemoryRegion>();
         send_sync::<crate::PreparedSend>();
+        send_sync::<crate::PreparedRecv>();
         // A shared region moves between threads inside the requests and
         // completions that hold it.
         send_sync::<crate::WrBuffers>();

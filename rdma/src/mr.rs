@@ -798,10 +798,16 @@ impl MemoryRegion {
     }
 
     /// [`MemoryRegion::read_at`] with the atomic copy whatever the access
-    /// flags: for a region lent to sends in flight
-    /// ([`crate::PreparedSend::read_at`]), which the device may write.
-    pub(crate) fn read_racy(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.check_range("PreparedSend::read_at", offset, out.len())?;
+    /// flags: for a region lent to requests in flight
+    /// ([`crate::PreparedSend::read_at`], [`crate::PreparedRecv::read_at`]),
+    /// which the device may write; `verb` names the caller in errors.
+    pub(crate) fn read_racy(
+        &self,
+        verb: &'static str,
+        offset: usize,
+        out: &mut [u8],
+    ) -> Result<()> {
+        self.check_range(verb, offset, out.len())?;
         // SAFETY: in bounds (checked) of this piece, which owns its range;
         // `out` is a distinct borrow; the device's and peers' accesses are
         // atomic with respect to Rust, and so is this copy.

@@ -186,13 +186,7 @@ impl Completion {
     #[inline]
     pub(crate) fn set_raw(&mut self, wc: &ffi::ibv_wc) {
         let wc_flags = WcFlags::from_bits_retain(wc.wc_flags);
-        // SAFETY: both union members are u32; reading either is defined.
-        let imm = unsafe { wc.__bindgen_anon_1.imm_data };
-        self.imm_data = if wc_flags.contains(WcFlags::WITH_IMM) {
-            u32::from_be(imm)
-        } else {
-            imm
-        };
+        self.imm_data = imm_data(wc);
         self.wr_id = wc.wr_id;
         self.status = WcStatus::from_raw(wc.status);
         self.opcode = WcOpcode::from_raw(wc.opcode);
@@ -255,6 +249,178 @@ impl Completion {
                 vendor_err: self.vendor_err,
             })
         }
+    }
+}
+
+/// The immediate data in host byte order, or the invalidated rkey, per the
+/// flags (the provider gives immediate data in network byte order).
+#[inline(always)]
+fn imm_data(wc: &ffi::ibv_wc) -> u32 {
+    // SAFETY: both union members are u32; reading either is defined.
+    let imm = unsafe { wc.__bindgen_anon_1.imm_data };
+    if wc.wc_flags & ffi::IBV_WC_WITH_IMM != 0 {
+        u32::from_be(imm)
+    } else {
+        imm
+    }
+}
+
+/// A polled work completion in the provider's own layout (`struct ibv_wc`,
+/// which it is, `#[repr(transparent)]`), read through methods: what
+/// [`CompletionQueue::poll_wc`](crate::CompletionQueue::poll_wc) fills in
+/// place. The compact form of [`Completion`] for loops that poll many: no
+/// memory travels in it (the memory of the requests it finishes comes back
+/// in a list beside it), so it is `Copy` and an array of them is reused
+/// from poll to poll with nothing to drop.
+///
+/// For work posted through the safe API, [`WorkCompletion::wr_id`] is the
+/// id the caller gave.
+#[derive(Clone, Copy, Default)]
+#[repr(transparent)]
+pub struct WorkCompletion(ffi::ibv_wc);
+
+impl WorkCompletion {
+    /// The caller's work request id.
+    #[inline]
+    pub fn wr_id(&self) -> u64 {
+        self.0.wr_id
+    }
+
+    /// Success or the reason of the failure.
+    #[inline]
+    pub fn status(&self) -> WcStatus {
+        WcStatus::from_raw(self.0.status)
+    }
+
+    /// True when the work request succeeded (one comparison: no
+    /// conversion of the status).
+    #[inline]
+    pub fn is_success(&self) -> bool {
+        self.0.status == ffi::IBV_WC_SUCCESS
+    }
+
+    /// The operation (valid when the status is success).
+    #[inline]
+    pub fn opcode(&self) -> WcOpcode {
+        WcOpcode::from_raw(self.0.opcode)
+    }
+
+    /// Vendor error syndrome (for failures).
+    #[inline]
+    pub fn vendor_err(&self) -> u32 {
+        self.0.vendor_err
+    }
+
+    /// Bytes transferred (receives, RDMA READ, atomics).
+    #[inline]
+    pub fn byte_len(&self) -> u32 {
+        self.0.byte_len
+    }
+
+    /// Immediate data (host byte order) or the invalidated rkey, per
+    /// [`WorkCompletion::wc_flags`]; as [`Completion::imm_data`].
+    #[inline]
+    pub fn imm_data(&self) -> u32 {
+        imm_data(&self.0)
+    }
+
+    /// The immediate data, if the completion carries one.
+    #[inline]
+    pub fn imm(&self) -> Option<u32> {
+        self.wc_flags()
+            .contains(WcFlags::WITH_IMM)
+            .then(|| self.imm_data())
+    }
+
+    /// The local QP number.
+    #[inline]
+    pub fn qp_num(&self) -> u32 {
+        self.0.qp_num
+    }
+
+    /// The source QP number (UD receives).
+    #[inline]
+    pub fn src_qp(&self) -> u32 {
+        self.0.src_qp
+    }
+
+    /// Flags.
+    #[inline]
+    pub fn wc_flags(&self) -> WcFlags {
+        WcFlags::from_bits_retain(self.0.wc_flags)
+    }
+
+    /// P_Key index (GSI QPs).
+    #[inline]
+    pub fn pkey_index(&self) -> u16 {
+        self.0.pkey_index
+    }
+
+    /// Source LID (UD receives, InfiniBand).
+    #[inline]
+    pub fn slid(&self) -> u16 {
+        self.0.slid
+    }
+
+    /// Service level.
+    #[inline]
+    pub fn sl(&self) -> u8 {
+        self.0.sl
+    }
+
+    /// Destination LID path bits.
+    #[inline]
+    pub fn dlid_path_bits(&self) -> u8 {
+        self.0.dlid_path_bits
+    }
+
+    /// `Ok(self)` when successful, else an error describing the failure.
+    ///
+    /// # Errors
+    /// [`crate::Error::Completion`] with the status and vendor error.
+    #[inline]
+    pub fn ok(&self) -> crate::Result<&Self> {
+        if self.is_success() {
+            Ok(self)
+        } else {
+            Err(self.failed())
+        }
+    }
+
+    #[cold]
+    fn failed(&self) -> crate::Error {
+        crate::Error::Completion {
+            wr_id: self.wr_id(),
+            qp_num: self.qp_num(),
+            status: self.status(),
+            vendor_err: self.vendor_err(),
+        }
+    }
+
+    /// The provider's entry.
+    pub fn as_raw(&self) -> &ffi::ibv_wc {
+        &self.0
+    }
+
+    /// The provider's entry, to be resolved in place by a poll.
+    pub(crate) fn raw_mut(&mut self) -> &mut ffi::ibv_wc {
+        &mut self.0
+    }
+}
+
+impl fmt::Debug for WorkCompletion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkCompletion")
+            .field("wr_id", &self.wr_id())
+            .field("status", &self.status())
+            .field("opcode", &self.opcode())
+            .field("vendor_err", &self.vendor_err())
+            .field("byte_len", &self.byte_len())
+            .field("imm_data", &self.imm_data())
+            .field("qp_num", &self.qp_num())
+            .field("src_qp", &self.src_qp())
+            .field("wc_flags", &self.wc_flags())
+            .finish_non_exhaustive()
     }
 }
 

@@ -687,6 +687,202 @@ fn poll_one_into_reuses_one_slot() {
     assert_eq!((p.a.in_flight(), p.b.in_flight()), ((0, 0), (0, 0)));
 }
 
+/// The compact poll: each completion's id is the caller's, resolved where
+/// the provider wrote it, and the memory of the requests it finishes comes
+/// back beside it, in posting order per queue (an unsignaled send's before
+/// the signaled one's); a prepared request's sends add nothing.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn poll_wc_resolves_in_place_and_returns_memory_beside() {
+    let mut p = common::pair(QpType::Rc, AccessFlags::empty());
+    let mut wcs = [rdma::WorkCompletion::default(); 2];
+    let mut memory = Vec::new();
+    assert_eq!(
+        p.cq.poll_wc(&mut wcs, &mut memory).unwrap(),
+        0,
+        "a new CQ is empty"
+    );
+    assert_eq!(
+        p.cq.poll_wc(&mut [], &mut memory).unwrap(),
+        0,
+        "no room, no poll"
+    );
+    three_receives_and_sends(&mut p, |i| i != 0);
+    let target = p.pd.alloc_mr(8, LW | AccessFlags::REMOTE_WRITE).unwrap();
+    let mut write =
+        p.a.prepare_send(
+            SendOp::Write(target.remote()),
+            SendFlags::SIGNALED,
+            p.pd.reg_mr(vec![9u8; 8], AccessFlags::empty()).unwrap(),
+        )
+        .unwrap();
+    p.a.post_prepared(&mut write, 30, 0, 8).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut seen = Vec::new();
+    // At most two per poll: the batches end in the middle of the six.
+    while seen.len() < 6 {
+        let n = p.cq.poll_wc(&mut wcs, &mut memory).unwrap();
+        for wc in &wcs[..n] {
+            assert!(wc.ok().is_ok(), "{wc:?}");
+            seen.push((wc.wr_id(), wc.opcode(), wc.byte_len()));
+        }
+        if n == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "lost completion: {seen:?}"
+            );
+            std::thread::yield_now();
+        }
+    }
+    assert_eq!(
+        p.cq.poll_wc(&mut wcs, &mut memory).unwrap(),
+        0,
+        "six, no more"
+    );
+    seen.sort_by_key(|s| s.0);
+    let ids: Vec<u64> = seen.iter().map(|s| s.0).collect();
+    assert_eq!(ids, [10, 11, 12, 21, 22, 30], "the callers' ids");
+    assert!(seen[..3].iter().all(|s| s.1 == WcOpcode::Recv && s.2 == 32));
+    assert_eq!(seen[5].1, WcOpcode::RdmaWrite);
+    let back: Vec<(u64, Vec<u8>)> = memory
+        .drain(..)
+        .map(|(id, b)| (id, b.into_one().unwrap().to_vec()))
+        .collect();
+    let sends: Vec<_> = back.iter().filter(|(id, _)| *id >= 20).cloned().collect();
+    assert_eq!(
+        sends,
+        [(20, vec![1; 32]), (21, vec![2; 32]), (22, vec![3; 32])],
+        "each send's memory, the unsignaled one first; none for the prepared WRITE"
+    );
+    let mut recvs: Vec<_> = back.into_iter().filter(|(id, _)| *id < 20).collect();
+    recvs.sort_by_key(|r| r.0);
+    assert_eq!(
+        recvs,
+        [(10, vec![1; 32]), (11, vec![2; 32]), (12, vec![3; 32])]
+    );
+    let mut now = [0u8; 8];
+    target.read_at(0, &mut now).unwrap();
+    assert_eq!(now, [9; 8], "the prepared WRITE landed");
+    assert_eq!((p.a.in_flight(), p.b.in_flight()), ((0, 0), (0, 0)));
+}
+
+/// `prepare_recv`: receives lend slots of one region, each completion
+/// carries the caller's id and no memory, each message is read from its
+/// slot; bad slots, other QPs and regions the post would refuse are
+/// refused up front.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn prepared_receives_lend_slots_of_their_region() {
+    let mut p = common::pair(QpType::Rc, AccessFlags::empty());
+    let e =
+        p.b.prepare_recv(p.pd.alloc_mr(96, AccessFlags::empty()).unwrap(), 32)
+            .expect_err("receive memory needs LOCAL_WRITE");
+    assert!(e.error.to_string().contains("LOCAL_WRITE"), "{}", e.error);
+    assert_eq!(e.returned.len(), 1, "the region comes back");
+    let e =
+        p.b.prepare_recv(p.pd.alloc_mr(96, LW).unwrap(), 0)
+            .expect_err("empty slots");
+    assert!(
+        e.error.to_string().contains("slots of 0 bytes"),
+        "{}",
+        e.error
+    );
+    let mut recvs =
+        p.b.prepare_recv(p.pd.alloc_mr(100, LW).unwrap(), 32)
+            .unwrap();
+    assert_eq!(
+        (recvs.slots(), recvs.slot_len()),
+        (3, 32),
+        "the tail is unused"
+    );
+    let e =
+        p.b.post_prepared_recv(&mut recvs, 7, 3)
+            .expect_err("slot 3 of 3");
+    assert!(e.to_string().contains("slot 3"), "{e}");
+    let e =
+        p.a.post_prepared_recv(&mut recvs, 7, 0)
+            .expect_err("prepared by b");
+    assert!(e.to_string().contains("another QP"), "{e}");
+    assert!(!recvs.in_flight());
+    for slot in 0..3 {
+        p.b.post_prepared_recv(&mut recvs, 40 + slot as u64, slot)
+            .unwrap();
+    }
+    assert!(recvs.in_flight());
+    for i in 0..3u64 {
+        let len = 8 * (i as usize + 1);
+        let m =
+            p.pd.reg_mr(pattern(len, i as u8), AccessFlags::empty())
+                .unwrap();
+        p.a.post_send(SendWr::send(20 + i, m)).unwrap();
+    }
+    let mut wcs = [rdma::WorkCompletion::default(); 8];
+    let mut memory = Vec::new();
+    let mut recv_ids = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut seen = 0;
+    while seen < 6 {
+        let n = p.cq.poll_wc(&mut wcs, &mut memory).unwrap();
+        for wc in &wcs[..n] {
+            assert!(wc.is_success(), "{wc:?}");
+            if wc.opcode() == WcOpcode::Recv {
+                recv_ids.push((wc.wr_id(), wc.byte_len()));
+            }
+        }
+        seen += n;
+        assert!(std::time::Instant::now() < deadline, "lost completion");
+    }
+    assert_eq!(
+        recv_ids,
+        [(40, 8), (41, 16), (42, 24)],
+        "in order, the callers' ids"
+    );
+    assert!(
+        memory.iter().all(|(id, _)| *id >= 20),
+        "prepared receives give no memory back: {memory:?}"
+    );
+    for i in 0..3usize {
+        let len = 8 * (i + 1);
+        let mut got = vec![0; len];
+        recvs.read_at(i, 0, &mut got).unwrap();
+        assert_eq!(got, pattern(len, i as u8), "slot {i}");
+    }
+    let e = recvs
+        .read_at(2, 30, &mut [0; 4])
+        .expect_err("past the slot");
+    assert!(e.to_string().contains("slot 2"), "{e}");
+    assert!(!recvs.in_flight());
+    let mr = recvs.into_region().expect("nothing in flight");
+    assert_eq!(mr.len(), 100);
+    assert_eq!((p.a.in_flight(), p.b.in_flight()), ((0, 0), (0, 0)));
+}
+
+/// A prepared receive region dropped while a receive is in flight stays
+/// registered: the message that arrives afterwards completes without error,
+/// and the region goes with that completion.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn prepared_receive_region_dropped_in_flight_stays_registered() {
+    let mut p = common::pair(QpType::Rc, AccessFlags::empty());
+    let mut recvs =
+        p.b.prepare_recv(p.pd.alloc_mr(64, LW).unwrap(), 64)
+            .unwrap();
+    p.b.post_prepared_recv(&mut recvs, 5, 0).unwrap();
+    let recvs = recvs.into_region().expect_err("in flight: refused");
+    drop(recvs);
+    assert_eq!(p.b.in_flight(), (0, 1));
+    let m = p.pd.reg_mr(vec![7u8; 64], AccessFlags::empty()).unwrap();
+    p.a.post_send(SendWr::send(6, m)).unwrap();
+    let mut done = wait(&p.cq, 2);
+    let r = take(&mut done, 5);
+    assert!(
+        r.is_success(),
+        "the dropped region was still registered: {r:?}"
+    );
+    assert_eq!(r.byte_len, 64);
+    assert_eq!((p.a.in_flight(), p.b.in_flight()), ((0, 0), (0, 0)));
+}
+
 /// Posting and polling on different threads: one thread posts receives on
 /// `b`, another posts sends on `a` (every fourth signaled), and the main
 /// thread polls the shared CQ and hands the memory back to its poster. A

@@ -19,14 +19,14 @@
 use rdma::aio::tokio as rt;
 use std::future::Future;
 
-use rdma::{AccessFlags, Completion, InlineSend, WrBuffers};
+use rdma::{Completion, InlineSend};
 
 use crate::bw::{SafeClient, SafeServer};
 use crate::clock::Stamps;
 use crate::io::{self, POLL_BATCH};
 use crate::opts::{Opts, OrFail, Res};
 use crate::report::BwStamps;
-use crate::setup::{self, Conn};
+use crate::setup::Conn;
 
 /// `send_lat` for one size with async waits; see the module documentation.
 ///
@@ -99,8 +99,6 @@ pub fn bw_server(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamp
 async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
     let server = opts.is_server();
     let iters = opts.iters;
-    let slots = crate::lat::rx_slots(opts, size);
-    let bufs = setup::pool(&conn.pd, slots, size, AccessFlags::LOCAL_WRITE)?;
     // Field by field: the QP is posted to while the CQs are awaited.
     let Conn {
         qps,
@@ -111,9 +109,8 @@ async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut 
         ..
     } = conn;
     let qp = &mut qps[0];
-    qp.post_recv_batch(bufs.into_iter().map(|m| (0, WrBuffers::One(m))))
-        .map_err(|e| format!("Couldn't post receives: {}", e.error))?;
-    let mut rposted = slots;
+    // As the blocking loop.
+    let (mut receives, mut rposted) = crate::lat::Receives::post(qp, opts, size)?;
     let cq_mod = opts.cq_mod_for(size);
     let inline = size <= *max_inline as usize;
     // As the blocking loop.
@@ -153,8 +150,7 @@ async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut 
         stamps.push();
         if let (true, Some(c)) = (arrived, rslot.as_mut()) {
             if rposted < iters {
-                qp.post_recv(0, c.take_buffers())
-                    .map_err(|e| format!("Couldn't post a receive: {}", e.error))?;
+                receives.repost(qp, c.wr_id, Some(c.take_buffers()))?;
                 rposted += 1;
             }
         }

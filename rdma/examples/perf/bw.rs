@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use rdma::{
-    ffi, Completion, MemoryRegion, PreparedSend, QueuePair, RemoteMemory, SendFlags, WrBuffers,
+    ffi, Completion, MemoryRegion, PreparedSend, QueuePair, RemoteMemory, SendFlags,
+    WorkCompletion, WrBuffers,
 };
 
 use crate::clock;
@@ -95,18 +96,19 @@ fn buf_len(opts: &Opts, size: usize) -> usize {
 /// its completions awaited (`aio::bw_client`).
 fn client_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) -> Res<usize> {
     let mut client = SafeClient::new(conn, opts, size, stamps)?;
-    let mut wcs: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
+    let mut wcs = [WorkCompletion::default(); POLL_BATCH];
+    let mut memory = Vec::new();
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
     stamps.loop_start();
     while !client.finished() {
         client.post(&mut conn.qps, stamps)?;
-        wcs.clear();
-        if io::poll_safe(&conn.send_cq, conn.send_ch.as_ref(), &mut wcs, POLL_BATCH)? == 0 {
+        let n = io::poll_safe(&conn.send_cq, conn.send_ch.as_ref(), &mut wcs, &mut memory)?;
+        if n == 0 {
             watch.idle()?;
             continue;
         }
-        client.complete(&mut wcs, stamps)?;
+        client.complete_wc(&wcs[..n], &mut memory, stamps)?;
     }
     stamps.loop_end(client.total);
     Ok(client.total)
@@ -330,9 +332,34 @@ impl SafeClient {
         Ok(())
     }
 
-    /// Handles a poll's completions where they lie (moving each 112-byte
-    /// completion out cost more than handling it); the caller's next
-    /// `clear` drops what is left.
+    /// Handles a poll's completions in the compact form: each one's count,
+    /// then the memory they gave back (`--post-send`'s READ and atomic
+    /// regions) to the free lists.
+    ///
+    /// # Errors
+    /// A failed completion, or one of an unknown QP.
+    #[inline(always)]
+    pub fn complete_wc(
+        &mut self,
+        wcs: &[WorkCompletion],
+        memory: &mut Vec<(u64, WrBuffers)>,
+        stamps: &mut BwStamps,
+    ) -> Res<()> {
+        let now = stamps.poll_time();
+        for wc in wcs {
+            io::check_wc(wc, "send")?;
+            self.completed(wc.wr_id(), now, stamps)?;
+        }
+        if !memory.is_empty() {
+            for (id, b) in memory.drain(..) {
+                self.give_back(id, b);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`SafeClient::complete_wc`] for completions that carry their memory
+    /// (the async loop's); the caller's next `clear` drops what is left.
     ///
     /// # Errors
     /// A failed completion, or one of an unknown QP.
@@ -341,30 +368,42 @@ impl SafeClient {
         let now = stamps.poll_time();
         for c in wcs {
             io::check(c, "send")?;
-            let (q, n) = io::split_id(c.wr_id);
-            let side = self
-                .sides
-                .get_mut(q)
-                .ok_or("completion for an unknown QP")?;
-            if c.unsignaled.is_empty() {
-            } else if self.shared.is_some() {
-                // A shared region's references give no region back
-                // (`shared` holds another one): they are just dropped.
-                c.unsignaled.clear();
-            } else {
-                for (_, b) in c.unsignaled.drain(..) {
-                    side.free.extend(b.into_one());
-                }
+            for (id, b) in c.unsignaled.drain(..) {
+                self.give_back(id, b);
             }
             // (Prepared requests' completions carry no memory.)
             if !matches!(c.buffers, WrBuffers::None) {
-                side.free.extend(c.take_buffers().into_one());
+                self.give_back(c.wr_id, c.take_buffers());
             }
-            self.done += (n - side.ccnt) as usize;
-            side.ccnt = n;
-            stamps.complete(self.done, now);
+            self.completed(c.wr_id, now, stamps)?;
         }
         Ok(())
+    }
+
+    /// Counts the requests of `id`'s QP up to `id` as done (unsignaled ones
+    /// before it included).
+    #[inline(always)]
+    fn completed(&mut self, id: u64, now: u64, stamps: &mut BwStamps) -> Res<()> {
+        let (q, n) = io::split_id(id);
+        let side = self
+            .sides
+            .get_mut(q)
+            .ok_or("completion for an unknown QP")?;
+        self.done += (n - side.ccnt) as usize;
+        side.ccnt = n;
+        stamps.complete(self.done, now);
+        Ok(())
+    }
+
+    /// A finished request's memory: a READ or atomic region back to its
+    /// QP's free list; a reference to the shared region just dropped
+    /// (`shared` holds another one).
+    fn give_back(&mut self, id: u64, b: WrBuffers) {
+        if self.shared.is_none() {
+            if let Some(side) = self.sides.get_mut(io::split_id(id).0) {
+                side.free.extend(b.into_one());
+            }
+        }
     }
 }
 
@@ -477,16 +516,17 @@ fn server_send_safe(
     stamps: &mut BwStamps,
 ) -> Res<usize> {
     let mut server = SafeServer::new(conn, opts, size, stamps)?;
-    let mut wcs: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
+    let mut wcs = [WorkCompletion::default(); POLL_BATCH];
+    let mut memory = Vec::with_capacity(POLL_BATCH);
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
     while !server.finished() {
-        wcs.clear();
-        if io::poll_safe(&conn.recv_cq, conn.recv_ch.as_ref(), &mut wcs, POLL_BATCH)? == 0 {
+        let n = io::poll_safe(&conn.recv_cq, conn.recv_ch.as_ref(), &mut wcs, &mut memory)?;
+        if n == 0 {
             watch.idle()?;
             continue;
         }
-        server.complete(&mut conn.qps, &mut wcs)?;
+        server.complete_wc(&mut conn.qps, &wcs[..n], &mut memory)?;
     }
     Ok(server.end(stamps))
 }
@@ -542,29 +582,67 @@ impl SafeServer {
         self.got >= self.total
     }
 
-    /// Handles a poll's completions where they lie: each receive's buffer
-    /// is posted again while more messages are due.
+    /// Handles a poll's completions in the compact form: counts them, then
+    /// posts each receive's buffer again (from `memory`) while more
+    /// messages are due.
+    ///
+    /// # Errors
+    /// A failed completion or post, or a completion of an unknown QP.
+    #[inline(always)]
+    pub fn complete_wc(
+        &mut self,
+        qps: &mut [QueuePair],
+        wcs: &[WorkCompletion],
+        memory: &mut Vec<(u64, WrBuffers)>,
+    ) -> Res<()> {
+        self.arrived();
+        for wc in wcs {
+            io::check_wc(wc, "receive")?;
+            self.got += 1;
+        }
+        for (id, b) in memory.drain(..) {
+            self.repost(qps, id, b)?;
+        }
+        Ok(())
+    }
+
+    /// [`SafeServer::complete_wc`] for completions that carry their memory
+    /// (the async loop's).
     ///
     /// # Errors
     /// A failed completion or post, or a completion of an unknown QP.
     #[inline(always)]
     pub fn complete(&mut self, qps: &mut [QueuePair], wcs: &mut [Completion]) -> Res<()> {
-        self.last = clock::now();
-        self.first.get_or_insert(self.last);
+        self.arrived();
         for c in wcs {
             io::check(c, "receive")?;
-            let (q, _) = io::split_id(c.wr_id);
             self.got += 1;
-            let p = self
-                .posted
-                .get_mut(q)
-                .ok_or("completion for an unknown QP")?;
-            if *p < self.iters {
-                qps[q]
-                    .post_recv(c.wr_id, c.take_buffers())
-                    .map_err(|e| format!("Couldn't post a receive on QP {q}: {}", e.error))?;
-                *p += 1;
-            }
+            self.repost(qps, c.wr_id, c.take_buffers())?;
+        }
+        Ok(())
+    }
+
+    /// Stamps a poll that found messages.
+    #[inline(always)]
+    fn arrived(&mut self) {
+        self.last = clock::now();
+        self.first.get_or_insert(self.last);
+    }
+
+    /// Posts a receive's buffer again on `id`'s QP while more messages are
+    /// due there.
+    #[inline(always)]
+    fn repost(&mut self, qps: &mut [QueuePair], id: u64, b: WrBuffers) -> Res<()> {
+        let (q, _) = io::split_id(id);
+        let p = self
+            .posted
+            .get_mut(q)
+            .ok_or("completion for an unknown QP")?;
+        if *p < self.iters {
+            qps[q]
+                .post_recv(id, b)
+                .map_err(|e| format!("Couldn't post a receive on QP {q}: {}", e.error))?;
+            *p += 1;
         }
         Ok(())
     }

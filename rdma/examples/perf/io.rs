@@ -1,7 +1,7 @@
 //! Posting and polling, on both paths.
 //!
 //! - safe: `SendWr`/`InlineSend` through `QueuePair::post_send*`, memory
-//!   moved into the queue and given back by `CompletionQueue::poll`.
+//!   moved into the queue and given back by `CompletionQueue::poll_wc`.
 //! - raw: prebuilt `ibv_send_wr`/`ibv_recv_wr` through the `unsafe`
 //!   `post_send_raw`/`post_recv_raw` (or the `ibv_wr_*` calls for
 //!   `--post extended`, which `post_send_raw` does not cover), and
@@ -13,7 +13,7 @@
 
 use rdma::{
     ffi, AccessFlags, Completion, CompletionChannel, CompletionQueue, PostPath, QueuePair,
-    RemoteMemory, SendOp, SendWr, WcStatus, WrBuffers,
+    RemoteMemory, SendOp, SendWr, WcStatus, WorkCompletion, WrBuffers,
 };
 
 use crate::oob::Watch;
@@ -58,6 +58,16 @@ pub fn check(c: &Completion, what: &str) -> Res<()> {
     }
 }
 
+/// [`check`] of the compact form.
+#[inline(always)]
+pub fn check_wc(wc: &WorkCompletion, what: &str) -> Res<()> {
+    if wc.is_success() {
+        Ok(())
+    } else {
+        Err(failed(what, wc.status(), wc.vendor_err(), wc.wr_id()))
+    }
+}
+
 /// Sleeps on `ch` until `cq` has a completion (or a spurious wake-up).
 /// `poll` is tried once more after arming, so no completion is missed.
 fn sleep_on(
@@ -79,59 +89,50 @@ fn sleep_on(
     poll()
 }
 
-/// Safe poll: up to `max` completions appended to `out` (memory attached).
-/// With a channel, sleeps while the CQ is empty; may still return 0.
+/// Safe poll: up to `wcs.len()` completions into `wcs` (the compact form,
+/// resolved in place), the memory of the requests they finish appended to
+/// `memory`. With a channel, sleeps while the CQ is empty; may still
+/// return 0.
 ///
 /// # Errors
 /// `ibv_poll_cq` failures.
+#[inline(always)]
 pub fn poll_safe(
     cq: &CompletionQueue,
     ch: Option<&CompletionChannel>,
-    out: &mut Vec<Completion>,
-    max: usize,
+    wcs: &mut [WorkCompletion],
+    memory: &mut Vec<(u64, WrBuffers)>,
 ) -> Res<usize> {
-    let n = cq.poll(out, max).or_fail("poll CQ failed")?;
+    let n = cq.poll_wc(wcs, memory).or_fail("poll CQ failed")?;
     match ch {
-        Some(ch) if n == 0 => sleep_on(cq, ch, || cq.poll(out, max).or_fail("poll CQ failed")),
+        Some(ch) if n == 0 => {
+            sleep_on(cq, ch, || cq.poll_wc(wcs, memory).or_fail("poll CQ failed"))
+        }
         _ => Ok(n),
     }
 }
 
-/// Safe: waits for one completion, polled into `slot`, and returns it
-/// (checked). Polling into the caller's slot moves no completion around.
+/// Safe: waits for one completion, polled into `wc` (the memory of the
+/// requests it finishes appended to `memory`), and returns it (checked).
 ///
 /// # Errors
 /// Poll failures, or a completion with an error status.
 #[inline(always)]
-pub fn wait_one_safe<'s>(
+pub fn wait_one_safe<'w>(
     cq: &CompletionQueue,
     ch: Option<&CompletionChannel>,
-    slot: &'s mut Option<Completion>,
+    wc: &'w mut [WorkCompletion; 1],
+    memory: &mut Vec<(u64, WrBuffers)>,
     watch: &Watch<'_>,
     what: &str,
-) -> Res<&'s mut Completion> {
-    loop {
-        let polled = cq.poll_one_into(slot).or_fail("poll CQ failed")?.is_some();
-        if polled {
-            break;
-        }
-        match ch {
-            Some(ch) => {
-                let woke_with = sleep_on(cq, ch, || {
-                    Ok(usize::from(
-                        cq.poll_one_into(slot).or_fail("poll CQ failed")?.is_some(),
-                    ))
-                })?;
-                if woke_with > 0 {
-                    break;
-                }
-            }
-            None => watch.idle()?,
+) -> Res<&'w WorkCompletion> {
+    while poll_safe(cq, ch, wc, memory)? == 0 {
+        if ch.is_none() {
+            watch.idle()?;
         }
     }
-    let c = slot.as_mut().ok_or("poll CQ: no completion in the slot")?;
-    check(c, what)?;
-    Ok(c)
+    check_wc(&wc[0], what)?;
+    Ok(&wc[0])
 }
 
 /// Raw poll: `ibv_poll_cq` into `wc`; with a channel, sleeps while empty.

@@ -18,8 +18,8 @@
 //!   waits for its completion; a gap is one operation. The server waits.
 
 use rdma::{
-    ffi, AccessFlags, Completion, InlineSend, MemoryRegion, PreparedSend, SendFlags, SendOp,
-    WrBuffers,
+    ffi, AccessFlags, InlineSend, MemoryRegion, PreparedRecv, PreparedSend, SendFlags, SendOp,
+    WorkCompletion, WrBuffers,
 };
 
 use crate::clock::Stamps;
@@ -135,6 +135,67 @@ pub fn prepare(
         .map(Some)
 }
 
+/// The receives `send_lat` keeps posted, on both of its loops: slots of one
+/// region prepared once (`prepare_recv`, the default: perftest posts its
+/// receives from one buffer too), or with `--post-send` a region moved into
+/// each receive and given back by its completion.
+pub enum Receives {
+    Prepared(PreparedRecv),
+    Moved,
+}
+
+impl Receives {
+    /// Posts the first `slots` receives on `qp`.
+    ///
+    /// # Errors
+    /// Registration or post failures.
+    pub fn post(qp: &mut rdma::QueuePair, opts: &Opts, size: usize) -> Res<(Receives, u32)> {
+        let slots = rx_slots(opts, size);
+        if opts.prepared {
+            let mr = qp
+                .pd()
+                .alloc_mr(size * slots as usize, AccessFlags::LOCAL_WRITE)
+                .or_fail("Couldn't register the receive buffers")?;
+            let mut r = qp
+                .prepare_recv(mr, size)
+                .map_err(|e| format!("Couldn't prepare the receives: {}", e.error))?;
+            for slot in 0..slots {
+                qp.post_prepared_recv(&mut r, u64::from(slot), slot as usize)
+                    .or_fail("Couldn't post receives")?;
+            }
+            return Ok((Receives::Prepared(r), slots));
+        }
+        let bufs = setup::pool(qp.pd(), slots, size, AccessFlags::LOCAL_WRITE)?;
+        qp.post_recv_batch(bufs.into_iter().map(|m| (0, WrBuffers::One(m))))
+            .map_err(|e| format!("Couldn't post receives: {}", e.error))?;
+        Ok((Receives::Moved, slots))
+    }
+
+    /// Posts again the receive that completed as `wr_id`, with the memory
+    /// its completion gave back (`--post-send`; none for a prepared slot).
+    ///
+    /// # Errors
+    /// A failed post, or moved memory missing.
+    #[inline(always)]
+    pub fn repost(
+        &mut self,
+        qp: &mut rdma::QueuePair,
+        wr_id: u64,
+        memory: Option<WrBuffers>,
+    ) -> Res<()> {
+        match self {
+            Receives::Prepared(r) => qp
+                .post_prepared_recv(r, wr_id, wr_id as usize)
+                .or_fail("Couldn't post a receive"),
+            Receives::Moved => {
+                let b = memory.ok_or("a receive completion without its memory")?;
+                qp.post_recv(wr_id, b)
+                    .map_err(|e| format!("Couldn't post a receive: {}", e.error))
+            }
+        }
+    }
+}
+
 /// Receives kept posted in `send_lat`.
 pub fn rx_slots(opts: &Opts, size: usize) -> u32 {
     setup::slots(size, opts.rx_depth.min(opts.iters))
@@ -143,21 +204,18 @@ pub fn rx_slots(opts: &Opts, size: usize) -> u32 {
 fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
     let server = opts.is_server();
     let iters = opts.iters;
-    let slots = rx_slots(opts, size);
-    let bufs = setup::pool(&conn.pd, slots, size, AccessFlags::LOCAL_WRITE)?;
     let qp = &mut conn.qps[0];
-    qp.post_recv_batch(bufs.into_iter().map(|m| (0, WrBuffers::One(m))))
-        .map_err(|e| format!("Couldn't post receives: {}", e.error))?;
-    let mut rposted = slots;
+    let (mut receives, mut rposted) = Receives::post(qp, opts, size)?;
     // Unsignaled sends keep their buffer until the next signaled completion:
     // one buffer per send between two completions (none when inline).
     let cq_mod = opts.cq_mod_for(size);
     let inline = size <= conn.inline as usize;
     let (mut prepared, mut sbufs) = send_buffers(qp, opts, inline, size, cq_mod)?;
     let data = vec![0u8; size];
-    // The last receive and send completion, polled in place.
-    let mut rslot: Option<Completion> = None;
-    let mut sslot: Option<Completion> = None;
+    // The last receive and send completion, polled in place, and the
+    // memory they gave back.
+    let (mut rwc, mut swc) = ([WorkCompletion::default()], [WorkCompletion::default()]);
+    let (mut rmem, mut smem) = (Vec::with_capacity(1), Vec::new());
     let (send_cq, recv_cq) = (&conn.send_cq, &conn.recv_cq);
     let (send_ch, recv_ch) = (conn.send_ch.as_ref(), conn.recv_ch.as_ref());
     conn.oob.barrier()?;
@@ -168,7 +226,7 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
         // the reply is on its way.
         let arrived = server || scnt > 0;
         if arrived {
-            io::wait_one_safe(recv_cq, recv_ch, &mut rslot, &watch, "receive")?;
+            io::wait_one_safe(recv_cq, recv_ch, &mut rwc, &mut rmem, &watch, "receive")?;
             rcnt += 1;
         }
         let n = scnt + 1;
@@ -186,23 +244,19 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
                 .map_err(|e| format!("Couldn't post send: {}", e.error))?;
         }
         stamps.push();
-        if let (true, Some(c)) = (arrived, rslot.as_mut()) {
-            if rposted < iters {
-                qp.post_recv(0, c.take_buffers())
-                    .map_err(|e| format!("Couldn't post a receive: {}", e.error))?;
-                rposted += 1;
-            }
+        if arrived && rposted < iters {
+            receives.repost(qp, rwc[0].wr_id(), rmem.pop().map(|(_, b)| b))?;
+            rposted += 1;
         }
         if signaled {
-            let c = io::wait_one_safe(send_cq, send_ch, &mut sslot, &watch, "send")?;
-            for (_, b) in c.unsignaled.drain(..) {
+            io::wait_one_safe(send_cq, send_ch, &mut swc, &mut smem, &watch, "send")?;
+            for (_, b) in smem.drain(..) {
                 sbufs.extend(b.into_one());
             }
-            sbufs.extend(c.take_buffers().into_one());
         }
     }
     while rcnt < iters {
-        io::wait_one_safe(recv_cq, recv_ch, &mut rslot, &watch, "receive")?;
+        io::wait_one_safe(recv_cq, recv_ch, &mut rwc, &mut rmem, &watch, "receive")?;
         rcnt += 1;
     }
     Ok(())
@@ -377,7 +431,7 @@ fn write_interleaved(
             AccessFlags::empty(),
         )?
     };
-    let mut slot: Option<Completion> = None;
+    let (mut swc, mut memory) = ([WorkCompletion::default()], Vec::new());
     let mut wc = [ffi::ibv_wc::default(); 1];
     if let Some((_, raw_stamp)) = interleave.as_mut() {
         raw_stamp.clear();
@@ -420,7 +474,14 @@ fn write_interleaved(
             qp.post_send_inline(InlineSend::write(u64::from(n), &data, remote))
                 .or_fail("Couldn't post send")?;
             stamps.push();
-            io::wait_one_safe(&conn.send_cq, None, &mut slot, &watch, "RDMA write")?;
+            io::wait_one_safe(
+                &conn.send_cq,
+                None,
+                &mut swc,
+                &mut memory,
+                &watch,
+                "RDMA write",
+            )?;
         } else if let Some(write) = &mut prepared {
             write
                 .write_at(size - 1, &[n as u8])
@@ -428,15 +489,29 @@ fn write_interleaved(
             qp.post_prepared(write, u64::from(n), 0, size)
                 .or_fail("Couldn't post send")?;
             stamps.push();
-            io::wait_one_safe(&conn.send_cq, None, &mut slot, &watch, "RDMA write")?;
+            io::wait_one_safe(
+                &conn.send_cq,
+                None,
+                &mut swc,
+                &mut memory,
+                &watch,
+                "RDMA write",
+            )?;
         } else {
             let mut mr = smr.take().ok_or("the send buffer is still in flight")?;
             mr.as_mut_slice().or_fail("send buffer")?[size - 1] = n as u8;
             qp.post_send(rdma::SendWr::write(u64::from(n), mr, remote))
                 .map_err(|e| format!("Couldn't post send: {}", e.error))?;
             stamps.push();
-            let c = io::wait_one_safe(&conn.send_cq, None, &mut slot, &watch, "RDMA write")?;
-            smr = c.take_buffers().into_one();
+            io::wait_one_safe(
+                &conn.send_cq,
+                None,
+                &mut swc,
+                &mut memory,
+                &watch,
+                "RDMA write",
+            )?;
+            smr = memory.pop().and_then(|(_, b)| b.into_one());
         }
     }
     while rcnt < iters {
@@ -506,7 +581,7 @@ fn one_sided_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps
     } else {
         "RDMA read"
     };
-    let mut slot: Option<Completion> = None;
+    let (mut wc, mut memory) = ([WorkCompletion::default()], Vec::with_capacity(1));
     let qp = &mut conn.qps[0];
     let op = io::safe_op(verb, opts.atomic, remote);
     // The request and its buffer (with `--post-send`, the buffer moves
@@ -535,14 +610,15 @@ fn one_sided_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps
             }
         }
         stamps.push();
-        let c = io::wait_one_safe(
+        io::wait_one_safe(
             &conn.send_cq,
             conn.send_ch.as_ref(),
-            &mut slot,
+            &mut wc,
+            &mut memory,
             &watch,
             what,
         )?;
-        mr = c.take_buffers().into_one();
+        mr = memory.pop().and_then(|(_, b)| b.into_one());
     }
     Ok(())
 }

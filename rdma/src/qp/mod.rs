@@ -17,6 +17,7 @@ mod builder;
 mod check;
 mod ext;
 mod prepared;
+mod prepared_recv;
 mod raw;
 mod recv;
 mod send;
@@ -37,6 +38,7 @@ pub use attr::{InitAttr, QpAttr, RtrAttr, RtsAttr};
 pub use builder::{PostPath, QpCaps, QpCreateFlags, QueuePairBuilder};
 pub(crate) use check::check_device_slice;
 pub use prepared::PreparedSend;
+pub use prepared_recv::PreparedRecv;
 
 c_enum! {
     /// `enum ibv_qp_type`.

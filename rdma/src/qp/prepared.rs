@@ -129,7 +129,7 @@ impl PreparedSend {
     /// # Errors
     /// [`Error::InvalidArgument`] when the range does not fit.
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.mr().read_racy(offset, out)
+        self.mr().read_racy("PreparedSend::read_at", offset, out)
     }
 
     /// Copies `data` into the region at `offset`, whatever is in flight:
@@ -185,6 +185,7 @@ impl Drop for PreparedSend {
                 let keep = (std::mem::take(&mut self.region), self.ud.take());
                 self.tracker.adopt(Orphan {
                     seq,
+                    recv: false,
                     keep: Box::new(keep),
                 });
             }

@@ -38,6 +38,7 @@ use crate::wr::WrBuffers;
 use crate::AddressHandle;
 
 pub(crate) use lock::Spin;
+
 use queue::Queue;
 pub(crate) use recv::post_chain;
 pub(crate) use registry::{Registry, Tracked};
@@ -68,10 +69,11 @@ pub(crate) struct Pending {
     pub _ah: Option<AddressHandle>,
     /// Keeps a memory window alive until its bind completes.
     pub _mw: Option<Arc<crate::mw::MwInner>>,
-    /// A prepared request's send, which holds nothing (`buffers` is
-    /// `None`, no address handle, no window; its memory stays with the
-    /// request): forgotten rather than dropped when done, and not listed in
-    /// [`Completion::unsignaled`] when a later completion finishes it.
+    /// A prepared request's send or receive, which holds nothing
+    /// (`buffers` is `None`, no address handle, no window; its memory stays
+    /// with the request): forgotten rather than dropped when done, and not
+    /// listed in [`Completion::unsignaled`] when a later completion
+    /// finishes it.
     pub quiet: bool,
 }
 
@@ -101,8 +103,8 @@ impl Pending {
 
     /// Moves the request into `c`; what it kept alive goes to `later`.
     #[inline(always)]
-    fn finish(self, c: &mut Completion, later: &mut Later) {
-        c.wr_id = self.wr_id;
+    fn finish(self, c: &mut impl Sink, later: &mut Later) {
+        c.set_id(self.wr_id);
         if self.quiet {
             // A prepared request's send holds nothing (its memory stays
             // with the request): no drop glue to run.
@@ -111,14 +113,87 @@ impl Pending {
             std::mem::forget(self);
             return;
         }
-        // `c` comes without memory from every poll (a test here, where an
+        c.own(self.buffers, later);
+        later.keep(self._ah, self._mw);
+    }
+}
+
+/// Where a resolution puts what it finds for one polled completion: the
+/// caller's `wr_id` in place of ours, and the memory of the requests the
+/// completion finishes. A [`Completion`] keeps that memory in itself; the
+/// compact form ([`crate::WorkCompletion`]) appends it to a list beside.
+pub(crate) trait Sink {
+    /// The completion's `wr_id` (ours, for a safe post).
+    fn id(&self) -> u64;
+    fn set_id(&mut self, wr_id: u64);
+    /// The memory of the completion's own request (not `None`'s: quiet
+    /// requests never get here).
+    fn own(&mut self, buffers: WrBuffers, later: &mut Later);
+    /// The memory of an earlier request the completion finishes, oldest
+    /// first, with at most `more` to follow (unsignaled sends; receives
+    /// whose completions the provider dropped).
+    fn earlier(&mut self, wr_id: u64, buffers: WrBuffers, more: u32);
+}
+
+impl Sink for Completion {
+    #[inline(always)]
+    fn id(&self) -> u64 {
+        self.wr_id
+    }
+
+    #[inline(always)]
+    fn set_id(&mut self, wr_id: u64) {
+        self.wr_id = wr_id;
+    }
+
+    #[inline(always)]
+    fn own(&mut self, buffers: WrBuffers, later: &mut Later) {
+        // `self` comes without memory from every poll (a test here, where an
         // assignment would run the drop glue of the old value under the
         // lock); anything else goes to `later`.
-        let old = std::mem::replace(&mut c.buffers, self.buffers);
+        let old = std::mem::replace(&mut self.buffers, buffers);
         if !matches!(old, WrBuffers::None) {
             later.keep_memory(old);
         }
-        later.keep(self._ah, self._mw);
+    }
+
+    #[inline]
+    fn earlier(&mut self, wr_id: u64, buffers: WrBuffers, more: u32) {
+        if self.unsignaled.capacity() == 0 {
+            self.unsignaled.reserve(more as usize + 1);
+        }
+        self.unsignaled.push((wr_id, buffers));
+    }
+}
+
+/// A compact completion being resolved: the provider's entry, and the list
+/// the memory of the requests it finishes is appended to.
+pub(crate) struct Compact<'a> {
+    pub wc: &'a mut ffi::ibv_wc,
+    pub memory: &'a mut Vec<(u64, WrBuffers)>,
+}
+
+impl Sink for Compact<'_> {
+    #[inline(always)]
+    fn id(&self) -> u64 {
+        self.wc.wr_id
+    }
+
+    #[inline(always)]
+    fn set_id(&mut self, wr_id: u64) {
+        self.wc.wr_id = wr_id;
+    }
+
+    #[inline]
+    fn own(&mut self, buffers: WrBuffers, _later: &mut Later) {
+        if !matches!(buffers, WrBuffers::None) {
+            self.memory.push((self.wc.wr_id, buffers));
+        }
+    }
+
+    #[inline]
+    fn earlier(&mut self, wr_id: u64, buffers: WrBuffers, _more: u32) {
+        self.memory.push((wr_id, buffers));
     }
 }
 
@@ -182,9 +257,11 @@ pub(crate) struct QpTracker {
 }
 
 /// A dropped prepared request's memory (its region, a UD request's address
-/// handle), kept until its last send, `seq`, is done.
+/// handle), kept until its last request, `seq` of the send queue (or of the
+/// receive queue, `recv`), is done.
 pub(crate) struct Orphan {
     pub seq: u32,
+    pub recv: bool,
     pub keep: Box<dyn Send>,
 }
 
@@ -192,6 +269,7 @@ impl std::fmt::Debug for Orphan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Orphan")
             .field("seq", &self.seq)
+            .field("recv", &self.recv)
             .finish_non_exhaustive()
     }
 }
@@ -257,14 +335,20 @@ impl QpTracker {
     /// may still be in flight: its completion, or a later one of the send
     /// queue, not resolved yet.
     pub fn send_in_flight(&self, seq: u32) -> bool {
-        self.sq.queue.holds(seq)
+        self.request_in_flight(false, seq)
     }
 
-    /// Takes a dropped prepared request's memory, whose last send is `seq`,
-    /// until that send is done.
+    /// [`QpTracker::send_in_flight`] for the send (`recv` false) or receive
+    /// queue.
+    pub fn request_in_flight(&self, recv: bool, seq: u32) -> bool {
+        self.ring(recv).queue.holds(seq)
+    }
+
+    /// Takes a dropped prepared request's memory, whose last request is
+    /// `o.seq`, until that request is done.
     pub fn adopt(&self, o: Orphan) {
         use std::sync::atomic::Ordering;
-        let seq = o.seq;
+        let (recv, seq) = (o.recv, o.seq);
         {
             let mut orphans = self.orphans.lock();
             orphans.push(o);
@@ -274,7 +358,7 @@ impl QpTracker {
         // may have missed the flag: take back what is done already (else it
         // waits for the next completion of the queue, or the QP's drain).
         std::sync::atomic::fence(Ordering::SeqCst);
-        if !self.send_in_flight(seq) {
+        if !self.request_in_flight(recv, seq) {
             let done = self.take_orphans(false);
             drop(done);
         }
@@ -287,7 +371,7 @@ impl QpTracker {
         let mut done = Vec::new();
         let mut i = 0;
         while i < orphans.len() {
-            if all || !self.send_in_flight(orphans[i].seq) {
+            if all || !self.request_in_flight(orphans[i].recv, orphans[i].seq) {
                 done.push(orphans.swap_remove(i));
             } else {
                 i += 1;
@@ -300,8 +384,8 @@ impl QpTracker {
         done
     }
 
-    /// After a send completion moved the queue on: what orphans it released
-    /// go to `later` (dropped after the registry's lock).
+    /// After a completion moved a queue on: what orphans it released go to
+    /// `later` (dropped after the registry's lock).
     #[inline(always)]
     fn release_orphans(&self, later: &mut Later) {
         if self.has_orphans.load(std::sync::atomic::Ordering::Relaxed) {
@@ -353,13 +437,13 @@ impl QpTracker {
     /// Fills `c` (whose `wr_id` is our encoded id) from the matching entry,
     /// for a poll of the CQ of registry `by` (whose lock the caller holds).
     /// What the entries kept alive goes to `later`.
-    #[inline]
-    fn complete(&self, recv: bool, seq: u32, c: &mut Completion, later: &mut Later, by: usize) {
+    #[inline(always)]
+    fn complete(&self, recv: bool, seq: u32, c: &mut impl Sink, later: &mut Later, by: usize) {
         let ring = self.ring(recv);
         if ring.consumer != by {
             // A QP's completion on another CQ than its queue's: no provider
             // does that. Left bare rather than consumed by a second poller.
-            c.wr_id &= !(TAG | RECV);
+            c.set_id(c.id() & !(TAG | RECV));
             return;
         }
         let q = &ring.queue;
@@ -375,7 +459,7 @@ impl QpTracker {
                     q.advance_with(|slot| match slot {
                         // A prepared request's send: its id is all there
                         // is (the queue empties the slot).
-                        Some(p) if p.quiet => c.wr_id = p.wr_id,
+                        Some(p) if p.quiet => c.set_id(p.wr_id),
                         // Taken whole: the slot is left `None`, so emptying
                         // it drops nothing.
                         _ => {
@@ -392,9 +476,7 @@ impl QpTracker {
             // left bare.
             None => {}
         }
-        if !recv {
-            self.release_orphans(later);
-        }
+        self.release_orphans(later);
     }
 
     /// [`QpTracker::complete`] when the completion is not for the oldest
@@ -407,7 +489,7 @@ impl QpTracker {
     /// As for [`Queue::advance`]: the caller is the only consumer, and
     /// `off` is before the published tail.
     #[inline(never)]
-    unsafe fn complete_after_others(q: &Queue, off: u32, c: &mut Completion, later: &mut Later) {
+    unsafe fn complete_after_others(q: &Queue, off: u32, c: &mut impl Sink, later: &mut Later) {
         let mut before = off;
         // SAFETY: the caller's contract: the `off` entries before the
         // completion's and that one are published, and this is the consumer.
@@ -422,10 +504,7 @@ impl QpTracker {
                     std::mem::forget(p);
                 } else {
                     before -= 1;
-                    if c.unsignaled.capacity() == 0 {
-                        c.unsignaled.reserve(before as usize + 1);
-                    }
-                    c.unsignaled.push((p.wr_id, p.buffers));
+                    c.earlier(p.wr_id, p.buffers, before);
                     later.keep(p._ah, p._mw);
                 }
             })
@@ -504,7 +583,7 @@ impl SrqTracker {
 
     /// Fills `c` from slot `slot`, under the CQ's registry lock.
     #[inline]
-    fn complete(&self, slot: u32, c: &mut Completion, later: &mut Later) {
+    fn complete(&self, slot: u32, c: &mut impl Sink, later: &mut Later) {
         let p = self.slab.lock().remove(slot);
         if let Some(p) = p {
             p.finish(c, later);

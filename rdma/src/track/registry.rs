@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use super::lock::{Spin, SpinGuard};
-use super::{decode, Later, QpTracker, SrqTracker, RECV, TAG};
+use super::{decode, Later, QpTracker, Sink, SrqTracker, RECV, TAG};
+#[cfg(test)]
 use crate::wc::Completion;
 
 /// A queue whose completions a CQ may report.
@@ -186,8 +187,8 @@ impl Resolver<'_> {
     /// Attaches the memory of a safe post to `c` (built from a polled work
     /// completion): the caller's `wr_id` replaces ours.
     #[inline(always)]
-    pub fn attach(&mut self, c: &mut Completion) {
-        if c.wr_id & TAG != 0 {
+    pub fn attach(&mut self, c: &mut impl Sink) {
+        if c.id() & TAG != 0 {
             self.fill(c);
         }
     }
@@ -205,8 +206,8 @@ impl Resolver<'_> {
     /// Resolves one completion with our id, under the registry's lock.
     /// Inlined into each poll (callgrind: a call per completion otherwise).
     #[inline(always)]
-    fn fill(&mut self, c: &mut Completion) {
-        let Some((serial, recv, seq)) = decode(c.wr_id) else {
+    fn fill(&mut self, c: &mut impl Sink) {
+        let Some((serial, recv, seq)) = decode(c.id()) else {
             return;
         };
         let q: &mut Queues = &mut self.queues;
@@ -214,7 +215,7 @@ impl Resolver<'_> {
             let Some(t) = q.map.get(&serial) else {
                 // The queue is gone: its memory was released after it was
                 // destroyed.
-                c.wr_id &= !(TAG | RECV);
+                c.set_id(c.id() & !(TAG | RECV));
                 return;
             };
             // The previous `last` is in the map too: replacing it only

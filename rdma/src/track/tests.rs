@@ -574,6 +574,7 @@ fn orphaned_memory_lives_until_its_last_send_is_done() {
     assert!(t.send_in_flight(seq(last)));
     let memory = Arc::new(());
     t.adopt(Orphan {
+        recv: false,
         seq: seq(last),
         keep: Box::new(Arc::clone(&memory)),
     });
@@ -596,6 +597,7 @@ fn orphaned_memory_lives_until_its_last_send_is_done() {
     let memory = Arc::new(());
     let alive = Arc::downgrade(&memory);
     t.adopt(Orphan {
+        recv: false,
         seq: seq(done),
         keep: Box::new(memory),
     });
@@ -606,12 +608,42 @@ fn orphaned_memory_lives_until_its_last_send_is_done() {
     let memory = Arc::new(());
     let alive = Arc::downgrade(&memory);
     t.adopt(Orphan {
+        recv: false,
         seq: seq(stuck),
         keep: Box::new(memory),
     });
     assert!(alive.upgrade().is_some());
     assert_eq!(destroy(&reg, &t), 1, "the send in flight");
     assert!(alive.upgrade().is_none(), "the drain kept it");
+}
+
+/// A prepared receive region dropped while its receives are in flight is
+/// kept until the receive queue passes its last receive: a send completion
+/// does not release it, the receive's does.
+#[test]
+fn orphaned_receive_memory_waits_for_the_receive_queue() {
+    let reg = Registry::default();
+    let t = qp(&reg);
+    let recv = pending(&t, true, 1);
+    let send = pending(&t, false, 2);
+    let seq = |id: u64| decode(id).map(|(_, _, s)| s).expect("our id");
+    assert!(t.request_in_flight(true, seq(recv)));
+    let memory = Arc::new(());
+    let alive = Arc::downgrade(&memory);
+    t.adopt(Orphan {
+        recv: true,
+        seq: seq(recv),
+        keep: Box::new(memory),
+    });
+    assert_eq!(reg.completion(&wc(send)).wr_id, 2);
+    assert!(
+        alive.upgrade().is_some(),
+        "released by a send completion while its receive was in flight"
+    );
+    assert_eq!(reg.completion(&wc(recv)).wr_id, 1);
+    assert!(!t.request_in_flight(true, seq(recv)));
+    assert!(alive.upgrade().is_none(), "kept after its receive was done");
+    assert_eq!(destroy(&reg, &t), 0);
 }
 
 /// A prepared request's sends hold nothing and are not listed as
