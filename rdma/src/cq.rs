@@ -616,7 +616,7 @@ impl CompletionQueue {
     ///
     /// # Errors
     /// As [`CompletionQueue::poll`].
-    #[inline]
+    #[inline(always)]
     pub fn poll_wc(
         &self,
         wcs: &mut [WorkCompletion],

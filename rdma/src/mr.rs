@@ -817,6 +817,7 @@ impl MemoryRegion {
 
     /// [`MemoryRegion::write_at`] with the atomic copy whatever the access
     /// flags ([`crate::PreparedSend::write_at`]).
+    #[inline]
     pub(crate) fn write_racy(&mut self, offset: usize, data: &[u8]) -> Result<()> {
         self.check_range("PreparedSend::write_at", offset, data.len())?;
         // SAFETY: in bounds (checked) of this piece; `&mut self` makes this

@@ -234,6 +234,38 @@ impl Completion {
         ))
     }
 
+    /// The compact form of this completion, its memory (the unsignaled
+    /// requests' first, then its own) appended to `memory`: what
+    /// [`CompletionQueue::poll_wc`](crate::CompletionQueue::poll_wc) would
+    /// have given for it.
+    pub(crate) fn into_compact(self, memory: &mut Vec<(u64, WrBuffers)>) -> WorkCompletion {
+        let imm = if self.wc_flags.contains(WcFlags::WITH_IMM) {
+            self.imm_data.to_be()
+        } else {
+            self.imm_data
+        };
+        let wc = ffi::ibv_wc {
+            wr_id: self.wr_id,
+            status: self.status.to_raw(),
+            opcode: self.opcode.to_raw(),
+            vendor_err: self.vendor_err,
+            byte_len: self.byte_len,
+            __bindgen_anon_1: ffi::ibv_wc__bindgen_ty_1 { imm_data: imm },
+            qp_num: self.qp_num,
+            src_qp: self.src_qp,
+            wc_flags: self.wc_flags.bits(),
+            pkey_index: self.pkey_index,
+            slid: self.slid,
+            sl: self.sl,
+            dlid_path_bits: self.dlid_path_bits,
+        };
+        memory.extend(self.unsignaled);
+        if !matches!(self.buffers, WrBuffers::None) {
+            memory.push((self.wr_id, self.buffers));
+        }
+        WorkCompletion(wc)
+    }
+
     /// `Ok(self)` when successful, else an error describing the failure.
     ///
     /// # Errors
@@ -447,5 +479,52 @@ mod tests {
         assert_eq!(c.imm(), Some(0x1234_5678));
         let c = Completion::from_raw(&ffi::ibv_wc::default());
         assert_eq!(c.imm(), None);
+    }
+
+    /// A buffered `Completion` turned compact reads as the provider's entry
+    /// it came from, and gives its memory to the list, oldest first.
+    #[test]
+    fn a_completion_turned_compact_reads_as_the_entry_it_came_from() {
+        let mut wc = ffi::ibv_wc {
+            wr_id: 7,
+            status: ffi::IBV_WC_REM_ACCESS_ERR,
+            opcode: ffi::IBV_WC_RECV_RDMA_WITH_IMM,
+            vendor_err: 0x33,
+            byte_len: 4096,
+            qp_num: 17,
+            src_qp: 18,
+            wc_flags: ffi::IBV_WC_WITH_IMM | ffi::IBV_WC_GRH,
+            pkey_index: 2,
+            slid: 3,
+            sl: 4,
+            dlid_path_bits: 5,
+            ..Default::default()
+        };
+        wc.__bindgen_anon_1.imm_data = 0x0102_0304u32.to_be();
+        let mut c = Completion::from_raw(&wc);
+        c.unsignaled.push((5, WrBuffers::None));
+        let mut memory = vec![(1, WrBuffers::None)];
+        let w = c.into_compact(&mut memory);
+        let ids: Vec<u64> = memory.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, [1, 5], "appended, the unsignaled first; no own memory");
+        assert_eq!(w.wr_id(), 7);
+        assert_eq!(w.status(), WcStatus::RemAccessErr);
+        assert!(!w.is_success() && w.ok().is_err());
+        assert_eq!(w.opcode(), WcOpcode::RecvRdmaWithImm);
+        assert_eq!((w.vendor_err(), w.byte_len()), (0x33, 4096));
+        assert_eq!(w.imm(), Some(0x0102_0304));
+        assert_eq!((w.qp_num(), w.src_qp()), (17, 18));
+        assert_eq!(w.wc_flags(), WcFlags::WITH_IMM | WcFlags::GRH);
+        assert_eq!(
+            (w.pkey_index(), w.slid(), w.sl(), w.dlid_path_bits()),
+            (2, 3, 4, 5)
+        );
+        // SAFETY: both union members are u32.
+        let raw_imm = unsafe { w.as_raw().__bindgen_anon_1.imm_data };
+        assert_eq!(
+            raw_imm,
+            0x0102_0304u32.to_be(),
+            "network order, as the provider's"
+        );
     }
 }

@@ -376,6 +376,56 @@ fn batch_appends_at_most_max_in_order_and_a_dropped_wait_loses_nothing() {
 
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn batch_wc_fills_the_callers_array_and_a_dropped_wait_loses_nothing() {
+    let mut l = looped(|_| {});
+    runtime().block_on(async {
+        let driver = CqChannel::new(&l.channel, &Tokio).unwrap();
+        let mut acq_b = AsyncCq::new(&driver, &l.cq_b).unwrap();
+        let mut wcs = [rdma::WorkCompletion::default(); 3];
+        let mut memory = Vec::new();
+        assert_eq!(
+            bounded("an empty batch", acq_b.batch_wc(&mut [], &mut memory))
+                .await
+                .unwrap(),
+            0
+        );
+        // Dropped while waiting (CQ armed, nothing posted): both are left
+        // alone and the completions come with the next waits.
+        {
+            let mut f = pin!(acq_b.batch_wc(&mut wcs, &mut memory));
+            assert!(poll_once(f.as_mut()).is_pending());
+        }
+        assert!(memory.is_empty());
+        const N: u64 = 40;
+        for i in 0..N {
+            ping(&mut l, i);
+        }
+        let mut ids = Vec::new();
+        while (ids.len() as u64) < N {
+            let n = bounded("a batch", acq_b.batch_wc(&mut wcs, &mut memory))
+                .await
+                .unwrap();
+            assert!((1..=3).contains(&n), "{n}");
+            for wc in &wcs[..n] {
+                assert!(wc.is_success(), "{wc:?}");
+                assert_eq!(wc.opcode(), WcOpcode::Recv);
+                ids.push(wc.wr_id());
+            }
+            assert_eq!(memory.len(), ids.len(), "one region per receive");
+        }
+        assert_eq!(ids, (0..N).collect::<Vec<_>>());
+        for (i, (id, b)) in memory.into_iter().enumerate() {
+            assert_eq!(id, i as u64);
+            assert_eq!(b.into_one().unwrap().to_vec(), id.to_be_bytes());
+        }
+        assert_eq!(acq_b.buffered(), 0);
+    });
+    drop(l);
+    assert_eq!(rdma::teardown_failures(), 0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn eight_connections_on_one_channel_from_eight_tasks() {
     const N: usize = 8;
     const MSGS: u64 = 20;

@@ -19,7 +19,7 @@
 use rdma::aio::tokio as rt;
 use std::future::Future;
 
-use rdma::{Completion, InlineSend};
+use rdma::{InlineSend, WorkCompletion};
 
 use crate::bw::{SafeClient, SafeServer};
 use crate::clock::Stamps;
@@ -47,9 +47,9 @@ fn block_on<T>(run: impl Future<Output = Res<T>>) -> Res<T> {
 
 /// The bandwidth client (`send_bw`, `write_bw`, `read_bw`, `atomic_bw`) for
 /// one size with async waits: `bw.rs`'s safe loop ([`SafeClient`]'s two
-/// steps), each poll's batch awaited with `AsyncCq::batch`, which polls
-/// into the loop's `Vec` where the completions are handled. Returns the
-/// number of requests.
+/// steps), each poll's batch awaited with `AsyncCq::batch_wc`, which polls
+/// into the loop's array in the compact form, as the blocking loop does.
+/// Returns the number of requests.
 ///
 /// # Errors
 /// Any failure of the run, or of building the runtime.
@@ -57,16 +57,17 @@ pub fn bw_client(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamp
     block_on(async {
         let mut client = SafeClient::new(conn, opts, size, stamps)?;
         let mut acq = rt::completions(&conn.send_cq).or_fail("Couldn't await the send CQ")?;
-        let mut wcs: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
+        let mut wcs = [WorkCompletion::default(); POLL_BATCH];
+        let mut memory = Vec::new();
         conn.oob.barrier()?;
         stamps.loop_start();
         while !client.finished() {
             client.post(&mut conn.qps, stamps)?;
-            wcs.clear();
-            acq.batch(&mut wcs, POLL_BATCH)
+            let n = acq
+                .batch_wc(&mut wcs, &mut memory)
                 .await
                 .or_fail("poll CQ failed")?;
-            client.complete(&mut wcs, stamps)?;
+            client.complete_wc(&wcs[..n], &mut memory, stamps)?;
         }
         stamps.loop_end(client.total);
         Ok(client.total)
@@ -83,14 +84,15 @@ pub fn bw_server(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamp
     block_on(async {
         let mut server = SafeServer::new(conn, opts, size, stamps)?;
         let mut acq = rt::completions(&conn.recv_cq).or_fail("Couldn't await the receive CQ")?;
-        let mut wcs: Vec<Completion> = Vec::with_capacity(POLL_BATCH);
+        let mut wcs = [WorkCompletion::default(); POLL_BATCH];
+        let mut memory = Vec::with_capacity(POLL_BATCH);
         conn.oob.barrier()?;
         while !server.finished() {
-            wcs.clear();
-            acq.batch(&mut wcs, POLL_BATCH)
+            let n = acq
+                .batch_wc(&mut wcs, &mut memory)
                 .await
                 .or_fail("poll CQ failed")?;
-            server.complete(&mut conn.qps, &mut wcs)?;
+            server.complete_wc(&mut conn.qps, &wcs[..n], &mut memory)?;
         }
         Ok(server.end(stamps))
     })

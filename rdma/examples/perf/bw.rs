@@ -6,8 +6,7 @@
 use std::sync::Arc;
 
 use rdma::{
-    ffi, Completion, MemoryRegion, PreparedSend, QueuePair, RemoteMemory, SendFlags,
-    WorkCompletion, WrBuffers,
+    ffi, MemoryRegion, PreparedSend, QueuePair, RemoteMemory, SendFlags, WorkCompletion, WrBuffers,
 };
 
 use crate::clock;
@@ -358,28 +357,6 @@ impl SafeClient {
         Ok(())
     }
 
-    /// [`SafeClient::complete_wc`] for completions that carry their memory
-    /// (the async loop's); the caller's next `clear` drops what is left.
-    ///
-    /// # Errors
-    /// A failed completion, or one of an unknown QP.
-    #[inline(always)]
-    pub fn complete(&mut self, wcs: &mut [Completion], stamps: &mut BwStamps) -> Res<()> {
-        let now = stamps.poll_time();
-        for c in wcs {
-            io::check(c, "send")?;
-            for (id, b) in c.unsignaled.drain(..) {
-                self.give_back(id, b);
-            }
-            // (Prepared requests' completions carry no memory.)
-            if !matches!(c.buffers, WrBuffers::None) {
-                self.give_back(c.wr_id, c.take_buffers());
-            }
-            self.completed(c.wr_id, now, stamps)?;
-        }
-        Ok(())
-    }
-
     /// Counts the requests of `id`'s QP up to `id` as done (unsignaled ones
     /// before it included).
     #[inline(always)]
@@ -602,22 +579,6 @@ impl SafeServer {
         }
         for (id, b) in memory.drain(..) {
             self.repost(qps, id, b)?;
-        }
-        Ok(())
-    }
-
-    /// [`SafeServer::complete_wc`] for completions that carry their memory
-    /// (the async loop's).
-    ///
-    /// # Errors
-    /// A failed completion or post, or a completion of an unknown QP.
-    #[inline(always)]
-    pub fn complete(&mut self, qps: &mut [QueuePair], wcs: &mut [Completion]) -> Res<()> {
-        self.arrived();
-        for c in wcs {
-            io::check(c, "receive")?;
-            self.got += 1;
-            self.repost(qps, c.wr_id, c.take_buffers())?;
         }
         Ok(())
     }

@@ -13,7 +13,8 @@ use super::{reactor_error, Reactor, Readiness};
 use crate::cq::CHANNEL_ASYNC;
 use crate::error::{Error, Result};
 use crate::{
-    ffi, Completion, CompletionChannel, CompletionQueue, PostError, QueuePair, SendWr, WrBuffers,
+    ffi, Completion, CompletionChannel, CompletionQueue, PostError, QueuePair, SendWr,
+    WorkCompletion, WrBuffers,
 };
 
 /// Completions one `ibv_poll_cq` round fetches into an [`AsyncCq`].
@@ -523,6 +524,59 @@ impl AsyncCq {
         max: usize,
     ) -> impl Future<Output = Result<usize>> + 'a {
         std::future::poll_fn(move |cx| self.poll_batch(cx, out, max))
+    }
+
+    /// [`AsyncCq::poll_batch`] in the compact form
+    /// ([`CompletionQueue::poll_wc`]): up to `wcs.len()` completions into
+    /// `wcs`, the memory of the requests they finish appended to `memory`;
+    /// `Ready` with how many (at least one unless `wcs` is empty), `Pending`
+    /// with `cx` registered and both left alone. Completions buffered here
+    /// (by [`AsyncCq::next`] and its kin) come first, converted.
+    ///
+    /// # Errors
+    /// As [`AsyncCq::poll_next`].
+    pub fn poll_batch_wc(
+        &mut self,
+        cx: &mut Context<'_>,
+        wcs: &mut [WorkCompletion],
+        memory: &mut Vec<(u64, WrBuffers)>,
+    ) -> Poll<Result<usize>> {
+        if wcs.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        if !self.ready.is_empty() {
+            let n = self.ready.len().min(wcs.len());
+            for (wc, c) in wcs.iter_mut().zip(self.ready.drain(..n)) {
+                *wc = c.into_compact(memory);
+            }
+            return Poll::Ready(Ok(n));
+        }
+        loop {
+            let n = self.cq.poll_wc(wcs, memory)?;
+            if n > 0 {
+                return Poll::Ready(Ok(n));
+            }
+            if let Err(e) = std::task::ready!(self.arm_or_wait(cx)) {
+                return Poll::Ready(Err(e));
+            }
+        }
+    }
+
+    /// Waits for at least one completion and polls up to `wcs.len()` into
+    /// `wcs` in the compact form; returns how many (see
+    /// [`AsyncCq::poll_batch_wc`]).
+    ///
+    /// Cancel safety: as [`AsyncCq::next`]; `wcs` and `memory` get
+    /// completions only in the poll that completes the future.
+    ///
+    /// # Errors
+    /// As [`AsyncCq::poll_next`].
+    pub fn batch_wc<'a>(
+        &'a mut self,
+        wcs: &'a mut [WorkCompletion],
+        memory: &'a mut Vec<(u64, WrBuffers)>,
+    ) -> impl Future<Output = Result<usize>> + 'a {
+        std::future::poll_fn(move |cx| self.poll_batch_wc(cx, wcs, memory))
     }
 
     /// Takes every buffered completion without waiting (see

@@ -141,6 +141,7 @@ impl PreparedSend {
     /// [`Error::InvalidArgument`] when the range does not fit, or the region
     /// is shared ([`WrBuffers::Shared`]: its other holders may read it as a
     /// slice).
+    #[inline]
     pub fn write_at(&mut self, offset: usize, data: &[u8]) -> Result<()> {
         match &mut self.region {
             WrBuffers::One(m) => m.write_racy(offset, data),
