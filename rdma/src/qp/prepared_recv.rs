@@ -243,7 +243,7 @@ impl QueuePair {
     /// range or a region prepared by another QP; [`Error::Verb`] as for
     /// [`QueuePair::post_recv`] (e.g. `ENOMEM` when the receive queue is
     /// full).
-    #[inline]
+    #[inline(always)]
     pub fn post_prepared_recv(
         &mut self,
         r: &mut PreparedRecv,

@@ -290,7 +290,7 @@ impl Queue {
     ///
     /// # Safety
     /// As [`Queue::advance`].
-    #[inline]
+    #[inline(always)]
     pub(super) unsafe fn advance_with(&self, f: impl FnOnce(&mut Option<Pending>)) {
         let head = self.head.load(Ordering::Relaxed);
         // SAFETY: consumer-only cell, and the caller is the consumer.
