@@ -201,6 +201,16 @@
 //! what it was called on, and carries its errno ([`Error::errno`]). Failed
 //! completions are values ([`Completion::status`]).
 //!
+//! # Hot loops
+//! A request checked once owns its memory and is posted again and again
+//! without moving it: [`QueuePair::prepare_send`] and
+//! [`QueuePair::post_prepared`] lend ranges of a region to sends,
+//! [`QueuePair::prepare_recv`] and [`QueuePair::post_prepared_recv`] slots of
+//! one to receives. [`CompletionQueue::poll_wc`] polls into the caller's
+//! array of [`WorkCompletion`]s (the provider's own entries, resolved in
+//! place; any memory comes back in a list beside them), as `ibv_poll_cq`
+//! into an array of `struct ibv_wc` does.
+//!
 //! # Threads
 //! Handles are `Send + Sync` (libibverbs verbs are thread-safe); posting
 //! needs `&mut QueuePair`; an extended-CQ [`PollCursor`] is `!Send` and

@@ -694,7 +694,7 @@ fn poll_one_into_reuses_one_slot() {
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn poll_wc_resolves_in_place_and_returns_memory_beside() {
-    let mut p = common::pair(QpType::Rc, AccessFlags::empty());
+    let mut p = common::pair(QpType::Rc, AccessFlags::REMOTE_WRITE);
     let mut wcs = [rdma::WorkCompletion::default(); 2];
     let mut memory = Vec::new();
     assert_eq!(
