@@ -29,6 +29,8 @@
 //! of 200 ms ends one) and when a connection ends, where its requests spent
 //! their time on the server; `RDMA_9P_POOL_ALL` sends every request to the
 //! blocking pool, as before (both for measuring, `ninep/bench/`).
+//! `RDMA_9P_BENCH_NULL`, for benchmarks only, answers reads and writes of
+//! regular files without touching them (`ninep/bench/null-bound.sh`).
 //!
 //! A connection that ends (disconnect, a failed completion, a malformed
 //! header) drops its fids (each file closes when the last request using it
@@ -131,6 +133,12 @@ pub async fn serve(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
     let mut listener = cm
         .listen(SocketAddr::new(config.addr, config.port), 128)
         .map_err(fail("rdma_listen"))?;
+    if bench_null() {
+        eprintln!(
+            "rdma-9p: RDMA_9P_BENCH_NULL is set: reads and writes of regular files are answered \
+             without touching them (for benchmarks only; the data served is not the files')"
+        );
+    }
     ready(SocketAddr::new(config.addr, listener.id().src_port()));
     loop {
         let incoming = listener
@@ -183,6 +191,11 @@ fn handle(
             .get(..len)
             .ok_or("a receive longer than its buffer")?;
         let out = slot.as_mut_slice().map_err(fail("send buffer"))?;
+        if bench_null() {
+            if let Some(n) = session.null_io_into(msg, out) {
+                return Ok(n);
+            }
+        }
         session
             .handle_into(msg, out)
             .map_err(|e| format!("malformed message, closing: {e}"))
@@ -207,6 +220,17 @@ fn handle(
 fn pool_all() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("RDMA_9P_POOL_ALL").is_some())
+}
+
+/// `RDMA_9P_BENCH_NULL`, **for benchmarks only**: reads and writes of
+/// regular files are answered without touching the file
+/// (`Session::null_io_into`: a read gets the send buffer's bytes as they
+/// are, a write is told it was done), to measure what the client and the
+/// transport allow when the server's file I/O costs nothing
+/// (`ninep/bench/null-bound.sh`). Never set it when serving real data.
+fn bench_null() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("RDMA_9P_BENCH_NULL").is_some())
 }
 
 fn stats_on() -> bool {
