@@ -354,6 +354,46 @@ impl Session {
         Ok(reply.len())
     }
 
+    /// **For benchmarks only** (`RDMA_9P_BENCH_NULL`): answers a `Tread`
+    /// or `Twrite` of a regular file ([`Session::is_file_io`]) without
+    /// touching the file. A `Tread` gets the bytes it asks for (at most
+    /// what fits, as a real read) as they already are in `out`, the
+    /// reply's send buffer, allocated once; a `Twrite` is told all its
+    /// bytes were written. Returns the reply's length, or `None` for any
+    /// other message (handle it as usual). It measures the client and the
+    /// transport against a server whose file I/O costs nothing; the data
+    /// it serves is not the file's.
+    pub fn null_io_into(&self, msg: &[u8], out: &mut [u8]) -> Option<usize> {
+        if msg.len() > self.msize() as usize || !self.is_file_io(msg) {
+            return None;
+        }
+        let Ok(Request { tag, msg }) = Request::decode(msg) else {
+            return None;
+        };
+        let (ty, n) = match msg {
+            Tmsg::Read { count, .. } => {
+                let room = out.len().checked_sub(IOHDRSZ)?;
+                (crate::proto::ty::TREAD + 1, self.read_len(count, room))
+            }
+            Tmsg::Write { data, .. } => (crate::proto::ty::TWRITE + 1, data.len()),
+            _ => return None,
+        };
+        // Rread: size[4] type[1] tag[2] count[4] data[count];
+        // Rwrite: size[4] type[1] tag[2] count[4].
+        let len = if ty == crate::proto::ty::TREAD + 1 {
+            IOHDRSZ + n
+        } else {
+            IOHDRSZ
+        };
+        let head = out.get_mut(..IOHDRSZ)?;
+        // (Both at most msize, which fits in 32 bits.)
+        head[..4].copy_from_slice(&(len as u32).to_le_bytes());
+        head[4] = ty;
+        head[5..7].copy_from_slice(&tag.to_le_bytes());
+        head[7..IOHDRSZ].copy_from_slice(&(n as u32).to_le_bytes());
+        Some(len)
+    }
+
     /// How many bytes a `Tread` of `count` may return into `room` bytes:
     /// at most what fits in msize after the reply's header.
     fn read_len(&self, count: u32, room: usize) -> usize {

@@ -34,7 +34,10 @@ environment:
   RDMA_9P_STATS  when set, where reads' and writes' time went on the server is
                  printed to stderr after each burst of them
   RDMA_9P_POOL_ALL  when set, reads and writes of regular files go to the
-                 thread pool as every other request (for comparisons)",
+                 thread pool as every other request (for comparisons)
+  RDMA_9P_BENCH_NULL  for benchmarks only: when set, reads and writes of
+                 regular files are answered without touching the file (a
+                 read gets whatever bytes the reply buffer holds)",
         addr = defaults.addr,
         fids = defaults.max_fids,
     )

@@ -1105,6 +1105,93 @@ fn only_reads_and_writes_of_regular_files_run_inline() {
     assert!(!c.s.is_file_io(&read(1)));
 }
 
+/// The benchmark-only null mode (`RDMA_9P_BENCH_NULL`): a read of a
+/// regular file is answered with the bytes asked for (at most what fits)
+/// and a write with its length, the file untouched either way; anything
+/// else (a FIFO's read, a getattr, a message larger than msize) is left to
+/// the usual handler.
+#[test]
+fn null_io_answers_without_touching_the_file() {
+    let t = TempDir::new("null");
+    let fifo = t.0.join("p");
+    let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    std::fs::write(t.0.join("f"), b"abc").unwrap();
+    let ex = export(&t.0);
+    let mut c = Client::new(&ex);
+    open_file(&mut c, 1, b"f", libc::O_RDWR);
+    open_file(&mut c, 2, b"p", libc::O_RDONLY);
+    let enc = |msg: Tmsg<'_>| {
+        let mut buf = Vec::new();
+        Request { tag: 9, msg }.encode(&mut buf);
+        buf
+    };
+    let mut out = vec![0x5a_u8; 8192];
+    // A read past the file's end still gets every byte it asked for.
+    let read = enc(Tmsg::Read {
+        fid: 1,
+        offset: 1000,
+        count: 100,
+    });
+    let n =
+        c.s.null_io_into(&read, &mut out)
+            .expect("a read of a regular file");
+    assert_eq!(
+        Rmsg::decode(&out[..n]).unwrap(),
+        (9, Rmsg::Read { data: &[0x5a; 100] })
+    );
+    // No more than fits in the reply buffer.
+    let big = enc(Tmsg::Read {
+        fid: 1,
+        offset: 0,
+        count: 1 << 20,
+    });
+    let mut small = vec![0; 64];
+    let n = c.s.null_io_into(&big, &mut small).unwrap();
+    assert_eq!(n, 64);
+    assert!(
+        matches!(Rmsg::decode(&small[..n]).unwrap(), (9, Rmsg::Read { data }) if data.len() == 53)
+    );
+    let write = enc(Tmsg::Write {
+        fid: 1,
+        offset: 0,
+        data: b"XYZW",
+    });
+    let n =
+        c.s.null_io_into(&write, &mut out)
+            .expect("a write of a regular file");
+    assert_eq!(
+        Rmsg::decode(&out[..n]).unwrap(),
+        (9, Rmsg::Write { count: 4 })
+    );
+    assert_eq!(
+        std::fs::read(t.0.join("f")).unwrap(),
+        b"abc",
+        "the file was written"
+    );
+    // Not a regular file's read or write: left to the usual handler.
+    let fifo_read = enc(Tmsg::Read {
+        fid: 2,
+        offset: 0,
+        count: 10,
+    });
+    assert_eq!(c.s.null_io_into(&fifo_read, &mut out), None);
+    let getattr = enc(Tmsg::Getattr {
+        fid: 1,
+        mask: 0x7ff,
+    });
+    assert_eq!(c.s.null_io_into(&getattr, &mut out), None);
+    let mut huge = enc(Tmsg::Write {
+        fid: 1,
+        offset: 0,
+        data: &vec![0; c.s.msize() as usize],
+    });
+    assert_eq!(c.s.null_io_into(&huge, &mut out), None, "larger than msize");
+    huge.truncate(11);
+    assert_eq!(c.s.null_io_into(&huge, &mut out), None, "cut short");
+}
+
 /// Watches a directory for opens of its entries (`IN_OPEN`; descriptors
 /// opened with `O_PATH` make none).
 struct OpenWatch(std::os::fd::OwnedFd);

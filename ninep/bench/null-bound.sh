@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# ninep/bench/null-bound.sh: how fast the Linux kernel's 9P client can go over
+# RDMA at all, whatever the server does. Three servers in one VM boot, on the
+# same tmpfs, alternated: rdma-9p with RDMA_9P_BENCH_NULL=1 (reads and writes
+# of regular files answered without touching the file: a server whose file
+# I/O costs nothing), rdma-9p as it is, and the kernel's NFS server over RDMA
+# (knfsd, NFSv3 proto=rdma), the target's reference. If the null server is
+# slower than knfsd, no server-side change can meet rdma-9p/knfsd >= 1.00.
+#
+#   ninep/bench/null-bound.sh [--runs N] [--size MiB] [--msize BYTES]
+#
+# Defaults: 9 rounds after one discarded warm-up, a 64 MiB file, msize 128 KiB
+# (the kernel's default; knfsd's rsize/wsize over RDMA here). Each round runs,
+# for each server in a rotating order, fio's sequential write (1 MiB blocks,
+# O_DIRECT, fsync at the end) and then its sequential read (O_DIRECT, caches
+# dropped), fio on CPU 0, as vs-kernel.sh. Around each fio run it reads the
+# CPU time of the server (rdma-9p's process, or every nfsd thread) and of the
+# whole guest (every vCPU's non-idle time), per MiB moved (fio's own setup is
+# in the window too, the same for every server). The null server's file is
+# made 64 MiB long beforehand (its writes do not extend it).
+# Output in target/bench-9p/null/: runs.txt (round server direction MB/s
+# server-ms/MiB guest-ms/MiB) and results.md (medians; per-round ratios
+# with a 95% interval, ci/lib/interval.awk).
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
+out=$repo/target/bench-9p/null
+say() { printf 'null-bound: %s\n' "$*" >&2; }
+
+if [ "${1:-}" = --guest ]; then
+    runs=$2 size=$3 msize=$4
+    trap 'echo "null-bound: guest failed at line $LINENO (status $?)" >&2' ERR
+    ip=10.8.0.1
+    bin=/tmp/rdma-9p
+    cp "$repo/target/release/rdma-9p" "$bin"
+    modprobe 9pnet_rdma
+    modprobe 9p
+    modprobe nfsd
+    modprobe rpcrdma
+    mkdir -p /export /run/rpcbind /var/lib/nfs /mnt/nfs /mnt/r9 /mnt/r9n
+    mount -t tmpfs -o size=$((size * 3 + 64))m tmpfs /export
+    mkdir -p /export/nfs /export/r9 /export/r9n
+    truncate -s "${size}M" /export/r9n/f
+    mount -t nfsd nfsd /proc/fs/nfsd
+    echo '/export 10.8.0.0/24(rw,no_root_squash,insecure,fsid=0,no_subtree_check)' >/etc/exports
+    rpcbind -w
+    exportfs -ra
+    rpc.mountd
+    rpc.nfsd --grace-time 10 --lease-time 10 4
+    echo 'rdma 20049' >/proc/fs/nfsd/portlist
+    mount -t nfs -o vers=3,nolock,proto=rdma,port=20049 $ip:/export /mnt/nfs
+    "$bin" serve --addr $ip --port 5640 --msize "$msize" /export/r9 >/tmp/r9.log 2>&1 &
+    r9=$!
+    RDMA_9P_BENCH_NULL=1 "$bin" serve --addr $ip --port 5642 --msize "$msize" /export/r9n >/tmp/r9n.log 2>&1 &
+    r9n=$!
+    for l in /tmp/r9.log /tmp/r9n.log; do
+        for _ in $(seq 100); do grep -q serving $l && break; sleep 0.1; done
+        grep -q serving $l || { cat $l; exit 1; }
+    done
+    grep -q RDMA_9P_BENCH_NULL /tmp/r9n.log || { echo "null-bound: the null server did not say so" >&2; exit 1; }
+    mount -t 9p -o trans=rdma,port=5640,version=9p2000.L,msize="$msize" $ip /mnt/r9
+    mount -t 9p -o trans=rdma,port=5642,version=9p2000.L,msize="$msize" $ip /mnt/r9n
+    declare -A dir=([r9]=/mnt/r9 [r9n]=/mnt/r9n [nfs]=/mnt/nfs/nfs)
+    declare -A pid=([r9]=$r9 [r9n]=$r9n)
+    hz=$(getconf CLK_TCK)
+    server_ticks() {
+        local pids
+        if [ "$1" = nfs ]; then pids=$(pgrep -x nfsd | tr '\n' ' '); else pids=${pid[$1]}; fi
+        for p in $pids; do cat "/proc/$p/stat"; done | awk '{ s += $14 + $15 } END { print s + 0 }'
+    }
+    # Every vCPU's non-idle ticks (user nice system irq softirq steal).
+    guest_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
+    fio_run() { # SERVER DIRECTION -> "MB/s server-ms/MiB guest-ms/MiB"
+        local s=$1 rw=$2
+        [ "$rw" = write ] || sync
+        echo 3 >/proc/sys/vm/drop_caches
+        local s0 g0 s1 g1
+        s0=$(server_ticks "$s") g0=$(guest_ticks)
+        timeout -k 10 600 taskset -c 0 fio --name=seq --filename="${dir[$s]}/f" --rw="$rw" --bs=1M --size="${size}M" \
+            --ioengine=psync --direct=1 --end_fsync=$([ "$rw" = write ] && echo 1 || echo 0) \
+            --output-format=json >/tmp/fio.json 2>/tmp/fio.err || {
+            echo "null-bound: fio's $rw on $s failed:" >&2
+            cat /tmp/fio.err /tmp/fio.json >&2
+            return 1
+        }
+        s1=$(server_ticks "$s") g1=$(guest_ticks)
+        python3 -c "import json,sys; j=json.load(open('/tmp/fio.json'))['jobs'][0]['$rw']; ms=lambda t: t * 1000 / $hz / $size; print('%.2f %.1f %.1f' % (j['bw'] * 1024 / 1e6, ms($s1 - $s0), ms($g1 - $g0)))"
+    }
+    # As vs-kernel.sh: every client's I/O on CPU 0, timers where armed
+    # (rxe's retransmit timer on the other CPU can kill the 9P client's QP).
+    echo 0 >/proc/sys/kernel/timer_migration
+    order=(r9n nfs r9)
+    for round in $(seq 0 "$runs"); do
+        for s in "${order[@]}"; do
+            for d in write read; do
+                echo "$round $s $d $(fio_run "$s" "$d")"
+            done
+        done
+        order=("${order[@]:1}" "${order[0]}")
+    done >"$out/runs.txt"
+    # The null server really served nothing of the file: still a hole.
+    [ "$(du -k /export/r9n/f | cut -f1)" -lt 1024 ] || { echo "null-bound: the null server wrote the file" >&2; exit 1; }
+    umount /mnt/r9 /mnt/r9n /mnt/nfs
+    kill $r9 $r9n
+    exit 0
+fi
+
+runs=9 size=64 msize=131072
+while [ $# -gt 0 ]; do
+    case $1 in
+        --runs) runs=${2:?--runs needs a value}; shift 2 ;;
+        --size) size=${2:?--size needs a value}; shift 2 ;;
+        --msize) msize=${2:?--msize needs a value}; shift 2 ;;
+        -h | --help) sed -n '2,23s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        *) say "unknown argument $1 (see --help)"; exit 2 ;;
+    esac
+done
+for v in "$runs" "$size" "$msize"; do
+    [[ $v =~ ^[1-9][0-9]*$ ]] || { say "not a positive number: $v"; exit 2; }
+done
+command -v fio >/dev/null || { say "fio is missing (ci/setup installs it)"; exit 1; }
+cd "$repo"
+cargo build --release --offline -p rdma-9p >&2
+mkdir -p "$out"
+rm -f "$out/runs.txt"
+ci/vm run --timeout 3000 -- "$0" --guest "$runs" "$size" "$msize"
+[ -s "$out/runs.txt" ] || { say "the guest wrote no results"; exit 1; }
+
+# Round 0 is the warm-up.
+median() { sort -n | awk '{v[NR]=$1} END {print NR ? (NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2) : "n/a"}'; }
+col() { # SERVER DIRECTION FIELD
+    awk -v s="$1" -v d="$2" -v f="$3" '$1 > 0 && $2 == s && $3 == d {print $f}' "$out/runs.txt" | median
+}
+ratios() { # DIRECTION A B: A / B MB/s per round
+    awk -v d="$1" -v a="$2" -v b="$3" '$1 > 0 && $3 == d { bw[$1, $2] = $4; r[$1] = 1 }
+        END { for (k in r) if (bw[k, b] > 0) print bw[k, a] / bw[k, b] }' "$out/runs.txt" | awk -f ci/lib/interval.awk
+}
+{
+    echo "| direction | null rdma-9p MB/s | rdma-9p MB/s | knfsd MB/s | null/knfsd | rdma-9p/knfsd | rdma-9p/null |"
+    echo "|---|---|---|---|---|---|---|"
+    for d in write read; do
+        printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$d" "$(col r9n $d 4)" "$(col r9 $d 4)" "$(col nfs $d 4)" \
+            "$(ratios $d r9n nfs)" "$(ratios $d r9 nfs)" "$(ratios $d r9 r9n)"
+    done
+    echo
+    echo "| CPU ms per MiB (median) | null rdma-9p | rdma-9p | knfsd |"
+    echo "|---|---|---|---|"
+    for d in write read; do
+        printf '| %s, server | %s | %s | %s |\n' "$d" "$(col r9n $d 5)" "$(col r9 $d 5)" "$(col nfs $d 5)"
+        printf '| %s, whole guest | %s | %s | %s |\n' "$d" "$(col r9n $d 6)" "$(col r9 $d 6)" "$(col nfs $d 6)"
+    done
+    echo
+    echo "$runs rounds (after one warm-up), ${size} MiB file, 1 MiB blocks, O_DIRECT, msize $msize; MB/s and CPU: medians; ratios: median of the per-round ratios (95% interval)."
+} >"$out/results.md"
+cat "$out/results.md"
