@@ -129,9 +129,14 @@ fn sizes(iwarp: bool) {
             "each READ's window invalidated by the server"
         );
         assert_eq!(c.plain, c.replies, "each READ's data copied plainly");
+        assert_eq!(c.reused, 0, "windows: no registration per chunk");
     } else {
         assert_eq!(c.remote, 0, "not offered with a registration per chunk");
         assert_eq!(c.plain, 0);
+        // The earlier reads left deregistered chunks of this size: each
+        // READ's write chunk is registered on one of them, not on new
+        // zeroed memory (the digest above proves the data right).
+        assert_eq!(c.reused, c.replies, "every write chunk on kept memory");
     }
     rt.block_on(client.close());
 
@@ -201,6 +206,8 @@ struct Counts {
     stray: u64,
     /// Chunks read with a plain copy.
     plain: u64,
+    /// Chunks registered on kept memory (no memory windows).
+    reused: u64,
 }
 
 fn stats_of(c: &rdma_nfs::nfs3::Client) -> &transport::Stats {
@@ -224,6 +231,7 @@ fn read_counted(
             s.remote_invalidations.load(Ordering::Relaxed),
             s.stray_invalidations.load(Ordering::Relaxed),
             s.plain_chunk_reads.load(Ordering::Relaxed),
+            s.chunk_reuses.load(Ordering::Relaxed),
         ]
     };
     let before = load(s);
@@ -247,6 +255,7 @@ fn read_counted(
         remote: d(2),
         stray: d(3),
         plain: d(4),
+        reused: d(5),
     }
 }
 

@@ -307,7 +307,7 @@ pub use error::{teardown_failures, Error, Result};
 pub use fork::{fork_init, is_fork_initialized, ForkStatus};
 pub use gid::{Gid, GidEntry, GidType};
 pub use import::ImportedMemoryRegion;
-pub use mr::{AccessFlags, MemoryRegion, RemoteMemory};
+pub use mr::{AccessFlags, Buffer, MemoryRegion, RemoteMemory};
 pub use mw::{MemoryWindow, MwType};
 pub use null_mr::NullMemoryRegion;
 pub use odp::{
@@ -335,6 +335,7 @@ mod auto_traits {
         send_sync::<crate::Context>();
         send_sync::<crate::ProtectionDomain>();
         send_sync::<crate::MemoryRegion>();
+        send_sync::<crate::Buffer>();
         send_sync::<crate::CompletionQueue>();
         send_sync::<crate::CompletionChannel>();
         send_sync::<crate::QueuePair>();

@@ -510,6 +510,16 @@ impl ProtectionDomain {
         self.register(memory, access)
     }
 
+    /// Registers the memory of a deregistered region again
+    /// (`ibv_reg_mr(3)`), as it is: not zeroed, not copied, with its
+    /// alignment; the region owns it, under fresh keys.
+    ///
+    /// # Errors
+    /// As [`ProtectionDomain::alloc_mr`] (the buffer is then freed).
+    pub fn reg_buffer(&self, buf: Buffer, access: AccessFlags) -> Result<MemoryRegion> {
+        self.register(buf.memory, access)
+    }
+
     /// Registers memory this crate does not own (`ibv_reg_mr(3)`).
     ///
     /// # Safety
@@ -958,23 +968,82 @@ impl MemoryRegion {
     /// hold the registration (`EBUSY`); the `ibv_dereg_mr` error otherwise (the
     /// memory is then leaked, never freed while the device may use it).
     pub fn destroy(self) -> std::result::Result<(), (Option<Self>, Error)> {
+        self.deregister_last().map(drop)
+    }
+
+    /// Deregisters the region and gives its memory back, bytes intact, to be
+    /// read, reused, or registered again with [`ProtectionDomain::reg_buffer`]
+    /// without the zeroing (or allocation) of a new region.
+    ///
+    /// This must be the last piece of the registration: the [`Buffer`] is the
+    /// whole registration's memory (pieces split off and dropped before
+    /// included). Once this returns `Ok`, `ibv_dereg_mr` has succeeded, so the
+    /// device reaches the memory through no key of this registration any
+    /// more, and its work requests are all complete (each held the
+    /// registration): the buffer is plain local memory.
+    ///
+    /// # Errors
+    /// - [`Error::InvalidArgument`], the region given back untouched and
+    ///   still registered, when its memory is the caller's
+    ///   ([`ProtectionDomain::reg_mr_raw`]): it is not this crate's to give.
+    /// - `EBUSY` ([`Error::Verb`] naming `ibv_dereg_mr`), the region given
+    ///   back still registered, when other pieces, memory windows bound to it,
+    ///   or in-flight work requests hold the registration.
+    /// - The `ibv_dereg_mr` error otherwise, with no region and **no memory**:
+    ///   the device may still reach the memory, so it is leaked, never handed
+    ///   back or freed.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use rdma::AccessFlags;
+    /// # fn main() -> rdma::Result<()> {
+    /// let ctx = rdma::Context::open("siw0")?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    /// let mut mr = pd.alloc_mr(1 << 20, access)?;
+    /// mr.write_at(0, b"left from the last use")?;
+    /// // ... a peer writes into it with `mr.remote()` ...
+    /// let buf = mr.deregister().map_err(|(_, e)| e)?;
+    /// assert_eq!(&buf[..4], b"left"); // a plain slice: no peer reaches it
+    /// // The same memory, a fresh rkey, not zeroed again.
+    /// let again = pd.reg_buffer(buf, access)?;
+    /// # let _ = again;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn deregister(self) -> std::result::Result<Buffer, (Option<Self>, Error)> {
+        if matches!(self.inner.memory.owner, Owner::Foreign) {
+            return Err((
+                Some(self),
+                Error::InvalidArgument {
+                    verb: "ibv_dereg_mr",
+                    reason: "the region's memory was registered with reg_mr_raw and \
+                             belongs to the caller: deregister it with destroy"
+                        .into(),
+                },
+            ));
+        }
+        self.deregister_last().map(|memory| Buffer { memory })
+    }
+
+    /// `ibv_dereg_mr` when this is the last piece: the memory, once the
+    /// device can no longer reach it.
+    fn deregister_last(self) -> std::result::Result<Memory, (Option<Self>, Error)> {
         let MemoryRegion { inner, offset, len } = self;
         match Arc::try_unwrap(inner) {
             Ok(inner) => {
                 let mut inner = std::mem::ManuallyDrop::new(inner);
-                // SAFETY: last reference; deregistered once (Drop is skipped).
+                // SAFETY: last reference (no piece, window or work request
+                // holds the registration); deregistered once (Drop is
+                // skipped).
                 let rc = unsafe { ffi::ibv_dereg_mr(inner.mr.as_ptr()) };
-                let result = check_errno_ret("ibv_dereg_mr", || "".into(), rc);
                 // SAFETY: each field is moved out exactly once and `inner` is
                 // never used or dropped again.
                 let (memory, pd) =
                     unsafe { (std::ptr::read(&inner.memory), std::ptr::read(&inner.pd)) };
                 let _ = &mut inner;
-                if result.is_err() {
-                    std::mem::forget(memory);
-                } else {
-                    drop(memory);
-                }
+                let result = released(rc, memory);
+                // The PD after the registration, as `MrInner`'s field order.
                 drop(pd);
                 result.map_err(|e| (None, e))
             }
@@ -987,6 +1056,59 @@ impl MemoryRegion {
                 ),
             )),
         }
+    }
+}
+
+/// The memory of a registration after `ibv_dereg_mr` returned `rc`: given
+/// back only when it succeeded; otherwise the device may still reach it, so
+/// it is leaked (never freed, never handed out) and the error returned.
+fn released(rc: std::ffi::c_int, mut memory: Memory) -> Result<Memory> {
+    match check_errno_ret("ibv_dereg_mr", || "".into(), rc) {
+        Ok(()) => Ok(memory),
+        Err(e) => {
+            memory.leak();
+            drop(memory);
+            Err(e)
+        }
+    }
+}
+
+/// Memory that a [`MemoryRegion`] owned, given back by
+/// [`MemoryRegion::deregister`] after its deregistration succeeded: plain,
+/// owned, unregistered bytes that no device reaches, as they were left (not
+/// zeroed). Read and write it as a slice; register it again with
+/// [`ProtectionDomain::reg_buffer`] (no allocation, no zeroing, the same
+/// alignment), or drop it to free it.
+pub struct Buffer {
+    memory: Memory,
+}
+
+impl std::ops::Deref for Buffer {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the buffer owns the whole allocation, `base..base + len`
+        // (`Memory` is never empty); `base` has the provenance of all of it;
+        // no registration and so no device reaches it (`deregister`), and
+        // nothing else holds a pointer to it.
+        unsafe { std::slice::from_raw_parts(self.memory.base(), self.memory.len()) }
+    }
+}
+
+impl std::ops::DerefMut for Buffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` makes this the only
+        // reference.
+        unsafe { std::slice::from_raw_parts_mut(self.memory.base(), self.memory.len()) }
+    }
+}
+
+impl fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Buffer")
+            .field("addr", &self.memory.base())
+            .field("len", &self.memory.len())
+            .finish()
     }
 }
 
@@ -1096,6 +1218,52 @@ mod tests {
         unsafe { memory.write(1, &[6], true) };
         drop(memory);
         assert_eq!(backing, [4, 6, 4, 4, 4, 4, 4, 4]);
+    }
+
+    #[test]
+    fn a_buffer_is_the_memory_as_left_and_frees_it() {
+        let memory = Memory::from_box((0..32u8).collect()).unwrap();
+        // SAFETY: in bounds, no concurrent access.
+        unsafe { memory.write(2, &[9, 9], true) };
+        let mut buf = Buffer {
+            memory: released(0, memory).expect("a successful deregistration"),
+        };
+        assert_eq!(buf.len(), 32);
+        assert_eq!(buf[..5], [0, 1, 9, 9, 4]);
+        buf[31] = 7;
+        // Moved back into a registration's place: still reached through the
+        // base pointer.
+        let held = own(buf.memory);
+        let mut out = [0; 2];
+        // SAFETY: in bounds, no concurrent access.
+        unsafe { held.memory.read(30, &mut out, false) };
+        assert_eq!(out, [30, 7]);
+        let page = Memory::alloc_zeroed(Layout::from_size_align(64, 64).unwrap()).unwrap();
+        let buf = Buffer {
+            memory: released(0, page).unwrap(),
+        };
+        assert_eq!(*buf, [0; 64]);
+        // Both freed on drop (Miri reports a leak or a bad free otherwise).
+    }
+
+    #[test]
+    fn a_failed_deregistration_hands_nothing_back_and_frees_nothing() {
+        let memory = Memory::from_box(vec![5u8; 16].into_boxed_slice()).unwrap();
+        let (base, len) = (memory.base(), memory.len());
+        for rc in [libc::EINVAL, -1] {
+            let memory = Memory::from_box(vec![6u8; 8].into_boxed_slice()).unwrap();
+            let (b, l) = (memory.base(), memory.len());
+            assert!(released(rc, memory).is_err(), "rc {rc}");
+            // SAFETY: leaked by `released`, not freed: rebuilt once here.
+            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(b, l)) });
+        }
+        let err = released(libc::EBUSY, memory).map(drop).unwrap_err();
+        assert!(err.to_string().contains("ibv_dereg_mr"), "{err}");
+        // Still allocated and intact: a free would make this a use after
+        // free under Miri.
+        // SAFETY: the slice `from_box` took apart, leaked by `released`.
+        let back = unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(base, len)) };
+        assert_eq!(*back, [5; 16]);
     }
 
     /// Every start alignment and length up to a few words: head, unrolled

@@ -199,7 +199,77 @@ fn iwarp_registers_memory_and_has_no_xrc() {
     let ctx = common::open(&common::iwarp_device_name());
     let pd = ctx.alloc_pd().unwrap();
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-    let mr = pd.alloc_mr(4096, access).unwrap();
+    let mut mr = pd.alloc_mr(4096, access).unwrap();
     assert_ne!(mr.rkey(), 0);
     assert!(matches!(ctx.open_xrcd(), Err(Error::Unsupported { .. })));
+    // Deregistered and registered again without zeroing, as rdma-nfs
+    // reuses its chunks on siw.
+    mr.write_at(100, b"kept").unwrap();
+    let buf = mr.deregister().map_err(|(_, e)| e).expect("ibv_dereg_mr");
+    assert_eq!(&buf[100..104], b"kept");
+    let again = pd.reg_buffer(buf, access).expect("ibv_reg_mr");
+    let mut out = [0; 4];
+    again.read_at(100, &mut out).unwrap();
+    assert_eq!(&out, b"kept");
+    assert_ne!(again.rkey(), 0);
+}
+
+/// `deregister` gives the memory back as it was left, only once no key
+/// reaches it: a peer's WRITE with the old rkey is refused and the bytes
+/// stay; `reg_buffer` registers the same bytes again (not zeroed). Refused,
+/// with the region given back still registered: a piece whose sibling
+/// lives, and memory the caller owns.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn deregister_gives_the_bytes_back_and_reg_buffer_keeps_them() {
+    use common::{pair, wait};
+    use rdma::{SendWr, WcStatus};
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let mut p = pair(rdma::QpType::Rc, access);
+    let mut mr = p.pd.alloc_mr(4096, access).unwrap();
+    let old = mr.remote();
+    let written: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 1) as u8).collect();
+    let src = p.pd.reg_mr(written.clone(), AccessFlags::empty()).unwrap();
+    p.a.post_send(SendWr::write(1, src, old)).unwrap();
+    let c = wait(&p.cq, 1).pop().unwrap();
+    assert_eq!(c.status, WcStatus::Success, "{c:?}");
+
+    // A piece with a live sibling: refused, nothing deregistered.
+    let tail = mr.split_off(1024).unwrap();
+    let (back, err) = mr.deregister().unwrap_err();
+    assert_eq!(err.errno(), Some(libc::EBUSY), "{err}");
+    let mut mr = back.expect("the region comes back");
+    mr.unsplit(tail).expect("rejoined");
+
+    let buf = mr.deregister().map_err(|(_, e)| e).expect("ibv_dereg_mr");
+    assert_eq!(buf.len(), 4096);
+    assert_eq!(*buf, written[..], "the peer's bytes, intact");
+    // The old rkey reaches nothing now: refused, and the buffer unchanged.
+    let src = p.pd.reg_mr(vec![0xee; 4096], AccessFlags::empty()).unwrap();
+    p.a.post_send(SendWr::write(2, src, old)).unwrap();
+    let c = wait(&p.cq, 1).pop().unwrap();
+    assert!(
+        matches!(c.status, WcStatus::RemAccessErr | WcStatus::RemInvReqErr),
+        "a WRITE with a deregistered region's rkey: {c:?}"
+    );
+    assert_eq!(*buf, written[..], "unchanged after the refused WRITE");
+
+    let again = p.pd.reg_buffer(buf, access).expect("ibv_reg_mr");
+    assert_eq!(again.len(), 4096);
+    assert_eq!(again.to_vec(), written, "registered again, not zeroed");
+    assert_eq!(again.access(), access);
+
+    // Memory the caller owns is not the crate's to hand back.
+    let mut backing = vec![3u8; 64];
+    // SAFETY: `backing` outlives the region and is not touched while it lives.
+    let raw = unsafe {
+        p.pd.reg_mr_raw(backing.as_mut_ptr(), 64, AccessFlags::LOCAL_WRITE)
+    }
+    .unwrap();
+    let (raw, err) = raw.deregister().unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+    let raw = raw.expect("given back, still registered");
+    assert_eq!(raw.to_vec(), vec![3u8; 64]);
+    raw.destroy().map_err(|(_, e)| e).expect("ibv_dereg_mr");
+    assert_eq!(backing, vec![3u8; 64]);
 }
