@@ -403,10 +403,18 @@ fn fill_send(raw: &mut ffi::ibv_send_wr, op: &SendOp) {
                 rkey: remote.rkey,
             };
         }
-        SendOp::Send
-        | SendOp::SendWithImm(_)
-        | SendOp::SendWithInvalidate(_)
-        | SendOp::LocalInvalidate(_) => {}
+        // The key also goes into `wr.rdma.rkey`: rdma-core 44's libsiw
+        // (`push_send_wqe`) takes the key to invalidate from there, not from
+        // `invalidate_rkey`, and so sent a SEND_INV naming key 0 (the
+        // receiver failed it, REM_INV_REQ_ERR); other providers read
+        // `wr.rdma` only for RDMA operations.
+        SendOp::SendWithInvalidate(rkey) => {
+            raw.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                remote_addr: 0,
+                rkey,
+            };
+        }
+        SendOp::Send | SendOp::SendWithImm(_) | SendOp::LocalInvalidate(_) => {}
     }
 }
 

@@ -456,18 +456,25 @@ impl QpTracker {
                 // SAFETY: the only consumer (above); `find` saw entry 0
                 // published.
                 unsafe {
-                    q.advance_with(|slot| match slot {
-                        // A prepared request's send: its id is all there
-                        // is (the queue empties the slot).
-                        Some(p) if p.quiet => c.set_id(p.wr_id),
-                        // Taken whole: the slot is left `None`, so emptying
-                        // it drops nothing.
-                        _ => {
-                            if let Some(p) = slot.take() {
-                                p.finish(c, later);
+                    // Inlined whole: left to itself, LLVM made the closure a
+                    // call of its own once `advance_with` was inlined
+                    // (callgrind, write_bw 64 KiB: 23 instructions per
+                    // completion).
+                    q.advance_with(
+                        #[inline(always)]
+                        |slot| match slot {
+                            // A prepared request's send: its id is all there
+                            // is (the queue empties the slot).
+                            Some(p) if p.quiet => c.set_id(p.wr_id),
+                            // Taken whole: the slot is left `None`, so emptying
+                            // it drops nothing.
+                            _ => {
+                                if let Some(p) = slot.take() {
+                                    p.finish(c, later);
+                                }
                             }
-                        }
-                    })
+                        },
+                    )
                 };
             }
             // SAFETY: the only consumer (above); `find` saw `off` published.
