@@ -142,27 +142,59 @@ impl Running {
         }
     }
 
-    /// Waits for the process to exit by `end`; kills it past that.
-    fn finish(mut self, end: Instant) -> Finished {
-        let status = loop {
+    /// Waits for the process to exit, at most until `end`: whether it did.
+    fn wait_until(&mut self, end: Instant) -> bool {
+        loop {
             match self.child.try_wait() {
-                Ok(Some(s)) => break Some(s),
-                Ok(None) if Instant::now() >= end => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    break None;
-                }
+                Ok(Some(_)) => return true,
+                Ok(None) if Instant::now() >= end => return false,
                 Ok(None) => std::thread::sleep(Duration::from_millis(20)),
                 Err(e) => panic!("waiting for {}: {e}", self.name),
             }
-        };
-        self.collect(status)
+        }
+    }
+
+    /// SIGKILL, then reaps it, waiting at most [`KILL_DEADLINE`]: a thread
+    /// blocked in the kernel (state D) holds the process until it leaves
+    /// the kernel. Then its threads are reported and it is left behind
+    /// (false), instead of the test hanging until its harness kills it with
+    /// everything it collected.
+    fn kill_bounded(&mut self) -> bool {
+        let _ = self.child.kill();
+        if self.wait_until(Instant::now() + KILL_DEADLINE) {
+            return true;
+        }
+        report(&format!(
+            "{} has not exited {KILL_DEADLINE:?} after SIGKILL\n{}",
+            self.name,
+            common::threads_report(self.child.id())
+        ));
+        false
+    }
+
+    /// Waits for the process to exit by `end`; kills it past that.
+    fn finish(mut self, end: Instant) -> Finished {
+        if self.wait_until(end) {
+            let status = self.child.try_wait().ok().flatten();
+            return self.collect(status);
+        }
+        let reaped = self.kill_bounded();
+        self.collect_killed(reaped)
     }
 
     /// Kills the process (a server that never exits by itself).
     fn kill(mut self) -> Finished {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let reaped = self.kill_bounded();
+        self.collect_killed(reaped)
+    }
+
+    /// The output of a killed process; if it could not be reaped, its pipes
+    /// are still open and what it printed is not waited for.
+    fn collect_killed(&mut self, reaped: bool) -> Finished {
+        if !reaped {
+            self.stdout = None;
+            self.stderr = None;
+        }
         self.collect(None)
     }
 
@@ -189,8 +221,40 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+            self.kill_bounded();
+        }
+    }
+}
+
+/// How long a killed process may take to exit.
+const KILL_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Writes a diagnosis to this process's stderr at once, not through the
+/// test harness's capture: a test killed at its timeout loses what it
+/// captured.
+fn report(text: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{text}");
+}
+
+/// Reports what every thread of each process still running is doing: called
+/// when a run passed its deadline, before anything is killed (killing one
+/// end changes what the other waits for).
+fn report_hang(running: &mut [&mut Running]) {
+    for r in running.iter_mut() {
+        if r.exited() {
+            continue;
+        }
+        report(&format!(
+            "{} still running after {RUN_DEADLINE:?}:\n{}",
+            r.name,
+            common::threads_report(r.child.id())
+        ));
+    }
+    // gdb after every kernel-side report: it takes seconds per process.
+    for r in running.iter_mut() {
+        if !r.exited() {
+            report(&common::gdb_backtraces(r.child.id()));
         }
     }
 }
@@ -262,8 +326,16 @@ fn pair(
         command(tool_client.0, tool_client.1, &cargs),
     );
     let end = Instant::now() + RUN_DEADLINE;
-    let client = client.finish(end);
+    let mut client = client;
+    let mut server = server;
+    let client_exited = client.wait_until(end);
     let client_done = started.elapsed();
+    if !client_exited {
+        report_hang(&mut [&mut client, &mut server]);
+    } else if !kill_server && !server.wait_until(end) {
+        report_hang(&mut [&mut server]);
+    }
+    let client = client.finish(end);
     let server = if kill_server {
         server.kill()
     } else {
@@ -381,6 +453,41 @@ fn iwarp_rping_rust_server_c_client() {
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn iwarp_rping_c_server_rust_client() {
     rping(&iwarp_ip(), 7306, Side::C, Side::Rust, &[]);
+}
+
+/// The hang report names every thread of a process with its state and wait
+/// channel: a `sleep` child has one thread, asleep (state `S`), and the
+/// report of a process that is gone says it cannot be read.
+#[test]
+fn a_hang_report_names_each_thread_its_state_and_wait_channel() {
+    let mut child = Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .expect("start sleep");
+    let pid = child.id();
+    // Until `sleep` sleeps, its thread may still be running its start-up.
+    let end = Instant::now() + Duration::from_secs(10);
+    let report = loop {
+        let report = common::threads_report(pid);
+        if report.contains(" state S ") || Instant::now() >= end {
+            break report;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        report.starts_with(&format!("=== threads of process {pid}\n")),
+        "{report}"
+    );
+    let thread = format!("--- thread {pid} (sleep) state S wchan ");
+    assert_eq!(report.matches("--- thread ").count(), 1, "{report}");
+    assert!(report.contains(&thread), "{report}");
+    let gone = common::threads_report(pid);
+    assert!(
+        gone.contains(&format!("cannot read /proc/{pid}/task")),
+        "{gone}"
+    );
 }
 
 #[test]

@@ -315,7 +315,8 @@ fn sequential_cycles(ip: IpAddr) {
     let secs = start.elapsed().as_secs_f64();
     let (res, fds, rss) = counts();
     println!(
-        "{done} cycles in {secs:.1} s ({:.1} ms each); RSS {rss0} KiB after warm-up, {rss_mid} at 10%, {rss} at the end",
+        "{done} cycles in {secs:.1} s ({:.1} ms each); RSS {rss0} KiB after warm-up, {rss_mid} at 10%, {rss} at the end; \
+         (pd, cq, qp, cm_id, mr) {res0:?} after warm-up, {res:?} at the end; open fds {fds0}, then {fds}",
         secs * 1000.0 / done.max(1) as f64
     );
     assert!(done >= 1, "no cycle ran");

@@ -264,6 +264,73 @@ impl Finished {
     }
 }
 
+/// What every thread of process `pid` is doing, for a test that found it
+/// hung past its deadline: per thread its name, state (`R`, `S`, `D`...) and
+/// kernel wait channel, and its kernel stack (readable by root only; the VM
+/// runs the tests as root). [`gdb_backtraces`] gives the user-space side.
+/// Best effort: what cannot be read says why.
+pub fn threads_report(pid: u32) -> String {
+    let mut out = format!("=== threads of process {pid}\n");
+    let dir = format!("/proc/{pid}/task");
+    let mut tids: Vec<String> = match std::fs::read_dir(&dir) {
+        Ok(d) => d
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(e) => {
+            out.push_str(&format!("cannot read {dir}: {e}\n"));
+            return out;
+        }
+    };
+    tids.sort_by_key(|t| t.parse::<u64>().unwrap_or(u64::MAX));
+    for tid in tids {
+        let read = |f: &str| {
+            std::fs::read_to_string(format!("{dir}/{tid}/{f}"))
+                .unwrap_or_else(|e| format!("({f}: {e})"))
+        };
+        let stat = read("stat");
+        // The state is the first field after the command's closing parenthesis.
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .unwrap_or("?")
+            .to_string();
+        out.push_str(&format!(
+            "--- thread {tid} ({}) state {state} wchan {}\n",
+            read("comm").trim(),
+            read("wchan").trim()
+        ));
+        for l in read("stack").lines() {
+            out.push_str(&format!("    {l}\n"));
+        }
+    }
+    out
+}
+
+/// Every thread's user-space backtrace in process `pid`, from gdb if it is
+/// installed, bounded at 30 s (attaching to a thread blocked in the kernel
+/// waits for it to leave).
+pub fn gdb_backtraces(pid: u32) -> String {
+    let gdb = Command::new("timeout")
+        .args(["30", "gdb", "-batch", "-nx", "-p", &pid.to_string()])
+        .args([
+            "-iex",
+            "set debuginfod enabled off",
+            "-ex",
+            "thread apply all bt",
+        ])
+        .output();
+    match gdb {
+        Ok(o) => format!(
+            "=== gdb -p {pid}: thread apply all bt ({})\n{}{}",
+            o.status,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => format!("=== gdb -p {pid} not run: {e}\n"),
+    }
+}
+
 /// The kinds of object [`resource_counts`] counts, in its order.
 pub const RESOURCES: [&str; 5] = ["pd", "cq", "qp", "cm_id", "mr"];
 
