@@ -791,19 +791,14 @@ fn inv_counts(t: &Transport) -> [u64; 4] {
 
 /// A server that invalidates each call's write chunk with its reply: the
 /// client sees it and posts no `LOCAL_INV`, reading the window plainly and
-/// putting its region back (reused by the next calls). rxe only: over siw,
-/// this Rust server's `SEND_WITH_INV` fails at the client (each call timed
-/// out, session 21). rdma-core 44's libsiw sends the STag to invalidate
-/// from `wr.rdma.rkey` (`push_send_wqe`), not from `invalidate_rkey`, where
-/// the rdma crate puts it, so the SEND names STag 0; the client's siw finds
-/// no such STag (`siw_invalidate_stag`: -EINVAL, in `siw_rdmap_complete`)
-/// and completes the receive with `REM_INV_REQ_ERR`, and the transport
-/// reconnects and sends the call again, to the same answer
-/// (`rdma/tests/access.rs`, `iwarp_send_with_invalidate_names_no_stag_through_libsiw`,
-/// measures it). libsiw also reports no invalidation on a receive
-/// (`copy_cqe`: no flags, no key), so the client is not offered it over
-/// siw anyway. The kernel server's replies over siw are checked in
-/// `kernel_nfsd::sizes_over_iwarp`.
+/// putting its region back (reused by the next calls). rxe only: over siw
+/// the client offers no remote invalidation (no memory windows), and
+/// libsiw reports no invalidation on a receive (`copy_cqe`: no flags, no
+/// key). (Session 21 saw this Rust server's `SEND_WITH_INV` fail over siw:
+/// libsiw read the key from `wr.rdma.rkey`, which the rdma crate now fills
+/// too; `rdma/tests/access.rs`,
+/// `iwarp_send_with_invalidate_invalidates_the_named_region`.) The kernel
+/// server's replies over siw are checked in `kernel_nfsd::sizes_over_iwarp`.
 #[test]
 #[ignore = "needs an RDMA device (rxe0): run in ci/vm"]
 fn remote_invalidation_skips_local_inv_over_rxe() {
