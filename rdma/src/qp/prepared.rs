@@ -429,13 +429,7 @@ impl QueuePair {
                 .not_posted("ibv_post_send", rc, (wr_id, WrBuffers::None))
                 .error);
         }
-        ring.push(Pending {
-            wr_id,
-            buffers: WrBuffers::None,
-            _ah: None,
-            _mw: None,
-            quiet: true,
-        });
+        ring.push(Pending::quiet(wr_id));
         p.last = Some(ours as u32);
         Ok(())
     }

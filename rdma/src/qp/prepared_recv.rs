@@ -280,13 +280,7 @@ impl QueuePair {
                 .not_posted("ibv_post_recv", rc, (wr_id, WrBuffers::None))
                 .error);
         }
-        ring.push(Pending {
-            wr_id,
-            buffers: WrBuffers::None,
-            _ah: None,
-            _mw: None,
-            quiet: true,
-        });
+        ring.push(Pending::quiet(wr_id));
         r.last = Some(ours as u32);
         Ok(())
     }

@@ -89,6 +89,18 @@ impl Pending {
         }
     }
 
+    /// A prepared request's post: the caller's id, nothing to hold.
+    #[inline(always)]
+    pub fn quiet(wr_id: u64) -> Pending {
+        Pending {
+            wr_id,
+            buffers: WrBuffers::None,
+            _ah: None,
+            _mw: None,
+            quiet: true,
+        }
+    }
+
     /// A posted send request: its memory, and its UD destination's address
     /// handle, held until its completion.
     pub fn send(wr: crate::wr::SendWr) -> Pending {
