@@ -13,9 +13,10 @@
 use std::sync::Arc;
 
 use super::send::{fill_request, Outgoing};
+use super::wr_ops::Direct;
 use super::{QpType, QueuePair};
 use crate::error::{Error, Result};
-use crate::track::{Orphan, Pending, QpTracker};
+use crate::track::{Orphan, QpTracker};
 use crate::wr::{SendFlags, SendOp, UdDest, WrBuffers, SHARED_IS_READ_ONLY};
 use crate::{ffi, MemoryRegion};
 
@@ -51,10 +52,15 @@ pub struct PreparedSend {
     base: u64,
     lkey: u32,
     region_len: usize,
-    /// Bytes a post may lend (8 and 8 for atomics; up to the remote range
-    /// for RDMA).
+    /// Bytes a post may lend: `min_len` to `max_len` (8 and 8 for atomics;
+    /// up to the remote range for RDMA, and to the region's length), whose
+    /// difference `span` a post compares with once.
     min_len: usize,
     max_len: usize,
+    span: usize,
+    /// The provider's calls for this request on the extended path, when it
+    /// has them (see [`Direct`]); else the post goes through the QP's path.
+    direct: Option<Direct>,
     /// The tracker of the QP it was checked for: its identity, and where
     /// the region goes if dropped while in flight.
     tracker: Arc<QpTracker>,
@@ -65,8 +71,10 @@ pub struct PreparedSend {
 // SAFETY: of the pointers in `raw`, `next` is null, the UD address handle is
 // null or that of `ud` (an `AddressHandle`, which is Send and Sync, kept
 // alive by this struct), and `sg_list` is only dereferenced (by the provider)
-// inside a post, which sets it to this struct's own `sge` first; the region
-// and the tracker are Send and Sync; the struct is plain data otherwise.
+// inside a post, which sets it to this struct's own `sge` first; `direct`'s
+// QP and functions are used only by a post to that QP, which holds it
+// mutably; the region and the tracker are Send and Sync; the struct is plain
+// data otherwise.
 unsafe impl Send for PreparedSend {}
 // SAFETY: as above; only a post changes it, through `&mut PreparedSend`, and
 // `&self` methods only read the region with atomic copies.
@@ -325,6 +333,8 @@ impl QueuePair {
                     usize::try_from(remote.min(u64::from(u32::MAX))).unwrap_or(usize::MAX),
                 )
             };
+            // No post lends more than the region either.
+            let max_len = max_len.min(mr.len());
             if mr.len() < min_len {
                 return Err(self.invalid(format!(
                     "a {}-byte region, but the prepared {op:?} lends {min_len} bytes",
@@ -347,6 +357,10 @@ impl QueuePair {
             ..Default::default()
         };
         fill_request(&mut raw, &Outgoing::prepared(&op, flags, ud.as_ref()));
+        let direct = match (&ud, self.path.extended(1, false)) {
+            (None, Some(x)) => x.direct(&op),
+            _ => None,
+        };
         Ok(PreparedSend {
             raw,
             sge: ffi::ibv_sge::default(),
@@ -359,6 +373,8 @@ impl QueuePair {
             region_len,
             min_len,
             max_len,
+            span: max_len - min_len,
+            direct,
             tracker: Arc::clone(&self.owned.tracker),
             last: None,
         })
@@ -385,12 +401,12 @@ impl QueuePair {
         len: usize,
     ) -> Result<()> {
         let max = self.max_msg.load(std::sync::atomic::Ordering::Relaxed) as usize;
+        // `len` in `min_len..=max_len` (so at most the region's length),
+        // and the range inside the region.
         if !Arc::ptr_eq(&p.tracker, &self.owned.tracker)
-            || len < p.min_len
-            || len > p.max_len
+            || len.wrapping_sub(p.min_len) > p.span
             || (max != 0 && len > max)
-            || offset > p.region_len
-            || len > p.region_len - offset
+            || offset > p.region_len - len
         {
             return Err(self.prepared_refused(p, offset, len));
         }
@@ -403,25 +419,26 @@ impl QueuePair {
         // SAFETY: `&mut self`: the only poster to this QP's send queue.
         let mut ring = unsafe { self.owned.tracker.producer(false) };
         let ours = ring.wr_id(0);
-        let rc = match self.path.extended(1, false) {
-            Some(x) => {
-                let req = Outgoing::prepared(&p.op, p.flags, p.ud.as_ref());
-                // SAFETY: `&mut self`: the only poster; the one SGE points
-                // into `p`'s region, which `p` keeps (or hands to the
-                // tracker) until the send is done.
-                unsafe { x.post_one(&req, &sge, ours) }
-            }
-            None => {
-                p.sge = sge;
-                p.raw.wr_id = ours;
-                p.raw.sg_list = &mut p.sge;
-                let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
-                // SAFETY: a well-formed request (checked when prepared, the
-                // range just now) whose one SGE points into `p`'s region,
-                // kept as above; the entry is published when `ring` is
-                // dropped (a poll that sees the completion first waits).
-                unsafe { ffi::ibv_post_send(self.as_raw(), &mut p.raw, &mut bad) }
-            }
+        let rc = if let Some(d) = &p.direct {
+            // SAFETY: `&mut self`: the only poster; `p` was prepared by this
+            // QP (checked above), which is live; the one SGE as below.
+            unsafe { d.post(p.raw.send_flags, &sge, ours) }
+        } else if let Some(x) = self.path.extended(1, false) {
+            let req = Outgoing::prepared(&p.op, p.flags, p.ud.as_ref());
+            // SAFETY: `&mut self`: the only poster; the one SGE points
+            // into `p`'s region, which `p` keeps (or hands to the
+            // tracker) until the send is done.
+            unsafe { x.post_one(&req, &sge, ours) }
+        } else {
+            p.sge = sge;
+            p.raw.wr_id = ours;
+            p.raw.sg_list = &mut p.sge;
+            let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+            // SAFETY: a well-formed request (checked when prepared, the
+            // range just now) whose one SGE points into `p`'s region,
+            // kept as above; the entry is published when `ring` is
+            // dropped (a poll that sees the completion first waits).
+            unsafe { ffi::ibv_post_send(self.as_raw(), &mut p.raw, &mut bad) }
         };
         if rc != 0 {
             drop(ring);
@@ -429,7 +446,7 @@ impl QueuePair {
                 .not_posted("ibv_post_send", rc, (wr_id, WrBuffers::None))
                 .error);
         }
-        ring.push(Pending::quiet(wr_id));
+        ring.push_quiet(wr_id);
         p.last = Some(ours as u32);
         Ok(())
     }

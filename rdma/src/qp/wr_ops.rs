@@ -222,6 +222,83 @@ impl ExtendedQp {
     }
 }
 
+/// A prepared request's calls, chosen once when it is prepared: the
+/// provider's function for its operation with the remote key and address
+/// bound, so a post makes the calls of [`ExtendedQp::post_one`] with no
+/// dispatch on the operation, no test of a missing function and no UD or
+/// XRC step (callgrind, `write_bw` 64 KiB: see docs/benchmarks-log.md,
+/// session 23).
+///
+/// Valid while its QP is: a post checks that the request was prepared by
+/// the QP it is posted to, which is then live (held by the poster).
+#[derive(Clone, Copy)]
+pub(super) struct Direct {
+    qp: NonNull<ffi::ibv_qp_ex>,
+    start: unsafe extern "C" fn(Qpx),
+    complete: unsafe extern "C" fn(Qpx) -> c_int,
+    set_sge: unsafe extern "C" fn(Qpx, u32, u64, u32),
+    op: DirectOp,
+}
+
+/// The operation of a [`Direct`] request.
+#[derive(Clone, Copy)]
+enum DirectOp {
+    /// `wr_send`.
+    Send(unsafe extern "C" fn(Qpx)),
+    /// `wr_rdma_write` or `wr_rdma_read`, with the remote key and address.
+    Remote(unsafe extern "C" fn(Qpx, u32, u64), u32, u64),
+}
+
+impl ExtendedQp {
+    /// The direct calls of a prepared `op` sent without a UD destination
+    /// or XRC SRQ: a SEND, RDMA WRITE or RDMA READ whose function the
+    /// provider has. `None` for anything else, which posts through
+    /// [`ExtendedQp::post_one`].
+    pub(super) fn direct(&self, op: &SendOp) -> Option<Direct> {
+        let op = match *op {
+            SendOp::Send => DirectOp::Send(self.send?),
+            SendOp::Write(m) => DirectOp::Remote(self.rdma_write?, m.rkey, m.addr),
+            SendOp::Read(m) => DirectOp::Remote(self.rdma_read?, m.rkey, m.addr),
+            _ => return None,
+        };
+        Some(Direct {
+            qp: self.qp,
+            start: self.start,
+            complete: self.complete,
+            set_sge: self.set_sge,
+            op,
+        })
+    }
+}
+
+impl Direct {
+    /// Posts the request with `flags` (`enum ibv_send_flags`, not
+    /// `INLINE`), the one scatter entry `sge` and `wr_id`, as
+    /// [`ExtendedQp::post_one`] does. Returns the errno (0 when posted).
+    ///
+    /// # Safety
+    /// As for [`ExtendedQp::post`]: the caller posts to this QP alone (holds
+    /// it mutably), and the QP is the live one this was made for.
+    #[inline(always)]
+    pub(super) unsafe fn post(&self, flags: u32, sge: &ffi::ibv_sge, wr_id: u64) -> c_int {
+        let q = self.qp.as_ptr();
+        // SAFETY: the caller's contract; the functions are the provider's
+        // for this QP, called between `start` and `complete` as
+        // `ibv_wr_start(3)` prescribes.
+        unsafe {
+            (self.start)(q);
+            (*q).wr_id = wr_id;
+            (*q).wr_flags = flags;
+            match self.op {
+                DirectOp::Send(f) => f(q),
+                DirectOp::Remote(f, rkey, addr) => f(q, rkey, addr),
+            }
+            (self.set_sge)(q, sge.lkey, sge.addr, sge.length);
+            (self.complete)(q)
+        }
+    }
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use std::cell::RefCell;
@@ -347,6 +424,33 @@ pub(super) mod tests {
                 "complete 41 0x0",
             ]
         );
+    }
+
+    #[test]
+    fn a_direct_post_makes_the_calls_of_post_one() {
+        let provider = FakeProvider::new();
+        let x = provider.extended();
+        let write = SendOp::Write(REMOTE);
+        let sge = ffi::ibv_sge {
+            addr: 0x2000,
+            length: 16,
+            lkey: 5,
+        };
+        let flags = SendFlags::SIGNALED;
+        // SAFETY: the fake provider reads nothing the SGE points at.
+        let rc = unsafe { x.post_one(&Outgoing::prepared(&write, flags, None), &sge, 9) };
+        assert_eq!(rc, 0);
+        let general = calls();
+        let direct = x.direct(&write).expect("the fake has RDMA WRITE");
+        // SAFETY: as above.
+        let rc = unsafe { direct.post(flags.bits(), &sge, 9) };
+        assert_eq!(rc, 0);
+        assert_eq!(calls(), general);
+        assert_eq!(general.len(), 4, "{general:?}");
+        // Operations the fake lacks, or that are not direct, are not.
+        assert!(x.direct(&SendOp::Read(REMOTE)).is_none());
+        assert!(x.direct(&SendOp::Send).is_none());
+        assert!(x.direct(&SendOp::SendWithImm(1)).is_none());
     }
 
     #[test]

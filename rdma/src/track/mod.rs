@@ -39,7 +39,7 @@ use crate::AddressHandle;
 
 pub(crate) use lock::Spin;
 
-use queue::Queue;
+use queue::{Entry, Queue};
 pub(crate) use recv::post_chain;
 pub(crate) use registry::{Registry, Tracked};
 pub(crate) use serial::Serial;
@@ -216,15 +216,18 @@ struct Ring {
     /// The address of the registry (of the one CQ the queue completes on):
     /// its polls, under its lock, are the queue's only consumer.
     consumer: usize,
+    /// What every `wr_id` of the queue carries above its sequence number
+    /// ([`encode`] of the tracker's serial and the queue, sequence 0),
+    /// computed once.
+    prefix: u64,
 }
 
 /// The right to add requests to a QP's queue (a post, which holds the QP
 /// mutably). Dropping it publishes what was pushed.
 pub(crate) struct Producer<'a> {
     queue: &'a Queue,
-    /// The tracker's serial and which queue: what the `wr_id`s encode.
-    serial: u32,
-    recv: bool,
+    /// The ring's `prefix`: the tracker's serial and which queue.
+    prefix: u64,
 }
 
 impl Producer<'_> {
@@ -233,7 +236,7 @@ impl Producer<'_> {
     pub fn wr_id(&self, i: u32) -> u64 {
         // SAFETY: a `Producer` is the queue's only producer while it lives.
         let next = unsafe { self.queue.staged() };
-        encode(self.serial, self.recv, next.wrapping_add(i))
+        self.prefix | u64::from(next.wrapping_add(i))
     }
 
     /// Parks a posted request's memory until its completion.
@@ -241,6 +244,13 @@ impl Producer<'_> {
     pub fn push(&mut self, p: Pending) {
         // SAFETY: as in `wr_id`.
         unsafe { self.queue.push(p) }
+    }
+
+    /// Records a prepared request's post: [`Pending::quiet`]`(wr_id)`.
+    #[inline(always)]
+    pub fn push_quiet(&mut self, wr_id: u64) {
+        // SAFETY: as in `wr_id`.
+        unsafe { self.queue.push_quiet(wr_id) }
     }
 }
 
@@ -291,15 +301,19 @@ impl QpTracker {
     /// queue completes on the CQ of `send` (whose polls alone consume it),
     /// its receive queue on that of `recv`.
     pub fn new(serial: Serial, send: &Registry, recv: &Registry) -> Arc<QpTracker> {
+        let prefix = |recv| encode(serial.get(), recv, 0);
+        let (sq_prefix, rq_prefix) = (prefix(false), prefix(true));
         let t = Arc::new(QpTracker {
             serial,
             sq: Ring {
                 queue: Queue::new(),
                 consumer: send.address(),
+                prefix: sq_prefix,
             },
             rq: Ring {
                 queue: Queue::new(),
                 consumer: recv.address(),
+                prefix: rq_prefix,
             },
             orphans: Spin::default(),
             has_orphans: std::sync::atomic::AtomicBool::new(false),
@@ -333,13 +347,12 @@ impl QpTracker {
     /// is dropped (it holds the `QueuePair` mutably).
     #[inline]
     pub unsafe fn producer(&self, recv: bool) -> Producer<'_> {
-        let queue = &self.ring(recv).queue;
+        let ring = self.ring(recv);
         // SAFETY: the caller's contract makes this the only producer.
-        unsafe { queue.begin() };
+        unsafe { ring.queue.begin() };
         Producer {
-            queue,
-            serial: self.serial(),
-            recv,
+            queue: &ring.queue,
+            prefix: ring.prefix,
         }
     }
 
@@ -474,17 +487,11 @@ impl QpTracker {
                     // completion).
                     q.advance_with(
                         #[inline(always)]
-                        |slot| match slot {
-                            // A prepared request's send: its id is all there
-                            // is (the queue empties the slot).
-                            Some(p) if p.quiet => c.set_id(p.wr_id),
-                            // Taken whole: the slot is left `None`, so emptying
-                            // it drops nothing.
-                            _ => {
-                                if let Some(p) = slot.take() {
-                                    p.finish(c, later);
-                                }
-                            }
+                        |e| match e {
+                            // A prepared request's send: its id is all
+                            // there is.
+                            Entry::Quiet(wr_id) => c.set_id(wr_id),
+                            Entry::Held(p) => p.finish(c, later),
                         },
                     )
                 };
