@@ -61,8 +61,13 @@ pub fn bw_client(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamp
         let mut memory = Vec::new();
         conn.oob.barrier()?;
         stamps.loop_start();
-        while !client.finished() {
-            client.post(&mut conn.qps, stamps)?;
+        loop {
+            run_ready(&mut client, conn, &mut acq, &mut wcs, &mut memory, stamps)?;
+            if client.finished() {
+                break;
+            }
+            // The CQ was empty after the posts: poll, arm, poll again and
+            // sleep until a completion comes.
             let n = acq
                 .batch_wc(&mut wcs, &mut memory)
                 .await
@@ -72,6 +77,33 @@ pub fn bw_client(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamp
         stamps.loop_end(client.total);
         Ok(client.total)
     })
+}
+
+/// The client's steps while completions are already there: post, take
+/// what the CQ holds without waiting (`AsyncCq::try_batch_wc`), handle it;
+/// returns when the CQ is empty or the run is over. Not inlined into the
+/// future: there the post loop's variables live in the future's state and
+/// were reloaded around every provider call (callgrind: about 13
+/// user-space instructions per message at `send_bw` 2 B); here it compiles
+/// as the blocking loop does.
+#[inline(never)]
+fn run_ready(
+    client: &mut SafeClient,
+    conn: &mut Conn,
+    acq: &mut rdma::aio::AsyncCq,
+    wcs: &mut [WorkCompletion],
+    memory: &mut Vec<(u64, rdma::WrBuffers)>,
+    stamps: &mut BwStamps,
+) -> Res<()> {
+    while !client.finished() {
+        client.post(&mut conn.qps, stamps)?;
+        let n = acq.try_batch_wc(wcs, memory).or_fail("poll CQ failed")?;
+        if n == 0 {
+            break;
+        }
+        client.complete_wc(&wcs[..n], memory, stamps)?;
+    }
+    Ok(())
 }
 
 /// The `send_bw` server for one size with async waits: `bw.rs`'s safe loop

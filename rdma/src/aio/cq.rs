@@ -553,15 +553,51 @@ impl AsyncCq {
             return Poll::Ready(Ok(0));
         }
         if !self.ready.is_empty() {
-            let n = self.ready.len().min(wcs.len());
-            for (wc, c) in wcs.iter_mut().zip(self.ready.drain(..n)) {
-                *wc = c.into_compact(memory);
-            }
-            return Poll::Ready(Ok(n));
+            return Poll::Ready(Ok(self.buffered_wc(wcs, memory)));
         }
         self.poll_until(cx, |acq| {
             Ok(Some(acq.cq.poll_wc(wcs, memory)?).filter(|&n| n > 0))
         })
+    }
+
+    /// [`AsyncCq::poll_batch_wc`] without waiting: the completions buffered
+    /// here first, else one poll of the CQ into `wcs` (memory appended to
+    /// `memory`); how many, 0 when there are none. It neither arms the CQ
+    /// nor registers a waker, and leaves an arm made before in place.
+    ///
+    /// For a loop that handles what is already there in ordinary code and
+    /// awaits [`AsyncCq::batch_wc`] only when this returns 0 (the wait then
+    /// polls, arms, polls again and sleeps): its per-completion work stays
+    /// out of the future's state machine, whose variables live in the
+    /// future and are reloaded around every call (callgrind, `perf send_bw
+    /// -e --wait async`: about 13 user-space instructions per message, all
+    /// spills of the inlined post loop; docs/benchmarks-log.md, session 23).
+    ///
+    /// # Errors
+    /// As [`CompletionQueue::poll_wc`].
+    #[inline]
+    pub fn try_batch_wc(
+        &mut self,
+        wcs: &mut [WorkCompletion],
+        memory: &mut Vec<(u64, WrBuffers)>,
+    ) -> Result<usize> {
+        if !self.ready.is_empty() {
+            return Ok(self.buffered_wc(wcs, memory));
+        }
+        self.cq.poll_wc(wcs, memory)
+    }
+
+    /// Moves buffered completions into `wcs` in the compact form.
+    fn buffered_wc(
+        &mut self,
+        wcs: &mut [WorkCompletion],
+        memory: &mut Vec<(u64, WrBuffers)>,
+    ) -> usize {
+        let n = self.ready.len().min(wcs.len());
+        for (wc, c) in wcs.iter_mut().zip(self.ready.drain(..n)) {
+            *wc = c.into_compact(memory);
+        }
+        n
     }
 
     /// Waits for at least one completion and polls up to `wcs.len()` into
