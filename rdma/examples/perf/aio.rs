@@ -6,7 +6,8 @@
 //! service waits.
 //!
 //! The bandwidth loops are `bw.rs`'s own steps (`SafeClient`,
-//! `SafeServer`) with `AsyncCq::batch` as the wait. The latency loop is
+//! `SafeServer`) with `AsyncCq::batch_wc` as the wait (the client takes
+//! what is already there with `AsyncCq::try_batch_wc` first). The latency loop is
 //! `lat.rs`'s safe `send_lat` loop with its waits replaced:
 //! the same posts (prepared, or inline), the same receive reposted after
 //! the reply, the same stamps. Completions are polled into slots the loop
@@ -47,9 +48,10 @@ fn block_on<T>(run: impl Future<Output = Res<T>>) -> Res<T> {
 
 /// The bandwidth client (`send_bw`, `write_bw`, `read_bw`, `atomic_bw`) for
 /// one size with async waits: `bw.rs`'s safe loop ([`SafeClient`]'s two
-/// steps), each poll's batch awaited with `AsyncCq::batch_wc`, which polls
-/// into the loop's array in the compact form, as the blocking loop does.
-/// Returns the number of requests.
+/// steps) run in ordinary code while completions are there
+/// ([`run_ready`]), `AsyncCq::batch_wc` awaited when the CQ is empty; both
+/// poll into the loop's array in the compact form, as the blocking loop
+/// does. Returns the number of requests.
 ///
 /// # Errors
 /// Any failure of the run, or of building the runtime.
