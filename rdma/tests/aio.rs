@@ -424,6 +424,61 @@ fn batch_wc_fills_the_callers_array_and_a_dropped_wait_loses_nothing() {
     assert_eq!(rdma::teardown_failures(), 0);
 }
 
+/// `try_batch_wc` takes what is there without waiting: 0 from an empty
+/// CQ (armed or not), the completion once it came; the arm it leaves alone
+/// does not keep the next waits from getting theirs.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn try_batch_wc_takes_what_is_there_and_leaves_the_wait_working() {
+    let mut l = looped(|_| {});
+    runtime().block_on(async {
+        let driver = CqChannel::new(&l.channel, &Tokio).unwrap();
+        let mut acq_b = AsyncCq::new(&driver, &l.cq_b).unwrap();
+        let mut wcs = [rdma::WorkCompletion::default(); 4];
+        let mut memory = Vec::new();
+        assert_eq!(acq_b.try_batch_wc(&mut wcs, &mut memory).unwrap(), 0);
+        // A wait dropped at its await point: the CQ is armed.
+        {
+            let mut f = pin!(acq_b.batch_wc(&mut wcs, &mut memory));
+            assert!(poll_once(f.as_mut()).is_pending());
+        }
+        assert_eq!(acq_b.try_batch_wc(&mut wcs, &mut memory).unwrap(), 0);
+        ping(&mut l, 0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let n = loop {
+            let n = acq_b.try_batch_wc(&mut wcs, &mut memory).unwrap();
+            if n > 0 {
+                break n;
+            }
+            assert!(std::time::Instant::now() < deadline, "lost completion");
+            tokio::task::yield_now().await;
+        };
+        assert_eq!(n, 1);
+        assert!(wcs[0].is_success(), "{:?}", wcs[0]);
+        assert_eq!((wcs[0].wr_id(), wcs[0].opcode()), (0, WcOpcode::Recv));
+        assert_eq!(memory.len(), 1, "the receive's region");
+        // The event of that completion (the CQ was armed) is noted; the
+        // next wait polls, arms again and gets the next completion.
+        ping(&mut l, 1);
+        let n = bounded(
+            "a wait after try_batch_wc",
+            acq_b.batch_wc(&mut wcs, &mut memory),
+        )
+        .await
+        .unwrap();
+        assert_eq!((n, wcs[0].wr_id()), (1, 1));
+        ping(&mut l, 2);
+        let n = bounded("a wait that sleeps", acq_b.batch_wc(&mut wcs, &mut memory))
+            .await
+            .unwrap();
+        assert_eq!((n, wcs[0].wr_id()), (1, 2));
+        assert_eq!(memory.len(), 3);
+        assert_eq!(acq_b.buffered(), 0);
+    });
+    drop(l);
+    assert_eq!(rdma::teardown_failures(), 0);
+}
+
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn eight_connections_on_one_channel_from_eight_tasks() {

@@ -1579,3 +1579,95 @@ fn iwarp_prepared_requests_lend_their_region_and_outlive_a_drop_in_flight() {
     );
     assert_eq!(a.qp.in_flight().0, 0);
 }
+
+/// Prepared receives over iWARP (siw: the legacy post path): the slots of
+/// one region take messages in order under the callers' ids, after the
+/// ordinary receive posted before them, with no memory in their
+/// completions; each message is read from its slot; a region the post
+/// would refuse comes back; a region dropped with a receive in flight stays
+/// registered until that receive completes.
+#[test]
+#[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
+fn iwarp_prepared_receives_lend_slots_and_outlive_a_drop_in_flight() {
+    use common::iwarp::{iwarp_connection, iwarp_ip};
+    use rdma::cm::{EventChannel, PortSpace};
+    let ch = EventChannel::new().unwrap();
+    let listener = ch.create_id(PortSpace::Tcp).unwrap();
+    listener
+        .bind_addr(std::net::SocketAddr::new(iwarp_ip(), 0))
+        .unwrap();
+    listener.listen(4).unwrap();
+    // `b` has one ordinary receive posted (wr_id 1): the first SEND takes it.
+    let (mut a, mut b) = iwarp_connection(&ch, &listener);
+    let e =
+        b.qp.prepare_recv(b.pd.alloc_mr(96, AccessFlags::empty()).unwrap(), 32)
+            .expect_err("receive memory needs LOCAL_WRITE");
+    assert!(e.error.to_string().contains("LOCAL_WRITE"), "{}", e.error);
+    assert_eq!(e.returned.len(), 1, "the region comes back");
+    let mut recvs =
+        b.qp.prepare_recv(b.pd.alloc_mr(100, LW).unwrap(), 32)
+            .unwrap();
+    assert_eq!((recvs.slots(), recvs.slot_len()), (3, 32));
+    for slot in 0..2 {
+        b.qp.post_prepared_recv(&mut recvs, 40 + slot as u64, slot)
+            .unwrap();
+    }
+    for i in 0..3u64 {
+        let len = 8 * (i as usize + 1);
+        let m =
+            a.pd.reg_mr(pattern(len, 10 + i as u8), AccessFlags::empty())
+                .unwrap();
+        a.qp.post_send(SendWr::send(20 + i, m)).unwrap();
+    }
+    for c in wait(&a.cq, 3) {
+        assert_eq!(c.status, WcStatus::Success, "{c:?}");
+    }
+    let mut got = wait(&b.cq, 3);
+    let seen: Vec<_> = got
+        .iter()
+        .map(|c| (c.wr_id, c.status, c.byte_len))
+        .collect();
+    let ok = WcStatus::Success;
+    assert_eq!(seen, [(1, ok, 8), (40, ok, 16), (41, ok, 24)], "in order");
+    assert!(
+        !matches!(got[0].take_buffers(), WrBuffers::None),
+        "the ordinary receive gives its region back"
+    );
+    for c in &mut got[1..] {
+        assert!(
+            matches!(c.take_buffers(), WrBuffers::None),
+            "a prepared receive gives no memory back"
+        );
+    }
+    for (slot, seed) in [(0, 11), (1, 12)] {
+        let len = 8 * (slot + 2);
+        let mut bytes = vec![0; len];
+        recvs.read_at(slot, 0, &mut bytes).unwrap();
+        assert_eq!(bytes, pattern(len, seed), "slot {slot}");
+    }
+    assert!(!recvs.in_flight());
+
+    b.qp.post_prepared_recv(&mut recvs, 42, 2).unwrap();
+    let recvs = recvs.into_region().expect_err("in flight: refused");
+    drop(recvs);
+    assert_eq!(b.qp.in_flight(), (0, 1), "the receive is still posted");
+    let m = a.pd.reg_mr(vec![7u8; 32], AccessFlags::empty()).unwrap();
+    a.qp.post_send(SendWr::send(23, m)).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    let r = wait(&b.cq, 1).pop().unwrap();
+    assert_eq!(
+        (r.wr_id, r.status, r.byte_len),
+        (42, WcStatus::Success, 32),
+        "the dropped region was still registered"
+    );
+    // `a` keeps the receive the connection posted.
+    assert_eq!((a.qp.in_flight().0, b.qp.in_flight()), (0, (0, 0)));
+
+    let fresh =
+        b.qp.prepare_recv(b.pd.alloc_mr(64, LW).unwrap(), 64)
+            .unwrap();
+    let mr = fresh
+        .into_region()
+        .expect("never posted: nothing in flight");
+    assert_eq!(mr.len(), 64, "the whole region comes back");
+}

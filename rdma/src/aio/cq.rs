@@ -357,24 +357,44 @@ impl AsyncCq {
     /// returns none): polls the CQ, and when it is empty arms it, polls
     /// again, and waits for its event.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        loop {
-            self.scratch.clear();
-            let n = match self.cq.poll(&mut self.scratch, POLL_BATCH) {
-                Ok(n) => n,
-                Err(e) => return Poll::Ready(Err(e)),
-            };
-            if self.ready.is_empty() {
+        self.poll_until(cx, |acq| {
+            acq.scratch.clear();
+            let n = acq.cq.poll(&mut acq.scratch, POLL_BATCH)?;
+            if acq.ready.is_empty() {
                 // The batch becomes the buffer as it lies (a `Vec` turns
                 // into a `VecDeque` without moving its elements; a
                 // `Completion` is 112 bytes), and the spent buffer is the
                 // next scratch: the two allocations take turns.
-                let spent = Vec::from(std::mem::take(&mut self.ready));
-                self.ready = VecDeque::from(std::mem::replace(&mut self.scratch, spent));
+                let spent = Vec::from(std::mem::take(&mut acq.ready));
+                acq.ready = VecDeque::from(std::mem::replace(&mut acq.scratch, spent));
             } else {
-                self.ready.extend(self.scratch.drain(..));
+                acq.ready.extend(acq.scratch.drain(..));
             }
-            if n > 0 {
-                return Poll::Ready(Ok(()));
+            Ok((n > 0).then_some(()))
+        })
+    }
+
+    /// The one wait of every poll method: runs `poll` (which polls the CQ
+    /// and returns `Some` once it found something) until it does, and
+    /// after each poll that found nothing, arms the CQ and polls again
+    /// before waiting for the CQ's event (a completion that came after a
+    /// poll and before the arm sends no event, so the poll after the arm
+    /// is what finds it). The event, when it comes, spends the arm (and is
+    /// acknowledged by the driver, in batches); the next empty poll arms
+    /// again. `Pending` leaves `cx` registered for the event and the arm
+    /// in this `AsyncCq`, so a dropped future loses neither; `poll` keeps
+    /// what it polls in its own place (the caller's, or this buffer).
+    #[inline]
+    fn poll_until<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut poll: impl FnMut(&mut Self) -> Result<Option<T>>,
+    ) -> Poll<Result<T>> {
+        loop {
+            match poll(self) {
+                Ok(Some(found)) => return Poll::Ready(Ok(found)),
+                Ok(None) => {}
+                Err(e) => return Poll::Ready(Err(e)),
             }
             if let Err(e) = std::task::ready!(self.arm_or_wait(cx)) {
                 return Poll::Ready(Err(e));
@@ -448,14 +468,7 @@ impl AsyncCq {
             *slot = Some(c);
             return Poll::Ready(Ok(()));
         }
-        loop {
-            if self.cq.poll_one_into(slot)?.is_some() {
-                return Poll::Ready(Ok(()));
-            }
-            if let Err(e) = std::task::ready!(self.arm_or_wait(cx)) {
-                return Poll::Ready(Err(e));
-            }
-        }
+        self.poll_until(cx, |acq| Ok(acq.cq.poll_one_into(slot)?.map(|_| ())))
     }
 
     /// Waits for the next completion, polled into `slot` (see
@@ -499,15 +512,10 @@ impl AsyncCq {
             out.extend(self.ready.drain(..n));
             return Poll::Ready(Ok(n));
         }
-        loop {
-            let n = self.cq.poll(out, max)?;
-            if n > 0 {
-                return Poll::Ready(Ok(n));
-            }
-            if let Err(e) = std::task::ready!(self.arm_or_wait(cx)) {
-                return Poll::Ready(Err(e));
-            }
-        }
+        self.poll_until(
+            cx,
+            |acq| Ok(Some(acq.cq.poll(out, max)?).filter(|&n| n > 0)),
+        )
     }
 
     /// Waits for at least one completion and moves up to `max` into `out`
@@ -545,21 +553,51 @@ impl AsyncCq {
             return Poll::Ready(Ok(0));
         }
         if !self.ready.is_empty() {
-            let n = self.ready.len().min(wcs.len());
-            for (wc, c) in wcs.iter_mut().zip(self.ready.drain(..n)) {
-                *wc = c.into_compact(memory);
-            }
-            return Poll::Ready(Ok(n));
+            return Poll::Ready(Ok(self.buffered_wc(wcs, memory)));
         }
-        loop {
-            let n = self.cq.poll_wc(wcs, memory)?;
-            if n > 0 {
-                return Poll::Ready(Ok(n));
-            }
-            if let Err(e) = std::task::ready!(self.arm_or_wait(cx)) {
-                return Poll::Ready(Err(e));
-            }
+        self.poll_until(cx, |acq| {
+            Ok(Some(acq.cq.poll_wc(wcs, memory)?).filter(|&n| n > 0))
+        })
+    }
+
+    /// [`AsyncCq::poll_batch_wc`] without waiting: the completions buffered
+    /// here first, else one poll of the CQ into `wcs` (memory appended to
+    /// `memory`); how many, 0 when there are none. It neither arms the CQ
+    /// nor registers a waker, and leaves an arm made before in place.
+    ///
+    /// For a loop that handles what is already there in ordinary code and
+    /// awaits [`AsyncCq::batch_wc`] only when this returns 0 (the wait then
+    /// polls, arms, polls again and sleeps): its per-completion work stays
+    /// out of the future's state machine, whose variables live in the
+    /// future and are reloaded around every call (callgrind, `perf send_bw
+    /// -e --wait async`: about 13 user-space instructions per message, all
+    /// spills of the inlined post loop; docs/benchmarks-log.md, session 23).
+    ///
+    /// # Errors
+    /// As [`CompletionQueue::poll_wc`].
+    #[inline]
+    pub fn try_batch_wc(
+        &mut self,
+        wcs: &mut [WorkCompletion],
+        memory: &mut Vec<(u64, WrBuffers)>,
+    ) -> Result<usize> {
+        if !self.ready.is_empty() {
+            return Ok(self.buffered_wc(wcs, memory));
         }
+        self.cq.poll_wc(wcs, memory)
+    }
+
+    /// Moves buffered completions into `wcs` in the compact form.
+    fn buffered_wc(
+        &mut self,
+        wcs: &mut [WorkCompletion],
+        memory: &mut Vec<(u64, WrBuffers)>,
+    ) -> usize {
+        let n = self.ready.len().min(wcs.len());
+        for (wc, c) in wcs.iter_mut().zip(self.ready.drain(..n)) {
+            *wc = c.into_compact(memory);
+        }
+        n
     }
 
     /// Waits for at least one completion and polls up to `wcs.len()` into

@@ -3,7 +3,7 @@
 
 use super::{QpType, QueuePair};
 use crate::error::{Error, Result};
-use crate::mr::AccessFlags;
+use crate::mr::{AccessFlags, MemoryRegion};
 use crate::wr::{InlineSend, SendOp, SendWr, UdDest, WrBuffers};
 
 impl QueuePair {
@@ -75,30 +75,37 @@ impl QueuePair {
             return check_device_slice(d, &self.pd, local_write)
                 .map_err(|reason| Error::InvalidArgument { verb, reason });
         }
-        let mut err = None;
+        let mut err = Ok(());
         bufs.for_each(|m| {
-            if err.is_some() {
-                return;
-            }
-            if m.pd().as_raw() != self.pd.as_raw() {
-                err = Some(format!(
-                    "a memory region ({m:?}) belongs to another protection domain"
-                ));
-            } else if u32::try_from(m.len()).is_err() {
-                err = Some(format!(
-                    "a memory region of {} bytes is longer than one SGE can be",
-                    m.len()
-                ));
-            } else if local_write && !m.access().contains(AccessFlags::LOCAL_WRITE) {
-                err = Some(format!(
-                    "the device must write into a region registered without LOCAL_WRITE ({m:?})"
-                ));
+            if err.is_ok() {
+                err = self.check_region(m, local_write, verb);
             }
         });
-        match err {
-            Some(reason) => Err(Error::InvalidArgument { verb, reason }),
-            None => Ok(()),
-        }
+        err
+    }
+
+    /// The checks of [`Self::check_buffers`] that concern one host region:
+    /// this QP's PD, a length one SGE can describe, and `LOCAL_WRITE` when
+    /// the device writes it (an owned region is never shared).
+    pub(super) fn check_region(
+        &self,
+        m: &MemoryRegion,
+        local_write: bool,
+        verb: &'static str,
+    ) -> Result<()> {
+        let reason = if m.pd().as_raw() != self.pd.as_raw() {
+            format!("a memory region ({m:?}) belongs to another protection domain")
+        } else if u32::try_from(m.len()).is_err() {
+            format!(
+                "a memory region of {} bytes is longer than one SGE can be",
+                m.len()
+            )
+        } else if local_write && !m.access().contains(AccessFlags::LOCAL_WRITE) {
+            format!("the device must write into a region registered without LOCAL_WRITE ({m:?})")
+        } else {
+            return Ok(());
+        };
+        Err(Error::InvalidArgument { verb, reason })
     }
 
     pub(super) fn total_len(bufs: &WrBuffers) -> u64 {

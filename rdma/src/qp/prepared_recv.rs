@@ -8,6 +8,7 @@
 //! dropped while a receive is in flight, it goes to the QP's tracker, which
 //! releases it once the receive queue has passed that receive.
 
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use super::QueuePair;
@@ -31,7 +32,9 @@ use crate::{ffi, MemoryRegion};
 /// is in flight. Dropped while a receive is in flight, it hands the region
 /// to its QP, which keeps it until that receive is done.
 pub struct PreparedRecv {
-    region: Option<MemoryRegion>,
+    /// Moved out exactly once: by `drop` (to the tracker or dropped), or by
+    /// `into_region`, which skips `drop`.
+    region: ManuallyDrop<MemoryRegion>,
     base: u64,
     lkey: u32,
     slot_len: usize,
@@ -103,39 +106,42 @@ impl PreparedRecv {
     ///
     /// # Errors
     /// The request, unchanged (boxed), while a receive is in flight.
-    pub fn into_region(mut self) -> std::result::Result<MemoryRegion, Box<PreparedRecv>> {
+    pub fn into_region(self) -> std::result::Result<MemoryRegion, Box<PreparedRecv>> {
         if self.in_flight() {
             return Err(Box::new(self));
         }
-        match self.region.take() {
-            Some(mr) => Ok(mr),
-            // Never: only this method takes the region, and it consumes
-            // the request.
-            None => Err(Box::new(self)),
-        }
+        let mut this = ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped nor used after these two moves,
+        // so its region and its tracker are each moved out exactly once;
+        // its other fields are `Copy` (a field that needs dropping must be
+        // moved out here too).
+        let (region, tracker) = unsafe {
+            (
+                ManuallyDrop::take(&mut this.region),
+                std::ptr::read(&this.tracker),
+            )
+        };
+        drop(tracker);
+        Ok(region)
     }
 
     fn mr(&self) -> &MemoryRegion {
-        match &self.region {
-            Some(m) => m,
-            // Never: only `into_region` (which consumes the request) takes
-            // the region out.
-            None => unreachable!("a prepared receive always holds its region"),
-        }
+        &self.region
     }
 }
 
 impl Drop for PreparedRecv {
     fn drop(&mut self) {
+        // SAFETY: `drop` runs once and `into_region`, the only other taker,
+        // skips it; the field is not used after this.
+        let region = unsafe { ManuallyDrop::take(&mut self.region) };
         if let Some(seq) = self.last {
             if self.tracker.request_in_flight(true, seq) {
-                if let Some(region) = self.region.take() {
-                    self.tracker.adopt(Orphan {
-                        seq,
-                        recv: true,
-                        keep: Box::new(region),
-                    });
-                }
+                self.tracker.adopt(Orphan {
+                    seq,
+                    recv: true,
+                    keep: Box::new(region),
+                });
             }
         }
     }
@@ -179,7 +185,6 @@ impl QueuePair {
         slot_len: usize,
     ) -> std::result::Result<PreparedRecv, crate::PostError> {
         let total = region.len();
-        let region = WrBuffers::One(region);
         let invalid = |reason: String| Error::InvalidArgument {
             verb: "ibv_post_recv",
             reason,
@@ -202,30 +207,20 @@ impl QueuePair {
                  region and 4 GiB - 1)"
             )))
         } else {
-            self.check_buffers(&region, 1, true, "ibv_post_recv")
+            self.check_region(&region, true, "ibv_post_recv")
         };
-        let mr = match (checked, region) {
-            (Ok(()), WrBuffers::One(mr)) => mr,
-            (Err(error), region) => {
-                return Err(crate::PostError {
-                    error,
-                    returned: vec![(0, region)],
-                })
-            }
-            // Never: built as `One` above.
-            (Ok(()), region) => {
-                return Err(crate::PostError {
-                    error: invalid("a prepared receive owns one region".into()),
-                    returned: vec![(0, region)],
-                })
-            }
-        };
+        if let Err(error) = checked {
+            return Err(crate::PostError {
+                error,
+                returned: vec![(0, WrBuffers::One(region))],
+            });
+        }
         Ok(PreparedRecv {
-            base: mr.addr(),
-            lkey: mr.lkey(),
+            base: region.addr(),
+            lkey: region.lkey(),
             slot_len,
-            slots: mr.len() / slot_len,
-            region: Some(mr),
+            slots: total / slot_len,
+            region: ManuallyDrop::new(region),
             tracker: Arc::clone(&self.owned.tracker),
             last: None,
         })
