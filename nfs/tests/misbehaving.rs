@@ -540,6 +540,29 @@ fn faults(iwarp: bool) {
             let data = r.data.expect("the write chunk's data");
             assert_eq!(data.len(), 1000);
             assert!(data.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+            // Lent in place: exactly the bytes the server says it wrote
+            // (rxe: the window, after its LOCAL_INV; siw: the registration's
+            // memory, deregistered). Two held at once, then given back.
+            let mut held = Vec::new();
+            for n in 1..=2 {
+                let mut c = null_call();
+                c.write_chunk = 65536;
+                c.lend_data = true;
+                let r = t.call(c).await.unwrap();
+                check_reply(&r);
+                assert_eq!(r.data, None, "lent, not copied");
+                let lent = r.lent.expect("the write chunk's data, lent");
+                assert_eq!(lent.len(), 1000);
+                assert!(lent.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+                assert_eq!(t.stats().data_lent.load(Ordering::Relaxed), n);
+                held.push(lent);
+            }
+            assert_eq!(
+                t.stats().chunks_registered.load(Ordering::Relaxed),
+                0,
+                "lent data is no chunk lent to the server"
+            );
+            drop(held);
         },
     );
 
