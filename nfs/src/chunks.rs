@@ -29,21 +29,26 @@
 //!   (whose zeroing cost about 1 M instructions per MiB read on siw). It is
 //!   kept only once `ibv_dereg_mr` has succeeded, so no key the server was
 //!   given reaches it while it waits, and the call's data was copied out
-//!   of it before: the memory is never the caller's, and the server reaches
-//!   it again only under the next call's fresh rkey. What it held (an
+//!   of it before, or lent to the caller and given back ([`LentData`]):
+//!   the memory is never the caller's while a key reaches it, and the
+//!   server reaches it again only under the next call's fresh rkey. What it held (an
 //!   earlier reply's data, or payload sent to the same server) is never
 //!   handed to a caller: a reply is read only as far as the server says it
 //!   wrote, as with zeroed memory.
 //!
 //! In both modes a chunk's memory is released (invalidated, or deregistered)
-//! when its call ends, whether the server used it or not.
+//! when its call ends, whether the server used it or not. A READ's write
+//! chunk may then be lent to the caller with the data in it, no copy
+//! ([`ChunkPool::lend`], [`LentData`]): out of the pool until the caller
+//! drops it.
 //!
 //! The pool never blocks: [`ChunkPool::can_take`] tells the transport whether
 //! a call's chunks are available now; when they are not, the call waits in
 //! the queue until an invalidation brings a region back.
 
+use std::fmt;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use rdma::{AccessFlags, Buffer, MemoryRegion, MemoryWindow, MwType, ProtectionDomain, QueuePair};
 
@@ -175,6 +180,91 @@ impl Chunk {
     }
 }
 
+/// Why [`ChunkPool::lend`] did not lend a chunk.
+pub(crate) enum NotLent {
+    /// The chunk, unchanged: read it with a copy.
+    Kept(Chunk),
+    /// Its deregistration failed and its memory was leaked.
+    Lost(rdma::Error),
+}
+
+/// Memory a caller holds a reply's data in.
+pub(crate) enum LentMemory {
+    /// A pooled region (or one of its own), its window invalidated.
+    Region(Region),
+    /// The memory of a deregistered registration.
+    Buffer(Buffer),
+}
+
+/// A READ's data where the server wrote it: the write chunk's memory, lent
+/// to the caller after no peer can reach it any more (see
+/// [`crate::transport::Call::lend_data`]). Reading it copies nothing;
+/// dropping it gives the memory back to the connection's chunk pool (or
+/// frees it when the connection is gone).
+pub struct LentData {
+    memory: Option<LentMemory>,
+    len: usize,
+    home: Weak<Mutex<Vec<LentMemory>>>,
+}
+
+impl LentData {
+    /// Shortens the data to `len` bytes (no effect when it is not longer).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+}
+
+impl std::ops::Deref for LentData {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        let all: &[u8] = match &self.memory {
+            Some(LentMemory::Region(r)) => {
+                // SAFETY: the region was lent by `ChunkPool::lend` only once
+                // its window's rkey was invalidated (its `LOCAL_INV`
+                // completed, or the server invalidated it with the reply,
+                // after all its writes), and its own registration grants no
+                // remote access: no peer writes these bytes. The window is
+                // bound again only after this value is dropped (the region
+                // is out of the pool until then), and no local work request
+                // names the region. So nothing writes them while `&self`
+                // lives.
+                unsafe { r.mr.as_slice_unchecked() }
+            }
+            Some(LentMemory::Buffer(b)) => b,
+            None => &[],
+        };
+        all.get(..self.len).unwrap_or(all)
+    }
+}
+
+impl Drop for LentData {
+    fn drop(&mut self) {
+        let (Some(m), Some(home)) = (self.memory.take(), self.home.upgrade()) else {
+            return;
+        };
+        // A poisoned list: the memory is simply freed.
+        let mut list = home.lock();
+        if let Ok(v) = &mut list {
+            v.push(m);
+        }
+    }
+}
+
+impl fmt::Debug for LentData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LentData({} bytes)", self.len)
+    }
+}
+
+impl PartialEq for LentData {
+    fn eq(&self, other: &LentData) -> bool {
+        self[..] == other[..]
+    }
+}
+
+impl Eq for LentData {}
+
 /// A connection's chunk memory.
 pub(crate) struct ChunkPool {
     pd: ProtectionDomain,
@@ -188,6 +278,9 @@ pub(crate) struct ChunkPool {
     spare: Vec<Buffer>,
     cap: usize,
     stats: Arc<Stats>,
+    /// Memory lent to callers ([`LentData`]) and given back when they
+    /// dropped it: taken in again by the next [`ChunkPool::take`].
+    returned: Arc<Mutex<Vec<LentMemory>>>,
 }
 
 impl ChunkPool {
@@ -207,6 +300,7 @@ impl ChunkPool {
             spare: Vec::new(),
             cap: cap.max(3),
             stats: Arc::clone(stats),
+            returned: Arc::new(Mutex::new(Vec::new())),
         };
         if windows {
             // One region now: proves the device has type 2 windows (siw
@@ -279,6 +373,7 @@ impl ChunkPool {
         } else {
             "a write or reply chunk"
         };
+        self.take_back();
         if !self.windows {
             let spare = match &fill {
                 Fill::Move(_) => None,
@@ -428,6 +523,101 @@ impl ChunkPool {
             }
             Chunk::Own(mr) => self.keep(mr),
         }
+    }
+
+    /// Lends a write chunk's first `len` bytes, the data the server wrote,
+    /// to the caller in place: no copy. [`NotLent::Kept`] (the chunk given
+    /// back as it was, to be read with a copy and put back as usual) when
+    /// `len` exceeds what was lent, when `invalidated` is false for a
+    /// window, or when an own registration's deregistration failed and gave
+    /// it back; [`NotLent::Lost`] when the deregistration failed and the
+    /// `rdma` crate leaked the memory (the data is lost with it).
+    ///
+    /// What makes the shared borrow [`LentData`] gives sound is that no
+    /// peer can write the bytes while it lives, nor can this process's
+    /// device:
+    /// - a window ([`Chunk::Bound`]): `invalidated` says its rkey was
+    ///   invalidated after the reply came: the successful completion of its
+    ///   `LOCAL_INV`, or the reply's receive completion reporting it
+    ///   invalidated by the server (who did all its RDMA writes into it
+    ///   before that send, on the same connection). That rkey was the only
+    ///   key to the region the server was ever given: the region's own
+    ///   registration has no remote access (`LOCAL_WRITE | MW_BIND`).
+    ///   While lent, the region is out of the pool (not counted among its
+    ///   live regions), so its window is not bound again until the caller
+    ///   drops the data and the pool takes it back, unbound;
+    /// - an own registration ([`Chunk::Own`]): it is deregistered here
+    ///   (`ibv_dereg_mr` succeeded): no key reaches the memory any more,
+    ///   and the caller gets plain memory ([`rdma::Buffer`]).
+    ///
+    /// In both cases no local work request names the memory: a chunk is
+    /// only ever lent to the server, and the bind that exposed a window
+    /// completed before the call's send (one send queue, in order).
+    pub(crate) fn lend(
+        &mut self,
+        chunk: Chunk,
+        len: usize,
+        invalidated: bool,
+    ) -> Result<LentData, NotLent> {
+        let home = Arc::downgrade(&self.returned);
+        match chunk {
+            Chunk::Bound { region, len: lent } if invalidated && len <= lent => {
+                self.stats
+                    .chunk_invalidations
+                    .fetch_add(1, Ordering::Relaxed);
+                if region.mr.len() <= MAX_REGION {
+                    // Out of the pool while lent: a new region may be made
+                    // in its place, and it comes back only if there is room.
+                    self.live -= 1;
+                    self.publish();
+                }
+                Ok(LentData {
+                    memory: Some(LentMemory::Region(region)),
+                    len,
+                    home,
+                })
+            }
+            Chunk::Own(mr) if len <= mr.len() => match mr.deregister() {
+                Ok(buf) => Ok(LentData {
+                    memory: Some(LentMemory::Buffer(buf)),
+                    len,
+                    home,
+                }),
+                Err((Some(mr), _)) => Err(NotLent::Kept(Chunk::Own(mr))),
+                Err((None, e)) => Err(NotLent::Lost(e)),
+            },
+            other => Err(NotLent::Kept(other)),
+        }
+    }
+
+    /// Takes in the memory callers gave back: a region (unbound; its window
+    /// was invalidated before it was lent) becomes free again if the pool
+    /// has room for it, a buffer becomes spare memory. Never waits: when
+    /// another thread holds the list, what it holds waits for the next call.
+    fn take_back(&mut self) {
+        let back = match self.returned.try_lock() {
+            Ok(mut v) if !v.is_empty() => std::mem::take(&mut *v),
+            _ => return,
+        };
+        for m in back {
+            match m {
+                LentMemory::Region(r) if self.windows && r.mr.len() <= MAX_REGION => {
+                    if self.live < self.cap {
+                        self.live += 1;
+                        self.free.push(r);
+                    }
+                }
+                LentMemory::Region(_) => {}
+                LentMemory::Buffer(b) if !self.windows && b.len() <= MAX_REGION => {
+                    if self.spare.len() >= self.cap {
+                        self.spare.remove(0);
+                    }
+                    self.spare.push(b);
+                }
+                LentMemory::Buffer(_) => {}
+            }
+        }
+        self.publish();
     }
 
     /// A chunk that cannot be invalidated (its connection broke): its

@@ -177,13 +177,13 @@ async fn run(o: Options, cmd: Cmd) -> Result<(), String> {
                 .lookup(&d, name.as_bytes())
                 .await
                 .map_err(|e| format!("{}: {e}", t.path))?;
-            let data = c
-                .read_all(&f)
-                .await
-                .map_err(|e| format!("{}: {e}", t.path))?;
+            // Each READ's data written out from where it landed (the
+            // write chunk's memory, lent: no copy in this process).
             let mut out = std::io::stdout().lock();
-            out.write_all(&data)
-                .and_then(|()| out.flush())
+            c.read_each(&f, |piece| out.write_all(piece))
+                .await
+                .map_err(|e| format!("{}: {e}", t.path))?
+                .and_then(|_| out.flush())
                 .map_err(|e| format!("stdout: {e}"))?;
             c.close().await;
         }

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::mount::{self, MountError, FHSIZE3, NFS_PROG};
 use crate::rpc::{decode_reply, encode_call, Auth, ReplyError};
-use crate::transport::{self, Call, Destination, Payload, Reply, Transport};
+use crate::transport::{self, Call, Destination, LentData, Payload, Reply, Transport};
 use crate::xdr::{DResult, DecodeError, Reader, Writer};
 
 /// NFS version 3.
@@ -275,6 +275,46 @@ impl Default for Options {
     }
 }
 
+/// A READ's data: bytes of its own (inline in the reply, or copied out of
+/// the write chunk), or the write chunk's memory itself, lent
+/// ([`LentData`]: no copy). Dropping it gives lent memory back to the
+/// connection.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ReadData(ReadRepr);
+
+#[derive(Debug, PartialEq, Eq)]
+enum ReadRepr {
+    Owned(Vec<u8>),
+    Lent(LentData),
+}
+
+impl ReadData {
+    /// Whether the bytes are the write chunk's memory, lent.
+    pub fn is_lent(&self) -> bool {
+        matches!(self.0, ReadRepr::Lent(_))
+    }
+
+    /// The bytes as a `Vec` of their own: moved when they are, copied out
+    /// of lent memory (which then goes back).
+    pub fn into_vec(self) -> Vec<u8> {
+        match self.0 {
+            ReadRepr::Owned(v) => v,
+            ReadRepr::Lent(d) => d.to_vec(),
+        }
+    }
+}
+
+impl std::ops::Deref for ReadData {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            ReadRepr::Owned(v) => v,
+            ReadRepr::Lent(d) => d,
+        }
+    }
+}
+
 /// An NFSv3 client on one RPC-over-RDMA connection. Clones share it (and
 /// may call concurrently).
 #[derive(Debug, Clone)]
@@ -464,8 +504,24 @@ impl Client {
     /// As [`Client::fsinfo`]; [`NfsError::Decode`] when the data the
     /// server says it sent is not there.
     pub async fn read(&self, f: &Fh, offset: u64, count: u32) -> Result<(Vec<u8>, bool)> {
-        let (data, _, eof) = self.read_to(f, offset, count, None).await?;
-        Ok((data.unwrap_or_default(), eof))
+        let (data, _, eof) = self.read_to(f, offset, count, None, false).await?;
+        Ok((data.map(ReadData::into_vec).unwrap_or_default(), eof))
+    }
+
+    /// READ of up to `count` bytes at `offset`, as [`Client::read`], its
+    /// data not copied when it comes in a write chunk: the chunk's memory is
+    /// lent ([`ReadData::is_lent`]) once no peer can reach it (see
+    /// [`LentData`]; where that is not proven, it is copied as by
+    /// `read`). Inline data is its own bytes.
+    ///
+    /// Hold the data only as long as needed: while it is held, the
+    /// connection registers other memory for later calls.
+    ///
+    /// # Errors
+    /// As [`Client::read`].
+    pub async fn read_lent(&self, f: &Fh, offset: u64, count: u32) -> Result<(ReadData, bool)> {
+        let (data, _, eof) = self.read_to(f, offset, count, None, true).await?;
+        Ok((data.unwrap_or(ReadData(ReadRepr::Owned(Vec::new()))), eof))
     }
 
     /// READ of up to `count` bytes at `offset` into `into`: how many bytes
@@ -484,7 +540,7 @@ impl Client {
         count: u32,
         into: &Destination,
     ) -> Result<(usize, bool)> {
-        let (_, len, eof) = self.read_to(f, offset, count, Some(into)).await?;
+        let (_, len, eof) = self.read_to(f, offset, count, Some(into), false).await?;
         Ok((len, eof))
     }
 
@@ -496,7 +552,8 @@ impl Client {
         offset: u64,
         count: u32,
         into: Option<&Destination>,
-    ) -> Result<(Option<Vec<u8>>, usize, bool)> {
+        lend: bool,
+    ) -> Result<(Option<ReadData>, usize, bool)> {
         let mut w = self.header(proc_::READ);
         w.opaque(&f.0).u64(offset).u32(count);
         let inline = count as usize + 512 <= self.t.negotiated().inline_recv;
@@ -506,6 +563,7 @@ impl Client {
                 write_chunk: if inline { 0 } else { count as usize },
                 max_reply: 1024,
                 data_into: if inline { None } else { into.cloned() },
+                lend_data: lend && into.is_none() && !inline,
                 ..Call::default()
             })
             .await?;
@@ -545,24 +603,30 @@ impl Client {
             let mut r2 = Reader::new(&reply.msg[at..]);
             r2.opaque("READ3resok.data", count as usize).map_err(d)?
         } else {
-            match (reply.placed, reply.data) {
-                // In `into` already (the server may have written more than
-                // the XDR length says: only `len` bytes count).
-                (Some(p), _) if p >= len => return Ok((None, len, eof)),
-                (Some(p), _) => return Err(truncated(p)),
-                (None, Some(mut data)) if data.len() >= len => {
+            match (reply.placed, reply.data, reply.lent) {
+                // Lent in place (the server may have written more than the
+                // XDR length says: only `len` bytes count).
+                (_, _, Some(mut data)) if data.len() >= len => {
+                    data.truncate(len);
+                    return Ok((Some(ReadData(ReadRepr::Lent(data))), len, eof));
+                }
+                (_, _, Some(data)) => return Err(truncated(data.len())),
+                // In `into` already.
+                (Some(p), _, None) if p >= len => return Ok((None, len, eof)),
+                (Some(p), _, None) => return Err(truncated(p)),
+                (None, Some(mut data), None) if data.len() >= len => {
                     data.truncate(len);
                     match into {
                         Some(to) => return place(to, &data).map(|()| (None, len, eof)),
-                        None => return Ok((Some(data), len, eof)),
+                        None => return Ok((Some(ReadData(ReadRepr::Owned(data))), len, eof)),
                     }
                 }
-                (None, other) => return Err(truncated(other.map_or(0, |d| d.len()))),
+                (None, other, None) => return Err(truncated(other.map_or(0, |d| d.len()))),
             }
         };
         match into {
             Some(to) => place(to, data).map(|()| (None, len, eof)),
-            None => Ok((Some(data.to_vec()), len, eof)),
+            None => Ok((Some(ReadData(ReadRepr::Owned(data.to_vec()))), len, eof)),
         }
     }
 
@@ -709,6 +773,69 @@ impl Client {
                 return Err(NfsError::Invalid(format!(
                     "{op}: the server returned no entries and no end of directory"
                 )));
+            }
+        }
+    }
+
+    /// The whole file from offset 0 to its end, piece by piece, in order,
+    /// to `sink`, with up to the window's READs in flight: each piece is
+    /// the READ's data where it lies ([`Client::read_lent`]: the write
+    /// chunk's memory, lent, no copy), given back once `sink` returns. The
+    /// bytes read (`Ok(Ok(n))`), or the first error of `sink`, which stops
+    /// the reading (`Ok(Err(e))`).
+    ///
+    /// READs are sent ahead up to the size GETATTR states; a READ shorter
+    /// than asked and not at the end of the file (a server may return less)
+    /// is read on from where it ended, the READs already in flight after it
+    /// awaited and dropped; the end is the first READ that says so.
+    ///
+    /// # Errors
+    /// As [`Client::read`].
+    pub async fn read_each<E>(
+        &self,
+        f: &Fh,
+        mut sink: impl FnMut(&[u8]) -> std::result::Result<(), E>,
+    ) -> Result<std::result::Result<u64, E>> {
+        // The size the server states bounds the READs sent ahead; past it
+        // (the file grew) one READ at a time, until one says end of file.
+        let size = self.getattr(f).await?.size;
+        let step = self.rsize.max(1);
+        let mut q = VecDeque::new();
+        // The next offset to ask for, the bytes given to `sink`, and the
+        // run of READs (a short READ starts a new one: those of the old
+        // run still in flight are dropped).
+        let (mut next, mut done, mut run) = (0u64, 0u64, 0u64);
+        let mut eof = false;
+        loop {
+            while !eof && q.len() < self.window && (next < size || q.is_empty()) {
+                let c = self.clone();
+                let f = f.clone();
+                let at = next;
+                q.push_back((
+                    at,
+                    run,
+                    tokio::spawn(async move { c.read_lent(&f, at, step).await }),
+                ));
+                next += u64::from(step);
+            }
+            let Some((at, r, h)) = q.pop_front() else {
+                return Ok(Ok(done));
+            };
+            let (data, e) = h
+                .await
+                .map_err(|e| NfsError::Invalid(format!("READ task: {e}")))??;
+            if eof || r != run || at != done {
+                continue;
+            }
+            if let Err(e) = sink(&data) {
+                return Ok(Err(e));
+            }
+            done += data.len() as u64;
+            if e || data.is_empty() {
+                eof = true;
+            } else if data.len() < step as usize {
+                run += 1;
+                next = done;
             }
         }
     }

@@ -49,7 +49,8 @@ use rdma::{
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::chunks::{Chunk, ChunkPool, MAX_REGION};
+pub use crate::chunks::LentData;
+use crate::chunks::{Chunk, ChunkPool, NotLent, MAX_REGION};
 use crate::rpcrdma::{
     Body, Chunks, ConnectPrivate, Header, RdmaError, ReadSegment, Segment,
     CP_FLAG_REMOTE_INVALIDATE, DEFAULT_INLINE, VERSION,
@@ -190,6 +191,12 @@ pub struct Call {
     /// chunk memory, instead of into [`Reply::data`] (which it still goes
     /// to when the destination cannot take it: see [`Destination`]).
     pub data_into: Option<Destination>,
+    /// Lend the write chunk's data to the caller in place
+    /// ([`Reply::lent`]: no copy) when it can be lent: a window once its
+    /// rkey is invalidated, a registration of its own once deregistered
+    /// (see [`LentData`]). Otherwise (a window whose invalidation was not
+    /// proven, the connection broken) the data is copied as without it.
+    pub lend_data: bool,
 }
 
 /// A range of a buffer that several calls share (the pieces of one large
@@ -325,7 +332,7 @@ impl fmt::Debug for Payload {
 
 /// A reply: the RPC reply message and the data the server wrote into the
 /// call's write chunk (as long as it said it wrote).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct Reply {
     /// The RPC reply, from the xid on.
     pub msg: Vec<u8>,
@@ -335,6 +342,11 @@ pub struct Reply {
     /// How many bytes of the write chunk's data were copied to
     /// [`Call::data_into`] (then `data` is `None`).
     pub placed: Option<usize>,
+    /// The write chunk's data in the chunk's own memory, when the call
+    /// asked for it ([`Call::lend_data`]) and it could be lent (then `data`
+    /// and `placed` are `None`). Holding it holds that memory: the
+    /// connection makes other chunks meanwhile.
+    pub lent: Option<LentData>,
 }
 
 /// Counters of what the transport did.
@@ -353,6 +365,9 @@ pub struct Stats {
     /// Replies whose write chunk data was copied straight to the call's
     /// [`Call::data_into`].
     pub data_placed: AtomicU64,
+    /// Replies whose write chunk data was lent to the caller in place
+    /// ([`Reply::lent`]).
+    pub data_lent: AtomicU64,
     /// Write or reply chunks read with a plain copy, their window's
     /// invalidation complete (the others take the crate's atomic copy).
     pub plain_chunk_reads: AtomicU64,
@@ -1759,7 +1774,7 @@ fn read_lent(l: &Option<Lent>, len: usize, what: &str, gone: Gone) -> Result<Vec
 /// The reply, read out of its chunks: with a plain copy where `gone`
 /// proves no peer can reach them, else with the atomic copy (the windows'
 /// QP may be in error, or a registration still valid until it is dropped).
-fn outcome(p: &Pending, o: Outcome, gone: Gone) -> Result<Reply> {
+fn outcome(p: &Pending, o: Outcome, gone: Gone, lent: Result<Option<LentData>>) -> Result<Reply> {
     let (msg, written) = match o {
         Outcome::Failed(e) => return Err(e),
         Outcome::Msg { msg, written } => (msg, written),
@@ -1768,11 +1783,20 @@ fn outcome(p: &Pending, o: Outcome, gone: Gone) -> Result<Reply> {
             written,
         ),
     };
+    if let Some(d) = lent? {
+        return Ok(Reply {
+            msg,
+            data: None,
+            placed: None,
+            lent: Some(d),
+        });
+    }
     let Some(n) = written else {
         return Ok(Reply {
             msg,
             data: None,
             placed: None,
+            lent: None,
         });
     };
     if let (Some(d), Some(c)) = (
@@ -1807,6 +1831,7 @@ fn outcome(p: &Pending, o: Outcome, gone: Gone) -> Result<Reply> {
                 msg,
                 data: None,
                 placed: Some(n),
+                lent: None,
             });
         }
     }
@@ -1814,7 +1839,50 @@ fn outcome(p: &Pending, o: Outcome, gone: Gone) -> Result<Reply> {
         msg,
         data: Some(read_lent(&p.write, n, "write chunk", gone)?),
         placed: None,
+        lent: None,
     })
+}
+
+/// The write chunk's data lent in place ([`Call::lend_data`]), when the call
+/// asked for it, the reply says the server wrote it, and the chunk can be
+/// lent ([`ChunkPool::lend`]: a window proven invalidated, a registration
+/// of its own deregistered); the chunk is then out of the call, and is not
+/// put back or discarded with the others. `Ok(None)`: read it with a copy.
+fn lend_write(
+    p: &mut Pending,
+    o: &Outcome,
+    gone: Gone,
+    pool: Option<&mut ChunkPool>,
+) -> Result<Option<LentData>> {
+    let (Outcome::Msg {
+        written: Some(n), ..
+    }
+    | Outcome::NoMsg {
+        written: Some(n), ..
+    }) = *o
+    else {
+        return Ok(None);
+    };
+    let (true, Some(pool), Some(l)) = (p.call.lend_data, pool, p.write.as_mut()) else {
+        return Ok(None);
+    };
+    let Some(c) = l.chunk.take() else {
+        return Ok(None);
+    };
+    let invalidated = gone.unreachable(&c);
+    match pool.lend(c, n, invalidated) {
+        Ok(d) => {
+            l.stats.data_lent.fetch_add(1, Ordering::Relaxed);
+            Ok(Some(d))
+        }
+        Err(NotLent::Kept(c)) => {
+            l.chunk = Some(c);
+            Ok(None)
+        }
+        Err(NotLent::Lost(e)) => Err(Error::Permanent(format!(
+            "deregistering the write chunk to lend its data: {e}"
+        ))),
+    }
 }
 
 /// Delivers a reply: its chunks go back to `pool` (the connection they were
@@ -1834,7 +1902,9 @@ fn deliver(e: Ending, pool: Option<&mut ChunkPool>, windows: bool) {
         windows,
         remote: &remote,
     };
-    let r = outcome(&pending, o, gone);
+    let mut pool = pool;
+    let lent = lend_write(&mut pending, &o, gone, pool.as_deref_mut());
+    let r = outcome(&pending, o, gone, lent);
     match pool {
         Some(pool) => {
             for l in pending.lent() {
@@ -1868,7 +1938,9 @@ fn deliver_discarding(e: Ending, pool: &mut ChunkPool) {
         windows: false,
         remote: &e_remote,
     };
-    let r = outcome(&pending, o, gone);
+    // A registration of its own can still be lent (deregistered first).
+    let lent = lend_write(&mut pending, &o, gone, Some(&mut *pool));
+    let r = outcome(&pending, o, gone, lent);
     for l in pending.lent() {
         if let Some(c) = l.chunk.take() {
             pool.discard(c);

@@ -138,6 +138,27 @@ fn sizes(iwarp: bool) {
         // zeroed memory (the digest above proves the data right).
         assert_eq!(c.reused, c.replies, "every write chunk on kept memory");
     }
+    // The same file piece by piece, each READ's data lent in place (the
+    // write chunk's memory: on rxe after the server invalidated its window,
+    // on siw once deregistered): no copy at all, and the memory back in
+    // the pool after each piece (siw: the next chunks registered on it).
+    let (c, pieces) = read_each_counted(&rt, &client, "f1048576", 1 << 20, 1048576);
+    println!("read_each: {c:?}, {pieces} pieces");
+    assert!(c.replies >= 1, "the READs used write chunks");
+    assert_eq!(c.lent, c.replies, "every READ's data lent");
+    assert_eq!(pieces, c.replies, "one piece per READ");
+    assert_eq!(c.plain, 0, "no chunk copied");
+    assert_eq!(c.placed, 0, "nothing copied into a destination");
+    assert_eq!(c.local, 0, "no LOCAL_INV posted for a READ");
+    if windows {
+        assert_eq!(c.remote, c.replies, "each window invalidated by the server");
+    } else {
+        assert!(c.reused >= 1, "chunks registered on memory given back");
+    }
+    assert_eq!(
+        stats_of(&client).chunks_registered.load(Ordering::Relaxed),
+        0
+    );
     rt.block_on(client.close());
 
     // Remote invalidation not advertised: the server sends a plain SEND,
@@ -212,6 +233,79 @@ struct Counts {
 
 fn stats_of(c: &rdma_nfs::nfs3::Client) -> &transport::Stats {
     c.transport().stats()
+}
+
+/// What the READs of one `read_each` did.
+#[derive(Debug)]
+struct LentCounts {
+    replies: u64,
+    lent: u64,
+    plain: u64,
+    placed: u64,
+    local: u64,
+    remote: u64,
+    reused: u64,
+}
+
+/// Reads `name` (`len` bytes, written by `sizes` with seed `seed`) with
+/// `read_each`, checks its digest, and counts what its READs did and the
+/// pieces the sink got.
+fn read_each_counted(
+    rt: &tokio::runtime::Runtime,
+    client: &rdma_nfs::nfs3::Client,
+    name: &str,
+    len: usize,
+    seed: u32,
+) -> (LentCounts, u64) {
+    let s = stats_of(client);
+    let load = |s: &transport::Stats| {
+        [
+            s.write_chunk_replies.load(Ordering::Relaxed),
+            s.data_lent.load(Ordering::Relaxed),
+            s.plain_chunk_reads.load(Ordering::Relaxed),
+            s.data_placed.load(Ordering::Relaxed),
+            s.local_invalidations.load(Ordering::Relaxed),
+            s.remote_invalidations.load(Ordering::Relaxed),
+            s.chunk_reuses.load(Ordering::Relaxed),
+        ]
+    };
+    let before = load(s);
+    let mut back = Vec::new();
+    let mut pieces = 0u64;
+    let n = rt
+        .block_on(async {
+            let (f, _) = client.lookup(client.root(), name.as_bytes()).await?;
+            client
+                .read_each(&f, |p| {
+                    pieces += 1;
+                    back.extend_from_slice(p);
+                    Ok::<(), ()>(())
+                })
+                .await
+        })
+        .unwrap_or_else(|e| panic!("reading {name}: {e}"))
+        .unwrap_or_else(|()| panic!("reading {name}: the sink failed"));
+    let after = load(s);
+    assert_eq!(n, len as u64);
+    assert_eq!(back.len(), len);
+    assert_eq!(
+        sha(&back),
+        sha(&content(len, seed)),
+        "{name}: digest read piece by piece"
+    );
+    let d = |i: usize| after[i] - before[i];
+    (
+        LentCounts {
+            replies: d(0),
+            lent: d(1),
+            plain: d(2),
+            placed: d(3),
+            local: d(4),
+            remote: d(5),
+            reused: d(6),
+        },
+        pieces,
+    )
 }
 
 /// Reads `name` (`len` bytes, written by `sizes` with seed `seed`) whole,

@@ -543,6 +543,39 @@ fn faults(iwarp: bool) {
         },
     );
 
+    // The same, lent in place (`lend_data`): exactly the bytes the server
+    // says it wrote (rxe: the window, after its LOCAL_INV; siw: the
+    // registration's memory, deregistered). The server shortens the first
+    // call only; the second, full, is lent while the first is held.
+    with_server(
+        iwarp,
+        base + 11,
+        Fault::ShortWrite,
+        opts.clone(),
+        |t| async move {
+            let mut held = Vec::new();
+            for (n, len) in [(1, 1000), (2, 65536)] {
+                let mut c = null_call();
+                c.write_chunk = 65536;
+                c.lend_data = true;
+                let r = t.call(c).await.unwrap();
+                check_reply(&r);
+                assert_eq!(r.data, None, "lent, not copied");
+                let lent = r.lent.expect("the write chunk's data, lent");
+                assert_eq!(lent.len(), len);
+                assert!(lent.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+                assert_eq!(t.stats().data_lent.load(Ordering::Relaxed), n);
+                held.push(lent);
+            }
+            assert_eq!(
+                t.stats().chunks_registered.load(Ordering::Relaxed),
+                0,
+                "lent data is no chunk lent to the server"
+            );
+            drop(held);
+        },
+    );
+
     // One that claims more than offered: refused.
     with_server(
         iwarp,
