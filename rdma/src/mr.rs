@@ -737,14 +737,20 @@ impl MemoryRegion {
     fn check_range(&self, what: &'static str, offset: usize, len: usize) -> Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
-            _ => Err(Error::InvalidArgument {
-                verb: what,
-                reason: format!(
-                    "range {offset}..{} is outside the region of {} bytes",
-                    offset.saturating_add(len),
-                    self.len
-                ),
-            }),
+            _ => Err(self.out_of_range(what, offset, len)),
+        }
+    }
+
+    /// The error of a range outside the piece.
+    #[cold]
+    fn out_of_range(&self, what: &'static str, offset: usize, len: usize) -> Error {
+        Error::InvalidArgument {
+            verb: what,
+            reason: format!(
+                "range {offset}..{} is outside the region of {} bytes",
+                offset.saturating_add(len),
+                self.len
+            ),
         }
     }
 
@@ -827,13 +833,33 @@ impl MemoryRegion {
 
     /// [`MemoryRegion::write_at`] with the atomic copy whatever the access
     /// flags ([`crate::PreparedSend::write_at`]).
+    /// The range is checked inline (the error is built out of line), and
+    /// fewer bytes than a word, as a latency loop writes its message, take
+    /// the byte-wise stores directly: the same stores [`copy_to_shared`]
+    /// makes for them (a range shorter than a word holds no whole aligned
+    /// word), without its split.
     #[inline]
     pub(crate) fn write_racy(&mut self, offset: usize, data: &[u8]) -> Result<()> {
-        self.check_range("PreparedSend::write_at", offset, data.len())?;
+        if offset > self.len || data.len() > self.len - offset {
+            return Err(self.out_of_range("PreparedSend::write_at", offset, data.len()));
+        }
+        let at = self.offset + offset;
+        if data.len() < WORD {
+            let dst = self.inner.memory.ptr_at(at);
+            for (i, &b) in data.iter().enumerate() {
+                // SAFETY: `at + i` is in bounds of this piece (checked above),
+                // which `&mut self` makes the only Rust access to the range;
+                // an `AtomicU8` has no alignment requirement, and the
+                // device's and peers' accesses are atomic with respect to
+                // Rust, as this store is.
+                unsafe { AtomicU8::from_ptr(dst.add(i)).store(b, Ordering::Relaxed) };
+            }
+            return Ok(());
+        }
         // SAFETY: in bounds (checked) of this piece; `&mut self` makes this
         // the only Rust access to the range; the device's and peers'
         // accesses are atomic with respect to Rust, and so is this copy.
-        unsafe { self.inner.memory.write(self.offset + offset, data, true) };
+        unsafe { self.inner.memory.write(at, data, true) };
         Ok(())
     }
 

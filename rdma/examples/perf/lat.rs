@@ -221,6 +221,9 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
     let mut rcnt = 0;
+    // Sends left until the next signaled one (a countdown: a division per
+    // iteration costs more).
+    let mut unsignaled = cq_mod;
     for scnt in 0..iters {
         // The buffer of the message that just arrived, posted again once
         // the reply is on its way.
@@ -230,7 +233,11 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
             rcnt += 1;
         }
         let n = scnt + 1;
-        let signaled = n % cq_mod == 0 || n == iters;
+        unsignaled -= 1;
+        let signaled = unsignaled == 0 || n == iters;
+        if unsignaled == 0 {
+            unsignaled = cq_mod;
+        }
         if inline {
             qp.post_send_inline(InlineSend::send(u64::from(n), &data).signaled(signaled))
                 .or_fail("Couldn't post send")?;
@@ -250,8 +257,11 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
         }
         if signaled {
             io::wait_one_safe(send_cq, send_ch, &mut swc, &mut smem, &watch, "send")?;
-            for (_, b) in smem.drain(..) {
-                sbufs.extend(b.into_one());
+            // Memory comes back only with `--post-send`.
+            if !smem.is_empty() {
+                for (_, b) in smem.drain(..) {
+                    sbufs.extend(b.into_one());
+                }
             }
         }
     }
@@ -458,8 +468,6 @@ fn write_interleaved(
             data[size - 1] = n as u8;
             // SAFETY: inline data is copied during the post; `data` outlives it.
             unsafe { send.post(qp, data.as_ptr() as u64, u64::from(n), true) }?;
-            stamps.push();
-            io::wait_one_raw(&conn.send_cq, None, &mut wc, &watch, "RDMA write")?;
         } else if raw {
             let mr = smr.as_mut().ok_or("the send buffer is still in flight")?;
             mr.as_mut_slice().or_fail("send buffer")?[size - 1] = n as u8;
@@ -467,42 +475,28 @@ fn write_interleaved(
             // safe path's completions gave it back) until after the
             // completion polled right after, and nothing writes it meanwhile.
             unsafe { send.post(qp, addr, u64::from(n), true) }?;
-            stamps.push();
-            io::wait_one_raw(&conn.send_cq, None, &mut wc, &watch, "RDMA write")?;
         } else if inline {
             data[size - 1] = n as u8;
             qp.post_send_inline(InlineSend::write(u64::from(n), &data, remote))
                 .or_fail("Couldn't post send")?;
-            stamps.push();
-            io::wait_one_safe(
-                &conn.send_cq,
-                None,
-                &mut swc,
-                &mut memory,
-                &watch,
-                "RDMA write",
-            )?;
         } else if let Some(write) = &mut prepared {
             write
                 .write_at(size - 1, &[n as u8])
                 .or_fail("send buffer")?;
             qp.post_prepared(write, u64::from(n), 0, size)
                 .or_fail("Couldn't post send")?;
-            stamps.push();
-            io::wait_one_safe(
-                &conn.send_cq,
-                None,
-                &mut swc,
-                &mut memory,
-                &watch,
-                "RDMA write",
-            )?;
         } else {
             let mut mr = smr.take().ok_or("the send buffer is still in flight")?;
             mr.as_mut_slice().or_fail("send buffer")?[size - 1] = n as u8;
             qp.post_send(rdma::SendWr::write(u64::from(n), mr, remote))
                 .map_err(|e| format!("Couldn't post send: {}", e.error))?;
-            stamps.push();
+        }
+        stamps.push();
+        // One wait per path: the raw poll, or the safe one, whose completion
+        // gives back the memory a `--post-send` write moved (none else).
+        if raw {
+            io::wait_one_raw(&conn.send_cq, None, &mut wc, &watch, "RDMA write")?;
+        } else {
             io::wait_one_safe(
                 &conn.send_cq,
                 None,
@@ -511,7 +505,9 @@ fn write_interleaved(
                 &watch,
                 "RDMA write",
             )?;
-            smr = memory.pop().and_then(|(_, b)| b.into_one());
+            if let Some((_, b)) = memory.pop() {
+                smr = b.into_one();
+            }
         }
     }
     while rcnt < iters {
