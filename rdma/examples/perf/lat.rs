@@ -172,7 +172,8 @@ impl Receives {
     }
 
     /// Posts again the receive that completed as `wr_id`, with the memory
-    /// its completion gave back (`--post-send`; none for a prepared slot).
+    /// its completion gave back (`--post-send`; a prepared slot has none,
+    /// and `memory` is not called for it).
     ///
     /// # Errors
     /// A failed post, or moved memory missing.
@@ -181,14 +182,14 @@ impl Receives {
         &mut self,
         qp: &mut rdma::QueuePair,
         wr_id: u64,
-        memory: Option<WrBuffers>,
+        memory: impl FnOnce() -> Option<WrBuffers>,
     ) -> Res<()> {
         match self {
             Receives::Prepared(r) => qp
                 .post_prepared_recv(r, wr_id, wr_id as usize)
                 .or_fail("Couldn't post a receive"),
             Receives::Moved => {
-                let b = memory.ok_or("a receive completion without its memory")?;
+                let b = memory().ok_or("a receive completion without its memory")?;
                 qp.post_recv(wr_id, b)
                     .map_err(|e| format!("Couldn't post a receive: {}", e.error))
             }
@@ -252,7 +253,7 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
         }
         stamps.push();
         if arrived && rposted < iters {
-            receives.repost(qp, rwc[0].wr_id(), rmem.pop().map(|(_, b)| b))?;
+            receives.repost(qp, rwc[0].wr_id(), || rmem.pop().map(|(_, b)| b))?;
             rposted += 1;
         }
         if signaled {
