@@ -381,6 +381,9 @@ fn await_write(target: &MemoryRegion, size: usize, n: u32, watch: &Watch<'_>) ->
     Ok(())
 }
 
+/// The safe `write_lat` loop alone (a function of its own, which the
+/// instruction counts name).
+#[inline(never)]
 fn write_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
     write_interleaved(conn, opts, size, None, stamps)
 }
@@ -389,7 +392,9 @@ fn write_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) ->
 /// [`write_raw`]'s: the paths alternate every `BLOCK` iterations (both sides
 /// switch at the same iteration, so a round trip inside a block is all one
 /// path), and the vector is filled with whether each stamp followed a raw
-/// post. Inline sizes post inline on both paths.
+/// post. Inline sizes post inline on both paths. Inlined into
+/// [`write_safe`], where `interleave` is `None`: the raw branches fold away.
+#[inline(always)]
 fn write_interleaved(
     conn: &mut Conn,
     opts: &Opts,
