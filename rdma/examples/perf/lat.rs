@@ -60,7 +60,7 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
             (Verb::Send, true) => send_raw(conn, opts, size, &mut stamps)?,
             (Verb::Write, false) => match opts.interleave {
                 Some(block) => {
-                    write_interleaved(conn, opts, size, Some((block, &mut raw_stamp)), &mut stamps)?
+                    write_interleaved(conn, opts, size, (block, &mut raw_stamp), &mut stamps)?
                 }
                 None => write_safe(conn, opts, size, &mut stamps)?,
             },
@@ -382,20 +382,32 @@ fn await_write(target: &MemoryRegion, size: usize, n: u32, watch: &Watch<'_>) ->
 }
 
 /// The safe `write_lat` loop alone (a function of its own, which the
-/// instruction counts name).
+/// instruction counts name): [`write_loop`] with no interleave, where the
+/// raw branches fold away.
 #[inline(never)]
 fn write_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
-    write_interleaved(conn, opts, size, None, stamps)
+    write_loop(conn, opts, size, None, stamps)
+}
+
+/// [`write_loop`] with `--interleave BLOCK`.
+#[inline(never)]
+fn write_interleaved(
+    conn: &mut Conn,
+    opts: &Opts,
+    size: usize,
+    interleave: (u32, &mut Vec<bool>),
+    stamps: &mut Stamps,
+) -> Res<()> {
+    write_loop(conn, opts, size, Some(interleave), stamps)
 }
 
 /// The safe `write_lat` loop. With `interleave` (`--interleave BLOCK`), also
 /// [`write_raw`]'s: the paths alternate every `BLOCK` iterations (both sides
 /// switch at the same iteration, so a round trip inside a block is all one
 /// path), and the vector is filled with whether each stamp followed a raw
-/// post. Inline sizes post inline on both paths. Inlined into
-/// [`write_safe`], where `interleave` is `None`: the raw branches fold away.
+/// post. Inline sizes post inline on both paths. Inlined into both callers.
 #[inline(always)]
-fn write_interleaved(
+fn write_loop(
     conn: &mut Conn,
     opts: &Opts,
     size: usize,
