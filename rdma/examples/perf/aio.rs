@@ -186,7 +186,7 @@ async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut 
         stamps.push();
         if let (true, Some(c)) = (arrived, rslot.as_mut()) {
             if rposted < iters {
-                receives.repost(qp, c.wr_id, Some(c.take_buffers()))?;
+                receives.repost(qp, c.wr_id, || Some(c.take_buffers()))?;
                 rposted += 1;
             }
         }

@@ -60,7 +60,7 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
             (Verb::Send, true) => send_raw(conn, opts, size, &mut stamps)?,
             (Verb::Write, false) => match opts.interleave {
                 Some(block) => {
-                    write_interleaved(conn, opts, size, Some((block, &mut raw_stamp)), &mut stamps)?
+                    write_interleaved(conn, opts, size, (block, &mut raw_stamp), &mut stamps)?
                 }
                 None => write_safe(conn, opts, size, &mut stamps)?,
             },
@@ -172,7 +172,8 @@ impl Receives {
     }
 
     /// Posts again the receive that completed as `wr_id`, with the memory
-    /// its completion gave back (`--post-send`; none for a prepared slot).
+    /// its completion gave back (`--post-send`; a prepared slot has none,
+    /// and `memory` is not called for it).
     ///
     /// # Errors
     /// A failed post, or moved memory missing.
@@ -181,14 +182,14 @@ impl Receives {
         &mut self,
         qp: &mut rdma::QueuePair,
         wr_id: u64,
-        memory: Option<WrBuffers>,
+        memory: impl FnOnce() -> Option<WrBuffers>,
     ) -> Res<()> {
         match self {
             Receives::Prepared(r) => qp
                 .post_prepared_recv(r, wr_id, wr_id as usize)
                 .or_fail("Couldn't post a receive"),
             Receives::Moved => {
-                let b = memory.ok_or("a receive completion without its memory")?;
+                let b = memory().ok_or("a receive completion without its memory")?;
                 qp.post_recv(wr_id, b)
                     .map_err(|e| format!("Couldn't post a receive: {}", e.error))
             }
@@ -221,6 +222,9 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
     let mut rcnt = 0;
+    // Sends left until the next signaled one (a countdown: a division per
+    // iteration costs more).
+    let mut unsignaled = cq_mod;
     for scnt in 0..iters {
         // The buffer of the message that just arrived, posted again once
         // the reply is on its way.
@@ -230,7 +234,11 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
             rcnt += 1;
         }
         let n = scnt + 1;
-        let signaled = n % cq_mod == 0 || n == iters;
+        unsignaled -= 1;
+        let signaled = unsignaled == 0 || n == iters;
+        if unsignaled == 0 {
+            unsignaled = cq_mod;
+        }
         if inline {
             qp.post_send_inline(InlineSend::send(u64::from(n), &data).signaled(signaled))
                 .or_fail("Couldn't post send")?;
@@ -245,13 +253,16 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
         }
         stamps.push();
         if arrived && rposted < iters {
-            receives.repost(qp, rwc[0].wr_id(), rmem.pop().map(|(_, b)| b))?;
+            receives.repost(qp, rwc[0].wr_id(), || rmem.pop().map(|(_, b)| b))?;
             rposted += 1;
         }
         if signaled {
             io::wait_one_safe(send_cq, send_ch, &mut swc, &mut smem, &watch, "send")?;
-            for (_, b) in smem.drain(..) {
-                sbufs.extend(b.into_one());
+            // Memory comes back only with `--post-send`.
+            if !smem.is_empty() {
+                for (_, b) in smem.drain(..) {
+                    sbufs.extend(b.into_one());
+                }
             }
         }
     }
@@ -370,16 +381,33 @@ fn await_write(target: &MemoryRegion, size: usize, n: u32, watch: &Watch<'_>) ->
     Ok(())
 }
 
+/// The safe `write_lat` loop alone (a function of its own, which the
+/// instruction counts name): [`write_loop`] with no interleave, where the
+/// raw branches fold away.
+#[inline(never)]
 fn write_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
-    write_interleaved(conn, opts, size, None, stamps)
+    write_loop(conn, opts, size, None, stamps)
+}
+
+/// [`write_loop`] with `--interleave BLOCK`.
+#[inline(never)]
+fn write_interleaved(
+    conn: &mut Conn,
+    opts: &Opts,
+    size: usize,
+    interleave: (u32, &mut Vec<bool>),
+    stamps: &mut Stamps,
+) -> Res<()> {
+    write_loop(conn, opts, size, Some(interleave), stamps)
 }
 
 /// The safe `write_lat` loop. With `interleave` (`--interleave BLOCK`), also
 /// [`write_raw`]'s: the paths alternate every `BLOCK` iterations (both sides
 /// switch at the same iteration, so a round trip inside a block is all one
 /// path), and the vector is filled with whether each stamp followed a raw
-/// post. Inline sizes post inline on both paths.
-fn write_interleaved(
+/// post. Inline sizes post inline on both paths. Inlined into both callers.
+#[inline(always)]
+fn write_loop(
     conn: &mut Conn,
     opts: &Opts,
     size: usize,
@@ -458,8 +486,6 @@ fn write_interleaved(
             data[size - 1] = n as u8;
             // SAFETY: inline data is copied during the post; `data` outlives it.
             unsafe { send.post(qp, data.as_ptr() as u64, u64::from(n), true) }?;
-            stamps.push();
-            io::wait_one_raw(&conn.send_cq, None, &mut wc, &watch, "RDMA write")?;
         } else if raw {
             let mr = smr.as_mut().ok_or("the send buffer is still in flight")?;
             mr.as_mut_slice().or_fail("send buffer")?[size - 1] = n as u8;
@@ -467,42 +493,28 @@ fn write_interleaved(
             // safe path's completions gave it back) until after the
             // completion polled right after, and nothing writes it meanwhile.
             unsafe { send.post(qp, addr, u64::from(n), true) }?;
-            stamps.push();
-            io::wait_one_raw(&conn.send_cq, None, &mut wc, &watch, "RDMA write")?;
         } else if inline {
             data[size - 1] = n as u8;
             qp.post_send_inline(InlineSend::write(u64::from(n), &data, remote))
                 .or_fail("Couldn't post send")?;
-            stamps.push();
-            io::wait_one_safe(
-                &conn.send_cq,
-                None,
-                &mut swc,
-                &mut memory,
-                &watch,
-                "RDMA write",
-            )?;
         } else if let Some(write) = &mut prepared {
             write
                 .write_at(size - 1, &[n as u8])
                 .or_fail("send buffer")?;
             qp.post_prepared(write, u64::from(n), 0, size)
                 .or_fail("Couldn't post send")?;
-            stamps.push();
-            io::wait_one_safe(
-                &conn.send_cq,
-                None,
-                &mut swc,
-                &mut memory,
-                &watch,
-                "RDMA write",
-            )?;
         } else {
             let mut mr = smr.take().ok_or("the send buffer is still in flight")?;
             mr.as_mut_slice().or_fail("send buffer")?[size - 1] = n as u8;
             qp.post_send(rdma::SendWr::write(u64::from(n), mr, remote))
                 .map_err(|e| format!("Couldn't post send: {}", e.error))?;
-            stamps.push();
+        }
+        stamps.push();
+        // One wait per path: the raw poll, or the safe one, whose completion
+        // gives back the memory a `--post-send` write moved (none else).
+        if raw {
+            io::wait_one_raw(&conn.send_cq, None, &mut wc, &watch, "RDMA write")?;
+        } else {
             io::wait_one_safe(
                 &conn.send_cq,
                 None,
@@ -511,7 +523,9 @@ fn write_interleaved(
                 &watch,
                 "RDMA write",
             )?;
-            smr = memory.pop().and_then(|(_, b)| b.into_one());
+            if let Some((_, b)) = memory.pop() {
+                smr = b.into_one();
+            }
         }
     }
     while rcnt < iters {
