@@ -8,7 +8,6 @@
 //! dropped while a receive is in flight, it goes to the QP's tracker, which
 //! releases it once the receive queue has passed that receive.
 
-use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use super::QueuePair;
@@ -32,9 +31,10 @@ use crate::{ffi, MemoryRegion};
 /// is in flight. Dropped while a receive is in flight, it hands the region
 /// to its QP, which keeps it until that receive is done.
 pub struct PreparedRecv {
-    /// Moved out exactly once: by `drop` (to the tracker or dropped), or by
-    /// `into_region`, which skips `drop`.
-    region: ManuallyDrop<MemoryRegion>,
+    /// `None` only once `into_region` or `drop` took it: a safe `Option`
+    /// rather than a `ManuallyDrop` that every new field would have to be
+    /// moved out past by hand.
+    region: Option<MemoryRegion>,
     base: u64,
     lkey: u32,
     slot_len: usize,
@@ -97,8 +97,14 @@ impl PreparedRecv {
                 ),
             });
         }
-        self.mr()
-            .read_racy("PreparedRecv::read_at", slot * self.slot_len + offset, out)
+        // `None` never: see `region`.
+        let Some(mr) = &self.region else {
+            return Err(Error::InvalidArgument {
+                verb: "PreparedRecv::read_at",
+                reason: "the region was given back".into(),
+            });
+        };
+        mr.read_racy("PreparedRecv::read_at", slot * self.slot_len + offset, out)
     }
 
     /// Gives the region back when no receive that lent it is in flight;
@@ -106,35 +112,24 @@ impl PreparedRecv {
     ///
     /// # Errors
     /// The request, unchanged (boxed), while a receive is in flight.
-    pub fn into_region(self) -> std::result::Result<MemoryRegion, Box<PreparedRecv>> {
+    pub fn into_region(mut self) -> std::result::Result<MemoryRegion, Box<PreparedRecv>> {
         if self.in_flight() {
             return Err(Box::new(self));
         }
-        let mut this = ManuallyDrop::new(self);
-        // SAFETY: `this` is never dropped nor used after these two moves,
-        // so its region and its tracker are each moved out exactly once;
-        // its other fields are `Copy` (a field that needs dropping must be
-        // moved out here too).
-        let (region, tracker) = unsafe {
-            (
-                ManuallyDrop::take(&mut this.region),
-                std::ptr::read(&this.tracker),
-            )
-        };
-        drop(tracker);
-        Ok(region)
-    }
-
-    fn mr(&self) -> &MemoryRegion {
-        &self.region
+        match self.region.take() {
+            Some(region) => Ok(region),
+            // Never: only `drop` and this method, which consumes the
+            // request, take the region.
+            None => Err(Box::new(self)),
+        }
     }
 }
 
 impl Drop for PreparedRecv {
     fn drop(&mut self) {
-        // SAFETY: `drop` runs once and `into_region`, the only other taker,
-        // skips it; the field is not used after this.
-        let region = unsafe { ManuallyDrop::take(&mut self.region) };
+        let Some(region) = self.region.take() else {
+            return;
+        };
         if let Some(seq) = self.last {
             if self.tracker.request_in_flight(true, seq) {
                 self.tracker.adopt(Orphan {
@@ -220,7 +215,7 @@ impl QueuePair {
             lkey: region.lkey(),
             slot_len,
             slots: total / slot_len,
-            region: ManuallyDrop::new(region),
+            region: Some(region),
             tracker: Arc::clone(&self.owned.tracker),
             last: None,
         })
