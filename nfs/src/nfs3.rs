@@ -238,6 +238,60 @@ pub(crate) fn fh(r: &mut Reader<'_>) -> DResult<Fh> {
     Ok(Fh(r.opaque("nfs_fh3", FHSIZE3)?.to_vec()))
 }
 
+/// [`Client::read_each`]'s order: `read(at)` (a READ of up to `step` bytes
+/// at `at`, run as a task of its own) sent ahead up to `size` with up to
+/// `window` in flight, each piece given to `sink` in file order. A piece
+/// shorter than `step` and not the end starts a new run from where it
+/// ended: the READs of the old run still in flight are awaited and their
+/// data and errors ignored (they lie past a file that shrank).
+async fn read_in_order<D, E, Fut>(
+    size: u64,
+    step: u32,
+    window: usize,
+    read: impl Fn(u64) -> Fut,
+    mut sink: impl FnMut(&[u8]) -> std::result::Result<(), E>,
+) -> Result<std::result::Result<u64, E>>
+where
+    D: std::ops::Deref<Target = [u8]> + Send + 'static,
+    Fut: std::future::Future<Output = Result<(D, bool)>> + Send + 'static,
+{
+    let mut q = VecDeque::new();
+    // The next offset to ask for, the bytes given to `sink`, and the run
+    // of READs (a short READ starts a new one: those of the old run still
+    // in flight are dropped). Past `size` (the file grew) one READ at a
+    // time, until one says end of file.
+    let (mut next, mut done, mut run) = (0u64, 0u64, 0u64);
+    let mut eof = false;
+    loop {
+        while !eof && q.len() < window && (next < size || q.is_empty()) {
+            q.push_back((next, run, tokio::spawn(read(next))));
+            next += u64::from(step);
+        }
+        let Some((at, r, h)) = q.pop_front() else {
+            return Ok(Ok(done));
+        };
+        let piece = h
+            .await
+            .map_err(|e| NfsError::Invalid(format!("READ task: {e}")))?;
+        if eof || r != run || at != done {
+            // Sent ahead of a short READ or of the end: neither its data
+            // nor its error counts.
+            continue;
+        }
+        let (data, e) = piece?;
+        if let Err(e) = sink(&data) {
+            return Ok(Err(e));
+        }
+        done += data.len() as u64;
+        if e || data.is_empty() {
+            eof = true;
+        } else if data.len() < step as usize {
+            run += 1;
+            next = done;
+        }
+    }
+}
+
 fn name_ok(name: &[u8]) -> Result<()> {
     if name.is_empty() || name.len() > MAX_NAME || name.contains(&b'/') || name.contains(&0) {
         return Err(NfsError::Invalid(format!(
@@ -787,57 +841,23 @@ impl Client {
     /// READs are sent ahead up to the size GETATTR states; a READ shorter
     /// than asked and not at the end of the file (a server may return less)
     /// is read on from where it ended, the READs already in flight after it
-    /// awaited and dropped; the end is the first READ that says so.
+    /// awaited, their data and errors dropped; the end is the first READ that says so.
     ///
     /// # Errors
     /// As [`Client::read`].
     pub async fn read_each<E>(
         &self,
         f: &Fh,
-        mut sink: impl FnMut(&[u8]) -> std::result::Result<(), E>,
+        sink: impl FnMut(&[u8]) -> std::result::Result<(), E>,
     ) -> Result<std::result::Result<u64, E>> {
-        // The size the server states bounds the READs sent ahead; past it
-        // (the file grew) one READ at a time, until one says end of file.
         let size = self.getattr(f).await?.size;
         let step = self.rsize.max(1);
-        let mut q = VecDeque::new();
-        // The next offset to ask for, the bytes given to `sink`, and the
-        // run of READs (a short READ starts a new one: those of the old
-        // run still in flight are dropped).
-        let (mut next, mut done, mut run) = (0u64, 0u64, 0u64);
-        let mut eof = false;
-        loop {
-            while !eof && q.len() < self.window && (next < size || q.is_empty()) {
-                let c = self.clone();
-                let f = f.clone();
-                let at = next;
-                q.push_back((
-                    at,
-                    run,
-                    tokio::spawn(async move { c.read_lent(&f, at, step).await }),
-                ));
-                next += u64::from(step);
-            }
-            let Some((at, r, h)) = q.pop_front() else {
-                return Ok(Ok(done));
-            };
-            let (data, e) = h
-                .await
-                .map_err(|e| NfsError::Invalid(format!("READ task: {e}")))??;
-            if eof || r != run || at != done {
-                continue;
-            }
-            if let Err(e) = sink(&data) {
-                return Ok(Err(e));
-            }
-            done += data.len() as u64;
-            if e || data.is_empty() {
-                eof = true;
-            } else if data.len() < step as usize {
-                run += 1;
-                next = done;
-            }
-        }
+        let read = |at| {
+            let c = self.clone();
+            let f = f.clone();
+            async move { c.read_lent(&f, at, step).await }
+        };
+        read_in_order(size, step, self.window, read, sink).await
     }
 
     /// The whole file, with up to the window's READs in flight, each
@@ -877,14 +897,16 @@ impl Client {
             let Some((at, n, h)) = q.pop_front() else {
                 break;
             };
-            let (got, e) = h
+            let done = h
                 .await
-                .map_err(|e| NfsError::Invalid(format!("READ task: {e}")))??;
+                .map_err(|e| NfsError::Invalid(format!("READ task: {e}")))?;
             if short || at != filled {
                 // After a short READ: the calls still in flight are
-                // awaited (they fill `buf`), their data not counted.
+                // awaited (they fill `buf`), their data not counted, nor
+                // their errors (past the end of a file that shrank).
                 continue;
             }
+            let (got, e) = done?;
             filled += got as u64;
             eof = e;
             if (got as u64) < u64::from(n) {
@@ -973,5 +995,43 @@ impl Client {
                 )));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file that shrank to 12 bytes after GETATTR said 16: the READ at 4
+    /// is short, those sent ahead at 8 and 12 fail, and reading goes on
+    /// from 6 to the end without their errors.
+    #[tokio::test]
+    async fn reads_sent_past_a_short_read_do_not_fail_the_whole_read() {
+        let file: Vec<u8> = (0..12).collect();
+        let read = |at: u64| {
+            let file = file.clone();
+            async move {
+                let at = at as usize;
+                match at {
+                    4 => Ok((file[4..6].to_vec(), false)),
+                    8 | 12 => Err(NfsError::Invalid(format!("READ at {at} past the end"))),
+                    _ if at >= file.len() => Ok((Vec::new(), true)),
+                    _ => {
+                        let end = (at + 4).min(file.len());
+                        Ok((file[at..end].to_vec(), end == file.len()))
+                    }
+                }
+            }
+        };
+        let mut got = Vec::new();
+        let n = read_in_order(16, 4, 4, read, |p| {
+            got.extend_from_slice(p);
+            Ok::<(), ()>(())
+        })
+        .await
+        .expect("the stale READs' errors are ignored")
+        .expect("the sink never fails");
+        assert_eq!(n, 12);
+        assert_eq!(got, file);
     }
 }
