@@ -156,7 +156,11 @@ fn sizes(iwarp: bool) {
         assert!(c.reused >= 1, "chunks registered on memory given back");
     }
     assert_eq!(
-        stats_of(&client).chunks_registered.load(Ordering::Relaxed),
+        client
+            .transport()
+            .stats()
+            .chunks_registered
+            .load(Ordering::Relaxed),
         0
     );
     rt.block_on(client.close());
@@ -185,7 +189,11 @@ fn sizes(iwarp: bool) {
         assert_eq!(c.plain, 0, "no plain read of a chunk still registered");
     }
     assert_eq!(
-        stats_of(&client).chunks_registered.load(Ordering::Relaxed),
+        client
+            .transport()
+            .stats()
+            .chunks_registered
+            .load(Ordering::Relaxed),
         0
     );
     rt.block_on(client.close());
@@ -214,11 +222,16 @@ fn sizes(iwarp: bool) {
     let _ = std::fs::remove_file(&local);
 }
 
-/// What the transport did for the READs of one `read_all`.
+/// What the transport did for the READs of one `read_all` or `read_each`:
+/// the difference of its counters over the reading.
 #[derive(Debug)]
 struct Counts {
     /// Replies that used a write chunk.
     replies: u64,
+    /// Write chunks' data lent in place.
+    lent: u64,
+    /// Write chunks' data copied into a destination.
+    placed: u64,
     /// `LOCAL_INV`s posted.
     local: u64,
     /// Chunks the server invalidated with its reply.
@@ -231,20 +244,36 @@ struct Counts {
     reused: u64,
 }
 
-fn stats_of(c: &rdma_nfs::nfs3::Client) -> &transport::Stats {
-    c.transport().stats()
-}
+impl Counts {
+    /// The client's counters now.
+    fn of(c: &rdma_nfs::nfs3::Client) -> Counts {
+        let s: &transport::Stats = c.transport().stats();
+        let get = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
+        Counts {
+            replies: get(&s.write_chunk_replies),
+            lent: get(&s.data_lent),
+            placed: get(&s.data_placed),
+            local: get(&s.local_invalidations),
+            remote: get(&s.remote_invalidations),
+            stray: get(&s.stray_invalidations),
+            plain: get(&s.plain_chunk_reads),
+            reused: get(&s.chunk_reuses),
+        }
+    }
 
-/// What the READs of one `read_each` did.
-#[derive(Debug)]
-struct LentCounts {
-    replies: u64,
-    lent: u64,
-    plain: u64,
-    placed: u64,
-    local: u64,
-    remote: u64,
-    reused: u64,
+    /// What was counted from `before` to `self`.
+    fn since(self, before: &Counts) -> Counts {
+        Counts {
+            replies: self.replies - before.replies,
+            lent: self.lent - before.lent,
+            placed: self.placed - before.placed,
+            local: self.local - before.local,
+            remote: self.remote - before.remote,
+            stray: self.stray - before.stray,
+            plain: self.plain - before.plain,
+            reused: self.reused - before.reused,
+        }
+    }
 }
 
 /// Reads `name` (`len` bytes, written by `sizes` with seed `seed`) with
@@ -256,20 +285,8 @@ fn read_each_counted(
     name: &str,
     len: usize,
     seed: u32,
-) -> (LentCounts, u64) {
-    let s = stats_of(client);
-    let load = |s: &transport::Stats| {
-        [
-            s.write_chunk_replies.load(Ordering::Relaxed),
-            s.data_lent.load(Ordering::Relaxed),
-            s.plain_chunk_reads.load(Ordering::Relaxed),
-            s.data_placed.load(Ordering::Relaxed),
-            s.local_invalidations.load(Ordering::Relaxed),
-            s.remote_invalidations.load(Ordering::Relaxed),
-            s.chunk_reuses.load(Ordering::Relaxed),
-        ]
-    };
-    let before = load(s);
+) -> (Counts, u64) {
+    let before = Counts::of(client);
     let mut back = Vec::new();
     let mut pieces = 0u64;
     let n = rt
@@ -285,7 +302,7 @@ fn read_each_counted(
         })
         .unwrap_or_else(|e| panic!("reading {name}: {e}"))
         .unwrap_or_else(|()| panic!("reading {name}: the sink failed"));
-    let after = load(s);
+    let counts = Counts::of(client).since(&before);
     assert_eq!(n, len as u64);
     assert_eq!(back.len(), len);
     assert_eq!(
@@ -293,19 +310,7 @@ fn read_each_counted(
         sha(&content(len, seed)),
         "{name}: digest read piece by piece"
     );
-    let d = |i: usize| after[i] - before[i];
-    (
-        LentCounts {
-            replies: d(0),
-            lent: d(1),
-            plain: d(2),
-            placed: d(3),
-            local: d(4),
-            remote: d(5),
-            reused: d(6),
-        },
-        pieces,
-    )
+    (counts, pieces)
 }
 
 /// Reads `name` (`len` bytes, written by `sizes` with seed `seed`) whole,
@@ -317,40 +322,21 @@ fn read_counted(
     len: usize,
     seed: u32,
 ) -> Counts {
-    let s = stats_of(client);
-    let load = |s: &transport::Stats| {
-        [
-            s.write_chunk_replies.load(Ordering::Relaxed),
-            s.local_invalidations.load(Ordering::Relaxed),
-            s.remote_invalidations.load(Ordering::Relaxed),
-            s.stray_invalidations.load(Ordering::Relaxed),
-            s.plain_chunk_reads.load(Ordering::Relaxed),
-            s.chunk_reuses.load(Ordering::Relaxed),
-        ]
-    };
-    let before = load(s);
+    let before = Counts::of(client);
     let back = rt
         .block_on(async {
             let (f, _) = client.lookup(client.root(), name.as_bytes()).await?;
             client.read_all(&f).await
         })
         .unwrap_or_else(|e| panic!("reading {name}: {e}"));
-    let after = load(s);
+    let counts = Counts::of(client).since(&before);
     assert_eq!(back.len(), len);
     assert_eq!(
         sha(&back),
         sha(&content(len, seed)),
         "{name}: digest read back"
     );
-    let d = |i: usize| after[i] - before[i];
-    Counts {
-        replies: d(0),
-        local: d(1),
-        remote: d(2),
-        stray: d(3),
-        plain: d(4),
-        reused: d(5),
-    }
+    counts
 }
 
 #[test]
