@@ -333,9 +333,7 @@ fn iwarp_removal_child(dev: &str) {
     warm(&EventChannel::new().unwrap());
     let before = (common::resource_counts(), common::open_fds());
     let ch = EventChannel::new().unwrap();
-    let listener = ch.create_id(PortSpace::Tcp).unwrap();
-    listener.bind_addr(SocketAddr::new(iwarp_ip(), 0)).unwrap();
-    listener.listen(4).unwrap();
+    let listener = common::iwarp::listener(&ch);
     let (client, server) = iwarp_connection(&ch, &listener);
     assert_eq!(client.id.context().unwrap().name(), dev);
 

@@ -1506,14 +1506,9 @@ fn auto_path_picks_the_extended_api_on_rxe() {
 #[test]
 #[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
 fn iwarp_prepared_requests_lend_their_region_and_outlive_a_drop_in_flight() {
-    use common::iwarp::{iwarp_connection, iwarp_ip};
-    use rdma::cm::{EventChannel, PortSpace};
-    let ch = EventChannel::new().unwrap();
-    let listener = ch.create_id(PortSpace::Tcp).unwrap();
-    listener
-        .bind_addr(std::net::SocketAddr::new(iwarp_ip(), 0))
-        .unwrap();
-    listener.listen(4).unwrap();
+    use common::iwarp::{iwarp_connection, listener};
+    let ch = rdma::cm::EventChannel::new().unwrap();
+    let listener = listener(&ch);
     let (mut a, b) = iwarp_connection(&ch, &listener);
     let access = LW | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let target = b.pd.alloc_mr(8192, access).unwrap();
@@ -1589,14 +1584,9 @@ fn iwarp_prepared_requests_lend_their_region_and_outlive_a_drop_in_flight() {
 #[test]
 #[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
 fn iwarp_prepared_receives_lend_slots_and_outlive_a_drop_in_flight() {
-    use common::iwarp::{iwarp_connection, iwarp_ip};
-    use rdma::cm::{EventChannel, PortSpace};
-    let ch = EventChannel::new().unwrap();
-    let listener = ch.create_id(PortSpace::Tcp).unwrap();
-    listener
-        .bind_addr(std::net::SocketAddr::new(iwarp_ip(), 0))
-        .unwrap();
-    listener.listen(4).unwrap();
+    use common::iwarp::{iwarp_connection, listener};
+    let ch = rdma::cm::EventChannel::new().unwrap();
+    let listener = listener(&ch);
     // `b` has one ordinary receive posted (wr_id 1): the first SEND takes it.
     let (mut a, mut b) = iwarp_connection(&ch, &listener);
     let e =
