@@ -1264,20 +1264,26 @@ fn perf_no_peak_times_the_loop_from_its_two_ends() {
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn perf_event_mode_runs_with_every_wait() {
-    // 2 B: one send in 100 signaled; 4 KiB: every one.
-    let mut cases = vec![("channel", "send_bw", 2), ("cq", "send_bw", 4096)];
+    // One send in 100 signaled at every size (as perftest -e: moderation
+    // stays on above 8 KiB in event mode), and every one with `-Q 1`.
+    let mut cases: Vec<(&str, &str, u64, &[&str])> = vec![
+        ("channel", "send_bw", 2, &[]),
+        ("cq", "send_bw", 65536, &["-Q", "1"]),
+    ];
     if cfg!(feature = "tokio") {
         cases.extend([
-            ("async", "send_bw", 2),
-            ("async", "send_bw", 4096),
-            ("async", "write_bw", 2),
-            ("async", "read_bw", 4096),
-            ("async", "send_lat", 2),
+            ("async", "send_bw", 2, &[][..]),
+            ("async", "send_bw", 65536, &[]),
+            ("async", "send_bw", 4096, &["-Q", "1"]),
+            ("async", "write_bw", 2, &[]),
+            ("async", "read_bw", 65536, &["-Q", "1"]),
+            ("async", "send_lat", 2, &[]),
         ]);
     }
-    for (i, (wait, test, size)) in cases.into_iter().enumerate() {
+    for (i, (wait, test, size, extra)) in cases.into_iter().enumerate() {
         let s = size.to_string();
-        let args = ["-e", "--wait", wait, "-s", &s, "-n", "200"];
+        let mut args = vec!["-e", "--wait", wait, "-s", &s, "-n", "200"];
+        args.extend(extra);
         let out = perf_pair(test, &args, 18900 + i as u16);
         let v = perf_row(&out, size, 200);
         let named = match wait {
@@ -1290,9 +1296,18 @@ fn perf_event_mode_runs_with_every_wait() {
                 .is_empty(),
             "{test} --wait {wait}: the header names the wait:\n{out}"
         );
-        // Bandwidth rows: the message rate (2 B rounds to 0.00 MiB/s).
+        // Bandwidth rows: the message rate (2 B rounds to 0.00 MiB/s), and
+        // the moderation in the header.
         if test != "send_lat" {
             assert!(v[4] > 0.0, "{test} -s {size} --wait {wait}: {v:?}");
+            let cq_mod = if extra.is_empty() { 100 } else { 1 };
+            assert!(
+                !out.lines_starting(&format!(
+                    " TX depth        : 128\t\tCQ Moderation   : {cq_mod}"
+                ))
+                .is_empty(),
+                "{test} -s {size} --wait {wait} {extra:?}: one send in {cq_mod} signaled:\n{out}"
+            );
         }
     }
 }

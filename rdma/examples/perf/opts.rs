@@ -183,12 +183,15 @@ impl Opts {
     }
 
     /// Completion moderation for `size`: `-Q` if given, else perftest's
-    /// default (every 100th send signaled, every send above 8 KiB), never more
-    /// than the send queue depth.
+    /// default (every 100th send signaled; every send above 8 KiB, except
+    /// with `-e`: perftest keeps one in 100 in event mode at every size),
+    /// never more than the send queue depth. (perftest's `-a` keeps it too;
+    /// `perf -a` does not, so that its `--post-send` pools of unsignaled
+    /// buffers stay small at the large sizes.)
     pub fn cq_mod_for(&self, size: usize) -> u32 {
         let m = match self.cq_mod {
             Some(m) => m,
-            None if size > CQ_MOD_SIZE_LIMIT => 1,
+            None if size > CQ_MOD_SIZE_LIMIT && !self.events => 1,
             None => 100,
         };
         m.clamp(1, self.tx_depth.max(1))
@@ -615,6 +618,9 @@ mod tests {
         assert_eq!((o.size, o.iters, o.tx_depth, o.qps), (65536, 5000, 128, 1));
         assert_eq!(o.cq_mod_for(65536), 1);
         assert_eq!(o.cq_mod_for(4096), 100);
+        // perftest keeps moderation at every size in event mode.
+        assert_eq!(p("send_bw -e").unwrap().cq_mod_for(65536), 100);
+        assert_eq!(p("send_bw -e -Q 1").unwrap().cq_mod_for(65536), 1);
         let o = p("send_lat -F -x 1 10.0.0.1").unwrap();
         assert_eq!(
             (o.size, o.iters, o.host.as_deref()),
