@@ -112,8 +112,8 @@ pub fn run(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
         // I/O only: the server sets no timers, and tokio's timer driver
         // reads the clock around every wait for an event (strace -f in the
         // guest, session 24: 6 to 9 clock_gettime per 1 MiB written at
-        // msize 1 MiB, each a system call there: the TCG guest's clock
-        // source has no vDSO path).
+        // msize 1 MiB with it, 4 without, each a system call there: the TCG
+        // guest's clock source has no vDSO path).
         .enable_io()
         // The threads that run requests (file I/O blocks): enough for every
         // request of a few clients at once, bounded whatever clients do.
