@@ -7,8 +7,11 @@
 # (knfsd, NFSv3 proto=rdma), the target's reference. If the null server is
 # slower than knfsd, no server-side change can meet rdma-9p/knfsd >= 1.00.
 #
-#   ninep/bench/null-bound.sh [--runs N] [--size MiB] [--msize BYTES]
+#   ninep/bench/null-bound.sh [--runs N] [--size MiB] [--msize BYTES] [--baseline BIN]
 #
+# --baseline BIN adds a fourth server, alternated with the others: the
+# rdma-9p binary BIN (one built from another commit), so that a change's
+# effect is a per-round ratio of the same boot (rdma-9p/baseline).
 # Defaults: 9 rounds after one discarded warm-up, a 64 MiB file, msize 128 KiB
 # (the kernel's default; knfsd's rsize/wsize over RDMA here). Each round runs,
 # for each server in a rotating order, fio's sequential write (1 MiB blocks,
@@ -28,7 +31,7 @@ out=$repo/target/bench-9p/null
 say() { printf 'null-bound: %s\n' "$*" >&2; }
 
 if [ "${1:-}" = --guest ]; then
-    runs=$2 size=$3 msize=$4
+    runs=$2 size=$3 msize=$4 base=${5:-}
     trap 'echo "null-bound: guest failed at line $LINENO (status $?)" >&2' ERR
     ip=10.8.0.1
     bin=/tmp/rdma-9p
@@ -37,9 +40,9 @@ if [ "${1:-}" = --guest ]; then
     modprobe 9p
     modprobe nfsd
     modprobe rpcrdma
-    mkdir -p /export /run/rpcbind /var/lib/nfs /mnt/nfs /mnt/r9 /mnt/r9n
-    mount -t tmpfs -o size=$((size * 3 + 64))m tmpfs /export
-    mkdir -p /export/nfs /export/r9 /export/r9n
+    mkdir -p /export /run/rpcbind /var/lib/nfs /mnt/nfs /mnt/r9 /mnt/r9n /mnt/r9b
+    mount -t tmpfs -o size=$((size * 4 + 64))m tmpfs /export
+    mkdir -p /export/nfs /export/r9 /export/r9n /export/r9b
     truncate -s "${size}M" /export/r9n/f
     mount -t nfsd nfsd /proc/fs/nfsd
     echo '/export 10.8.0.0/24(rw,no_root_squash,insecure,fsid=0,no_subtree_check)' >/etc/exports
@@ -53,15 +56,25 @@ if [ "${1:-}" = --guest ]; then
     r9=$!
     RDMA_9P_BENCH_NULL=1 "$bin" serve --addr $ip --port 5642 --msize "$msize" /export/r9n >/tmp/r9n.log 2>&1 &
     r9n=$!
-    for l in /tmp/r9.log /tmp/r9n.log; do
+    logs=(/tmp/r9.log /tmp/r9n.log)
+    order=(r9n nfs r9)
+    declare -A pid=([r9]=$r9 [r9n]=$r9n)
+    if [ -n "$base" ]; then
+        cp "$base" /tmp/rdma-9p-base
+        /tmp/rdma-9p-base serve --addr $ip --port 5643 --msize "$msize" /export/r9b >/tmp/r9b.log 2>&1 &
+        pid[r9b]=$!
+        logs+=(/tmp/r9b.log)
+        order+=(r9b)
+    fi
+    for l in "${logs[@]}"; do
         for _ in $(seq 100); do grep -q serving $l && break; sleep 0.1; done
         grep -q serving $l || { cat $l; exit 1; }
     done
     grep -q RDMA_9P_BENCH_NULL /tmp/r9n.log || { echo "null-bound: the null server did not say so" >&2; exit 1; }
     mount -t 9p -o trans=rdma,port=5640,version=9p2000.L,msize="$msize" $ip /mnt/r9
     mount -t 9p -o trans=rdma,port=5642,version=9p2000.L,msize="$msize" $ip /mnt/r9n
-    declare -A dir=([r9]=/mnt/r9 [r9n]=/mnt/r9n [nfs]=/mnt/nfs/nfs)
-    declare -A pid=([r9]=$r9 [r9n]=$r9n)
+    [ -z "$base" ] || mount -t 9p -o trans=rdma,port=5643,version=9p2000.L,msize="$msize" $ip /mnt/r9b
+    declare -A dir=([r9]=/mnt/r9 [r9n]=/mnt/r9n [nfs]=/mnt/nfs/nfs [r9b]=/mnt/r9b)
     hz=$(getconf CLK_TCK)
     server_ticks() {
         local pids
@@ -89,7 +102,6 @@ if [ "${1:-}" = --guest ]; then
     # As vs-kernel.sh: every client's I/O on CPU 0, timers where armed
     # (rxe's retransmit timer on the other CPU can kill the 9P client's QP).
     echo 0 >/proc/sys/kernel/timer_migration
-    order=(r9n nfs r9)
     for round in $(seq 0 "$runs"); do
         for s in "${order[@]}"; do
             for d in write read; do
@@ -101,29 +113,32 @@ if [ "${1:-}" = --guest ]; then
     # The null server really served nothing of the file: still a hole.
     [ "$(du -k /export/r9n/f | cut -f1)" -lt 1024 ] || { echo "null-bound: the null server wrote the file" >&2; exit 1; }
     umount /mnt/r9 /mnt/r9n /mnt/nfs
-    kill $r9 $r9n
+    [ -z "$base" ] || umount /mnt/r9b
+    kill "${pid[@]}"
     exit 0
 fi
 
-runs=9 size=64 msize=131072
+runs=9 size=64 msize=131072 base=
 while [ $# -gt 0 ]; do
     case $1 in
         --runs) runs=${2:?--runs needs a value}; shift 2 ;;
         --size) size=${2:?--size needs a value}; shift 2 ;;
         --msize) msize=${2:?--msize needs a value}; shift 2 ;;
-        -h | --help) sed -n '2,23s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        --baseline) base=$(realpath "${2:?--baseline needs a binary}"); shift 2 ;;
+        -h | --help) sed -n '2,27s/^# \{0,1\}//p' "$0"; exit 0 ;;
         *) say "unknown argument $1 (see --help)"; exit 2 ;;
     esac
 done
 for v in "$runs" "$size" "$msize"; do
     [[ $v =~ ^[1-9][0-9]*$ ]] || { say "not a positive number: $v"; exit 2; }
 done
+[ -z "$base" ] || [ -x "$base" ] || { say "not an executable: $base"; exit 2; }
 command -v fio >/dev/null || { say "fio is missing (ci/setup installs it)"; exit 1; }
 cd "$repo"
 cargo build --release --offline -p rdma-9p >&2
 mkdir -p "$out"
 rm -f "$out/runs.txt"
-ci/vm run --timeout 3000 -- "$0" --guest "$runs" "$size" "$msize"
+ci/vm run --timeout 3000 -- "$0" --guest "$runs" "$size" "$msize" "$base"
 [ -s "$out/runs.txt" ] || { say "the guest wrote no results"; exit 1; }
 
 # Round 0 is the warm-up.
@@ -150,6 +165,17 @@ ratios() { # DIRECTION A B: A / B MB/s per round
         printf '| %s, whole guest | %s | %s | %s |\n' "$d" "$(col r9n $d 6)" "$(col r9 $d 6)" "$(col nfs $d 6)"
     done
     echo
+    if [ -n "$base" ]; then
+        echo
+        echo "| direction | baseline MB/s | baseline/knfsd | rdma-9p/baseline |"
+        echo "|---|---|---|---|"
+        for d in write read; do
+            printf '| %s | %s | %s | %s |\n' "$d" "$(col r9b $d 4)" "$(ratios $d r9b nfs)" "$(ratios $d r9 r9b)"
+        done
+        printf '| CPU ms per MiB, server (write, read) | %s, %s | | |\n' "$(col r9b write 5)" "$(col r9b read 5)"
+        echo
+        echo "Baseline: $base."
+    fi
     echo "$runs rounds (after one warm-up), ${size} MiB file, 1 MiB blocks, O_DIRECT, msize $msize; MB/s and CPU: medians; ratios: median of the per-round ratios (95% interval)."
 } >"$out/results.md"
 cat "$out/results.md"

@@ -91,6 +91,25 @@ impl Export {
     }
 }
 
+/// Writes the header of an `Rread` (`size[4] type[1] tag[2] count[4]`, its
+/// data after it), an `Rwrite` (`size type tag count`) or an `Rlerror`
+/// (`size type tag ecode[4]`, `n` the errno) at the start of `out`: a reply
+/// of `len` bytes in all. `None` if `out` is shorter than the header.
+fn put_io_header(out: &mut [u8], ty: u8, tag: u16, n: usize, len: usize) -> Option<usize> {
+    let head = out.get_mut(..IOHDRSZ)?;
+    // (Counts and lengths are at most msize, which fits in 32 bits.)
+    head[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    head[4] = ty;
+    head[5..7].copy_from_slice(&tag.to_le_bytes());
+    head[7..].copy_from_slice(&(n as u32).to_le_bytes());
+    Some(len)
+}
+
+/// The errno an `Rlerror` carries for `e` (`EIO` if it has none).
+fn ecode(e: &io::Error) -> u32 {
+    e.raw_os_error().unwrap_or(libc::EIO) as u32
+}
+
 fn errno(e: i32) -> io::Error {
     io::Error::from_raw_os_error(e)
 }
@@ -291,10 +310,7 @@ impl Session {
             data.clear();
             match self.dispatch(req.msg, data) {
                 Ok(r) => r.encode(tag, out),
-                Err(e) => Rmsg::Lerror {
-                    ecode: e.raw_os_error().unwrap_or(libc::EIO) as u32,
-                }
-                .encode(tag, out),
+                Err(e) => Rmsg::Lerror { ecode: ecode(&e) }.encode(tag, out),
             };
             // Keep no more than one msize of memory per thread.
             if data.capacity() > self.max_msize as usize {
@@ -306,10 +322,11 @@ impl Session {
 
     /// Handles one message and writes its reply at the start of `out` (the
     /// send buffer, at least [`MIN_MSIZE`] bytes); returns the reply's length.
-    /// A `Tread`'s bytes go from the file straight into `out` after the
-    /// reply's header: the only copy of a read on this side. Other replies
-    /// are encoded as by [`Session::handle`] and copied; one that would not
-    /// fit in `out` is answered with `EMSGSIZE`.
+    /// A `Tread` or `Twrite` is answered in place ([`Session::io_into`]):
+    /// a read's bytes go from the file straight into `out` after the reply's
+    /// header, the only copy of a read on this side. Other replies are
+    /// encoded as by [`Session::handle`] and copied; one that would not fit
+    /// in `out` is answered with `EMSGSIZE`.
     ///
     /// # Errors
     /// As [`Session::handle`].
@@ -318,24 +335,8 @@ impl Session {
         msg: &[u8],
         out: &mut [u8],
     ) -> Result<usize, crate::proto::DecodeError> {
-        if msg.len() <= self.msize() as usize && msg.get(4) == Some(&crate::proto::ty::TREAD) {
-            if let Ok(Request {
-                tag,
-                msg: Tmsg::Read { fid, offset, count },
-            }) = Request::decode(msg)
-            {
-                if let Some(room) = out.get_mut(IOHDRSZ..) {
-                    if let Ok(got) = self.read(fid, offset, count, room) {
-                        let len = IOHDRSZ + got;
-                        // (At most msize, which fits in 32 bits.)
-                        out[..4].copy_from_slice(&(len as u32).to_le_bytes());
-                        out[4] = crate::proto::ty::TREAD + 1;
-                        out[5..7].copy_from_slice(&tag.to_le_bytes());
-                        out[7..IOHDRSZ].copy_from_slice(&(got as u32).to_le_bytes());
-                        return Ok(len);
-                    }
-                }
-            }
+        if let Some(len) = self.io_into(msg, out) {
+            return Ok(len);
         }
         let mut reply = Vec::new();
         self.handle(msg, &mut reply)?;
@@ -352,6 +353,39 @@ impl Session {
             .ok_or(crate::proto::DecodeError::Short)?;
         room.copy_from_slice(&reply);
         Ok(reply.len())
+    }
+
+    /// A well-formed `Tread` or `Twrite` within msize, answered in place in
+    /// `out` as [`Session::handle`] would answer it, without the reply
+    /// buffer, the thread's data buffer and the copies of the fid that path
+    /// costs (the requests of a bulk transfer: one per msize of data).
+    /// Returns the reply's length, or `None` for any other message (or an
+    /// `out` too short for an `Rread`'s header).
+    fn io_into(&self, msg: &[u8], out: &mut [u8]) -> Option<usize> {
+        let ty = *msg.get(4)?;
+        if msg.len() > self.msize() as usize
+            || (ty != crate::proto::ty::TREAD && ty != crate::proto::ty::TWRITE)
+        {
+            return None;
+        }
+        let Ok(Request { tag, msg }) = Request::decode(msg) else {
+            return None;
+        };
+        let room = out.get_mut(IOHDRSZ..)?;
+        let done = match msg {
+            Tmsg::Read { fid, offset, count } => self
+                .read(fid, offset, count, room)
+                .map(|n| (crate::proto::ty::TREAD + 1, n, IOHDRSZ + n)),
+            Tmsg::Write { fid, offset, data } => self
+                .write(fid, offset, data)
+                .map(|()| (crate::proto::ty::TWRITE + 1, data.len(), IOHDRSZ)),
+            _ => return None,
+        };
+        let (ty, n, len) = match done {
+            Ok(r) => r,
+            Err(e) => (crate::proto::ty::RLERROR, ecode(&e) as usize, IOHDRSZ),
+        };
+        put_io_header(out, ty, tag, n, len)
     }
 
     /// **For benchmarks only** (`RDMA_9P_BENCH_NULL`): answers a `Tread`
@@ -378,20 +412,12 @@ impl Session {
             Tmsg::Write { data, .. } => (crate::proto::ty::TWRITE + 1, data.len()),
             _ => return None,
         };
-        // Rread: size[4] type[1] tag[2] count[4] data[count];
-        // Rwrite: size[4] type[1] tag[2] count[4].
         let len = if ty == crate::proto::ty::TREAD + 1 {
             IOHDRSZ + n
         } else {
             IOHDRSZ
         };
-        let head = out.get_mut(..IOHDRSZ)?;
-        // (Both at most msize, which fits in 32 bits.)
-        head[..4].copy_from_slice(&(len as u32).to_le_bytes());
-        head[4] = ty;
-        head[5..7].copy_from_slice(&tag.to_le_bytes());
-        head[7..IOHDRSZ].copy_from_slice(&(n as u32).to_le_bytes());
-        Some(len)
+        put_io_header(out, ty, tag, n, len)
     }
 
     /// How many bytes a `Tread` of `count` may return into `room` bytes:
@@ -404,12 +430,36 @@ impl Session {
     /// `Tread`: reads from `fid`'s open file at `offset` into the start of
     /// `buf`, at most [`Session::read_len`] bytes; returns how many.
     fn read(&self, fid: u32, offset: u64, count: u32, buf: &mut [u8]) -> R<usize> {
-        let f = self.fid(fid)?;
-        let Some(Open::File { file, .. }) = f.open.as_deref() else {
+        let open = self.open_of(fid)?;
+        let Open::File { file, .. } = &*open else {
             return Err(errno(libc::EBADF));
         };
         let n = self.read_len(count, buf.len());
         read_full_at(file, &mut buf[..n], offset)
+    }
+
+    /// `Twrite`: writes all of `data` at `offset` in `fid`'s open file.
+    fn write(&self, fid: u32, offset: u64, data: &[u8]) -> R<()> {
+        self.writable()?;
+        let open = self.open_of(fid)?;
+        let Open::File {
+            file,
+            writable: true,
+            ..
+        } = &*open
+        else {
+            return Err(errno(libc::EBADF));
+        };
+        write_all_at(file, data, offset)
+    }
+
+    /// The fid's open file, shared (`EBADF` if the fid is unknown or not
+    /// open): a read or write needs only that, not a copy of its path.
+    fn open_of(&self, fid: u32) -> R<Arc<Open>> {
+        locked(&self.fids)
+            .get(&fid)
+            .and_then(|f| f.open.clone())
+            .ok_or_else(|| errno(libc::EBADF))
     }
 
     /// A copy of the fid's state (its open file shared).
@@ -630,15 +680,7 @@ impl Session {
                 offset,
                 data: bytes,
             } => {
-                self.writable()?;
-                let f = self.fid(fid)?;
-                let Some(Open::File { file, writable, .. }) = f.open.as_deref() else {
-                    return Err(errno(libc::EBADF));
-                };
-                if !writable {
-                    return Err(errno(libc::EBADF));
-                }
-                write_all_at(file, bytes, offset)?;
+                self.write(fid, offset, bytes)?;
                 Ok(Rmsg::Write {
                     count: bytes.len() as u32,
                 })

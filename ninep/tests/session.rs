@@ -1373,3 +1373,55 @@ fn reads_into_the_send_buffer_answer_as_the_general_path() {
         }
     }
 }
+
+#[test]
+fn writes_answered_in_place_answer_as_the_general_path() {
+    let dir = TempDir::new("write-into");
+    std::fs::write(dir.0.join("f"), b"").unwrap();
+    std::fs::create_dir(dir.0.join("d")).unwrap();
+    let ex = export(&dir.0);
+    let mut c = Client::new(&ex);
+    open_file(&mut c, 1, b"f", libc::O_RDWR);
+    open_file(&mut c, 2, b"f", libc::O_RDONLY);
+    open_file(&mut c, 3, b"d", libc::O_RDONLY);
+    assert_eq!(lerror(&c.walk(0, 4, &[b"f"])), None); // walked, not open
+    let data: Vec<u8> = (0..3000u32).map(|i| (i % 253) as u8).collect();
+    // (fid, offset, expected errno): each request once through each path.
+    for (fid, offset, errno) in [
+        (1, 0u64, None),
+        (1, 3000, None),
+        (2, 0, Some(libc::EBADF)),
+        (3, 0, Some(libc::EBADF)),
+        (4, 0, Some(libc::EBADF)),
+        (9, 0, Some(libc::EBADF)),
+        (1, u64::MAX, Some(libc::EINVAL)),
+    ] {
+        let mut buf = Vec::new();
+        Request {
+            tag: 78,
+            msg: Tmsg::Write {
+                fid,
+                offset,
+                data: &data,
+            },
+        }
+        .encode(&mut buf);
+        let mut general = Vec::new();
+        c.s.handle(&buf, &mut general).unwrap();
+        let mut send = vec![0xa5; c.s.msize() as usize];
+        let n = c.s.handle_into(&buf, &mut send).unwrap();
+        let what = format!("fid {fid} offset {offset}");
+        assert_eq!(&send[..n], &general[..], "{what}");
+        assert_eq!(lerror(&general), errno.map(|e| e as u32), "{what}");
+        if errno.is_none() {
+            assert_eq!(
+                Rmsg::decode(&general).unwrap(),
+                (78, Rmsg::Write { count: 3000 })
+            );
+        }
+    }
+    // Written twice at each offset (once per path), nothing else.
+    let mut want = data.clone();
+    want.extend_from_slice(&data);
+    assert_eq!(std::fs::read(dir.0.join("f")).unwrap(), want);
+}
