@@ -125,6 +125,12 @@ impl Registry {
         }
     }
 
+    /// Holds the lock every poll resolves under, for a QP's producer that
+    /// replaces its queue's ring.
+    pub(super) fn hold(&self) -> impl Sized + '_ {
+        self.queues.lock()
+    }
+
     /// What a QP's queue records as the registry whose polls consume it.
     pub(super) fn address(&self) -> usize {
         self as *const Registry as usize
