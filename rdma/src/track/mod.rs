@@ -52,6 +52,9 @@ pub(crate) fn encode(serial: u32, recv: bool, seq: u32) -> u64 {
     TAG | if recv { RECV } else { 0 } | (u64::from(serial & serial::MASK) << 32) | u64::from(seq)
 }
 
+/// What [`encode`] put in: the tests read ids with it (polls compare the
+/// upper half whole, see `Registry`).
+#[cfg(test)]
 pub(crate) fn decode(wr_id: u64) -> Option<(u32, bool, u32)> {
     if wr_id & TAG == 0 {
         return None;
@@ -459,7 +462,7 @@ impl QpTracker {
     /// lock the caller holds (see [`Registry::reclaim`]).
     fn reclaim(&self, recv: bool, by: usize) -> Vec<Pending> {
         let ring = self.ring(recv);
-        if ring.consumer.as_ptr() as usize != by {
+        if !self.consumed_by(recv, by) {
             return Vec::new();
         }
         // SAFETY: the consumer: the polls of `by`'s CQ, whose lock is held.
@@ -483,22 +486,24 @@ impl QpTracker {
         all
     }
 
+    /// Whether the polls of registry `by` consume the send (`recv` false)
+    /// or receive queue: those of its CQ. A registry checks it once, when
+    /// the queue's completions start coming (see `Registry`).
+    pub(super) fn consumed_by(&self, recv: bool, by: usize) -> bool {
+        self.ring(recv).consumer.as_ptr() as usize == by
+    }
+
     /// Fills `c` (whose `wr_id` is our encoded id) from the matching entry,
-    /// for a poll of the CQ of registry `by` (whose lock the caller holds).
-    /// What the entries kept alive goes to `later`.
+    /// for a poll of the CQ that consumes the queue (the caller holds its
+    /// registry's lock and checked [`QpTracker::consumed_by`]). What the
+    /// entries kept alive goes to `later`.
     #[inline(always)]
-    fn complete(&self, recv: bool, seq: u32, c: &mut impl Sink, later: &mut Later, by: usize) {
+    fn complete(&self, recv: bool, seq: u32, c: &mut impl Sink, later: &mut Later) {
         let ring = self.ring(recv);
-        if ring.consumer.as_ptr() as usize != by {
-            // A QP's completion on another CQ than its queue's: no provider
-            // does that. Left bare rather than consumed by a second poller.
-            c.set_id(c.id() & !(TAG | RECV));
-            return;
-        }
         let q = &ring.queue;
         // SAFETY: this is the queue's only consumer: a QP's queue is
         // consumed only by its CQ's polls, which hold that CQ's registry
-        // lock (checked just above), or by `drain` once nobody else can.
+        // lock (the caller's contract), or by `drain` once nobody else can.
         match unsafe { q.find(seq) } {
             // Usually the oldest request in flight.
             Some(0) => {

@@ -303,6 +303,17 @@ impl Queue {
     pub(super) unsafe fn find(&self, seq: u32) -> Option<u32> {
         let head = self.head.load(Ordering::Relaxed);
         let off = seq.wrapping_sub(head);
+        // Usually published long ago: one load.
+        if off < self.tail.load(Ordering::Acquire).wrapping_sub(head) {
+            return Some(off);
+        }
+        self.find_posted(head, off)
+    }
+
+    /// [`Queue::find`] when `seq` was not published at the first look.
+    #[cold]
+    #[inline(never)]
+    fn find_posted(&self, head: u32, off: u32) -> Option<u32> {
         let mut spins = 0u32;
         loop {
             // `posting` first: once it reads false, the tail loaded after it

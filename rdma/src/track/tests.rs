@@ -681,3 +681,23 @@ fn quiet_sends_are_not_listed_as_unsignaled() {
     }
     assert_eq!(t.in_flight(), (0, 0));
 }
+
+#[test]
+fn a_cq_alternating_between_a_qp_s_two_queues_resolves_each() {
+    // The registry keeps the queue resolved last; a CQ that both queues of
+    // a QP complete on switches between them at every completion.
+    let reg = Registry::default();
+    let t = qp(&reg);
+    for i in 0..10u64 {
+        let s = pending(&t, false, 2 * i);
+        let r = pending(&t, true, 2 * i + 1);
+        assert_eq!(reg.completion(&wc(r)).wr_id, 2 * i + 1);
+        assert_eq!(t.in_flight(), (1, 0));
+        assert_eq!(reg.completion(&wc(s)).wr_id, 2 * i);
+        assert_eq!(t.in_flight(), (0, 0));
+    }
+    assert_eq!(destroy(&reg, &t), 0);
+    // Gone: its ids no longer resolve, even right after being the last.
+    let stray = reg.completion(&wc(encode(t.serial(), false, 20)));
+    assert_eq!(decode(stray.wr_id), None);
+}
