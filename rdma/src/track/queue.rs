@@ -77,13 +77,14 @@ impl Storage {
 /// before the `tail` it loaded (Acquire) and moves `head` on.
 ///
 /// The ring is allocated at the first post, of the work queue's capacity
-/// (the QP's `max_send_wr` or `max_recv_wr` rounded up to a power of two),
-/// which bounds the requests the provider holds; completed requests whose
-/// completions were not polled yet count too, so a post that would overfill
-/// it doubles it first ([`Queue::reserve`]). The ring is replaced only then,
-/// before the post hands anything to the provider and under the lock of the
-/// consumer (its CQ's registry), which every consumer holds while it reads
-/// the ring: a consumer never sees a ring being replaced.
+/// (the QP's `max_send_wr` or `max_recv_wr` rounded up to a power of two,
+/// at most [`FIRST_CAP`]), which bounds the requests the provider holds;
+/// completed requests whose completions were not polled yet count too, so a
+/// post that would overfill it doubles it first ([`Queue::reserve`]). The
+/// ring is replaced only then, before the post hands anything to the
+/// provider and under the lock of the consumer (its CQ's registry), which
+/// every consumer holds while it reads the ring: a consumer never sees a
+/// ring being replaced.
 /// Who may act as producer and consumer is decided by the `Ring` around it.
 pub(crate) struct Queue {
     /// Published entries (sequence number of the next one), producer-written.
@@ -117,6 +118,10 @@ const _: () = {
     send::<Pending>();
 };
 
+/// The largest first ring: a deep work queue that carries little starts
+/// with 64 KiB or so, not a megabyte, and doubles if its traffic needs it.
+const FIRST_CAP: u32 = 1024;
+
 /// The largest ring: sequence numbers are 32 bits, and the entries in flight
 /// must have distinct slots.
 const MAX_CAP: u32 = 1 << 31;
@@ -134,7 +139,7 @@ impl Queue {
             posting: AtomicBool::new(false),
             staged: UnsafeCell::new(0),
             store: UnsafeCell::new(Storage::EMPTY),
-            first: depth.clamp(1, MAX_CAP).next_power_of_two(),
+            first: depth.clamp(1, FIRST_CAP).next_power_of_two(),
         }
     }
 
