@@ -401,12 +401,22 @@ impl Queue {
     pub(super) unsafe fn advance_n(&self, n: usize, mut f: impl FnMut(Pending)) {
         let head = self.head.load(Ordering::Relaxed);
         // SAFETY: as in `advance_with`.
-        let ring = unsafe { &*self.store.get() };
-        for i in 0..n as u32 {
-            // SAFETY: published slots (before the tail the caller loaded):
-            // the producer no longer touches them.
-            if let Some(p) = unsafe { (*ring.slot(head.wrapping_add(i))).take() } {
-                f(p);
+        let store = unsafe { &*self.store.get() };
+        // The run as at most two stretches of slots, before and after the
+        // ring's end, each walked as a slice (callgrind, send_bw 2 B: a slot
+        // index computed per entry cost 3 instructions a message more).
+        let start = (head & store.mask) as usize;
+        let first = n.min(store.cap as usize - start);
+        for (from, len) in [(start, first), (0, n - first)] {
+            // SAFETY: `from + len` <= `cap`: the slots of published
+            // entries (before the tail the caller loaded), which the
+            // producer no longer touches.
+            let run = unsafe { std::slice::from_raw_parts(store.slots.add(from), len) };
+            for slot in run {
+                // SAFETY: as above; the consumer alone takes them.
+                if let Some(p) = unsafe { (*slot.get()).take() } {
+                    f(p);
+                }
             }
         }
         self.head
