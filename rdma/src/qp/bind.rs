@@ -41,8 +41,9 @@ impl QueuePair {
             0
         };
         let (info, _) = mw.bind_info(mr, offset, len, access, next_rkey)?;
-        // SAFETY: `&mut self`: the only poster to this QP's send queue.
-        let mut ring = unsafe { self.owned.tracker.producer(false) };
+        // SAFETY: `&mut self`: the only poster to this QP's send queue, which
+        // pushes at most the count given; the QP holds its CQs.
+        let mut ring = unsafe { self.owned.tracker.producer(false, 1) };
         let rc = if type2 {
             let req = Outgoing {
                 op: Op::BindMw {

@@ -442,6 +442,7 @@ impl QueuePairBuilder {
             serial,
             &self.send_cq.inner.registry,
             &self.recv_cq.inner.registry,
+            (cap.max_send_wr, cap.max_recv_wr),
         );
         if let Some(srq) = &self.srq {
             srq.attach_cq(&self.recv_cq.inner);

@@ -416,8 +416,9 @@ impl QueuePair {
             length: len as u32,
             lkey: p.lkey,
         };
-        // SAFETY: `&mut self`: the only poster to this QP's send queue.
-        let mut ring = unsafe { self.owned.tracker.producer(false) };
+        // SAFETY: `&mut self`: the only poster to this QP's send queue, which
+        // pushes at most the count given; the QP holds its CQs.
+        let mut ring = unsafe { self.owned.tracker.producer(false, 1) };
         let ours = ring.wr_id(0);
         let rc = if let Some(d) = &p.direct {
             // SAFETY: `&mut self`: the only poster; `p` was prepared by this

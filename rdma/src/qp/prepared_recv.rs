@@ -249,8 +249,9 @@ impl QueuePair {
             length: r.slot_len as u32,
             lkey: r.lkey,
         };
-        // SAFETY: `&mut self`: the only poster to this QP's receive queue.
-        let mut ring = unsafe { self.owned.tracker.producer(true) };
+        // SAFETY: `&mut self`: the only poster to this QP's receive queue, which
+        // pushes at most the count given; the QP holds its CQs.
+        let mut ring = unsafe { self.owned.tracker.producer(true, 1) };
         let ours = ring.wr_id(0);
         let mut wr = ffi::ibv_recv_wr {
             wr_id: ours,

@@ -42,8 +42,9 @@ impl QueuePair {
             });
         }
         let qp = self.as_raw();
-        // SAFETY: `&mut self`: the only poster to this QP's receive queue.
-        let mut ring = unsafe { self.owned.tracker.producer(true) };
+        // SAFETY: `&mut self`: the only poster to this QP's receive queue, which
+        // pushes at most the count given; the QP holds its CQs.
+        let mut ring = unsafe { self.owned.tracker.producer(true, 1) };
         // SAFETY: `post_chain` hands over a well-formed request whose memory
         // is parked below, before `ring` publishes it (a poll that sees the
         // completion first waits for that); the QP is live.
@@ -91,8 +92,9 @@ impl QueuePair {
             }
         }
         let qp = self.as_raw();
-        // SAFETY: `&mut self`: the only poster to this QP's receive queue.
-        let mut ring = unsafe { self.owned.tracker.producer(true) };
+        // SAFETY: `&mut self`: the only poster to this QP's receive queue, which
+        // pushes at most the count given; the QP holds its CQs.
+        let mut ring = unsafe { self.owned.tracker.producer(true, wrs.len()) };
         let chain: Vec<(u64, &WrBuffers)> = wrs
             .iter()
             .enumerate()

@@ -127,8 +127,9 @@ impl QueuePair {
             }
             _ => &[],
         };
-        // SAFETY: `&mut self`: the only poster to this QP's send queue.
-        let mut ring = unsafe { self.owned.tracker.producer(false) };
+        // SAFETY: `&mut self`: the only poster to this QP's send queue, which
+        // pushes at most the count given; the QP holds its CQs.
+        let mut ring = unsafe { self.owned.tracker.producer(false, 1) };
         let req = Outgoing {
             op: Op::Send(&wr.op),
             flags: wr.flags,
@@ -184,8 +185,9 @@ impl QueuePair {
                 inline: false,
             })
             .collect();
-        // SAFETY: `&mut self`: the only poster to this QP's send queue.
-        let mut ring = unsafe { self.owned.tracker.producer(false) };
+        // SAFETY: `&mut self`: the only poster to this QP's send queue, which
+        // pushes at most the count given; the QP holds its CQs.
+        let mut ring = unsafe { self.owned.tracker.producer(false, reqs.len()) };
         let (rc, posted) = self.submit(&reqs, &ring);
         drop(reqs);
         let mut rest = wrs;
@@ -227,8 +229,9 @@ impl QueuePair {
             lkey: 0,
         };
         let n = usize::from(!wr.data.is_empty());
-        // SAFETY: `&mut self`: the only poster to this QP's send queue.
-        let mut ring = unsafe { self.owned.tracker.producer(false) };
+        // SAFETY: `&mut self`: the only poster to this QP's send queue, which
+        // pushes at most the count given; the QP holds its CQs.
+        let mut ring = unsafe { self.owned.tracker.producer(false, 1) };
         let req = Outgoing {
             op: Op::Send(&wr.op),
             flags: wr.flags,

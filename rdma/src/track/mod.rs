@@ -52,6 +52,9 @@ pub(crate) fn encode(serial: u32, recv: bool, seq: u32) -> u64 {
     TAG | if recv { RECV } else { 0 } | (u64::from(serial & serial::MASK) << 32) | u64::from(seq)
 }
 
+/// What [`encode`] put in: the tests read ids with it (polls compare the
+/// upper half whole, see `Registry`).
+#[cfg(test)]
 pub(crate) fn decode(wr_id: u64) -> Option<(u32, bool, u32)> {
     if wr_id & TAG == 0 {
         return None;
@@ -213,14 +216,22 @@ impl Sink for Compact<'_> {
 #[derive(Debug)]
 struct Ring {
     queue: Queue,
-    /// The address of the registry (of the one CQ the queue completes on):
-    /// its polls, under its lock, are the queue's only consumer.
-    consumer: usize,
+    /// The registry of the one CQ the queue completes on: its polls, under
+    /// its lock, are the queue's only consumer. Compared by address; reached
+    /// only by a producer, whose QP keeps that CQ alive.
+    consumer: std::ptr::NonNull<Registry>,
     /// What every `wr_id` of the queue carries above its sequence number
     /// ([`encode`] of the tracker's serial and the queue, sequence 0),
     /// computed once.
     prefix: u64,
 }
+
+// SAFETY: `consumer` is dereferenced only by a producer, whose caller keeps
+// the registry alive (see `QpTracker::producer`), and a `Registry` is Sync
+// (its state is behind its lock); the rest is Send and Sync.
+unsafe impl Send for Ring {}
+// SAFETY: as above.
+unsafe impl Sync for Ring {}
 
 /// The right to add requests to a QP's queue (a post, which holds the QP
 /// mutably). Dropping it publishes what was pushed.
@@ -300,19 +311,27 @@ impl QpTracker {
     /// A QP's tracker, registered with the registries of its CQs: its send
     /// queue completes on the CQ of `send` (whose polls alone consume it),
     /// its receive queue on that of `recv`.
-    pub fn new(serial: Serial, send: &Registry, recv: &Registry) -> Arc<QpTracker> {
+    ///
+    /// `depth` is the QP's (send, receive) queue capacity, its created
+    /// `max_send_wr` and `max_recv_wr`: the size of each queue's ring.
+    pub fn new(
+        serial: Serial,
+        send: &Registry,
+        recv: &Registry,
+        depth: (u32, u32),
+    ) -> Arc<QpTracker> {
         let prefix = |recv| encode(serial.get(), recv, 0);
         let (sq_prefix, rq_prefix) = (prefix(false), prefix(true));
         let t = Arc::new(QpTracker {
             serial,
             sq: Ring {
-                queue: Queue::new(),
-                consumer: send.address(),
+                queue: Queue::new(depth.0),
+                consumer: std::ptr::NonNull::from(send),
                 prefix: sq_prefix,
             },
             rq: Ring {
-                queue: Queue::new(),
-                consumer: recv.address(),
+                queue: Queue::new(depth.1),
+                consumer: std::ptr::NonNull::from(recv),
                 prefix: rq_prefix,
             },
             orphans: Spin::default(),
@@ -338,18 +357,26 @@ impl QpTracker {
         }
     }
 
-    /// Starts a post on the send (`recv` false) or receive queue: requests
-    /// handed to the provider while the producer lives are pushed to it
-    /// after the provider accepted them.
+    /// Starts a post of at most `n` requests on the send (`recv` false) or
+    /// receive queue: requests handed to the provider while the producer
+    /// lives are pushed to it after the provider accepted them.
     ///
     /// # Safety
     /// The caller is the only one posting to that queue until the producer
-    /// is dropped (it holds the `QueuePair` mutably).
+    /// is dropped (it holds the `QueuePair` mutably), pushes at most `n`
+    /// requests, and keeps the queue's CQs alive meanwhile (the QP holds
+    /// them).
     #[inline]
-    pub unsafe fn producer(&self, recv: bool) -> Producer<'_> {
+    pub unsafe fn producer(&self, recv: bool, n: usize) -> Producer<'_> {
         let ring = self.ring(recv);
-        // SAFETY: the caller's contract makes this the only producer.
-        unsafe { ring.queue.begin() };
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        // SAFETY: the caller's contract makes this the only producer, before
+        // its post; the consumer's registry is alive (the caller keeps its
+        // CQ), and its polls read the ring under its lock.
+        unsafe {
+            ring.queue.reserve(n, || ring.consumer.as_ref().hold());
+            ring.queue.begin();
+        }
         Producer {
             queue: &ring.queue,
             prefix: ring.prefix,
@@ -435,7 +462,7 @@ impl QpTracker {
     /// lock the caller holds (see [`Registry::reclaim`]).
     fn reclaim(&self, recv: bool, by: usize) -> Vec<Pending> {
         let ring = self.ring(recv);
-        if ring.consumer != by {
+        if !self.consumed_by(recv, by) {
             return Vec::new();
         }
         // SAFETY: the consumer: the polls of `by`'s CQ, whose lock is held.
@@ -459,22 +486,24 @@ impl QpTracker {
         all
     }
 
+    /// Whether the polls of registry `by` consume the send (`recv` false)
+    /// or receive queue: those of its CQ. A registry checks it once, when
+    /// the queue's completions start coming (see `Registry`).
+    pub(super) fn consumed_by(&self, recv: bool, by: usize) -> bool {
+        self.ring(recv).consumer.as_ptr() as usize == by
+    }
+
     /// Fills `c` (whose `wr_id` is our encoded id) from the matching entry,
-    /// for a poll of the CQ of registry `by` (whose lock the caller holds).
-    /// What the entries kept alive goes to `later`.
+    /// for a poll of the CQ that consumes the queue (the caller holds its
+    /// registry's lock and checked [`QpTracker::consumed_by`]). What the
+    /// entries kept alive goes to `later`.
     #[inline(always)]
-    fn complete(&self, recv: bool, seq: u32, c: &mut impl Sink, later: &mut Later, by: usize) {
+    fn complete(&self, recv: bool, seq: u32, c: &mut impl Sink, later: &mut Later) {
         let ring = self.ring(recv);
-        if ring.consumer != by {
-            // A QP's completion on another CQ than its queue's: no provider
-            // does that. Left bare rather than consumed by a second poller.
-            c.set_id(c.id() & !(TAG | RECV));
-            return;
-        }
         let q = &ring.queue;
         // SAFETY: this is the queue's only consumer: a QP's queue is
         // consumed only by its CQ's polls, which hold that CQ's registry
-        // lock (checked just above), or by `drain` once nobody else can.
+        // lock (the caller's contract), or by `drain` once nobody else can.
         match unsafe { q.find(seq) } {
             // Usually the oldest request in flight.
             Some(0) => {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::lock::{Spin, SpinGuard};
-use super::{decode, Later, QpTracker, Sink, SrqTracker, RECV, TAG};
+use super::{Later, QpTracker, Sink, SrqTracker, RECV, TAG};
 #[cfg(test)]
 use crate::wc::Completion;
 
@@ -46,14 +46,61 @@ pub(crate) struct Registry {
 /// one queue (or a burst of one queue's completions) never hashes.
 #[derive(Debug, Default)]
 struct Queues {
-    /// The queue resolved last: also in `map`, so dropping this reference
-    /// never frees a tracker (unregistering clears both, outside the lock).
-    last: Option<(u32, Tracked)>,
+    /// The queue resolved last, by the upper half of its `wr_id`s (our tag,
+    /// the receive bit and the serial): a completion of the same queue is
+    /// resolved with one comparison. Its tracker is also in `map`, so
+    /// dropping this reference never frees one (unregistering clears both,
+    /// outside the lock).
+    last: Option<(u32, Last)>,
     map: std::collections::HashMap<u32, Tracked, SerialHash>,
     /// Unregistered queues, kept (with their serials) until the CQ is next
     /// seen empty: until then it may hold completions of theirs, which must
     /// not meet a new queue under the same serial.
     retired: Vec<Tracked>,
+}
+
+/// What resolving a completion of the queue resolved last needs, decided
+/// once when it became the last rather than for every completion.
+#[derive(Debug)]
+enum Last {
+    /// A QP's send (`false`) or receive queue, consumed by this registry's
+    /// polls.
+    Queue(Arc<QpTracker>, bool),
+    /// A QP's queue that completes on another CQ: no provider reports its
+    /// completions here; left bare rather than consumed by a second poller.
+    Foreign,
+    Srq(Arc<SrqTracker>),
+}
+
+/// The upper half of a `wr_id` of ours: [`TAG`], [`RECV`] and the serial.
+fn key_of(wr_id: u64) -> u32 {
+    (wr_id >> 32) as u32
+}
+
+impl Queues {
+    /// Makes the queue of `key` the last resolved, for the registry at
+    /// `registry`; `false` when no registered queue has its serial.
+    #[cold]
+    #[inline(never)]
+    fn load(&mut self, key: u32, registry: usize) -> bool {
+        let serial = key & super::serial::MASK;
+        let recv = key & key_of(RECV) != 0;
+        let last = match self.map.get(&serial) {
+            None => return false,
+            Some(Tracked::Qp(t)) if !t.consumed_by(recv, registry) => Last::Foreign,
+            Some(Tracked::Qp(t)) => match self.last.take() {
+                // The other queue of the same QP (a CQ that both complete
+                // on): no reference count to change.
+                Some((k, Last::Queue(same, _))) if k & super::serial::MASK == serial => {
+                    Last::Queue(same, recv)
+                }
+                _ => Last::Queue(Arc::clone(t), recv),
+            },
+            Some(Tracked::Srq(t)) => Last::Srq(Arc::clone(t)),
+        };
+        self.last = Some((key, last));
+        true
+    }
 }
 
 /// Hashes serials (a counter) with one multiplication: distinct serials get
@@ -103,7 +150,7 @@ impl Registry {
     pub fn unregister(&self, serial: u32) {
         let last = {
             let mut q = self.queues.lock();
-            let last = q.last.take_if(|(s, _)| *s == serial);
+            let last = q.last.take_if(|(k, _)| *k & super::serial::MASK == serial);
             if let Some(t) = q.map.remove(&serial) {
                 q.retired.push(t);
             }
@@ -123,6 +170,12 @@ impl Registry {
             queues: self.queues.lock(),
             later: Later::default(),
         }
+    }
+
+    /// Holds the lock every poll resolves under, for a QP's producer that
+    /// replaces its queue's ring.
+    pub(super) fn hold(&self) -> impl Sized + '_ {
+        self.queues.lock()
     }
 
     /// What a QP's queue records as the registry whose polls consume it.
@@ -207,25 +260,20 @@ impl Resolver<'_> {
     /// Inlined into each poll (callgrind: a call per completion otherwise).
     #[inline(always)]
     fn fill(&mut self, c: &mut impl Sink) {
-        let Some((serial, recv, seq)) = decode(c.id()) else {
-            return;
-        };
+        let id = c.id();
+        let key = key_of(id);
         let q: &mut Queues = &mut self.queues;
-        if !matches!(&q.last, Some((s, _)) if *s == serial) {
-            let Some(t) = q.map.get(&serial) else {
-                // The queue is gone: its memory was released after it was
-                // destroyed.
-                c.set_id(c.id() & !(TAG | RECV));
-                return;
-            };
-            // The previous `last` is in the map too: replacing it only
-            // lowers its count.
-            q.last = Some((serial, t.clone()));
+        if !matches!(&q.last, Some((k, _)) if *k == key) && !q.load(key, self.registry) {
+            // The queue is gone: its memory was released after it was
+            // destroyed.
+            c.set_id(id & !(TAG | RECV));
+            return;
         }
-        let Some((_, t)) = &q.last else { return };
-        match t {
-            Tracked::Qp(t) => t.complete(recv, seq, c, &mut self.later, self.registry),
-            Tracked::Srq(t) => t.complete(seq, c, &mut self.later),
+        let Some((_, last)) = &q.last else { return };
+        match last {
+            Last::Queue(t, recv) => t.complete(*recv, id as u32, c, &mut self.later),
+            Last::Srq(t) => t.complete(id as u32, c, &mut self.later),
+            Last::Foreign => c.set_id(id & !(TAG | RECV)),
         }
     }
 }

@@ -2,7 +2,7 @@ use super::*;
 
 fn pending(t: &QpTracker, recv: bool, wr_id: u64) -> u64 {
     // SAFETY: tests post from one thread at a time.
-    let mut p = unsafe { t.producer(recv) };
+    let mut p = unsafe { t.producer(recv, 1) };
     let id = p.wr_id(0);
     p.push(Pending::memory(wr_id, WrBuffers::None));
     id
@@ -20,7 +20,7 @@ fn serial() -> Serial {
 }
 
 fn qp(reg: &Registry) -> Arc<QpTracker> {
-    QpTracker::new(serial(), reg, reg)
+    QpTracker::new(serial(), reg, reg, (4, 4))
 }
 
 /// What a QP's teardown does after destroying the QP.
@@ -236,7 +236,7 @@ fn a_queue_is_consumed_only_through_its_own_cq() {
         Registry::default(),
         Registry::default(),
     );
-    let t = QpTracker::new(serial(), &send, &recv);
+    let t = QpTracker::new(serial(), &send, &recv, (4, 4));
     other.register(Tracked::Qp(Arc::clone(&t)));
     let s = pending(&t, false, 1);
     let r = pending(&t, true, 2);
@@ -274,12 +274,12 @@ fn reclaim_takes_everything_in_flight_and_later_completions_pass() {
 }
 
 #[test]
-fn queue_crosses_blocks_and_reuses_them() {
+fn queue_wraps_its_ring_and_grows_with_entries_in_flight() {
     let reg = Registry::default();
     let t = qp(&reg);
     let mut ids = std::collections::VecDeque::new();
-    // Several blocks deep, drained and refilled, across many block
-    // boundaries.
+    // Many times the first ring's 4 slots deep (it doubles with entries in
+    // flight that have wrapped), drained and refilled, wrapping many times.
     for round in 0..5u64 {
         for i in 0..(32 * 3 + 5) {
             ids.push_back((pending(&t, false, round * 1000 + i), round * 1000 + i));
@@ -300,10 +300,10 @@ fn queue_crosses_blocks_and_reuses_them() {
 }
 
 #[test]
-fn runs_of_unsignaled_requests_are_released_across_block_boundaries() {
+fn runs_of_unsignaled_requests_are_released_across_the_ring_s_wrap() {
     // A signaled completion every `period` requests, the run starting at
-    // every offset within a block: each completion gives back exactly the
-    // requests since the previous one, in order, whatever blocks they span.
+    // every offset of the ring: each completion gives back exactly the
+    // requests since the previous one, in order, wherever they wrap.
     let reg = Registry::default();
     let t = qp(&reg);
     let mut next = 0u64;
@@ -462,7 +462,7 @@ fn a_qp_queue_between_a_producer_and_a_consumer_thread() {
         std::thread::spawn(move || {
             for i in 0..N {
                 // SAFETY: the only producer of this queue.
-                let mut p = unsafe { t.producer(false) };
+                let mut p = unsafe { t.producer(false, 1) };
                 // The "completion" is visible before the push.
                 tx.send(p.wr_id(0)).unwrap();
                 p.push(Pending::memory(u64::from(i), WrBuffers::None));
@@ -477,10 +477,11 @@ fn a_qp_queue_between_a_producer_and_a_consumer_thread() {
 }
 
 #[test]
-fn runs_released_by_one_thread_feed_the_blocks_another_thread_posts_into() {
+fn runs_released_by_one_thread_make_room_for_another_thread_s_posts() {
     // A signaled request every 70: each completion releases a run that
-    // spans blocks, which the consumer hands back to the producer as a
-    // chain while the producer keeps posting (the blocks' reuse path).
+    // wraps the ring, while the producer keeps posting into the slots it
+    // frees, and grows the ring (under the consumer's lock) when a run is
+    // not polled yet.
     const N: u32 = if cfg!(miri) { 350 } else { 35_000 };
     const PERIOD: u32 = 70;
     let reg = Arc::new(Registry::default());
@@ -491,7 +492,7 @@ fn runs_released_by_one_thread_feed_the_blocks_another_thread_posts_into() {
         std::thread::spawn(move || {
             for i in 0..N {
                 // SAFETY: the only producer of this queue.
-                let mut p = unsafe { t.producer(false) };
+                let mut p = unsafe { t.producer(false, 1) };
                 let id = p.wr_id(0);
                 p.push(Pending::memory(u64::from(i), WrBuffers::None));
                 drop(p);
@@ -654,7 +655,7 @@ fn quiet_sends_are_not_listed_as_unsignaled() {
     let t = qp(&reg);
     let quiet = |t: &QpTracker, wr_id: u64| {
         // SAFETY: tests post from one thread at a time.
-        let mut p = unsafe { t.producer(false) };
+        let mut p = unsafe { t.producer(false, 1) };
         let id = p.wr_id(0);
         p.push(Pending {
             quiet: true,
@@ -679,4 +680,24 @@ fn quiet_sends_are_not_listed_as_unsignaled() {
         assert!(done.unsignaled.is_empty() && matches!(done.buffers, WrBuffers::None));
     }
     assert_eq!(t.in_flight(), (0, 0));
+}
+
+#[test]
+fn a_cq_alternating_between_a_qp_s_two_queues_resolves_each() {
+    // The registry keeps the queue resolved last; a CQ that both queues of
+    // a QP complete on switches between them at every completion.
+    let reg = Registry::default();
+    let t = qp(&reg);
+    for i in 0..10u64 {
+        let s = pending(&t, false, 2 * i);
+        let r = pending(&t, true, 2 * i + 1);
+        assert_eq!(reg.completion(&wc(r)).wr_id, 2 * i + 1);
+        assert_eq!(t.in_flight(), (1, 0));
+        assert_eq!(reg.completion(&wc(s)).wr_id, 2 * i);
+        assert_eq!(t.in_flight(), (0, 0));
+    }
+    assert_eq!(destroy(&reg, &t), 0);
+    // Gone: its ids no longer resolve, even right after being the last.
+    let stray = reg.completion(&wc(encode(t.serial(), false, 20)));
+    assert_eq!(decode(stray.wr_id), None);
 }
