@@ -322,7 +322,7 @@ impl Session {
 
     /// Handles one message and writes its reply at the start of `out` (the
     /// send buffer, at least [`MIN_MSIZE`] bytes); returns the reply's length.
-    /// A `Tread` or `Twrite` is answered in place ([`Session::io_into`]):
+    /// A `Tread` or `Twrite` is answered in place:
     /// a read's bytes go from the file straight into `out` after the reply's
     /// header, the only copy of a read on this side. Other replies are
     /// encoded as by [`Session::handle`] and copied; one that would not fit
