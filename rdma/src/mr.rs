@@ -756,15 +756,11 @@ impl MemoryRegion {
         unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) }
     }
 
-    /// An error unless `offset..offset + len` lies within the piece.
-    #[inline]
     fn check_range(&self, what: &'static str, offset: usize, len: usize) -> Result<()> {
-        // Two comparisons, no overflow: a latency loop writes a byte or two
-        // per message through `write_racy`.
-        if offset > self.len || len > self.len - offset {
-            return Err(self.out_of_range(what, offset, len));
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(self.out_of_range(what, offset, len)),
         }
-        Ok(())
     }
 
     /// The error of a range outside the piece.
@@ -858,10 +854,14 @@ impl MemoryRegion {
     }
 
     /// [`MemoryRegion::write_at`] with the atomic copy whatever the access
-    /// flags ([`crate::PreparedSend::write_at`]), inline.
+    /// flags ([`crate::PreparedSend::write_at`]).
+    /// The range is checked inline (its error is built out of line): a
+    /// latency loop writes a byte or two per message through here.
     #[inline]
     pub(crate) fn write_racy(&mut self, offset: usize, data: &[u8]) -> Result<()> {
-        self.check_range("PreparedSend::write_at", offset, data.len())?;
+        if offset > self.len || data.len() > self.len - offset {
+            return Err(self.out_of_range("PreparedSend::write_at", offset, data.len()));
+        }
         // SAFETY: in bounds (checked) of this piece; `&mut self` makes this
         // the only Rust access to the range; the device's and peers'
         // accesses are atomic with respect to Rust, and so is this copy.
