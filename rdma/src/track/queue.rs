@@ -259,6 +259,14 @@ impl Queue {
     unsafe fn push_with(&self, make: impl FnOnce() -> Pending) {
         // SAFETY: producer-only cell, and the caller is the producer.
         let staged = unsafe { &mut *self.staged.get() };
+        // The caller's contract, checked where it costs nothing.
+        #[cfg(debug_assertions)]
+        {
+            // SAFETY: the producer reads the ring, which only it replaces.
+            let cap = unsafe { (*self.store.get()).cap };
+            let used = staged.wrapping_sub(self.head.load(Ordering::Relaxed));
+            assert!(used < cap, "a push past the slots reserved before the post");
+        }
         // SAFETY: the producer reads the ring, which only it replaces; the
         // slot was reserved, so the ring has slots and slot `staged` is not
         // one of an entry in flight: it is at or after `tail` (the consumer
