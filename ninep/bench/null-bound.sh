@@ -89,11 +89,14 @@ if [ "${1:-}" = --guest ]; then
         echo 3 >/proc/sys/vm/drop_caches
         local s0 g0 s1 g1
         s0=$(server_ticks "$s") g0=$(guest_ticks)
-        timeout -k 10 600 taskset -c 0 fio --name=seq --filename="${dir[$s]}/f" --rw="$rw" --bs=1M --size="${size}M" \
+        timeout -k 10 180 taskset -c 0 fio --name=seq --filename="${dir[$s]}/f" --rw="$rw" --bs=1M --size="${size}M" \
             --ioengine=psync --direct=1 --end_fsync=$([ "$rw" = write ] && echo 1 || echo 0) \
             --output-format=json >/tmp/fio.json 2>/tmp/fio.err || {
             echo "null-bound: fio's $rw on $s failed:" >&2
             cat /tmp/fio.err /tmp/fio.json >&2
+            # Whose side broke: the server's last lines and the kernel's.
+            [ "$s" = nfs ] || tail -n 20 "/tmp/$s.log" >&2
+            dmesg | tail -n 30 >&2
             return 1
         }
         s1=$(server_ticks "$s") g1=$(guest_ticks)

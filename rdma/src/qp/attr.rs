@@ -401,6 +401,8 @@ impl QueuePair {
                 QpType::Ud => p.active_mtu.bytes().unwrap_or(0),
                 _ => p.max_msg_sz,
             };
+            // 0: the port reports no limit.
+            let limit = if limit == 0 { u32::MAX } else { limit };
             self.max_msg
                 .store(limit, std::sync::atomic::Ordering::Relaxed);
         }

@@ -470,7 +470,7 @@ impl QueuePairBuilder {
             caps: QpCaps::from_raw(&cap),
             plain_sends: !matches!(self.qp_type, QpType::Ud | QpType::XrcSend)
                 && cap.max_send_sge > 0,
-            max_msg: std::sync::atomic::AtomicU32::new(0),
+            max_msg: std::sync::atomic::AtomicU32::new(u32::MAX),
             srq: self.srq.clone(),
             pd: self.pd.clone(),
         }

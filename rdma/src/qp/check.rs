@@ -125,10 +125,12 @@ impl QueuePair {
         xrc_srqn: Option<u32>,
     ) -> Result<()> {
         let max = u64::from(self.max_msg.load(std::sync::atomic::Ordering::Relaxed));
-        if max != 0 && len > max {
+        if len > max {
             return Err(self.invalid(format!(
                 "a {len}-byte message exceeds the port's limit of {max} bytes{}",
-                if self.qp_type == QpType::Ud {
+                if max == u64::from(u32::MAX) {
+                    " (the most one request can carry)"
+                } else if self.qp_type == QpType::Ud {
                     " (a UD message must fit the path MTU)"
                 } else {
                     " (max_msg_sz)"
@@ -175,8 +177,7 @@ impl QueuePair {
         let Some(len) = self.buffers_plainly_valid(&wr.buffers, 1, wr.op.writes_local()) else {
             return false;
         };
-        let max = u64::from(self.max_msg.load(std::sync::atomic::Ordering::Relaxed));
-        if max != 0 && len > max {
+        if len > u64::from(self.max_msg.load(std::sync::atomic::Ordering::Relaxed)) {
             return false;
         }
         match wr.op {

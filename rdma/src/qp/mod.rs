@@ -119,7 +119,8 @@ pub struct QueuePair {
     /// destination or XRC SRQ, and it has a send scatter entry (set once).
     plain_sends: bool,
     /// The largest message the QP may send, learnt at `to_init` from the
-    /// port (`max_msg_sz`; the active MTU for UD); 0 until then.
+    /// port (`max_msg_sz`; the active MTU for UD); `u32::MAX` (no limit)
+    /// until then or when the port reports none, so a post compares once.
     max_msg: std::sync::atomic::AtomicU32,
     srq: Option<crate::SharedReceiveQueue>,
     pd: ProtectionDomain,

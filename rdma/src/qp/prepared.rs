@@ -405,7 +405,7 @@ impl QueuePair {
         // and the range inside the region.
         if !Arc::ptr_eq(&p.tracker, &self.owned.tracker)
             || len.wrapping_sub(p.min_len) > p.span
-            || (max != 0 && len > max)
+            || len > max
             || offset > p.region_len - len
         {
             return Err(self.prepared_refused(p, offset, len));

@@ -262,6 +262,27 @@ impl Resolver<'_> {
     fn fill(&mut self, c: &mut impl Sink) {
         let id = c.id();
         let key = key_of(id);
+        // A QP's queue first, as one test of the variant and one of the key
+        // (callgrind: a jump table over every variant otherwise, 5
+        // instructions more per completion); then an SRQ.
+        if let Some((k, last)) = &self.queues.last {
+            if *k == key {
+                if let Last::Queue(t, recv) = last {
+                    return t.complete(*recv, id as u32, c, &mut self.later);
+                }
+                if let Last::Srq(t) = last {
+                    return t.complete(id as u32, c, &mut self.later);
+                }
+            }
+        }
+        self.fill_other(c, id, key);
+    }
+
+    /// [`Resolver::fill`] for a completion of another queue than the last
+    /// resolved (a CQ shared by several QPs switches here), or of a queue
+    /// this CQ does not consume.
+    #[inline(never)]
+    fn fill_other(&mut self, c: &mut impl Sink, id: u64, key: u32) {
         let q: &mut Queues = &mut self.queues;
         if !matches!(&q.last, Some((k, _)) if *k == key) && !q.load(key, self.registry) {
             // The queue is gone: its memory was released after it was
