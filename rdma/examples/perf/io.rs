@@ -139,6 +139,7 @@ pub fn wait_one_safe<'w>(
 ///
 /// # Errors
 /// `ibv_poll_cq` failures, failed completions.
+#[inline(always)]
 pub fn poll_raw(
     cq: &CompletionQueue,
     ch: Option<&CompletionChannel>,
@@ -174,6 +175,7 @@ pub fn poll_raw(
 ///
 /// # Errors
 /// As [`poll_raw`].
+#[inline(always)]
 pub fn wait_one_raw(
     cq: &CompletionQueue,
     ch: Option<&CompletionChannel>,
@@ -314,7 +316,11 @@ impl RawSend {
     /// [`RawSend::new`]) that outlives `qp`'s work (it is kept in
     /// `Conn::raw_keep`, dropped after the QPs), and is not accessed through
     /// a Rust reference while the device may read or write it; `qp` is the
-    /// QP given to `new`.
+    /// QP given to `new`. Inlined, as the safe path's post is: the raw
+    /// loops are the floor the safe ones are measured against
+    /// (`ci/bench-instr --perf-args --raw`), not a call and its register
+    /// saves per request.
+    #[inline(always)]
     pub unsafe fn post(
         &mut self,
         qp: &mut QueuePair,
@@ -426,7 +432,9 @@ impl RawRecv {
     /// # Safety
     /// Slot `slot` lies in the registration given to [`RawRecv::new`], which
     /// outlives `qp`'s work (`Conn::raw_keep`), and is not posted twice at
-    /// once nor accessed through a Rust reference while posted.
+    /// once nor accessed through a Rust reference while posted. Inlined,
+    /// as [`RawSend::post`].
+    #[inline(always)]
     pub unsafe fn post(&mut self, qp: &mut QueuePair, slot: u32, id: u64) -> Res<()> {
         self.sge.addr = self.base + u64::from(slot) * self.len;
         self.wr.wr_id = id;
