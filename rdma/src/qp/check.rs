@@ -126,16 +126,14 @@ impl QueuePair {
     ) -> Result<()> {
         let max = u64::from(self.max_msg.load(std::sync::atomic::Ordering::Relaxed));
         if len > max {
-            return Err(self.invalid(format!(
-                "a {len}-byte message exceeds the port's limit of {max} bytes{}",
-                if max == u64::from(u32::MAX) {
-                    " (the most one request can carry)"
-                } else if self.qp_type == QpType::Ud {
-                    " (a UD message must fit the path MTU)"
-                } else {
-                    " (max_msg_sz)"
-                }
-            )));
+            let limit = if max == u64::from(u32::MAX) {
+                "the most one request can carry"
+            } else if self.qp_type == QpType::Ud {
+                "the port's limit (a UD message must fit the path MTU)"
+            } else {
+                "the port's limit (max_msg_sz)"
+            };
+            return Err(self.invalid(format!("a {len}-byte message exceeds {limit}, {max} bytes")));
         }
         if let Some(remote) = op.remote() {
             if op.is_atomic() {
