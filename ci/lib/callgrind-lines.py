@@ -32,60 +32,31 @@ import signal
 import subprocess
 import sys
 
-NAME = re.compile(r"^\((\d+)\)(?: (.*))?$")
+from callgrind_format import position, records
 
 
 def own_costs(path, program):
     """Self cost per instruction address of `program`'s binary in `path`."""
-    names = {}
     want = os.path.basename(program)
     obj = None
-    skip_next = False
     addr = 0
     costs = collections.Counter()
     npos = 1
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            line = line.rstrip("\n")
-            if not line:
-                continue
-            c = line[0]
-            if c.isdigit() or c in "+-*":
-                fields = line.split()
-                a = fields[0]
-                # Positions are compressed: "+N"/"-N" relative to the last
-                # address, "*" the same one.
-                if a == "*":
-                    pass
-                elif a[0] in "+-":
-                    addr += int(a, 0)
-                else:
-                    addr = int(a, 0)
-                if skip_next:
-                    skip_next = False
-                    continue
-                if obj is not None and os.path.basename(obj) == want and len(fields) > npos:
-                    costs[addr] += int(fields[npos])
-                continue
-            key, sep, value = line.partition("=")
-            if sep and key in ("ob", "cob"):
-                m = NAME.match(value)
-                if m:
-                    if m.group(2) is not None:
-                        names[m.group(1)] = m.group(2)
-                    name = names.get(m.group(1))
-                else:
-                    name = value
-                if key == "ob":
-                    obj = name
-                continue
-            if line.startswith("calls="):
-                skip_next = True
-            elif line.startswith("positions:"):
-                cols = line.split()[1:]
-                if cols[:1] != ["instr"]:
-                    sys.exit(f"{path}: no instruction addresses (run callgrind with --dump-instr=yes)")
-                npos = len(cols)
+    for rec in records(path):
+        kind = rec[0]
+        if kind in ("cost", "call"):
+            fields = rec[1]
+            # Every cost line moves the address, a call's included.
+            addr = position(fields[0], addr)
+            if kind == "cost" and obj is not None and os.path.basename(obj) == want \
+                    and len(fields) > npos:
+                costs[addr] += int(fields[npos])
+        elif kind == "name" and rec[2] == "ob":
+            obj = rec[3]
+        elif kind == "positions":
+            if rec[1][:1] != ["instr"]:
+                sys.exit(f"{path}: no instruction addresses (run callgrind with --dump-instr=yes)")
+            npos = len(rec[1])
     return costs
 
 

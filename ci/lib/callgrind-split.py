@@ -32,22 +32,18 @@ cost, one per line: "#", the count, the class, the function, the object.
 
 Self cost only: a cost line right after a `calls=` line is the call's
 inclusive cost and is skipped; the self costs must add up to the file's total
-(checked). Names may be compressed (`(id) name` defines an id, `(id)` refers
-to it; objects, files and functions each have their own ids; `cob=` shares
-the objects', `cfi=`/`cfl=`/`fi=`/`fe=` the files', `cfn=` the functions').
-A cost line has as many position columns as the `positions:` line names
+(checked). The format (compressed names included) is read by
+callgrind_format.py. A cost line has as many position columns as the `positions:` line names
 (`line` with --dump-instr=no), then the event counts; Ir must be the first
 event.
 """
 
 import glob
 import os
-import re
 import sys
 
-NAME = re.compile(r"^\((\d+)\)(?: (.*))?$")
-SPACE = {"ob": "ob", "cob": "ob", "fl": "fl", "fi": "fl", "fe": "fl", "cfi": "fl",
-         "cfl": "fl", "fn": "fn", "cfn": "fn"}
+from callgrind_format import records
+
 CLASSES = ("own", "verbs", "libc", "other", "harness")
 
 
@@ -75,7 +71,6 @@ def classify(obj, program, harness, providers):
 
 def split(path, program, harness, providers, top=0):
     """The fields of one file, and its `top` most expensive functions."""
-    names = {"ob": {}, "fl": {}, "fn": {}}
     npos = 1
     total = None
     sums = dict.fromkeys(CLASSES, 0)
@@ -83,58 +78,38 @@ def split(path, program, harness, providers, top=0):
     rdma_sym = rdma_src = 0
     cls, obj, fn = "other", "???", "???"
     fn_is_rdma = file_is_rdma = fl_is_rdma = False
-    skip_next = False
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            line = line.rstrip("\n")
-            if not line:
-                continue
-            c = line[0]
-            if c.isdigit() or c in "+-*":
-                if skip_next:
-                    skip_next = False
-                    continue
-                fields = line.split()
-                cost = int(fields[npos]) if len(fields) > npos else 0
-                sums[cls] += cost
-                if top:
-                    k = (cls, fn, obj)
-                    per_fn[k] = per_fn.get(k, 0) + cost
-                if cls == "own":
-                    rdma_sym += cost if fn_is_rdma else 0
-                    rdma_src += cost if file_is_rdma else 0
-                continue
-            key, sep, value = line.partition("=")
-            if sep and key in SPACE:
-                m = NAME.match(value)
-                table = names[SPACE[key]]
-                if m:
-                    if m.group(2) is not None:
-                        table[m.group(1)] = m.group(2)
-                    name = table.get(m.group(1), "???")
-                else:
-                    name = value
-                if key == "ob":
-                    obj = name
-                    cls = classify(name, program, harness, providers)
-                elif key == "fn":
-                    fn = name
-                    fn_is_rdma = "rdma::" in name
-                    file_is_rdma = fl_is_rdma  # a function starts in its own file (fl=)
-                elif key == "fl":
-                    fl_is_rdma = file_is_rdma = "/rdma/src/" in name
-                elif key in ("fi", "fe"):
-                    file_is_rdma = "/rdma/src/" in name
-                continue
-            if line.startswith("calls="):
-                skip_next = True
-            elif line.startswith("positions:"):
-                npos = len(line.split()) - 1
-            elif line.startswith("events:"):
-                if line.split()[1:2] != ["Ir"]:
-                    sys.exit(f"{path}: expected Ir as the first event, got {line!r}")
-            elif line.startswith(("summary:", "totals:")):
-                total = int(line.split()[1])
+    for rec in records(path):
+        kind = rec[0]
+        if kind == "cost":
+            fields = rec[1]
+            cost = int(fields[npos]) if len(fields) > npos else 0
+            sums[cls] += cost
+            if top:
+                k = (cls, fn, obj)
+                per_fn[k] = per_fn.get(k, 0) + cost
+            if cls == "own":
+                rdma_sym += cost if fn_is_rdma else 0
+                rdma_src += cost if file_is_rdma else 0
+        elif kind == "name":
+            _, _, key, name = rec
+            if key == "ob":
+                obj = name
+                cls = classify(name, program, harness, providers)
+            elif key == "fn":
+                fn = name
+                fn_is_rdma = "rdma::" in name
+                file_is_rdma = fl_is_rdma  # a function starts in its own file (fl=)
+            elif key == "fl":
+                fl_is_rdma = file_is_rdma = "/rdma/src/" in name
+            elif key in ("fi", "fe"):
+                file_is_rdma = "/rdma/src/" in name
+        elif kind == "positions":
+            npos = len(rec[1])
+        elif kind == "events":
+            if rec[1][:1] != ["Ir"]:
+                sys.exit(f"{path}: expected Ir as the first event, got {rec[1]!r}")
+        elif kind == "total":
+            total = rec[1]
     if total is None:
         sys.exit(f"{path}: no summary or totals line (did callgrind finish?)")
     if sum(sums.values()) != total:
