@@ -74,7 +74,6 @@ impl QueuePair {
                 buffers: WrBuffers::None,
                 _ah: None,
                 _mw: Some(Arc::clone(&mw.inner)),
-                quiet: false,
             });
         }
         drop(ring);

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::QueuePair;
 use crate::error::{Error, Result};
-use crate::track::{Orphan, Pending, QpTracker};
+use crate::track::{Orphan, QpTracker};
 use crate::wr::WrBuffers;
 use crate::{ffi, MemoryRegion};
 
@@ -271,7 +271,7 @@ impl QueuePair {
                 .not_posted("ibv_post_recv", rc, (wr_id, WrBuffers::None))
                 .error);
         }
-        ring.push(Pending::quiet(wr_id));
+        ring.push_quiet(wr_id);
         r.last = Some(ours as u32);
         Ok(())
     }

@@ -248,7 +248,6 @@ impl QueuePair {
                 buffers: WrBuffers::None,
                 _ah: wr.ud.map(|d| d.ah),
                 _mw: None,
-                quiet: false,
             });
         }
         drop(ring);

@@ -72,12 +72,6 @@ pub(crate) struct Pending {
     pub _ah: Option<AddressHandle>,
     /// Keeps a memory window alive until its bind completes.
     pub _mw: Option<Arc<crate::mw::MwInner>>,
-    /// A prepared request's send or receive, which holds nothing
-    /// (`buffers` is `None`, no address handle, no window; its memory stays
-    /// with the request): forgotten rather than dropped when done, and not
-    /// listed in [`Completion::unsignaled`] when a later completion
-    /// finishes it.
-    pub quiet: bool,
 }
 
 impl Pending {
@@ -88,19 +82,6 @@ impl Pending {
             buffers,
             _ah: None,
             _mw: None,
-            quiet: false,
-        }
-    }
-
-    /// A prepared request's post: the caller's id, nothing to hold.
-    #[inline(always)]
-    pub fn quiet(wr_id: u64) -> Pending {
-        Pending {
-            wr_id,
-            buffers: WrBuffers::None,
-            _ah: None,
-            _mw: None,
-            quiet: true,
         }
     }
 
@@ -112,7 +93,6 @@ impl Pending {
             buffers: wr.buffers,
             _ah: wr.ud.map(|d| d.ah),
             _mw: None,
-            quiet: false,
         }
     }
 
@@ -120,14 +100,6 @@ impl Pending {
     #[inline(always)]
     fn finish(self, c: &mut impl Sink, later: &mut Later) {
         c.set_id(self.wr_id);
-        if self.quiet {
-            // A prepared request's send holds nothing (its memory stays
-            // with the request): no drop glue to run.
-            debug_assert!(matches!(self.buffers, WrBuffers::None));
-            debug_assert!(self._ah.is_none() && self._mw.is_none());
-            std::mem::forget(self);
-            return;
-        }
         c.own(self.buffers, later);
         later.keep(self._ah, self._mw);
     }
@@ -212,6 +184,115 @@ impl Sink for Compact<'_> {
     }
 }
 
+impl Entry {
+    /// Moves the request into `c` (a prepared request's: its id alone);
+    /// what it kept alive goes to `later`.
+    #[inline(always)]
+    fn finish(self, c: &mut impl Sink, later: &mut Later) {
+        match self {
+            Entry::Quiet(wr_id) => c.set_id(wr_id),
+            Entry::Held(p) => p.finish(c, later),
+        }
+    }
+}
+
+/// One poll's completions, resolved together by
+/// [`Resolver::attach_all`](registry::Resolver::attach_all): each read and
+/// renamed in place, and as a [`Sink`] when it carries memory back.
+pub(crate) trait Batch {
+    type Item<'b>: Sink
+    where
+        Self: 'b;
+    fn len(&self) -> usize;
+    /// The `wr_id` of completion `i` (< `len`).
+    fn id(&self, i: usize) -> u64;
+    fn set_id(&mut self, i: usize, wr_id: u64);
+    fn item(&mut self, i: usize) -> Self::Item<'_>;
+}
+
+impl Batch for [Completion] {
+    type Item<'b> = &'b mut Completion;
+
+    #[inline(always)]
+    fn len(&self) -> usize {
+        <[Completion]>::len(self)
+    }
+
+    #[inline(always)]
+    fn id(&self, i: usize) -> u64 {
+        self[i].wr_id
+    }
+
+    #[inline(always)]
+    fn set_id(&mut self, i: usize, wr_id: u64) {
+        self[i].wr_id = wr_id;
+    }
+
+    #[inline(always)]
+    fn item(&mut self, i: usize) -> &mut Completion {
+        &mut self[i]
+    }
+}
+
+impl<S: Sink + ?Sized> Sink for &mut S {
+    #[inline(always)]
+    fn id(&self) -> u64 {
+        (**self).id()
+    }
+
+    #[inline(always)]
+    fn set_id(&mut self, wr_id: u64) {
+        (**self).set_id(wr_id);
+    }
+
+    #[inline(always)]
+    fn own(&mut self, buffers: WrBuffers, later: &mut Later) {
+        (**self).own(buffers, later);
+    }
+
+    #[inline(always)]
+    fn earlier(&mut self, wr_id: u64, buffers: WrBuffers, more: u32) {
+        (**self).earlier(wr_id, buffers, more);
+    }
+}
+
+/// A poll's compact completions, resolved in place, and the list the
+/// memory of the requests they finish is appended to.
+pub(crate) struct CompactBatch<'a> {
+    pub wcs: &'a mut [crate::WorkCompletion],
+    pub memory: &'a mut Vec<(u64, WrBuffers)>,
+}
+
+impl Batch for CompactBatch<'_> {
+    type Item<'b>
+        = Compact<'b>
+    where
+        Self: 'b;
+
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.wcs.len()
+    }
+
+    #[inline(always)]
+    fn id(&self, i: usize) -> u64 {
+        self.wcs[i].wr_id()
+    }
+
+    #[inline(always)]
+    fn set_id(&mut self, i: usize, wr_id: u64) {
+        self.wcs[i].raw_mut().wr_id = wr_id;
+    }
+
+    #[inline(always)]
+    fn item(&mut self, i: usize) -> Compact<'_> {
+        Compact {
+            wc: self.wcs[i].raw_mut(),
+            memory: &mut *self.memory,
+        }
+    }
+}
+
 /// One QP work queue's requests and the registry whose polls consume them.
 #[derive(Debug)]
 struct Ring {
@@ -257,7 +338,7 @@ impl Producer<'_> {
         unsafe { self.queue.push(p) }
     }
 
-    /// Records a prepared request's post: [`Pending::quiet`]`(wr_id)`.
+    /// Records a prepared request's post: its `wr_id` is all it keeps.
     #[inline(always)]
     pub fn push_quiet(&mut self, wr_id: u64) {
         // SAFETY: as in `wr_id`.
@@ -516,12 +597,7 @@ impl QpTracker {
                     // completion).
                     q.advance_with(
                         #[inline(always)]
-                        |e| match e {
-                            // A prepared request's send: its id is all
-                            // there is.
-                            Entry::Quiet(wr_id) => c.set_id(wr_id),
-                            Entry::Held(p) => p.finish(c, later),
-                        },
+                        |e| e.finish(c, later),
                     )
                 };
             }
@@ -532,6 +608,55 @@ impl QpTracker {
             None => {}
         }
         self.release_orphans(later);
+    }
+
+    /// Resolves the completions of `b` from `from` on while each is for
+    /// the next request in flight on the send (`recv` false) or receive
+    /// queue, published: a poll's usual run. Returns how many it resolved
+    /// (0: `from`'s is not that one, see [`QpTracker::complete`]). The
+    /// caller's contract is [`QpTracker::complete`]'s.
+    #[inline(always)]
+    fn complete_run<B: Batch + ?Sized>(
+        &self,
+        recv: bool,
+        b: &mut B,
+        from: usize,
+        later: &mut Later,
+    ) -> usize {
+        let ring = self.ring(recv);
+        // SAFETY: this is the queue's only consumer (the caller's contract,
+        // as in `complete`).
+        let mut run = unsafe { ring.queue.run() };
+        // Read once: the loop's stores through `b` might alias it for all
+        // the compiler knows.
+        let prefix = ring.prefix;
+        let mut i = from;
+        while i < b.len() {
+            // Our id of the next request: the queue's prefix and its
+            // sequence number, compared whole.
+            match run.peek() {
+                Some(seq) if b.id(i) == prefix | u64::from(seq) => {}
+                _ => break,
+            }
+            // SAFETY: `peek` named the entry just now.
+            unsafe {
+                run.take(
+                    #[inline(always)]
+                    |e| match e {
+                        // Renamed in place: no sink to build.
+                        Entry::Quiet(wr_id) => b.set_id(i, wr_id),
+                        Entry::Held(p) => p.finish(&mut b.item(i), later),
+                    },
+                )
+            };
+            i += 1;
+        }
+        let done = run.taken();
+        drop(run);
+        if done != 0 {
+            self.release_orphans(later);
+        }
+        done as usize
     }
 
     /// [`QpTracker::complete`] when the completion is not for the oldest
@@ -549,16 +674,13 @@ impl QpTracker {
         // SAFETY: the caller's contract: the `off` entries before the
         // completion's and that one are published, and this is the consumer.
         unsafe {
-            q.advance_n(off as usize + 1, |p| {
+            q.advance_n(off as usize + 1, |e| {
                 if before == 0 {
-                    p.finish(c, later);
-                } else if p.quiet {
-                    before -= 1;
-                    // A prepared request's send holds nothing: not listed,
-                    // no drop glue.
-                    std::mem::forget(p);
-                } else {
-                    before -= 1;
+                    return e.finish(c, later);
+                }
+                before -= 1;
+                // A prepared request's send holds nothing: not listed.
+                if let Entry::Held(p) = e {
                     c.earlier(p.wr_id, p.buffers, before);
                     later.keep(p._ah, p._mw);
                 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::lock::{Spin, SpinGuard};
-use super::{Later, QpTracker, Sink, SrqTracker, RECV, TAG};
+use super::{Batch, Later, QpTracker, Sink, SrqTracker, RECV, TAG};
 #[cfg(test)]
 use crate::wc::Completion;
 
@@ -215,12 +215,9 @@ impl Registry {
     /// Resolves a batch, as one poll does.
     #[cfg(test)]
     pub(super) fn extend(&self, wcs: &[crate::ffi::ibv_wc], out: &mut Vec<Completion>) {
-        let mut r = self.resolver();
-        for wc in wcs {
-            let mut c = Completion::from_raw(wc);
-            r.attach(&mut c);
-            out.push(c);
-        }
+        let start = out.len();
+        out.extend(wcs.iter().map(Completion::from_raw));
+        self.resolver().attach_all(&mut out[start..]);
     }
 }
 
@@ -243,6 +240,39 @@ impl Resolver<'_> {
     pub fn attach(&mut self, c: &mut impl Sink) {
         if c.id() & TAG != 0 {
             self.fill(c);
+        }
+    }
+
+    /// Attaches the memory of safe posts to a poll's completions, as
+    /// [`Resolver::attach`] on each: a run of completions of the queue
+    /// resolved last, each for its next request, is resolved as one
+    /// ([`QpTracker::complete_run`]).
+    #[inline(always)]
+    pub fn attach_all(&mut self, b: &mut (impl Batch + ?Sized)) {
+        // A poll of one (a latency loop's) gains nothing from a run and
+        // would pay for setting one up (callgrind: 12 instructions more per
+        // write_lat iteration, 47 per send_lat iteration).
+        if b.len() == 1 {
+            return self.attach(&mut b.item(0));
+        }
+        let mut i = 0;
+        while i < b.len() {
+            let id = b.id(i);
+            if id & TAG == 0 {
+                i += 1;
+                continue;
+            }
+            if let Some((k, Last::Queue(t, recv))) = &self.queues.last {
+                if *k == key_of(id) {
+                    let done = t.complete_run(*recv, b, i, &mut self.later);
+                    if done != 0 {
+                        i += done;
+                        continue;
+                    }
+                }
+            }
+            self.fill(&mut b.item(i));
+            i += 1;
         }
     }
 

@@ -64,7 +64,6 @@ mod tests {
             buffers: crate::WrBuffers::None,
             _ah: None,
             _mw: None,
-            quiet: false,
         }
     }
 

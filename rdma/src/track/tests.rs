@@ -8,6 +8,15 @@ fn pending(t: &QpTracker, recv: bool, wr_id: u64) -> u64 {
     id
 }
 
+/// A prepared request's send: its id is all it keeps.
+fn quiet(t: &QpTracker, wr_id: u64) -> u64 {
+    // SAFETY: tests post from one thread at a time.
+    let mut p = unsafe { t.producer(false, 1) };
+    let id = p.wr_id(0);
+    p.push_quiet(wr_id);
+    id
+}
+
 fn wc(id: u64) -> ffi::ibv_wc {
     ffi::ibv_wc {
         wr_id: id,
@@ -653,16 +662,6 @@ fn orphaned_receive_memory_waits_for_the_receive_queue() {
 fn quiet_sends_are_not_listed_as_unsignaled() {
     let reg = Registry::default();
     let t = qp(&reg);
-    let quiet = |t: &QpTracker, wr_id: u64| {
-        // SAFETY: tests post from one thread at a time.
-        let mut p = unsafe { t.producer(false, 1) };
-        let id = p.wr_id(0);
-        p.push(Pending {
-            quiet: true,
-            ..Pending::memory(wr_id, WrBuffers::None)
-        });
-        id
-    };
     quiet(&t, 1);
     pending(&t, false, 2);
     quiet(&t, 3);
@@ -700,4 +699,43 @@ fn a_cq_alternating_between_a_qp_s_two_queues_resolves_each() {
     // Gone: its ids no longer resolve, even right after being the last.
     let stray = reg.completion(&wc(encode(t.serial(), false, 20)));
     assert_eq!(decode(stray.wr_id), None);
+}
+
+/// A poll's batch resolves runs of one queue's completions as one, and
+/// whatever breaks a run (another queue, a caller's own id, a completion
+/// that also finishes earlier requests, one not in flight) resolves as on
+/// its own.
+#[test]
+fn a_poll_s_runs_and_what_breaks_them_resolve_in_the_cq_s_order() {
+    let reg = Registry::default();
+    let t = qp(&reg);
+    let other = qp(&reg);
+    let s1 = quiet(&t, 1);
+    let s2 = pending(&t, false, 2);
+    let s3 = quiet(&t, 3);
+    let r4 = pending(&t, true, 4);
+    let o5 = pending(&other, false, 5);
+    let _unsignaled6 = quiet(&t, 6);
+    let s7 = pending(&t, false, 7);
+    let s8 = quiet(&t, 8);
+    // Not ours: left as it is.
+    let mine = 99;
+    let batch = [s1, s2, s3, r4, o5, mine, s7, s8, s8];
+    let mut done = Vec::new();
+    reg.extend(&batch.map(wc), &mut done);
+    let ids: Vec<u64> = done.iter().map(|c| c.wr_id).collect();
+    // The second `s8` is not in flight any more: left bare.
+    assert_eq!(ids[..8], [1, 2, 3, 4, 5, 99, 7, 8]);
+    assert_eq!(ids[8], s8);
+    // The unsignaled send before `s7` came back with it, alone.
+    let unsignaled: Vec<Vec<u64>> = done
+        .iter()
+        .map(|c| c.unsignaled.iter().map(|(id, _)| *id).collect())
+        .collect();
+    assert_eq!(unsignaled[6], Vec::<u64>::new());
+    assert!(unsignaled.iter().all(Vec::is_empty));
+    assert_eq!(t.in_flight(), (0, 0));
+    assert_eq!(other.in_flight(), (0, 0));
+    assert_eq!(destroy(&reg, &t), 0);
+    assert_eq!(destroy(&reg, &other), 0);
 }
