@@ -85,8 +85,9 @@ fn buf_len(opts: &Opts, size: usize) -> usize {
 /// Safe client: each QP's request is prepared once and owns its region,
 /// as perftest posts from buffers registered once: SEND and WRITE requests
 /// all lend one region shared by the QPs (which the device only reads);
-/// READ and atomic requests lend `depth` slots of a region of their QP's in
-/// turn (the raw client's layout). With `--post-send`, READ and atomic
+/// READ and atomic requests land in one message-sized region of their QP's,
+/// every one at its start, as perftest's do (the data is never looked at;
+/// the raw client's layout). With `--post-send`, READ and atomic
 /// requests move a region of a pool into the queue, which the completion
 /// (or, for unsignaled requests, the next signaled one) gives back.
 /// Returns the number of requests.
@@ -150,11 +151,8 @@ struct QpSide {
     free: Vec<MemoryRegion>,
     /// The request checked once and posted again and again (perftest builds
     /// its requests once too), unless --post-send. It owns its region: the
-    /// shared one (SEND, WRITE), or `depth` slots of its own (READ,
-    /// atomics), lent in turn.
+    /// shared one (SEND, WRITE), or one of its own (READ, atomics).
     prepared: Option<PreparedSend>,
-    /// The next slot of the prepared request's region.
-    slot: u32,
     remote: RemoteMemory,
 }
 
@@ -189,7 +187,7 @@ impl SafeClient {
                         Some(s) => Arc::clone(s).into(),
                         None => conn
                             .pd
-                            .alloc_mr(len * depth as usize, io::local_access(verb))
+                            .alloc_mr(len, io::local_access(verb))
                             .map_err(|e| format!("Couldn't register the local buffers: {e}"))?
                             .into(),
                     };
@@ -209,7 +207,6 @@ impl SafeClient {
                     to_signal: cq_mod,
                     free,
                     prepared,
-                    slot: 0,
                     remote,
                 })
             })
@@ -258,7 +255,6 @@ impl SafeClient {
                 to_signal,
                 free,
                 prepared,
-                slot,
                 remote,
             } = side;
             // Whether the QP has room and more are due.
@@ -282,29 +278,12 @@ impl SafeClient {
                 }};
             }
             match (prepared, &self.shared) {
-                // SENDs and WRITEs: the whole shared region each time.
-                (Some(p), Some(_)) => {
+                // The whole region each time.
+                (Some(p), _) => {
                     while room!() {
                         let (n, signaled, id) = next!();
                         p.set_signaled(signaled);
                         qp.post_prepared(p, id, 0, len)
-                            .map_err(|e| failed_prepared(q, n, e))?;
-                        *scnt = n;
-                    }
-                }
-                // READs and atomics: the request's `depth` slots in turn (at
-                // most `depth` in flight, so a slot is lent again only after
-                // its request completed).
-                (Some(p), None) => {
-                    while room!() {
-                        let (n, signaled, id) = next!();
-                        p.set_signaled(signaled);
-                        let at = *slot as usize * len;
-                        *slot += 1;
-                        if *slot == depth {
-                            *slot = 0;
-                        }
-                        qp.post_prepared(p, id, at, len)
                             .map_err(|e| failed_prepared(q, n, e))?;
                         *scnt = n;
                     }
@@ -384,9 +363,8 @@ impl SafeClient {
     }
 }
 
-/// Raw client: prebuilt requests over one registration per QP: SEND and
-/// WRITE requests all from its start, as perftest's; READ and atomic
-/// requests in `depth` slots used in turn.
+/// Raw client: prebuilt requests over one message-sized registration per
+/// QP, every request at its start, as perftest's.
 fn client_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) -> Res<usize> {
     let nq = conn.qps.len();
     let (depth, cq_mod) = depth_and_mod(opts, size);
@@ -394,12 +372,11 @@ fn client_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) 
     let verb = opts.test.verb;
     let mut reqs = Vec::with_capacity(nq);
     let mut bases = Vec::with_capacity(nq);
-    let slots = if io::shares_buffer(verb) { 1 } else { depth };
     for q in 0..nq {
         let mr = conn
             .pd
-            .alloc_mr(len * slots as usize, io::local_access(verb))
-            .map_err(|e| format!("Couldn't register {slots} buffers of {len} bytes: {e}"))?;
+            .alloc_mr(len, io::local_access(verb))
+            .map_err(|e| format!("Couldn't register a buffer of {len} bytes: {e}"))?;
         bases.push(mr.addr());
         reqs.push(RawSend::new(
             &conn.qps[q],
@@ -417,9 +394,8 @@ fn client_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) 
     let total = iters as usize * nq;
     let mut scnt = vec![0u32; nq];
     let mut ccnt = vec![0u32; nq];
-    // Per QP: posts until the next signaled one, and the next slot.
+    // Per QP: posts until the next signaled one.
     let mut to_signal = vec![cq_mod; nq];
-    let mut slot = vec![0u32; nq];
     let mut done = 0usize;
     let mut wc = [ffi::ibv_wc::default(); POLL_BATCH];
     stamps.reset(total, !opts.no_peak);
@@ -429,8 +405,7 @@ fn client_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) 
     while done < total {
         for (q, qp) in conn.qps.iter_mut().enumerate() {
             let (scnt, ccnt) = (&mut scnt[q], ccnt[q]);
-            let (to_signal, slot, base, req) =
-                (&mut to_signal[q], &mut slot[q], bases[q], &mut reqs[q]);
+            let (to_signal, base, req) = (&mut to_signal[q], bases[q], &mut reqs[q]);
             while *scnt < iters && *scnt - ccnt < depth {
                 let n = *scnt + 1;
                 *to_signal -= 1;
@@ -438,19 +413,12 @@ fn client_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) 
                 if *to_signal == 0 {
                     *to_signal = cq_mod;
                 }
-                let addr = base + u64::from(*slot) * len as u64;
-                *slot += 1;
-                if *slot == slots {
-                    *slot = 0;
-                }
                 stamps.post();
-                // SAFETY: slot `slot` (`scnt % slots`) of the registration kept in
-                // `conn.raw_keep`, to which no Rust reference exists. With
-                // one slot the device only reads it (SEND, WRITE), from any
-                // number of requests at once; with `depth` slots at most
-                // `depth` requests are in flight, so a slot the device writes
-                // is reused only after its request completed.
-                unsafe { req.post(qp, addr, io::wr_id(q, n), signaled) }
+                // SAFETY: the registration kept in `conn.raw_keep`, to which
+                // no Rust reference exists: the device reads it (SEND,
+                // WRITE) or writes it (READ, atomics) for any number of
+                // requests at once, and nothing else touches it.
+                unsafe { req.post(qp, base, io::wr_id(q, n), signaled) }
                     .map_err(|e| format!("QP {q}, request {n}: {e}"))?;
                 *scnt = n;
             }
