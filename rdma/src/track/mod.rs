@@ -630,15 +630,17 @@ impl QpTracker {
         // Read once: the loop's stores through `b` might alias it for all
         // the compiler knows.
         let prefix = ring.prefix;
+        // One bound for the loop: the completions left, and the entries
+        // published (callgrind: a test of each per completion cost 3 more).
+        let end = b.len().min(from + run.published() as usize);
         let mut i = from;
-        while i < b.len() {
+        while i < end {
             // Our id of the next request: the queue's prefix and its
             // sequence number, compared whole.
-            match run.peek() {
-                Some(seq) if b.id(i) == prefix | u64::from(seq) => {}
-                _ => break,
+            if b.id(i) != prefix | u64::from(run.next_seq()) {
+                break;
             }
-            // SAFETY: `peek` named the entry just now.
+            // SAFETY: fewer entries taken than were published (`end`).
             unsafe {
                 run.take(
                     #[inline(always)]

@@ -377,12 +377,8 @@ impl Queue {
     pub(super) unsafe fn advance_with(&self, f: impl FnOnce(Entry)) {
         let head = self.head.load(Ordering::Relaxed);
         // A run of the one entry the caller knows is published.
-        let mut run = Run {
-            queue: self,
-            head,
-            next: head,
-            end: head.wrapping_add(1),
-        };
+        // SAFETY: the caller's contract.
+        let mut run = unsafe { Run::new(self, head, head.wrapping_add(1)) };
         // SAFETY: the caller's contract: the only consumer, and `head` is
         // published.
         unsafe { run.take(f) };
@@ -400,12 +396,8 @@ impl Queue {
     pub(super) unsafe fn run(&self) -> Run<'_> {
         let head = self.head.load(Ordering::Relaxed);
         let tail = self.tail.load(Ordering::Acquire);
-        Run {
-            queue: self,
-            head,
-            next: head,
-            end: tail,
-        }
+        // SAFETY: the caller's contract.
+        unsafe { Run::new(self, head, tail) }
     }
 
     /// Takes the `n` entries from `head` on, oldest first, handing each to
@@ -462,6 +454,10 @@ impl Queue {
 /// The consumer's walk over published entries in order ([`Queue::run`]).
 pub(super) struct Run<'q> {
     queue: &'q Queue,
+    /// The ring's slots and mask, read once: the ring is not replaced
+    /// while a consumer runs (see [`Queue`]).
+    slots: *mut Slot,
+    mask: u32,
     /// `head` when the run began.
     head: u32,
     /// The sequence number of the next entry to take.
@@ -471,24 +467,50 @@ pub(super) struct Run<'q> {
 }
 
 impl Run<'_> {
-    /// The sequence number of the next entry, if it was published when the
-    /// run began.
-    #[inline(always)]
-    pub fn peek(&self) -> Option<u32> {
-        (self.next != self.end).then_some(self.next)
-    }
-
-    /// Takes the entry [`Run::peek`] named for `f`, as
-    /// [`Queue::advance_with`] does, and moves on to the next.
+    /// A run over the entries from `head` to `end`.
     ///
     /// # Safety
-    /// [`Run::peek`] returned `Some` since the last take.
+    /// The caller is the queue's only consumer while the run lives, and the
+    /// entries from `head` to `end` are published.
+    #[inline(always)]
+    unsafe fn new(queue: &Queue, head: u32, end: u32) -> Run<'_> {
+        // SAFETY: the consumer reads the ring under the lock the producer
+        // replaces it under (the caller's contract).
+        let store = unsafe { &*queue.store.get() };
+        Run {
+            queue,
+            slots: store.slots,
+            mask: store.mask,
+            head,
+            next: head,
+            end,
+        }
+    }
+
+    /// The number of entries left that were published when the run began.
+    #[inline(always)]
+    pub fn published(&self) -> u32 {
+        self.end.wrapping_sub(self.next)
+    }
+
+    /// The sequence number of the next entry.
+    #[inline(always)]
+    pub fn next_seq(&self) -> u32 {
+        self.next
+    }
+
+    /// Takes the next entry for `f`, as [`Queue::advance_with`] does, and
+    /// moves on.
+    ///
+    /// # Safety
+    /// [`Run::published`] is not 0.
     #[inline(always)]
     pub unsafe fn take(&mut self, f: impl FnOnce(Entry)) {
         // SAFETY: the run's contract makes this the only consumer; entry
         // `next` is before the Acquire-loaded tail (the caller's contract),
-        // so the ring has slots and the producer no longer touches it.
-        let slot = unsafe { &mut *(*self.queue.store.get()).slot(self.next) };
+        // so the ring has slots (`Storage::slot`'s index) and the producer
+        // no longer touches it.
+        let slot = unsafe { &mut *(*self.slots.add((self.next & self.mask) as usize)).get() };
         self.next = self.next.wrapping_add(1);
         match slot {
             Some(Entry::Quiet(wr_id)) => {
