@@ -632,7 +632,7 @@ impl QpTracker {
         let prefix = ring.prefix;
         // One bound for the loop: the completions left, and the entries
         // published (callgrind: a test of each per completion cost 3 more).
-        let end = b.len().min(from + run.published() as usize);
+        let end = b.len().min(from.saturating_add(run.published() as usize));
         let mut i = from;
         while i < end {
             // Our id of the next request: the queue's prefix and its
