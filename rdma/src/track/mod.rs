@@ -197,8 +197,8 @@ impl Entry {
 }
 
 /// One poll's completions, resolved together by
-/// [`Resolver::attach_all`](registry::Resolver::attach_all): each read and
-/// renamed in place, and as a [`Sink`] when it carries memory back.
+/// [`Resolver::attach_all`](registry::Resolver::attach_all): each read by
+/// index and resolved as a [`Sink`].
 pub(crate) trait Batch {
     type Item<'b>: Sink
     where
@@ -206,7 +206,6 @@ pub(crate) trait Batch {
     fn len(&self) -> usize;
     /// The `wr_id` of completion `i` (< `len`).
     fn id(&self, i: usize) -> u64;
-    fn set_id(&mut self, i: usize, wr_id: u64);
     fn item(&mut self, i: usize) -> Self::Item<'_>;
 }
 
@@ -221,11 +220,6 @@ impl Batch for [Completion] {
     #[inline(always)]
     fn id(&self, i: usize) -> u64 {
         self[i].wr_id
-    }
-
-    #[inline(always)]
-    fn set_id(&mut self, i: usize, wr_id: u64) {
-        self[i].wr_id = wr_id;
     }
 
     #[inline(always)]
@@ -277,11 +271,6 @@ impl Batch for CompactBatch<'_> {
     #[inline(always)]
     fn id(&self, i: usize) -> u64 {
         self.wcs[i].wr_id()
-    }
-
-    #[inline(always)]
-    fn set_id(&mut self, i: usize, wr_id: u64) {
-        self.wcs[i].raw_mut().wr_id = wr_id;
     }
 
     #[inline(always)]
@@ -644,11 +633,7 @@ impl QpTracker {
             unsafe {
                 run.take(
                     #[inline(always)]
-                    |e| match e {
-                        // Renamed in place: no sink to build.
-                        Entry::Quiet(wr_id) => b.set_id(i, wr_id),
-                        Entry::Held(p) => p.finish(&mut b.item(i), later),
-                    },
+                    |e| e.finish(&mut b.item(i), later),
                 )
             };
             i += 1;

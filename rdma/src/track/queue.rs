@@ -454,10 +454,9 @@ impl Queue {
 /// The consumer's walk over published entries in order ([`Queue::run`]).
 pub(super) struct Run<'q> {
     queue: &'q Queue,
-    /// The ring's slots and mask, read once: the ring is not replaced
-    /// while a consumer runs (see [`Queue`]).
-    slots: *mut Slot,
-    mask: u32,
+    /// The ring, reached once: it is not replaced while a consumer runs
+    /// (see [`Queue`]).
+    store: &'q Storage,
     /// `head` when the run began.
     head: u32,
     /// The sequence number of the next entry to take.
@@ -479,8 +478,7 @@ impl Run<'_> {
         let store = unsafe { &*queue.store.get() };
         Run {
             queue,
-            slots: store.slots,
-            mask: store.mask,
+            store,
             head,
             next: head,
             end,
@@ -508,9 +506,8 @@ impl Run<'_> {
     pub unsafe fn take(&mut self, f: impl FnOnce(Entry)) {
         // SAFETY: the run's contract makes this the only consumer; entry
         // `next` is before the Acquire-loaded tail (the caller's contract),
-        // so the ring has slots (`Storage::slot`'s index) and the producer
-        // no longer touches it.
-        let slot = unsafe { &mut *(*self.slots.add((self.next & self.mask) as usize)).get() };
+        // so the ring has slots and the producer no longer touches it.
+        let slot = unsafe { &mut *self.store.slot(self.next) };
         self.next = self.next.wrapping_add(1);
         match slot {
             Some(Entry::Quiet(wr_id)) => {
