@@ -274,6 +274,13 @@ pub(crate) struct CqInner {
     cq: NonNull<ffi::ibv_cq>,
     /// The extended view, for CQs made with `create_cq_ex`.
     ex: Option<NonNull<ffi::ibv_cq_ex>>,
+    /// `SLOW_*` bits: whether a poll must take its slow path (the extended
+    /// CQ's lock, a failure to report), tested with one load.
+    slow: std::sync::atomic::AtomicU8,
+    /// A failed `ibv_poll_cq`'s return that the poll that met it could not
+    /// report (it returned the completions before it): the next poll's
+    /// error.
+    failure: std::sync::atomic::AtomicI32,
     /// `wc_flags` the extended CQ was created with.
     ex_flags: u64,
     /// For an extended CQ: held by an open [`PollCursor`] (one
@@ -332,48 +339,109 @@ impl CqInner {
 
     /// Polls up to `max` completions into `out` and resolves them, under the
     /// registry's lock from the first `ibv_poll_cq` to the last completion;
-    /// the provider's negative return on failure (an overrun).
+    /// the provider's negative return on failure (an overrun). A failure
+    /// after some were resolved is kept for the next poll (see
+    /// [`poll_batches`]).
     fn poll_into(
         &self,
         out: &mut Vec<Completion>,
         max: usize,
     ) -> std::result::Result<usize, std::ffi::c_int> {
-        let mut total = 0;
-        // Not initialised: an empty poll (the common case when spinning)
-        // must not pay for clearing it; only the entries written are read.
-        let mut wcs = [std::mem::MaybeUninit::<ffi::ibv_wc>::uninit(); POLL_BATCH];
-        let mut r = self.registry.resolver();
-        while total < max {
-            let want = (max - total).min(POLL_BATCH);
-            // SAFETY: `wcs` has room for `want` entries; the CQ is live.
-            let n = unsafe {
-                ffi::ibv_poll_cq(
-                    self.cq.as_ptr(),
-                    want as std::ffi::c_int,
-                    wcs.as_mut_ptr().cast::<ffi::ibv_wc>(),
-                )
-            };
-            let Ok(n) = usize::try_from(n) else {
-                return Err(n);
-            };
-            // SAFETY: ibv_poll_cq wrote the first `n` entries; `ibv_wc` is
-            // plain data.
-            let polled =
-                unsafe { std::slice::from_raw_parts(wcs.as_ptr().cast::<ffi::ibv_wc>(), n) };
-            let start = out.len();
-            // Resolved where they lie: a `Completion` is 112 bytes, and
-            // building one aside and moving it in cost more than its
-            // resolution (callgrind).
-            out.extend(polled.iter().map(Completion::from_raw));
-            r.attach_all(&mut out[start..]);
-            total += n;
-            if n < want {
-                r.cq_empty();
-                break;
-            }
-        }
-        Ok(total)
+        poll_batches(
+            &self.registry,
+            out,
+            max,
+            |want, wcs| {
+                // SAFETY: `wcs` has room for `want` entries (`poll_batches`'
+                // contract); the CQ is live.
+                unsafe { ffi::ibv_poll_cq(self.cq.as_ptr(), want, wcs) }
+            },
+            |n| self.defer_failure(n),
+        )
     }
+
+    /// Keeps a failed `ibv_poll_cq`'s return for the next poll to report.
+    #[cold]
+    fn defer_failure(&self, n: std::ffi::c_int) {
+        use std::sync::atomic::Ordering;
+        self.failure.store(n, Ordering::Relaxed);
+        self.slow.fetch_or(SLOW_FAILED, Ordering::Release);
+    }
+
+    /// Takes the failure a poll kept for this one, if any.
+    #[cold]
+    fn take_failure(&self) -> Option<std::ffi::c_int> {
+        use std::sync::atomic::Ordering;
+        if self.slow.load(Ordering::Relaxed) & SLOW_FAILED == 0
+            || self.slow.fetch_and(!SLOW_FAILED, Ordering::Acquire) & SLOW_FAILED == 0
+        {
+            return None;
+        }
+        Some(self.failure.swap(0, Ordering::Relaxed)).filter(|&n| n != 0)
+    }
+}
+
+/// What sends a poll to its slow path ([`CqInner::slow`]): the CQ is
+/// extended (its poll lock), a failure waits to be reported.
+const SLOW_EXTENDED: u8 = 1;
+const SLOW_FAILED: u8 = 2;
+
+/// Polls up to `max` completions into `out` with `poll` (one
+/// `ibv_poll_cq` of the CQ: how many entries of at most `want` it wrote
+/// from the pointer given, or a negative failure) and resolves them
+/// through `registry`, whose lock is held from the first call to the last
+/// completion. Returns how many were added, or the failure of the first
+/// call.
+///
+/// A call that fails after earlier ones returned completions does not
+/// fail the poll: those completions are out of the CQ and resolved, and
+/// the caller could not see them behind an error (their memory would be
+/// dropped with the caller's buffer). They come back, and the failure goes
+/// to `failed`, to be reported by the next poll.
+fn poll_batches(
+    registry: &Registry,
+    out: &mut Vec<Completion>,
+    max: usize,
+    mut poll: impl FnMut(std::ffi::c_int, *mut ffi::ibv_wc) -> std::ffi::c_int,
+    failed: impl FnOnce(std::ffi::c_int),
+) -> std::result::Result<usize, std::ffi::c_int> {
+    let mut total = 0;
+    // Not initialised: an empty poll (the common case when spinning)
+    // must not pay for clearing it; only the entries written are read.
+    let mut wcs = [std::mem::MaybeUninit::<ffi::ibv_wc>::uninit(); POLL_BATCH];
+    let mut r = registry.resolver();
+    while total < max {
+        let want = (max - total).min(POLL_BATCH);
+        let n = poll(
+            want as std::ffi::c_int,
+            wcs.as_mut_ptr().cast::<ffi::ibv_wc>(),
+        );
+        let Ok(n) = usize::try_from(n) else {
+            if total == 0 {
+                return Err(n);
+            }
+            failed(n);
+            break;
+        };
+        // A provider never returns more than it was asked for; a count
+        // past `want` would read entries it never wrote.
+        let n = n.min(want);
+        // SAFETY: the poll wrote the first `n` entries; `ibv_wc` is plain
+        // data.
+        let polled = unsafe { std::slice::from_raw_parts(wcs.as_ptr().cast::<ffi::ibv_wc>(), n) };
+        let start = out.len();
+        // Resolved where they lie: a `Completion` is 112 bytes, and
+        // building one aside and moving it in cost more than its
+        // resolution (callgrind).
+        out.extend(polled.iter().map(Completion::from_raw));
+        r.attach_all(&mut out[start..]);
+        total += n;
+        if n < want {
+            r.cq_empty();
+            break;
+        }
+    }
+    Ok(total)
 }
 
 /// An address that tells threads apart: that of a thread-local.
@@ -474,9 +542,12 @@ impl Context {
         ex_flags: u64,
         channel: Option<&CompletionChannel>,
     ) -> CompletionQueue {
+        let slow = if ex.is_some() { SLOW_EXTENDED } else { 0 };
         let inner = Arc::new(CqInner {
             cq,
             ex,
+            slow: std::sync::atomic::AtomicU8::new(slow),
+            failure: std::sync::atomic::AtomicI32::new(0),
             ex_flags,
             poll_lock: Mutex::new(()),
             cursor_thread: std::sync::atomic::AtomicUsize::new(0),
@@ -576,8 +647,15 @@ impl CompletionQueue {
     /// many were added (`ibv_poll_cq(3)`). Memory of safe posts comes back in
     /// each [`Completion`].
     ///
+    /// One poll may call `ibv_poll_cq` several times (16 entries at a
+    /// time). When a later call fails, the completions the earlier ones
+    /// returned come back as usual, and the failure is reported by the next
+    /// poll of the CQ (by any method): no completion is lost behind an
+    /// error.
+    ///
     /// # Errors
-    /// [`Error::Verb`] naming `ibv_poll_cq` (a CQ overrun).
+    /// [`Error::Verb`] naming `ibv_poll_cq` (a CQ overrun), by the call that
+    /// met it or, after completions it returned, by the next.
     pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
         let _guard = self.legacy_poll_guard()?;
         self.inner
@@ -721,22 +799,30 @@ impl CompletionQueue {
         }
     }
 
-    /// For an extended CQ, the lock that keeps a legacy poll and a cursor
-    /// apart (an extended CQ must not be polled while a cursor is open).
+    /// What a poll does before `ibv_poll_cq`: report a failure an earlier
+    /// poll kept for it, and, for an extended CQ, take the lock that keeps
+    /// a legacy poll and a cursor apart (an extended CQ must not be polled
+    /// while a cursor is open). One load when neither applies.
     #[inline]
     fn legacy_poll_guard(&self) -> Result<Option<std::sync::MutexGuard<'_, ()>>> {
-        match self.inner.ex {
-            Some(_) => self.extended_poll_guard(),
-            None => Ok(None),
+        if self.inner.slow.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return Ok(None);
         }
+        self.slow_poll_guard()
     }
 
-    /// [`CompletionQueue::legacy_poll_guard`] of an extended CQ: out of line,
-    /// so that a plain CQ's poll stays small enough to be inlined.
+    /// [`CompletionQueue::legacy_poll_guard`]'s slow path: out of line, so
+    /// that a plain CQ's poll stays small enough to be inlined.
     #[cold]
     #[inline(never)]
-    fn extended_poll_guard(&self) -> Result<Option<std::sync::MutexGuard<'_, ()>>> {
-        self.poll_lock("ibv_poll_cq").map(Some)
+    fn slow_poll_guard(&self) -> Result<Option<std::sync::MutexGuard<'_, ()>>> {
+        if let Some(n) = self.inner.take_failure() {
+            return Err(self.poll_failed(n));
+        }
+        match self.inner.ex {
+            Some(_) => self.poll_lock("ibv_poll_cq").map(Some),
+            None => Ok(None),
+        }
     }
 
     /// An extended CQ's poll lock: waits while another thread's cursor is
@@ -806,6 +892,9 @@ impl CompletionQueue {
                 source: None,
             });
         };
+        if let Some(n) = self.inner.take_failure() {
+            return Err(self.poll_failed(n));
+        }
         let guard = self.poll_lock("ibv_start_poll")?;
         let mut attr = ffi::ibv_poll_cq_attr { comp_mask: 0 };
         // SAFETY: live extended CQ; the lock makes this the only sequence.
@@ -1045,4 +1134,81 @@ impl fmt::Debug for CompletionQueue {
 #[inline(never)]
 fn drop_cold<T>(t: T) {
     drop(t);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A provider's `ibv_poll_cq` from a script: each call takes the next
+    /// step, a count of completions (numbered on from the last) or a
+    /// failure.
+    fn scripted(
+        steps: &[std::ffi::c_int],
+    ) -> impl FnMut(std::ffi::c_int, *mut ffi::ibv_wc) -> std::ffi::c_int + '_ {
+        let mut steps = steps.iter();
+        let mut next_id = 0u64;
+        move |want, wcs| {
+            let n = *steps.next().expect("polled past the script");
+            for i in 0..n.clamp(0, want) {
+                // SAFETY: the caller gave room for `want` entries.
+                unsafe {
+                    wcs.add(i as usize).write(ffi::ibv_wc {
+                        wr_id: next_id,
+                        ..Default::default()
+                    })
+                };
+                next_id += 1;
+            }
+            n
+        }
+    }
+
+    /// A poll whose second `ibv_poll_cq` fails (an overrun) returns the 16
+    /// completions the first one took out of the CQ, and hands the failure
+    /// on to the next poll: an error in their place would lose them.
+    #[test]
+    fn completions_before_a_failed_call_come_back_and_the_failure_waits() {
+        let registry = Registry::default();
+        let mut out = Vec::new();
+        let mut deferred = None;
+        let n = poll_batches(&registry, &mut out, 64, scripted(&[16, -5]), |n| {
+            deferred = Some(n)
+        });
+        assert_eq!(n, Ok(16));
+        let ids: Vec<u64> = out.iter().map(|c| c.wr_id).collect();
+        assert_eq!(ids, (0..16).collect::<Vec<_>>());
+        assert_eq!(deferred, Some(-5), "the failure is kept for the next poll");
+    }
+
+    /// A failure of the first call is the poll's own error; nothing waits.
+    #[test]
+    fn a_failure_with_nothing_before_it_is_the_poll_s_error() {
+        let registry = Registry::default();
+        let mut out = Vec::new();
+        let mut deferred = None;
+        let n = poll_batches(&registry, &mut out, 64, scripted(&[-5]), |n| {
+            deferred = Some(n)
+        });
+        assert_eq!(n, Err(-5));
+        assert!(out.is_empty());
+        assert_eq!(deferred, None);
+        // A short call ends the poll (the CQ is empty); a full one goes on.
+        let n = poll_batches(
+            &registry,
+            &mut out,
+            40,
+            scripted(&[16, 16, 3]),
+            |_| unreachable!(),
+        );
+        assert_eq!(n, Ok(35));
+        let n = poll_batches(
+            &registry,
+            &mut out,
+            20,
+            scripted(&[16, 4]),
+            |_| unreachable!(),
+        );
+        assert_eq!(n, Ok(20), "stops at max");
+    }
 }

@@ -205,6 +205,87 @@ fn request_shape_errors_are_caught_before_posting() {
     assert_eq!(p.b.in_flight(), (0, 0));
 }
 
+/// An atomic's result is 8 bytes written at one place: its local memory is
+/// one 8-byte scatter entry, whatever the entries add up to. Two pieces of
+/// one registration (2 and 6 bytes, 8 in all) are refused by every entry
+/// point, before the provider sees them (mlx5 writes 8 bytes at the first
+/// piece's address whatever its length, into the piece after it), and come
+/// back untouched; the remote word is left alone.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn an_atomic_takes_exactly_one_8_byte_buffer() {
+    use rdma::{SendFlags, SendOp, WrBuffers};
+    let access = LW | AccessFlags::REMOTE_ATOMIC;
+    let mut p = common::pair_with(QpType::Rc, access, |b| {
+        b.max_send_sge(2);
+    });
+    let mut word = p.pd.alloc_mr(8, access).unwrap();
+    word.write_at(0, &5u64.to_ne_bytes()).unwrap();
+    let remote = word.remote();
+    let pieces = || {
+        let mut first = p.pd.alloc_mr(8, LW).unwrap();
+        first.write_at(0, &[0xee; 8]).unwrap();
+        let second = first.split_off(2).unwrap();
+        WrBuffers::Many(vec![first, second])
+    };
+    let ops = [
+        SendOp::FetchAdd { remote, add: 1 },
+        SendOp::CompareSwap {
+            remote,
+            compare: 5,
+            swap: 6,
+        },
+    ];
+    let rule =
+        "exactly one 8-byte local buffer (one scatter/gather entry); got 2 entries of 8 bytes";
+    for op in ops {
+        let err = p.a.post_send(SendWr::new(1, op, pieces())).unwrap_err();
+        assert!(
+            err.error.to_string().contains(rule),
+            "{op:?}: {}",
+            err.error
+        );
+        assert_eq!(err.error.verb(), Some("ibv_post_send"), "{}", err.error);
+        let (_, back) = err.returned.into_iter().next().unwrap();
+        let back = back.into_vec();
+        assert_eq!(back.len(), 2, "both pieces come back");
+        for m in back {
+            assert!(m.to_vec().iter().all(|&b| b == 0xee), "untouched");
+        }
+
+        let err =
+            p.a.post_send_batch([SendWr::new(2, op, pieces())])
+                .unwrap_err();
+        assert!(
+            err.error.to_string().contains(rule),
+            "{op:?}: {}",
+            err.error
+        );
+        assert_eq!(err.returned.len(), 1);
+
+        let err =
+            p.a.prepare_send(op, SendFlags::SIGNALED, pieces())
+                .unwrap_err();
+        assert!(
+            err.error.to_string().contains("owns one region"),
+            "{op:?}: {}",
+            err.error
+        );
+        // One 8-byte piece of a split region is one entry: taken.
+        let mut whole = p.pd.alloc_mr(16, LW).unwrap();
+        let _rest = whole.split_off(8).unwrap();
+        p.a.post_send(SendWr::new(3, op, whole)).unwrap();
+        let c = wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+        assert_eq!(c.wr_id, 3);
+    }
+    assert_eq!(p.a.in_flight(), (0, 0));
+    // Only the two one-entry atomics reached the word: 5 + 1, then a compare
+    // with 5 that failed.
+    let mut now = [0; 8];
+    word.read_at(0, &mut now).unwrap();
+    assert_eq!(u64::from_ne_bytes(now), 6);
+}
+
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn wrong_rkey_is_an_error_completion_not_a_hang() {

@@ -1149,8 +1149,9 @@ fn prepared_requests_lend_ranges_of_their_region(path: PostPath) {
     );
     let err = p.a.post_prepared(&mut add, 52, 0, 16).unwrap_err();
     assert!(
-        err.to_string()
-            .contains("needs one 8-byte local buffer, got 16"),
+        err.to_string().contains(
+            "exactly one 8-byte local buffer (one scatter/gather entry); got 1 entries of 16 bytes"
+        ),
         "{err}"
     );
     let err =

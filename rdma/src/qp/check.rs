@@ -26,7 +26,8 @@ impl QueuePair {
             wr.op.writes_local(),
             "ibv_post_send",
         )?;
-        self.check_send(&wr.op, Self::total_len(&wr.buffers), &wr.ud, wr.xrc_srqn)
+        let len = Self::total_len(&wr.buffers);
+        self.check_send(&wr.op, (wr.buffers.len(), len), &wr.ud, wr.xrc_srqn)
     }
 
     /// The checks of an inline send.
@@ -45,7 +46,8 @@ impl QueuePair {
         ) {
             return Err(self.invalid("only SEND and RDMA WRITE can be inline".into()));
         }
-        self.check_send(&wr.op, wr.data.len() as u64, &wr.ud, wr.xrc_srqn)
+        let sges = usize::from(!wr.data.is_empty());
+        self.check_send(&wr.op, (sges, wr.data.len() as u64), &wr.ud, wr.xrc_srqn)
     }
 
     pub(super) fn check_buffers(
@@ -117,10 +119,12 @@ impl QueuePair {
         n
     }
 
+    /// The checks of a send that concern its operation: `(sges, len)` are
+    /// its scatter entries and their length in all.
     pub(super) fn check_send(
         &self,
         op: &SendOp,
-        len: u64,
+        (sges, len): (usize, u64),
         ud: &Option<UdDest>,
         xrc_srqn: Option<u32>,
     ) -> Result<()> {
@@ -137,11 +141,7 @@ impl QueuePair {
         }
         if let Some(remote) = op.remote() {
             if op.is_atomic() {
-                if len != 8 {
-                    return Err(self.invalid(format!(
-                        "an atomic operation needs one 8-byte local buffer, got {len} bytes"
-                    )));
-                }
+                atomic_buffers(sges, len).map_err(|r| self.invalid(r))?;
                 if remote.addr % 8 != 0 {
                     return Err(self.invalid(format!(
                         "atomic target address {:#x} is not 8-byte aligned",
@@ -212,6 +212,25 @@ impl QueuePair {
             && (!local_write || writable))
             .then_some(m.len() as u64)
     }
+}
+
+/// The rule every atomic's local memory follows, named by its errors.
+pub(crate) const ATOMIC_RULE: &str =
+    "an atomic operation needs exactly one 8-byte local buffer (one scatter/gather entry)";
+
+/// Why the local memory of an atomic (compare-swap, fetch-add), `sges`
+/// scatter entries of `len` bytes in all, is refused, if it is: exactly one
+/// entry of 8 bytes. The sum alone is not enough: providers treat each entry
+/// on its own (mlx5's `ibv_post_send` sets every atomic entry's length to 8,
+/// so the device would write 8 bytes at the first piece's address, into the
+/// memory after it).
+pub(crate) fn atomic_buffers(sges: usize, len: u64) -> std::result::Result<(), String> {
+    if sges == 1 && len == 8 {
+        return Ok(());
+    }
+    Err(format!(
+        "{ATOMIC_RULE}; got {sges} entries of {len} bytes in all"
+    ))
 }
 
 /// Why a device memory slice cannot be a scatter/gather entry of a request
@@ -332,6 +351,22 @@ mod tests {
             err.contains("Rc QP does not take a UD destination"),
             "{err}"
         );
+    }
+
+    /// An atomic's local memory is one 8-byte entry: pieces that add up to
+    /// 8 bytes are refused (a provider may write 8 bytes at each entry's
+    /// address), as are other lengths and no entry at all.
+    #[test]
+    fn an_atomic_takes_exactly_one_8_byte_entry() {
+        assert_eq!(atomic_buffers(1, 8), Ok(()));
+        for (sges, len) in [(2, 8), (8, 8), (0, 0), (0, 8), (1, 16), (1, 4), (2, 16)] {
+            let err = atomic_buffers(sges, len).unwrap_err();
+            assert!(err.starts_with(ATOMIC_RULE), "{err}");
+            assert!(
+                err.ends_with(&format!("got {sges} entries of {len} bytes in all")),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -346,7 +346,7 @@ impl QueuePair {
             // The region's PD and access, with one range of the smallest
             // length the request lends (the post checks each length).
             self.check_buffers(&region, 1, op.writes_local(), "ibv_post_send")?;
-            self.check_send(&op, min_len as u64, &ud, None)?;
+            self.check_send(&op, (1, min_len as u64), &ud, None)?;
             Ok((min_len, max_len, mr.addr(), mr.lkey(), mr.len()))
         })();
         let (min_len, max_len, base, lkey, region_len) = match checked {
@@ -469,7 +469,7 @@ impl QueuePair {
                 p.region_len
             ));
         }
-        match self.check_send(&p.op, len as u64, &p.ud, None) {
+        match self.check_send(&p.op, (1, len as u64), &p.ud, None) {
             Err(e) => e,
             Ok(()) => self.invalid(format!(
                 "{len} bytes, but the prepared {:?} lends {} to {} bytes",
