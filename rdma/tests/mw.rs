@@ -185,6 +185,120 @@ fn a_bound_window_keeps_its_region_registered() {
     drop(mw);
 }
 
+/// Whether the window (or anything else) still holds `mr`'s registration:
+/// `deregister` refuses with `EBUSY` then, and gives the region back.
+fn still_held(mr: rdma::MemoryRegion) -> Result<rdma::MemoryRegion, ()> {
+    match mr.deregister() {
+        Ok(_) => Err(()),
+        Err((Some(mr), e)) => {
+            assert_eq!(e.errno(), Some(libc::EBUSY), "{e}");
+            Ok(mr)
+        }
+        Err((None, e)) => panic!("ibv_dereg_mr failed: {e}"),
+    }
+}
+
+/// A window moved to another region keeps the region it was bound to
+/// registered until the rebind completes: the device executes the bind
+/// later than it is posted, and until then a peer may still reach the old
+/// region through the old binding. Then the old region is let go and the
+/// new one held.
+fn rebind_keeps_the_old_region_until_it_completes(mw_type: MwType) {
+    let mut p = pair(PostPath::Auto);
+    let old = p.pd.alloc_mr(128, LW | AccessFlags::MW_BIND).unwrap();
+    let new = p.pd.alloc_mr(128, LW | AccessFlags::MW_BIND).unwrap();
+    let mut mw = p.pd.alloc_mw(mw_type).unwrap();
+    let w = AccessFlags::REMOTE_WRITE;
+    let first = p.b.bind_mw(1, &mut mw, &old, 0, 128, w).unwrap();
+    common::wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+    if mw_type == MwType::Type2 {
+        // A type 2 window is invalidated before it is bound again.
+        p.b.post_send(SendWr::local_invalidate(2, first.rkey))
+            .unwrap();
+        common::wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+    }
+    p.b.bind_mw(3, &mut mw, &new, 0, 128, w).unwrap();
+    // Posted, its completion not polled yet: the old region stays.
+    let old = still_held(old).expect("the old region let go before the rebind completed");
+    let c = common::wait(&p.cq, 1).pop().unwrap();
+    assert_eq!((c.wr_id, c.status), (3, WcStatus::Success), "{c:?}");
+    assert!(
+        still_held(old).is_err(),
+        "the old region kept after the rebind completed"
+    );
+    let new = still_held(new).expect("the window holds the region it is bound to");
+    drop(mw);
+    assert!(still_held(new).is_err(), "the window's drop lets it go");
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn type1_rebind_keeps_the_old_region_until_it_completes() {
+    rebind_keeps_the_old_region_until_it_completes(MwType::Type1);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn type2_rebind_keeps_the_old_region_until_it_completes() {
+    rebind_keeps_the_old_region_until_it_completes(MwType::Type2);
+}
+
+/// A rebind that completes in error (flushed: its QP is in the error
+/// state) never took effect: the window keeps the region it was bound to,
+/// and lets go of the one it was not bound to.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn a_failed_rebind_leaves_the_window_as_it_was() {
+    let mut p = pair(PostPath::Auto);
+    let old = p.pd.alloc_mr(128, LW | AccessFlags::MW_BIND).unwrap();
+    let new = p.pd.alloc_mr(128, LW | AccessFlags::MW_BIND).unwrap();
+    let mut mw = p.pd.alloc_mw(MwType::Type1).unwrap();
+    let w = AccessFlags::REMOTE_WRITE;
+    p.b.bind_mw(1, &mut mw, &old, 0, 128, w).unwrap();
+    common::wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+    p.b.to_error().unwrap();
+    match p.b.bind_mw(2, &mut mw, &new, 0, 128, w) {
+        Ok(_) => {
+            let c = common::wait(&p.cq, 1).pop().unwrap();
+            assert_eq!(c.wr_id, 2);
+            assert_ne!(
+                c.status,
+                WcStatus::Success,
+                "a bind on a QP in error: {c:?}"
+            );
+        }
+        // A provider may refuse the post itself: nothing changes either.
+        Err(e) => assert!(e.errno().is_some(), "{e}"),
+    }
+    assert!(
+        still_held(new).is_err(),
+        "held for a bind that never happened"
+    );
+    let old = still_held(old).expect("the window is still bound to the old region");
+    drop(mw);
+    assert!(still_held(old).is_err());
+}
+
+/// A window's binds in flight are on one QP: another QP's bind could take
+/// effect before them unseen, so it is refused until they complete.
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn a_window_s_binds_in_flight_are_on_one_qp() {
+    let mut p = pair(PostPath::Auto);
+    let mr = p.pd.alloc_mr(128, LW | AccessFlags::MW_BIND).unwrap();
+    let mut mw = p.pd.alloc_mw(MwType::Type1).unwrap();
+    let w = AccessFlags::REMOTE_WRITE;
+    p.b.bind_mw(1, &mut mw, &mr, 0, 64, w).unwrap();
+    let err = p.a.bind_mw(2, &mut mw, &mr, 64, 64, w).unwrap_err();
+    assert!(err.to_string().contains("in flight on another QP"), "{err}");
+    assert_eq!(err.verb(), Some("ibv_bind_mw"), "{err}");
+    assert_eq!(p.a.in_flight(), (0, 0));
+    common::wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+    p.a.bind_mw(3, &mut mw, &mr, 64, 64, w).unwrap();
+    let c = common::wait(&p.cq, 1).pop().unwrap().ok().unwrap();
+    assert_eq!(c.wr_id, 3);
+}
+
 #[test]
 #[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
 fn iwarp_memory_windows_are_typed_unsupported() {

@@ -18,11 +18,17 @@ impl QueuePair {
     /// the next rkey (`ibv_inc_rkey`). Either way a completion with `wr_id`
     /// follows (opcode `BindMw`); the window and the region's registration
     /// stay alive until then, and the registration for as long as the window
-    /// is bound.
+    /// is bound. The region the window was bound to before stays registered
+    /// until this bind completes successfully (the device may reach it
+    /// through the old binding until then), or for as long as the window
+    /// lives when the bind's outcome is never seen (the QP reset or
+    /// destroyed with it in flight).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `mr` lacks `MW_BIND`, the range does not
-    /// fit, or the PDs differ; [`Error::Verb`](crate::Error::Verb) naming `ibv_bind_mw` or
+    /// fit, or the PDs differ, or the window has binds in flight on another
+    /// QP (a window's binds in flight are on one QP, which executes them in
+    /// order); [`Error::Verb`](crate::Error::Verb) naming `ibv_bind_mw` or
     /// `ibv_post_send`.
     pub fn bind_mw(
         &mut self,
@@ -41,6 +47,15 @@ impl QueuePair {
             0
         };
         let (info, _) = mw.bind_info(mr, offset, len, access, next_rkey)?;
+        let verb = if type2 {
+            "ibv_post_send"
+        } else {
+            "ibv_bind_mw"
+        };
+        let qp_key = Arc::as_ptr(&self.owned.tracker) as usize;
+        if let Some(reason) = mw.refuses_bind_on(qp_key) {
+            return Err(crate::Error::InvalidArgument { verb, reason });
+        }
         // SAFETY: `&mut self`: the only poster to this QP's send queue, which
         // pushes at most the count given; the QP holds its CQs.
         let mut ring = unsafe { self.owned.tracker.producer(false, 1) };
@@ -68,20 +83,16 @@ impl QueuePair {
             unsafe { ffi::ibv_bind_mw(self.as_raw(), mw.as_raw(), &mut bind) }
         };
         if rc == 0 {
-            mw.hold(mr);
+            // The region the window was bound to stays held until this
+            // bind finishes (`mw::Bindings`).
             ring.push(Pending {
                 wr_id,
                 buffers: WrBuffers::None,
                 _ah: None,
-                _mw: Some(Arc::clone(&mw.inner)),
+                _bind: Some(mw.posted(qp_key, mr)),
             });
         }
         drop(ring);
-        let verb = if type2 {
-            "ibv_post_send"
-        } else {
-            "ibv_bind_mw"
-        };
         check_errno_ret(
             verb,
             || self.ctx_str(format_args!("bind {:?}", mw.mw_type())),

@@ -247,7 +247,7 @@ impl QueuePair {
                 wr_id: wr.wr_id,
                 buffers: WrBuffers::None,
                 _ah: wr.ud.map(|d| d.ah),
-                _mw: None,
+                _bind: None,
             });
         }
         drop(ring);

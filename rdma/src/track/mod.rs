@@ -70,8 +70,9 @@ pub(crate) struct Pending {
     pub buffers: WrBuffers,
     /// Keeps a UD destination alive until the send completes.
     pub _ah: Option<AddressHandle>,
-    /// Keeps a memory window alive until its bind completes.
-    pub _mw: Option<Arc<crate::mw::MwInner>>,
+    /// A bind's window and region, kept until the bind finishes, which
+    /// then tells the window how it ended.
+    pub _bind: Option<Box<crate::mw::BindInFlight>>,
 }
 
 impl Pending {
@@ -81,7 +82,7 @@ impl Pending {
             wr_id,
             buffers,
             _ah: None,
-            _mw: None,
+            _bind: None,
         }
     }
 
@@ -92,16 +93,17 @@ impl Pending {
             wr_id: wr.wr_id,
             buffers: wr.buffers,
             _ah: wr.ud.map(|d| d.ah),
-            _mw: None,
+            _bind: None,
         }
     }
 
     /// Moves the request into `c`; what it kept alive goes to `later`.
     #[inline(always)]
     fn finish(self, c: &mut impl Sink, later: &mut Later) {
+        let ok = self._bind.is_some() && c.ok();
         c.set_id(self.wr_id);
         c.own(self.buffers, later);
-        later.keep(self._ah, self._mw);
+        later.keep(self._ah, self._bind, ok);
     }
 }
 
@@ -112,6 +114,8 @@ impl Pending {
 pub(crate) trait Sink {
     /// The completion's `wr_id` (ours, for a safe post).
     fn id(&self) -> u64;
+    /// Whether the completion's status is success.
+    fn ok(&self) -> bool;
     fn set_id(&mut self, wr_id: u64);
     /// The memory of the completion's own request (not `None`'s: quiet
     /// requests never get here).
@@ -126,6 +130,11 @@ impl Sink for Completion {
     #[inline(always)]
     fn id(&self) -> u64 {
         self.wr_id
+    }
+
+    #[inline]
+    fn ok(&self) -> bool {
+        self.status == crate::WcStatus::Success
     }
 
     #[inline(always)]
@@ -164,6 +173,11 @@ impl Sink for Compact<'_> {
     #[inline(always)]
     fn id(&self) -> u64 {
         self.wc.wr_id
+    }
+
+    #[inline]
+    fn ok(&self) -> bool {
+        self.wc.status == ffi::IBV_WC_SUCCESS
     }
 
     #[inline(always)]
@@ -232,6 +246,11 @@ impl<S: Sink + ?Sized> Sink for &mut S {
     #[inline(always)]
     fn id(&self) -> u64 {
         (**self).id()
+    }
+
+    #[inline(always)]
+    fn ok(&self) -> bool {
+        (**self).ok()
     }
 
     #[inline(always)]
@@ -658,6 +677,8 @@ impl QpTracker {
     #[inline(never)]
     unsafe fn complete_after_others(q: &Queue, off: u32, c: &mut impl Sink, later: &mut Later) {
         let mut before = off;
+        // A request finished by a later one's success took effect.
+        let ok = c.ok();
         // SAFETY: the caller's contract: the `off` entries before the
         // completion's and that one are published, and this is the consumer.
         unsafe {
@@ -669,7 +690,7 @@ impl QpTracker {
                 // A prepared request's send holds nothing: not listed.
                 if let Entry::Held(p) = e {
                     c.earlier(p.wr_id, p.buffers, before);
-                    later.keep(p._ah, p._mw);
+                    later.keep(p._ah, p._bind, ok);
                 }
             })
         };
@@ -764,7 +785,7 @@ impl SrqTracker {
 /// locks are released (dropping one may call a verb).
 pub(crate) struct Kept {
     _ah: Option<AddressHandle>,
-    _mw: Option<Arc<crate::mw::MwInner>>,
+    _bind: Option<Box<crate::mw::BindInFlight>>,
 }
 
 /// What a resolution takes out and drops only after the registry's lock:
@@ -796,10 +817,20 @@ fn drop_deferred(d: Box<Deferred>) {
 }
 
 impl Later {
+    /// Takes what a finished request kept alive; a bind learns whether it
+    /// took effect (`ok`, its completion's status) when this is dropped.
     #[inline(always)]
-    fn keep(&mut self, ah: Option<AddressHandle>, mw: Option<Arc<crate::mw::MwInner>>) {
-        if ah.is_some() || mw.is_some() {
-            self.push(Kept { _ah: ah, _mw: mw });
+    fn keep(
+        &mut self,
+        ah: Option<AddressHandle>,
+        bind: Option<Box<crate::mw::BindInFlight>>,
+        ok: bool,
+    ) {
+        if ah.is_some() || bind.is_some() {
+            self.push(Kept {
+                _ah: ah,
+                _bind: bind.map(|b| b.completed(ok)),
+            });
         }
     }
 

@@ -63,7 +63,7 @@ mod tests {
             wr_id,
             buffers: crate::WrBuffers::None,
             _ah: None,
-            _mw: None,
+            _bind: None,
         }
     }
 
