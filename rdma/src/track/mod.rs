@@ -496,8 +496,14 @@ impl QpTracker {
             self.has_orphans.store(true, Ordering::Relaxed);
         }
         // A poll that resolved `seq` between the caller's test and the push
-        // may have missed the flag: take back what is done already (else it
-        // waits for the next completion of the queue, or the QP's drain).
+        // may have missed the flag: take back what is done already. The
+        // store-buffering pattern: this side stores the flag and then loads
+        // the queue's `head`, a poll stores `head` and then loads the flag
+        // (`release_orphans`). With a SeqCst fence between store and load on
+        // both sides, at least one of them sees the other's store, so the
+        // memory is released by whichever finishes last (a fence on this
+        // side alone let both miss: Miri found it, see
+        // `an_orphan_adopted_while_its_send_completes_is_released_by_one_side`).
         std::sync::atomic::fence(Ordering::SeqCst);
         if !self.request_in_flight(recv, seq) {
             let done = self.take_orphans(false);
@@ -525,10 +531,15 @@ impl QpTracker {
         done
     }
 
-    /// After a completion moved a queue on: what orphans it released go to
-    /// `later` (dropped after the registry's lock).
+    /// After a completion moved a queue on (its `head` stored): what
+    /// orphans it released go to `later` (dropped after the registry's
+    /// lock).
     #[inline(always)]
     fn release_orphans(&self, later: &mut Later) {
+        // Pairs with the fence in `adopt` (the store-buffering pattern
+        // described there): `head` stored before the flag is loaded. One
+        // fence per run of a queue's completions, not per completion.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         if self.has_orphans.load(std::sync::atomic::Ordering::Relaxed) {
             self.release_orphans_slow(later);
         }

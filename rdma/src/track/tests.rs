@@ -739,3 +739,37 @@ fn a_poll_s_runs_and_what_breaks_them_resolve_in_the_cq_s_order() {
     assert_eq!(destroy(&reg, &t), 0);
     assert_eq!(destroy(&reg, &other), 0);
 }
+
+/// A prepared request dropped while another thread resolves its send's
+/// completion: whichever side goes first, the memory is released by the
+/// time both are done, not kept until some later completion. The adopter
+/// publishes the orphan and then looks at the queue; the poll moves the
+/// queue and then looks for orphans. Each side's fence orders its store
+/// before its load (the store-buffering pattern): with a fence on one side
+/// only, both could read the other's old value and the memory would wait
+/// for the queue's next completion, or the QP's end.
+#[test]
+fn an_orphan_adopted_while_its_send_completes_is_released_by_one_side() {
+    let rounds = if cfg!(miri) { 40 } else { 2000 };
+    for round in 0..rounds {
+        let reg = Registry::default();
+        let t = qp(&reg);
+        let id = pending(&t, false, 1);
+        let seq = decode(id).map(|(_, _, s)| s).expect("our id");
+        let memory = Arc::new(());
+        let alive = Arc::downgrade(&memory);
+        std::thread::scope(|s| {
+            s.spawn(|| assert_eq!(reg.completion(&wc(id)).wr_id, 1));
+            t.adopt(Orphan {
+                recv: false,
+                seq,
+                keep: Box::new(memory),
+            });
+        });
+        assert!(
+            alive.upgrade().is_none(),
+            "round {round}: an orphan whose send was done kept its memory"
+        );
+        assert_eq!(destroy(&reg, &t), 0);
+    }
+}
