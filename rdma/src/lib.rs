@@ -318,7 +318,7 @@ pub use pool::BufferPool;
 pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortState};
 pub use qp::{
     InitAttr, PostPath, PreparedRecv, PreparedSend, QpAttr, QpCaps, QpCreateFlags, QpState, QpType,
-    QueuePair, QueuePairBuilder, RtrAttr, RtsAttr,
+    QueuePair, QueuePairBuilder, RtrAttr, RtsAttr, END_PADDING_ALIGN,
 };
 pub use srq::{SharedReceiveQueue, SrqAttr, SrqType};
 pub use td::{ParentDomain, ThreadDomain};

@@ -38,6 +38,36 @@ fn qp_caps_past_the_device_limits_are_rejected() {
     assert_eq!(err.errno(), Some(libc::EINVAL), "{err}");
 }
 
+/// A QP that pads the device's writes to the cache line cannot take its
+/// receives from a shared receive queue: those receives are posted without
+/// knowing which QP pads them. Refused before the provider is asked (rxe
+/// and siw refuse every create flag themselves).
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn end_padding_with_a_shared_receive_queue_is_refused() {
+    let ctx = common::open(&common::device_name());
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None, 0).unwrap();
+    let srq = pd
+        .create_srq(rdma::SrqAttr {
+            max_wr: 16,
+            max_sge: 1,
+            srq_limit: 0,
+        })
+        .unwrap();
+    let mut b = pd.qp_builder(QpType::Rc, &cq, &cq);
+    b.srq(&srq)
+        .create_flags(rdma::QpCreateFlags::PCI_WRITE_END_PADDING);
+    let err = b.build().unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidArgument { .. })
+            && err
+                .to_string()
+                .contains("PCI_WRITE_END_PADDING with a shared receive queue"),
+        "{err}"
+    );
+}
+
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn zero_and_oversized_cq_sizes_are_rejected() {

@@ -78,10 +78,29 @@ bitflags::bitflags! {
         const CVLAN_STRIPPING = ffi::IBV_QP_CREATE_CVLAN_STRIPPING;
         /// Send with another QP's number (`source_qpn`; UD).
         const SOURCE_QPN = ffi::IBV_QP_CREATE_SOURCE_QPN;
-        /// Pad PCI writes to a cache line.
+        /// Pad PCI writes to a cache line (mlx5): the device writes on
+        /// past the end of what it places in local memory (a receive's
+        /// message, an RDMA READ's or an atomic's result) to the end of the
+        /// cache line. Past a scatter entry whose end is not aligned, that
+        /// is memory the request does not own (the next piece of a split
+        /// region, or whatever follows the registration). So on such a QP
+        /// every entry the device writes must end at a multiple of
+        /// [`END_PADDING_ALIGN`](crate::END_PADDING_ALIGN) bytes (an address, whatever the
+        /// start): posts check it (its requests skip the quick checks), a
+        /// prepared receive's region and slots must be aligned to it, a
+        /// prepared send that the device writes into is refused (use
+        /// `post_send`), and the flag is refused with a shared receive queue,
+        /// whose receives do not know which QP will take them.
         const PCI_WRITE_END_PADDING = ffi::IBV_QP_CREATE_PCI_WRITE_END_PADDING;
         const _ = !0;
     }
+}
+
+/// Whether a QP of `qp_type` with `max_send_sge` send entries sends
+/// without a UD destination or XRC SRQ and has a scatter entry for a
+/// region: what the quick send check and prepared sends need.
+pub(super) fn sends_plainly(qp_type: QpType, max_send_sge: u32) -> bool {
+    !matches!(qp_type, QpType::Ud | QpType::XrcSend) && max_send_sge > 0
 }
 
 /// Builds a queue pair; see [`ProtectionDomain::qp_builder`].
@@ -359,6 +378,18 @@ impl QueuePairBuilder {
                 });
             }
         }
+        if self.srq.is_some()
+            && self
+                .create_flags
+                .contains(QpCreateFlags::PCI_WRITE_END_PADDING)
+        {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_create_qp_ex",
+                reason: "PCI_WRITE_END_PADDING with a shared receive queue: the device would \
+                         pad past the end of receives posted without knowing this QP takes them"
+                    .into(),
+            });
+        }
         Ok(ffi::ibv_qp_init_attr {
             send_cq: self.send_cq.as_raw(),
             recv_cq: self.recv_cq.as_raw(),
@@ -456,6 +487,9 @@ impl QueuePairBuilder {
             Some(x) if self.post_path == PostPath::Auto => SendPath::Mixed(x),
             Some(x) => SendPath::Extended(x),
         };
+        let end_padding = self
+            .create_flags
+            .contains(QpCreateFlags::PCI_WRITE_END_PADDING);
         QueuePair {
             owned: OwnedQp {
                 qp,
@@ -468,8 +502,9 @@ impl QueuePairBuilder {
             path,
             qp_type: self.qp_type,
             caps: QpCaps::from_raw(&cap),
-            plain_sends: !matches!(self.qp_type, QpType::Ud | QpType::XrcSend)
-                && cap.max_send_sge > 0,
+            plain_sends: sends_plainly(self.qp_type, cap.max_send_sge) && !end_padding,
+            plain_recvs: self.srq.is_none() && !end_padding,
+            end_padding,
             max_msg: std::sync::atomic::AtomicU32::new(u32::MAX),
             srq: self.srq.clone(),
             pd: self.pd.clone(),

@@ -3,6 +3,7 @@
 
 use super::{QpType, QueuePair};
 use crate::error::{Error, Result};
+use crate::ffi;
 use crate::mr::{AccessFlags, MemoryRegion};
 use crate::wr::{InlineSend, SendOp, SendWr, UdDest, WrBuffers};
 
@@ -72,6 +73,21 @@ impl QueuePair {
                 verb,
                 reason: crate::wr::SHARED_IS_READ_ONLY.into(),
             });
+        }
+        if local_write && self.end_padding {
+            let mut sges = Vec::new();
+            bufs.for_each_sge(|s| sges.push(s));
+            if let Some(end) = padding_spills(&sges) {
+                return Err(Error::InvalidArgument {
+                    verb,
+                    reason: format!(
+                        "a scatter entry the device writes ends at {end:#x}, but QP {} pads \
+                         the device's writes to the cache line (PCI_WRITE_END_PADDING): each \
+                         must end at a multiple of {END_PADDING_ALIGN}",
+                        self.qp_num()
+                    ),
+                });
+            }
         }
         if let WrBuffers::Device(d) = bufs {
             return check_device_slice(d, &self.pd, local_write)
@@ -212,6 +228,22 @@ impl QueuePair {
             && (!local_write || writable))
             .then_some(m.len() as u64)
     }
+}
+
+/// The alignment, in bytes, of the end of every scatter entry the device
+/// writes on a QP built with
+/// [`QpCreateFlags::PCI_WRITE_END_PADDING`](crate::QpCreateFlags::PCI_WRITE_END_PADDING):
+/// the largest cache line of the CPUs rdma-core runs on (64 on x86 and
+/// Arm, 128 on POWER), so that the padding never passes the entry's end.
+pub const END_PADDING_ALIGN: u64 = 128;
+
+/// The end of the first of `sges` past which a device that pads its writes
+/// to the cache line (`PCI_WRITE_END_PADDING`) would write, if any: an end
+/// that is not a multiple of [`END_PADDING_ALIGN`].
+fn padding_spills(sges: &[ffi::ibv_sge]) -> Option<u64> {
+    sges.iter()
+        .map(|s| s.addr.wrapping_add(u64::from(s.length)))
+        .find(|end| end % END_PADDING_ALIGN != 0)
 }
 
 /// The rule every atomic's local memory follows, named by its errors.
@@ -367,6 +399,30 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    /// On a QP that pads the device's writes, an entry may end only where
+    /// the padding stops: a split region's first piece ending mid-line
+    /// would have the padding written into the second.
+    #[test]
+    fn padding_spills_past_every_unaligned_end() {
+        let sge = |addr: u64, length: u32| ffi::ibv_sge {
+            addr,
+            length,
+            lkey: 1,
+        };
+        assert_eq!(padding_spills(&[]), None);
+        assert_eq!(padding_spills(&[sge(0x1000, 256)]), None);
+        // Any start: the padding runs from the data's end to the line's.
+        assert_eq!(padding_spills(&[sge(0x1010, 0xf0)]), None);
+        assert_eq!(padding_spills(&[sge(0x1000, 100)]), Some(0x1064));
+        // Two pieces of one region, split at 64: the first ends mid-line
+        // (for a 128-byte line), the second is fine.
+        assert_eq!(
+            padding_spills(&[sge(0x1000, 64), sge(0x1040, 64)]),
+            Some(0x1040)
+        );
+        assert_eq!(padding_spills(&[sge(0x1000, 128), sge(0x1080, 128)]), None);
     }
 
     #[test]

@@ -37,6 +37,7 @@ use wr_ops::ExtendedQp;
 pub use attr::{InitAttr, QpAttr, RtrAttr, RtsAttr};
 pub use builder::{PostPath, QpCaps, QpCreateFlags, QueuePairBuilder};
 pub(crate) use check::check_device_slice;
+pub use check::END_PADDING_ALIGN;
 pub use prepared::PreparedSend;
 pub use prepared_recv::PreparedRecv;
 
@@ -116,8 +117,17 @@ pub struct QueuePair {
     qp_type: QpType,
     caps: QpCaps,
     /// Sends of this QP may take the quick check: its type needs no UD
-    /// destination or XRC SRQ, and it has a send scatter entry (set once).
+    /// destination or XRC SRQ, it has a send scatter entry, and it does not
+    /// pad the device's writes (set once).
     plain_sends: bool,
+    /// Receives of this QP may take the quick check: it has a receive
+    /// queue of its own and does not pad the device's writes (set once).
+    plain_recvs: bool,
+    /// Built with [`QpCreateFlags::PCI_WRITE_END_PADDING`]: the device
+    /// pads each write it makes into local memory to the end of a cache
+    /// line, past the end of the scatter entry unless that end is aligned.
+    /// Every entry the device writes must end on [`END_PADDING_ALIGN`].
+    end_padding: bool,
     /// The largest message the QP may send, learnt at `to_init` from the
     /// port (`max_msg_sz`; the active MTU for UD); `u32::MAX` (no limit)
     /// until then or when the port reports none, so a post compares once.

@@ -250,7 +250,7 @@ impl QueuePair {
         region: impl Into<WrBuffers>,
     ) -> std::result::Result<PreparedSend, crate::PostError> {
         let region = region.into();
-        if !self.plain_sends {
+        if !super::builder::sends_plainly(self.qp_type, self.caps.max_send_sge) {
             let e = self.invalid(format!(
                 "a prepared send needs an RC or UC QP with a send scatter entry; QP {} is {:?} \
                  with max_send_sge {} (use prepare_send_ud for UD, post_send otherwise)",
@@ -325,6 +325,14 @@ impl QueuePair {
             };
             if op.writes_local() && region.is_shared() {
                 return Err(self.invalid(SHARED_IS_READ_ONLY.into()));
+            }
+            if op.writes_local() && self.end_padding {
+                return Err(self.invalid(
+                    "a prepared request the device writes into, on a QP built with \
+                     PCI_WRITE_END_PADDING (each post's range would need its end aligned): \
+                     use post_send"
+                        .into(),
+                ));
             }
             let (min_len, max_len) = if op.is_atomic() {
                 (8, 8)

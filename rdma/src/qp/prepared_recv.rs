@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use super::QueuePair;
+use super::{QueuePair, END_PADDING_ALIGN};
 use crate::error::{Error, Result};
 use crate::track::{Orphan, QpTracker};
 use crate::wr::WrBuffers;
@@ -200,6 +200,15 @@ impl QueuePair {
             Err(invalid(format!(
                 "slots of {slot_len} bytes in a region of {total} (at least 1 byte, at most the \
                  region and 4 GiB - 1)"
+            )))
+        } else if self.end_padding
+            && (region.addr() % END_PADDING_ALIGN != 0 || slot_len as u64 % END_PADDING_ALIGN != 0)
+        {
+            Err(invalid(format!(
+                "slots of {slot_len} bytes from {:#x} on a QP built with PCI_WRITE_END_PADDING: \
+                 the region's address and the slot length must be multiples of \
+                 {END_PADDING_ALIGN}, so that no slot's padding reaches the next",
+                region.addr()
             )))
         } else {
             self.check_region(&region, true, "ibv_post_recv")

@@ -18,7 +18,7 @@ impl QueuePair {
         buffers: impl Into<WrBuffers>,
     ) -> std::result::Result<(), PostError> {
         let buffers = buffers.into();
-        let plainly_valid = self.srq.is_none()
+        let plainly_valid = self.plain_recvs
             && self
                 .buffers_plainly_valid(&buffers, self.caps.max_recv_sge, true)
                 .is_some();
