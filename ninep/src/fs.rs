@@ -28,12 +28,11 @@ use crate::proto::{
     IOHDRSZ, NOFID, QTDIR, QTSYMLINK, VERSION,
 };
 use crate::sys;
+use crate::users::{self, Cred, Users};
 
 /// The smallest msize this server agrees to (room for a reply header and
 /// a directory entry of a long name).
 pub const MIN_MSIZE: u32 = 4096;
-/// `n_uname` when the client sends none.
-const NONUNAME: u32 = u32::MAX;
 
 /// What is served: a directory, opened once. Cloning shares it.
 #[derive(Debug, Clone)]
@@ -41,10 +40,13 @@ pub struct Export {
     root: Arc<OwnedFd>,
     read_only: bool,
     max_fids: usize,
+    /// How clients' users map to the server's ([`crate::users`]).
+    users: Users,
 }
 
 impl Export {
-    /// Opens `dir` to serve it.
+    /// Opens `dir` to serve it, clients' users mapped as by
+    /// [`Users::default`] (root squashed; see [`Export::with_users`]).
     ///
     /// # Errors
     /// When `dir` cannot be opened as a directory.
@@ -57,7 +59,14 @@ impl Export {
             root: Arc::new(root.into()),
             read_only,
             max_fids,
+            users: Users::default(),
         })
+    }
+
+    /// The same export with clients' users mapped by `users`.
+    pub fn with_users(mut self, users: Users) -> Export {
+        self.users = users;
+        self
     }
 
     /// Whether changes are refused.
@@ -189,7 +198,9 @@ enum Open {
 #[derive(Debug, Clone)]
 struct Fid {
     path: PathBuf,
-    uid: u32,
+    /// Who the fid acts for: every request on it runs with these
+    /// credentials (from its `Tattach`, kept by walks).
+    user: Arc<Cred>,
     open: Option<Arc<Open>>,
 }
 
@@ -508,16 +519,51 @@ impl Session {
         Ok(())
     }
 
-    /// Sets the owner of something just created when running as root.
-    fn own(&self, dir: &File, name: &OsStr, uid: u32, gid: u32) -> R<()> {
-        if sys::euid() != 0 {
-            return Ok(());
-        }
-        let f: File = sys::openat2_beneath(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?.into();
-        sys::fchown_fd(&f, uid, gid)
+    /// Whom a request acts for: the user of the fid it works through, with
+    /// the group it asks new files to get when that is one of the user's
+    /// ([`Cred::creating_as`]). `None` for requests that touch no file
+    /// system object through a path (version, flush, clunk, reads and
+    /// writes of an open file, whose permissions were checked when it was
+    /// opened), and for `Tattach`, which names its own user.
+    fn user_for(&self, m: &Tmsg<'_>) -> R<Option<Arc<Cred>>> {
+        let (fid, gid) = match *m {
+            Tmsg::Walk { fid, .. }
+            | Tmsg::Lopen { fid, .. }
+            | Tmsg::Remove { fid }
+            | Tmsg::Statfs { fid }
+            | Tmsg::Rename { fid, .. }
+            | Tmsg::Readlink { fid }
+            | Tmsg::Getattr { fid, .. }
+            | Tmsg::Setattr { fid, .. }
+            | Tmsg::Readdir { fid, .. }
+            | Tmsg::Renameat { olddirfid: fid, .. }
+            | Tmsg::Link { dfid: fid, .. }
+            | Tmsg::Unlinkat { dfid: fid, .. } => (fid, None),
+            Tmsg::Lcreate { fid, gid, .. }
+            | Tmsg::Symlink { fid, gid, .. }
+            | Tmsg::Mknod { dfid: fid, gid, .. }
+            | Tmsg::Mkdir { dfid: fid, gid, .. } => (fid, Some(gid)),
+            _ => return Ok(None),
+        };
+        let user = locked(&self.fids)
+            .get(&fid)
+            .map(|f| Arc::clone(&f.user))
+            .ok_or_else(|| errno(libc::EBADF))?;
+        Ok(Some(match gid {
+            Some(gid) if gid != user.gid => Arc::new(user.creating_as(gid)),
+            _ => user,
+        }))
     }
 
+    /// Handles a request with the credentials of the user it acts for
+    /// ([`Session::user_for`]), this thread itself again afterwards.
     fn dispatch<'d>(&self, m: Tmsg<'_>, data: &'d mut Vec<u8>) -> R<Rmsg<'d>> {
+        let user = self.user_for(&m)?;
+        let _as_user = user.as_deref().map(users::as_user).transpose()?;
+        self.dispatch_as_user(m, data)
+    }
+
+    fn dispatch_as_user<'d>(&self, m: Tmsg<'_>, data: &'d mut Vec<u8>) -> R<Rmsg<'d>> {
         let ex = &self.export;
         match m {
             Tmsg::Version { msize, version } => {
@@ -534,17 +580,21 @@ impl Session {
             Tmsg::Auth { .. } => Err(errno(libc::EOPNOTSUPP)),
             Tmsg::Attach {
                 fid,
-                uname: _,
+                uname,
                 n_uname,
                 ..
             } => {
-                let m = ex.meta(Path::new(""))?;
-                let uid = if n_uname == NONUNAME { 0 } else { n_uname };
+                let user = Arc::new(ex.users.resolve(uname, n_uname));
+                // The root as the user sees it (search permission included).
+                let m = {
+                    let _as_user = users::as_user(&user)?;
+                    ex.meta(Path::new(""))?
+                };
                 self.new_fid(
                     fid,
                     Fid {
                         path: PathBuf::new(),
-                        uid,
+                        user,
                         open: None,
                     },
                 )?;
@@ -556,7 +606,7 @@ impl Session {
                 if f.open.is_some() {
                     return Err(errno(libc::EBADF));
                 }
-                let (mut path, uid) = (f.path.clone(), f.uid);
+                let (mut path, user) = (f.path.clone(), f.user);
                 let mut qids = Vec::with_capacity(names.len());
                 for (i, name) in names.iter().enumerate() {
                     let next = if *name == b".." {
@@ -578,7 +628,7 @@ impl Session {
                 if qids.len() == names.len() {
                     let nf = Fid {
                         path,
-                        uid,
+                        user,
                         open: None,
                     };
                     if newfid == fid {
@@ -625,7 +675,7 @@ impl Session {
                 name,
                 flags,
                 mode,
-                gid,
+                ..
             } => {
                 self.writable()?;
                 let name = check_name(name)?;
@@ -655,8 +705,9 @@ impl Session {
                     }
                     Err(e) => return Err(e),
                 };
-                let (uid, path) = (f.uid, f.path.join(name));
-                self.own(&dir, name, uid, gid)?;
+                // Created by the user (its owner and group are the
+                // thread's), or an existing file opened: its owner stays.
+                let path = f.path.join(name);
                 let m = file.metadata()?;
                 let open = Open::File {
                     file,
@@ -717,12 +768,9 @@ impl Session {
                 }))
             }
             Tmsg::Symlink {
-                fid,
-                name,
-                target,
-                gid,
+                fid, name, target, ..
             } => {
-                let qid = self.make(fid, name, gid, |dir, name| {
+                let qid = self.make(fid, name, |dir, name| {
                     if target.is_empty() || target.contains(&0) {
                         return Err(errno(libc::EINVAL));
                     }
@@ -736,21 +784,16 @@ impl Session {
                 mode,
                 major,
                 minor,
-                gid,
+                ..
             } => {
                 let dev = libc::makedev(major, minor);
-                let qid = self.make(dfid, name, gid, |dir, name| {
-                    sys::mknodat(dir, name, mode, dev)
-                })?;
+                let qid = self.make(dfid, name, |dir, name| sys::mknodat(dir, name, mode, dev))?;
                 Ok(Rmsg::Mknod { qid })
             }
             Tmsg::Mkdir {
-                dfid,
-                name,
-                mode,
-                gid,
+                dfid, name, mode, ..
             } => {
-                let qid = self.make(dfid, name, gid, |dir, name| sys::mkdirat(dir, name, mode))?;
+                let qid = self.make(dfid, name, |dir, name| sys::mkdirat(dir, name, mode))?;
                 Ok(Rmsg::Mkdir { qid })
             }
             Tmsg::Rename { fid, dfid, name } => {
@@ -917,21 +960,14 @@ impl Session {
     }
 
     /// Makes `name` in the directory of `dfid` with `make(dir, name)` (after
-    /// the checks every creation needs), gives it to the fid's user and
-    /// `gid` when running as root, and returns its qid.
-    fn make(
-        &self,
-        dfid: u32,
-        name: &[u8],
-        gid: u32,
-        make: impl FnOnce(&File, &OsStr) -> R<()>,
-    ) -> R<Qid> {
+    /// the checks every creation needs; the thread acts as the fid's user,
+    /// so the new object is the user's) and returns its qid.
+    fn make(&self, dfid: u32, name: &[u8], make: impl FnOnce(&File, &OsStr) -> R<()>) -> R<Qid> {
         self.writable()?;
         let name = check_name(name)?;
         let f = self.fid(dfid)?;
         let dir = self.export.dir(&f.path)?;
         make(&dir, name)?;
-        self.own(&dir, name, f.uid, gid)?;
         Ok(qid_of(&self.export.meta(&f.path.join(name))?))
     }
 

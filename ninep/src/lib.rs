@@ -27,3 +27,4 @@ mod link;
 pub mod proto;
 pub mod server;
 mod sys;
+pub mod users;

@@ -1,4 +1,5 @@
-//! `rdma-9p serve [--addr A] [--port P] [--read-only] [--msize N] [--max-fids N] DIR`
+//! `rdma-9p serve [--addr A] [--port P] [--read-only] [--msize N] [--max-fids N]
+//! [--squash root|all|none] [--anon-uid N] [--anon-gid N] DIR`
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -20,6 +21,16 @@ rdma-9p: a 9P2000.L file server over RDMA (RDMA CM, one SEND per message).
 Serves DIR (nothing outside it is reachable) until killed. Linux mounts it with
   mount -t 9p -o trans=rdma,port=P,version=9p2000.L ADDR /mnt
 
+Who may do what: 9P over RDMA has no authentication. A client names its
+user, and whoever can reach the port can name any user: who can reach the
+port is who can use the export. As knfsd does, the server believes the user
+named, maps it through --squash, and runs each request with that user's
+credentials (uid, primary and supplementary groups from this machine's
+passwd and group databases), so the kernel checks every permission as for
+that user here: device nodes and set-id bits only where the user could make
+them locally. Run as root to act for many users; run as another user, the
+server acts as itself for every client.
+
 options of serve:
   --addr A       the IP address to listen on (default {addr}: every address)
   --port P       the RDMA CM port, TCP port space (default {DEFAULT_PORT})
@@ -27,6 +38,11 @@ options of serve:
   --msize N      the largest message size agreed, 4096 to 16777216 bytes
                  (default {DEFAULT_MSIZE}); every receive is this large
   --max-fids N   the fids one connection may hold (default {fids})
+  --squash S     root: uid 0 acts as the anonymous user (the default);
+                 all: every user does; none: users act as themselves, root
+                 included (tests, trusted fabrics)
+  --anon-uid N   the anonymous user's uid (default {anon})
+  --anon-gid N   the anonymous user's gid (default {anon})
   -h, --help     print this help
 
 environment:
@@ -40,6 +56,7 @@ environment:
                  read gets whatever bytes the reply buffer holds)",
         addr = defaults.addr,
         fids = defaults.max_fids,
+        anon = rdma_9p::users::ANON_ID,
     )
 }
 
@@ -122,6 +139,18 @@ fn parse(args: &[String]) -> Result<Command, String> {
                 }
                 c.max_fids = n;
             }
+            "--squash" => {
+                let v = value()?;
+                c.users.squash = v.parse().map_err(|e| format!("{name}: {e}"))?;
+            }
+            "--anon-uid" => {
+                let v = value()?;
+                c.users.anon_uid = number(name, &v, "a uid")?;
+            }
+            "--anon-gid" => {
+                let v = value()?;
+                c.users.anon_gid = number(name, &v, "a gid")?;
+            }
             "--read-only" if inline.is_none() => c.read_only = true,
             "--read-only" => return Err("--read-only takes no value".into()),
             "-h" | "--help" => return Ok(Command::Help),
@@ -195,6 +224,10 @@ mod tests {
             "--read-only",
             "--msize",
             "--max-fids",
+            "--squash",
+            "--anon-uid",
+            "--anon-gid",
+            "no authentication",
             "5640",
         ] {
             assert!(h.contains(word), "the help lacks {word}");
@@ -214,6 +247,16 @@ mod tests {
             (5641, true, 65536, 9)
         );
         assert_eq!(c.dir, std::path::Path::new("/srv"));
+        assert_eq!(c.users, rdma_9p::users::Users::default());
+        let Ok(Command::Serve(c)) = parse(&args(
+            "serve --squash all --anon-uid 1234 --anon-gid=99 /srv",
+        )) else {
+            panic!("not parsed")
+        };
+        assert_eq!(
+            (c.users.squash, c.users.anon_uid, c.users.anon_gid),
+            (rdma_9p::users::Squash::All, 1234, 99)
+        );
         let Ok(Command::Serve(c)) = parse(&args("serve -- -dir")) else {
             panic!("not parsed")
         };
@@ -236,5 +279,10 @@ mod tests {
         assert!(err("serve --msize -5 /a").contains("\"-5\" is not a size"));
         assert!(err("serve --max-fids 0 /a").contains("at least 1"));
         assert!(err("serve --read-only=yes /a").contains("takes no value"));
+        assert!(
+            err("serve --squash some /a").contains("--squash: \"some\" is not root, all or none")
+        );
+        assert!(err("serve --anon-uid -1 /a").contains("\"-1\" is not a uid"));
+        assert!(err("serve --anon-gid /a").contains("\"/a\" is not a gid"));
     }
 }

@@ -73,6 +73,8 @@ pub struct Config {
     pub max_msize: u32,
     /// Fids one connection may hold.
     pub max_fids: usize,
+    /// How clients' users map to the server's (root squashed by default).
+    pub users: crate::users::Users,
     /// Receives kept posted per connection (Linux's client keeps at most
     /// 32 requests outstanding by default, `rq=32`).
     pub recv_depth: u32,
@@ -90,6 +92,7 @@ impl Config {
             read_only: false,
             max_msize: DEFAULT_MSIZE,
             max_fids: 4096,
+            users: crate::users::Users::default(),
             recv_depth: 64,
             send_depth: 16,
         }
@@ -131,7 +134,8 @@ pub fn run(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
 pub async fn serve(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
     let export = Rc::new(
         Export::new(&config.dir, config.read_only, config.max_fids)
-            .map_err(|e| format!("cannot serve {}: {e}", config.dir.display()))?,
+            .map_err(|e| format!("cannot serve {}: {e}", config.dir.display()))?
+            .with_users(config.users),
     );
     let config = Rc::new(config);
     let cm = rt::cm_channel().map_err(fail("rdma_create_event_channel"))?;

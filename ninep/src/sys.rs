@@ -281,3 +281,29 @@ pub fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }
+
+/// Sets this thread's supplementary groups, file-system group and
+/// file-system user (in that order: the groups need `CAP_SETGID`, which a
+/// non-zero fsuid leaves alone) through the raw system calls, which change
+/// the calling thread only (glibc's `setgroups` changes every thread).
+/// `setfsuid` and `setfsgid` report no error: each is read back.
+pub fn set_fs_cred(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
+    // SAFETY: `groups` holds `groups.len()` gids (`gid_t` is `u32`), which
+    // the kernel only reads.
+    let rc = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    for (call, id) in [(libc::SYS_setfsgid, gid), (libc::SYS_setfsuid, uid)] {
+        // SAFETY: setfsgid/setfsuid take an id and cannot fault; `-1` (no
+        // id) changes nothing and returns the current one.
+        let now = unsafe {
+            libc::syscall(call, id);
+            libc::syscall(call, u32::MAX)
+        };
+        if now != libc::c_long::from(id) {
+            return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
+    }
+    Ok(())
+}

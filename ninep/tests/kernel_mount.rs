@@ -16,60 +16,7 @@ use sha2::{Digest, Sha256};
 use rdma_9p::client::{Client, ClientError, Options, Transport};
 
 mod common;
-use common::{require_device, required_env, run, tmpdir, Server};
-
-/// A kernel 9P mount, unmounted on drop (lazily when a test failed).
-struct Mount {
-    at: PathBuf,
-    mounted: bool,
-}
-
-impl Mount {
-    fn new(addr: &str, port: u16, at: &Path) -> Mount {
-        Mount::with(addr, port, at, "")
-    }
-
-    /// A mount with more options (`extra` starts with a comma).
-    fn with(addr: &str, port: u16, at: &Path, extra: &str) -> Mount {
-        std::fs::create_dir_all(at).unwrap();
-        let opts = format!("trans=rdma,port={port},version=9p2000.L{extra}");
-        // A hung connection must fail the test, not hang it.
-        run(
-            "timeout",
-            &[
-                "60",
-                "mount",
-                "-t",
-                "9p",
-                "-o",
-                &opts,
-                addr,
-                at.to_str().unwrap(),
-            ],
-        );
-        Mount {
-            at: at.to_path_buf(),
-            mounted: true,
-        }
-    }
-
-    fn p(&self, rel: &str) -> PathBuf {
-        self.at.join(rel)
-    }
-
-    fn unmount(mut self) {
-        run("timeout", &["60", "umount", self.at.to_str().unwrap()]);
-        self.mounted = false;
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if self.mounted {
-            let _ = Command::new("umount").arg("-l").arg(&self.at).status();
-        }
-    }
-}
+use common::{require_device, required_env, run, tmpdir, Mount, Server};
 
 fn sha(p: &Path) -> Vec<u8> {
     let mut f = std::fs::File::open(p).unwrap();

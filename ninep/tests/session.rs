@@ -2,141 +2,29 @@
 //! `Session::handle` with encoded messages (no device needed).
 
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::path::Path;
 
-use rdma_9p::fs::{Export, Session};
+mod common;
+
+use common::session::{lerror, Client, TempDir, EINVAL, ENOENT, EROFS, EXDEV};
+use rdma_9p::fs::Export;
 use rdma_9p::proto::{
     setattr, DirEntry, Flock, Request, Rmsg, SetAttr, Tmsg, IOHDRSZ, NOFID, VERSION,
 };
+use rdma_9p::users::{Squash, Users};
 
-/// A fresh directory under the system's temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(what: &str) -> TempDir {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "rdma-9p-{what}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-struct Client<'e> {
-    s: Session,
-    _ex: std::marker::PhantomData<&'e Export>,
-    tag: u16,
-}
-
-const ENOENT: u32 = libc::ENOENT as u32;
-const EXDEV: u32 = libc::EXDEV as u32;
-const EINVAL: u32 = libc::EINVAL as u32;
-const EROFS: u32 = libc::EROFS as u32;
-
-impl<'e> Client<'e> {
-    fn new(ex: &'e Export) -> Client<'e> {
-        let mut c = Client {
-            s: Session::new(ex, 8192),
-            _ex: std::marker::PhantomData,
-            tag: 0,
-        };
-        let r = c.rpc(Tmsg::Version {
-            msize: 131072,
-            version: VERSION,
-        });
-        assert_eq!(
-            r,
-            Rmsg::Version {
-                msize: 8192,
-                version: VERSION
-            }
-            .to_owned_bytes()
-        );
-        c.ok(Tmsg::Attach {
-            fid: 0,
-            afid: NOFID,
-            uname: b"root",
-            aname: b"",
-            n_uname: 0,
-        });
-        c
-    }
-
-    /// Sends a request, returns the encoded reply (tag checked).
-    fn rpc(&mut self, msg: Tmsg<'_>) -> Vec<u8> {
-        self.tag = self.tag.wrapping_add(1);
-        let mut buf = Vec::new();
-        Request { tag: self.tag, msg }.encode(&mut buf);
-        // The server's path: the reply written into a send buffer of msize.
-        let mut out = vec![0; self.s.msize() as usize];
-        let n = self.s.handle_into(&buf, &mut out).expect("a sound header");
-        out.truncate(n);
-        let (tag, _) = Rmsg::decode(&out).expect("a well-formed reply");
-        assert_eq!(tag, self.tag);
-        out
-    }
-
-    /// Expects a reply that is not an error.
-    fn ok(&mut self, msg: Tmsg<'_>) -> Vec<u8> {
-        let what = format!("{msg:?}");
-        let out = self.rpc(msg);
-        if let (_, Rmsg::Lerror { ecode }) = Rmsg::decode(&out).unwrap() {
-            panic!("{what}: Rlerror {ecode}");
-        }
-        out
-    }
-
-    /// Expects Rlerror and returns its code.
-    fn err(&mut self, msg: Tmsg<'_>) -> u32 {
-        let what = format!("{msg:?}");
-        let out = self.rpc(msg);
-        match Rmsg::decode(&out).unwrap().1 {
-            Rmsg::Lerror { ecode } => ecode,
-            other => panic!("{what}: expected an error, got {other:?}"),
-        }
-    }
-
-    fn walk(&mut self, fid: u32, newfid: u32, names: &[&[u8]]) -> Vec<u8> {
-        self.rpc(Tmsg::Walk {
-            fid,
-            newfid,
-            names: names.to_vec(),
-        })
-    }
-}
-
-trait Owned {
-    fn to_owned_bytes(&self) -> Vec<u8>;
-}
-
-impl Owned for Rmsg<'_> {
-    fn to_owned_bytes(&self) -> Vec<u8> {
-        let mut v = Vec::new();
-        self.encode(1, &mut v);
-        v
-    }
-}
-
-fn lerror(out: &[u8]) -> Option<u32> {
-    match Rmsg::decode(out).unwrap().1 {
-        Rmsg::Lerror { ecode } => Some(ecode),
-        _ => None,
-    }
-}
-
+/// An export whose clients act as the users they name, root included (the
+/// tests attach as root and check the server's own behaviour; the trust
+/// model has its own tests in `tests/users.rs`).
 fn export(dir: &Path) -> Export {
-    Export::new(dir, false, 64).unwrap()
+    Export::new(dir, false, 64).unwrap().with_users(trusting())
+}
+
+fn trusting() -> Users {
+    Users {
+        squash: Squash::None,
+        ..Users::default()
+    }
 }
 
 #[test]
@@ -494,7 +382,7 @@ fn read_only_refuses_every_change() {
     let t = TempDir::new("ro");
     std::fs::write(t.0.join("f"), b"data").unwrap();
     std::fs::create_dir(t.0.join("d")).unwrap();
-    let ex = Export::new(&t.0, true, 64).unwrap();
+    let ex = Export::new(&t.0, true, 64).unwrap().with_users(trusting());
     let mut c = Client::new(&ex);
     c.ok(Tmsg::Walk {
         fid: 0,
@@ -591,7 +479,7 @@ fn read_only_refuses_every_change() {
 #[test]
 fn fid_limit_and_bad_messages() {
     let t = TempDir::new("limits");
-    let ex = Export::new(&t.0, false, 4).unwrap();
+    let ex = Export::new(&t.0, false, 4).unwrap().with_users(trusting());
     let mut c = Client::new(&ex);
     for fid in 1..4 {
         c.ok(Tmsg::Walk {

@@ -2,6 +2,8 @@
 //! and the server run as a child process.
 #![allow(dead_code)]
 
+pub mod session;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -46,15 +48,77 @@ pub fn tmpdir(what: &str) -> PathBuf {
     p
 }
 
+/// A kernel 9P mount, unmounted on drop (lazily when a test failed).
+pub struct Mount {
+    pub at: PathBuf,
+    mounted: bool,
+}
+
+impl Mount {
+    pub fn new(addr: &str, port: u16, at: &Path) -> Mount {
+        Mount::with(addr, port, at, "")
+    }
+
+    /// A mount with more options (`extra` starts with a comma).
+    pub fn with(addr: &str, port: u16, at: &Path, extra: &str) -> Mount {
+        std::fs::create_dir_all(at).unwrap();
+        let opts = format!("trans=rdma,port={port},version=9p2000.L{extra}");
+        // A hung connection must fail the test, not hang it.
+        run(
+            "timeout",
+            &[
+                "60",
+                "mount",
+                "-t",
+                "9p",
+                "-o",
+                &opts,
+                addr,
+                at.to_str().unwrap(),
+            ],
+        );
+        Mount {
+            at: at.to_path_buf(),
+            mounted: true,
+        }
+    }
+
+    pub fn p(&self, rel: &str) -> PathBuf {
+        self.at.join(rel)
+    }
+
+    pub fn unmount(mut self) {
+        run("timeout", &["60", "umount", self.at.to_str().unwrap()]);
+        self.mounted = false;
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = Command::new("umount").arg("-l").arg(&self.at).status();
+        }
+    }
+}
+
 /// The server process, killed on drop.
 pub struct Server {
     child: Child,
 }
 
 impl Server {
+    /// The server of the kernel-mount battery: its clients act as the
+    /// users they name, root included (`--squash none`: the battery checks
+    /// what root does, `chown` among it).
     pub fn start(addr: &str, port: u16, dir: &Path) -> Server {
+        Server::start_with(addr, port, dir, &["--squash", "none"])
+    }
+
+    /// The server with `options` before the directory.
+    pub fn start_with(addr: &str, port: u16, dir: &Path, options: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_rdma-9p"))
             .args(["serve", "--addr", addr, "--port", &port.to_string()])
+            .args(options)
             .arg(dir)
             .stdout(Stdio::piped())
             .spawn()
