@@ -315,6 +315,14 @@ pub struct Options {
     pub io_size: u32,
     /// Calls in flight for whole-file reads and writes.
     pub window: usize,
+    /// The most entries [`Client::readdir`] and [`Client::readdirplus`]
+    /// take from one directory: a server that never says the listing ended
+    /// gets an error here, not a client whose memory grows without end.
+    pub max_dir_entries: usize,
+    /// The most bytes [`Client::read_all`] reads: a file that never ends
+    /// (a server that never says EOF, or one growing as it is read) gets an
+    /// error past it.
+    pub max_read_all: u64,
 }
 
 impl Default for Options {
@@ -325,6 +333,8 @@ impl Default for Options {
             auth: None,
             io_size: 1 << 20,
             window: 8,
+            max_dir_entries: 1 << 20,
+            max_read_all: 4 << 30,
         }
     }
 }
@@ -379,6 +389,8 @@ pub struct Client {
     rsize: u32,
     wsize: u32,
     window: usize,
+    max_dir_entries: usize,
+    max_read_all: u64,
 }
 
 impl Client {
@@ -409,6 +421,8 @@ impl Client {
             rsize: o.io_size.max(4096),
             wsize: o.io_size.max(4096),
             window: o.window.max(1),
+            max_dir_entries: o.max_dir_entries,
+            max_read_all: o.max_read_all,
         };
         let (rtmax, wtmax) = c.fsinfo().await?;
         c.rsize = c.rsize.min(rtmax).max(4096);
@@ -755,7 +769,9 @@ impl Client {
     /// server lists them).
     ///
     /// # Errors
-    /// As [`Client::fsinfo`].
+    /// As [`Client::fsinfo`]; [`NfsError::Invalid`] when the server's
+    /// listing does not end: a round whose cookie does not advance, or more
+    /// than [`Options::max_dir_entries`] entries.
     pub async fn readdir(&self, dir: &Fh) -> Result<Vec<DirEntry>> {
         self.list(dir, false).await
     }
@@ -764,7 +780,7 @@ impl Client {
     /// handle when the server sends them.
     ///
     /// # Errors
-    /// As [`Client::fsinfo`].
+    /// As [`Client::readdir`].
     pub async fn readdirplus(&self, dir: &Fh) -> Result<Vec<DirEntry>> {
         self.list(dir, true).await
     }
@@ -797,7 +813,14 @@ impl Client {
             post_op_attr(&mut r).map_err(d)?;
             verf.copy_from_slice(r.fixed("cookieverf3", 8).map_err(d)?);
             let before = out.len();
+            let asked = cookie;
             while r.bool("entry follows").map_err(d)? {
+                if out.len() >= self.max_dir_entries {
+                    return Err(NfsError::Invalid(format!(
+                        "{op}: more than {} entries (Options::max_dir_entries)",
+                        self.max_dir_entries
+                    )));
+                }
                 let fileid = r.u64("entry.fileid").map_err(d)?;
                 let name = r.opaque("entry.name", MAX_NAME).map_err(d)?.to_vec();
                 cookie = r.u64("entry.cookie").map_err(d)?;
@@ -826,6 +849,14 @@ impl Client {
             if out.len() == before {
                 return Err(NfsError::Invalid(format!(
                     "{op}: the server returned no entries and no end of directory"
+                )));
+            }
+            // The next round starts after the last entry: a cookie that did
+            // not move would have the server list the same entries again.
+            if cookie == asked {
+                return Err(NfsError::Invalid(format!(
+                    "{op}: the server's cookie did not advance ({cookie:#x}) and the \
+                     directory did not end"
                 )));
             }
         }
@@ -862,12 +893,19 @@ impl Client {
 
     /// The whole file, with up to the window's READs in flight, each
     /// placed straight into the result ([`Client::read_into`]: one copy
-    /// from chunk memory per byte).
+    /// from chunk memory per byte), at most [`Options::max_read_all`] bytes.
     ///
     /// # Errors
-    /// As [`Client::read`].
+    /// As [`Client::read`]; [`NfsError::Invalid`] for a file larger than
+    /// [`Options::max_read_all`] (as GETATTR states it, or as read).
     pub async fn read_all(&self, f: &Fh) -> Result<Vec<u8>> {
         let size = self.getattr(f).await?.size;
+        if size > self.max_read_all {
+            return Err(NfsError::Invalid(format!(
+                "READ: a file of {size} bytes, more than {} (Options::max_read_all)",
+                self.max_read_all
+            )));
+        }
         let step = u64::from(self.rsize);
         // The size the server states is sized for at once (the zeroed
         // pages cost nothing until the data lands in them) up to a bound;
@@ -920,6 +958,12 @@ impl Client {
         // The file may be larger than stated, or have grown since GETATTR:
         // read on to the end.
         while !eof {
+            if out.len() as u64 >= self.max_read_all {
+                return Err(NfsError::Invalid(format!(
+                    "READ: the file goes on past {} bytes (Options::max_read_all)",
+                    self.max_read_all
+                )));
+            }
             let (data, e) = self.read(f, out.len() as u64, self.rsize).await?;
             out.extend_from_slice(&data);
             eof = e || data.is_empty();

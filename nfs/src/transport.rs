@@ -146,6 +146,15 @@ pub enum Error {
     /// The server's transport header or chunks were malformed or broke the
     /// protocol (a chunk longer than offered, a reply chunk never offered).
     Malformed(String),
+    /// The RPC reply inside the transport's message names another call than
+    /// the transport header it came with (RFC 8166 requires both xids to be
+    /// the call's): the reply is not this call's, and is not delivered.
+    XidMismatch {
+        /// The call's xid (and its reply's transport header's).
+        call: u32,
+        /// The xid of the RPC reply the server sent with it.
+        reply: u32,
+    },
     /// The call cannot be sent at all (too large), or the transport is
     /// closed: do not retry.
     Permanent(String),
@@ -161,6 +170,10 @@ impl fmt::Display for Error {
             }
             Error::Rdma(e) => write!(f, "{e}"),
             Error::Malformed(why) => write!(f, "malformed reply from the server: {why}"),
+            Error::XidMismatch { call, reply } => write!(
+                f,
+                "the server answered call {call:#x} with the RPC reply of call {reply:#x}"
+            ),
             Error::Permanent(why) => write!(f, "{why}"),
         }
     }
@@ -1783,6 +1796,7 @@ fn outcome(p: &Pending, o: Outcome, gone: Gone, lent: Result<Option<LentData>>) 
             written,
         ),
     };
+    check_reply_xid(&p.call.msg, &msg)?;
     if let Some(d) = lent? {
         return Ok(Reply {
             msg,
@@ -1950,6 +1964,23 @@ fn deliver_discarding(e: Ending, pool: &mut ChunkPool) {
     let _ = reply.send(r);
 }
 
+/// Whether the RPC reply `msg` (inline, or read from the reply chunk of a
+/// `RDMA_NOMSG` reply) is the reply to `call`: both start with the xid.
+fn check_reply_xid(call: &[u8], msg: &[u8]) -> Result<()> {
+    let xid = |b: &[u8]| {
+        b.get(..4)
+            .map(|x| u32::from_be_bytes([x[0], x[1], x[2], x[3]]))
+    };
+    match (xid(call), xid(msg)) {
+        (Some(call), Some(reply)) if call != reply => Err(Error::XidMismatch { call, reply }),
+        (Some(_), None) => Err(Error::Malformed(format!(
+            "an RPC reply of {} bytes, shorter than its xid",
+            msg.len()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 impl From<DecodeError> for Error {
     fn from(e: DecodeError) -> Self {
         Error::Malformed(e.to_string())
@@ -1959,6 +1990,26 @@ impl From<DecodeError> for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The RPC reply's own xid is the call's, or the reply is refused as a
+    /// typed error (the transport header's xid alone matched it).
+    #[test]
+    fn a_reply_whose_rpc_xid_is_another_call_s_is_refused() {
+        let call = [0, 0, 0, 7, 0, 0, 0, 0];
+        assert_eq!(check_reply_xid(&call, &[0, 0, 0, 7, 0, 0, 0, 1]), Ok(()));
+        assert_eq!(
+            check_reply_xid(&call, &[0, 0, 0, 8, 0, 0, 0, 1]),
+            Err(Error::XidMismatch { call: 7, reply: 8 })
+        );
+        assert!(matches!(
+            check_reply_xid(&call, &[0, 0]),
+            Err(Error::Malformed(m)) if m.contains("shorter than its xid")
+        ));
+        assert_eq!(
+            Error::XidMismatch { call: 7, reply: 8 }.to_string(),
+            "the server answered call 0x7 with the RPC reply of call 0x8"
+        );
+    }
 
     #[test]
     fn remote_invalidation_is_read_from_rxe_s_kernel_bit_only_on_rxe() {

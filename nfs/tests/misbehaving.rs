@@ -80,6 +80,15 @@ enum Fault {
     /// that chunk's rkey (what Linux's server does when the client offers
     /// remote invalidation).
     Invalidate,
+    /// The RPC reply inside the message carries another xid than the call's
+    /// (the transport header's is right).
+    WrongXid,
+    /// The same through the reply chunk (`RDMA_NOMSG`).
+    WrongXidReplyChunk,
+    /// Answers as an NFS server whose directory never ends: FSINFO, then
+    /// every READDIR with one entry and no end, its cookie the same every
+    /// time (`advance` false) or a new one each time.
+    EndlessDir { advance: bool },
     /// The first call with a write chunk is held until the next one comes;
     /// the next one's reply is a `SEND_WITH_INV` of the *held* call's
     /// rkey, then the held call gets a plain reply.
@@ -102,6 +111,34 @@ struct Seen {
 fn rpc_reply(xid: u32) -> Vec<u8> {
     let mut w = Writer::new();
     w.u32(xid).u32(1).u32(0).u32(0).u32(0).u32(0).u32(0xabcd);
+    w.buf
+}
+
+/// The reply of an NFS server whose directories never end (the RPC call's
+/// procedure at its sixth word): FSINFO with 64 KiB transfers; READDIR with
+/// one entry of cookie `cookie` and no end.
+fn endless_dir_reply(xid: u32, call: &[u8], cookie: u64) -> Vec<u8> {
+    let proc_ = call
+        .get(20..24)
+        .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    let mut w = Writer::new();
+    w.u32(xid).u32(1).u32(0).u32(0).u32(0).u32(0);
+    match proc_ {
+        // FSINFO: NFS3_OK, no attributes, rtmax, rtpref, rtmult, wtmax.
+        19 => {
+            w.u32(0).u32(0).u32(65536).u32(65536).u32(4096).u32(65536);
+        }
+        // READDIR: NFS3_OK, no attributes, a verifier, one entry, no end.
+        16 => {
+            w.u32(0).u32(0).fixed(&[0; 8]);
+            w.u32(1).u64(cookie).opaque(b"again").u64(cookie);
+            w.u32(0).u32(0);
+        }
+        // Anything else: NFS3ERR_NOTSUPP.
+        _ => {
+            w.u32(10004);
+        }
+    }
     w.buf
 }
 
@@ -157,6 +194,7 @@ async fn serve_one(
     // StrayInvalidate: the held call's xid and write list.
     let mut held: Option<(u32, Vec<Vec<Segment>>)> = None;
     let mut stray_done = false;
+    let mut calls = 0u64;
     loop {
         let c = tokio::select! {
             c = acq.next() => c.map_err(e("poll"))?,
@@ -176,7 +214,16 @@ async fn serve_one(
         let bytes = buf.to_vec()[..c.byte_len as usize].to_vec();
         qp.post_recv(c.wr_id, buf)
             .map_err(|err| format!("post_recv: {err}"))?;
-        let (h, _) = Header::decode(&bytes).map_err(|err| format!("client header: {err}"))?;
+        let (h, hlen) = Header::decode(&bytes).map_err(|err| format!("client header: {err}"))?;
+        let call = bytes[hlen..].to_vec();
+        calls += 1;
+        // The RPC reply to this call (what this server answers with).
+        let rpc = |xid| match fault {
+            Fault::EndlessDir { advance } => {
+                endless_dir_reply(xid, &call, if advance { calls } else { 5 })
+            }
+            _ => rpc_reply(xid),
+        };
         seen.lock().unwrap().xids.push(h.xid);
         let chunks = match &h.body {
             Body::Msg(c) | Body::NoMsg(c) => c.clone(),
@@ -275,6 +322,10 @@ async fn serve_one(
             (Fault::StrayInvalidate, Some((_, w))) => w.first().map(|c| c[0].handle),
             _ => None,
         };
+        let via_reply_chunk = match f {
+            Fault::ReplyChunk | Fault::ReplyChunkOverrun | Fault::WrongXidReplyChunk => true,
+            _ => matches!(fault, Fault::EndlessDir { .. }) && chunks.reply.is_some(),
+        };
         match f {
             Fault::Drop => continue,
             Fault::ErrVers => {
@@ -292,12 +343,17 @@ async fn serve_one(
                     .u32(1)
                     .u32(0);
             }
-            Fault::ReplyChunk | Fault::ReplyChunkOverrun => {
+            _ if via_reply_chunk => {
                 let Some(reply) = chunks.reply.clone() else {
                     return Err("no reply chunk offered".into());
                 };
                 let seg = reply[0];
-                let msg = rpc_reply(h.xid);
+                let rpc_xid = if f == Fault::WrongXidReplyChunk {
+                    h.xid ^ 1
+                } else {
+                    h.xid
+                };
+                let msg = rpc(rpc_xid);
                 let mr = pd
                     .reg_mr(msg.clone(), AccessFlags::empty())
                     .map_err(e("mr"))?;
@@ -332,7 +388,12 @@ async fn serve_one(
                     reply: None,
                 }))
                 .encode(&mut out);
-                out.buf.extend_from_slice(&rpc_reply(h.xid));
+                let rpc_xid = if f == Fault::WrongXid {
+                    h.xid ^ 1
+                } else {
+                    h.xid
+                };
+                out.buf.extend_from_slice(&rpc(rpc_xid));
             }
         }
         let mr = pd.reg_mr(out.buf, AccessFlags::empty()).map_err(e("mr"))?;
@@ -616,6 +677,35 @@ fn faults(iwarp: bool) {
         },
     );
 
+    // An RPC reply whose own xid is not the call's, inline and through the
+    // reply chunk: a typed error, not another call's reply delivered.
+    for (i, (fault, max_reply)) in [(Fault::WrongXid, 1024), (Fault::WrongXidReplyChunk, 16384)]
+        .into_iter()
+        .enumerate()
+    {
+        with_server(
+            iwarp,
+            base + 12 + i as u16,
+            fault,
+            opts.clone(),
+            |t| async move {
+                let mut c = null_call();
+                c.max_reply = max_reply;
+                let e = t.call(c).await.unwrap_err();
+                assert!(
+                    matches!(e, Error::XidMismatch { call, reply } if reply == call ^ 1),
+                    "{fault:?}: {e:?}"
+                );
+            },
+        );
+    }
+
+    // A directory listing that never ends: the cookie does not move, or it
+    // moves without end; each an error, not a loop whose memory grows.
+    for (i, advance) in [false, true].into_iter().enumerate() {
+        endless_dir(iwarp, base + 14 + i as u16, advance, opts.clone());
+    }
+
     // No reply: the client times out, reconnects and sends the call again
     // with its xid; the call completes once.
     let seen = with_server(
@@ -636,6 +726,51 @@ fn faults(iwarp: bool) {
     let s = seen.lock().unwrap();
     assert_eq!(s.connections, 2);
     assert_eq!(s.xids[0], s.xids[1], "the call was sent again with its xid");
+}
+
+/// `readdir` against a server whose listing never ends (`advance`: with a
+/// new cookie every round): an error naming why, within a bounded number of
+/// rounds.
+fn endless_dir(iwarp: bool, port: u16, advance: bool, opts: Options) {
+    let ip = server_ip(iwarp);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    rt.block_on(async {
+        let cm = rt::cm_channel().unwrap();
+        let addr = SocketAddr::new(ip, port);
+        let listener = cm.listen(addr, 8).unwrap();
+        let server = tokio::spawn(serve(
+            listener,
+            Fault::EndlessDir { advance },
+            Arc::clone(&seen),
+        ));
+        let o = rdma_nfs::nfs3::Options {
+            transport: opts,
+            max_dir_entries: 100,
+            ..rdma_nfs::nfs3::Options::default()
+        };
+        let client = rdma_nfs::nfs3::Client::connect(addr, rdma_nfs::nfs3::Fh(vec![1; 8]), o)
+            .await
+            .unwrap_or_else(|e| panic!("connect to the test server: {e}"));
+        let root = client.root().clone();
+        let e = tokio::time::timeout(Duration::from_secs(60), client.readdir(&root))
+            .await
+            .expect("readdir ended")
+            .unwrap_err();
+        let want = if advance {
+            "more than 100 entries"
+        } else {
+            "cookie did not advance"
+        };
+        assert!(e.to_string().contains(want), "{e}");
+        client.close().await;
+        server.abort();
+    });
+    let calls = seen.lock().unwrap().xids.len();
+    assert!(calls <= 102, "{calls} calls for a bound of 100 entries");
 }
 
 /// After a call ends, the server cannot reach its chunk: a late RDMA WRITE
