@@ -71,6 +71,11 @@ pub(crate) struct Region {
     // window holds the region's registration anyway.
     mw: MemoryWindow,
     mr: MemoryRegion,
+    /// The bytes from the start that may hold an earlier call's data (the
+    /// most any call lent): zeroed before the region is lent for the server
+    /// to write, so that bytes a server says it wrote and did not read as
+    /// zeros, never as another call's.
+    dirty: usize,
 }
 
 /// Memory lent to one call.
@@ -338,7 +343,8 @@ impl ChunkPool {
         self.stats
             .chunk_registrations
             .fetch_add(1, Ordering::Relaxed);
-        Ok(Region { mw, mr })
+        // Fresh memory is zeroed by `alloc_mr`.
+        Ok(Region { mw, mr, dirty: 0 })
     }
 
     /// Whether chunks of these sizes can be had now (always in per-call
@@ -394,9 +400,11 @@ impl ChunkPool {
                     self.pd.reg_buffer(buf, access)
                 }
                 (Fill::Pieces(p), None) => self.pd.reg_mr(p.concat(), access),
-                // Not zeroed: the server writes it, and only what it says
-                // it wrote is read.
-                (Fill::Zero, Some(buf)) => {
+                // Zeroed: only what the server says it wrote is read, but a
+                // server may say it wrote bytes it did not: those must not
+                // be an earlier call's.
+                (Fill::Zero, Some(mut buf)) => {
+                    buf.fill(0);
                     self.pd.reg_buffer(buf, AccessFlags::LOCAL_WRITE | access)
                 }
                 (Fill::Zero, None) => self.pd.alloc_mr(len, AccessFlags::LOCAL_WRITE | access),
@@ -452,7 +460,9 @@ impl ChunkPool {
             r
         };
         let filled = match fill {
-            Fill::Zero => Ok(()),
+            // What an earlier call left where the server may write: zeroed
+            // (see `Region::dirty`).
+            Fill::Zero => zero(&mut region.mr, len.min(region.dirty)),
             Fill::Move(d) => fill_one(&mut region, &d),
             Fill::Pieces(p) => p.iter().try_for_each(|b| fill_one(&mut region, b)),
         };
@@ -460,6 +470,7 @@ impl ChunkPool {
             self.unbound(region);
             return Err(Error::Permanent(format!("{what}: {e}")));
         }
+        region.dirty = region.dirty.max(len);
         match qp.bind_mw(wr_id, &mut region.mw, &region.mr, 0, len, access) {
             Ok(_) => {
                 self.stats.chunk_binds.fetch_add(1, Ordering::Relaxed);
@@ -632,6 +643,19 @@ impl ChunkPool {
         }
         drop(chunk);
     }
+}
+
+/// Zeroes the first `len` bytes of `mr` (not bound: nobody else reaches it)
+/// with the crate's copy, a page at a time.
+fn zero(mr: &mut MemoryRegion, len: usize) -> rdma::Result<()> {
+    static ZEROS: [u8; 4096] = [0; 4096];
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(ZEROS.len());
+        mr.write_at(at, &ZEROS[..n])?;
+        at += n;
+    }
+    Ok(())
 }
 
 impl Drop for ChunkPool {

@@ -85,6 +85,9 @@ enum Fault {
     WrongXid,
     /// The same through the reply chunk (`RDMA_NOMSG`).
     WrongXidReplyChunk,
+    /// Fills the first call's write chunk with 0xaa; to the second, writes
+    /// 100 bytes of the pattern and says it wrote the whole chunk.
+    Overclaim,
     /// Answers as an NFS server whose directory never ends: FSINFO, then
     /// every READDIR with one entry and no end, its cookie the same every
     /// time (`advance` false) or a new one each time.
@@ -283,11 +286,17 @@ async fn serve_one(
         let mut write_list = Vec::new();
         if let Some(chunk) = chunks.write.first() {
             let seg = chunk[0];
+            let overclaim = fault == Fault::Overclaim && calls == 2;
             let n = match f {
                 Fault::ShortWrite => 1000,
+                _ if overclaim => 100,
                 _ => seg.length,
             };
-            let data: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+            let data: Vec<u8> = if fault == Fault::Overclaim && calls == 1 {
+                vec![0xaa; n as usize]
+            } else {
+                (0..n).map(|i| (i % 251) as u8).collect()
+            };
             let mr = pd.reg_mr(data, AccessFlags::empty()).map_err(e("mr"))?;
             wr += 1;
             let remote = RemoteMemory {
@@ -300,6 +309,8 @@ async fn serve_one(
                 .map_err(|err| format!("RDMA WRITE: {err}"))?;
             let said = if f == Fault::LongWrite {
                 seg.length + 4
+            } else if overclaim {
+                seg.length
             } else {
                 n
             };
@@ -698,6 +709,56 @@ fn faults(iwarp: bool) {
                 );
             },
         );
+    }
+
+    // A server that says it wrote more of a write chunk than it did: the
+    // bytes it did not write read as zeros, never as the earlier call's
+    // (0xaa) left in the same memory (rxe: the pooled region; siw: the kept
+    // buffer), copied or lent.
+    for (i, lend) in [false, true].into_iter().enumerate() {
+        let seen = with_server(
+            iwarp,
+            base + 16 + i as u16,
+            Fault::Overclaim,
+            opts.clone(),
+            |t| async move {
+                for call in 1..=2 {
+                    let mut c = null_call();
+                    c.write_chunk = 4096;
+                    c.lend_data = lend;
+                    let r = t.call(c).await.unwrap();
+                    let data = match (r.data, r.lent) {
+                        (Some(d), None) => d.to_vec(),
+                        (None, Some(l)) => l.to_vec(),
+                        other => panic!("no data: {other:?}"),
+                    };
+                    assert_eq!(data.len(), 4096);
+                    if call == 1 {
+                        assert!(data.iter().all(|&b| b == 0xaa));
+                        continue;
+                    }
+                    let pattern = (0..100).map(|i| (i % 251) as u8);
+                    assert!(data[..100].iter().copied().eq(pattern));
+                    let stale = data[100..].iter().filter(|&&b| b != 0).count();
+                    assert_eq!(
+                        stale, 0,
+                        "bytes of the earlier call returned (lent: {lend})"
+                    );
+                }
+                if iwarp {
+                    let reuses = t.stats().chunk_reuses.load(Ordering::Relaxed);
+                    assert!(reuses >= 1, "no buffer kept: nothing was checked");
+                }
+            },
+        );
+        if !iwarp {
+            let s = seen.lock().unwrap();
+            let (a, b) = (s.write_segments[0], s.write_segments[1]);
+            assert_eq!(
+                a.offset, b.offset,
+                "not the same region: nothing was checked"
+            );
+        }
     }
 
     // A directory listing that never ends: the cookie does not move, or it
