@@ -389,7 +389,7 @@ impl Session {
                 .map(|n| (crate::proto::ty::TREAD + 1, n, IOHDRSZ + n)),
             Tmsg::Write { fid, offset, data } => self
                 .write(fid, offset, data)
-                .map(|()| (crate::proto::ty::TWRITE + 1, data.len(), IOHDRSZ)),
+                .map(|n| (crate::proto::ty::TWRITE + 1, n, IOHDRSZ)),
             _ => return None,
         };
         let (ty, n, len) = match done {
@@ -449,8 +449,10 @@ impl Session {
         read_full_at(file, &mut buf[..n], offset)
     }
 
-    /// `Twrite`: writes all of `data` at `offset` in `fid`'s open file.
-    fn write(&self, fid: u32, offset: u64, data: &[u8]) -> R<()> {
+    /// `Twrite`: writes `data` at `offset` in `fid`'s open file; returns how
+    /// many bytes were written (all of them for a regular file, what one
+    /// non-blocking write took for a FIFO or socket).
+    fn write(&self, fid: u32, offset: u64, data: &[u8]) -> R<usize> {
         self.writable()?;
         let open = self.open_of(fid)?;
         let Open::File {
@@ -731,10 +733,8 @@ impl Session {
                 offset,
                 data: bytes,
             } => {
-                self.write(fid, offset, bytes)?;
-                Ok(Rmsg::Write {
-                    count: bytes.len() as u32,
-                })
+                let n = self.write(fid, offset, bytes)?;
+                Ok(Rmsg::Write { count: n as u32 })
             }
             Tmsg::Clunk { fid } => {
                 let gone = locked(&self.fids).remove(&fid);
@@ -1086,10 +1086,13 @@ fn lock_range(start: u64, length: u64) -> R<(libc::off_t, libc::off_t)> {
 /// root, Linux's client opens device nodes on its own side anyway, and
 /// opening one can act on the device (a watchdog starts, a tape rewinds).
 /// A symlink is refused as `O_NOFOLLOW` refuses it (`ELOOP`), a directory
-/// as `open(2)` for writing refuses it (`EISDIR`). A FIFO is
-/// opened with `O_NONBLOCK`, so that it never waits for its other end (that
-/// would hold a thread for as long as a client likes), which is cleared
-/// afterwards.
+/// as `open(2)` for writing refuses it (`EISDIR`). Everything is opened
+/// with `O_NONBLOCK`, so that a FIFO never waits for its other end; a FIFO
+/// or socket keeps it, so that no read or write of one waits either (a
+/// read with no writer's data, a write to a full pipe: each would hold a
+/// thread, its descriptor and the connection's buffers for as long as
+/// somebody likes, after the client is gone too). The client gets `EAGAIN`
+/// or a short count instead. A regular file's is cleared.
 fn open_plain(node: &File, flags: libc::c_int) -> R<File> {
     let ft = node.metadata()?.file_type();
     if ft.is_block_device() || ft.is_char_device() {
@@ -1102,15 +1105,18 @@ fn open_plain(node: &File, flags: libc::c_int) -> R<File> {
         return Err(errno(libc::EISDIR));
     }
     let file = File::from(sys::reopen(node, flags | libc::O_NONBLOCK)?);
-    sys::clear_nonblock(&file)?;
+    if ft.is_file() {
+        sys::clear_nonblock(&file)?;
+    }
     Ok(file)
 }
 
-/// Writes `data` at `offset`, or where a FIFO or socket is (no offsets).
-fn write_all_at(mut file: &File, data: &[u8], offset: u64) -> R<()> {
+/// Writes all of `data` at `offset`; to a FIFO or socket (no offsets, and
+/// non-blocking), what one write takes. Returns how many bytes.
+fn write_all_at(mut file: &File, data: &[u8], offset: u64) -> R<usize> {
     match file.write_all_at(data, offset) {
-        Err(e) if e.raw_os_error() == Some(libc::ESPIPE) => io::Write::write_all(&mut file, data),
-        r => r,
+        Err(e) if e.raw_os_error() == Some(libc::ESPIPE) => io::Write::write(&mut file, data),
+        r => r.map(|()| data.len()),
     }
 }
 

@@ -838,11 +838,14 @@ fn posix_locks_conflict_between_clients() {
     );
 }
 
-/// Requests of one session run on several threads at once: a read that
-/// waits on a FIFO does not hold up a getattr, and opening a FIFO never
-/// waits for its other end.
+/// Nothing on a FIFO waits for its other end: opening it, reading it with
+/// no data, writing it full. Each is answered at once (`EAGAIN`, or a short
+/// count for a write), so a client cannot hold a server thread, descriptors
+/// and its connection's buffers for as long as it likes, nor leave them held
+/// after it is gone. Each request runs on a thread of its own here, bounded
+/// by a timeout: a wait fails the test instead of hanging it.
 #[test]
-fn a_waiting_request_does_not_hold_up_another() {
+fn a_fifo_never_holds_a_thread() {
     let t = TempDir::new("fifo");
     let fifo = t.0.join("p");
     let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
@@ -850,72 +853,89 @@ fn a_waiting_request_does_not_hold_up_another() {
     assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
     let ex = export(&t.0);
     let mut c = Client::new(&ex);
-    // Opening for reading with no writer returns at once.
+    // Opening for reading with no writer returns at once (in the test's
+    // own thread: it never waits either).
     open_file(&mut c, 1, b"p", libc::O_RDONLY);
-    std::fs::write(t.0.join("f"), b"hello").unwrap();
-    open_file(&mut c, 2, b"f", libc::O_RDONLY);
-    // A writer that has written nothing yet: the read waits for it.
-    let mut writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
     let session = &c.s;
-    std::thread::scope(|s| {
-        let reader = s.spawn(|| {
-            let mut buf = Vec::new();
-            Request {
-                tag: 100,
-                msg: Tmsg::Read {
-                    fid: 1,
-                    offset: 0,
-                    count: 64,
-                },
+    let bounded = |msg: Tmsg<'_>| {
+        let mut buf = Vec::new();
+        Request { tag: 100, msg }.encode(&mut buf);
+        std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            s.spawn(move || {
+                let mut out = Vec::new();
+                session.handle(&buf, &mut out).unwrap();
+                let _ = tx.send(out);
+            });
+            rx.recv_timeout(std::time::Duration::from_secs(10))
+                .expect("a request on a FIFO waited")
+        })
+    };
+    let read = |fid| Tmsg::Read {
+        fid,
+        offset: 0,
+        count: 64,
+    };
+    // A writer that has written nothing: no data yet, at once.
+    let mut writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    let out = bounded(read(1));
+    assert_eq!(
+        Rmsg::decode(&out).unwrap(),
+        (
+            100,
+            Rmsg::Lerror {
+                ecode: libc::EAGAIN as u32
             }
-            .encode(&mut buf);
-            let mut out = Vec::new();
-            session.handle(&buf, &mut out).unwrap();
-            out
-        });
-        // A read of a regular file is one the server runs where it
-        // receives it; it is answered while the FIFO's read waits.
+        )
+    );
+    std::io::Write::write_all(&mut writer, b"data").unwrap();
+    let out = bounded(read(1));
+    assert_eq!(
+        Rmsg::decode(&out).unwrap(),
+        (100, Rmsg::Read { data: b"data" })
+    );
+    drop(writer);
+    // Written full (nobody reads what fid 1 has): a short count, then
+    // EAGAIN, never a wait.
+    let mut c2 = Client::new(&ex);
+    open_file(&mut c2, 2, b"p", libc::O_WRONLY);
+    let session2 = &c2.s;
+    let big = vec![7u8; 4096];
+    let mut written = 0usize;
+    let mut refused = false;
+    for _ in 0..64 {
         let mut buf = Vec::new();
         Request {
-            tag: 102,
-            msg: Tmsg::Read {
+            tag: 100,
+            msg: Tmsg::Write {
                 fid: 2,
-                offset: 1,
-                count: 3,
+                offset: 0,
+                data: &big,
             },
         }
         .encode(&mut buf);
-        assert!(session.is_file_io(&buf));
-        let mut out = vec![0; 8192];
-        let n = session.handle_into(&buf, &mut out).unwrap();
-        assert_eq!(
-            Rmsg::decode(&out[..n]).unwrap(),
-            (102, Rmsg::Read { data: b"ell" })
-        );
-        // Answered while the read waits.
-        let mut buf = Vec::new();
-        Request {
-            tag: 101,
-            msg: Tmsg::Getattr {
-                fid: 0,
-                mask: 0x7ff,
-            },
+        let out = std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            s.spawn(move || {
+                let mut out = Vec::new();
+                session2.handle(&buf, &mut out).unwrap();
+                let _ = tx.send(out);
+            });
+            rx.recv_timeout(std::time::Duration::from_secs(10))
+                .expect("a write to a full FIFO waited")
+        });
+        match Rmsg::decode(&out).unwrap().1 {
+            Rmsg::Write { count } => written += count as usize,
+            Rmsg::Lerror { ecode } => {
+                assert_eq!(ecode, libc::EAGAIN as u32);
+                refused = true;
+                break;
+            }
+            other => panic!("{other:?}"),
         }
-        .encode(&mut buf);
-        let mut out = Vec::new();
-        session.handle(&buf, &mut out).unwrap();
-        assert!(matches!(
-            Rmsg::decode(&out).unwrap(),
-            (101, Rmsg::Getattr(_))
-        ));
-        assert!(!reader.is_finished(), "the read did not wait for data");
-        std::io::Write::write_all(&mut writer, b"data").unwrap();
-        let out = reader.join().unwrap();
-        assert_eq!(
-            Rmsg::decode(&out).unwrap(),
-            (100, Rmsg::Read { data: b"data" })
-        );
-    });
+    }
+    assert!(refused, "64 writes of 4 KiB into a pipe nobody read");
+    assert!(written >= 4096, "{written} bytes went into the pipe");
 }
 
 /// The requests the server runs where it receives them (`is_file_io`):
