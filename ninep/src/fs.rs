@@ -40,6 +40,9 @@ pub struct Export {
     root: Arc<OwnedFd>,
     read_only: bool,
     max_fids: usize,
+    /// The files one connection may hold open (its share of the process's
+    /// descriptors, [`Export::with_open_limit`]).
+    max_open: usize,
     /// How clients' users map to the server's ([`crate::users`]).
     users: Users,
 }
@@ -59,8 +62,20 @@ impl Export {
             root: Arc::new(root.into()),
             read_only,
             max_fids,
+            max_open: max_fids,
             users: Users::default(),
         })
+    }
+
+    /// The same export with at most `max_open` files open per connection
+    /// (fids opened with `Tlopen` or `Tlcreate`; `EMFILE` past it, for that
+    /// client only): a server's descriptors shared out so that one client
+    /// holding many files cannot make another's open fail
+    /// (`server::open_limit`). Fids not open count only against
+    /// `max_fids`.
+    pub fn with_open_limit(mut self, max_open: usize) -> Export {
+        self.max_open = max_open.max(1);
+        self
     }
 
     /// The same export with clients' users mapped by `users`.
@@ -214,6 +229,8 @@ pub struct Session {
     max_msize: u32,
     msize: AtomicU32,
     fids: Mutex<HashMap<u32, Fid>>,
+    /// How many of `fids` are open; changed only under `fids`' lock.
+    open_fids: std::sync::atomic::AtomicUsize,
 }
 
 type R<T> = io::Result<T>;
@@ -237,6 +254,7 @@ impl Session {
             max_msize: max_msize.max(MIN_MSIZE),
             msize: AtomicU32::new(max_msize.max(MIN_MSIZE)),
             fids: Mutex::new(HashMap::new()),
+            open_fids: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -274,8 +292,40 @@ impl Session {
     /// Forgets every fid (the connection is gone): their files close now,
     /// or when a request still using one ends.
     pub fn close_all(&self) {
-        let fids = std::mem::take(&mut *locked(&self.fids));
+        let fids = {
+            let mut fids = locked(&self.fids);
+            self.open_fids.store(0, Ordering::Relaxed);
+            std::mem::take(&mut *fids)
+        };
         drop(fids);
+    }
+
+    /// How many fids are open on a file or directory.
+    pub fn open_fids(&self) -> usize {
+        let _fids = locked(&self.fids);
+        self.open_fids.load(Ordering::Relaxed)
+    }
+
+    /// `EMFILE` when this connection has as many files open as it may (see
+    /// [`Export::with_open_limit`]): checked before a file is opened or
+    /// created, so that a refused `Tlcreate` leaves nothing behind (its
+    /// `set_open` checks again).
+    fn may_open(&self) -> R<()> {
+        if self.open_fids() >= self.export.max_open {
+            return Err(errno(libc::EMFILE));
+        }
+        Ok(())
+    }
+
+    /// Removes a fid (`Tclunk`, `Tremove`), counting it out of the open
+    /// ones if it was open.
+    fn remove_fid(&self, fid: u32) -> R<Fid> {
+        let mut fids = locked(&self.fids);
+        let f = fids.remove(&fid).ok_or_else(|| errno(libc::EBADF))?;
+        if f.open.is_some() {
+            self.open_fids.fetch_sub(1, Ordering::Relaxed);
+        }
+        Ok(f)
     }
 
     /// Handles one message and writes its reply at the end of `out`.
@@ -491,6 +541,12 @@ impl Session {
         if f.open.is_some() {
             return Err(errno(libc::EBADF));
         }
+        if self.open_fids.load(Ordering::Relaxed) >= self.export.max_open {
+            // This client's share of descriptors is used up (the file just
+            // opened closes with `open`).
+            return Err(errno(libc::EMFILE));
+        }
+        self.open_fids.fetch_add(1, Ordering::Relaxed);
         f.open = Some(Arc::new(open));
         if let Some(p) = path {
             f.path = p;
@@ -634,7 +690,11 @@ impl Session {
                         open: None,
                     };
                     if newfid == fid {
-                        locked(&self.fids).insert(fid, nf);
+                        let mut fids = locked(&self.fids);
+                        // (Opened meanwhile by another request: counted out.)
+                        if fids.insert(fid, nf).is_some_and(|old| old.open.is_some()) {
+                            self.open_fids.fetch_sub(1, Ordering::Relaxed);
+                        }
                     } else {
                         self.new_fid(newfid, nf)?;
                     }
@@ -646,6 +706,7 @@ impl Session {
                 if f.open.is_some() {
                     return Err(errno(libc::EBADF));
                 }
+                self.may_open()?;
                 let node = ex.opath(&f.path)?;
                 let m = node.metadata()?;
                 let open = if m.is_dir() {
@@ -685,6 +746,7 @@ impl Session {
                 if f.open.is_some() {
                     return Err(errno(libc::EBADF));
                 }
+                self.may_open()?;
                 let dir = ex.dir(&f.path)?;
                 let acc = flags as libc::c_int & libc::O_ACCMODE;
                 let extra = flags as libc::c_int & (libc::O_EXCL | libc::O_TRUNC);
@@ -737,14 +799,12 @@ impl Session {
                 Ok(Rmsg::Write { count: n as u32 })
             }
             Tmsg::Clunk { fid } => {
-                let gone = locked(&self.fids).remove(&fid);
-                gone.ok_or_else(|| errno(libc::EBADF))?;
+                self.remove_fid(fid)?;
                 Ok(Rmsg::Clunk)
             }
             Tmsg::Remove { fid } => {
                 // The fid goes whatever happens.
-                let gone = locked(&self.fids).remove(&fid);
-                let f = gone.ok_or_else(|| errno(libc::EBADF))?;
+                let f = self.remove_fid(fid)?;
                 self.writable()?;
                 let m = ex.meta(&f.path)?;
                 let (dir, name) = ex.parent(&f.path)?;

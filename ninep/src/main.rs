@@ -1,5 +1,5 @@
 //! `rdma-9p serve [--addr A] [--port P] [--read-only] [--msize N] [--max-fids N]
-//! [--squash root|all|none] [--anon-uid N] [--anon-gid N] DIR`
+//! [--max-connections N] [--squash root|all|none] [--anon-uid N] [--anon-gid N] DIR`
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -38,6 +38,11 @@ options of serve:
   --msize N      the largest message size agreed, 4096 to 16777216 bytes
                  (default {DEFAULT_MSIZE}); every receive is this large
   --max-fids N   the fids one connection may hold (default {fids})
+  --max-connections N
+                 clients served at once, more are rejected (default {conns});
+                 each holds its receive and send buffers from the moment it
+                 connects, and an equal share of the open files the
+                 descriptor limit allows (raised to the hard limit at start)
   --squash S     root: uid 0 acts as the anonymous user (the default);
                  all: every user does; none: users act as themselves, root
                  included (tests, trusted fabrics)
@@ -56,6 +61,7 @@ environment:
                  read gets whatever bytes the reply buffer holds)",
         addr = defaults.addr,
         fids = defaults.max_fids,
+        conns = defaults.max_connections,
         anon = rdma_9p::users::ANON_ID,
     )
 }
@@ -130,6 +136,14 @@ fn parse(args: &[String]) -> Result<Command, String> {
                     ));
                 }
                 c.max_msize = m;
+            }
+            "--max-connections" => {
+                let v = value()?;
+                let n: usize = number(name, &v, "a number of connections")?;
+                if n == 0 {
+                    return Err("--max-connections: at least 1".into());
+                }
+                c.max_connections = n;
             }
             "--max-fids" => {
                 let v = value()?;
@@ -224,6 +238,7 @@ mod tests {
             "--read-only",
             "--msize",
             "--max-fids",
+            "--max-connections",
             "--squash",
             "--anon-uid",
             "--anon-gid",
@@ -278,6 +293,8 @@ mod tests {
         assert!(err("serve --msize 100 /a").contains("100 is outside 4096"));
         assert!(err("serve --msize -5 /a").contains("\"-5\" is not a size"));
         assert!(err("serve --max-fids 0 /a").contains("at least 1"));
+        assert!(err("serve --max-connections 0 /a").contains("--max-connections: at least 1"));
+        assert!(err("serve --max-connections x /a").contains("not a number of connections"));
         assert!(err("serve --read-only=yes /a").contains("takes no value"));
         assert!(
             err("serve --squash some /a").contains("--squash: \"some\" is not root, all or none")

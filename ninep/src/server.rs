@@ -73,6 +73,11 @@ pub struct Config {
     pub max_msize: u32,
     /// Fids one connection may hold.
     pub max_fids: usize,
+    /// Connections served at once; a client past it is rejected (each holds
+    /// `(recv_depth + send_depth) × max_msize` bytes of registered memory
+    /// and its share of descriptors from the moment it connects, before it
+    /// says anything).
+    pub max_connections: usize,
     /// How clients' users map to the server's (root squashed by default).
     pub users: crate::users::Users,
     /// Receives kept posted per connection (Linux's client keeps at most
@@ -92,6 +97,7 @@ impl Config {
             read_only: false,
             max_msize: DEFAULT_MSIZE,
             max_fids: 4096,
+            max_connections: 64,
             users: crate::users::Users::default(),
             recv_depth: 64,
             send_depth: 16,
@@ -132,11 +138,19 @@ pub fn run(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
 /// # Errors
 /// When the directory cannot be opened or the listener fails.
 pub async fn serve(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
+    let nofile = crate::sys::raise_nofile_limit().map_err(fail("RLIMIT_NOFILE"))?;
+    let max_open = open_limit(nofile, &config)?;
     let export = Rc::new(
         Export::new(&config.dir, config.read_only, config.max_fids)
             .map_err(|e| format!("cannot serve {}: {e}", config.dir.display()))?
-            .with_users(config.users),
+            .with_users(config.users)
+            .with_open_limit(max_open),
     );
+    eprintln!(
+        "rdma-9p: up to {} connections, {max_open} open files each (of {nofile} descriptors)",
+        config.max_connections
+    );
+    let connections = Rc::new(std::cell::Cell::new(0usize));
     let config = Rc::new(config);
     let cm = rt::cm_channel().map_err(fail("rdma_create_event_channel"))?;
     let mut listener = cm
@@ -154,15 +168,55 @@ pub async fn serve(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
             .get_request()
             .await
             .map_err(fail("rdma_get_cm_event"))?;
+        let peer = incoming.id().peer_addr();
+        if connections.get() >= config.max_connections {
+            // Rejected before anything is allocated for it.
+            eprintln!(
+                "rdma-9p: {peer:?}: rejected: {} connections already (--max-connections)",
+                config.max_connections
+            );
+            if let Err(e) = incoming.reject(&[]) {
+                eprintln!("rdma-9p: {peer:?}: rdma_reject: {e}");
+            }
+            continue;
+        }
+        connections.set(connections.get() + 1);
         let (export, config) = (Rc::clone(&export), Rc::clone(&config));
+        let connections = Rc::clone(&connections);
         tokio::task::spawn_local(async move {
-            let peer = incoming.id().peer_addr();
             match connection(incoming, &export, &config).await {
                 Ok(()) => eprintln!("rdma-9p: {peer:?}: disconnected"),
                 Err(e) => eprintln!("rdma-9p: {peer:?}: {e}"),
             }
+            connections.set(connections.get() - 1);
         });
     }
+}
+
+/// Each connection's share of the process's descriptors for open files:
+/// what `nofile` (the raised `RLIMIT_NOFILE`) leaves after what the server
+/// keeps whatever clients do (64: standard streams, the CM and verbs
+/// devices, the runtime) and what each connection needs to work (its
+/// completion channel, and up to three descriptors per request running: an
+/// `O_PATH`, a directory, a listing), shared out among `max_connections`,
+/// at most `max_fids`. So one client holding every file it may cannot make
+/// another's open, or another connection, fail for lack of descriptors.
+///
+/// # Errors
+/// When the limit leaves no descriptor for open files.
+pub fn open_limit(nofile: u64, c: &Config) -> Res<usize> {
+    let per_connection = 1 + 3 * u64::from(c.send_depth);
+    let reserve = 64 + c.max_connections as u64 * per_connection;
+    let share = nofile.saturating_sub(reserve) / (c.max_connections.max(1) as u64);
+    if share == 0 {
+        return Err(format!(
+            "RLIMIT_NOFILE {nofile} leaves no descriptors for open files with {} connections \
+             (each needs {per_connection} to work): raise the limit (ulimit -Hn) or lower \
+             --max-connections",
+            c.max_connections
+        ));
+    }
+    Ok(usize::try_from(share).unwrap_or(usize::MAX).min(c.max_fids))
 }
 
 /// A request handled on a blocking thread, with what it needs back.
@@ -606,4 +660,26 @@ fn ready_qp(id: &rdma::cm::CmId, qp: &rdma::QueuePair) -> Res<()> {
 fn break_with(qp: &mut rdma::QueuePair, id: &rdma::aio::AsyncCmId) {
     let _ = qp.to_error();
     let _ = id.id().disconnect();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Descriptors are shared out so that every connection gets the same
+    /// share after what the server and each connection need to work.
+    #[test]
+    fn every_connection_gets_a_share_of_the_descriptors() {
+        let mut c = Config::new(PathBuf::from("/srv"));
+        c.max_connections = 4;
+        c.send_depth = 16;
+        // 64 kept, 49 per connection to work: (1024 - 64 - 196) / 4.
+        assert_eq!(open_limit(1024, &c), Ok(191));
+        // Never more than the fids a connection may hold.
+        c.max_fids = 100;
+        assert_eq!(open_limit(1 << 20, &c), Ok(100));
+        let e = open_limit(200, &c).unwrap_err();
+        assert!(e.contains("RLIMIT_NOFILE 200 leaves no descriptors"), "{e}");
+        assert!(e.contains("--max-connections"), "{e}");
+    }
 }

@@ -307,3 +307,25 @@ pub fn set_fs_cred(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Raises this process's soft limit of open files to its hard limit;
+/// returns the limit now in force.
+pub fn raise_nofile_limit() -> io::Result<u64> {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `l` is a valid rlimit to fill.
+    check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) })?;
+    if l.rlim_cur < l.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: l.rlim_max,
+            rlim_max: l.rlim_max,
+        };
+        // SAFETY: a valid rlimit, read above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            l = raised;
+        }
+    }
+    Ok(l.rlim_cur)
+}

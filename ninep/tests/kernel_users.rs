@@ -1,7 +1,9 @@
-//! The trust model through the Linux kernel's 9P client: a server with the
-//! default policy (root squashed) mounted by root in the guest. What root
-//! does through the mount is what the anonymous user may do in the served
-//! directory, which is read directly as the oracle. Device tests: root, the
+//! Who may do what, and how much, through the Linux kernel's 9P client: a
+//! server with the default policy (root squashed) mounted by root in the
+//! guest, where what root does through the mount is what the anonymous user
+//! may do in the served directory (read directly as the oracle); and a
+//! server whose descriptors are few, where one mount holding every file it
+//! may leaves another mount's opens alone. Device tests: root, the
 //! `9pnet_rdma` module and an RDMA device (`ci/vm run`).
 
 use std::io::ErrorKind;
@@ -67,6 +69,88 @@ fn root_is_squashed(addr: &str, port: u16, tag: &str) {
     assert!(!given, "chown to root through the mount succeeded");
     assert_eq!(std::fs::metadata(export.join("new")).unwrap().uid(), 65534);
     m.unmount();
+}
+
+/// A server limited to 400 descriptors and 2 connections: one mount opens
+/// files until it is refused (`EMFILE`, at its share), the other mount still
+/// mounts and opens, and a third connection is rejected.
+fn shares_of_descriptors_and_connections(addr: &str, port: u16, tag: &str) {
+    run("modprobe", &["9pnet_rdma"]);
+    run("modprobe", &["9p"]);
+    let export = tmpdir(&format!("share-export-{tag}"));
+    let (mnt_a, mnt_b, mnt_c) = (
+        tmpdir(&format!("share-a-{tag}")),
+        tmpdir(&format!("share-b-{tag}")),
+        tmpdir(&format!("share-c-{tag}")),
+    );
+    for i in 0..200 {
+        std::fs::write(export.join(format!("f{i}")), b"x").unwrap();
+    }
+    let _server = Server::start_under(
+        &["prlimit", "--nofile=400:400", "--"],
+        addr,
+        port,
+        &export,
+        &["--squash", "none", "--max-connections", "2"],
+    );
+    let a = Mount::new(addr, port, &mnt_a);
+    let mut held = Vec::new();
+    let mut refused = None;
+    for i in 0..200 {
+        match std::fs::File::open(a.p(&format!("f{i}"))) {
+            Ok(f) => held.push(f),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let refused = refused.expect("200 files open on one mount: no share was enforced");
+    assert_eq!(refused.raw_os_error(), Some(libc::EMFILE), "{refused}");
+    // (400 - 64 - 2 x 49) / 2 = 119 open files per connection; the
+    // kernel's client may hold a few itself.
+    assert!(
+        (100..=119).contains(&held.len()),
+        "{} files open before EMFILE",
+        held.len()
+    );
+    // The other mount: its own share, while the first holds all of its.
+    let b = Mount::new(addr, port, &mnt_b);
+    assert_eq!(std::fs::read(b.p("f0")).unwrap(), b"x");
+    let opened: Vec<_> = (0..50)
+        .map(|i| std::fs::File::open(b.p(&format!("f{i}"))).unwrap())
+        .collect();
+    // A third connection: rejected, the mount fails (within its timeout).
+    let opts = format!("trans=rdma,port={port},version=9p2000.L");
+    let (mounted, said) = attempt(
+        "timeout",
+        &[
+            "60",
+            "mount",
+            "-t",
+            "9p",
+            "-o",
+            &opts,
+            addr,
+            mnt_c.to_str().unwrap(),
+        ],
+    );
+    if mounted {
+        let _ = attempt("umount", &[mnt_c.to_str().unwrap()]);
+    }
+    assert!(!mounted, "a third connection was served: {said}");
+    drop(opened);
+    drop(held);
+    b.unmount();
+    a.unmount();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (rxe0), root and the 9pnet_rdma module: run in ci/vm"]
+fn kernel_mount_descriptor_and_connection_shares_over_rxe() {
+    require_device(&required_env("RDMA_TEST_DEVICE"));
+    let ip = required_env("RDMA_TEST_IP");
+    shares_of_descriptors_and_connections(&ip, 5652, "rxe");
 }
 
 #[test]

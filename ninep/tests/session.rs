@@ -719,6 +719,63 @@ fn mutated_requests_never_panic_or_escape() {
 }
 
 /// Opens `name` (beneath the root) on `fid` with `flags`.
+/// Each connection opens at most its share of files (`EMFILE` past it, for
+/// it alone): one client holding all it may leaves another's opens alone.
+/// Clunking, removing and a new `Tversion` give the share back.
+#[test]
+fn open_files_are_limited_per_connection() {
+    let t = TempDir::new("open-limit");
+    for name in ["a", "b", "c", "d"] {
+        std::fs::write(t.0.join(name), name).unwrap();
+    }
+    let ex = Export::new(&t.0, false, 64)
+        .unwrap()
+        .with_users(trusting())
+        .with_open_limit(2);
+    let mut greedy = Client::new(&ex);
+    open_file(&mut greedy, 1, b"a", libc::O_RDONLY);
+    open_file(&mut greedy, 2, b"b", libc::O_RDONLY);
+    assert_eq!(lerror(&greedy.walk(0, 3, &[b"c"])), None);
+    assert_eq!(
+        greedy.err(Tmsg::Lopen {
+            fid: 3,
+            flags: libc::O_RDONLY as u32
+        }),
+        libc::EMFILE as u32
+    );
+    assert_eq!(lerror(&greedy.walk(0, 4, &[])), None);
+    assert_eq!(
+        greedy.err(Tmsg::Lcreate {
+            fid: 4,
+            name: b"new",
+            flags: libc::O_RDWR as u32,
+            mode: 0o644,
+            gid: 0,
+        }),
+        libc::EMFILE as u32
+    );
+    assert!(
+        !t.0.join("new").exists(),
+        "a refused Tlcreate created its file"
+    );
+    assert_eq!(greedy.s.open_fids(), 2);
+    // Another connection has its own share.
+    let mut other = Client::new(&ex);
+    open_file(&mut other, 1, b"c", libc::O_RDONLY);
+    open_file(&mut other, 2, b"d", libc::O_RDONLY);
+    // A clunk gives one back; so does a remove of an open fid.
+    greedy.ok(Tmsg::Clunk { fid: 1 });
+    greedy.ok(Tmsg::Lopen {
+        fid: 3,
+        flags: libc::O_RDONLY as u32,
+    });
+    greedy.ok(Tmsg::Remove { fid: 2 });
+    assert_eq!(greedy.s.open_fids(), 1);
+    assert!(!t.0.join("b").exists());
+    greedy.s.close_all();
+    assert_eq!(greedy.s.open_fids(), 0);
+}
+
 fn open_file(c: &mut Client<'_>, fid: u32, name: &[u8], flags: i32) {
     assert_eq!(lerror(&c.walk(0, fid, &[name])), None);
     c.ok(Tmsg::Lopen {

@@ -116,7 +116,28 @@ impl Server {
 
     /// The server with `options` before the directory.
     pub fn start_with(addr: &str, port: u16, dir: &Path, options: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rdma-9p"))
+        Server::start_under(&[], addr, port, dir, options)
+    }
+
+    /// The server run by the command `under` (`prlimit --nofile=...`,
+    /// say), with `options` before the directory.
+    pub fn start_under(
+        under: &[&str],
+        addr: &str,
+        port: u16,
+        dir: &Path,
+        options: &[&str],
+    ) -> Server {
+        let bin = env!("CARGO_BIN_EXE_rdma-9p");
+        let mut cmd = match under.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let mut child = cmd
             .args(["serve", "--addr", addr, "--port", &port.to_string()])
             .args(options)
             .arg(dir)
