@@ -23,9 +23,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::dir::{qid_of, OpenDir};
 use crate::proto::{
-    lock, setattr, Attr, DirEntry, Flock, Qid, Request, Rmsg, SetAttr, StatFs, Tmsg, GETATTR_BASIC,
-    IOHDRSZ, NOFID, QTDIR, QTSYMLINK, VERSION,
+    lock, setattr, Attr, Flock, Qid, Request, Rmsg, SetAttr, StatFs, Tmsg, GETATTR_BASIC, IOHDRSZ,
+    NOFID, VERSION,
 };
 use crate::sys;
 use crate::users::{self, Cred, Users};
@@ -148,50 +149,6 @@ pub fn check_name(name: &[u8]) -> io::Result<&OsStr> {
     Ok(OsStr::from_bytes(name))
 }
 
-fn qid(ft: std::fs::FileType, ino: u64) -> Qid {
-    Qid {
-        ty: if ft.is_dir() {
-            QTDIR
-        } else if ft.is_symlink() {
-            QTSYMLINK
-        } else {
-            0
-        },
-        version: 0,
-        path: ino,
-    }
-}
-
-fn qid_of(m: &Metadata) -> Qid {
-    qid(m.file_type(), m.ino())
-}
-
-fn dtype(ft: std::fs::FileType) -> u8 {
-    if ft.is_dir() {
-        libc::DT_DIR
-    } else if ft.is_symlink() {
-        libc::DT_LNK
-    } else if ft.is_file() {
-        libc::DT_REG
-    } else if ft.is_fifo() {
-        libc::DT_FIFO
-    } else if ft.is_socket() {
-        libc::DT_SOCK
-    } else if ft.is_char_device() {
-        libc::DT_CHR
-    } else if ft.is_block_device() {
-        libc::DT_BLK
-    } else {
-        libc::DT_UNKNOWN
-    }
-}
-
-#[derive(Debug)]
-struct DirCache {
-    /// `(qid, d_type, name)`, `.` and `..` first.
-    entries: Vec<(Qid, u8, OsString)>,
-}
-
 /// An open fid's file. A request in progress holds it by `Arc`, so a
 /// clunk (or the end of the connection) closes the descriptor when the
 /// last request using it is done.
@@ -204,10 +161,7 @@ enum Open {
         /// never waits for another party.
         regular: bool,
     },
-    Dir {
-        file: File,
-        cache: Mutex<Option<DirCache>>,
-    },
+    Dir(OpenDir),
 }
 
 #[derive(Debug, Clone)]
@@ -711,10 +665,7 @@ impl Session {
                 let m = node.metadata()?;
                 let open = if m.is_dir() {
                     let fd = ex.open(&f.path, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-                    Open::Dir {
-                        file: fd.into(),
-                        cache: Mutex::new(None),
-                    }
+                    Open::Dir(OpenDir::new(fd.into()))
                 } else {
                     let acc = flags as libc::c_int & libc::O_ACCMODE;
                     let trunc = flags as libc::c_int & libc::O_TRUNC;
@@ -903,39 +854,27 @@ impl Session {
                 let max = (self.msize() as usize).saturating_sub(IOHDRSZ);
                 let limit = (count as usize).min(max);
                 let f = self.fid(fid)?;
-                let Some(Open::Dir { file, cache }) = f.open.as_deref() else {
+                let Some(Open::Dir(dir)) = f.open.as_deref() else {
                     return Err(errno(libc::EBADF));
                 };
-                let mut cache = locked(cache);
-                if offset == 0 || cache.is_none() {
-                    *cache = Some(list_dir(ex, &f.path, file)?);
-                }
-                let entries = cache.as_ref().map(|c| &c.entries[..]).unwrap_or(&[]);
-                let start = usize::try_from(offset).unwrap_or(usize::MAX);
-                for (i, (qid, ty, name)) in entries.iter().enumerate().skip(start) {
-                    let e = DirEntry {
-                        qid: *qid,
-                        offset: i as u64 + 1,
-                        ty: *ty,
-                        name: name.as_bytes(),
-                    };
-                    if data.len() + e.len() > limit {
-                        break;
-                    }
-                    e.encode(data);
-                }
+                let parent = || match f.path.parent() {
+                    Some(p) => Ok(qid_of(&ex.meta(p)?)),
+                    None => Ok(qid_of(&dir.file().metadata()?)),
+                };
+                dir.read_into(offset, limit, data, parent)?;
                 Ok(Rmsg::Readdir { data })
             }
             Tmsg::Fsync { fid, datasync } => {
-                match self.fid(fid)?.open.as_deref() {
-                    Some(Open::File { file, .. }) | Some(Open::Dir { file, .. }) => {
-                        if datasync != 0 {
-                            file.sync_data()?
-                        } else {
-                            file.sync_all()?
-                        }
-                    }
+                let f = self.fid(fid)?;
+                let file = match f.open.as_deref() {
+                    Some(Open::File { file, .. }) => file,
+                    Some(Open::Dir(dir)) => dir.file(),
                     None => return Err(errno(libc::EBADF)),
+                };
+                if datasync != 0 {
+                    file.sync_data()?
+                } else {
+                    file.sync_all()?
                 }
                 Ok(Rmsg::Fsync)
             }
@@ -1228,26 +1167,4 @@ fn attr_of(m: &Metadata) -> Attr {
         ctime_nsec: m.ctime_nsec() as u64,
         ..Attr::default()
     }
-}
-
-/// Lists an open directory: `.`, `..`, then its entries.
-fn list_dir(ex: &Export, path: &Path, file: &File) -> R<DirCache> {
-    let me = file.metadata()?;
-    let parent = match path.parent() {
-        Some(p) => ex.meta(p)?,
-        None => me.clone(),
-    };
-    let mut entries = vec![
-        (qid_of(&me), libc::DT_DIR, OsString::from(".")),
-        (qid_of(&parent), libc::DT_DIR, OsString::from("..")),
-    ];
-    // The open descriptor's /proc link is the directory itself, resolved
-    // beneath the root when it was opened.
-    for e in std::fs::read_dir(format!("/proc/self/fd/{}", file.as_raw_fd()))? {
-        let e = e?;
-        let ft = e.file_type()?;
-        let q = qid(ft, std::os::unix::fs::DirEntryExt::ino(&e));
-        entries.push((q, dtype(ft), e.file_name()));
-    }
-    Ok(DirCache { entries })
 }

@@ -21,6 +21,7 @@
 #![doc(test(attr(deny(warnings))))]
 
 pub mod client;
+mod dir;
 pub mod fs;
 pub mod fuzzing;
 mod link;

@@ -329,3 +329,28 @@ pub fn raise_nofile_limit() -> io::Result<u64> {
     }
     Ok(l.rlim_cur)
 }
+
+/// Moves a directory's position to `offset` (0, or a `d_off` it gave).
+pub fn seek_set(fd: &impl AsRawFd, offset: i64) -> io::Result<()> {
+    // SAFETY: lseek on a descriptor the caller holds.
+    let rc = unsafe { libc::lseek(fd.as_raw_fd(), offset, libc::SEEK_SET) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reads directory entries (`struct linux_dirent64` records) into `buf`
+/// from the directory's position on; returns how many bytes, 0 at the end.
+pub fn getdents64(fd: &impl AsRawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_getdents64,
+            fd.as_raw_fd(),
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
+    };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}

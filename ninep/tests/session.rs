@@ -719,6 +719,85 @@ fn mutated_requests_never_panic_or_escape() {
 }
 
 /// Opens `name` (beneath the root) on `fid` with `flags`.
+/// A directory is listed from its descriptor a reply at a time (nothing
+/// of it kept between requests): two fids on one large directory, read in
+/// turns with small replies, each get every entry exactly once, and a fid
+/// that starts again from offset 0 gets them all again.
+#[test]
+fn readdir_streams_from_the_offset_the_client_sends() {
+    let t = TempDir::new("readdir");
+    let names: std::collections::BTreeSet<Vec<u8>> = (0..3000)
+        .map(|i| format!("entry-{i:05}").into_bytes())
+        .collect();
+    for n in &names {
+        std::fs::write(t.0.join(std::str::from_utf8(n).unwrap()), b"").unwrap();
+    }
+    let ex = export(&t.0);
+    let mut c = Client::new(&ex);
+    for fid in [1, 2] {
+        c.ok(Tmsg::Walk {
+            fid: 0,
+            newfid: fid,
+            names: vec![],
+        });
+        c.ok(Tmsg::Lopen { fid, flags: 0 });
+    }
+    let mut got = [Vec::new(), Vec::new()];
+    let mut offsets = [0u64, 0];
+    let mut done = [false, false];
+    while !done.iter().all(|&d| d) {
+        for i in 0..2 {
+            if done[i] {
+                continue;
+            }
+            let out = c.ok(Tmsg::Readdir {
+                fid: i as u32 + 1,
+                offset: offsets[i],
+                count: 200 + 100 * i as u32,
+            });
+            let Rmsg::Readdir { data } = Rmsg::decode(&out).unwrap().1 else {
+                panic!()
+            };
+            let entries = DirEntry::decode_all(data).unwrap();
+            match entries.last() {
+                Some(last) => offsets[i] = last.offset,
+                None => done[i] = true,
+            }
+            got[i].extend(entries.iter().map(|e| e.name.to_vec()));
+        }
+    }
+    for g in &got {
+        let mut want: Vec<Vec<u8>> = names.iter().cloned().collect();
+        want.push(b".".to_vec());
+        want.push(b"..".to_vec());
+        want.sort();
+        let mut g = g.clone();
+        g.sort();
+        assert_eq!(g.len(), 3002, "an entry listed twice or missed");
+        assert_eq!(g, want);
+    }
+    // From 0 again: everything again.
+    let out = c.ok(Tmsg::Readdir {
+        fid: 1,
+        offset: 0,
+        count: 8000,
+    });
+    let Rmsg::Readdir { data } = Rmsg::decode(&out).unwrap().1 else {
+        panic!()
+    };
+    assert!(DirEntry::decode_all(data).unwrap().len() > 100);
+    // An offset the file system never gave: an error or nothing, not a
+    // panic (and a u64 past i64::MAX is refused).
+    assert_eq!(
+        c.err(Tmsg::Readdir {
+            fid: 1,
+            offset: u64::MAX,
+            count: 8000,
+        }),
+        EINVAL
+    );
+}
+
 /// Each connection opens at most its share of files (`EMFILE` past it, for
 /// it alone): one client holding all it may leaves another's opens alone.
 /// Clunking, removing and a new `Tversion` give the share back.
