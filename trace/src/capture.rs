@@ -33,6 +33,13 @@ pub enum CaptureError {
     },
     /// Reading the file failed.
     Io(std::io::Error),
+    /// A block (a frame and its header) larger than the reader holds at once.
+    RecordTooLarge {
+        /// Frames read before it.
+        frames: u64,
+        /// The most a block may be, in bytes.
+        max: usize,
+    },
 }
 
 impl std::fmt::Display for CaptureError {
@@ -43,6 +50,12 @@ impl std::fmt::Display for CaptureError {
                 write!(f, "capture file cut short after frame {frames}")
             }
             CaptureError::Io(e) => write!(f, "reading the capture: {e}"),
+            CaptureError::RecordTooLarge { frames, max } => write!(
+                f,
+                "the block after frame {frames} is larger than the {} KiB a block may be (a \
+                 frame of more than 256 KiB, or a corrupt length): not read",
+                max >> 10
+            ),
         }
     }
 }
@@ -134,9 +147,13 @@ pub fn for_each_frame<R: Read + Send>(
                 if stalled {
                     return Err(CaptureError::Truncated { frames: number });
                 }
-                reader
-                    .refill()
-                    .map_err(|e| CaptureError::Format(format!("{e:?}")))?;
+                reader.refill().map_err(|e| match e {
+                    PcapError::BufferTooSmall => CaptureError::RecordTooLarge {
+                        frames: number,
+                        max: BUFFER,
+                    },
+                    e => CaptureError::Format(format!("{e:?}")),
+                })?;
                 stalled = true;
             }
             Err(PcapError::UnexpectedEof) => {
@@ -145,7 +162,54 @@ pub fn for_each_frame<R: Read + Send>(
             Err(PcapError::ReadError) => {
                 return Err(CaptureError::Io(std::io::Error::other("read failed")))
             }
+            Err(PcapError::BufferTooSmall) => {
+                return Err(CaptureError::RecordTooLarge {
+                    frames: number,
+                    max: BUFFER,
+                })
+            }
             Err(e) => return Err(CaptureError::Format(format!("{e:?}"))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pcap whose second record is `len` bytes long (the first one 60).
+    fn pcap_with_record(len: usize) -> Vec<u8> {
+        let mut f = Vec::new();
+        for x in [0xa1b2_c3d4u32, 0x0004_0002, 0, 0, 0x0010_0000, 1] {
+            f.extend_from_slice(&x.to_le_bytes());
+        }
+        for n in [60usize, len] {
+            for x in [0u32, 0, n as u32, n as u32] {
+                f.extend_from_slice(&x.to_le_bytes());
+            }
+            f.extend(std::iter::repeat_n(0u8, n));
+        }
+        f
+    }
+
+    /// A record larger than the reader's buffer is an error that says so, after the frames
+    /// before it (not a parser's internal name, nor a claim that the file was cut short).
+    #[test]
+    fn a_record_larger_than_the_buffer_says_so() {
+        let mut seen = 0;
+        let e = for_each_frame(&pcap_with_record(BUFFER + 4096)[..], |_| seen += 1).unwrap_err();
+        assert_eq!(seen, 1);
+        assert!(
+            matches!(e, CaptureError::RecordTooLarge { frames: 1, .. }),
+            "{e:?}"
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains("larger than the 512 KiB a block may be"),
+            "{text}"
+        );
+        // One that fits is read.
+        let n = for_each_frame(&pcap_with_record(200_000)[..], |_| {}).unwrap();
+        assert_eq!(n, 2);
     }
 }

@@ -22,6 +22,9 @@ use crate::{cm, decode, for_each_frame, ib, rpcrdma, Decoded};
 const LIMITS: Limits = Limits {
     max_age: 256,
     max_pending: 32,
+    max_pending_total: 48,
+    max_open: 8,
+    max_kept: 1 << 18,
     max_requests: 32,
     max_flows: 16,
     keep_data: 1 << 16,
@@ -48,7 +51,10 @@ impl Pipeline {
             roce: Assembler::with_limits(LIMITS),
             iwarp: iwarp::Decoder::with_limits(IWARP_LIMITS),
             iwarp_messages: iwarp::Assembler::with_limits(LIMITS),
-            rpc: Tracker::with_limits(RpcLimits { max_calls: 16 }),
+            rpc: Tracker::with_limits(RpcLimits {
+                max_calls: 16,
+                max_ahead: 1 << 16,
+            }),
         }
     }
 

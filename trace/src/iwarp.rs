@@ -993,6 +993,23 @@ struct Open {
     data: Option<Vec<u8>>,
     deferred: bool,
     touched: u64,
+    /// When it was opened (the assembler's clock): its place in [`Assembler::order`].
+    opened: u64,
+}
+
+/// Whether an entry of an order queue (`Assembler::order`) is still an open message's.
+fn is_live(&(at, k): &(u64, OpenKey), open: &HashMap<OpenKey, Open>) -> bool {
+    open.get(&k).is_some_and(|o| o.opened == at)
+}
+
+/// Takes the oldest live entry off an order queue (skipping those of closed messages).
+fn pop_live(q: &mut VecDeque<(u64, OpenKey)>, open: &HashMap<OpenKey, Open>) -> Option<OpenKey> {
+    while let Some(e) = q.pop_front() {
+        if is_live(&e, open) {
+            return Some(e.1);
+        }
+    }
+    None
 }
 
 /// Where an open message is kept: a direction and either an untagged queue's MSN or a
@@ -1001,6 +1018,15 @@ struct Open {
 enum OpenKey {
     Untagged(StreamKey, u32, u32),
     Tagged(StreamKey, u32),
+}
+
+impl OpenKey {
+    /// The direction it goes.
+    fn stream(self) -> StreamKey {
+        match self {
+            OpenKey::Untagged(s, ..) | OpenKey::Tagged(s, _) => s,
+        }
+    }
 }
 
 /// Counters of the iWARP message assembler.
@@ -1018,6 +1044,11 @@ pub struct AssemblerStats {
     pub out_of_order: u64,
     /// RDMAP Terminate messages.
     pub terminates: u64,
+    /// Messages whose kept payload was dropped to stay within [`Limits::max_kept`].
+    pub data_dropped: u64,
+    /// Messages given up to stay within [`Limits::max_pending_total`] or
+    /// [`Limits::max_requests`] open messages.
+    pub open_dropped: u64,
 }
 
 /// Puts DDP segments back together into RDMAP messages: untagged ones (Sends) by direction,
@@ -1036,7 +1067,22 @@ pub struct Assembler {
     stats: AssemblerStats,
     limits: Limits,
     clock: u64,
+    /// Open messages in the order they were opened, with when: the oldest is found in
+    /// amortised constant time (entries of messages since closed are skipped, and the queue
+    /// compacted when they are most of it).
+    order: VecDeque<(u64, OpenKey)>,
+    /// Each direction's open messages: how many, and in the order they were opened (as
+    /// `order`), for [`Limits::max_open`] per direction.
+    per_stream: HashMap<StreamKey, (usize, VecDeque<(u64, OpenKey)>)>,
+    /// Capacity of the open messages' payload buffers ([`Limits::max_kept`]).
+    kept: usize,
+    /// Segments ahead of a gap over all open messages ([`Limits::max_pending_total`]).
+    pending_total: usize,
 }
+
+/// Outstanding Read Requests kept per direction: an RDMA connection allows a few dozen (its
+/// ORD), and a Read Response is matched by a scan of its direction's.
+const MAX_READS_PER_STREAM: usize = 1024;
 
 impl Assembler {
     /// An assembler with the default limits.
@@ -1088,8 +1134,15 @@ impl Assembler {
         match (d.tagged, d.qn, d.opcode) {
             (false, Some(1), _) => {
                 if let Some(r) = d.read {
-                    self.reads.entry(key).or_default().push_back((p.frame, r));
+                    let q = self.reads.entry(key).or_default();
+                    q.push_back((p.frame, r));
                     self.read_count += 1;
+                    if q.len() > MAX_READS_PER_STREAM {
+                        if let Some((f, r)) = q.pop_front() {
+                            self.read_count -= 1;
+                            self.unanswered(key, f, r);
+                        }
+                    }
                     if self.read_count > self.limits.max_requests {
                         self.drop_oldest_read();
                     }
@@ -1147,7 +1200,7 @@ impl Assembler {
     }
 
     fn new_open(
-        &self,
+        &mut self,
         kind: Kind,
         first_frame: u64,
         stag: Option<u32>,
@@ -1155,6 +1208,21 @@ impl Assembler {
         read: Option<ReadRequest>,
     ) -> Open {
         let keep = self.limits.keep_data;
+        let data = (keep > 0)
+            .then(|| {
+                // Never more than `reasm::RESERVE` from the size a Read Request claims.
+                let want = read.map_or(0, |r| u64::from(r.size)).min(keep);
+                let cap = usize::try_from(want)
+                    .unwrap_or(usize::MAX)
+                    .min(crate::reasm::RESERVE);
+                if self.kept + cap > self.limits.max_kept {
+                    self.stats.data_dropped += 1;
+                    return None;
+                }
+                self.kept += cap;
+                Some(Vec::with_capacity(cap))
+            })
+            .flatten();
         Open {
             kind,
             first_frame,
@@ -1172,28 +1240,51 @@ impl Assembler {
             invalidate: None,
             duplicates: 0,
             out_of_order: 0,
-            data: (keep > 0).then(|| {
-                let want = read.map_or(0, |r| u64::from(r.size));
-                Vec::with_capacity(usize::try_from(want.min(keep)).unwrap_or(0))
-            }),
+            data,
             deferred: keep > 0 && !self.limits.hash_kept && kind != Kind::Send,
             touched: self.clock,
+            opened: self.clock,
         }
     }
 
+    /// Opens a message. Past [`Limits::max_open`] in its direction (a direction carries one
+    /// message at a time, and a Read Response beside it), or [`Limits::max_requests`] over
+    /// all, the one opened first there is given up.
     fn insert_open(&mut self, k: OpenKey, o: Open) {
+        let stream = k.stream();
+        let entry = (o.opened, k);
+        self.order.push_back(entry);
         self.open.insert(k, o);
-        if self.open.len() > self.limits.max_requests {
-            let oldest = self
-                .open
-                .iter()
-                .min_by_key(|(_, o)| o.touched)
-                .map(|(k, _)| *k);
+        let (n, q) = self.per_stream.entry(stream).or_default();
+        *n += 1;
+        q.push_back(entry);
+        let crowded = *n > self.limits.max_open;
+        if crowded {
+            let oldest = pop_live(q, &self.open);
             if let Some(k) = oldest {
-                if let Some(o) = self.open.remove(&k) {
-                    self.emit(o, k, Some("given up: too many messages open".into()));
-                }
+                self.give_up_open(k, "given up: too many messages open in its direction");
             }
+        }
+        if self.open.len() > self.limits.max_requests {
+            if let Some(k) = pop_live(&mut self.order, &self.open) {
+                self.give_up_open(k, "given up: too many messages open");
+            }
+        }
+        let open = &self.open;
+        if self.order.len() > 2 * open.len() + 64 {
+            self.order.retain(|e| is_live(e, open));
+        }
+        if let Some((n, q)) = self.per_stream.get_mut(&stream) {
+            if q.len() > 2 * *n + 64 {
+                q.retain(|e| is_live(e, open));
+            }
+        }
+    }
+
+    fn give_up_open(&mut self, k: OpenKey, why: &str) {
+        if let Some(o) = self.open.remove(&k) {
+            self.stats.open_dropped += 1;
+            self.emit(o, k, Some(why.into()));
         }
     }
 
@@ -1260,12 +1351,17 @@ impl Assembler {
 
     /// Places one segment of an open message at `at` (message or tagged offset).
     fn segment(&mut self, k: OpenKey, at: u64, last: bool, frame: u64, payload: &[u8]) {
-        let keep = self.limits.keep_data;
+        let keep = crate::reasm::Keep {
+            per_message: self.limits.keep_data,
+            budget: self.limits.max_kept,
+        };
         let max_pending = self.limits.max_pending;
         let clock = self.clock;
         let Some(o) = self.open.get_mut(&k) else {
             return;
         };
+        let kept = &mut self.kept;
+        let stats = &mut self.stats;
         o.touched = clock;
         o.last_frame = frame;
         let end = at.saturating_add(payload.len() as u64);
@@ -1277,25 +1373,29 @@ impl Assembler {
             self.stats.duplicates += 1;
         } else if at > o.next {
             o.out_of_order += 1;
-            self.stats.out_of_order += 1;
-            o.pending.insert(at, payload.to_vec());
-            if o.pending.len() > max_pending {
+            stats.out_of_order += 1;
+            if o.pending.insert(at, payload.to_vec()).is_none() {
+                self.pending_total += 1;
+            }
+            if o.pending.len() > max_pending || self.pending_total > self.limits.max_pending_total {
                 if let Some(o) = self.open.remove(&k) {
+                    self.stats.open_dropped += 1;
                     self.emit(o, k, Some("too many segments ahead of a gap".into()));
                 }
                 return;
             }
         } else {
             let skip = usize::try_from(o.next - at).unwrap_or(usize::MAX);
-            absorb(o, payload.get(skip..).unwrap_or(&[]), keep);
+            absorb(o, payload.get(skip..).unwrap_or(&[]), keep, kept, stats);
             while let Some(e) = o.pending.first_entry() {
                 if *e.key() > o.next {
                     break;
                 }
                 let (at, d) = e.remove_entry();
+                self.pending_total -= 1;
                 let skip = usize::try_from(o.next - at).unwrap_or(usize::MAX);
                 if let Some(rest) = d.get(skip..) {
-                    absorb(o, rest, keep);
+                    absorb(o, rest, keep, kept, stats);
                 }
             }
         }
@@ -1307,9 +1407,18 @@ impl Assembler {
     }
 
     fn emit(&mut self, o: Open, k: OpenKey, why: Option<String>) {
-        let stream = match k {
-            OpenKey::Untagged(s, ..) | OpenKey::Tagged(s, _) => s,
-        };
+        // What it held leaves the open messages (its data with the message, to its consumer).
+        self.kept -= o.data.as_ref().map_or(0, Vec::capacity);
+        self.pending_total -= o.pending.len();
+        if let std::collections::hash_map::Entry::Occupied(mut e) =
+            self.per_stream.entry(k.stream())
+        {
+            e.get_mut().0 -= 1;
+            if e.get().0 == 0 {
+                e.remove();
+            }
+        }
+        let stream = k.stream();
         let incomplete = why.or_else(|| {
             if o.kind == Kind::Read && o.read.is_none() {
                 Some("READ response without its request in the capture".into())
@@ -1383,21 +1492,46 @@ impl Assembler {
     }
 }
 
-fn absorb(o: &mut Open, d: &[u8], keep: u64) {
+/// Hashes (and keeps, within `keep`) `d` into `o`; `kept` is the capacity of the open
+/// messages' buffers, kept up to date (as `reasm`'s `hash_one`).
+fn absorb(
+    o: &mut Open,
+    d: &[u8],
+    keep: crate::reasm::Keep,
+    kept: &mut usize,
+    stats: &mut AssemblerStats,
+) {
+    let keeps = match &o.data {
+        Some(v) if (v.len() + d.len()) as u64 <= keep.per_message => {
+            let fits = v.len() + d.len() <= v.capacity();
+            let grown = (v.len() + d.len()).max(v.capacity() * 2);
+            fits || *kept - v.capacity() + grown <= keep.budget || {
+                stats.data_dropped += 1;
+                false
+            }
+        }
+        _ => false,
+    };
     match &mut o.data {
-        Some(v) if (v.len() + d.len()) as u64 <= keep => {
+        Some(v) if keeps => {
+            let before = v.capacity();
             v.extend_from_slice(d);
+            *kept = *kept - before + v.capacity();
             if !o.deferred {
                 o.hasher.update(d);
             }
         }
-        Some(v) => {
-            if o.deferred {
-                o.hasher.update(&v[..]);
-                o.deferred = false;
+        Some(_) => {
+            // Too long to keep, or past the budget: what was kept unhashed is hashed now,
+            // the rest as it comes.
+            if let Some(v) = o.data.take() {
+                if o.deferred {
+                    o.hasher.update(&v[..]);
+                    o.deferred = false;
+                }
+                *kept -= v.capacity();
             }
             o.hasher.update(d);
-            o.data = None;
         }
         None => o.hasher.update(d),
     }

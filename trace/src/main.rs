@@ -272,6 +272,7 @@ fn run<R: std::io::Read + Send>(
                 i.segments, i.complete, i.incomplete, i.duplicates, i.out_of_order, i.terminates
             );
         }
+        Bounds { roce: s, iwarp: i }.report(0);
     }
     let t = iw.stats();
     if t.connections > 0 {
@@ -412,7 +413,7 @@ fn rpc_messages<R: std::io::Read + Send>(
     input: R,
     spares: &Receiver<Vec<u8>>,
     mut emit: impl FnMut(Message) -> bool,
-) -> Result<u64, CaptureError> {
+) -> Result<Bounds, CaptureError> {
     let limits = Limits {
         keep_data: RPC_KEEP,
         // The tracker hashes chunks; hashing each WRITE and READ as well doubled the cost.
@@ -455,7 +456,35 @@ fn rpc_messages<R: std::io::Read + Send>(
         iasm.finish();
         let _ = asm.drain().chain(iasm.drain()).all(&mut emit);
     }
-    r
+    r.map(|_| Bounds {
+        roce: asm.stats(),
+        iwarp: iasm.stats(),
+    })
+}
+
+/// What the reassemblers gave up or left out to stay within their memory bounds.
+struct Bounds {
+    roce: rdma_trace::reasm::Stats,
+    iwarp: iwarp::AssemblerStats,
+}
+
+impl Bounds {
+    /// A line on standard error saying what was dropped to stay in bounds, when anything was
+    /// (`rpc`: also the chunk data the tracker dropped).
+    fn report(&self, ahead_dropped: u64) {
+        let (r, i) = (&self.roce, &self.iwarp);
+        let data = r.data_dropped + i.data_dropped;
+        let open = r.open_dropped + i.open_dropped;
+        if data + open + r.pending_dropped + ahead_dropped == 0 {
+            return;
+        }
+        eprintln!(
+            "rdma-trace: to stay within its memory bounds: {open} open messages given up, {} \
+             packets ahead of a gap dropped, {data} messages without their kept payload, \
+             {ahead_dropped} chunks' data ahead of a gap dropped (each reported incomplete)",
+            r.pending_dropped
+        );
+    }
 }
 
 /// `rpc`: messages into RPCs, printed as they complete. With `threads` > 1, decoding and
@@ -532,6 +561,9 @@ fn run_rpc<R: std::io::Read + Send>(
             "rdma-trace: {} calls, {} replies, {} RPCs complete, {} incomplete, {} other SENDs, {} RDMA operations outside any chunk",
             s.calls, s.replies, s.complete, s.incomplete, s.other_sends, s.unmatched_rdma
         );
+        if let Ok(b) = &r {
+            b.report(s.ahead_dropped);
+        }
         let _ = res;
     }
     r.map(|_| ())

@@ -184,6 +184,14 @@ pub struct Stats {
     pub incomplete: u64,
     /// Packets whose payload the capture cut off.
     pub truncated: u64,
+    /// Messages whose kept payload ([`Message::data`]) was dropped to stay within
+    /// [`Limits::max_kept`] (they come out without it, hashed all the same).
+    pub data_dropped: u64,
+    /// Packets ahead of a gap dropped to stay within [`Limits::max_pending`] or
+    /// [`Limits::max_pending_total`] (reported as incomplete messages).
+    pub pending_dropped: u64,
+    /// Open messages given up to stay within [`Limits::max_open`].
+    pub open_dropped: u64,
 }
 
 /// Limits that bound memory.
@@ -194,6 +202,19 @@ pub struct Limits {
     pub max_age: u64,
     /// Packets ahead of a gap kept per flow; the oldest is dropped (reported) beyond it.
     pub max_pending: usize,
+    /// Packets ahead of a gap kept over all flows: past it, the flow that gets one more drops
+    /// its oldest (reported), so that their memory is bounded whatever the number of flows.
+    pub max_pending_total: usize,
+    /// Messages open at once in one flow; past it the one that made progress least recently
+    /// is given up (reported incomplete). An RC flow interleaves few messages (a READ's
+    /// responses with the peer's own requests); a capture that opens thousands without
+    /// ending them would otherwise make every packet scan them all.
+    pub max_open: usize,
+    /// Payload bytes kept ([`Limits::keep_data`]) over all open messages: a message whose
+    /// payload would take more comes out without its data ([`Stats::data_dropped`]). What is
+    /// reserved for a message is never taken from the length its headers claim beyond
+    /// [`RESERVE`]: a buffer grows as the payload comes.
+    pub max_kept: usize,
     /// Outstanding READ requests and atomics kept; the oldest is dropped (reported) beyond it.
     pub max_requests: usize,
     /// Flows (direction and QP) tracked; beyond it the one least recently seen is given up
@@ -215,6 +236,9 @@ impl Default for Limits {
         Limits {
             max_age: 1 << 16,
             max_pending: 4096,
+            max_pending_total: 4096,
+            max_open: 64,
+            max_kept: 24 << 20,
             max_requests: 1 << 16,
             max_flows: 1 << 14,
             keep_data: 0,
@@ -261,6 +285,10 @@ struct Open {
 struct Flow {
     open: Vec<Open>,
     pending: HashMap<u32, Frag>,
+    /// `pending`'s PSNs in the order they came, with when (`Frag::seen_at`): the oldest is
+    /// found in amortised constant time. Entries of packets since taken are skipped (and the
+    /// queue compacted when they are most of it).
+    pending_order: VecDeque<(u64, u32)>,
     done: VecDeque<(u32, u32)>,
     packets: u64,
     /// The assembler's packet count when this flow last had a packet.
@@ -297,7 +325,15 @@ pub struct Assembler {
     /// Payload buffers given back ([`Assembler::recycle`]), and their capacity in bytes.
     spare: Vec<Vec<u8>>,
     spare_bytes: usize,
+    /// Capacity of the payload buffers of open messages ([`Limits::max_kept`]).
+    kept: usize,
+    /// Packets ahead of a gap over all flows ([`Limits::max_pending_total`]).
+    pending_total: usize,
 }
+
+/// The most a message's payload buffer is given before its payload comes (the rest grows as
+/// it does): never more than that from a length the wire claims.
+pub const RESERVE: usize = 256 << 10;
 
 /// Capacity of the spare payload buffers an [`Assembler`] keeps.
 const SPARE_BYTES: usize = 8 << 20;
@@ -499,24 +535,15 @@ impl Assembler {
                             progress_at: now,
                             // Sized once from the RETH: growing a 128 KiB
                             // buffer by doubling cost more than the rest of `rpc`.
-                            data: (self.limits.keep_data > 0).then(|| {
-                                let want = reth.map_or(0, |r| u64::from(r.dma_len));
-                                let cap =
-                                    usize::try_from(want.min(self.limits.keep_data)).unwrap_or(0);
-                                match self.spare.pop() {
-                                    Some(mut b) => {
-                                        self.spare_bytes =
-                                            self.spare_bytes.saturating_sub(b.capacity());
-                                        b.reserve_exact(cap);
-                                        b
-                                    }
-                                    None => Vec::with_capacity(cap),
-                                }
-                            }),
+                            data: self.payload_buffer(reth),
                             deferred: self.limits.keep_data > 0
                                 && !self.limits.hash_kept
                                 && kind != Kind::Send,
                         };
+                        // Room first: giving one up moves the last (`swap_remove`).
+                        if flow.open.len() >= self.limits.max_open {
+                            self.drop_stalest_open(key, &mut flow);
+                        }
                         flow.open.push(o);
                         let i = flow.open.len() - 1;
                         self.absorb(key, &mut flow, i, frag, p.ib.payload, now);
@@ -534,9 +561,13 @@ impl Assembler {
                         let mut frag = frag;
                         frag.data = p.ib.payload.to_vec();
                         frag.seen_at = now;
-                        flow.pending.insert(psn, frag);
-                        if flow.pending.len() > self.limits.max_pending {
-                            self.drop_oldest_pending(key, &mut flow);
+                        self.put_pending(&mut flow, psn, frag);
+                        while flow.pending.len() > self.limits.max_pending
+                            || self.pending_total > self.limits.max_pending_total
+                        {
+                            if !self.drop_oldest_pending(key, &mut flow) {
+                                break;
+                            }
                         }
                     }
                 }
@@ -569,20 +600,42 @@ impl Assembler {
         let Some(o) = flow.open.get_mut(i) else {
             return;
         };
-        let keep = self.limits.keep_data;
-        let mut last = hash_one(o, &frag, payload, now, keep);
+        let keep = Keep {
+            per_message: self.limits.keep_data,
+            budget: self.limits.max_kept,
+        };
+        let mut last = hash_one(
+            o,
+            &frag,
+            payload,
+            now,
+            keep,
+            &mut self.kept,
+            &mut self.stats,
+        );
         while !last {
-            let Some(next) = flow.pending.remove(&o.next_psn) else {
-                break;
-            };
-            if Kind::of(next.op) != Some(o.kind)
-                || matches!(next.op.position(), Some(Position::First | Position::Only))
-            {
-                flow.pending.insert(o.next_psn, next);
+            let next_psn = o.next_psn;
+            let continues = flow.pending.get(&next_psn).is_some_and(|next| {
+                Kind::of(next.op) == Some(o.kind)
+                    && !matches!(next.op.position(), Some(Position::First | Position::Only))
+            });
+            if !continues {
                 break;
             }
+            let Some(next) = flow.pending.remove(&next_psn) else {
+                break;
+            };
+            self.pending_total -= 1;
             o.out_of_order += 1;
-            last = hash_one(o, &next, &next.data, now, keep);
+            last = hash_one(
+                o,
+                &next,
+                &next.data,
+                now,
+                keep,
+                &mut self.kept,
+                &mut self.stats,
+            );
         }
         if last {
             let o = flow.open.swap_remove(i);
@@ -595,6 +648,8 @@ impl Assembler {
     }
 
     fn emit(&mut self, flow: FlowKey, o: Open, incomplete: Option<String>) {
+        // Its buffer leaves the open messages (with the message, to its consumer).
+        self.kept -= o.data.as_ref().map_or(0, Vec::capacity);
         let incomplete = incomplete.or_else(|| {
             if o.truncated {
                 Some("the capture cut off some of its payload".into())
@@ -754,22 +809,87 @@ impl Assembler {
         }
     }
 
-    fn drop_oldest_pending(&mut self, key: FlowKey, flow: &mut Flow) {
-        let oldest = flow
-            .pending
-            .iter()
-            .min_by_key(|(_, f)| f.seen_at)
-            .map(|(&psn, _)| psn);
-        if let Some(psn) = oldest {
+    /// Drops the flow's packet that has waited longest for its gap (reported); `false` when
+    /// the flow has none.
+    fn drop_oldest_pending(&mut self, key: FlowKey, flow: &mut Flow) -> bool {
+        while let Some((seen_at, psn)) = flow.pending_order.pop_front() {
+            // Skipped: packets since taken, or a PSN whose packet is a later one.
+            if flow.pending.get(&psn).is_none_or(|f| f.seen_at != seen_at) {
+                continue;
+            }
             if let Some(f) = flow.pending.remove(&psn) {
+                self.pending_total -= 1;
+                self.stats.pending_dropped += 1;
                 self.orphan(
                     key,
                     psn,
                     f,
                     "packet whose FIRST never came (too many waiting)",
                 );
+                return true;
             }
         }
+        false
+    }
+
+    /// Keeps a packet ahead of a gap.
+    fn put_pending(&mut self, flow: &mut Flow, psn: u32, frag: Frag) {
+        flow.pending_order.push_back((frag.seen_at, psn));
+        if flow.pending.insert(psn, frag).is_none() {
+            self.pending_total += 1;
+        }
+        if flow.pending_order.len() > 2 * flow.pending.len() + 64 {
+            let pending = &flow.pending;
+            flow.pending_order
+                .retain(|(at, psn)| pending.get(psn).is_some_and(|f| f.seen_at == *at));
+        }
+    }
+
+    /// Gives up the open message of the flow that made progress least recently
+    /// ([`Limits::max_open`]).
+    fn drop_stalest_open(&mut self, key: FlowKey, flow: &mut Flow) {
+        let stalest = flow
+            .open
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, o)| o.progress_at)
+            .map(|(i, _)| i);
+        if let Some(i) = stalest {
+            let o = flow.open.swap_remove(i);
+            self.stats.open_dropped += 1;
+            let why = format!(
+                "given up: more than {} messages open in its flow",
+                self.limits.max_open
+            );
+            self.give_up(key, o, &why);
+        }
+    }
+
+    /// A new message's payload buffer (when payloads are kept): a spare one, or a new one of
+    /// at most [`RESERVE`] bytes (the length `reth` claims bounds it, never enlarges it past
+    /// that); none when the open messages' buffers already take [`Limits::max_kept`].
+    fn payload_buffer(&mut self, reth: Option<Reth>) -> Option<Vec<u8>> {
+        if self.limits.keep_data == 0 {
+            return None;
+        }
+        let want = reth
+            .map_or(0, |r| u64::from(r.dma_len))
+            .min(self.limits.keep_data);
+        let cap = usize::try_from(want).unwrap_or(usize::MAX).min(RESERVE);
+        let b = match self.spare.pop() {
+            Some(mut b) => {
+                self.spare_bytes = self.spare_bytes.saturating_sub(b.capacity());
+                b.reserve_exact(cap);
+                b
+            }
+            None => Vec::with_capacity(cap),
+        };
+        if self.kept + b.capacity() > self.limits.max_kept {
+            self.stats.data_dropped += 1;
+            return None;
+        }
+        self.kept += b.capacity();
+        Some(b)
     }
 
     fn orphan(&mut self, key: FlowKey, psn: u32, f: Frag, why: &str) {
@@ -814,6 +934,7 @@ impl Assembler {
                     self.give_up(key, o, "given up: too many flows");
                 }
                 let mut pending: Vec<(u32, Frag)> = flow.pending.drain().collect();
+                self.pending_total -= pending.len();
                 pending.sort_by_key(|(_, f)| f.frame);
                 for (psn, f) in pending {
                     self.orphan(key, psn, f, "given up: too many flows");
@@ -842,6 +963,7 @@ impl Assembler {
             .collect();
         for psn in stale {
             if let Some(f) = flow.pending.remove(&psn) {
+                self.pending_total -= 1;
                 self.orphan(key, psn, f, "packet whose FIRST never came");
             }
         }
@@ -858,6 +980,7 @@ impl Assembler {
                 self.give_up(key, o, "capture ended before its LAST");
             }
             let mut pending: Vec<(u32, Frag)> = flow.pending.drain().collect();
+            self.pending_total -= pending.len();
             pending.sort_by_key(|(_, f)| f.frame);
             for (psn, f) in pending {
                 self.orphan(key, psn, f, "packet whose FIRST is not in the capture");
@@ -910,25 +1033,67 @@ fn atomic_message(
     }
 }
 
-fn hash_one(o: &mut Open, frag: &Frag, payload: &[u8], now: u64, keep: u64) -> bool {
+/// How much payload is kept: per message, and over all open messages (shared with the
+/// iWARP assembler).
+#[derive(Clone, Copy)]
+pub(crate) struct Keep {
+    pub per_message: u64,
+    pub budget: usize,
+}
+
+/// Hashes (and keeps, within `keep`) one packet's payload into `o`; `kept` is the capacity
+/// of the open messages' buffers, kept up to date. Returns whether it was the message's last.
+fn hash_one(
+    o: &mut Open,
+    frag: &Frag,
+    payload: &[u8],
+    now: u64,
+    keep: Keep,
+    kept: &mut usize,
+    stats: &mut Stats,
+) -> bool {
     match &mut o.data {
-        Some(d) if (d.len() + payload.len()) as u64 <= keep => {
+        Some(d) if (d.len() + payload.len()) as u64 <= keep.per_message => {
+            let before = d.capacity();
+            if d.len() + payload.len() > before {
+                // The growth it would take (`Vec` doubles), checked against the budget first.
+                let grown = (d.len() + payload.len()).max(before * 2);
+                if *kept - before + grown > keep.budget {
+                    stats.data_dropped += 1;
+                    drop_data(o, kept);
+                    o.hasher.update(payload);
+                    return finish_one(o, frag, payload, now);
+                }
+            }
             d.extend_from_slice(payload);
+            *kept = *kept - before + d.capacity();
             if !o.deferred {
                 o.hasher.update(payload);
             }
         }
-        Some(d) => {
+        Some(_) => {
             // Too long to keep: what was kept unhashed is hashed now, the rest as it comes.
-            if o.deferred {
-                o.hasher.update(&d[..]);
-                o.deferred = false;
-            }
+            drop_data(o, kept);
             o.hasher.update(payload);
-            o.data = None;
         }
         None => o.hasher.update(payload),
     }
+    finish_one(o, frag, payload, now)
+}
+
+/// Stops keeping `o`'s payload: what was kept unhashed is hashed now, the buffer goes.
+fn drop_data(o: &mut Open, kept: &mut usize) {
+    if let Some(d) = o.data.take() {
+        if o.deferred {
+            o.hasher.update(&d[..]);
+            o.deferred = false;
+        }
+        *kept -= d.capacity();
+    }
+}
+
+/// The rest of [`hash_one`]: the message's counters and its end.
+fn finish_one(o: &mut Open, frag: &Frag, payload: &[u8], now: u64) -> bool {
     o.length += payload.len() as u64;
     o.packets += 1;
     o.next_psn = psn_add(o.next_psn, 1);
@@ -1285,6 +1450,7 @@ mod tests {
             max_flows: 8,
             keep_data: 0,
             hash_kept: true,
+            ..Limits::default()
         });
         let mut reported = 0;
         for i in 0..10_000u32 {

@@ -161,6 +161,9 @@ pub struct RpcStats {
     pub other_sends: u64,
     /// RDMA WRITEs and READs that belong to no outstanding chunk.
     pub unmatched_rdma: u64,
+    /// Chunks whose data ahead of a gap was dropped to stay within
+    /// [`RpcLimits::max_ahead`] (their RPCs are reported incomplete, saying so).
+    pub ahead_dropped: u64,
 }
 
 /// Limits that bound memory.
@@ -168,11 +171,18 @@ pub struct RpcStats {
 pub struct RpcLimits {
     /// Outstanding calls kept; the oldest is reported incomplete beyond it.
     pub max_calls: usize,
+    /// Bytes of chunk data kept ahead of a gap (waiting for the data before it) over all
+    /// outstanding calls: a chunk whose data would take more gives up its gap, drops what it
+    /// kept and is reported incomplete ([`RpcStats::ahead_dropped`]).
+    pub max_ahead: usize,
 }
 
 impl Default for RpcLimits {
     fn default() -> Self {
-        RpcLimits { max_calls: 1 << 14 }
+        RpcLimits {
+            max_calls: 1 << 14,
+            max_ahead: 16 << 20,
+        }
     }
 }
 
@@ -208,6 +218,14 @@ impl Seg {
     }
 }
 
+/// Chunk data kept ahead of a gap: how many bytes over all calls, the bound, and how many
+/// chunks gave up to stay within it.
+struct Ahead {
+    held: usize,
+    max: usize,
+    dropped: u64,
+}
+
 /// A chunk's data in order: its digest, length and first bytes.
 #[derive(Debug)]
 struct Acc {
@@ -241,6 +259,8 @@ struct Chunk {
     cur: usize,
     acc: Acc,
     lost: u32,
+    /// Its data ahead of a gap was dropped ([`RpcLimits::max_ahead`]).
+    ahead_dropped: bool,
 }
 
 impl Chunk {
@@ -257,26 +277,53 @@ impl Chunk {
                 splice: None,
             },
             lost: 0,
+            ahead_dropped: false,
         }
     }
 
     /// Places the data an RDMA operation moved at `va` of segment `si`: hashed at once when it
-    /// is the next the chunk needs (the common case: no copy), else kept until it is.
-    fn place(&mut self, si: usize, va: u64, d: &[u8]) {
+    /// is the next the chunk needs (the common case: no copy), else kept until it is, within
+    /// `ahead` (the bytes kept ahead over all chunks, and their bound): past it, the chunk
+    /// drops what it kept and gives the gap up.
+    fn place(&mut self, si: usize, va: u64, d: &[u8], ahead: &mut Ahead) {
+        if self.ahead_dropped {
+            return;
+        }
         let Some(seg) = self.segs.get_mut(si) else {
             return;
         };
         if si == self.cur && va == seg.offset.wrapping_add(seg.received) {
             seg.received += d.len() as u64;
             self.acc.hash(d);
+        } else if ahead.held + d.len() > ahead.max {
+            ahead.held -= self.drop_ahead();
+            self.ahead_dropped = true;
+            self.lost += 1;
+            ahead.dropped += 1;
+            return;
         } else {
-            seg.ahead.insert(va, d.to_vec());
+            ahead.held += d.len();
+            if let Some(old) = seg.ahead.insert(va, d.to_vec()) {
+                ahead.held -= old.len();
+            }
         }
-        self.advance();
+        ahead.held -= self.advance();
     }
 
-    /// Hashes what is contiguous, segment after segment.
-    fn advance(&mut self) {
+    /// Drops the data kept ahead of a gap; returns how many bytes.
+    fn drop_ahead(&mut self) -> usize {
+        let mut n = 0;
+        for seg in &mut self.segs {
+            n += seg.ahead.values().map(Vec::len).sum::<usize>();
+            seg.ahead.clear();
+        }
+        n
+    }
+
+    /// Hashes what is contiguous, segment after segment; returns how many bytes it took out
+    /// of what was kept ahead.
+    fn advance(&mut self) -> usize {
+        let mut taken = 0;
         let kind = self.kind;
         while let Some(seg) = self.segs.get_mut(self.cur) {
             loop {
@@ -287,6 +334,7 @@ impl Chunk {
                 let Some(d) = seg.ahead.remove(&va) else {
                     break;
                 };
+                taken += d.len();
                 let skip = usize::try_from(next - va).unwrap_or(usize::MAX);
                 if let Some(rest) = d.get(skip..).filter(|r| !r.is_empty()) {
                     seg.received += rest.len() as u64;
@@ -300,6 +348,7 @@ impl Chunk {
                 break;
             }
         }
+        taken
     }
 
     fn complete(&self) -> bool {
@@ -335,6 +384,13 @@ impl Chunk {
             ChunkKind::Write => "write",
             ChunkKind::Reply => "reply",
         };
+        if self.ahead_dropped {
+            return format!(
+                "{name} chunk {i}: data ahead of a gap dropped (more than the {} MiB kept \
+                 ahead over all calls)",
+                RpcLimits::default().max_ahead >> 20
+            );
+        }
         if self.lost > 0 {
             return format!(
                 "{name} chunk {i}: {} RDMA operation(s) for it incomplete",
@@ -392,6 +448,8 @@ pub struct Tracker {
     out: Vec<Rpc>,
     stats: RpcStats,
     limits: RpcLimits,
+    /// Chunk data kept ahead of a gap over all calls.
+    ahead: usize,
     seq: u64,
     /// Whether a call's read chunk is hashed a second time for the whole call's digest.
     no_spliced_digest: bool,
@@ -678,7 +736,14 @@ impl Tracker {
                     }
                     let room = usize::try_from(end - va).unwrap_or(usize::MAX);
                     let d = d.get(..room.min(d.len())).unwrap_or(&[]);
-                    chunk.place(si, va, d);
+                    let mut ahead = Ahead {
+                        held: self.ahead,
+                        max: self.limits.max_ahead,
+                        dropped: 0,
+                    };
+                    chunk.place(si, va, d, &mut ahead);
+                    self.ahead = ahead.held;
+                    self.stats.ahead_dropped += ahead.dropped;
                 }
             }
             _ => chunk.lost += 1,
@@ -700,6 +765,9 @@ impl Tracker {
         let Some(mut c) = self.calls.remove(&key) else {
             return;
         };
+        for ch in &mut c.chunks {
+            self.ahead -= ch.drop_ahead();
+        }
         for ch in &c.chunks {
             for s in &ch.segs {
                 if self.handles.get(&(key.0, s.handle)).map(|h| h.0) == Some(key) {

@@ -26,6 +26,19 @@ struct Pcap<W: Write> {
 }
 
 impl<W: Write> Pcap<W> {
+    /// One frame as it is (Ethernet).
+    fn frame(&mut self, frame: &[u8]) -> std::io::Result<()> {
+        self.n += 1;
+        let len = frame.len() as u32;
+        self.out
+            .write_all(&((self.n / 1_000_000) as u32).to_le_bytes())?;
+        self.out
+            .write_all(&((self.n % 1_000_000) as u32).to_le_bytes())?;
+        self.out.write_all(&len.to_le_bytes())?;
+        self.out.write_all(&len.to_le_bytes())?;
+        self.out.write_all(frame)
+    }
+
     fn new(mut out: W) -> std::io::Result<Self> {
         out.write_all(&0xa1b2_c3d4u32.to_le_bytes())?;
         out.write_all(&2u16.to_le_bytes())?;
@@ -43,15 +56,7 @@ impl<W: Write> Pcap<W> {
             (SERVER, CLIENT)
         };
         let frame = build_udp4(src, dst, 49152, ib::ROCEV2_PORT, ib);
-        self.n += 1;
-        let len = frame.len() as u32;
-        self.out
-            .write_all(&((self.n / 1_000_000) as u32).to_le_bytes())?;
-        self.out
-            .write_all(&((self.n % 1_000_000) as u32).to_le_bytes())?;
-        self.out.write_all(&len.to_le_bytes())?;
-        self.out.write_all(&len.to_le_bytes())?;
-        self.out.write_all(&frame)
+        self.frame(&frame)
     }
 }
 
@@ -212,6 +217,127 @@ pub fn nfs3_rpcs<W: Write>(out: W, rpcs: u32) -> std::io::Result<W> {
                 &ib::build(0x11, SERVER_QP, server.psn.wrapping_sub(1), &ACK, &[]),
             )?;
         }
+    }
+    pcap.out.flush()?;
+    Ok(pcap.out)
+}
+
+/// Writes a hostile RoCEv2 capture: `n` RDMA WRITEs that each begin (a FIRST packet of 1 KiB
+/// whose RETH claims a DMA length of 2 GiB) and never end, in one flow, their PSNs apart so
+/// that none continues another. What a reassembler holds for them grows with `n`, and what it
+/// would reserve from the lengths they claim is terabytes. Gives `out` back, flushed.
+pub fn unfinished_writes<W: Write>(out: W, n: u32) -> std::io::Result<W> {
+    let mut pcap = Pcap::new(out)?;
+    let payload = [0x5au8; MTU];
+    for i in 0..n {
+        let psn = (i * 2) & 0xff_ffff;
+        let ext = reth(
+            0x7f00_0000_0000 + u64::from(i) * 0x1000,
+            0x100 + i,
+            0x7fff_ffff,
+        );
+        pcap.packet(false, &ib::build(0x06, CLIENT_QP, psn, &ext, &payload))?;
+    }
+    pcap.out.flush()?;
+    Ok(pcap.out)
+}
+
+/// Writes a hostile capture of NFSv3 over RPC-over-RDMA: `calls` READ calls, each offering a
+/// write chunk of 64 MiB, into which the server WRITEs `writes` 1 KiB pieces each, all past
+/// the first byte of the chunk (a gap that never fills): data that a reassembler waiting for
+/// the gap would keep without end. Gives `out` back, flushed.
+pub fn data_past_a_gap<W: Write>(out: W, calls: u32, writes: u32) -> std::io::Result<W> {
+    let mut pcap = Pcap::new(out)?;
+    let mut client = Sender {
+        from_client: true,
+        dest_qp: SERVER_QP,
+        psn: 0x10_0000,
+    };
+    let mut server = Sender {
+        from_client: false,
+        dest_qp: CLIENT_QP,
+        psn: 0x80_0000,
+    };
+    let data = [0xa5u8; MTU];
+    for i in 0..calls {
+        let xid = 0x6000_0000 + i;
+        let rkey = 0x200 + i;
+        let va = 0x7e00_0000_0000 + u64::from(i) * (64 << 20);
+        let seg = Segment {
+            handle: rkey,
+            length: 64 << 20,
+            offset: va,
+        };
+        let mut call = build_header(xid, 128, Proc::Msg, &[], &[vec![seg]], None);
+        call.extend_from_slice(&words(&[xid, 0, 2, 100_003, 3, 6, 0, 0, 0, 0]));
+        call.extend_from_slice(&[0; 44]);
+        pcap.packet(true, &ib::build(0x04, SERVER_QP, client.next(), &[], &call))?;
+        for w in 0..writes {
+            let at = va + 1 + u64::from(w) * MTU as u64;
+            pcap.packet(
+                false,
+                &ib::build(
+                    0x0a,
+                    CLIENT_QP,
+                    server.next(),
+                    &reth(at, rkey, MTU as u32),
+                    &data,
+                ),
+            )?;
+        }
+    }
+    pcap.out.flush()?;
+    Ok(pcap.out)
+}
+
+/// Writes a hostile iWARP capture: one TCP connection (MPA Request and Reply, no markers or
+/// CRCs), on which `n` RDMA Writes each send a first segment of 1 KiB, with a Steering Tag of
+/// its own, and never their last: `n` messages open at once, whose buffers a reassembler
+/// would size from nothing but their count. Gives `out` back, flushed.
+pub fn iwarp_unfinished_writes<W: Write>(out: W, n: u32) -> std::io::Result<W> {
+    use crate::iwarp::{build_fpdu, build_frame, build_tagged};
+    use crate::net::build_tcp4;
+    let mut pcap = Pcap::new(out)?;
+    let ports = [(40000u16, 7174u16), (7174, 40000)];
+    let ips = [(CLIENT, SERVER), (SERVER, CLIENT)];
+    let mut seq = [1000u32, 5000];
+    pcap.frame(&build_tcp4(
+        CLIENT,
+        SERVER,
+        ports[0],
+        (seq[0] - 1, 0),
+        0x02,
+        &[],
+    ))?;
+    pcap.frame(&build_tcp4(
+        SERVER,
+        CLIENT,
+        ports[1],
+        (seq[1] - 1, seq[0]),
+        0x12,
+        &[],
+    ))?;
+    let mut send = |pcap: &mut Pcap<W>, s: usize, bytes: &[u8]| {
+        let f = build_tcp4(
+            ips[s].0,
+            ips[s].1,
+            ports[s],
+            (seq[s], seq[1 - s]),
+            0x18,
+            bytes,
+        );
+        seq[s] = seq[s].wrapping_add(bytes.len() as u32);
+        pcap.frame(&f)
+    };
+    send(&mut pcap, 0, &build_frame(true, false, false, b""))?;
+    send(&mut pcap, 1, &build_frame(false, false, false, b""))?;
+    let data = [0x3cu8; MTU];
+    let mut off = 0u64;
+    for i in 0..n {
+        let ulpdu = build_tagged(0, false, 0x1000 + i, 0x7f00_0000_0000, &data);
+        let f = build_fpdu(&ulpdu, off, false, false);
+        off += f.len() as u64;
+        send(&mut pcap, 1, &f)?;
     }
     pcap.out.flush()?;
     Ok(pcap.out)

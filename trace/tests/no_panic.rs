@@ -77,12 +77,18 @@ fn mutated_packets_decode_or_fail_cleanly_and_reassembly_survives_them() {
     let mut asm = Assembler::with_limits(Limits {
         max_age: 512,
         max_pending: 64,
+        max_pending_total: 96,
+        max_open: 8,
+        max_kept: 1 << 18,
         max_requests: 64,
         max_flows: 16,
         keep_data: 1 << 16,
         hash_kept: false,
     });
-    let mut rpcs = Tracker::with_limits(RpcLimits { max_calls: 32 });
+    let mut rpcs = Tracker::with_limits(RpcLimits {
+        max_calls: 32,
+        max_ahead: 1 << 16,
+    });
     let end = Instant::now() + budget();
     let (mut n, mut roce) = (0u64, 0u64);
     while Instant::now() < end {
@@ -192,7 +198,10 @@ fn message(rng: &mut Rng, kind: Kind, data: Vec<u8>) -> Message {
 #[test]
 fn rpc_tracker_survives_random_calls_replies_and_chunk_data() {
     let mut rng = Rng(0x0bad_cafe_f00d_d00d);
-    let mut t = Tracker::with_limits(RpcLimits { max_calls: 16 });
+    let mut t = Tracker::with_limits(RpcLimits {
+        max_calls: 16,
+        max_ahead: 1 << 16,
+    });
     let end = Instant::now() + budget();
     let (mut pushed, mut out) = (0u64, 0u64);
     while Instant::now() < end {
