@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::budget::OpenBudget;
 use crate::dir::{qid_of, OpenDir};
 use crate::proto::{
     lock, setattr, Attr, Flock, Qid, Request, Rmsg, SetAttr, StatFs, Tmsg, GETATTR_BASIC, IOHDRSZ,
@@ -41,9 +42,8 @@ pub struct Export {
     root: Arc<OwnedFd>,
     read_only: bool,
     max_fids: usize,
-    /// The files one connection may hold open (its share of the process's
-    /// descriptors, [`Export::with_open_limit`]).
-    max_open: usize,
+    /// The open files connections may hold ([`Export::with_open_budget`]).
+    open_budget: Arc<OpenBudget>,
     /// How clients' users map to the server's ([`crate::users`]).
     users: Users,
 }
@@ -63,19 +63,20 @@ impl Export {
             root: Arc::new(root.into()),
             read_only,
             max_fids,
-            max_open: max_fids,
+            open_budget: Arc::new(OpenBudget::new(max_fids, 0)),
             users: Users::default(),
         })
     }
 
-    /// The same export with at most `max_open` files open per connection
-    /// (fids opened with `Tlopen` or `Tlcreate`; `EMFILE` past it, for that
-    /// client only): a server's descriptors shared out so that one client
-    /// holding many files cannot make another's open fail
-    /// (`server::open_limit`). Fids not open count only against
-    /// `max_fids`.
-    pub fn with_open_limit(mut self, max_open: usize) -> Export {
-        self.max_open = max_open.max(1);
+    /// The same export with its connections' open files (fids opened with
+    /// `Tlopen` or `Tlcreate`) taken from `budget`: each connection its
+    /// guaranteed share, then the pool they share (`EMFILE` past it, for that
+    /// client only), so that one client holding many files cannot make
+    /// another's open fail ([`crate::budget`], `server::open_budget`). Fids not
+    /// open count only against `max_fids`. Without it, each connection may
+    /// open as many files as it has fids.
+    pub fn with_open_budget(mut self, budget: Arc<OpenBudget>) -> Export {
+        self.open_budget = budget;
         self
     }
 
@@ -248,7 +249,8 @@ impl Session {
     pub fn close_all(&self) {
         let fids = {
             let mut fids = locked(&self.fids);
-            self.open_fids.store(0, Ordering::Relaxed);
+            let held = self.open_fids.swap(0, Ordering::Relaxed);
+            self.export.open_budget.release(held, held);
             std::mem::take(&mut *fids)
         };
         drop(fids);
@@ -260,15 +262,23 @@ impl Session {
         self.open_fids.load(Ordering::Relaxed)
     }
 
-    /// `EMFILE` when this connection has as many files open as it may (see
-    /// [`Export::with_open_limit`]): checked before a file is opened or
+    /// `EMFILE` when this connection may not open one more file now (see
+    /// [`Export::with_open_budget`]): asked before a file is opened or
     /// created, so that a refused `Tlcreate` leaves nothing behind (its
-    /// `set_open` checks again).
+    /// `set_open` asks again, and takes it).
     fn may_open(&self) -> R<()> {
-        if self.open_fids() >= self.export.max_open {
+        let held = self.open_fids();
+        let budget = &self.export.open_budget;
+        if held >= budget.guaranteed() && budget.pool().0 >= budget.pool().1 {
             return Err(errno(libc::EMFILE));
         }
         Ok(())
+    }
+
+    /// Counts one open fid out (under the fids' lock).
+    fn closed_one(&self) {
+        let held = self.open_fids.fetch_sub(1, Ordering::Relaxed);
+        self.export.open_budget.release(held, 1);
     }
 
     /// Removes a fid (`Tclunk`, `Tremove`), counting it out of the open
@@ -277,7 +287,7 @@ impl Session {
         let mut fids = locked(&self.fids);
         let f = fids.remove(&fid).ok_or_else(|| errno(libc::EBADF))?;
         if f.open.is_some() {
-            self.open_fids.fetch_sub(1, Ordering::Relaxed);
+            self.closed_one();
         }
         Ok(f)
     }
@@ -495,8 +505,12 @@ impl Session {
         if f.open.is_some() {
             return Err(errno(libc::EBADF));
         }
-        if self.open_fids.load(Ordering::Relaxed) >= self.export.max_open {
-            // This client's share of descriptors is used up (the file just
+        if !self
+            .export
+            .open_budget
+            .acquire(self.open_fids.load(Ordering::Relaxed))
+        {
+            // This client's share and the pool are used up (the file just
             // opened closes with `open`).
             return Err(errno(libc::EMFILE));
         }
@@ -647,7 +661,7 @@ impl Session {
                         let mut fids = locked(&self.fids);
                         // (Opened meanwhile by another request: counted out.)
                         if fids.insert(fid, nf).is_some_and(|old| old.open.is_some()) {
-                            self.open_fids.fetch_sub(1, Ordering::Relaxed);
+                            self.closed_one();
                         }
                     } else {
                         self.new_fid(newfid, nf)?;

@@ -20,6 +20,7 @@
 //! ```
 #![doc(test(attr(deny(warnings))))]
 
+pub mod budget;
 pub mod client;
 mod dir;
 pub mod fs;

@@ -49,6 +49,7 @@ use rdma::{BufferPool, MemoryRegion, QpState, SendWr, WcOpcode, WcStatus};
 
 use tokio::task::JoinSet;
 
+use crate::budget::OpenBudget;
 use crate::fs::{Export, Session};
 use crate::link::{Queues, RECV};
 use crate::proto::{ty, Rmsg, HEADER, NOTAG};
@@ -107,6 +108,9 @@ impl Config {
 
 type Res<T> = Result<T, String>;
 
+/// The threads that run requests (tokio's blocking pool).
+const BLOCKING_THREADS: usize = 64;
+
 fn fail<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
     move |e| format!("{what}: {e}")
 }
@@ -126,7 +130,7 @@ pub fn run(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
         .enable_io()
         // The threads that run requests (file I/O blocks): enough for every
         // request of a few clients at once, bounded whatever clients do.
-        .max_blocking_threads(64)
+        .max_blocking_threads(BLOCKING_THREADS)
         .build()
         .map_err(fail("tokio runtime"))?;
     let local = tokio::task::LocalSet::new();
@@ -139,16 +143,19 @@ pub fn run(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
 /// When the directory cannot be opened or the listener fails.
 pub async fn serve(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
     let nofile = crate::sys::raise_nofile_limit().map_err(fail("RLIMIT_NOFILE"))?;
-    let max_open = open_limit(nofile, &config)?;
+    let budget = Arc::new(open_budget(nofile, &config)?);
+    eprintln!(
+        "rdma-9p: up to {} connections, {} open files each and {} more shared (of {nofile} \
+         descriptors)",
+        config.max_connections,
+        budget.guaranteed(),
+        budget.pool().1
+    );
     let export = Rc::new(
         Export::new(&config.dir, config.read_only, config.max_fids)
             .map_err(|e| format!("cannot serve {}: {e}", config.dir.display()))?
             .with_users(config.users)
-            .with_open_limit(max_open),
-    );
-    eprintln!(
-        "rdma-9p: up to {} connections, {max_open} open files each (of {nofile} descriptors)",
-        config.max_connections
+            .with_open_budget(budget),
     );
     let connections = Rc::new(std::cell::Cell::new(0usize));
     let config = Rc::new(config);
@@ -193,30 +200,35 @@ pub async fn serve(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
     }
 }
 
-/// Each connection's share of the process's descriptors for open files:
-/// what `nofile` (the raised `RLIMIT_NOFILE`) leaves after what the server
-/// keeps whatever clients do (64: standard streams, the CM and verbs
-/// devices, the runtime) and what each connection needs to work (its
-/// completion channel, and up to three descriptors per request running: an
-/// `O_PATH`, a directory, a listing), shared out among `max_connections`,
-/// at most `max_fids`. So one client holding every file it may cannot make
-/// another's open, or another connection, fail for lack of descriptors.
+/// Open files each connection is guaranteed, at most.
+const GUARANTEED_OPEN: u64 = 16;
+
+/// The descriptors the server gives clients' open files, from `nofile` (the raised
+/// `RLIMIT_NOFILE`): what is left after what the server keeps whatever clients do (64:
+/// standard streams, the CM and verbs devices, the runtime), what its request threads hold
+/// while they run (three each: an `O_PATH`, a directory, a listing) and what each
+/// connection needs to work (two: its completion channel, one spare). Each connection is
+/// guaranteed up to 16 of them ([`OpenBudget`]), the rest is a pool for any, so that one
+/// client holding every file it can cannot make another's open, or another connection,
+/// fail for lack of descriptors.
 ///
 /// # Errors
 /// When the limit leaves no descriptor for open files.
-pub fn open_limit(nofile: u64, c: &Config) -> Res<usize> {
-    let per_connection = 1 + 3 * u64::from(c.send_depth);
-    let reserve = 64 + c.max_connections as u64 * per_connection;
-    let share = nofile.saturating_sub(reserve) / (c.max_connections.max(1) as u64);
-    if share == 0 {
+pub fn open_budget(nofile: u64, c: &Config) -> Res<OpenBudget> {
+    let connections = c.max_connections.max(1) as u64;
+    let reserve = 64 + 3 * BLOCKING_THREADS as u64 + 2 * connections;
+    let files = nofile.saturating_sub(reserve);
+    let guaranteed = (files / connections).min(GUARANTEED_OPEN);
+    if guaranteed == 0 {
         return Err(format!(
-            "RLIMIT_NOFILE {nofile} leaves no descriptors for open files with {} connections \
-             (each needs {per_connection} to work): raise the limit (ulimit -Hn) or lower \
-             --max-connections",
-            c.max_connections
+            "RLIMIT_NOFILE {nofile} leaves no descriptors for open files with {connections} \
+             connections (the server and its connections need {reserve}): raise the limit \
+             (ulimit -Hn) or lower --max-connections"
         ));
     }
-    Ok(usize::try_from(share).unwrap_or(usize::MAX).min(c.max_fids))
+    let pool = files - guaranteed * connections;
+    let cap = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    Ok(OpenBudget::new(cap(guaranteed).min(c.max_fids), cap(pool)))
 }
 
 /// A request handled on a blocking thread, with what it needs back.
@@ -666,20 +678,21 @@ fn break_with(qp: &mut rdma::QueuePair, id: &rdma::aio::AsyncCmId) {
 mod tests {
     use super::*;
 
-    /// Descriptors are shared out so that every connection gets the same
-    /// share after what the server and each connection need to work.
+    /// Descriptors are shared out: each connection up to 16 of its own, the rest a
+    /// pool, after what the server, its threads and its connections need.
     #[test]
     fn every_connection_gets_a_share_of_the_descriptors() {
         let mut c = Config::new(PathBuf::from("/srv"));
         c.max_connections = 4;
-        c.send_depth = 16;
-        // 64 kept, 49 per connection to work: (1024 - 64 - 196) / 4.
-        assert_eq!(open_limit(1024, &c), Ok(191));
-        // Never more than the fids a connection may hold.
-        c.max_fids = 100;
-        assert_eq!(open_limit(1 << 20, &c), Ok(100));
-        let e = open_limit(200, &c).unwrap_err();
-        assert!(e.contains("RLIMIT_NOFILE 200 leaves no descriptors"), "{e}");
+        // 64 kept, 192 for the request threads, 2 per connection: 1024 - 264 = 760.
+        let b = open_budget(1024, &c).unwrap();
+        assert_eq!((b.guaranteed(), b.pool()), (16, (0, 760 - 64)));
+        // Few descriptors for many connections: a smaller share, no pool.
+        c.max_connections = 64;
+        let b = open_budget(1024, &c).unwrap();
+        assert_eq!((b.guaranteed(), b.pool().1), (10, 640 - 640));
+        let e = open_budget(300, &c).unwrap_err();
+        assert!(e.contains("RLIMIT_NOFILE 300 leaves no descriptors"), "{e}");
         assert!(e.contains("--max-connections"), "{e}");
     }
 }

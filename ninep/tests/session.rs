@@ -798,19 +798,22 @@ fn readdir_streams_from_the_offset_the_client_sends() {
     );
 }
 
-/// Each connection opens at most its share of files (`EMFILE` past it, for
-/// it alone): one client holding all it may leaves another's opens alone.
-/// Clunking, removing and a new `Tversion` give the share back.
+/// Each connection opens its share of files and what the shared pool has
+/// left (`EMFILE` past it, for it alone): one client holding all it may
+/// leaves another its share. Clunking, removing and the end of a connection
+/// give back what came from the pool.
 #[test]
 fn open_files_are_limited_per_connection() {
     let t = TempDir::new("open-limit");
     for name in ["a", "b", "c", "d"] {
         std::fs::write(t.0.join(name), name).unwrap();
     }
+    // One file of its own each, one in the pool.
+    let budget = std::sync::Arc::new(rdma_9p::budget::OpenBudget::new(1, 1));
     let ex = Export::new(&t.0, false, 64)
         .unwrap()
         .with_users(trusting())
-        .with_open_limit(2);
+        .with_open_budget(std::sync::Arc::clone(&budget));
     let mut greedy = Client::new(&ex);
     open_file(&mut greedy, 1, b"a", libc::O_RDONLY);
     open_file(&mut greedy, 2, b"b", libc::O_RDONLY);
@@ -838,21 +841,36 @@ fn open_files_are_limited_per_connection() {
         "a refused Tlcreate created its file"
     );
     assert_eq!(greedy.s.open_fids(), 2);
-    // Another connection has its own share.
+    assert_eq!(
+        budget.pool(),
+        (1, 1),
+        "the greedy one's second came from the pool"
+    );
+    // Another connection still has its own share, and nothing more.
     let mut other = Client::new(&ex);
     open_file(&mut other, 1, b"c", libc::O_RDONLY);
-    open_file(&mut other, 2, b"d", libc::O_RDONLY);
-    // A clunk gives one back; so does a remove of an open fid.
+    assert_eq!(lerror(&other.walk(0, 2, &[b"d"])), None);
+    assert_eq!(
+        other.err(Tmsg::Lopen {
+            fid: 2,
+            flags: libc::O_RDONLY as u32
+        }),
+        libc::EMFILE as u32
+    );
+    // A clunk gives one back to the pool, which the other may then take.
     greedy.ok(Tmsg::Clunk { fid: 1 });
-    greedy.ok(Tmsg::Lopen {
-        fid: 3,
+    assert_eq!(budget.pool(), (0, 1));
+    other.ok(Tmsg::Lopen {
+        fid: 2,
         flags: libc::O_RDONLY as u32,
     });
+    // A remove of an open fid gives back too; the end of a connection all it held.
     greedy.ok(Tmsg::Remove { fid: 2 });
-    assert_eq!(greedy.s.open_fids(), 1);
-    assert!(!t.0.join("b").exists());
-    greedy.s.close_all();
     assert_eq!(greedy.s.open_fids(), 0);
+    assert!(!t.0.join("b").exists());
+    assert_eq!(budget.pool(), (1, 1));
+    other.s.close_all();
+    assert_eq!((other.s.open_fids(), budget.pool()), (0, (0, 1)));
 }
 
 fn open_file(c: &mut Client<'_>, fid: u32, name: &[u8], flags: i32) {
