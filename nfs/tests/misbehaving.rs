@@ -467,16 +467,11 @@ fn check_reply(r: &rdma_nfs::transport::Reply) {
     assert_eq!(rest.u32("marker").unwrap(), 0xabcd);
 }
 
-/// Runs `body` against a server with `fault` on a port of its own.
-fn with_server<F, Fut>(
-    iwarp: bool,
-    port: u16,
-    fault: Fault,
-    opts: Options,
-    body: F,
-) -> Arc<Mutex<Seen>>
+/// Runs `body` with the address of a server with `fault` on a port of its own, in a
+/// runtime of its own; what the server saw.
+fn with_server_at<F, Fut>(iwarp: bool, port: u16, fault: Fault, body: F) -> Arc<Mutex<Seen>>
 where
-    F: FnOnce(Transport) -> Fut,
+    F: FnOnce(SocketAddr) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
     let ip = server_ip(iwarp);
@@ -490,6 +485,27 @@ where
         let addr = SocketAddr::new(ip, port);
         let listener = cm.listen(addr, 8).unwrap();
         let server = tokio::spawn(serve(listener, fault, Arc::clone(&seen)));
+        body(addr).await;
+        server.abort();
+    });
+    seen
+}
+
+/// Runs `body` against a server with `fault` on a port of its own (connected with `opts`),
+/// then checks that no chunk was left registered and that the connection still serves a
+/// correct call.
+fn with_server<F, Fut>(
+    iwarp: bool,
+    port: u16,
+    fault: Fault,
+    opts: Options,
+    body: F,
+) -> Arc<Mutex<Seen>>
+where
+    F: FnOnce(Transport) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    with_server_at(iwarp, port, fault, |addr| async move {
         let t = Transport::connect(addr, opts)
             .await
             .unwrap_or_else(|e| panic!("connect to the test server: {e}"));
@@ -507,9 +523,7 @@ where
         // And the connection still serves a correct call.
         check_reply(&t.call(null_call()).await.unwrap());
         t.close().await;
-        server.abort();
-    });
-    seen
+    })
 }
 
 fn faults(iwarp: bool) {
@@ -793,21 +807,8 @@ fn faults(iwarp: bool) {
 /// new cookie every round): an error naming why, within a bounded number of
 /// rounds.
 fn endless_dir(iwarp: bool, port: u16, advance: bool, opts: Options) {
-    let ip = server_ip(iwarp);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    rt.block_on(async {
-        let cm = rt::cm_channel().unwrap();
-        let addr = SocketAddr::new(ip, port);
-        let listener = cm.listen(addr, 8).unwrap();
-        let server = tokio::spawn(serve(
-            listener,
-            Fault::EndlessDir { advance },
-            Arc::clone(&seen),
-        ));
+    let fault = Fault::EndlessDir { advance };
+    let seen = with_server_at(iwarp, port, fault, |addr| async move {
         let o = rdma_nfs::nfs3::Options {
             transport: opts,
             max_dir_entries: 100,
@@ -828,7 +829,6 @@ fn endless_dir(iwarp: bool, port: u16, advance: bool, opts: Options) {
         };
         assert!(e.to_string().contains(want), "{e}");
         client.close().await;
-        server.abort();
     });
     let calls = seen.lock().unwrap().xids.len();
     assert!(calls <= 102, "{calls} calls for a bound of 100 entries");

@@ -6,7 +6,7 @@ use std::path::Path;
 
 mod common;
 
-use common::session::{lerror, Client, TempDir, EINVAL, ENOENT, EROFS, EXDEV};
+use common::session::{lerror, lopen_read, Client, TempDir, EINVAL, ENOENT, EROFS, EXDEV};
 use rdma_9p::fs::Export;
 use rdma_9p::proto::{
     setattr, DirEntry, Flock, Request, Rmsg, SetAttr, Tmsg, IOHDRSZ, NOFID, VERSION,
@@ -818,13 +818,7 @@ fn open_files_are_limited_per_connection() {
     open_file(&mut greedy, 1, b"a", libc::O_RDONLY);
     open_file(&mut greedy, 2, b"b", libc::O_RDONLY);
     assert_eq!(lerror(&greedy.walk(0, 3, &[b"c"])), None);
-    assert_eq!(
-        greedy.err(Tmsg::Lopen {
-            fid: 3,
-            flags: libc::O_RDONLY as u32
-        }),
-        libc::EMFILE as u32
-    );
+    assert_eq!(greedy.err(lopen_read(3)), libc::EMFILE as u32);
     assert_eq!(lerror(&greedy.walk(0, 4, &[])), None);
     assert_eq!(
         greedy.err(Tmsg::Lcreate {
@@ -850,20 +844,11 @@ fn open_files_are_limited_per_connection() {
     let mut other = Client::new(&ex);
     open_file(&mut other, 1, b"c", libc::O_RDONLY);
     assert_eq!(lerror(&other.walk(0, 2, &[b"d"])), None);
-    assert_eq!(
-        other.err(Tmsg::Lopen {
-            fid: 2,
-            flags: libc::O_RDONLY as u32
-        }),
-        libc::EMFILE as u32
-    );
+    assert_eq!(other.err(lopen_read(2)), libc::EMFILE as u32);
     // A clunk gives one back to the pool, which the other may then take.
     greedy.ok(Tmsg::Clunk { fid: 1 });
     assert_eq!(budget.pool(), (0, 1));
-    other.ok(Tmsg::Lopen {
-        fid: 2,
-        flags: libc::O_RDONLY as u32,
-    });
+    other.ok(lopen_read(2));
     // A remove of an open fid gives back too; the end of a connection all it held.
     greedy.ok(Tmsg::Remove { fid: 2 });
     assert_eq!(greedy.s.open_fids(), 0);
@@ -992,6 +977,23 @@ fn posix_locks_conflict_between_clients() {
     );
 }
 
+/// `session`'s reply to `msg`, handled on a thread of its own: a request that
+/// waits more than 10 s fails the test instead of hanging it.
+fn within_10_s(session: &rdma_9p::fs::Session, msg: Tmsg<'_>) -> Vec<u8> {
+    let mut buf = Vec::new();
+    Request { tag: 100, msg }.encode(&mut buf);
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        s.spawn(move || {
+            let mut out = Vec::new();
+            session.handle(&buf, &mut out).unwrap();
+            let _ = tx.send(out);
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("a request on a FIFO waited")
+    })
+}
+
 /// Nothing on a FIFO waits for its other end: opening it, reading it with
 /// no data, writing it full. Each is answered at once (`EAGAIN`, or a short
 /// count for a write), so a client cannot hold a server thread, descriptors
@@ -1011,20 +1013,7 @@ fn a_fifo_never_holds_a_thread() {
     // own thread: it never waits either).
     open_file(&mut c, 1, b"p", libc::O_RDONLY);
     let session = &c.s;
-    let bounded = |msg: Tmsg<'_>| {
-        let mut buf = Vec::new();
-        Request { tag: 100, msg }.encode(&mut buf);
-        std::thread::scope(|s| {
-            let (tx, rx) = std::sync::mpsc::channel();
-            s.spawn(move || {
-                let mut out = Vec::new();
-                session.handle(&buf, &mut out).unwrap();
-                let _ = tx.send(out);
-            });
-            rx.recv_timeout(std::time::Duration::from_secs(10))
-                .expect("a request on a FIFO waited")
-        })
-    };
+    let bounded = |msg: Tmsg<'_>| within_10_s(session, msg);
     let read = |fid| Tmsg::Read {
         fid,
         offset: 0,
@@ -1053,31 +1042,16 @@ fn a_fifo_never_holds_a_thread() {
     // EAGAIN, never a wait.
     let mut c2 = Client::new(&ex);
     open_file(&mut c2, 2, b"p", libc::O_WRONLY);
-    let session2 = &c2.s;
     let big = vec![7u8; 4096];
     let mut written = 0usize;
     let mut refused = false;
     for _ in 0..64 {
-        let mut buf = Vec::new();
-        Request {
-            tag: 100,
-            msg: Tmsg::Write {
-                fid: 2,
-                offset: 0,
-                data: &big,
-            },
-        }
-        .encode(&mut buf);
-        let out = std::thread::scope(|s| {
-            let (tx, rx) = std::sync::mpsc::channel();
-            s.spawn(move || {
-                let mut out = Vec::new();
-                session2.handle(&buf, &mut out).unwrap();
-                let _ = tx.send(out);
-            });
-            rx.recv_timeout(std::time::Duration::from_secs(10))
-                .expect("a write to a full FIFO waited")
-        });
+        let write = Tmsg::Write {
+            fid: 2,
+            offset: 0,
+            data: &big,
+        };
+        let out = within_10_s(&c2.s, write);
         match Rmsg::decode(&out).unwrap().1 {
             Rmsg::Write { count } => written += count as usize,
             Rmsg::Lerror { ecode } => {

@@ -8,9 +8,9 @@ use std::path::Path;
 
 mod common;
 
-use common::session::{lerror, Client, TempDir};
+use common::session::{lcreate, lerror, mkdir, mknod_null, setattr, Client, TempDir};
 use rdma_9p::fs::Export;
-use rdma_9p::proto::{setattr, SetAttr, Tmsg};
+use rdma_9p::proto::{setattr as valid, Tmsg};
 use rdma_9p::users::{Squash, Users};
 
 const EACCES: u32 = libc::EACCES as u32;
@@ -35,6 +35,13 @@ fn export(dir: &Path, squash: Squash) -> Export {
         anon_uid: 65534,
         anon_gid: 65534,
     })
+}
+
+/// A fresh directory anybody may create in (mode 1777, as `/tmp`).
+fn open_to_all(what: &str) -> TempDir {
+    let t = TempDir::new(what);
+    std::fs::set_permissions(&t.0, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    t
 }
 
 /// A root-owned file of `mode` in `dir`.
@@ -84,13 +91,7 @@ fn a_user_cannot_open_another_s_private_file() {
     assert_eq!(open(&mut c, 4, b"public", libc::O_RDONLY), None);
     assert_eq!(std::fs::read(t.0.join("secret")).unwrap(), b"root's");
     // Not even through Tlcreate of the existing name.
-    let out = c.rpc(Tmsg::Lcreate {
-        fid: 0,
-        name: b"secret",
-        flags: libc::O_RDWR as u32,
-        mode: 0o666,
-        gid: 0,
-    });
+    let out = c.rpc(lcreate(0, b"secret", 0o666));
     assert_eq!(lerror(&out), Some(EACCES));
     // The thread that ran those requests is the server again.
     let ids = thread_ids();
@@ -102,8 +103,7 @@ fn a_user_cannot_open_another_s_private_file() {
 /// it is in it; an existing file opened by `Tlcreate` keeps its owner.
 #[test]
 fn creations_belong_to_the_user_and_existing_files_keep_their_owner() {
-    let t = TempDir::new("users-create");
-    std::fs::set_permissions(&t.0, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let t = open_to_all("users-create");
     root_file(&t.0, "shared", 0o666);
     let ex = export(&t.0, Squash::Root);
     let mut c = Client::attach_as(&ex, b"", USER);
@@ -111,80 +111,35 @@ fn creations_belong_to_the_user_and_existing_files_keep_their_owner() {
     for fid in [5, 1] {
         assert_eq!(lerror(&c.walk(0, fid, &[])), None);
     }
-    c.ok(Tmsg::Lcreate {
-        fid: 5,
-        name: b"shared",
-        flags: libc::O_RDWR as u32,
-        mode: 0o600,
-        gid: 0,
-    });
+    c.ok(lcreate(5, b"shared", 0o600));
     let m = std::fs::metadata(t.0.join("shared")).unwrap();
     assert_eq!((m.uid(), m.gid()), (0, 0), "Tlcreate changed the owner");
     assert_eq!(m.mode() & 0o7777, 0o666);
 
-    c.ok(Tmsg::Lcreate {
-        fid: 1,
-        name: b"mine",
-        flags: libc::O_RDWR as u32,
-        mode: 0o640,
-        // A group the user is not in: it gets its own (the anonymous
-        // group, as no database knows it).
-        gid: 0,
-    });
+    c.ok(lcreate(1, b"mine", 0o640));
     let m = std::fs::metadata(t.0.join("mine")).unwrap();
     assert_eq!((m.uid(), m.gid()), (USER, 65534));
-    c.ok(Tmsg::Mkdir {
-        dfid: 0,
-        name: b"dir",
-        mode: 0o755,
-        gid: 0,
-    });
+    c.ok(mkdir(0, b"dir"));
     let m = std::fs::metadata(t.0.join("dir")).unwrap();
     assert_eq!((m.uid(), m.gid()), (USER, 65534));
     // Nor can it give its file away or take another's.
     let walked = lerror(&c.walk(0, 2, &[b"mine"]));
     assert_eq!(walked, None);
-    let chown = |uid| Tmsg::Setattr {
-        fid: 2,
-        attr: SetAttr {
-            valid: setattr::UID,
-            uid,
-            ..SetAttr::default()
-        },
-    };
-    assert_eq!(c.err(chown(0)), EPERM);
+    assert_eq!(c.err(setattr(2, valid::UID, 0, 0)), EPERM);
     let walked = lerror(&c.walk(0, 3, &[b"shared"]));
     assert_eq!(walked, None);
-    assert_eq!(
-        c.err(Tmsg::Setattr {
-            fid: 3,
-            attr: SetAttr {
-                valid: setattr::MODE,
-                mode: 0o4777,
-                ..SetAttr::default()
-            },
-        }),
-        EPERM
-    );
+    assert_eq!(c.err(setattr(3, valid::MODE, 0o4777, 0)), EPERM);
 }
 
 /// Under the default policy a client that says it is root is the anonymous
 /// user: no device nodes, no set-uid-root files, no chown to root.
 #[test]
 fn a_squashed_root_cannot_plant_devices_or_set_uid_root_files() {
-    let t = TempDir::new("users-squash");
-    std::fs::set_permissions(&t.0, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let t = open_to_all("users-squash");
     root_file(&t.0, "tool", 0o755);
     let ex = export(&t.0, Squash::Root);
     let mut c = Client::attach_as(&ex, b"root", 0);
-    let out = c.rpc(Tmsg::Mknod {
-        dfid: 0,
-        name: b"null",
-        mode: libc::S_IFCHR | 0o666,
-        major: 1,
-        minor: 3,
-        gid: 0,
-    });
+    let out = c.rpc(mknod_null(0, b"null"));
     assert_eq!(lerror(&out), Some(EPERM), "a device node was made");
     assert!(!t.0.join("null").exists());
     // A FIFO is something the anonymous user may make.
@@ -199,37 +154,15 @@ fn a_squashed_root_cannot_plant_devices_or_set_uid_root_files() {
     assert_eq!(std::fs::metadata(t.0.join("fifo")).unwrap().uid(), 65534);
     let walked = lerror(&c.walk(0, 1, &[b"tool"]));
     assert_eq!(walked, None);
-    let setattr = |valid, mode, uid| Tmsg::Setattr {
-        fid: 1,
-        attr: SetAttr {
-            valid,
-            mode,
-            uid,
-            ..SetAttr::default()
-        },
-    };
-    assert_eq!(c.err(setattr(setattr::MODE, 0o4755, 0)), EPERM);
-    assert_eq!(c.err(setattr(setattr::UID, 0, 0)), EPERM);
+    assert_eq!(c.err(setattr(1, valid::MODE, 0o4755, 0)), EPERM);
+    assert_eq!(c.err(setattr(1, valid::UID, 0, 0)), EPERM);
     let m = std::fs::metadata(t.0.join("tool")).unwrap();
     assert_eq!(m.mode() & 0o7777, 0o755, "the set-uid bit was set");
     // Its own file may get a set-uid bit: of the anonymous user, as locally.
     c.walk(0, 2, &[]);
-    c.ok(Tmsg::Lcreate {
-        fid: 2,
-        name: b"anon-tool",
-        flags: libc::O_RDWR as u32,
-        mode: 0o755,
-        gid: 0,
-    });
+    c.ok(lcreate(2, b"anon-tool", 0o755));
     c.walk(0, 3, &[b"anon-tool"]);
-    c.ok(Tmsg::Setattr {
-        fid: 3,
-        attr: SetAttr {
-            valid: setattr::MODE,
-            mode: 0o4755,
-            ..SetAttr::default()
-        },
-    });
+    c.ok(setattr(3, valid::MODE, 0o4755, 0));
     let m = std::fs::metadata(t.0.join("anon-tool")).unwrap();
     assert_eq!((m.uid(), m.mode() & 0o7777), (65534, 0o4755));
 }
@@ -238,29 +171,16 @@ fn a_squashed_root_cannot_plant_devices_or_set_uid_root_files() {
 /// is the anonymous user.
 #[test]
 fn squash_none_trusts_root_and_all_squashes_everyone() {
-    let t = TempDir::new("users-none");
-    std::fs::set_permissions(&t.0, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let t = open_to_all("users-none");
     let ex = export(&t.0, Squash::None);
     let mut c = Client::attach_as(&ex, b"root", 0);
-    c.ok(Tmsg::Mknod {
-        dfid: 0,
-        name: b"null",
-        mode: libc::S_IFCHR | 0o666,
-        major: 1,
-        minor: 3,
-        gid: 0,
-    });
+    c.ok(mknod_null(0, b"null"));
     let m = std::fs::metadata(t.0.join("null")).unwrap();
     assert_eq!((m.uid(), m.rdev()), (0, libc::makedev(1, 3)));
 
     let ex = export(&t.0, Squash::All);
     let mut c = Client::attach_as(&ex, b"", USER);
-    c.ok(Tmsg::Mkdir {
-        dfid: 0,
-        name: b"by-all",
-        mode: 0o755,
-        gid: 0,
-    });
+    c.ok(mkdir(0, b"by-all"));
     let m = std::fs::metadata(t.0.join("by-all")).unwrap();
     assert_eq!((m.uid(), m.gid()), (65534, 65534));
 }
@@ -270,18 +190,12 @@ fn squash_none_trusts_root_and_all_squashes_everyone() {
 /// never root by default.
 #[test]
 fn an_attach_without_a_uid_is_the_user_it_names() {
-    let t = TempDir::new("users-uname");
-    std::fs::set_permissions(&t.0, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let t = open_to_all("users-uname");
     let ex = export(&t.0, Squash::None);
     for (uname, uid) in [(&b"root"[..], 0), (b"no such user", 65534)] {
         let mut c = Client::attach_as(&ex, uname, u32::MAX);
         let name = format!("by-{}", String::from_utf8_lossy(uname).replace(' ', "-"));
-        c.ok(Tmsg::Mkdir {
-            dfid: 0,
-            name: name.as_bytes(),
-            mode: 0o755,
-            gid: 0,
-        });
+        c.ok(mkdir(0, name.as_bytes()));
         assert_eq!(std::fs::metadata(t.0.join(&name)).unwrap().uid(), uid);
     }
 }
@@ -291,8 +205,7 @@ fn an_attach_without_a_uid_is_the_user_it_names() {
 /// whole process).
 #[test]
 fn two_users_at_once_each_act_as_themselves() {
-    let t = TempDir::new("users-threads");
-    std::fs::set_permissions(&t.0, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let t = open_to_all("users-threads");
     let ex = export(&t.0, Squash::Root);
     std::thread::scope(|s| {
         for uid in [USER, USER + 1] {
@@ -302,12 +215,7 @@ fn two_users_at_once_each_act_as_themselves() {
                 let mut c = Client::attach_as(ex, b"", uid);
                 for i in 0..200 {
                     let name = format!("u{uid}-{i}");
-                    c.ok(Tmsg::Mkdir {
-                        dfid: 0,
-                        name: name.as_bytes(),
-                        mode: 0o755,
-                        gid: 0,
-                    });
+                    c.ok(mkdir(0, name.as_bytes()));
                     let m = std::fs::metadata(dir.join(&name)).unwrap();
                     assert_eq!(m.uid(), uid, "{name}");
                 }

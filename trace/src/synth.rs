@@ -110,22 +110,35 @@ fn message<W: Write>(
     Ok(())
 }
 
-/// Writes a capture of `rpcs` RPCs to `out` (see the module documentation) and gives `out`
-/// back, flushed.
-pub fn nfs3_rpcs<W: Write>(out: W, rpcs: u32) -> std::io::Result<W> {
-    let mut pcap = Pcap::new(out)?;
-    // Separate PSN ranges: the client's SENDs and its READ responses (in the server's
-    // request PSN space) share a flow, as on the wire.
-    let mut client = Sender {
+/// The client's and the server's senders, in PSN ranges of their own: the client's SENDs
+/// and its READ responses (in the server's request PSN space) share a flow, as on the wire.
+fn senders() -> (Sender, Sender) {
+    let client = Sender {
         from_client: true,
         dest_qp: SERVER_QP,
         psn: 0x10_0000,
     };
-    let mut server = Sender {
+    let server = Sender {
         from_client: false,
         dest_qp: CLIENT_QP,
         psn: 0x80_0000,
     };
+    (client, server)
+}
+
+/// The call of an NFSv3 READ (`RDMA_MSG`) whose data comes back in the write chunk `seg`.
+fn read_call(xid: u32, seg: Segment) -> Vec<u8> {
+    let mut call = build_header(xid, 128, Proc::Msg, &[], &[vec![seg]], None);
+    call.extend_from_slice(&words(&[xid, 0, 2, 100_003, 3, 6, 0, 0, 0, 0]));
+    call.extend_from_slice(&[0; 44]);
+    call
+}
+
+/// Writes a capture of `rpcs` RPCs to `out` (see the module documentation) and gives `out`
+/// back, flushed.
+pub fn nfs3_rpcs<W: Write>(out: W, rpcs: u32) -> std::io::Result<W> {
+    let mut pcap = Pcap::new(out)?;
+    let (mut client, mut server) = senders();
     let mut data = vec![0u8; CHUNK];
     for i in 0..rpcs {
         let xid = 0x5000_0000 + i;
@@ -144,9 +157,7 @@ pub fn nfs3_rpcs<W: Write>(out: W, rpcs: u32) -> std::io::Result<W> {
         };
         if i % 2 == 0 {
             // NFSv3 READ: the data comes back in a write chunk.
-            let mut call = build_header(xid, 128, Proc::Msg, &[], &[vec![seg]], None);
-            call.extend_from_slice(&words(&[xid, 0, 2, 100_003, 3, 6, 0, 0, 0, 0]));
-            call.extend_from_slice(&[0; 44]);
+            let call = read_call(xid, seg);
             pcap.packet(true, &ib::build(0x04, SERVER_QP, client.next(), &[], &call))?;
             pcap.packet(
                 false,
@@ -248,16 +259,7 @@ pub fn unfinished_writes<W: Write>(out: W, n: u32) -> std::io::Result<W> {
 /// the gap would keep without end. Gives `out` back, flushed.
 pub fn data_past_a_gap<W: Write>(out: W, calls: u32, writes: u32) -> std::io::Result<W> {
     let mut pcap = Pcap::new(out)?;
-    let mut client = Sender {
-        from_client: true,
-        dest_qp: SERVER_QP,
-        psn: 0x10_0000,
-    };
-    let mut server = Sender {
-        from_client: false,
-        dest_qp: CLIENT_QP,
-        psn: 0x80_0000,
-    };
+    let (mut client, mut server) = senders();
     let data = [0xa5u8; MTU];
     for i in 0..calls {
         let xid = 0x6000_0000 + i;
@@ -268,9 +270,7 @@ pub fn data_past_a_gap<W: Write>(out: W, calls: u32, writes: u32) -> std::io::Re
             length: 64 << 20,
             offset: va,
         };
-        let mut call = build_header(xid, 128, Proc::Msg, &[], &[vec![seg]], None);
-        call.extend_from_slice(&words(&[xid, 0, 2, 100_003, 3, 6, 0, 0, 0, 0]));
-        call.extend_from_slice(&[0; 44]);
+        let call = read_call(xid, seg);
         pcap.packet(true, &ib::build(0x04, SERVER_QP, client.next(), &[], &call))?;
         for w in 0..writes {
             let at = va + 1 + u64::from(w) * MTU as u64;

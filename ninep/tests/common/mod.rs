@@ -61,26 +61,31 @@ impl Mount {
 
     /// A mount with more options (`extra` starts with a comma).
     pub fn with(addr: &str, port: u16, at: &Path, extra: &str) -> Mount {
+        Mount::try_with(addr, port, at, extra).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A mount, or what `mount` said when it failed (within 60 s: a hung connection must
+    /// fail the test, not hang it).
+    pub fn try_with(addr: &str, port: u16, at: &Path, extra: &str) -> Result<Mount, String> {
         std::fs::create_dir_all(at).unwrap();
         let opts = format!("trans=rdma,port={port},version=9p2000.L{extra}");
-        // A hung connection must fail the test, not hang it.
-        run(
-            "timeout",
-            &[
-                "60",
-                "mount",
-                "-t",
-                "9p",
-                "-o",
-                &opts,
-                addr,
-                at.to_str().unwrap(),
-            ],
-        );
-        Mount {
+        let out = Command::new("timeout")
+            .args(["60", "mount", "-t", "9p", "-o", &opts, addr])
+            .arg(at)
+            .output()
+            .map_err(|e| format!("mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "mount {addr}:{port} on {}: {}\n{}",
+                at.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(Mount {
             at: at.to_path_buf(),
             mounted: true,
-        }
+        })
     }
 
     pub fn p(&self, rel: &str) -> PathBuf {

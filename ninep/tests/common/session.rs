@@ -137,3 +137,57 @@ pub fn lerror(out: &[u8]) -> Option<u32> {
         _ => None,
     }
 }
+
+/// `Tlcreate` of `name` in the directory fid `fid` (which it opens), read-write, `mode`.
+pub fn lcreate(fid: u32, name: &[u8], mode: u32) -> Tmsg<'_> {
+    Tmsg::Lcreate {
+        fid,
+        name,
+        flags: libc::O_RDWR as u32,
+        mode,
+        gid: 0,
+    }
+}
+
+/// `Tmkdir` of `name` in the directory fid `dfid`, mode 0755.
+pub fn mkdir(dfid: u32, name: &[u8]) -> Tmsg<'_> {
+    Tmsg::Mkdir {
+        dfid,
+        name,
+        mode: 0o755,
+        gid: 0,
+    }
+}
+
+/// `Tsetattr` of `fid`'s mode, or (`valid` with `UID`) its owner.
+pub fn setattr(fid: u32, valid: u32, mode: u32, uid: u32) -> Tmsg<'static> {
+    Tmsg::Setattr {
+        fid,
+        attr: rdma_9p::proto::SetAttr {
+            valid,
+            mode,
+            uid,
+            ..rdma_9p::proto::SetAttr::default()
+        },
+    }
+}
+
+/// `Tlopen` of `fid` for reading.
+pub fn lopen_read(fid: u32) -> Tmsg<'static> {
+    Tmsg::Lopen {
+        fid,
+        flags: libc::O_RDONLY as u32,
+    }
+}
+
+/// `Tmknod` of the character device 1:3 (`/dev/null`) named `name` in `dfid`.
+pub fn mknod_null(dfid: u32, name: &[u8]) -> Tmsg<'_> {
+    Tmsg::Mknod {
+        dfid,
+        name,
+        mode: libc::S_IFCHR | 0o666,
+        major: 1,
+        minor: 3,
+        gid: 0,
+    }
+}
