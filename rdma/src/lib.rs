@@ -12,8 +12,8 @@
 //! Where to start: the [tour](#tour-connect-exchange-a-remotememory-rdma-write-with-immediate-tear-down)
 //! below, then [`Context`], [`ProtectionDomain`], [`MemoryRegion`],
 //! [`QueuePair`], [`CompletionQueue`], and [`cm::blocking`] for connections.
-//! The raw bindings are [`ffi`]. Building needs rdma-core's headers and
-//! libclang (see the README).
+//! The raw bindings are [`ffi`]. Building needs rdma-core's headers and a C
+//! compiler; libclang only with the `bindgen` feature (see the README).
 //!
 //! # Object graph
 //! ```text
