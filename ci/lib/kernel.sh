@@ -9,9 +9,13 @@
 #       SIW_KO (path to siw.ko, empty if unavailable), SIW_REASON.
 
 # Module directories left out of the unpacked kernel: large and never needed
-# by a headless RDMA test guest.
+# by a headless RDMA test guest. The DRM core and vgem stay: vgem's buffers
+# are the dma-bufs the tests register (rdma's tests/dmabuf.rs); the GPU
+# drivers go.
 KERNEL_EXCLUDES=(
-  'kernel/drivers/gpu' 'kernel/sound' 'kernel/drivers/media'
+  'kernel/drivers/gpu/drm/amd' 'kernel/drivers/gpu/drm/nouveau'
+  'kernel/drivers/gpu/drm/i915' 'kernel/drivers/gpu/drm/radeon'
+  'kernel/sound' 'kernel/drivers/media'
   'kernel/drivers/net/wireless' 'kernel/drivers/staging' 'kernel/drivers/iio'
   'kernel/drivers/bluetooth' 'kernel/net/bluetooth'
 )
@@ -83,7 +87,9 @@ apt_download() {
 
 # Unpack the kernel image package into $KDIR/root and run depmod there.
 kernel_unpack() {
-  [[ -f $KDIR/root/.done && -f $KERNEL_IMAGE ]] && return 0
+  # .done holds the excludes it was unpacked with: a change unpacks again.
+  [[ -f $KDIR/root/.done && -f $KERNEL_IMAGE &&
+    $(cat "$KDIR/root/.done") == "${KERNEL_EXCLUDES[*]}" ]] && return 0
   vm_say "fetching kernel $KVER ($KPKG $KPKGVER)"
   local tmp=$KDIR/root.tmp ex=() d deb
   rm -rf "$tmp" "$KDIR/root" "$KDIR/debs"
@@ -100,7 +106,7 @@ kernel_unpack() {
   fi
   [[ -f $tmp/boot/vmlinuz-$KVER ]] || vm_die "no vmlinuz-$KVER in $KPKG"
   depmod -b "$tmp" "$KVER" || vm_die "depmod failed"
-  touch "$tmp/.done"
+  printf '%s\n' "${KERNEL_EXCLUDES[*]}" > "$tmp/.done"
   mv "$tmp" "$KDIR/root"
   printf '%s %s\n' "$KPKG" "$KPKGVER" > "$KDIR/package"
 }

@@ -10,8 +10,15 @@
 //! Devices without device memory report `max_dm_size` 0 (soft-RoCE,
 //! soft-iWARP); [`Context::alloc_dm`] then fails with [`Error::Unsupported`]
 //! before calling into C.
+//!
+//! Memory of another device, a GPU's say, is registered through the dma-buf
+//! that exports it ([`ProtectionDomain::reg_dmabuf_mr`]): the same
+//! [`DeviceMemoryRegion`], never Rust memory either (the CPU may not even be
+//! able to reach it), used by work requests as a [`DeviceSlice`] and by peers
+//! through [`DeviceMemoryRegion::remote`].
 
 use std::fmt;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -284,23 +291,40 @@ impl fmt::Debug for DeviceMemory {
     }
 }
 
-/// A memory region over device memory (`ibv_reg_dm_mr(3)`).
+/// A memory region over memory that is not Rust memory: the adapter's own
+/// (`ibv_reg_dm_mr(3)`, [`ProtectionDomain::reg_dm_mr`]) or another device's
+/// exported as a dma-buf (`ibv_reg_dmabuf_mr(3)`,
+/// [`ProtectionDomain::reg_dmabuf_mr`]).
 ///
-/// Zero-based: work requests and peers address it by offset from its first
-/// byte ([`DeviceMemoryRegion::remote`] has `addr` 0). It exposes no host
-/// memory; read and write the bytes through the [`DeviceMemory`]. Local work
-/// requests take a piece of it as a [`DeviceSlice`]
-/// ([`crate::WrBuffers::Device`]). Not `Clone`; keeps the device memory and
-/// the PD alive.
+/// Device memory regions are zero-based: work requests and peers address
+/// them by offset from the first byte ([`DeviceMemoryRegion::remote`] has
+/// `addr` 0); a dma-buf region from its iova. It exposes no host memory:
+/// read and write device memory through the [`DeviceMemory`], a dma-buf
+/// through its exporter. Local work requests take a piece of it as a
+/// [`DeviceSlice`] ([`crate::WrBuffers::Device`]). Not `Clone`; keeps the
+/// device memory (or the dma-buf's descriptor) and the PD alive.
 pub struct DeviceMemoryRegion {
     mr: NonNull<ffi::ibv_mr>,
     offset: usize,
     len: usize,
     access: AccessFlags,
-    // Field order: deregistered in Drop, then the device memory may be
-    // freed, then the PD released.
-    dm: Arc<DmInner>,
+    /// The address work requests and peers use for the first byte: 0 for
+    /// device memory (zero-based), the iova for a dma-buf.
+    base: u64,
+    // Deregistered in Drop, then the memory may go (unless the
+    // deregistration failed: the device may still reach it, so it is kept
+    // for good), then the PD is released (field order).
+    backing: std::mem::ManuallyDrop<Backing>,
     pd: ProtectionDomain,
+}
+
+/// What a [`DeviceMemoryRegion`] covers.
+enum Backing {
+    /// Device memory, kept allocated while registered.
+    Dm(#[allow(dead_code)] Arc<DmInner>),
+    /// A dma-buf: its descriptor, kept open while registered (the exporter
+    /// keeps the buffer while a descriptor of it is).
+    DmaBuf(#[allow(dead_code)] OwnedFd),
 }
 
 // SAFETY: the registration is a kernel object handle; the Rust side only
@@ -375,7 +399,106 @@ impl ProtectionDomain {
             offset,
             len,
             access,
-            dm: Arc::clone(&dm.inner),
+            base: 0,
+            backing: std::mem::ManuallyDrop::new(Backing::Dm(Arc::clone(&dm.inner))),
+            pd: self.clone(),
+        })
+    }
+
+    /// Registers `len` bytes of the dma-buf `fd` from `offset` as a memory
+    /// region that work requests and peers address from `iova`
+    /// (`ibv_reg_dmabuf_mr(3)`): GPU memory, or any device's that its driver
+    /// exports as a dma-buf. The region keeps its own duplicate of `fd`
+    /// open while it is registered. Its memory is never Rust memory: local
+    /// requests use it as a [`DeviceSlice`], peers through
+    /// [`DeviceMemoryRegion::remote`].
+    ///
+    /// Providers: mlx5 (and efa, irdma, bnxt_re in recent rdma-core) register
+    /// dma-bufs; soft-RoCE and soft-iWARP on Linux 6.1 do not (their
+    /// [`Error::Unsupported`] carries the errno).
+    ///
+    /// ```no_run
+    /// # fn f(pd: &rdma::ProtectionDomain, gpu_buffer: std::os::fd::BorrowedFd<'_>)
+    /// #     -> rdma::Result<()> {
+    /// use rdma::{AccessFlags, DeviceSlice, RemoteMemory};
+    /// // `gpu_buffer`: a dma-buf descriptor from the GPU driver (its export of
+    /// // a 1 MiB allocation).
+    /// let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    /// let region = pd.reg_dmabuf_mr(gpu_buffer, 0, 1 << 20, 0, access)?;
+    /// let for_the_peer: RemoteMemory = region.remote();
+    /// let first_page = DeviceSlice::new(region, 0, 4096); // for a local request
+    /// # let _ = (for_the_peer, first_page);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// - [`Error::InvalidArgument`] for `len == 0`;
+    /// - [`Error::Verb`] naming `fcntl` when `fd` cannot be duplicated;
+    /// - [`Error::Unsupported`] when the provider cannot register dma-bufs
+    ///   (`EOPNOTSUPP`, `ENOSYS`), with the errno;
+    /// - [`Error::Verb`] naming `ibv_reg_dmabuf_mr` otherwise (`EBADF` for a
+    ///   descriptor that is no dma-buf, `EINVAL` for a range past the buffer,
+    ///   `EACCES`/`EINVAL` for access the buffer cannot give, as the kernel
+    ///   says).
+    pub fn reg_dmabuf_mr(
+        &self,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<DeviceMemoryRegion> {
+        const VERB: &str = "ibv_reg_dmabuf_mr";
+        if len == 0 {
+            return Err(Error::InvalidArgument {
+                verb: VERB,
+                reason: "a memory region cannot be empty".into(),
+            });
+        }
+        let fd = fd.try_clone_to_owned().map_err(|e| Error::Verb {
+            verb: "fcntl",
+            context: "F_DUPFD_CLOEXEC of the dma-buf's descriptor".into(),
+            source: e,
+        })?;
+        let raw_fd = std::os::fd::AsRawFd::as_raw_fd(&fd);
+        let mr = call_ptr(
+            VERB,
+            || {
+                format!(
+                    "fd {raw_fd}, offset {offset}, {len} bytes, iova {iova:#x}, access {access:?}"
+                )
+                .into()
+            },
+            || {
+                // SAFETY: valid PD; the descriptor is open (the region keeps
+                // it), and the verb only reads the arguments.
+                unsafe {
+                    ffi::ibv_reg_dmabuf_mr(
+                        self.as_raw(),
+                        offset,
+                        len,
+                        iova,
+                        raw_fd,
+                        access.bits() as i32,
+                    )
+                }
+            },
+        )
+        .map_err(|e| match e.errno() {
+            Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
+                what: "dma-buf memory regions (ibv_reg_dmabuf_mr)".into(),
+                device: self.context().name().to_string(),
+                source: Some(std::io::Error::from_raw_os_error(errno)),
+            },
+            _ => e,
+        })?;
+        Ok(DeviceMemoryRegion {
+            mr,
+            offset: usize::try_from(offset).unwrap_or(usize::MAX),
+            len,
+            access,
+            base: iova,
+            backing: std::mem::ManuallyDrop::new(Backing::DmaBuf(fd)),
             pd: self.clone(),
         })
     }
@@ -394,7 +517,7 @@ impl DeviceMemoryRegion {
         unsafe { (*self.mr.as_ptr()).rkey }
     }
 
-    /// Where the region starts in its device memory.
+    /// Where the region starts in its device memory (or its dma-buf).
     pub fn dm_offset(&self) -> usize {
         self.offset
     }
@@ -428,7 +551,7 @@ impl DeviceMemoryRegion {
     /// length and rkey.
     pub fn remote(&self) -> RemoteMemory {
         RemoteMemory {
-            addr: 0,
+            addr: self.base,
             len: self.len as u64,
             rkey: self.rkey(),
         }
@@ -442,17 +565,22 @@ impl Drop for DeviceMemoryRegion {
         let rc = unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
         if rc != 0 {
             crate::error::teardown_failed(format_args!(
-                "ibv_dereg_mr of a device memory region on {} failed: errno {rc}",
-                self.dm.ctx.name()
+                "ibv_dereg_mr of a device memory region on {} failed: errno {rc}; keeping \
+                 its memory",
+                self.pd.context().name()
             ));
+            return;
         }
+        // SAFETY: taken once, here, and never used again.
+        drop(unsafe { std::mem::ManuallyDrop::take(&mut self.backing) });
     }
 }
 
 impl fmt::Debug for DeviceMemoryRegion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceMemoryRegion")
-            .field("device", &self.dm.ctx.name())
+            .field("device", &self.pd.context().name())
+            .field("dma_buf", &matches!(*self.backing, Backing::DmaBuf(_)))
             .field("dm_offset", &self.offset)
             .field("len", &self.len)
             .field("lkey", &self.lkey())
@@ -464,8 +592,8 @@ impl fmt::Debug for DeviceMemoryRegion {
 
 /// A piece of a [`DeviceMemoryRegion`] as one scatter/gather entry of a
 /// work request ([`crate::WrBuffers::Device`]): `len` bytes from `offset`,
-/// counted from the region's first byte (the region is zero-based, so that
-/// offset is the entry's address).
+/// counted from the region's first byte (the entry's address is that offset
+/// for zero-based device memory, the region's iova plus it for a dma-buf).
 ///
 /// The region is held by `Arc` (a region given by value is moved into one)
 /// and each request in flight holds a reference until its completion gives
@@ -549,7 +677,7 @@ impl DeviceSlice {
     /// The scatter/gather entry, for a slice [`DeviceSlice::check`] accepted.
     pub(crate) fn sge(&self) -> ffi::ibv_sge {
         ffi::ibv_sge {
-            addr: self.offset,
+            addr: self.region.base + self.offset,
             length: u32::try_from(self.len).unwrap_or(u32::MAX),
             lkey: self.region.lkey(),
         }
