@@ -137,6 +137,14 @@ impl Drop for AhInner {
 
 /// An address handle (`struct ibv_ah`) for UD sends. A cheap `Clone` handle;
 /// a UD send in flight keeps its AH alive.
+///
+/// ```no_run
+/// # fn f(pd: &rdma::ProtectionDomain, peer: rdma::Gid) -> rdma::Result<()> {
+/// // The route to a UD peer, named by its GID (RoCE) on port 1, source GID 1.
+/// let ah = pd.create_ah(&rdma::AhAttr::global(1, peer, 1))?;
+/// # let _ = ah;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct AddressHandle {
     inner: Arc<AhInner>,

@@ -101,6 +101,16 @@ pub fn device_by_name(name: &str) -> Result<Device> {
 }
 
 /// An RDMA device found by [`devices`]. Open it with [`Device::open`].
+///
+/// ```no_run
+/// # fn main() -> rdma::Result<()> {
+/// for dev in rdma::devices()? {
+///     println!("{} {}", dev.name(), dev.guid());
+///     let ctx = dev.open()?;
+///     # let _ = ctx;
+/// }
+/// # Ok(()) }
+/// ```
 pub struct Device {
     // Keeps the array (and so the device struct) alive.
     list: Arc<DeviceListInner>,
@@ -177,6 +187,14 @@ impl fmt::Debug for Device {
 }
 
 /// A 64-bit GUID (node, port or system image), in host byte order.
+///
+/// ```no_run
+/// # fn main() -> rdma::Result<()> {
+/// let dev = rdma::device_by_name("rxe0")?;
+/// let guid: rdma::Guid = dev.guid();
+/// println!("{guid}"); // as ibv_devinfo prints it: 5054:00ff:fe12:3456
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub struct Guid(pub u64);
 

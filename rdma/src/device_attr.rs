@@ -85,6 +85,15 @@ bitflags::bitflags! {
 /// Counts the C struct holds as `int` are returned as `u32` (a negative value,
 /// which no provider reports, reads as 0). [`DeviceAttr::as_raw`] gives every
 /// field, including those without an accessor yet.
+///
+/// ```no_run
+/// # fn main() -> rdma::Result<()> {
+/// let ctx = rdma::Context::open("rxe0")?;
+/// let attr = ctx.query_device()?;
+/// println!("firmware {}, {} ports, up to {} work requests a queue",
+///     attr.fw_ver(), attr.phys_port_cnt(), attr.max_qp_wr());
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy)]
 pub struct DeviceAttr {
     raw: ffi::ibv_device_attr_ex,

@@ -66,6 +66,16 @@ impl Drop for DmInner {
 /// A buffer of device memory (`struct ibv_dm`). Not `Clone`; freed when it
 /// and every [`DeviceMemoryRegion`] over it are dropped. Keeps its context
 /// open.
+///
+/// ```no_run
+/// # fn main() -> rdma::Result<()> {
+/// let ctx = rdma::Context::open("mlx5_0")?;
+/// let mut dm = ctx.alloc_dm(4096)?; // memory on the adapter
+/// dm.write_at(0, b"hello")?;
+/// let mut back = [0u8; 5];
+/// dm.read_at(0, &mut back)?;
+/// # Ok(()) }
+/// ```
 pub struct DeviceMemory {
     inner: Arc<DmInner>,
 }

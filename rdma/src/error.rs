@@ -12,6 +12,16 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Verb failures name the C function that failed and carry the OS error it
 /// reported ([`Error::errno`]). Invalid arguments caught before calling into
 /// C say what was wrong and what would have been valid.
+///
+/// ```no_run
+/// # fn main() {
+/// match rdma::Context::open("no-such-device") {
+///     Ok(_) => {}
+///     // What failed, on what, and the OS error, as one value.
+///     Err(e) => eprintln!("{e} (verb {:?}, errno {:?})", e.verb(), e.errno()),
+/// }
+/// # }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -8,6 +8,14 @@ use crate::ffi;
 use crate::macros::c_enum;
 
 /// A 128-bit global identifier, in network byte order as on the wire.
+///
+/// ```no_run
+/// # fn main() -> rdma::Result<()> {
+/// let ctx = rdma::Context::open("rxe0")?;
+/// let gid: rdma::Gid = ctx.query_gid(1, 1)?;
+/// println!("{gid}"); // as sysfs prints it: 0000:0000:0000:0000:0000:ffff:0a08:0001
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub struct Gid([u8; 16]);
 

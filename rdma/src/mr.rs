@@ -462,6 +462,19 @@ pub struct MemoryRegion {
 /// [`RemoteMemory::to_bytes`] is its stable wire encoding; with the `serde`
 /// feature it is also `Serialize`/`Deserialize` (a struct of its three
 /// fields).
+///
+/// ```no_run
+/// # fn f(pd: &rdma::ProtectionDomain) -> rdma::Result<()> {
+/// use rdma::{AccessFlags, RemoteMemory};
+/// let target = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+/// // Sent to the peer (private data of a connection, a SEND), who writes
+/// // into the first half.
+/// let wire = target.remote().to_bytes();
+/// let remote = RemoteMemory::from_bytes(&wire)?;
+/// let half = remote.slice(0, 2048).expect("within the region");
+/// # let _ = half;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RemoteMemory {
@@ -1120,6 +1133,16 @@ fn released(rc: std::ffi::c_int, mut memory: Memory) -> Result<Memory> {
 /// zeroed). Read and write it as a slice; register it again with
 /// [`ProtectionDomain::reg_buffer`] (no allocation, no zeroing, the same
 /// alignment), or drop it to free it.
+///
+/// ```no_run
+/// # fn f(pd: &rdma::ProtectionDomain) -> rdma::Result<()> {
+/// use rdma::AccessFlags;
+/// let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+/// // The memory back as plain bytes once nothing can reach it.
+/// let buf: rdma::Buffer = mr.deregister().map_err(|(_, e)| e)?;
+/// assert_eq!(buf.len(), 4096);
+/// # Ok(()) }
+/// ```
 pub struct Buffer {
     memory: Memory,
 }

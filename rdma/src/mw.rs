@@ -198,6 +198,17 @@ impl Drop for MwInner {
 }
 
 /// A memory window (`struct ibv_mw`). Unique owner: not `Clone`.
+///
+/// ```no_run
+/// # fn f(qp: &mut rdma::QueuePair, pd: &rdma::ProtectionDomain) -> rdma::Result<()> {
+/// use rdma::{AccessFlags, MwType};
+/// let mr = pd.alloc_mr(1 << 20, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
+/// let mut mw = pd.alloc_mw(MwType::Type2)?;
+/// // The peer may write the first 4 KiB, under the window's own rkey.
+/// let remote = qp.bind_mw(1, &mut mw, &mr, 0, 4096, AccessFlags::REMOTE_WRITE)?;
+/// # let _ = remote;
+/// # Ok(()) }
+/// ```
 pub struct MemoryWindow {
     pub(crate) inner: Arc<MwInner>,
     mw_type: MwType,

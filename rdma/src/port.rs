@@ -160,6 +160,14 @@ bitflags::bitflags! {
 }
 
 /// The attributes of a port (`struct ibv_port_attr`), typed.
+///
+/// ```no_run
+/// # fn main() -> rdma::Result<()> {
+/// let ctx = rdma::Context::open("rxe0")?;
+/// let port = ctx.query_port(1)?;
+/// println!("{:?}, active MTU {:?}, LID {}", port.state, port.active_mtu, port.lid);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy)]
 #[non_exhaustive]
 pub struct PortAttr {

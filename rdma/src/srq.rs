@@ -95,6 +95,17 @@ pub struct SharedReceiveQueue {
 }
 
 /// SRQ sizes (`struct ibv_srq_attr`).
+///
+/// ```no_run
+/// # fn f(pd: &rdma::ProtectionDomain) -> rdma::Result<()> {
+/// let srq = pd.create_srq(rdma::SrqAttr {
+///     max_wr: 256,
+///     max_sge: 1,
+///     srq_limit: 0,
+/// })?;
+/// # let _ = srq;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SrqAttr {
     /// Queue depth.

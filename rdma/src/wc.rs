@@ -121,6 +121,16 @@ bitflags::bitflags! {
 /// and [`Completion::buffers`] holds the memory the request used; the
 /// memory of unsignaled requests completed before it (same send queue) comes
 /// with it in [`Completion::unsignaled`].
+///
+/// ```no_run
+/// # fn f(cq: &rdma::CompletionQueue) -> rdma::Result<()> {
+/// if let Some(c) = cq.poll_one()? {
+///     let mut c = c.ok()?; // an error status becomes an Err naming it
+///     println!("request {} moved {} bytes", c.wr_id, c.byte_len);
+///     let _memory = c.take_buffers(); // what the request lent, back
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct Completion {
@@ -307,6 +317,18 @@ fn imm_data(wc: &ffi::ibv_wc) -> u32 {
 ///
 /// For work posted through the safe API, [`WorkCompletion::wr_id`] is the
 /// id the caller gave.
+///
+/// ```no_run
+/// # fn f(cq: &rdma::CompletionQueue) -> rdma::Result<()> {
+/// let mut wcs = [rdma::WorkCompletion::default(); 16];
+/// let mut memory = Vec::new();
+/// let n = cq.poll_wc(&mut wcs, &mut memory)?;
+/// for wc in &wcs[..n] {
+///     wc.ok()?;
+///     println!("request {} done, {} bytes", wc.wr_id(), wc.byte_len());
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Default)]
 #[repr(transparent)]
 pub struct WorkCompletion(ffi::ibv_wc);

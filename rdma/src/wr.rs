@@ -400,6 +400,18 @@ pub struct UdDest {
 }
 
 /// A send work request whose memory moves into the queue with it.
+///
+/// ```no_run
+/// # fn f(qp: &mut rdma::QueuePair, pd: &rdma::ProtectionDomain, peer: rdma::RemoteMemory)
+/// #     -> rdma::Result<()> {
+/// use rdma::{AccessFlags, PostError, SendWr};
+/// let data = pd.reg_mr(vec![1u8; 1024], AccessFlags::empty())?;
+/// // An RDMA WRITE with immediate data, signaled: its memory comes back with
+/// // its completion.
+/// let wr = SendWr::write(7, data, peer).with_imm(42);
+/// qp.post_send(wr).map_err(PostError::drop_buffers)?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct SendWr {
     pub(crate) wr_id: u64,
@@ -542,6 +554,13 @@ impl SendWr {
 
 /// A send whose data is copied at post time (`IBV_SEND_INLINE`): no memory
 /// region needed, at most `max_inline_data` bytes.
+///
+/// ```no_run
+/// # fn f(qp: &mut rdma::QueuePair) -> rdma::Result<()> {
+/// // A small message copied at post time: nothing to keep until it completes.
+/// qp.post_send_inline(rdma::InlineSend::send(1, b"ping"))?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct InlineSend<'a> {
     pub(crate) wr_id: u64,
@@ -613,6 +632,21 @@ impl<'a> InlineSend<'a> {
 /// would drop the memory unseen. Take it back from
 /// [`PostError::returned`], or drop it on purpose with
 /// [`PostError::drop_buffers`].
+///
+/// ```no_run
+/// # fn f(qp: &mut rdma::QueuePair, wr: rdma::SendWr) {
+/// match qp.post_send(wr) {
+///     Ok(()) => {}
+///     Err(e) => {
+///         // The requests not posted come back with their memory.
+///         for (wr_id, memory) in e.returned {
+///             eprintln!("request {wr_id} not posted ({} regions back)", memory.len());
+///         }
+///         eprintln!("{}", e.error);
+///     }
+/// }
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct PostError {
     /// What went wrong.

@@ -30,6 +30,15 @@ use crate::error::{Error, Result};
 use crate::{CompletionQueue, ProtectionDomain, QpState, QpType, QueuePair};
 
 /// Options of [`Connection::connect`] and [`Listener::accept`].
+///
+/// ```no_run
+/// # fn main() -> rdma::Result<()> {
+/// use rdma::cm::blocking::{ConnectOptions, Connection};
+/// let options = ConnectOptions::default();
+/// let mut conn = Connection::connect("10.8.0.1:7471".parse().unwrap(), &options)?;
+/// println!("connected: QP {:#x}", conn.qp().qp_num());
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
     /// Bound of every wait (address, route, connection, disconnection).

@@ -58,6 +58,19 @@ impl Drop for ChannelInner {
 /// Use: [`CompletionQueue::req_notify`] (arm), poll the CQ dry, then
 /// [`CompletionChannel::get_event`] (wait). Arm before draining, or a
 /// completion that lands in between is never signalled.
+///
+/// ```no_run
+/// # fn main() -> rdma::Result<()> {
+/// let ctx = rdma::Context::open("rxe0")?;
+/// let channel = ctx.create_comp_channel()?;
+/// // A CQ that signals the channel: waited for with `wait` (blocking) or
+/// // through `rdma::aio` (async) instead of spinning.
+/// let cq = ctx.create_cq(64, Some(&channel), 0)?;
+/// if let Some(c) = cq.wait(Some(std::time::Duration::from_secs(1)))? {
+///     println!("request {} done", c.wr_id);
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct CompletionChannel {
     pub(super) inner: Arc<ChannelInner>,

@@ -199,6 +199,20 @@ impl fmt::Debug for QpAttr {
 }
 
 /// RESET → INIT parameters.
+///
+/// ```no_run
+/// # fn f(qp: &rdma::QueuePair, ctx: &rdma::Context, peer_qpn: u32) -> rdma::Result<()> {
+/// use rdma::{AccessFlags, AhAttr, InitAttr, RtrAttr, RtsAttr};
+/// // RESET -> INIT -> RTR -> RTS against a peer found by its GID (RoCE).
+/// let mut init = InitAttr::new(1);
+/// init.access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+/// qp.to_init(&init)?;
+/// let gid = ctx.query_gid(1, 1)?; // (the peer's, in a real program)
+/// let mtu = ctx.query_port(1)?.active_mtu;
+/// qp.to_rtr(Some(&RtrAttr::new(AhAttr::global(1, gid, 1), mtu, peer_qpn, 0)))?;
+/// qp.to_rts(&RtsAttr::new(0))?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct InitAttr {
     /// Port.

@@ -104,6 +104,19 @@ pub(super) fn sends_plainly(qp_type: QpType, max_send_sge: u32) -> bool {
 }
 
 /// Builds a queue pair; see [`ProtectionDomain::qp_builder`].
+///
+/// ```no_run
+/// # fn f(pd: &rdma::ProtectionDomain, cq: &rdma::CompletionQueue) -> rdma::Result<()> {
+/// use rdma::QpType;
+/// let qp = pd
+///     .qp_builder(QpType::Rc, cq, cq)
+///     .max_send_wr(64)
+///     .max_recv_wr(64)
+///     .max_inline_data(64)
+///     .build()?;
+/// println!("QP {:#x}", qp.qp_num());
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct QueuePairBuilder {
     pd: ProtectionDomain,

@@ -34,6 +34,21 @@ use crate::{ffi, MemoryRegion};
 /// [`PreparedSend::into_region`] gives the region back once nothing is in
 /// flight. Dropped while a send is in flight, it hands the region to its QP,
 /// which keeps it until that send is done.
+///
+/// ```no_run
+/// # fn f(qp: &mut rdma::QueuePair, pd: &rdma::ProtectionDomain, peer: rdma::RemoteMemory)
+/// #     -> rdma::Result<()> {
+/// use rdma::{AccessFlags, PostError, SendFlags, SendOp};
+/// let region = pd.alloc_mr(1 << 20, AccessFlags::empty())?;
+/// // Checked once; each post lends a range of the region under the caller's
+/// // `wr_id`, and nothing moves.
+/// let mut write = qp
+///     .prepare_send(SendOp::Write(peer), SendFlags::SIGNALED, region)
+///     .map_err(PostError::drop_buffers)?;
+/// qp.post_prepared(&mut write, 1, 0, 4096)?;
+/// qp.post_prepared(&mut write, 2, 4096, 4096)?;
+/// # Ok(()) }
+/// ```
 pub struct PreparedSend {
     /// The request as posted by the legacy path: each post writes `wr_id`
     /// and the scatter entry in place and hands this very struct to the

@@ -30,6 +30,24 @@ use crate::{ffi, MemoryRegion};
 /// again. [`PreparedRecv::into_region`] gives the region back once nothing
 /// is in flight. Dropped while a receive is in flight, it hands the region
 /// to its QP, which keeps it until that receive is done.
+///
+/// ```no_run
+/// # fn f(qp: &mut rdma::QueuePair, pd: &rdma::ProtectionDomain, cq: &rdma::CompletionQueue)
+/// #     -> rdma::Result<()> {
+/// use rdma::{AccessFlags, PostError};
+/// let region = pd.alloc_mr(64 * 4096, AccessFlags::LOCAL_WRITE)?;
+/// // 64 slots of 4 KiB, each lent to one receive at a time.
+/// let mut slots = qp.prepare_recv(region, 4096).map_err(PostError::drop_buffers)?;
+/// for slot in 0..64 {
+///     qp.post_prepared_recv(&mut slots, slot as u64, slot)?;
+/// }
+/// if let Some(c) = cq.poll_one()? {
+///     let c = c.ok()?;
+///     let mut message = vec![0u8; c.byte_len as usize];
+///     slots.read_at(c.wr_id as usize, 0, &mut message)?;
+/// }
+/// # Ok(()) }
+/// ```
 pub struct PreparedRecv {
     /// `None` only once `into_region` or `drop` took it: a safe `Option`
     /// rather than a `ManuallyDrop` that every new field would have to be
