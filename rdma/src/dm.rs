@@ -160,13 +160,8 @@ impl Context {
                 unsafe { ffi::ibv_alloc_dm(self.as_raw(), &mut attr) }
             },
         )
-        .map_err(|e| match e.errno() {
-            Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
-                what: "device memory (ibv_alloc_dm)".into(),
-                device: self.name().to_string(),
-                source: Some(std::io::Error::from_raw_os_error(errno)),
-            },
-            _ => e,
+        .map_err(|e| {
+            e.unsupported_if_not_implemented("device memory (ibv_alloc_dm)", self.name())
         })?;
         Ok(DeviceMemory {
             inner: Arc::new(DmInner {
@@ -396,13 +391,11 @@ impl ProtectionDomain {
                 }
             },
         )
-        .map_err(|e| match e.errno() {
-            Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
-                what: "device memory regions (ibv_reg_dm_mr)".into(),
-                device: self.context().name().to_string(),
-                source: Some(std::io::Error::from_raw_os_error(errno)),
-            },
-            _ => e,
+        .map_err(|e| {
+            e.unsupported_if_not_implemented(
+                "device memory regions (ibv_reg_dm_mr)",
+                self.context().name(),
+            )
         })?;
         Ok(DeviceMemoryRegion {
             mr,
@@ -494,13 +487,11 @@ impl ProtectionDomain {
                 }
             },
         )
-        .map_err(|e| match e.errno() {
-            Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
-                what: "dma-buf memory regions (ibv_reg_dmabuf_mr)".into(),
-                device: self.context().name().to_string(),
-                source: Some(std::io::Error::from_raw_os_error(errno)),
-            },
-            _ => e,
+        .map_err(|e| {
+            e.unsupported_if_not_implemented(
+                "dma-buf memory regions (ibv_reg_dmabuf_mr)",
+                self.context().name(),
+            )
         })?;
         Ok(DeviceMemoryRegion {
             mr,

@@ -253,6 +253,24 @@ impl Error {
             source: io::Error::from_raw_os_error(errno),
         }
     }
+
+    /// This error as [`Error::Unsupported`] (`what` on `device`, keeping the errno) when the
+    /// provider said it does not implement the call (`EOPNOTSUPP` or `ENOSYS`); otherwise
+    /// the error unchanged.
+    pub(crate) fn unsupported_if_not_implemented(
+        self,
+        what: impl Into<Cow<'static, str>>,
+        device: &str,
+    ) -> Self {
+        match self.errno() {
+            Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
+                what: what.into(),
+                device: device.to_string(),
+                source: Some(io::Error::from_raw_os_error(errno)),
+            },
+            _ => self,
+        }
+    }
 }
 
 impl From<Error> for io::Error {

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::ptr::NonNull;
 
-use crate::error::{call_ptr, Error, Result};
+use crate::error::{call_ptr, Result};
 use crate::{ffi, ProtectionDomain};
 
 /// A null memory region (`struct ibv_mr` from `ibv_alloc_null_mr`). It covers
@@ -28,8 +28,8 @@ impl ProtectionDomain {
     /// Allocates a null memory region (`ibv_alloc_null_mr(3)`).
     ///
     /// # Errors
-    /// [`Error::Unsupported`] when the provider has none (`EOPNOTSUPP`:
-    /// soft-RoCE, soft-iWARP); [`Error::Verb`] naming `ibv_alloc_null_mr`.
+    /// [`Error::Unsupported`](crate::Error::Unsupported) when the provider has none (`EOPNOTSUPP`:
+    /// soft-RoCE, soft-iWARP); [`Error::Verb`](crate::Error::Verb) naming `ibv_alloc_null_mr`.
     pub fn alloc_null_mr(&self) -> Result<NullMemoryRegion> {
         const VERB: &str = "ibv_alloc_null_mr";
         let mr = call_ptr(
@@ -40,13 +40,11 @@ impl ProtectionDomain {
                 unsafe { ffi::ibv_alloc_null_mr(self.as_raw()) }
             },
         )
-        .map_err(|e| match e.errno() {
-            Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
-                what: format!("null memory regions ({VERB})").into(),
-                device: self.context().name().to_string(),
-                source: Some(std::io::Error::from_raw_os_error(errno)),
-            },
-            _ => e,
+        .map_err(|e| {
+            e.unsupported_if_not_implemented(
+                format!("null memory regions ({VERB})"),
+                self.context().name(),
+            )
         })?;
         Ok(NullMemoryRegion {
             mr,

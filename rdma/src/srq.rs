@@ -262,13 +262,8 @@ impl ProtectionDomain {
                 unsafe { ffi::ibv_create_srq_ex(ctx.as_raw(), &mut init) }
             },
         )
-        .map_err(|e| match e.errno() {
-            Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
-                what: format!("{srq_type:?} SRQs ({VERB})").into(),
-                device: ctx.name().to_string(),
-                source: Some(std::io::Error::from_raw_os_error(errno)),
-            },
-            _ => e,
+        .map_err(|e| {
+            e.unsupported_if_not_implemented(format!("{srq_type:?} SRQs ({VERB})"), ctx.name())
         })?;
         Ok(self.wrap_srq(srq, attr, &init.attr, xrc, serial))
     }

@@ -57,17 +57,6 @@ pub struct ThreadDomain {
     inner: Arc<TdInner>,
 }
 
-fn unsupported(e: Error, what: &'static str, ctx: &Context) -> Error {
-    match e.errno() {
-        Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
-            what: what.into(),
-            device: ctx.name().to_string(),
-            source: Some(std::io::Error::from_raw_os_error(errno)),
-        },
-        _ => e,
-    }
-}
-
 impl Context {
     /// Allocates a thread domain (`ibv_alloc_td(3)`).
     ///
@@ -85,7 +74,7 @@ impl Context {
                 unsafe { ffi::ibv_alloc_td(self.as_raw(), &mut attr) }
             },
         )
-        .map_err(|e| unsupported(e, "thread domains", self))?;
+        .map_err(|e| e.unsupported_if_not_implemented("thread domains", self.name()))?;
         Ok(ThreadDomain {
             inner: Arc::new(TdInner {
                 td,
@@ -187,7 +176,7 @@ impl ProtectionDomain {
                 unsafe { ffi::ibv_alloc_parent_domain(ctx.as_raw(), &mut attr) }
             },
         )
-        .map_err(|e| unsupported(e, "parent domains", ctx))?;
+        .map_err(|e| e.unsupported_if_not_implemented("parent domains", ctx.name()))?;
         let td = td.map(|td| ThreadDomain {
             inner: Arc::clone(&td.inner),
         });

@@ -3,11 +3,9 @@
 use std::collections::{HashMap, VecDeque};
 
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use super::{MpaUnit, Pdu, ReadRequest, StreamKey};
-use crate::bytes::hex;
-use crate::reasm::{FlowKey, Kind, Limits, Message};
+use crate::reasm::{reservation, FlowKey, Keep, Kind, Limits, Message, Payload};
 
 /// An RDMAP message being put together.
 #[derive(Debug)]
@@ -15,7 +13,6 @@ struct Open {
     kind: Kind,
     first_frame: u64,
     last_frame: u64,
-    hasher: Sha256,
     /// Bytes hashed so far, in order.
     length: u64,
     segments: u32,
@@ -32,8 +29,7 @@ struct Open {
     invalidate: Option<u32>,
     duplicates: u32,
     out_of_order: u32,
-    data: Option<Vec<u8>>,
-    deferred: bool,
+    payload: Payload,
     touched: u64,
     /// When it was opened (the assembler's clock): its place in [`Assembler::order`].
     opened: u64,
@@ -252,11 +248,7 @@ impl Assembler {
         let keep = self.limits.keep_data;
         let data = (keep > 0)
             .then(|| {
-                // Never more than `reasm::RESERVE` from the size a Read Request claims.
-                let want = read.map_or(0, |r| u64::from(r.size)).min(keep);
-                let cap = usize::try_from(want)
-                    .unwrap_or(usize::MAX)
-                    .min(crate::reasm::RESERVE);
+                let cap = reservation(read.map_or(0, |r| u64::from(r.size)), keep);
                 if self.kept + cap > self.limits.max_kept {
                     self.stats.data_dropped += 1;
                     return None;
@@ -269,7 +261,6 @@ impl Assembler {
             kind,
             first_frame,
             last_frame: first_frame,
-            hasher: Sha256::new(),
             length: 0,
             segments: 0,
             next: to.unwrap_or(0),
@@ -282,8 +273,10 @@ impl Assembler {
             invalidate: None,
             duplicates: 0,
             out_of_order: 0,
-            data,
-            deferred: keep > 0 && !self.limits.hash_kept && kind != Kind::Send,
+            payload: Payload::new(
+                data,
+                keep > 0 && !self.limits.hash_kept && kind != Kind::Send,
+            ),
             touched: self.clock,
             opened: self.clock,
         }
@@ -393,7 +386,7 @@ impl Assembler {
 
     /// Places one segment of an open message at `at` (message or tagged offset).
     fn segment(&mut self, k: OpenKey, at: u64, last: bool, frame: u64, payload: &[u8]) {
-        let keep = crate::reasm::Keep {
+        let keep = Keep {
             per_message: self.limits.keep_data,
             budget: self.limits.max_kept,
         };
@@ -450,7 +443,7 @@ impl Assembler {
 
     fn emit(&mut self, o: Open, k: OpenKey, why: Option<String>) {
         // What it held leaves the open messages (its data with the message, to its consumer).
-        self.kept -= o.data.as_ref().map_or(0, Vec::capacity);
+        self.kept -= o.payload.capacity();
         self.pending_total -= o.pending.len();
         if let std::collections::hash_map::Entry::Occupied(mut e) =
             self.per_stream.entry(k.stream())
@@ -479,7 +472,7 @@ impl Assembler {
         } else {
             self.stats.complete += 1;
         }
-        let sha256 = (incomplete.is_none() && !o.deferred).then(|| hex(&o.hasher.finalize()));
+        let (sha256, data) = o.payload.finish(incomplete.is_some());
         let (rkey, va, dma_len) = match (o.kind, o.read) {
             (Kind::Read, Some(r)) => (Some(r.src_stag), Some(r.src_to), Some(r.size)),
             _ => (o.stag, o.to, None),
@@ -509,7 +502,7 @@ impl Assembler {
             duplicates: o.duplicates,
             out_of_order: o.out_of_order,
             incomplete,
-            data: o.data,
+            data,
             tcp_ports: Some((stream.src_port, stream.dst_port)),
         });
     }
@@ -535,47 +528,10 @@ impl Assembler {
 }
 
 /// Hashes (and keeps, within `keep`) `d` into `o`; `kept` is the capacity of the open
-/// messages' buffers, kept up to date (as `reasm`'s `hash_one`).
-fn absorb(
-    o: &mut Open,
-    d: &[u8],
-    keep: crate::reasm::Keep,
-    kept: &mut usize,
-    stats: &mut AssemblerStats,
-) {
-    let keeps = match &o.data {
-        Some(v) if (v.len() + d.len()) as u64 <= keep.per_message => {
-            let fits = v.len() + d.len() <= v.capacity();
-            let grown = (v.len() + d.len()).max(v.capacity() * 2);
-            fits || *kept - v.capacity() + grown <= keep.budget || {
-                stats.data_dropped += 1;
-                false
-            }
-        }
-        _ => false,
-    };
-    match &mut o.data {
-        Some(v) if keeps => {
-            let before = v.capacity();
-            v.extend_from_slice(d);
-            *kept = *kept - before + v.capacity();
-            if !o.deferred {
-                o.hasher.update(d);
-            }
-        }
-        Some(_) => {
-            // Too long to keep, or past the budget: what was kept unhashed is hashed now,
-            // the rest as it comes.
-            if let Some(v) = o.data.take() {
-                if o.deferred {
-                    o.hasher.update(&v[..]);
-                    o.deferred = false;
-                }
-                *kept -= v.capacity();
-            }
-            o.hasher.update(d);
-        }
-        None => o.hasher.update(d),
+/// messages' buffers, kept up to date.
+fn absorb(o: &mut Open, d: &[u8], keep: Keep, kept: &mut usize, stats: &mut AssemblerStats) {
+    if o.payload.absorb(d, keep, kept) {
+        stats.data_dropped += 1;
     }
     o.length += d.len() as u64;
     o.next += d.len() as u64;

@@ -3,13 +3,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 
-use sha2::{Digest, Sha256};
-
-use super::payload::{hash_one, Frag, Keep, Open};
+use super::payload::{hash_one, reservation, Frag, Keep, Open, Payload};
 use super::{
     psn_add, psn_in, psn_sub, AtomicValues, FlowKey, Kind, Limits, Message, Stats, PSN_MASK,
 };
-use crate::bytes::hex;
 use crate::ib::{AtomicEth, Op, Position, Reth};
 use crate::RocePacket;
 
@@ -254,7 +251,6 @@ impl Assembler {
                             next_psn: psn,
                             first_frame: read_req.map_or(frame, |r| r.frame),
                             last_frame: frame,
-                            hasher: Sha256::new(),
                             length: 0,
                             packets: 0,
                             reth,
@@ -267,10 +263,12 @@ impl Assembler {
                             progress_at: now,
                             // Sized once from the RETH: growing a 128 KiB
                             // buffer by doubling cost more than the rest of `rpc`.
-                            data: self.payload_buffer(reth),
-                            deferred: self.limits.keep_data > 0
-                                && !self.limits.hash_kept
-                                && kind != Kind::Send,
+                            payload: Payload::new(
+                                self.payload_buffer(reth),
+                                self.limits.keep_data > 0
+                                    && !self.limits.hash_kept
+                                    && kind != Kind::Send,
+                            ),
                         };
                         // Room first: giving one up moves the last (`swap_remove`).
                         if flow.open.len() >= self.limits.max_open {
@@ -381,7 +379,7 @@ impl Assembler {
 
     fn emit(&mut self, flow: FlowKey, o: Open, incomplete: Option<String>) {
         // Its buffer leaves the open messages (with the message, to its consumer).
-        self.kept -= o.data.as_ref().map_or(0, Vec::capacity);
+        self.kept -= o.payload.capacity();
         let incomplete = incomplete.or_else(|| {
             if o.truncated {
                 Some("the capture cut off some of its payload".into())
@@ -401,7 +399,7 @@ impl Assembler {
         } else {
             self.stats.complete += 1;
         }
-        let sha256 = (incomplete.is_none() && !o.deferred).then(|| hex(&o.hasher.finalize()));
+        let (sha256, data) = o.payload.finish(incomplete.is_some());
         self.out.push(Message {
             kind: o.kind,
             flow,
@@ -422,7 +420,7 @@ impl Assembler {
             duplicates: o.duplicates,
             out_of_order: o.out_of_order,
             incomplete,
-            data: o.data,
+            data,
             tcp_ports: None,
         });
     }
@@ -604,10 +602,10 @@ impl Assembler {
         if self.limits.keep_data == 0 {
             return None;
         }
-        let want = reth
-            .map_or(0, |r| u64::from(r.dma_len))
-            .min(self.limits.keep_data);
-        let cap = usize::try_from(want).unwrap_or(usize::MAX).min(RESERVE);
+        let cap = reservation(
+            reth.map_or(0, |r| u64::from(r.dma_len)),
+            self.limits.keep_data,
+        );
         let b = match self.spare.pop() {
             Some(mut b) => {
                 self.spare_bytes = self.spare_bytes.saturating_sub(b.capacity());
@@ -660,18 +658,25 @@ impl Assembler {
         ages.sort_unstable_by_key(|a| a.0);
         let n = (ages.len() / 8).max(1);
         for (_, key) in ages.into_iter().take(n) {
-            if let Some(mut flow) = self.flows.remove(&key) {
-                flow.open.sort_by_key(|o| o.first_frame);
-                for o in flow.open.drain(..) {
-                    self.give_up(key, o, "given up: too many flows");
-                }
-                let mut pending: Vec<(u32, Frag)> = flow.pending.drain().collect();
-                self.pending_total -= pending.len();
-                pending.sort_by_key(|(_, f)| f.frame);
-                for (psn, f) in pending {
-                    self.orphan(key, psn, f, "given up: too many flows");
-                }
+            if let Some(flow) = self.flows.remove(&key) {
+                let why = "given up: too many flows";
+                self.give_up_flow(key, flow, why, why);
             }
+        }
+    }
+
+    /// Reports everything a removed flow still held, in frame order: its open messages
+    /// as incomplete (`why_open`) and its pending packets as orphans (`why_pending`).
+    fn give_up_flow(&mut self, key: FlowKey, mut flow: Flow, why_open: &str, why_pending: &str) {
+        flow.open.sort_by_key(|o| o.first_frame);
+        for o in flow.open.drain(..) {
+            self.give_up(key, o, why_open);
+        }
+        let mut pending: Vec<(u32, Frag)> = flow.pending.drain().collect();
+        self.pending_total -= pending.len();
+        pending.sort_by_key(|(_, f)| f.frame);
+        for (psn, f) in pending {
+            self.orphan(key, psn, f, why_pending);
         }
     }
 
@@ -706,17 +711,13 @@ impl Assembler {
         self.uncache();
         let mut flows: Vec<(FlowKey, Flow)> = self.flows.drain().collect();
         flows.sort_by_key(|(k, _)| (k.src, k.dst, k.qp));
-        for (key, mut flow) in flows {
-            flow.open.sort_by_key(|o| o.first_frame);
-            for o in flow.open.drain(..) {
-                self.give_up(key, o, "capture ended before its LAST");
-            }
-            let mut pending: Vec<(u32, Frag)> = flow.pending.drain().collect();
-            self.pending_total -= pending.len();
-            pending.sort_by_key(|(_, f)| f.frame);
-            for (psn, f) in pending {
-                self.orphan(key, psn, f, "packet whose FIRST is not in the capture");
-            }
+        for (key, flow) in flows {
+            self.give_up_flow(
+                key,
+                flow,
+                "capture ended before its LAST",
+                "packet whose FIRST is not in the capture",
+            );
         }
         let order: Vec<ReqKey> = self.request_order.drain(..).collect();
         for k in order {

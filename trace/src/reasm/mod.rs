@@ -253,4 +253,4 @@ mod payload;
 mod tests;
 
 pub use assemble::{Assembler, RESERVE};
-pub(crate) use payload::Keep;
+pub(crate) use payload::{reservation, Keep, Payload};
