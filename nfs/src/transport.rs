@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdma::aio::{tokio as rt, AsyncCmId, AsyncCq};
+use rdma::aio::{tokio_rt as rt, AsyncCmId, AsyncCq};
 use rdma::cm::{CmEventType, ConnParam, PortSpace};
 use rdma::{
     AccessFlags, BufferPool, Completion, MemoryRegion, QpState, QpType, QueuePair, SendWr, WcFlags,

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdma::aio::tokio as rt;
+use rdma::aio::tokio_rt as rt;
 use rdma::cm::ConnParam;
 use rdma::{AccessFlags, QpState, QpType, RemoteMemory, SendWr, WcOpcode, WcStatus};
 use rdma_nfs::rpcrdma::{

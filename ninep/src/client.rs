@@ -19,7 +19,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use rdma::aio::{tokio as rt, AsyncCmId, AsyncCq};
+use rdma::aio::{tokio_rt as rt, AsyncCmId, AsyncCq};
 use rdma::cm::{ConnParam, PortSpace};
 use rdma::{BufferPool, MemoryRegion, ProtectionDomain, QueuePair, SendWr, WcOpcode, WcStatus};
 

@@ -1,7 +1,7 @@
 //! What both ends of a 9P RDMA connection set up the same way: a PD, a CQ
 //! awaited on tokio, an RC QP and its send and receive buffers.
 
-use rdma::aio::{tokio as rt, AsyncCq};
+use rdma::aio::{tokio_rt as rt, AsyncCq};
 use rdma::cm::CmId;
 use rdma::{AccessFlags, BufferPool, ProtectionDomain, QpState, QpType, QueuePair};
 

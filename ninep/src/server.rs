@@ -43,7 +43,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdma::aio::{tokio as rt, Incoming};
+use rdma::aio::{tokio_rt as rt, Incoming};
 use rdma::cm::{CmEventType, ConnParam};
 use rdma::{BufferPool, MemoryRegion, QpState, SendWr, WcOpcode, WcStatus};
 

@@ -34,7 +34,7 @@ use std::rc::Rc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use rdma::aio::{tokio as rt, AsyncCq, CmChannel, Incoming};
+use rdma::aio::{tokio_rt as rt, AsyncCq, CmChannel, Incoming};
 use rdma::cm::{ConnParam, PortSpace};
 use rdma::{AccessFlags, BufferPool, QpState, QpType, SendWr, WcOpcode, WcStatus};
 

@@ -42,7 +42,7 @@ mod common;
 
 use common::cm::{c_str, getopt, host_ip, number, Res};
 use common::rping::{fill, info, parse_info, INFO_LEN, MAX_SIZE, MIN_SIZE};
-use rdma::aio::{tokio as rt, AsyncCmId, AsyncCq, CmChannel};
+use rdma::aio::{tokio_rt as rt, AsyncCmId, AsyncCq, CmChannel};
 use rdma::cm::{CmEventType, ConnParam, PortSpace};
 use rdma::{
     AccessFlags, Completion, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpState,

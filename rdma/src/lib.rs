@@ -231,8 +231,8 @@
 //!
 //! | feature | what it adds |
 //! |---|---|
-//! | `tokio` | `rdma::aio::tokio`: the async layer's adapter for tokio (awaited completions as a `Stream`, CM events and connection steps, device events, posting that waits for room) |
-//! | `async-io` | `rdma::aio::async_io`: the same on async-io / smol |
+//! | `tokio` | `rdma::aio::tokio_rt`: the async layer's adapter for tokio (awaited completions as a `Stream`, CM events and connection steps, device events, posting that waits for room) |
+//! | `async-io` | `rdma::aio::async_io_rt`: the same on async-io / smol |
 //! | `serde` | `Serialize`/`Deserialize` for [`RemoteMemory`] (its [`RemoteMemory::to_bytes`] wire encoding needs no feature) |
 //!
 //! The runtime-agnostic core of the async layer, [`aio`], is always built.

@@ -18,7 +18,7 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use rdma::aio::{self, async_io::AsyncIo, tokio::Tokio, AsyncCq, CmChannel, CqChannel};
+use rdma::aio::{self, async_io_rt::AsyncIo, tokio_rt::Tokio, AsyncCq, CmChannel, CqChannel};
 use rdma::cm::{CmEventType, ConnParam, EventChannel, PortSpace};
 use rdma::{
     AccessFlags, CompletionChannel, CompletionQueue, Error, ProtectionDomain, QpState, QpType,
@@ -686,7 +686,7 @@ fn misuse_is_an_error_that_says_which_never_a_hang() {
         assert_async_error(&e, libc::EINVAL, "without a completion channel");
         let e = AsyncCq::new(&driver, &foreign).unwrap_err();
         assert_async_error(&e, libc::EINVAL, "another completion channel");
-        let e = aio::tokio::completions(&bare).unwrap_err();
+        let e = aio::tokio_rt::completions(&bare).unwrap_err();
         assert_async_error(&e, libc::EINVAL, "without a completion channel");
         let first = AsyncCq::new(&driver, &cq).unwrap();
         let e = AsyncCq::new(&driver, &cq).unwrap_err();
@@ -719,7 +719,7 @@ fn misuse_is_an_error_that_says_which_never_a_hang() {
     // The tokio adapter outside a runtime.
     let e = CqChannel::new(&channel, &Tokio).unwrap_err();
     assert_async_error(&e, libc::ENXIO, "outside a tokio runtime");
-    let e = aio::tokio::cm_channel().unwrap_err();
+    let e = aio::tokio_rt::cm_channel().unwrap_err();
     assert_async_error(&e, libc::ENXIO, "outside a tokio runtime");
     // ... which released its claim: the blocking wait still works.
     assert!(cq.wait(Some(Duration::from_millis(1))).unwrap().is_none());
@@ -837,7 +837,7 @@ fn async_io_two_phase_accept_carries_an_rkey_of_the_new_connection() {
 fn dropped_connection_steps_lose_no_event_and_block_no_destroy() {
     let ip = roce_ip();
     runtime().block_on(async {
-        let cm = aio::tokio::cm_channel().unwrap();
+        let cm = aio::tokio_rt::cm_channel().unwrap();
         let mut listener = cm.listen(SocketAddr::new(ip, 0), 16).unwrap();
         let addr = SocketAddr::new(ip, listener.id().src_port());
         // A wait for a request, dropped before any came.
@@ -910,7 +910,7 @@ fn device_events_report_the_srq_limit() {
     }
     srq.arm_limit(6).unwrap();
     runtime().block_on(async {
-        let mut events = aio::tokio::device_events(&ctx).unwrap();
+        let mut events = aio::tokio_rt::device_events(&ctx).unwrap();
         // Waiting before the limit is reached, dropped: nothing lost.
         {
             let mut f = pin!(events.srq_limit(&srq));
@@ -950,7 +950,7 @@ fn sixty_four(ip: IpAddr) {
     let rt = runtime();
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async {
-        let cm = aio::tokio::cm_channel().unwrap();
+        let cm = aio::tokio_rt::cm_channel().unwrap();
         let mut listener = cm.listen(SocketAddr::new(ip, 0), 128).unwrap();
         let addr = SocketAddr::new(ip, listener.id().src_port());
         let server = tokio::task::spawn_local(async move {
@@ -1090,7 +1090,7 @@ fn a_dropped_post_waiting_for_room_posts_nothing_and_frees_its_memory() {
 fn dropped_batch_accept_and_disconnect_futures_leave_nothing_behind() {
     let ip = roce_ip();
     runtime().block_on(async {
-        let cm = aio::tokio::cm_channel().unwrap();
+        let cm = aio::tokio_rt::cm_channel().unwrap();
         let mut listener = cm.listen(SocketAddr::new(ip, 0), 16).unwrap();
         let addr = SocketAddr::new(ip, listener.id().src_port());
         let mut id = cm.create_id(PortSpace::Tcp).unwrap();

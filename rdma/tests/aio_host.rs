@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Wake, Waker};
 
-use rdma::aio::{async_io::AsyncIo, tokio::Tokio, Reactor, Readiness};
+use rdma::aio::{async_io_rt::AsyncIo, tokio_rt::Tokio, Reactor, Readiness};
 
 fn pair() -> (UnixStream, UnixStream) {
     let (a, b) = UnixStream::pair().unwrap();

@@ -17,7 +17,7 @@
 //! perf --features tokio`); without it `--wait async` is refused when the
 //! options are read.
 
-use rdma::aio::tokio as rt;
+use rdma::aio::tokio_rt as rt;
 use std::future::Future;
 
 use rdma::{InlineSend, WorkCompletion};

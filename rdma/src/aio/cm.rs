@@ -202,7 +202,7 @@ impl Drop for CmShared {
 /// use rdma::cm::ConnParam;
 /// use rdma::{AccessFlags, PostError, QpState, QpType};
 ///
-/// let cm = rdma::aio::tokio::cm_channel()?;
+/// let cm = rdma::aio::tokio_rt::cm_channel()?;
 /// let mut listener = cm.listen("10.8.0.1:7471".parse().unwrap(), 16)?;
 /// loop {
 ///     let request = listener.get_request().await?;
@@ -369,7 +369,7 @@ impl fmt::Debug for CmChannel {
 /// use rdma::cm::{ConnParam, PortSpace};
 /// use rdma::QpType;
 ///
-/// let cm = rdma::aio::tokio::cm_channel()?;
+/// let cm = rdma::aio::tokio_rt::cm_channel()?;
 /// let mut id = cm.create_id(PortSpace::Tcp)?;
 /// let dst: std::net::SocketAddr = "10.8.0.1:7471".parse().unwrap();
 /// id.resolve_addr(None, dst, Duration::from_secs(2)).await?;
@@ -601,7 +601,7 @@ impl fmt::Debug for AsyncCmId {
 /// use rdma::cm::ConnParam;
 /// use rdma::{AccessFlags, QpType};
 ///
-/// let cm = rdma::aio::tokio::cm_channel()?;
+/// let cm = rdma::aio::tokio_rt::cm_channel()?;
 /// let mut listener = cm.listen("10.8.0.1:7471".parse().unwrap(), 16)?;
 /// let incoming = listener.get_request().await?;
 /// // The connection's objects, on the device the request came in on.

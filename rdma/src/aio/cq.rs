@@ -265,7 +265,7 @@ impl fmt::Debug for CqChannel {
 ///
 /// // `cq` was created with a completion channel:
 /// // `ctx.create_cq(64, Some(&ctx.create_comp_channel()?), 0)`.
-/// let mut completions = rdma::aio::tokio::completions(cq)?;
+/// let mut completions = rdma::aio::tokio_rt::completions(cq)?;
 /// let buf = qp.pd().alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
 /// qp.post_recv(7, buf).map_err(PostError::drop_buffers)?;
 /// // Sleeps until the receive completes (the CQ armed, its event awaited,

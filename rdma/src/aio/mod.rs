@@ -24,8 +24,9 @@
 //! Every type is usable from any reactor: it is built from a [`Reactor`],
 //! which registers a file descriptor and hands back a [`Readiness`], the one
 //! trait an adapter implements; the types themselves expose `poll_*(cx)`
-//! methods and futures built on them. `aio::tokio` (feature `tokio`) and
-//! `aio::async_io` (feature `async-io`) are such adapters.
+//! methods and futures built on them. `aio::tokio_rt` (feature
+//! `tokio`) and `aio::async_io_rt` (feature `async-io`) are such adapters,
+//! named so that neither shadows the runtime crate it adapts.
 //!
 //! # The wait, and why no wake-up is lost
 //! [`AsyncCq`] polls the CQ; when it is empty it arms it
@@ -55,7 +56,7 @@
 //! ```no_run
 //! # #[cfg(feature = "tokio")]
 //! # async fn f() -> rdma::Result<()> {
-//! use rdma::aio::{tokio::Tokio, AsyncCq, CqChannel};
+//! use rdma::aio::{tokio_rt::Tokio, AsyncCq, CqChannel};
 //! let ctx = rdma::Context::open("rxe0")?;
 //! let channel = ctx.create_comp_channel()?;
 //! let cq = ctx.create_cq(64, Some(&channel), 0)?;
@@ -74,10 +75,10 @@ mod wake;
 
 #[cfg(feature = "async-io")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async-io")))]
-pub mod async_io;
+pub mod async_io_rt;
 #[cfg(feature = "tokio")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
-pub mod tokio;
+pub mod tokio_rt;
 
 use std::io;
 use std::os::fd::BorrowedFd;
@@ -112,7 +113,7 @@ pub trait Readiness: Send + Sync {
 }
 
 /// A reactor that registers file descriptors: a runtime adapter's entry
-/// point (`aio::tokio::Tokio`, `aio::async_io::AsyncIo`).
+/// point (`aio::tokio_rt::Tokio`, `aio::async_io_rt::AsyncIo`).
 pub trait Reactor {
     /// Registers `fd` (already non-blocking) for read readiness. The
     /// registration is dropped before the descriptor is closed.

@@ -9,12 +9,12 @@
 //!
 //! ```no_run
 //! # async fn f() -> rdma::Result<()> {
-//! use rdma::aio::tokio;
+//! use rdma::aio::tokio_rt;
 //! let ctx = rdma::Context::open("rxe0")?;
 //! let channel = ctx.create_comp_channel()?;
 //! let cq = ctx.create_cq(64, Some(&channel), 0)?;
-//! let completions = tokio::completions(&cq)?;
-//! let cm = tokio::cm_channel()?;
+//! let completions = tokio_rt::completions(&cq)?;
+//! let cm = tokio_rt::cm_channel()?;
 //! let mut listener = cm.listen("10.8.0.1:7471".parse().unwrap(), 16)?;
 //! let request = listener.get_request().await?;
 //! # drop((completions, request)); Ok(()) }
@@ -71,7 +71,7 @@ impl Readiness for TokioReadiness {
 impl Reactor for Tokio {
     fn register(&self, fd: BorrowedFd<'_>) -> Result<Box<dyn Readiness>> {
         let outside = |reason: &'static str| Error::Async {
-            operation: "rdma::aio::tokio::Tokio",
+            operation: "rdma::aio::tokio_rt::Tokio",
             reason: reason.into(),
             errno: libc::ENXIO,
         };
@@ -117,7 +117,7 @@ impl Reactor for Tokio {
 pub fn completions(cq: &CompletionQueue) -> Result<AsyncCq> {
     let Some(channel) = cq.channel() else {
         return Err(Error::Async {
-            operation: "rdma::aio::tokio::completions",
+            operation: "rdma::aio::tokio_rt::completions",
             reason: "the CQ was created without a completion channel, so it can never \
                      signal one: create it with Context::create_cq(.., Some(&channel), ..)"
                 .into(),
