@@ -1,0 +1,539 @@
+//! rdma-core's `rstream` over this crate, with its flags and its output, so
+//! that the C tool and this one can take either role:
+//!
+//! ```text
+//! rstream [-s server_address] [-b bind_address] [-f address_format]
+//!         [-B buffer_size] [-i inline_size] [-I iterations] [-C transfer_count]
+//!         [-S transfer_size or all] [-p port_number] [-k keepalive_time]
+//!         [-T test_option]   s (TCP sockets), a (async), b (blocking),
+//!                            n (nonblocking), v (verify)
+//! ```
+//!
+//! Without `-s` it serves; with it, it connects. Without `-I`, `-C` or `-S N`
+//! it runs rstream's latency series then its bandwidth series, reconnecting
+//! in between; with them, one custom test.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use rdma_stream::{Options, RdmaListener, RdmaStream};
+
+/// rstream's sizes: (size, shown only with `-S all`).
+const TEST_SIZES: &[(usize, bool)] = &[
+    (1 << 6, false),
+    (1 << 7, true),
+    ((1 << 7) + (1 << 6), true),
+    (1 << 8, true),
+    ((1 << 8) + (1 << 7), true),
+    (1 << 9, true),
+    ((1 << 9) + (1 << 8), true),
+    (1 << 10, true),
+    ((1 << 10) + (1 << 9), true),
+    (1 << 11, true),
+    ((1 << 11) + (1 << 10), true),
+    (1 << 12, false),
+    ((1 << 12) + (1 << 11), true),
+    (1 << 13, true),
+    ((1 << 13) + (1 << 12), true),
+    (1 << 14, true),
+    ((1 << 14) + (1 << 13), true),
+    (1 << 15, true),
+    ((1 << 15) + (1 << 14), true),
+    (1 << 16, false),
+    ((1 << 16) + (1 << 15), true),
+    (1 << 17, true),
+    ((1 << 17) + (1 << 16), true),
+    (1 << 18, true),
+    ((1 << 18) + (1 << 17), true),
+    (1 << 19, true),
+    ((1 << 19) + (1 << 18), true),
+    (1 << 20, false),
+    ((1 << 20) + (1 << 19), true),
+    (1 << 21, true),
+    ((1 << 21) + (1 << 20), true),
+    (1 << 22, true),
+    ((1 << 22) + (1 << 21), true),
+];
+
+#[derive(Debug, Clone)]
+struct Args {
+    dst: Option<String>,
+    src: Option<String>,
+    port: String,
+    buffer_size: usize,
+    inline_size: u32,
+    iterations: usize,
+    transfer_count: usize,
+    transfer_size: usize,
+    custom: bool,
+    all_sizes: bool,
+    sockets: bool,
+    nonblocking: bool,
+    verify: bool,
+}
+
+const USAGE: &str = "usage: rstream
+\t[-s server_address]
+\t[-b bind_address]
+\t[-f address_format]
+\t    name, ip, ipv6, or gid
+\t[-B buffer_size]
+\t[-i inline_size]
+\t[-I iterations]
+\t[-C transfer_count]
+\t[-S transfer_size or all]
+\t[-p port_number]
+\t[-k keepalive_time]
+\t[-T test_option]
+\t    s|sockets - use standard tcp/ip sockets
+\t    a|async - asynchronous operation (use poll)
+\t    b|blocking - use blocking calls
+\t    n|nonblocking - use nonblocking calls
+\t    v|verify - verify data";
+
+fn number(flag: char, v: &str) -> Result<usize, String> {
+    v.parse()
+        .map_err(|_| format!("-{flag} takes a number, not {v:?}\n{USAGE}"))
+}
+
+fn parse(argv: &[String]) -> Result<Args, String> {
+    let mut a = Args {
+        dst: None,
+        src: None,
+        port: "7471".into(),
+        buffer_size: 0,
+        inline_size: 64,
+        iterations: 1,
+        transfer_count: 1000,
+        transfer_size: 1000,
+        custom: false,
+        all_sizes: false,
+        sockets: false,
+        // rstream's default is MSG_DONTWAIT with a spin; `-T b` blocks.
+        nonblocking: true,
+        verify: false,
+    };
+    let mut i = 0;
+    while i < argv.len() {
+        let flag = argv[i].strip_prefix('-').and_then(|f| {
+            let mut c = f.chars();
+            c.next().map(|first| (first, c.as_str().to_owned()))
+        });
+        let Some((f, glued)) = flag else {
+            return Err(format!("unexpected argument {:?}\n{USAGE}", argv[i]));
+        };
+        let value = if "sbfBiICSpkT".contains(f) {
+            if glued.is_empty() {
+                i += 1;
+                argv.get(i)
+                    .cloned()
+                    .ok_or_else(|| format!("-{f} needs a value\n{USAGE}"))?
+            } else {
+                glued
+            }
+        } else {
+            return Err(format!("unknown option -{f}\n{USAGE}"));
+        };
+        match f {
+            's' => a.dst = Some(value),
+            'b' => a.src = Some(value),
+            'f' => {
+                if !value.to_ascii_lowercase().starts_with("ip") && value != "name" {
+                    return Err(format!(
+                        "-f {value}: this rstream takes ip or name addresses"
+                    ));
+                }
+            }
+            'B' => a.buffer_size = number(f, &value)?,
+            'i' => a.inline_size = number(f, &value)? as u32,
+            'I' => {
+                a.custom = true;
+                a.iterations = number(f, &value)?;
+            }
+            'C' => {
+                a.custom = true;
+                a.transfer_count = number(f, &value)?;
+            }
+            'S' => {
+                if value.to_ascii_lowercase().starts_with("all") {
+                    a.all_sizes = true;
+                } else {
+                    a.custom = true;
+                    a.transfer_size = number(f, &value)?;
+                }
+            }
+            'p' => a.port = value,
+            'k' => eprintln!("rstream: -k (keepalive) is accepted and not used"),
+            'T' => {
+                for opt in value.split(',') {
+                    let o = opt.to_ascii_lowercase();
+                    match o.chars().next() {
+                        Some('s') => a.sockets = true,
+                        Some('a') => {
+                            return Err("-T a (async) needs the async stream, which this \
+                                        build does not have yet"
+                                .into())
+                        }
+                        Some('b') => a.nonblocking = false,
+                        Some('n') => a.nonblocking = true,
+                        Some('v') => a.verify = true,
+                        Some('r') => {}
+                        Some('f') => return Err("-T f (fork) is not supported".into()),
+                        _ => return Err(format!("unknown test option {opt:?}\n{USAGE}")),
+                    }
+                }
+            }
+            _ => unreachable!("checked above"),
+        }
+        i += 1;
+    }
+    if a.transfer_size == 0 || a.transfer_count == 0 || a.iterations == 0 {
+        return Err("sizes and counts must be at least 1".into());
+    }
+    Ok(a)
+}
+
+/// A connected stream of either kind.
+trait Conn: Read + Write {
+    fn close(&mut self);
+}
+
+impl Conn for RdmaStream {
+    fn close(&mut self) {
+        let _ = self.shutdown(Shutdown::Both);
+    }
+}
+
+impl Conn for TcpStream {
+    fn close(&mut self) {
+        let _ = self.shutdown(Shutdown::Both);
+    }
+}
+
+enum Listener {
+    Rdma(RdmaListener),
+    Tcp(TcpListener),
+}
+
+/// The byte pattern of rstream's `-T v`: a counter that runs on across
+/// transfers, one for what is sent and one for what is checked.
+#[derive(Default)]
+struct Pattern {
+    next_sent: u8,
+    next_seen: u8,
+    seen: u64,
+}
+
+impl Pattern {
+    fn fill(&mut self, buf: &mut [u8]) {
+        for b in buf {
+            *b = self.next_sent;
+            self.next_sent = self.next_sent.wrapping_add(1);
+        }
+    }
+
+    fn check(&mut self, buf: &[u8]) -> Result<(), String> {
+        for b in buf {
+            if *b != self.next_seen {
+                return Err(format!("data verification failed byte {}", self.seen));
+            }
+            self.next_seen = self.next_seen.wrapping_add(1);
+            self.seen += 1;
+        }
+        Ok(())
+    }
+}
+
+struct Test<'a> {
+    args: &'a Args,
+    buf: Vec<u8>,
+    pattern: Pattern,
+}
+
+fn retry<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    loop {
+        match f() {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            r => return r,
+        }
+    }
+}
+
+impl Test<'_> {
+    fn send(&mut self, c: &mut dyn Conn, size: usize) -> Result<(), String> {
+        if self.args.verify {
+            let b = &mut self.buf[..size];
+            self.pattern.fill(b);
+        }
+        let mut off = 0;
+        while off < size {
+            let n = retry(|| c.write(&self.buf[off..size])).map_err(|e| format!("rsend: {e}"))?;
+            if n == 0 {
+                return Err("rsend: the stream took no bytes".into());
+            }
+            off += n;
+        }
+        Ok(())
+    }
+
+    fn recv(&mut self, c: &mut dyn Conn, size: usize) -> Result<(), String> {
+        let mut off = 0;
+        while off < size {
+            let n =
+                retry(|| c.read(&mut self.buf[off..size])).map_err(|e| format!("rrecv: {e}"))?;
+            if n == 0 {
+                return Err("rrecv: the peer closed the stream".into());
+            }
+            off += n;
+        }
+        if self.args.verify {
+            self.pattern.check(&self.buf[..size])?;
+        }
+        Ok(())
+    }
+
+    /// rstream's `run_test`: a 16-byte handshake, then `iterations` rounds
+    /// of `count` transfers each way.
+    fn run(
+        &mut self,
+        c: &mut dyn Conn,
+        name: &str,
+        size: usize,
+        count: usize,
+        iters: usize,
+    ) -> Result<(), String> {
+        let client = self.args.dst.is_some();
+        if client {
+            self.send(c, 16)?;
+            self.recv(c, 16)?;
+        } else {
+            self.recv(c, 16)?;
+            self.send(c, 16)?;
+        }
+        let start = Instant::now();
+        for _ in 0..iters {
+            for _ in 0..count {
+                if client {
+                    self.send(c, size)?;
+                } else {
+                    self.recv(c, size)?;
+                }
+            }
+            for _ in 0..count {
+                if client {
+                    self.recv(c, size)?;
+                } else {
+                    self.send(c, size)?;
+                }
+            }
+        }
+        let usec = start.elapsed().as_secs_f64() * 1e6;
+        let bytes = (iters * count * size * 2) as f64;
+        println!(
+            "{:<10}{:<8}{:<8}{:<8}{:<8}{:>8.2}s{:>10.2}{:>11.2}",
+            name,
+            size_str(size as u64),
+            cnt_str(count as u64),
+            cnt_str(iters as u64),
+            size_str(bytes as u64),
+            usec / 1e6,
+            bytes * 8.0 / (1000.0 * usec),
+            (usec / iters as f64) / (count * 2) as f64
+        );
+        Ok(())
+    }
+}
+
+fn size_str(size: u64) -> String {
+    let (base, mag) = if size >= 1 << 30 {
+        (1u64 << 30, "g")
+    } else if size >= 1 << 20 {
+        (1 << 20, "m")
+    } else if size >= 1 << 10 {
+        (1 << 10, "k")
+    } else {
+        (1, "")
+    };
+    let whole = size / base;
+    let fraction = if whole < 10 {
+        (size % base) * 10 / base
+    } else {
+        0
+    };
+    if fraction > 0 {
+        format!("{whole}.{fraction}{mag}")
+    } else {
+        format!("{whole}{mag}")
+    }
+}
+
+fn cnt_str(cnt: u64) -> String {
+    if cnt >= 1_000_000_000 {
+        format!("{}b", cnt / 1_000_000_000)
+    } else if cnt >= 1_000_000 {
+        format!("{}m", cnt / 1_000_000)
+    } else if cnt >= 1000 {
+        format!("{}k", cnt / 1000)
+    } else {
+        cnt.to_string()
+    }
+}
+
+fn size_to_count(size: usize) -> usize {
+    if size >= 1 << 20 {
+        100
+    } else if size >= 1 << 16 {
+        1000
+    } else if size >= 1 << 10 {
+        10000
+    } else {
+        100000
+    }
+}
+
+fn options(a: &Args, latency: bool) -> Options {
+    let mut o = Options::default();
+    // rstream's buffers: -B, or 512 KiB.
+    let buffer = if a.buffer_size > 0 {
+        a.buffer_size
+    } else {
+        1 << 19
+    };
+    o.sizes.send_buffer = buffer;
+    o.sizes.recv_buffer = buffer;
+    o.sizes.inline = if latency { a.inline_size } else { 16 };
+    o
+}
+
+fn addr(host: &str, port: &str) -> Result<std::net::SocketAddr, String> {
+    (
+        host,
+        port.parse::<u16>()
+            .map_err(|_| format!("bad port {port:?}"))?,
+    )
+        .to_socket_addrs()
+        .map_err(|e| format!("getaddrinfo: {e}"))?
+        .next()
+        .ok_or_else(|| format!("getaddrinfo: {host} has no address"))
+}
+
+fn listen(a: &Args) -> Result<Listener, String> {
+    let host = a.src.as_deref().unwrap_or("0.0.0.0");
+    let at = addr(host, &a.port)?;
+    if a.sockets {
+        TcpListener::bind(at)
+            .map(Listener::Tcp)
+            .map_err(|e| format!("bind: {e}"))
+    } else {
+        RdmaListener::bind_with(at, options(a, true))
+            .map(Listener::Rdma)
+            .map_err(|e| format!("rbind: {e}"))
+    }
+}
+
+fn connect(a: &Args, l: Option<&Listener>, latency: bool) -> Result<Box<dyn Conn>, String> {
+    match (l, &a.dst) {
+        (Some(Listener::Tcp(l)), _) => {
+            let (s, _) = l.accept().map_err(|e| format!("accept: {e}"))?;
+            let _ = s.set_nodelay(true);
+            Ok(Box::new(s))
+        }
+        (Some(Listener::Rdma(l)), _) => {
+            let (s, _) = l.accept().map_err(|e| format!("raccept: {e}"))?;
+            s.set_nonblocking(a.nonblocking)
+                .map_err(|e| e.to_string())?;
+            Ok(Box::new(s))
+        }
+        (None, Some(dst)) => {
+            let to = addr(dst, &a.port)?;
+            if a.sockets {
+                let s = TcpStream::connect(to).map_err(|e| format!("connect: {e}"))?;
+                let _ = s.set_nodelay(true);
+                Ok(Box::new(s))
+            } else {
+                let s = RdmaStream::connect_with(to, &options(a, latency))
+                    .map_err(|e| format!("rconnect: {e}"))?;
+                s.set_nonblocking(a.nonblocking)
+                    .map_err(|e| e.to_string())?;
+                Ok(Box::new(s))
+            }
+        }
+        (None, None) => unreachable!("a server has a listener"),
+    }
+}
+
+fn run(a: &Args) -> Result<(), String> {
+    let listener = if a.dst.is_none() {
+        Some(listen(a)?)
+    } else {
+        None
+    };
+    let largest = if a.custom {
+        a.transfer_size
+    } else {
+        TEST_SIZES[TEST_SIZES.len() - 1].0
+    };
+    let mut t = Test {
+        args: a,
+        buf: vec![0; largest.max(16)],
+        pattern: Pattern::default(),
+    };
+    println!(
+        "{:<10}{:<8}{:<8}{:<8}{:<8}{:>8} {:>10}{:>13}",
+        "name", "bytes", "xfers", "iters", "total", "time", "Gb/sec", "usec/xfer"
+    );
+    if a.custom {
+        let mut c = connect(a, listener.as_ref(), true)?;
+        t.run(
+            &mut *c,
+            "custom",
+            a.transfer_size,
+            a.transfer_count,
+            a.iterations,
+        )?;
+        c.close();
+        return Ok(());
+    }
+    for latency in [true, false] {
+        let mut c = connect(a, listener.as_ref(), latency)?;
+        for &(size, extra) in TEST_SIZES {
+            if extra && !a.all_sizes {
+                continue;
+            }
+            let name = format!(
+                "{}_{}",
+                size_str(size as u64),
+                if latency { "lat" } else { "bw" }
+            );
+            let (count, iters) = if latency {
+                (1, size_to_count(size))
+            } else {
+                (size_to_count(size), 1)
+            };
+            t.run(&mut *c, &name, size, count, iters)?;
+        }
+        c.close();
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let args = match parse(&argv) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(1);
+        }
+    };
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rstream: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,399 @@
+//! The blocking stream and listener: `std::io::Read` and `Write` over the
+//! [`Engine`](crate::engine), sleeping on the connection's completion
+//! channel and event channel at once (so a peer that disconnects wakes a
+//! reader as data does).
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
+use std::os::fd::AsFd;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use rdma::cm::CmEventType;
+
+use crate::engine::Engine;
+use crate::setup::{self, Options, Parts};
+
+/// How long closing waits for the peer to take what was sent.
+const CLOSE_LINGER: Duration = Duration::from_secs(5);
+
+/// A byte stream over an RDMA connection that speaks rsocket's protocol:
+/// its peer can be rdma-core's `rstream`, `rcopy`, any program under
+/// `librspreload.so`, or another `RdmaStream`.
+///
+/// `Read` and `Write` are implemented for `&RdmaStream` too, so one thread
+/// can read while another writes (share it in an `Arc`).
+/// [`RdmaStream::shutdown`] with [`Shutdown::Write`] is TCP's half-close: the
+/// peer reads to the end, and can still send. Dropping the stream closes it
+/// as `rclose` does (what was written is delivered first, within a bound).
+///
+/// ```no_run
+/// use std::io::{Read, Write};
+/// # fn main() -> std::io::Result<()> {
+/// let mut s = rdma_stream::RdmaStream::connect("10.8.0.1:7471")?;
+/// s.write_all(b"hello")?;
+/// s.shutdown(std::net::Shutdown::Write)?;
+/// let mut answer = Vec::new();
+/// s.read_to_end(&mut answer)?;
+/// # Ok(()) }
+/// ```
+pub struct RdmaStream {
+    parts: Mutex<Parts>,
+    nonblocking: std::sync::atomic::AtomicBool,
+    local: Option<SocketAddr>,
+    peer: Option<SocketAddr>,
+}
+
+impl std::fmt::Debug for RdmaStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaStream")
+            .field("local", &self.local)
+            .field("peer", &self.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+fn first_addr(addr: impl ToSocketAddrs) -> io::Result<SocketAddr> {
+    addr.to_socket_addrs()?.next().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the address resolved to nothing",
+        )
+    })
+}
+
+impl RdmaStream {
+    /// Connects to an rsocket listener at `addr`, with rsocket's sizes.
+    ///
+    /// # Errors
+    /// Resolution, connection (refused: `ConnectionRefused`), a peer that is
+    /// not an rsocket (`InvalidData`), each naming the step that failed.
+    pub fn connect(addr: impl ToSocketAddrs) -> io::Result<RdmaStream> {
+        Self::connect_with(addr, &Options::default())
+    }
+
+    /// As [`RdmaStream::connect`], with `opts`.
+    ///
+    /// # Errors
+    /// As [`RdmaStream::connect`].
+    pub fn connect_with(addr: impl ToSocketAddrs, opts: &Options) -> io::Result<RdmaStream> {
+        let parts = setup::connect(first_addr(addr)?, opts)?;
+        Self::from_parts(parts)
+    }
+
+    fn from_parts(parts: Parts) -> io::Result<RdmaStream> {
+        parts.comp.set_nonblocking(true).map_err(io::Error::from)?;
+        parts.events.set_nonblocking(true);
+        let mut local = parts.id.local_addr();
+        if let Some(a) = local.as_mut() {
+            a.set_port(parts.id.src_port());
+        }
+        let mut peer = parts.id.peer_addr();
+        if let Some(a) = peer.as_mut() {
+            a.set_port(parts.id.dst_port());
+        }
+        let s = RdmaStream {
+            parts: Mutex::new(parts),
+            nonblocking: std::sync::atomic::AtomicBool::new(false),
+            local,
+            peer,
+        };
+        // The first credits (the second half of the receive buffer).
+        s.lock().engine.update_credits();
+        Ok(s)
+    }
+
+    /// This side's address.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+
+    /// Moves reads and writes into non-blocking mode: where they would
+    /// wait they fail with `WouldBlock` (as `O_NONBLOCK`; closing still
+    /// waits, bounded).
+    ///
+    /// # Errors
+    /// None today; kept for the shape of `TcpStream::set_nonblocking`.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        self.nonblocking
+            .store(nonblocking, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Parts> {
+        // A panic while holding the lock leaves the protocol state as
+        // consistent as any error does: keep going.
+        self.parts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `attempt` until it returns `Some`, polling completions and
+    /// sleeping on the channels in between; `deadline` bounds the wait.
+    fn wait<T>(
+        &self,
+        deadline: Option<Instant>,
+        mut attempt: impl FnMut(&mut Engine) -> io::Result<Option<T>>,
+    ) -> io::Result<T> {
+        loop {
+            {
+                let mut p = self.lock();
+                drain(&mut p)?;
+                if let Some(v) = attempt(&mut p.engine)? {
+                    drain(&mut p)?;
+                    return Ok(v);
+                }
+                // Arm, then poll again: a completion between the poll and
+                // the arm raises no event.
+                p.cq.req_notify(false).map_err(io::Error::from)?;
+                if drain(&mut p)? {
+                    continue;
+                }
+            }
+            if self.nonblocking.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let timeout = match deadline {
+                None => PollTimeout::NONE,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(io::Error::new(io::ErrorKind::TimedOut, "timed out"));
+                    }
+                    PollTimeout::try_from(left.as_millis().min(60_000) as i32 + 1)
+                        .unwrap_or(PollTimeout::MAX)
+                }
+            };
+            // Sleep without the lock: the other direction may progress.
+            let (comp, events) = {
+                let p = self.lock();
+                (
+                    p.comp.as_fd().try_clone_to_owned()?,
+                    p.events.as_fd().try_clone_to_owned()?,
+                )
+            };
+            let mut fds = [
+                PollFd::new(comp.as_fd(), PollFlags::POLLIN),
+                PollFd::new(events.as_fd(), PollFlags::POLLIN),
+            ];
+            match nix::poll::poll(&mut fds, timeout) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Shuts down one or both directions: `Write` sends rsocket's SHUTDOWN
+    /// (the peer reads to the end), `Both` its DISCONNECT; each waits until
+    /// what was written has been delivered.
+    ///
+    /// # Errors
+    /// A connection that failed; `TimedOut` when the peer does not take the
+    /// data within a bound.
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        let deadline = Some(Instant::now() + CLOSE_LINGER);
+        match how {
+            Shutdown::Read => {
+                // Nothing to tell the peer until both directions are shut,
+                // as rsocket.
+                Ok(())
+            }
+            Shutdown::Write | Shutdown::Both => {
+                let was = self
+                    .nonblocking
+                    .swap(false, std::sync::atomic::Ordering::Relaxed);
+                let both = how == Shutdown::Both;
+                let r = self
+                    .wait(deadline, |e| Ok(e.try_shutdown(both)?.then_some(())))
+                    .and_then(|()| self.wait(deadline, |e| Ok(e.sends_done().then_some(()))));
+                self.nonblocking
+                    .store(was, std::sync::atomic::Ordering::Relaxed);
+                r
+            }
+        }
+    }
+
+    fn read_inner(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        self.wait(None, |e| {
+            let r = e.try_read(buf)?;
+            if r.is_some() {
+                e.update_credits();
+            }
+            Ok(r)
+        })
+    }
+
+    fn write_inner(&self, buf: &[u8]) -> io::Result<usize> {
+        self.wait(None, |e| e.try_write(buf))
+    }
+}
+
+/// Polls every completion and connection event there is into the engine;
+/// whether any came.
+fn drain(p: &mut Parts) -> io::Result<bool> {
+    // Acknowledge the channel's events (they only say "look").
+    loop {
+        match p.comp.get_event() {
+            Ok(ev) => drop(ev),
+            Err(e) if e.errno() == Some(libc_eagain()) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut gone = false;
+    while let Some(ev) = p.events.try_get_event().map_err(io::Error::from)? {
+        gone |= matches!(
+            ev.event_type(),
+            CmEventType::Disconnected | CmEventType::DeviceRemoval | CmEventType::TimewaitExit
+        );
+    }
+    // After the connection events: completions that came before a
+    // disconnection are taken before it counts.
+    let mut any = gone;
+    let mut batch = Vec::with_capacity(32);
+    loop {
+        batch.clear();
+        let n = p.cq.poll(&mut batch, 32).map_err(io::Error::from)?;
+        for c in batch.drain(..) {
+            p.engine.complete(c);
+        }
+        any |= n > 0;
+        if n < 32 {
+            break;
+        }
+    }
+    if gone {
+        p.engine.peer_gone();
+    }
+    p.engine.update_credits();
+    Ok(any)
+}
+
+fn libc_eagain() -> i32 {
+    nix::errno::Errno::EAGAIN as i32
+}
+
+impl Read for &RdmaStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_inner(buf)
+    }
+}
+
+impl Read for RdmaStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_inner(buf)
+    }
+}
+
+impl Write for &RdmaStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_inner(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Write for RdmaStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_inner(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for RdmaStream {
+    fn drop(&mut self) {
+        // rclose: DISCONNECT, wait (bounded) for what was sent, then
+        // disconnect at the connection manager and free everything.
+        if self.lock().engine.connected() {
+            if let Err(e) = self.shutdown(Shutdown::Both) {
+                log::debug!("closing the stream: {e}");
+            }
+        }
+        let p = self.lock();
+        let _ = p.id.disconnect();
+    }
+}
+
+/// A listener for rsocket streams.
+///
+/// ```no_run
+/// use std::io::{Read, Write};
+/// # fn main() -> std::io::Result<()> {
+/// let listener = rdma_stream::RdmaListener::bind("10.8.0.1:7471")?;
+/// loop {
+///     let (mut s, peer) = listener.accept()?;
+///     std::thread::spawn(move || {
+///         let mut buf = [0; 4096];
+///         while let Ok(n) = s.read(&mut buf) {
+///             if n == 0 || s.write_all(&buf[..n]).is_err() {
+///                 break;
+///             }
+///         }
+///         let _ = peer;
+///     });
+/// }
+/// # }
+/// ```
+pub struct RdmaListener {
+    listening: setup::Listening,
+    opts: Options,
+}
+
+impl std::fmt::Debug for RdmaListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaListener")
+            .field("local", &self.local_addr())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RdmaListener {
+    /// Listens on `addr` (port 0: any free port), with rsocket's sizes for
+    /// the connections it accepts.
+    ///
+    /// # Errors
+    /// As `rdma_bind_addr` and `rdma_listen` (an address no RDMA device
+    /// has: `AddrNotAvailable`).
+    pub fn bind(addr: impl ToSocketAddrs) -> io::Result<RdmaListener> {
+        Self::bind_with(addr, Options::default())
+    }
+
+    /// As [`RdmaListener::bind`], with `opts` for each connection.
+    ///
+    /// # Errors
+    /// As [`RdmaListener::bind`].
+    pub fn bind_with(addr: impl ToSocketAddrs, opts: Options) -> io::Result<RdmaListener> {
+        let listening = setup::listen(first_addr(addr)?, 128)?;
+        Ok(RdmaListener { listening, opts })
+    }
+
+    /// The bound address, with the port that was picked.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        let mut a = self.listening.id.local_addr()?;
+        a.set_port(self.listening.id.src_port());
+        Some(a)
+    }
+
+    /// Waits for a connection and accepts it (requests that are not
+    /// rsocket's are rejected, and the wait goes on).
+    ///
+    /// # Errors
+    /// The errors of accepting one request.
+    pub fn accept(&self) -> io::Result<(RdmaStream, Option<SocketAddr>)> {
+        let parts = setup::accept(&self.listening, &self.opts, None)?;
+        let s = RdmaStream::from_parts(parts)?;
+        let peer = s.peer_addr();
+        Ok((s, peer))
+    }
+}

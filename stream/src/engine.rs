@@ -1,0 +1,720 @@
+//! The protocol state of one connection: what may be sent (credits, the
+//! peer's receive space, room in the send queue and buffer), what was
+//! received and not read, and the control messages, driven by completions.
+//!
+//! The engine never waits: [`Engine::try_write`] and [`Engine::try_read`]
+//! say `None` when they would block, and [`Engine::complete`] takes each
+//! completion the caller polled (the blocking stream sleeps on the CQ's
+//! channel, the async one on its reactor). Everything the peer sends is
+//! checked before it is believed: a message beyond the credits granted,
+//! data beyond the receive space granted, an unknown operation are
+//! protocol errors that end the connection, never a write outside the
+//! buffers (which the device's rkey checks bound anyway) nor a panic.
+
+use std::collections::VecDeque;
+use std::io;
+
+use rdma::{
+    AccessFlags, Completion, InlineSend, MemoryRegion, PostError, ProtectionDomain, QueuePair,
+    RemoteMemory, SendOp, SendWr, WcStatus, WrBuffers,
+};
+
+use crate::ring::SendRing;
+use crate::wire::{self, ConnData, Ctrl, Op, Sge};
+
+/// `wr_id` bit of a receive (the low bits: its message slot on iWARP).
+const RECV: u64 = 1 << 63;
+/// `wr_id` bit of the 4-byte SEND that carries a message on iWARP.
+const MSG_SEND: u64 = 1 << 62;
+
+/// Sizes of a connection's queues and buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    /// Send queue depth (data and control requests).
+    pub send_queue: u32,
+    /// Receive queue depth: the messages the peer may send unread.
+    pub recv_queue: u32,
+    /// Send buffer bytes (registered, copied into).
+    pub send_buffer: usize,
+    /// Receive buffer bytes (registered, the peer writes into it).
+    pub recv_buffer: usize,
+    /// Bytes sent inline (copied by the provider at post time).
+    pub inline: u32,
+}
+
+impl Default for Sizes {
+    /// rsocket's defaults (384-deep queues, 64 bytes inline), with 256 KiB
+    /// buffers each way.
+    fn default() -> Self {
+        Sizes {
+            send_queue: 384,
+            recv_queue: 384,
+            send_buffer: 256 * 1024,
+            recv_buffer: 256 * 1024,
+            inline: 64,
+        }
+    }
+}
+
+/// The memory one side registers before connecting, whose keys its
+/// connection data carries.
+#[derive(Debug)]
+pub(crate) struct Local {
+    /// The receive buffer: the peer writes data here.
+    rbuf: MemoryRegion,
+    /// The target SGL: the peer writes new receive space here.
+    target: MemoryRegion,
+    /// iWARP: one 4-byte slot per receive, where a message SEND lands.
+    slots: Option<Vec<Option<MemoryRegion>>>,
+    ring: SendRing,
+    sizes: Sizes,
+}
+
+impl Local {
+    /// Registers the buffers on `pd` and posts every receive on `qp` (in
+    /// INIT or later). `iwarp`: messages travel as SENDs.
+    pub(crate) fn new(
+        pd: &ProtectionDomain,
+        qp: &mut QueuePair,
+        sizes: Sizes,
+        iwarp: bool,
+    ) -> io::Result<Local> {
+        let remote = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let rbuf = pd
+            .alloc_mr(sizes.recv_buffer, remote)
+            .map_err(crate::io_error)?;
+        let target = pd
+            .alloc_mr(wire::SGL_ENTRIES * wire::SGE_LEN, remote)
+            .map_err(crate::io_error)?;
+        let chunk = wire::MAX_TRANSFER.min(sizes.send_buffer.max(wire::SEND_LOW_WATER));
+        let ring = SendRing::new(pd, sizes.send_buffer, chunk).map_err(crate::io_error)?;
+        let mut local = Local {
+            rbuf,
+            target,
+            slots: None,
+            ring,
+            sizes,
+        };
+        if iwarp {
+            let all = pd
+                .alloc_mr(
+                    wire::MSG_LEN * sizes.recv_queue as usize,
+                    AccessFlags::LOCAL_WRITE,
+                )
+                .map_err(crate::io_error)?;
+            let pieces = all.chunks(wire::MSG_LEN).map_err(crate::io_error)?;
+            for (i, piece) in pieces.into_iter().enumerate() {
+                qp.post_recv(RECV | i as u64, piece)
+                    .map_err(|e| crate::io_error(e.drop_buffers()))?;
+            }
+            local.slots = Some((0..sizes.recv_queue).map(|_| None).collect());
+        } else {
+            for _ in 0..sizes.recv_queue {
+                qp.post_recv(RECV, WrBuffers::None)
+                    .map_err(|e| crate::io_error(e.drop_buffers()))?;
+            }
+        }
+        Ok(local)
+    }
+
+    /// What this side sends in its private data.
+    pub(crate) fn conn_data(&self) -> ConnData {
+        let flags = wire::FLAG_IOMAP
+            | if cfg!(target_endian = "big") {
+                wire::FLAG_NET
+            } else {
+                0
+            };
+        ConnData {
+            flags,
+            credits: self.sizes.recv_queue as u16,
+            target_iomap_size: 0,
+            target_sgl: Sge {
+                addr: self.target.addr(),
+                key: self.target.rkey(),
+                length: wire::SGL_ENTRIES as u32,
+            },
+            data_buf: Sge {
+                addr: self.rbuf.addr(),
+                key: self.rbuf.rkey(),
+                length: (self.sizes.recv_buffer / 2) as u32,
+            },
+        }
+    }
+}
+
+/// One connection's protocol state.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    local: Local,
+    iwarp: bool,
+    peer_big_endian: bool,
+    max_inline: usize,
+    // --- sending ---
+    /// Send queue entries free for data.
+    sqe_avail: u32,
+    /// Control messages posted and completed (at most `CONTROL_SLOTS` apart).
+    ctrl_posted: u32,
+    ctrl_done: u32,
+    /// Messages sent, and the limit the peer granted.
+    sseq_no: u16,
+    sseq_comp: u16,
+    /// The peer's receive space being filled, and which target slot it came
+    /// from.
+    seg: Sge,
+    target_slot: usize,
+    /// The peer's target SGL (where our credits' new space goes), and the
+    /// next slot of it.
+    remote_sgl: Sge,
+    remote_slot: usize,
+    /// The next transfer of a large write (doubles to `MAX_TRANSFER`).
+    next_transfer: usize,
+    // --- receiving ---
+    /// Lengths of data messages received and not read, oldest first.
+    unread: VecDeque<u32>,
+    /// Where the next unread byte is in the receive buffer.
+    read_offset: usize,
+    /// Receive space read by the application and not yet granted again.
+    rbuf_avail: usize,
+    /// Where the next half to grant starts.
+    rbuf_free_offset: usize,
+    /// Data messages read, and the sequence at which to grant more.
+    rseq_no: u16,
+    rseq_comp: u16,
+    /// Bytes granted to the peer and bytes it wrote, since the start.
+    granted: u64,
+    received: u64,
+    // --- state ---
+    /// The peer may still send (no SHUTDOWN or DISCONNECT seen).
+    readable: bool,
+    /// We may still send (no shutdown of our write side).
+    writable: bool,
+    /// The connection is up (not disconnected nor failed).
+    connected: bool,
+    /// Why the connection failed, for every later call.
+    failed: Option<(io::ErrorKind, String)>,
+    qp: QueuePair,
+}
+
+impl Engine {
+    /// The state of a connection whose peer sent `peer`.
+    pub(crate) fn new(qp: QueuePair, local: Local, peer: &ConnData, iwarp: bool) -> Engine {
+        let sizes = local.sizes;
+        let half = sizes.recv_buffer / 2;
+        let max_inline = qp.caps().max_inline_data as usize;
+        Engine {
+            iwarp,
+            peer_big_endian: peer.big_endian(),
+            max_inline,
+            sqe_avail: sizes.send_queue - wire::CONTROL_SLOTS,
+            ctrl_posted: 0,
+            ctrl_done: 0,
+            sseq_no: 0,
+            sseq_comp: peer.credits,
+            seg: peer.data_buf,
+            target_slot: 0,
+            remote_sgl: peer.target_sgl,
+            remote_slot: 1,
+            next_transfer: wire::FIRST_TRANSFER,
+            unread: VecDeque::with_capacity(sizes.recv_queue as usize),
+            read_offset: 0,
+            rbuf_avail: half,
+            rbuf_free_offset: half,
+            rseq_no: 0,
+            rseq_comp: (sizes.recv_queue / 2) as u16,
+            granted: half as u64,
+            received: 0,
+            readable: true,
+            writable: true,
+            connected: true,
+            failed: None,
+            local,
+            qp,
+        }
+    }
+
+    fn fail(&mut self, kind: io::ErrorKind, why: String) {
+        if self.failed.is_none() {
+            log::debug!("rsocket stream failed: {why}");
+            self.failed = Some((kind, why));
+        }
+        self.connected = false;
+        self.readable = false;
+    }
+
+    fn error(&self) -> Option<io::Error> {
+        self.failed
+            .as_ref()
+            .map(|(k, why)| io::Error::new(*k, why.clone()))
+    }
+
+    /// The peer disconnected at the connection manager (or its QP failed):
+    /// data already received stays readable; a peer that closed without its
+    /// DISCONNECT message reset the connection.
+    pub(crate) fn peer_gone(&mut self) {
+        if self.readable && self.connected {
+            self.fail(
+                io::ErrorKind::ConnectionReset,
+                "the peer disconnected without closing the stream".into(),
+            );
+        }
+        self.connected = false;
+        self.writable = false;
+    }
+
+    fn protocol_error(&mut self, why: String) {
+        self.fail(
+            io::ErrorKind::InvalidData,
+            format!("rsocket protocol error: {why}"),
+        );
+    }
+
+    /// Takes one completion of the connection's CQ.
+    pub(crate) fn complete(&mut self, mut c: Completion) {
+        if c.wr_id & RECV != 0 {
+            let slot = (c.wr_id & !RECV) as usize;
+            let piece = c.take_buffers().into_one();
+            if c.status != WcStatus::Success {
+                // Flushed: the QP left RTS (a disconnect); nothing to repost.
+                if c.status != WcStatus::WrFlushErr {
+                    self.fail(
+                        io::ErrorKind::ConnectionReset,
+                        format!("a receive completed with {}", c.status),
+                    );
+                }
+                self.peer_gone_quietly();
+                return;
+            }
+            let msg = match (&piece, c.imm()) {
+                (_, Some(imm)) => imm,
+                (Some(p), None) if p.len() == wire::MSG_LEN => {
+                    let mut b = [0; wire::MSG_LEN];
+                    // Our own 4-byte slot; the peer's SEND completed.
+                    if p.read_at(0, &mut b).is_err() {
+                        return self.protocol_error("an unreadable message slot".into());
+                    }
+                    u32::from_ne_bytes(b)
+                }
+                _ => {
+                    return self.protocol_error(format!(
+                        "a receive without a message ({} bytes, {:?})",
+                        c.byte_len, c.opcode
+                    ))
+                }
+            };
+            self.message(msg);
+            self.repost(slot, piece);
+        } else {
+            self.send_done(&mut c);
+        }
+    }
+
+    fn peer_gone_quietly(&mut self) {
+        if self.connected && self.readable && self.failed.is_none() {
+            self.fail(
+                io::ErrorKind::ConnectionReset,
+                "the connection was flushed (the peer went away)".into(),
+            );
+        }
+        self.connected = false;
+        self.writable = false;
+    }
+
+    fn repost(&mut self, slot: usize, piece: Option<MemoryRegion>) {
+        if !self.connected {
+            return;
+        }
+        let r = match (self.iwarp, piece) {
+            (true, Some(p)) => self.qp.post_recv(RECV | slot as u64, p),
+            (false, _) => self.qp.post_recv(RECV, WrBuffers::None),
+            (true, None) => {
+                return self.protocol_error("a message slot came back without its memory".into())
+            }
+        };
+        if let Err(e) = r {
+            let e = e.drop_buffers();
+            self.fail(
+                io::ErrorKind::ConnectionAborted,
+                format!("reposting a receive: {e}"),
+            );
+        }
+    }
+
+    /// A message from the peer.
+    fn message(&mut self, msg: u32) {
+        let data = wire::msg_data(msg);
+        match wire::msg_op(msg) {
+            Op::DATA => {
+                let len = u64::from(data);
+                if self.unread.len() >= self.local.sizes.recv_queue as usize {
+                    return self.protocol_error(format!(
+                        "the peer sent more than the {} messages it was granted",
+                        self.local.sizes.recv_queue
+                    ));
+                }
+                if self.received + len > self.granted {
+                    return self.protocol_error(format!(
+                        "the peer wrote {len} bytes with {} of the receive space granted left",
+                        self.granted - self.received
+                    ));
+                }
+                if !self.readable {
+                    return self.protocol_error("data after the peer's shutdown".into());
+                }
+                self.received += len;
+                self.unread.push_back(data);
+            }
+            Op::SGL => self.sseq_comp = data as u16,
+            Op::IOMAP_SGL => {}
+            Op::CTRL => match Ctrl(data) {
+                Ctrl::DISCONNECT => {
+                    self.readable = false;
+                    self.writable = false;
+                    self.connected = false;
+                }
+                Ctrl::SHUTDOWN => {
+                    if self.writable {
+                        self.readable = false;
+                    } else {
+                        self.readable = false;
+                        self.connected = false;
+                    }
+                }
+                Ctrl::KEEPALIVE => {}
+                other => self.protocol_error(format!("unknown control message {}", other.0)),
+            },
+            other => self.protocol_error(format!("unknown operation {}", other.0)),
+        }
+    }
+
+    fn send_done(&mut self, c: &mut Completion) {
+        let msg = c.wr_id as u32;
+        match wire::msg_op(msg) {
+            Op::SGL => self.ctrl_done += 1,
+            Op::CTRL => {
+                self.ctrl_done += 1;
+                if Ctrl(wire::msg_data(msg)) == Ctrl::DISCONNECT {
+                    self.connected = false;
+                }
+            }
+            _ => self.sqe_avail += 1,
+        }
+        if let Some(piece) = c.take_buffers().into_one() {
+            self.local.ring.give_back(piece);
+        }
+        if c.status != WcStatus::Success && self.connected {
+            self.fail(
+                io::ErrorKind::ConnectionReset,
+                format!("a send completed with {}", c.status),
+            );
+        }
+    }
+
+    fn ctrl_room(&self, needed: u32) -> bool {
+        self.ctrl_posted.wrapping_sub(self.ctrl_done) + needed <= wire::CONTROL_SLOTS
+    }
+
+    /// Grants the peer more messages (and a new half of the receive buffer
+    /// once one is free again), as rsocket does: when half the receive
+    /// queue's messages were read or half the buffer is free.
+    pub(crate) fn update_credits(&mut self) {
+        let half = self.local.sizes.recv_buffer / 2;
+        let want =
+            self.rbuf_avail >= half || (self.rseq_no.wrapping_sub(self.rseq_comp) as i16) >= 0;
+        let needed = if self.iwarp { 2 } else { 1 };
+        if !(want && self.ctrl_room(needed) && self.connected) {
+            return;
+        }
+        let rq = self.local.sizes.recv_queue as u16;
+        self.rseq_comp = self.rseq_no.wrapping_add(rq / 2);
+        let credit = wire::msg(Op::SGL, u32::from(self.rseq_no.wrapping_add(rq)));
+        let r = if self.rbuf_avail >= half {
+            let sge = Sge {
+                addr: self.local.rbuf.addr() + self.rbuf_free_offset as u64,
+                key: self.local.rbuf.rkey(),
+                length: half as u32,
+            }
+            .to_memory(self.peer_big_endian);
+            let slot = RemoteMemory {
+                addr: self.remote_sgl.addr + (self.remote_slot * wire::SGE_LEN) as u64,
+                len: wire::SGE_LEN as u64,
+                rkey: self.remote_sgl.key,
+            };
+            let r = self.post_write_msg(&sge, slot, credit, true);
+            if r.is_ok() {
+                self.rbuf_avail -= half;
+                self.granted += half as u64;
+                self.rbuf_free_offset =
+                    (self.rbuf_free_offset + half) % self.local.sizes.recv_buffer;
+                self.remote_slot = (self.remote_slot + 1) % wire::SGL_ENTRIES;
+            }
+            r
+        } else {
+            self.post_msg(credit, true)
+        };
+        if let Err(e) = r {
+            self.fail(io::ErrorKind::ConnectionAborted, e);
+        }
+    }
+
+    /// Posts a message alone: a zero-length WRITE WITH IMMEDIATE, or a
+    /// 4-byte SEND on iWARP. `ctrl`: it takes a control slot.
+    fn post_msg(&mut self, msg: u32, ctrl: bool) -> Result<(), String> {
+        let r = if self.iwarp {
+            self.qp
+                .post_send_inline(InlineSend::send(u64::from(msg), &msg.to_ne_bytes()))
+        } else {
+            let to = RemoteMemory {
+                addr: self.remote_sgl.addr,
+                len: 0,
+                rkey: self.remote_sgl.key,
+            };
+            self.qp
+                .post_send(SendWr::new(
+                    u64::from(msg),
+                    SendOp::WriteWithImm(to, msg),
+                    WrBuffers::None,
+                ))
+                .map_err(PostError::drop_buffers)
+        };
+        r.map_err(|e| format!("posting a message: {e}"))?;
+        if ctrl {
+            self.ctrl_posted += 1;
+        }
+        Ok(())
+    }
+
+    /// Posts `data` (inline) written to `to` with `msg`: one WRITE WITH
+    /// IMMEDIATE, or on iWARP a WRITE and the message's SEND.
+    fn post_write_msg(
+        &mut self,
+        data: &[u8],
+        to: RemoteMemory,
+        msg: u32,
+        ctrl: bool,
+    ) -> Result<(), String> {
+        if self.iwarp {
+            self.qp
+                .post_send_inline(InlineSend::write(u64::from(msg), data, to))
+                .map_err(|e| format!("posting an RDMA WRITE: {e}"))?;
+            if ctrl {
+                self.ctrl_posted += 1;
+            }
+            let m = wire::msg(wire::msg_op(msg), 0);
+            self.qp
+                .post_send_inline(InlineSend::send(
+                    MSG_SEND | u64::from(m),
+                    &msg.to_ne_bytes(),
+                ))
+                .map_err(|e| format!("posting a message: {e}"))?;
+        } else {
+            self.qp
+                .post_send_inline(InlineSend::write(u64::from(msg), data, to).with_imm(msg))
+                .map_err(|e| format!("posting an RDMA WRITE WITH IMMEDIATE: {e}"))?;
+        }
+        if ctrl {
+            self.ctrl_posted += 1;
+        }
+        Ok(())
+    }
+
+    /// The current target segment, refreshed from the target SGL when the
+    /// last one is used up: a non-zero length there is a new one (we zero
+    /// each slot as we take it).
+    fn segment(&mut self) -> u32 {
+        if self.seg.length == 0 {
+            let mut b = [0; wire::SGE_LEN];
+            let at = self.target_slot * wire::SGE_LEN;
+            if self.local.target.read_at(at, &mut b).is_ok() {
+                let s = Sge::from_memory(&b);
+                if s.length != 0 {
+                    self.seg = s;
+                    // Taken: the peer writes this slot again only after we
+                    // filled this space and it was read.
+                    let _ = self.local.target.write_at(at + 12, &[0; 4]);
+                }
+            }
+        }
+        self.seg.length
+    }
+
+    fn can_send(&mut self) -> bool {
+        let sqes = if self.iwarp { 2 } else { 1 };
+        self.sqe_avail >= sqes
+            && self.sseq_no != self.sseq_comp
+            && self.local.ring.largest() > 0
+            && self.segment() != 0
+    }
+
+    /// Sends as much of `buf` as credits, the peer's space and our queue
+    /// allow: `Ok(None)` when nothing could go (wait for completions).
+    pub(crate) fn try_write(&mut self, buf: &[u8]) -> io::Result<Option<usize>> {
+        if let Some(e) = self.error() {
+            return Err(e);
+        }
+        if !self.writable || !self.connected {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the stream is shut down for writing (or the peer closed it)",
+            ));
+        }
+        if buf.is_empty() {
+            return Ok(Some(0));
+        }
+        let mut sent = 0;
+        while sent < buf.len() && self.can_send() {
+            let left = buf.len() - sent;
+            let mut xfer = left.min(self.next_transfer).min(self.seg.length as usize);
+            if left > self.next_transfer && self.next_transfer < wire::MAX_TRANSFER {
+                self.next_transfer *= 2;
+            }
+            let inline = xfer <= self.max_inline;
+            if !inline {
+                xfer = xfer.min(self.local.ring.largest());
+            }
+            let to = RemoteMemory {
+                addr: self.seg.addr,
+                len: xfer as u64,
+                rkey: self.seg.key,
+            };
+            let msg = wire::msg(Op::DATA, xfer as u32);
+            let data = &buf[sent..sent + xfer];
+            let posted = if inline {
+                self.post_write_msg(data, to, msg, false)
+            } else {
+                self.post_data(data, to, msg)
+            };
+            if let Err(why) = posted {
+                self.fail(io::ErrorKind::ConnectionAborted, why);
+                return Err(self.error().unwrap_or_else(|| io::ErrorKind::Other.into()));
+            }
+            self.sseq_no = self.sseq_no.wrapping_add(1);
+            self.sqe_avail -= if self.iwarp { 2 } else { 1 };
+            self.seg.addr += xfer as u64;
+            self.seg.length -= xfer as u32;
+            if self.seg.length == 0 {
+                self.target_slot = (self.target_slot + 1) % wire::SGL_ENTRIES;
+            }
+            sent += xfer;
+        }
+        if sent == 0 {
+            return Ok(None);
+        }
+        if sent == buf.len() {
+            self.next_transfer = wire::FIRST_TRANSFER;
+        }
+        Ok(Some(sent))
+    }
+
+    /// Copies `data` into a piece of the send buffer and posts it.
+    fn post_data(&mut self, data: &[u8], to: RemoteMemory, msg: u32) -> Result<(), String> {
+        let Some(piece) = self.local.ring.cut(data) else {
+            return Err("no send buffer (checked before)".into());
+        };
+        debug_assert_eq!(piece.len(), data.len());
+        let wr_id = u64::from(msg);
+        let op = if self.iwarp {
+            SendOp::Write(to)
+        } else {
+            SendOp::WriteWithImm(to, msg)
+        };
+        if let Err(e) = self.qp.post_send(SendWr::new(wr_id, op, piece)) {
+            for (_, b) in e.returned {
+                if let Some(p) = b.into_one() {
+                    self.local.ring.give_back(p);
+                }
+            }
+            return Err(format!("posting an RDMA WRITE: {}", e.error));
+        }
+        if self.iwarp {
+            let m = wire::msg(Op::DATA, 0);
+            self.qp
+                .post_send_inline(InlineSend::send(
+                    MSG_SEND | u64::from(m),
+                    &msg.to_ne_bytes(),
+                ))
+                .map_err(|e| format!("posting a message: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Copies received bytes into `out`: `Ok(Some(0))` at the end of the
+    /// stream, `Ok(None)` when nothing is there yet.
+    pub(crate) fn try_read(&mut self, out: &mut [u8]) -> io::Result<Option<usize>> {
+        if self.unread.is_empty() {
+            if let Some(e) = self.error() {
+                return Err(e);
+            }
+            return Ok(if self.readable { None } else { Some(0) });
+        }
+        let size = self.local.sizes.recv_buffer;
+        let mut done = 0;
+        while done < out.len() {
+            let Some(head) = self.unread.front_mut() else {
+                break;
+            };
+            let n = (*head as usize).min(out.len() - done);
+            let mut copied = 0;
+            while copied < n {
+                let run = (n - copied).min(size - self.read_offset);
+                let dst = &mut out[done + copied..done + copied + run];
+                // Remotely writable memory: read with the crate's atomic
+                // copy (a peer writing where it should not gets torn bytes,
+                // never undefined behaviour).
+                self.local
+                    .rbuf
+                    .read_at(self.read_offset, dst)
+                    .map_err(crate::io_error)?;
+                copied += run;
+                self.read_offset = (self.read_offset + run) % size;
+            }
+            *head -= n as u32;
+            if *head == 0 {
+                self.unread.pop_front();
+                self.rseq_no = self.rseq_no.wrapping_add(1);
+            }
+            self.rbuf_avail += n;
+            done += n;
+        }
+        Ok(Some(done))
+    }
+
+    /// Shuts our write side: SHUTDOWN (or DISCONNECT when the read side is
+    /// shut too). `Ok(false)` when no control slot is free yet.
+    pub(crate) fn try_shutdown(&mut self, read_too: bool) -> io::Result<bool> {
+        if !self.connected {
+            self.writable = false;
+            return Ok(true);
+        }
+        let ctrl = if read_too || !self.readable {
+            Ctrl::DISCONNECT
+        } else {
+            Ctrl::SHUTDOWN
+        };
+        if !self.writable && ctrl == Ctrl::SHUTDOWN {
+            return Ok(true);
+        }
+        if !self.ctrl_room(1) {
+            return Ok(false);
+        }
+        self.writable = false;
+        if read_too {
+            self.readable = false;
+        }
+        self.post_msg(wire::msg(Op::CTRL, ctrl.0), true)
+            .map_err(|why| io::Error::new(io::ErrorKind::ConnectionAborted, why))?;
+        Ok(true)
+    }
+
+    /// Every request we posted has completed.
+    pub(crate) fn sends_done(&self) -> bool {
+        !self.connected
+            || (self.ctrl_posted == self.ctrl_done
+                && self.sqe_avail == self.local.sizes.send_queue - wire::CONTROL_SLOTS)
+    }
+
+    /// Whether the connection is still up.
+    pub(crate) fn connected(&self) -> bool {
+        self.connected
+    }
+}
