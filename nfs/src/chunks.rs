@@ -13,7 +13,9 @@
 //!   (`ibv_inc_rkey`: the key byte moves on), and when the call ends the
 //!   window is **invalidated** (a posted `LOCAL_INV`) and the call's reply is
 //!   delivered only once that invalidation has completed, as the Linux
-//!   client waits for its FRWR invalidations. So after a call ends, its
+//!   client waits for its FRWR invalidations; on soft-RoCE it is
+//!   **deallocated** instead and the region gets a new window
+//!   ([`ChunkPool::fence`]: a `LOCAL_INV` there may crash the kernel). So after a call ends, its
 //!   segment's rkey reaches nothing: a late server access fails with a
 //!   remote access error (the key byte wraps after 256 binds of one window,
 //!   but every earlier binding was invalidated before the next was made).
@@ -129,7 +131,8 @@ impl Chunk {
     /// The caller must know that no peer can reach the chunk any more:
     /// - a pooled region: the successful completion of a `LOCAL_INV` of its
     ///   window ([`Chunk::window_rkey`]), posted after the call's reply
-    ///   arrived, or the reply's receive completion reporting the window's
+    ///   arrived, or that window deallocated after it ([`ChunkPool::fence`]),
+    ///   or the reply's receive completion reporting the window's
     ///   rkey invalidated by the server (`IBV_WC_WITH_INV`), and the window
     ///   not bound again since: its rkey was the only key to the region the
     ///   server was ever given (the region is registered without remote
@@ -549,7 +552,8 @@ impl ChunkPool {
     /// device:
     /// - a window ([`Chunk::Bound`]): `invalidated` says its rkey was
     ///   invalidated after the reply came: the successful completion of its
-    ///   `LOCAL_INV`, or the reply's receive completion reporting it
+    ///   `LOCAL_INV`, or its deallocation ([`ChunkPool::fence`]: the region
+    ///   now has a new window, never bound), or the reply's receive completion reporting it
     ///   invalidated by the server (who did all its RDMA writes into it
     ///   before that send, on the same connection). That rkey was the only
     ///   key to the region the server was ever given: the region's own
@@ -629,6 +633,45 @@ impl ChunkPool {
             }
         }
         self.publish();
+    }
+
+    /// Puts a window out of reach without a work request: the window is
+    /// deallocated (`ibv_dealloc_mw` returns once its rkey resolves to
+    /// nothing: a server's later access or invalidation naming it fails)
+    /// and the region gets a new, unbound one, so the chunk goes back to
+    /// the pool as after a `LOCAL_INV`. The caller makes sure that no bind
+    /// of the window is still unresolved (a bind in flight holds the window,
+    /// which would then be deallocated only when it completes). An own
+    /// registration is left as it is (deregistered when it goes back).
+    ///
+    /// What this is for: Linux 6.1's rxe (`rxe_mw.c`) lets a `LOCAL_INV`
+    /// through to `rxe_do_invalidate_mw` when the window is already
+    /// invalidated (the free state passes `rxe_check_invalidate_mw`), which
+    /// then dereferences the window's NULL QP and crashes the kernel; a
+    /// server's `SEND_WITH_INV` of the window in another reply can come
+    /// between the post of a `LOCAL_INV` and its execution. Deallocation
+    /// (`rxe_do_dealloc_mw`, or `rxe_mw_cleanup` in later kernels) checks
+    /// for NULL, so it is safe whether or not the server invalidated the
+    /// window meanwhile.
+    ///
+    /// # Errors
+    /// Why no new window could be allocated; the chunk is left as it was
+    /// (the caller drops the connection, which discards it).
+    pub(crate) fn fence(&mut self, chunk: &mut Chunk) -> Result<(), String> {
+        let Chunk::Bound { region, .. } = chunk else {
+            return Ok(());
+        };
+        match self.pd.alloc_mw(MwType::Type2) {
+            Ok(new) => {
+                // Dropping the old handle deallocates it (nothing else
+                // holds it: see above).
+                drop(std::mem::replace(&mut region.mw, new));
+                Ok(())
+            }
+            Err(e) => Err(format!(
+                "ibv_alloc_mw, for a window in place of one to deallocate: {e}"
+            )),
+        }
     }
 
     /// A chunk that cannot be invalidated (its connection broke): its

@@ -24,8 +24,8 @@
 //!   memory windows bound per call over regions registered once, where the
 //!   device has them; a registration per chunk where it does not), honours
 //!   the length the server returns in a write or reply chunk, and ends
-//!   every chunk's remote access when its call ends (window invalidated, or
-//!   memory deregistered) whether the server used it or not: a reply is
+//!   every chunk's remote access when its call ends (window invalidated, on
+//!   soft-RoCE deallocated and replaced, or memory deregistered) whether the server used it or not: a reply is
 //!   delivered only after its chunks' invalidations have completed, or, if
 //!   one does not complete within `Options::invalidate_timeout`, after the
 //!   connection was dropped (its QP in error, its windows deallocated);
@@ -87,7 +87,8 @@ pub struct Options {
     /// named, when it named exactly one distinct rkey (its read list, write
     /// list and reply chunk together); the receive completion reports it,
     /// and that chunk needs no `LOCAL_INV`. Any other reply (no
-    /// invalidation, another rkey) falls back to `LOCAL_INV`.
+    /// invalidation, another rkey) falls back to ending the window's access
+    /// as [`Options::end_access`] says.
     pub remote_invalidation: bool,
     /// Lend chunks through type 2 memory windows over pooled regions when
     /// the device has them (otherwise: a registration per chunk).
@@ -101,10 +102,34 @@ pub struct Options {
     /// error, its windows deallocated, so the server reaches nothing), the
     /// reply is delivered, and [`Stats::lost_invalidations`] counts it.
     pub invalidate_timeout: Duration,
+    /// How a window the server did not invalidate is put out of reach when
+    /// its call ends.
+    pub end_access: EndAccess,
     /// Testing only: this many `LOCAL_INV` completions are ignored, as if
     /// they never arrived (how the tests provoke a lost invalidation).
     #[doc(hidden)]
     pub lose_invalidations: u32,
+}
+
+/// How a call's memory window that the server did not invalidate with its
+/// reply is put out of the server's reach when the call ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndAccess {
+    /// [`EndAccess::Deallocate`] on soft-RoCE (rxe), [`EndAccess::LocalInvalidate`]
+    /// elsewhere.
+    Auto,
+    /// A posted `LOCAL_INV`, waited for before the reply is delivered.
+    LocalInvalidate,
+    /// The window is deallocated (`ibv_dealloc_mw`, which returns once its
+    /// rkey reaches nothing) and its region gets a new one; no work request
+    /// is posted. Linux 6.1's rxe crashes (a NULL dereference in
+    /// `rxe_invalidate_mw`) on a `LOCAL_INV` of a window that is already
+    /// invalidated, and a server can invalidate a window (a
+    /// `SEND_WITH_INV` naming its rkey in the reply to another call) after
+    /// the client posted its `LOCAL_INV` and before the device executes it:
+    /// the client cannot order the two. Deallocation checks what the window
+    /// holds, so it is safe in either state.
+    Deallocate,
 }
 
 impl Default for Options {
@@ -121,6 +146,7 @@ impl Default for Options {
             memory_windows: true,
             chunk_regions: 64,
             invalidate_timeout: Duration::from_secs(10),
+            end_access: EndAccess::Auto,
             lose_invalidations: 0,
         }
     }
@@ -415,8 +441,16 @@ pub struct Stats {
     /// rkey), ever: none of them took a `LOCAL_INV`.
     pub remote_invalidations: AtomicU64,
     /// Replies whose receive completion named an rkey invalidated that the
-    /// call had not lent (their chunks took a `LOCAL_INV`).
+    /// call had not lent (their chunks' access was ended as usual).
     pub stray_invalidations: AtomicU64,
+    /// Of those, the ones whose rkey no call in flight lent: a window whose
+    /// call had already ended (deallocated, or its `LOCAL_INV` posted),
+    /// named by a misbehaving server. The reply is delivered and the
+    /// connection kept: the window reaches nothing either way.
+    pub late_invalidations: AtomicU64,
+    /// Windows deallocated and replaced when their call ended, instead of a
+    /// `LOCAL_INV` ([`EndAccess::Deallocate`]).
+    pub fenced_windows: AtomicU64,
     /// Pooled chunk regions alive now (0 without memory windows).
     pub chunk_regions: AtomicU64,
     /// Whether the connection lends chunks through memory windows.
@@ -509,6 +543,14 @@ struct Conn {
     /// The receive completion flags that say the server invalidated an
     /// rkey (its value in the immediate data field): [`remote_inv_flags`].
     inv_flags: WcFlags,
+    /// Windows the server did not invalidate are deallocated, not
+    /// invalidated with a `LOCAL_INV` ([`EndAccess::Deallocate`]).
+    dealloc: bool,
+    /// The work request of the latest send queue completion seen (a send
+    /// queue completes in order, so every request posted before it is done
+    /// and its completion resolved: a window's bind holds the window until
+    /// then, and deallocating it earlier would wait for that).
+    sq_done: u64,
 }
 
 /// The vendor id soft-RoCE (rxe) reports.
@@ -566,11 +608,16 @@ impl Conn {
         .map_err(at)?;
         let ctx = id.id().context().map_err(rdma_err("rdma_cm context"))?;
         let pd = ctx.alloc_pd().map_err(rdma_err("ibv_alloc_pd"))?;
-        let inv_flags = remote_inv_flags(
-            ctx.query_device()
-                .map_err(rdma_err("ibv_query_device"))?
-                .vendor_id(),
-        );
+        let vendor = ctx
+            .query_device()
+            .map_err(rdma_err("ibv_query_device"))?
+            .vendor_id();
+        let inv_flags = remote_inv_flags(vendor);
+        let dealloc = match o.end_access {
+            EndAccess::Auto => vendor == RXE_VENDOR_ID,
+            EndAccess::LocalInvalidate => false,
+            EndAccess::Deallocate => true,
+        };
         let channel = ctx
             .create_comp_channel()
             .map_err(rdma_err("ibv_create_comp_channel"))?;
@@ -678,6 +725,8 @@ impl Conn {
             tails: HashMap::new(),
             next_wr,
             inv_flags,
+            dealloc,
+            sq_done: 0,
         })
     }
 
@@ -708,6 +757,9 @@ struct Pending {
     /// they take no `LOCAL_INV` (on Linux 6.1's rxe a `LOCAL_INV` of a
     /// window already invalidated crashes the kernel).
     remote: Vec<u32>,
+    /// The work request of its last window's bind (all of them precede
+    /// its SEND on the send queue).
+    last_bind: u64,
 }
 
 impl Pending {
@@ -1115,6 +1167,7 @@ impl Engine {
             write: None,
             reply_chunk: None,
             remote: Vec::new(),
+            last_bind: 0,
         };
         let r = Self::marshal(conn, &self.stats, self.opts.credits, xid, &mut p, &plan);
         match r {
@@ -1210,6 +1263,8 @@ impl Engine {
                 stats.nomsg_calls.fetch_add(1, Ordering::Relaxed);
             }
         }
+        // Every bind of the call was posted with an id up to here.
+        p.last_bind = *next_wr;
         let body = if plan.carry == Carry::Whole {
             Body::NoMsg(chunks)
         } else {
@@ -1291,6 +1346,9 @@ impl Engine {
             // The connection is gone; the next turn of the loop reconnects.
             self.lost(why);
             return;
+        }
+        if c.opcode != WcOpcode::Recv {
+            conn.sq_done = conn.sq_done.max(c.wr_id);
         }
         match c.opcode {
             WcOpcode::BindMw => return,
@@ -1415,21 +1473,32 @@ impl Engine {
             } else {
                 // Not this call's: another call in flight may have lent it
                 // (a server that invalidates the wrong rkey). Either way
-                // that rkey is invalid now, and this call's own chunks take
-                // their `LOCAL_INV`.
+                // that rkey is invalid now, and this call's own chunks' access
+                // is ended as usual.
                 self.stats
                     .stray_invalidations
                     .fetch_add(1, Ordering::Relaxed);
                 self.pending.values_mut().find(|q| q.lends(k))
             };
-            if let Some(owner) = owner {
-                owner.remote.push(k);
-                self.stats
-                    .remote_invalidations
-                    .fetch_add(1, Ordering::Relaxed);
+            match owner {
+                Some(owner) => {
+                    owner.remote.push(k);
+                    self.stats
+                        .remote_invalidations
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                // No call in flight lends it: a window whose call ended
+                // (deallocated, or its `LOCAL_INV` posted), or a key never
+                // lent. Its window, if any, reaches nothing either way.
+                None => {
+                    self.stats
+                        .late_invalidations
+                        .fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         let remote = std::mem::take(&mut p.remote);
+        let last_bind = p.last_bind;
         let mut waiting = 0;
         let mut broken = None;
         let mut windows = 0;
@@ -1440,6 +1509,31 @@ impl Engine {
                 };
                 windows += 1;
                 if broken.is_some() || remote.contains(&rkey) {
+                    continue;
+                }
+                if conn.dealloc {
+                    // No `LOCAL_INV` that a server's stray invalidation of the
+                    // same window could overtake: the window is deallocated
+                    // now (its bind's completion, which holds it, was
+                    // resolved: the send queue completed past it) and its
+                    // region gets a new one.
+                    if conn.sq_done < last_bind {
+                        broken = Some(
+                            "a reply came before its call's window binds completed: \
+                             the windows cannot be deallocated now"
+                                .to_string(),
+                        );
+                        continue;
+                    }
+                    let Some(chunk) = l.chunk.as_mut() else {
+                        continue;
+                    };
+                    match conn.chunks.fence(chunk) {
+                        Ok(()) => {
+                            self.stats.fenced_windows.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => broken = Some(e),
+                    }
                     continue;
                 }
                 let wr = conn.next_id();
@@ -1901,8 +1995,8 @@ fn lend_write(
 
 /// Delivers a reply: its chunks go back to `pool` (the connection they were
 /// bound on), or are dropped without one. `windows`: every window the call
-/// was lent is invalidated (its `LOCAL_INV` completed, or the server
-/// invalidated it with the reply); only then does a window's region go back
+/// was lent is invalidated (its `LOCAL_INV` completed, it was deallocated
+/// and replaced, or the server invalidated it with the reply); only then does a window's region go back
 /// to the pool, whose regions are all unbound; a call with windows and no
 /// such proof has them discarded.
 fn deliver(e: Ending, pool: Option<&mut ChunkPool>, windows: bool) {

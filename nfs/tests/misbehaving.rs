@@ -19,7 +19,7 @@ use rdma::{AccessFlags, QpState, QpType, RemoteMemory, SendWr, WcOpcode, WcStatu
 use rdma_nfs::rpcrdma::{
     Body, Chunks, ConnectPrivate, Header, RdmaError, Segment, RDMA_MSG, VERSION,
 };
-use rdma_nfs::transport::{Call, Error, Options, Transport};
+use rdma_nfs::transport::{Call, EndAccess, Error, Options, Transport};
 use rdma_nfs::xdr::Writer;
 
 fn required_env(var: &str) -> String {
@@ -96,6 +96,11 @@ enum Fault {
     /// the next one's reply is a `SEND_WITH_INV` of the *held* call's
     /// rkey, then the held call gets a plain reply.
     StrayInvalidate,
+    /// The same two calls the other way round: the held call gets its
+    /// plain reply first (its call ends, and the client puts its window
+    /// out of reach), and right behind it the next call's reply is a
+    /// `SEND_WITH_INV` of the held call's rkey.
+    InvalidateEnded,
 }
 
 const GRANT: u32 = 8;
@@ -319,18 +324,17 @@ async fn serve_one(
                 ..seg
             }]);
         }
-        if fault == Fault::StrayInvalidate
-            && !stray_done
-            && held.is_none()
-            && !write_list.is_empty()
-        {
+        let holds = matches!(fault, Fault::StrayInvalidate | Fault::InvalidateEnded);
+        if holds && first && !stray_done && held.is_none() && !write_list.is_empty() {
             held = Some((h.xid, write_list));
             continue;
         }
         // The rkey this reply invalidates, if any.
         let invalidate = match (fault, &held) {
             (Fault::Invalidate, _) => write_list.first().map(|c| c[0].handle),
-            (Fault::StrayInvalidate, Some((_, w))) => w.first().map(|c| c[0].handle),
+            (Fault::StrayInvalidate | Fault::InvalidateEnded, Some((_, w))) => {
+                w.first().map(|c| c[0].handle)
+            }
             _ => None,
         };
         let via_reply_chunk = match f {
@@ -407,17 +411,9 @@ async fn serve_one(
                 out.buf.extend_from_slice(&rpc(rpc_xid));
             }
         }
-        let mr = pd.reg_mr(out.buf, AccessFlags::empty()).map_err(e("mr"))?;
-        wr += 1;
-        let send = match invalidate {
-            Some(rkey) => SendWr::send_with_invalidate(wr, mr, rkey),
-            None => SendWr::send(wr, mr),
-        };
-        acq.post_send(&mut qp, send)
-            .await
-            .map_err(|err| format!("SEND: {err}"))?;
-        if let (Fault::StrayInvalidate, Some((xid, write))) = (fault, held.take()) {
-            stray_done = true;
+        // The held call's plain reply: after this one (StrayInvalidate), or
+        // before it (InvalidateEnded).
+        let held_reply = |xid: u32, write: Vec<Vec<Segment>>| {
             let mut out = Writer::new();
             Header {
                 xid,
@@ -431,7 +427,37 @@ async fn serve_one(
             }
             .encode(&mut out);
             out.buf.extend_from_slice(&rpc_reply(xid));
-            let mr = pd.reg_mr(out.buf, AccessFlags::empty()).map_err(e("mr"))?;
+            out.buf
+        };
+        let ended = if fault == Fault::InvalidateEnded {
+            held.take()
+        } else {
+            None
+        };
+        if let Some((xid, write)) = ended {
+            stray_done = true;
+            let mr = pd
+                .reg_mr(held_reply(xid, write), AccessFlags::empty())
+                .map_err(e("mr"))?;
+            wr += 1;
+            acq.post_send(&mut qp, SendWr::send(wr, mr))
+                .await
+                .map_err(|err| format!("SEND (held call): {err}"))?;
+        }
+        let mr = pd.reg_mr(out.buf, AccessFlags::empty()).map_err(e("mr"))?;
+        wr += 1;
+        let send = match invalidate {
+            Some(rkey) => SendWr::send_with_invalidate(wr, mr, rkey),
+            None => SendWr::send(wr, mr),
+        };
+        acq.post_send(&mut qp, send)
+            .await
+            .map_err(|err| format!("SEND: {err}"))?;
+        if let (Fault::StrayInvalidate, Some((xid, write))) = (fault, held.take()) {
+            stray_done = true;
+            let mr = pd
+                .reg_mr(held_reply(xid, write), AccessFlags::empty())
+                .map_err(e("mr"))?;
             wr += 1;
             acq.post_send(&mut qp, SendWr::send(wr, mr))
                 .await
@@ -905,6 +931,8 @@ fn lost_invalidation_is_bounded_over_rxe() {
         call_timeout: Duration::from_secs(30),
         invalidate_timeout: Duration::from_secs(1),
         lose_invalidations: 1,
+        // The path under test; on rxe the default deallocates instead.
+        end_access: EndAccess::LocalInvalidate,
         ..Options::default()
     };
     with_server(false, 20082, Fault::None, opts, |t| async move {
@@ -1067,11 +1095,11 @@ fn remote_invalidation_skips_local_inv_over_rxe() {
     });
 }
 
-/// A server that invalidates another call's rkey: the replied call falls
-/// back to a `LOCAL_INV` of its own window, and the other call, whose
-/// window the completion named, posts none for it (on Linux 6.1's rxe a
-/// `LOCAL_INV` of an invalidated window crashes the kernel) and gets its
-/// data.
+/// A server that invalidates another call's rkey: the replied call's own
+/// window is put out of reach as usual (on rxe deallocated and replaced, no
+/// `LOCAL_INV`), and the other call, whose window the completion named,
+/// takes nothing for it (on Linux 6.1's rxe a `LOCAL_INV` of an invalidated
+/// window crashes the kernel) and gets its data.
 #[test]
 #[ignore = "needs an RDMA device (rxe0): run in ci/vm"]
 fn stray_invalidation_falls_back_over_rxe() {
@@ -1096,11 +1124,72 @@ fn stray_invalidation_falls_back_over_rxe() {
         check_write_chunk(&b.await.unwrap().unwrap());
         let [local, remote, stray, plain] = inv_counts(&t);
         println!("local {local}, remote {remote}, stray {stray}, plain {plain}");
+        let s = t.stats();
+        let fenced = s.fenced_windows.load(Ordering::Relaxed);
+        println!("fenced {fenced}");
         assert_eq!(stray, 1, "one reply named another call's rkey");
         assert_eq!(remote, 1, "that call's window counted invalid");
-        assert_eq!(local, 1, "the replied call's own window took a LOCAL_INV");
+        assert_eq!(local, 0, "no LOCAL_INV on rxe");
+        assert_eq!(fenced, 1, "the replied call's own window deallocated");
+        assert_eq!(s.late_invalidations.load(Ordering::Relaxed), 0);
         assert_eq!(plain, 2);
-        assert_eq!(t.stats().connects.load(Ordering::Relaxed), 1);
+        assert_eq!(s.connects.load(Ordering::Relaxed), 1);
+    });
+}
+
+/// A server that answers one call without invalidating its window and,
+/// right behind that reply, answers another call with a `SEND_WITH_INV` of
+/// the first call's rkey: the client has ended the first call (it cannot
+/// know what comes next), and on rxe its device may execute that
+/// invalidation before or after whatever the client does to the window. A
+/// `LOCAL_INV` posted for it (what the client did before) then hit an
+/// invalidated window: Linux 6.1's rxe dereferences NULL and the kernel
+/// crashes. Deallocating the window is safe in either order: if the
+/// server's invalidation came first, the reply names a key no call in
+/// flight lends (`late_invalidations`), and both calls get their data on
+/// one connection; if the deallocation came first, the invalidation names
+/// nothing, rxe fails that receive and the connection, and the second call
+/// is sent again on a new one.
+#[test]
+#[ignore = "needs an RDMA device (rxe0): run in ci/vm"]
+fn invalidation_of_an_ended_calls_window_over_rxe() {
+    let opts = Options {
+        credits: 8,
+        call_timeout: Duration::from_secs(10),
+        ..Options::default()
+    };
+    with_server(false, 20092, Fault::InvalidateEnded, opts, |t| async move {
+        check_reply(&t.call(null_call()).await.unwrap());
+        let a = {
+            let t = t.clone();
+            tokio::spawn(async move { t.call(write_chunk_call()).await })
+        };
+        let b = {
+            let t = t.clone();
+            tokio::spawn(async move { t.call(write_chunk_call()).await })
+        };
+        check_write_chunk(&a.await.unwrap().unwrap());
+        check_write_chunk(&b.await.unwrap().unwrap());
+        let [local, remote, stray, plain] = inv_counts(&t);
+        let s = t.stats();
+        let fenced = s.fenced_windows.load(Ordering::Relaxed);
+        let late = s.late_invalidations.load(Ordering::Relaxed);
+        let connects = s.connects.load(Ordering::Relaxed);
+        println!(
+            "local {local}, remote {remote}, stray {stray}, late {late}, fenced {fenced}, \
+             plain {plain}, connects {connects}"
+        );
+        assert_eq!(local, 0, "no LOCAL_INV on rxe");
+        assert_eq!(remote, 0, "no call's own window named while in flight");
+        match connects {
+            // The server's invalidation came first: named late, both windows
+            // deallocated.
+            1 => assert_eq!((stray, late, fenced), (1, 1, 2)),
+            // The deallocation came first: rxe failed the receive and the
+            // connection; the second call went again.
+            2 => assert!(fenced >= 1, "fenced {fenced}"),
+            n => panic!("{n} connections"),
+        }
     });
 }
 
