@@ -15,6 +15,12 @@
 //!    functions and for `#define IBV_X IB_UVERBS_X` aliases, so the crate can
 //!    re-export the aliases and its tests can prove every inline is wrapped.
 //!
+//! 4. With the `dlopen` feature, links against neither library: the exported
+//!    functions become forwarders through a table filled by `dlsym`, and the C
+//!    wrappers' calls into the libraries are renamed to reach them
+//!    (`build/dlopen.rs`); pkg-config (or `RDMA_CORE_INCLUDE_DIR` alone) only
+//!    finds the headers.
+//!
 //! With `DOCS_RS` set nothing is probed or compiled: the crate then documents
 //! the committed bindings (docs.rs has no rdma-core).
 
@@ -22,6 +28,13 @@ use std::env;
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
+
+#[cfg(feature = "dlopen")]
+#[path = "build/dlopen.rs"]
+mod dlopen;
+
+/// Whether the libraries are opened at run time (the `dlopen` feature) rather than linked.
+const DLOPEN: bool = cfg!(feature = "dlopen");
 
 /// rdma-core 44 (Debian 12) is the oldest release we support.
 const MIN_IBVERBS: &str = "1.14.44";
@@ -58,16 +71,20 @@ fn main() {
     println!("cargo:rerun-if-changed=src/shim.c");
     println!("cargo:rerun-if-changed=src/bindings.rs");
     println!("cargo:rerun-if-changed=src/inline_wrappers.c");
+    println!("cargo:rerun-if-changed=build/dlopen.rs");
     println!("cargo:rustc-check-cfg=cfg(rdma_sys_docs_snapshot)");
     println!("cargo:rustc-check-cfg=cfg(rdma_sys_generated)");
 
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let crate_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     if env::var_os("DOCS_RS").is_some() {
         println!("cargo:rustc-cfg=rdma_sys_docs_snapshot");
+        // The forwarders need no headers: documented as they are built.
+        #[cfg(feature = "dlopen")]
+        dlopen::generate(&crate_dir.join("src/bindings.rs"), &out);
         return;
     }
 
-    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let crate_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     let libs = find_libs();
     for dir in &libs.include_dirs {
         println!("cargo:include={}", dir.display());
@@ -93,14 +110,16 @@ fn main() {
         crate_dir.join("src/bindings.rs"),
         crate_dir.join("src/inline_wrappers.c"),
     );
-    compile_wrappers(&libs, &crate_dir, &wrappers);
+    #[cfg(feature = "dlopen")]
+    dlopen::generate(&bindings, &out);
+    compile_wrappers(&libs, &crate_dir, &wrappers, &out);
     scan_headers(&libs, &bindings, &out);
 }
 
 fn fail(what: &str, detail: &str) -> ! {
     panic!(
         "\n\nrdma-verbs-sys: {what}\n\n{detail}\n\n\
-         rdma-verbs-sys needs rdma-core's development files (rdma-core >= 44: libibverbs >= {MIN_IBVERBS}, \
+         rdma-verbs-sys needs rdma-core's development files (with its `dlopen` feature, the headers only) (rdma-core >= 44: libibverbs >= {MIN_IBVERBS}, \
          librdmacm >= {MIN_RDMACM}), a C compiler, and, with its `bindgen` feature only, libclang:\n\
          \x20 Debian/Ubuntu: apt-get install libibverbs-dev librdmacm-dev pkg-config gcc (bindgen: clang libclang-dev)\n\
          \x20 Fedora/RHEL:   dnf install rdma-core-devel pkgconf-pkg-config gcc (bindgen: clang-devel)\n\
@@ -122,9 +141,23 @@ fn find_libs() -> Libs {
                     &format!("RDMA_CORE_INCLUDE_DIR={}", inc.display()),
                 );
             }
-            println!("cargo:rustc-link-search=native={}", lib.display());
-            println!("cargo:rustc-link-lib=ibverbs");
-            println!("cargo:rustc-link-lib=rdmacm");
+            if !DLOPEN {
+                println!("cargo:rustc-link-search=native={}", lib.display());
+            }
+            Libs {
+                include_dirs: vec![inc],
+                ibverbs_version: "unknown".into(),
+                rdmacm_version: "unknown".into(),
+            }
+        }
+        // With `dlopen` nothing is linked: the headers are enough.
+        (Some(inc), None) if DLOPEN => {
+            if !inc.join("infiniband/verbs.h").is_file() {
+                fail(
+                    "RDMA_CORE_INCLUDE_DIR does not contain infiniband/verbs.h",
+                    &format!("RDMA_CORE_INCLUDE_DIR={}", inc.display()),
+                );
+            }
             Libs {
                 include_dirs: vec![inc],
                 ibverbs_version: "unknown".into(),
@@ -139,6 +172,8 @@ fn find_libs() -> Libs {
             let probe = |name: &str, min: &str| {
                 pkg_config::Config::new()
                     .atleast_version(min)
+                    // The link directives are ours to print (none with `dlopen`).
+                    .cargo_metadata(!DLOPEN)
                     .probe(name)
                     .unwrap_or_else(|e| {
                         println!("cargo:warning=failed to probe system {name}: {e}");
@@ -273,7 +308,7 @@ fn generate_bindings(libs: &Libs, wrapper: &Path, out: &Path) {
         .unwrap_or_else(|e| fail("could not write bindings.rs", &e.to_string()));
 }
 
-fn compile_wrappers(libs: &Libs, crate_dir: &Path, wrappers: &Path) {
+fn compile_wrappers(libs: &Libs, crate_dir: &Path, wrappers: &Path, out: &Path) {
     let mut build = cc::Build::new();
     build
         .file(wrappers)
@@ -283,7 +318,14 @@ fn compile_wrappers(libs: &Libs, crate_dir: &Path, wrappers: &Path) {
     for dir in &libs.include_dirs {
         build.include(dir);
     }
+    if DLOPEN {
+        // Their calls into the libraries go to the crate's forwarders (build/dlopen.rs).
+        build.flag("-include").flag(out.join("dlopen_names.h"));
+    }
     build.compile("rdma_sys_inline");
+    if DLOPEN {
+        return;
+    }
     // The wrappers call into both libraries; list them after the static
     // archive so the linker resolves its references.
     println!("cargo:rustc-link-lib=ibverbs");

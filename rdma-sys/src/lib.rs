@@ -27,6 +27,27 @@
 //! - **Socket address and `timespec` types are `libc`'s.**
 //! - `#define IBV_X IB_UVERBS_X` aliases of `verbs_api.h` are re-exported
 //!   under their `IBV_` names.
+//!
+//! # The `dlopen` feature
+//! By default the crate links against `libibverbs` and `librdmacm`, so a
+//! program that uses it does not start without them. With `dlopen` it links
+//! against neither: `libibverbs.so.1` and `librdmacm.so.1` are opened by
+//! soname when first needed, and a program builds (rdma-core's headers and a C
+//! compiler are still needed) and starts where they are absent. Every
+//! function keeps its name and signature; those the libraries export call
+//! through a table of pointers looked up when the library is opened.
+//!
+//! The rule: call [`load_ibverbs`] before any `ibv_*` function and
+//! [`load_rdmacm`] before any `rdma_*` function, and treat an error
+//! ([`LoadError`]: the library, the loader's reason, the packages that
+//! provide it) as "no RDMA here". Once one succeeded, its library stays open
+//! for the rest of the process. A function called while its library cannot
+//! be opened cannot return that error through its C signature: it prints it
+//! and aborts the process (defined behaviour, never a call through a null
+//! pointer). Without the feature both functions succeed at once, so code that
+//! follows the rule builds either way. The safe crate (`rdma`) follows it at
+//! every call that makes a first object (`rdma::devices`,
+//! `EventChannel::new`, ...) and returns `Error::LibraryMissing`.
 #![allow(
     non_upper_case_globals,
     non_camel_case_types,
@@ -43,7 +64,7 @@
 )]
 
 /// Generated now from the installed headers (the `bindgen` feature).
-#[cfg(rdma_sys_generated)]
+#[cfg(all(rdma_sys_generated, not(feature = "dlopen")))]
 mod generated {
     include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
     include!(concat!(env!("OUT_DIR"), "/macro_aliases.rs"));
@@ -52,10 +73,23 @@ mod generated {
 /// Committed, generated from rdma-core 44 (the default, and docs.rs, which
 /// has no rdma-core): a test with the `bindgen` feature checks that they
 /// equal what bindgen makes from the installed rdma-core 44.
-#[cfg(not(rdma_sys_generated))]
+#[cfg(all(not(rdma_sys_generated), not(feature = "dlopen")))]
 mod generated {
     include!("bindings.rs");
 }
+
+/// With `dlopen`: the same bindings (committed, or generated now with
+/// `bindgen`), the libraries' functions turned by the build script into
+/// forwarders through the tables `dl` loads.
+#[cfg(feature = "dlopen")]
+mod generated {
+    include!(concat!(env!("OUT_DIR"), "/bindings_dlopen.rs"));
+    #[cfg(rdma_sys_generated)]
+    include!(concat!(env!("OUT_DIR"), "/macro_aliases.rs"));
+}
+
+mod dl;
+pub use dl::{load_ibverbs, load_rdmacm, Library, LoadError};
 
 pub use generated::*;
 

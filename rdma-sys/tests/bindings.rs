@@ -47,10 +47,21 @@ fn every_static_inline_function_is_wrapped() {
     }
 }
 
-/// The symbol the dynamic linker gives for `name` (libibverbs' export).
+/// The symbol the dynamic linker gives for `name` (libibverbs' export): looked
+/// up in the library itself, which with the `dlopen` feature is opened
+/// `RTLD_LOCAL` (not in the global scope).
 fn exported(name: &CStr) -> *mut c_void {
-    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only reads.
-    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
+    rdma_sys::load_ibverbs().expect("libibverbs loads");
+    // SAFETY: RTLD_NOLOAD only returns the already open library (linked, or
+    // opened by load_ibverbs); dlsym with a NUL-terminated name only reads.
+    unsafe {
+        let lib = libc::dlopen(
+            c"libibverbs.so.1".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_NOLOAD,
+        );
+        assert!(!lib.is_null(), "libibverbs.so.1 is open");
+        libc::dlsym(lib, name.as_ptr())
+    }
 }
 
 #[test]
@@ -162,4 +173,21 @@ fn committed_bindings_are_current() {
             "{path} is not what bindgen makes from the installed rdma-core: run {refresh}"
         );
     }
+}
+
+#[test]
+fn the_libraries_load_and_their_functions_are_called() {
+    rdma_sys::load_ibverbs().expect("libibverbs loads");
+    rdma_sys::load_rdmacm().expect("librdmacm loads");
+    // SAFETY: both return a static string for any value.
+    let (wc, cm) = unsafe {
+        (
+            CStr::from_ptr(rdma_sys::ibv_wc_status_str(rdma_sys::IBV_WC_SUCCESS)),
+            CStr::from_ptr(rdma_sys::rdma_event_str(
+                rdma_sys::RDMA_CM_EVENT_ESTABLISHED,
+            )),
+        )
+    };
+    assert_eq!(wc.to_str(), Ok("success"));
+    assert_eq!(cm.to_str(), Ok("RDMA_CM_EVENT_ESTABLISHED"));
 }
