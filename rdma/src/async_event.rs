@@ -61,7 +61,12 @@ c_enum! {
 impl fmt::Display for AsyncEventType {
     /// The text of `ibv_event_type_str(3)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // SAFETY: ibv_event_type_str returns a static string for any value.
+        if ffi::load_ibverbs().is_err() {
+            // Only with the `dlopen` feature and no libibverbs: the name.
+            return write!(f, "{self:?}");
+        }
+        // SAFETY: ibv_event_type_str returns a static string for any value;
+        // libibverbs is open (checked above).
         let s = unsafe { std::ffi::CStr::from_ptr(ffi::ibv_event_type_str(self.to_raw())) };
         f.write_str(&s.to_string_lossy())
     }

@@ -36,9 +36,11 @@ impl Drop for DeviceListInner {
 /// Lists the RDMA devices of this machine (`ibv_get_device_list(3)`).
 ///
 /// # Errors
-/// `ibv_get_device_list` fails with `ENOSYS` when the kernel has no RDMA
-/// support (no `ib_uverbs`), `ENOMEM` when out of memory.
+/// [`Error::LibraryMissing`] when libibverbs cannot be opened (the `dlopen`
+/// feature). `ibv_get_device_list` fails with `ENOSYS` when the kernel has no
+/// RDMA support (no `ib_uverbs`), `ENOMEM` when out of memory.
 pub fn devices() -> Result<Vec<Device>> {
+    crate::error::load_ibverbs()?;
     let mut n: std::ffi::c_int = 0;
     let list = call_ptr(
         "ibv_get_device_list",

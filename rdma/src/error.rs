@@ -183,6 +183,56 @@ pub enum Error {
         /// channel, `ENXIO` outside a runtime.
         errno: i32,
     },
+    /// One of rdma-core's libraries could not be opened: only with the
+    /// `dlopen` feature, from the first call that needs it (`devices`,
+    /// `Context::open`, `EventChannel::new`, `cm::getaddrinfo`, ...; the
+    /// library is tried again at the next such call).
+    ///
+    /// ```no_run
+    /// # fn main() {
+    /// match rdma::devices() {
+    ///     Ok(devices) => println!("{} RDMA devices", devices.len()),
+    ///     // "libibverbs.so.1 could not be loaded (libibverbs.so.1: cannot open shared
+    ///     // object file: No such file or directory); it comes with rdma-core: install
+    ///     // libibverbs1 on Debian and Ubuntu, libibverbs on Fedora and RHEL"
+    ///     Err(e @ rdma::Error::LibraryMissing { .. }) => eprintln!("no RDMA here: {e}"),
+    ///     Err(e) => eprintln!("{e}"),
+    /// }
+    /// # }
+    /// ```
+    #[error(
+        "{library} could not be loaded ({reason}); it comes with rdma-core: install {packages}"
+    )]
+    LibraryMissing {
+        /// The soname: `libibverbs.so.1` or `librdmacm.so.1`.
+        library: &'static str,
+        /// The packages that provide it, e.g. `libibverbs1 on Debian and
+        /// Ubuntu, libibverbs on Fedora and RHEL`.
+        packages: &'static str,
+        /// What the dynamic loader said (`dlerror`).
+        reason: String,
+    },
+}
+
+impl From<crate::ffi::LoadError> for Error {
+    fn from(e: crate::ffi::LoadError) -> Self {
+        Error::LibraryMissing {
+            library: e.library().soname(),
+            packages: e.library().packages(),
+            reason: e.reason().to_string(),
+        }
+    }
+}
+
+/// Checks that libibverbs can be called (opens it with the `dlopen` feature;
+/// a no-op without it): first thing in every call that makes a first object.
+pub(crate) fn load_ibverbs() -> Result<()> {
+    Ok(crate::ffi::load_ibverbs()?)
+}
+
+/// As [`load_ibverbs`], for librdmacm (and libibverbs, which it needs).
+pub(crate) fn load_rdmacm() -> Result<()> {
+    Ok(crate::ffi::load_rdmacm()?)
 }
 
 fn private_data_suffix(data: &[u8]) -> String {
@@ -227,6 +277,7 @@ impl Error {
             Error::NotFound { .. } => Some(libc::ENODEV),
             Error::CmEvent { event, status, .. } => Some(crate::cm::event_errno(*event, *status)),
             Error::Async { errno, .. } => Some(*errno),
+            Error::LibraryMissing { .. } => Some(libc::ELIBACC),
             Error::NoReason { .. } => None,
         }
     }
@@ -286,6 +337,7 @@ impl From<Error> for io::Error {
             Error::Sysfs { source: None, .. } => io::ErrorKind::InvalidData,
             Error::NotFound { .. } => io::ErrorKind::NotFound,
             Error::NoReason { .. } => io::ErrorKind::Other,
+            Error::LibraryMissing { .. } => io::ErrorKind::NotFound,
             Error::CmEvent { .. } | Error::Async { .. } => {
                 io::Error::from_raw_os_error(e.errno().unwrap_or(libc::EIO)).kind()
             }
@@ -516,6 +568,28 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.errno(), Some(libc::ENOMEM));
         assert_eq!(call_minus_one("rdma_create_qp_ex", none, || 0).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_missing_library_names_its_package() {
+        let e = Error::LibraryMissing {
+            library: rdma_sys::Library::Ibverbs.soname(),
+            packages: rdma_sys::Library::Ibverbs.packages(),
+            reason: "libibverbs.so.1: cannot open shared object file: No such file or directory"
+                .into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "libibverbs.so.1 could not be loaded (libibverbs.so.1: cannot open shared object \
+             file: No such file or directory); it comes with rdma-core: install libibverbs1 on \
+             Debian and Ubuntu, libibverbs on Fedora and RHEL"
+        );
+        assert_eq!(e.errno(), Some(libc::ELIBACC));
+        assert_eq!(io::Error::from(e).kind(), io::ErrorKind::NotFound);
+        // Without `dlopen` the libraries are linked: loading always succeeds.
+        if !cfg!(feature = "dlopen") {
+            assert!(load_ibverbs().is_ok() && load_rdmacm().is_ok());
+        }
     }
 
     #[test]

@@ -30,17 +30,25 @@ c_enum! {
 /// succeeds at any time.
 ///
 /// # Errors
+/// [`crate::Error::LibraryMissing`] (the `dlopen` feature);
 /// [`crate::Error::Verb`] naming `ibv_fork_init`: `EINVAL` when resources
 /// already exist on a kernel that needs fork support, `ENOSYS` when the
 /// kernel cannot provide it.
 pub fn fork_init() -> Result<()> {
+    crate::error::load_ibverbs()?;
     // SAFETY: takes no arguments; libibverbs serialises it internally.
     let rc = unsafe { ffi::ibv_fork_init() };
     check_errno_ret("ibv_fork_init", || "".into(), rc)
 }
 
-/// Whether fork support is in effect (`ibv_is_fork_initialized(3)`).
+/// Whether fork support is in effect (`ibv_is_fork_initialized(3)`):
+/// [`ForkStatus::Disabled`] when libibverbs cannot be opened (the `dlopen`
+/// feature).
 pub fn is_fork_initialized() -> ForkStatus {
+    if crate::error::load_ibverbs().is_err() {
+        // Without libibverbs (the `dlopen` feature) nothing turned it on.
+        return ForkStatus::Disabled;
+    }
     // SAFETY: takes no arguments and only reads library state.
     let raw = unsafe { ffi::ibv_is_fork_initialized() };
     ForkStatus::from_raw(raw)

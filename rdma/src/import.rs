@@ -157,6 +157,8 @@ impl Context {
     /// RDMA device file without a context).
     ///
     /// # Errors
+    /// - [`Error::LibraryMissing`] when libibverbs cannot be opened (the
+    ///   `dlopen` feature; `fd` is closed);
     /// - [`Error::Unsupported`] when the provider cannot import contexts
     ///   (`EOPNOTSUPP`: rxe, siw; `EPROTONOSUPPORT`/`ENOSYS` from an older
     ///   kernel);
@@ -165,6 +167,8 @@ impl Context {
     ///   character device).
     pub unsafe fn import_device(fd: OwnedFd) -> Result<Context> {
         const VERB: &str = "ibv_import_device";
+        // Before taking the descriptor: an error here drops (closes) it.
+        crate::error::load_ibverbs()?;
         let raw = fd.into_raw_fd();
         let ctx = call_ptr(
             VERB,

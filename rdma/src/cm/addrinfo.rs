@@ -74,14 +74,16 @@ pub struct AddrInfoEntry<'a> {
 /// Resolves `node`/`service` to RDMA addresses (`rdma_getaddrinfo(3)`).
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] for strings with NUL bytes; [`Error::Verb`]
-/// naming `rdma_getaddrinfo` (`ENODEV` when no RDMA device has the address;
-/// name-resolution failures carry the resolver's message).
+/// [`Error::LibraryMissing`] (the `dlopen` feature); [`Error::InvalidArgument`]
+/// for strings with NUL bytes; [`Error::Verb`] naming `rdma_getaddrinfo`
+/// (`ENODEV` when no RDMA device has the address; name-resolution failures
+/// carry the resolver's message).
 pub fn getaddrinfo(
     node: Option<&str>,
     service: Option<&str>,
     hints: Option<&AddrInfoHints>,
 ) -> Result<AddrInfo> {
+    crate::error::load_rdmacm()?;
     let cstr = |s: Option<&str>| -> Result<Option<CString>> {
         s.map(|s| {
             CString::new(s).map_err(|_| Error::InvalidArgument {

@@ -108,9 +108,12 @@ impl EventChannel {
     /// Opens an event channel (`rdma_create_event_channel(3)`).
     ///
     /// # Errors
-    /// [`Error::Verb`] naming `rdma_create_event_channel` (`ENODEV` when the
-    /// kernel has no RDMA CM, ...).
+    /// [`Error::LibraryMissing`] when librdmacm or libibverbs cannot be opened
+    /// (the `dlopen` feature); [`Error::Verb`] naming
+    /// `rdma_create_event_channel` (`ENODEV` when the kernel has no RDMA CM,
+    /// ...).
     pub fn new() -> Result<EventChannel> {
+        crate::error::load_rdmacm()?;
         let ch = call_ptr(
             "rdma_create_event_channel",
             || "".into(),

@@ -33,9 +33,11 @@ impl Drop for DeviceList {
 /// each keeps the list alive.
 ///
 /// # Errors
+/// [`crate::Error::LibraryMissing`] (the `dlopen` feature);
 /// [`crate::Error::Verb`] naming `rdma_get_devices` (`ENODEV` without RDMA
 /// devices) or `ibv_query_device`.
 pub fn get_devices() -> Result<Vec<Context>> {
+    crate::error::load_rdmacm()?;
     let mut n: std::ffi::c_int = 0;
     let list = call_ptr(
         "rdma_get_devices",

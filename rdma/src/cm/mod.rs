@@ -157,7 +157,12 @@ c_enum! {
 impl fmt::Display for CmEventType {
     /// The text of `rdma_event_str(3)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // SAFETY: rdma_event_str returns a static string for any value.
+        if ffi::load_rdmacm().is_err() {
+            // Only with the `dlopen` feature and no librdmacm: the name.
+            return write!(f, "{self:?}");
+        }
+        // SAFETY: rdma_event_str returns a static string for any value;
+        // librdmacm is open (checked above).
         let s = unsafe { CStr::from_ptr(ffi::rdma_event_str(self.to_raw())) };
         f.write_str(&s.to_string_lossy())
     }
