@@ -286,6 +286,78 @@ impl Transport {
     /// [`ClientError::NotConnected`] unless connected; a failed completion
     /// (the state becomes [`State::Error`]); a timeout.
     pub async fn rpc(&mut self, msg: &[u8], wait: Duration) -> CResult<Vec<u8>> {
+        let tag = self.start(msg, None).await?;
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let got = tokio::time::timeout_at(deadline, self.complete_one(tag)).await;
+            match got {
+                Err(_) => {
+                    // Its receive stays posted, for nobody.
+                    self.excess_rc += 1;
+                    return Err(ClientError::TimedOut("reply"));
+                }
+                Ok(Err(e)) => return Err(e),
+                Ok(Ok(Some(reply))) => return Ok(reply),
+                Ok(Ok(None)) => {}
+            }
+        }
+    }
+
+    /// Sends every message of `msgs` before it waits for any reply (each
+    /// with a tag of its own; no more of them than receive credits are
+    /// free), then returns their replies in the order of `msgs`, matched by
+    /// tag (`wait`: how long to wait for all of them after the last send).
+    /// Replies that do not come in time leave their receives posted, counted
+    /// in `excess_rc`.
+    ///
+    /// # Errors
+    /// As [`Transport::rpc`]; [`ClientError::Rdma`] when `msgs` exceeds the
+    /// free receive credits.
+    pub async fn rpc_all(&mut self, msgs: &[Vec<u8>], wait: Duration) -> CResult<Vec<Vec<u8>>> {
+        if msgs.len() > (self.rq_free + self.excess_rc) as usize {
+            return Err(ClientError::Rdma(format!(
+                "{} messages at once, with {} receive credits free",
+                msgs.len(),
+                self.rq_free + self.excess_rc
+            )));
+        }
+        let mut early = Vec::new();
+        let mut tags = Vec::with_capacity(msgs.len());
+        for m in msgs {
+            tags.push(self.start(m, Some(&mut early)).await?);
+        }
+        let mut replies: Vec<Option<Vec<u8>>> = vec![None; msgs.len()];
+        let place = |reply: Vec<u8>, replies: &mut Vec<Option<Vec<u8>>>| {
+            let tag = reply.get(5..7).map(|t| u16::from_le_bytes([t[0], t[1]]));
+            if let Some(i) = (0..tags.len()).find(|&i| tags[i] == tag && replies[i].is_none()) {
+                replies[i] = Some(reply);
+            }
+        };
+        for r in early {
+            place(r, &mut replies);
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        while replies.iter().any(Option::is_none) {
+            match tokio::time::timeout_at(deadline, self.complete_any()).await {
+                Err(_) => {
+                    self.excess_rc += replies.iter().filter(|r| r.is_none()).count() as u32;
+                    return Err(ClientError::TimedOut("reply"));
+                }
+                Ok(Err(e)) => return Err(e),
+                Ok(Ok(Some(reply))) => place(reply, &mut replies),
+                Ok(Ok(None)) => {}
+            }
+        }
+        Ok(replies.into_iter().flatten().collect())
+    }
+
+    /// Posts a receive for the reply and sends `msg`; returns its tag.
+    /// Replies that come meanwhile go to `early` (dropped without one).
+    async fn start(
+        &mut self,
+        msg: &[u8],
+        mut early: Option<&mut Vec<Vec<u8>>>,
+    ) -> CResult<Option<u16>> {
         if self.state != State::Connected {
             return Err(ClientError::NotConnected(self.state));
         }
@@ -303,7 +375,9 @@ impl Transport {
             self.excess_rc -= 1;
         } else {
             while self.rq_free == 0 {
-                self.complete_one(None).await?;
+                if let (Some(r), Some(e)) = (self.complete_any().await?, early.as_deref_mut()) {
+                    e.push(r);
+                }
             }
             let buf = self
                 .recv_pool
@@ -316,7 +390,9 @@ impl Transport {
             self.rq_free -= 1;
         }
         while self.sq_free == 0 || self.send_pool.available() == 0 {
-            self.complete_one(None).await?;
+            if let (Some(r), Some(e)) = (self.complete_any().await?, early.as_deref_mut()) {
+                e.push(r);
+            }
         }
         let mut slot = self
             .send_pool
@@ -340,20 +416,7 @@ impl Transport {
         if let Some(t) = tail {
             self.tails.push((wr, t));
         }
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            let got = tokio::time::timeout_at(deadline, self.complete_one(tag)).await;
-            match got {
-                Err(_) => {
-                    // Its receive stays posted, for nobody.
-                    self.excess_rc += 1;
-                    return Err(ClientError::TimedOut("reply"));
-                }
-                Ok(Err(e)) => return Err(e),
-                Ok(Ok(Some(reply))) => return Ok(reply),
-                Ok(Ok(None)) => {}
-            }
-        }
+        Ok(tag)
     }
 
     fn next_id(&mut self) -> u64 {
@@ -368,6 +431,22 @@ impl Transport {
 
     /// Handles one completion; returns a reply whose tag is `want`.
     async fn complete_one(&mut self, want: Option<u16>) -> CResult<Option<Vec<u8>>> {
+        let reply = self.complete_any().await?;
+        let tag = reply
+            .as_ref()
+            .and_then(|r| r.get(5..7))
+            .map(|t| u16::from_le_bytes([t[0], t[1]]));
+        if want.is_some() && tag == want {
+            Ok(reply)
+        } else {
+            // A late reply to a request that gave up: its receive was
+            // counted in excess_rc, which the next request already used.
+            Ok(None)
+        }
+    }
+
+    /// Handles one completion; returns the reply it brought, if any.
+    async fn complete_any(&mut self) -> CResult<Option<Vec<u8>>> {
         let mut c = self
             .acq
             .next()
@@ -398,14 +477,7 @@ impl Transport {
             .map(<[u8]>::to_vec)
             .unwrap_or_default();
         let _ = self.recv_pool.put(buf);
-        let tag = reply.get(5..7).map(|t| u16::from_le_bytes([t[0], t[1]]));
-        if want.is_some() && tag == want {
-            Ok(Some(reply))
-        } else {
-            // A late reply to a request that gave up: its receive was
-            // counted in excess_rc, which the next request already used.
-            Ok(None)
-        }
+        Ok(Some(reply))
     }
 
     /// Disconnects.

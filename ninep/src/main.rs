@@ -1,5 +1,6 @@
 //! `rdma-9p serve [--addr A] [--port P] [--read-only] [--msize N] [--max-fids N]
-//! [--max-connections N] [--squash root|all|none] [--anon-uid N] [--anon-gid N] DIR`
+//! [--max-connections N] [--workers N] [--squash root|all|none] [--anon-uid N]
+//! [--anon-gid N] DIR`
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -43,6 +44,11 @@ options of serve:
                  each holds its receive and send buffers from the moment it
                  connects, and an equal share of the open files the
                  descriptor limit allows (raised to the hard limit at start)
+  --workers N    the threads that run requests, shared by every connection
+                 (default {workers}); one connection runs at most a quarter
+                 of them (at least 1) at once, its other requests wait in
+                 order, so that requests that wait (a lock, a lease, a slow
+                 file system) of up to three clients leave threads to others
   --squash S     root: uid 0 acts as the anonymous user (the default);
                  all: every user does; none: users act as themselves, root
                  included (tests, trusted fabrics)
@@ -62,6 +68,7 @@ environment:
         addr = defaults.addr,
         fids = defaults.max_fids,
         conns = defaults.max_connections,
+        workers = defaults.workers,
         anon = rdma_9p::users::ANON_ID,
     )
 }
@@ -144,6 +151,14 @@ fn parse(args: &[String]) -> Result<Command, String> {
                     return Err("--max-connections: at least 1".into());
                 }
                 c.max_connections = n;
+            }
+            "--workers" => {
+                let v = value()?;
+                let n: usize = number(name, &v, "a number of threads")?;
+                if !(1..=4096).contains(&n) {
+                    return Err("--workers: 1 to 4096".into());
+                }
+                c.workers = n;
             }
             "--max-fids" => {
                 let v = value()?;
@@ -239,6 +254,7 @@ mod tests {
             "--msize",
             "--max-fids",
             "--max-connections",
+            "--workers",
             "--squash",
             "--anon-uid",
             "--anon-gid",
@@ -263,6 +279,11 @@ mod tests {
         );
         assert_eq!(c.dir, std::path::Path::new("/srv"));
         assert_eq!(c.users, rdma_9p::users::Users::default());
+        assert_eq!((c.workers, c.max_running()), (64, 16));
+        let Ok(Command::Serve(c)) = parse(&args("serve --workers 6 /srv")) else {
+            panic!("not parsed")
+        };
+        assert_eq!((c.workers, c.max_running()), (6, 1));
         let Ok(Command::Serve(c)) = parse(&args(
             "serve --squash all --anon-uid 1234 --anon-gid=99 /srv",
         )) else {
@@ -295,6 +316,8 @@ mod tests {
         assert!(err("serve --max-fids 0 /a").contains("at least 1"));
         assert!(err("serve --max-connections 0 /a").contains("--max-connections: at least 1"));
         assert!(err("serve --max-connections x /a").contains("not a number of connections"));
+        assert!(err("serve --workers 0 /a").contains("--workers: 1 to 4096"));
+        assert!(err("serve --workers lots /a").contains("not a number of threads"));
         assert!(err("serve --read-only=yes /a").contains("takes no value"));
         assert!(
             err("serve --squash some /a").contains("--squash: \"some\" is not root, all or none")

@@ -15,7 +15,10 @@
 //! connection's thread as they arrive, which saves two thread wake-ups per
 //! request (`Session::is_file_io`). A request
 //! starts as soon as a send buffer is free for its reply (`send_depth` per
-//! connection: that many requests of one client run at once) and is
+//! connection) and fewer than `Config::max_running` of its connection's
+//! requests are on the pool (a quarter of its threads: one client whose
+//! requests wait for somebody, a lock or a lease, leaves the others the
+//! rest; the connection's later requests wait in its queue, in order), and is
 //! answered with one SEND as soon as it is done, in whatever order they
 //! finish, which 9P allows; its receive is posted again first. A reply
 //! answers a request, and the client posts a receive before each request
@@ -86,6 +89,11 @@ pub struct Config {
     pub recv_depth: u32,
     /// Replies in flight per connection.
     pub send_depth: u32,
+    /// The threads that run requests, shared by every connection (tokio's
+    /// blocking pool). One connection runs at most
+    /// [`Config::max_running`] of its requests on them at once; the rest
+    /// wait in order in its queue.
+    pub workers: usize,
 }
 
 impl Config {
@@ -102,14 +110,25 @@ impl Config {
             users: crate::users::Users::default(),
             recv_depth: 64,
             send_depth: 16,
+            workers: DEFAULT_WORKERS,
         }
+    }
+
+    /// The most requests of one connection on the worker threads at once:
+    /// a quarter of them (at least one), so that one client's requests that
+    /// wait (on a lock, a lease, a slow file system) leave three quarters of
+    /// the threads to the others, and it takes four such clients to occupy
+    /// them all (`--max-connections` and `--workers` bound that). With the
+    /// default 64 workers it is 16, as many as a connection's send buffers.
+    pub fn max_running(&self) -> usize {
+        (self.workers / 4).max(1)
     }
 }
 
 type Res<T> = Result<T, String>;
 
-/// The threads that run requests (tokio's blocking pool).
-const BLOCKING_THREADS: usize = 64;
+/// The threads that run requests by default (tokio's blocking pool).
+pub const DEFAULT_WORKERS: usize = 64;
 
 fn fail<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
     move |e| format!("{what}: {e}")
@@ -130,7 +149,7 @@ pub fn run(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
         .enable_io()
         // The threads that run requests (file I/O blocks): enough for every
         // request of a few clients at once, bounded whatever clients do.
-        .max_blocking_threads(BLOCKING_THREADS)
+        .max_blocking_threads(config.workers.max(1))
         .build()
         .map_err(fail("tokio runtime"))?;
     let local = tokio::task::LocalSet::new();
@@ -216,7 +235,7 @@ const GUARANTEED_OPEN: u64 = 16;
 /// When the limit leaves no descriptor for open files.
 pub fn open_budget(nofile: u64, c: &Config) -> Res<OpenBudget> {
     let connections = c.max_connections.max(1) as u64;
-    let reserve = 64 + 3 * BLOCKING_THREADS as u64 + 2 * connections;
+    let reserve = 64 + 3 * c.workers.max(1) as u64 + 2 * connections;
     let files = nofile.saturating_sub(reserve);
     let guaranteed = (files / connections).min(GUARANTEED_OPEN);
     if guaranteed == 0 {
@@ -402,6 +421,7 @@ async fn connection(incoming: Incoming, export: &Export, config: &Config) -> Res
         send_pool,
         tails: HashMap::new(),
         next_send: 0,
+        max_running: config.max_running().max(1),
     };
     let result = conn.serve(&session, &mut acq, &mut id).await;
     // Every fid goes now; a request still running on the blocking pool
@@ -418,6 +438,9 @@ struct Conn {
     /// The unused tail of each reply's send buffer, joined back on completion.
     tails: HashMap<u64, MemoryRegion>,
     next_send: u64,
+    /// The most of its requests on the blocking pool at once
+    /// ([`Config::max_running`]).
+    max_running: usize,
 }
 
 impl Conn {
@@ -440,8 +463,9 @@ impl Conn {
     }
 
     /// Receives requests, hands each to the blocking pool as soon as a send
-    /// buffer is free for its reply, and sends the replies as they are
-    /// ready. The requests in progress never outnumber the send buffers,
+    /// buffer is free for its reply and fewer than `Conn::max_running` of the
+    /// connection's requests are on the pool, and sends the replies as they
+    /// are ready. The requests in progress never outnumber the send buffers,
     /// and every reply answers a request (the client posted a receive for
     /// it). A `Tflush` of a request in progress is answered right after
     /// that request's reply, as 9P asks.
@@ -476,12 +500,30 @@ impl Conn {
         let mut in_progress: HashMap<u16, Vec<(u16, MemoryRegion)>> = HashMap::new();
         loop {
             while self.send_pool.available() > 0 {
+                // At most `self.max_running` of this connection's requests on
+                // the pool, shared with every other connection: the rest
+                // wait here, in order (nothing is refused: the queue holds at
+                // most the receives the client was given). A `Tflush` needs
+                // no thread and is never held back by it.
+                let Some((front, front_len, ..)) = pending.front() else {
+                    break;
+                };
+                let front_flush = front
+                    .as_slice()
+                    .ok()
+                    .and_then(|b| b.get(..*front_len))
+                    .and_then(flush_of)
+                    .is_some();
+                if running.len() >= self.max_running && !front_flush {
+                    break;
+                }
                 let Some((buf, len, wr_id, polled)) = pending.pop_front() else {
                     break;
                 };
                 let slot = self.send_pool.take().ok_or("send pool empty")?;
                 let msg = buf.as_slice().ok().and_then(|b| b.get(..len));
-                if let Some((tag, old)) = msg.and_then(flush_of) {
+                let flush = msg.and_then(flush_of);
+                if let Some((tag, old)) = flush {
                     if let Some(waiting) = in_progress.get_mut(&old) {
                         waiting.push((tag, slot));
                         self.qp
@@ -510,8 +552,12 @@ impl Conn {
                 // and a reply needs no free receive of this side. The rule
                 // changes nothing in a sequential transfer (no request of the
                 // connection is on the pool when its next read or write comes).
-                let inline =
-                    !pool_all() && running.is_empty() && msg.is_some_and(|m| session.is_file_io(m));
+                // A `Tflush` of nothing in progress is answered here too (no
+                // file is touched): it never waits for a thread.
+                let inline = flush.is_some()
+                    || (!pool_all()
+                        && running.is_empty()
+                        && msg.is_some_and(|m| session.is_file_io(m)));
                 let tag = tag_of(&buf);
                 trace(format_args!(
                     "start tag {tag} len {len} type {:?} wr {wr_id:#x}{}",

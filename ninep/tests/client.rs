@@ -6,10 +6,11 @@
 
 use std::net::SocketAddr;
 use std::os::unix::fs::symlink;
+use std::os::unix::io::AsRawFd;
 use std::time::Duration;
 
 use rdma_9p::client::{Client, ClientError, Options, Transport};
-use rdma_9p::proto::{Request, Rmsg, Tmsg, QTDIR, QTSYMLINK};
+use rdma_9p::proto::{setattr, Request, Rmsg, SetAttr, Tmsg, QTDIR, QTSYMLINK};
 
 mod common;
 use common::{require_device, required_env, tmpdir, Server};
@@ -170,4 +171,149 @@ fn client_against_server_over_rxe() {
 fn client_against_server_over_iwarp() {
     require_device(&required_env("RDMA_TEST_IWARP_DEVICE"));
     run_checks(&required_env("RDMA_TEST_IWARP_IP"), 5651, "iwarp");
+}
+
+/// Threads of process `pid` waiting for a lease to be broken (`__break_lease`).
+fn threads_waiting_for_a_lease(pid: u32) -> usize {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("wchan"))
+                .is_ok_and(|w| w.trim() == "__break_lease")
+        })
+        .count()
+}
+
+/// One client's requests that wait do not occupy every worker: a server
+/// with 4 worker threads runs at most one request of a connection at once
+/// (a quarter), so while connection A's six `Tsetattr`s (truncations of a
+/// file whose read lease this test holds: each reopens it for writing and
+/// waits in the kernel until the lease is given up) wait, connection B's
+/// request is answered at once. A's first truncation waits on a worker and
+/// the other five in A's queue, in order; all six are answered once the
+/// lease goes. Before the bound, A's requests took all four workers and B's
+/// waited behind them (tokio's blocking pool queues what it cannot run).
+async fn workers_bounded(ip: &str, port: u16) {
+    // The kernel breaks a lease by force after this many seconds: longer
+    // than the test.
+    let break_time = "/proc/sys/fs/lease-break-time";
+    let old_break_time = std::fs::read_to_string(break_time).ok();
+    let _ = std::fs::write(break_time, "600");
+    // SAFETY: ignoring a signal installs no handler; the lease holder gets
+    // SIGIO when a break starts, whose default action would end the test.
+    unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) };
+
+    let export = tmpdir("client-workers");
+    std::fs::write(export.join("leased"), b"some bytes").unwrap();
+    let server = Server::start_with(ip, port, &export, &["--squash", "none", "--workers", "4"]);
+    let held = std::fs::File::open(export.join("leased")).unwrap();
+    // SAFETY: a valid descriptor, integer arguments.
+    let rc = unsafe { libc::fcntl(held.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) };
+    assert_eq!(rc, 0, "F_SETLEASE: {}", std::io::Error::last_os_error());
+
+    let mut a = connect(ip, port).await;
+    a.attach(0).await.unwrap();
+    a.walk(0, 1, &[b"leased"]).await.unwrap();
+    let msgs: Vec<Vec<u8>> = (0..6u16)
+        .map(|i| {
+            let mut m = Vec::new();
+            Request {
+                tag: 100 + i,
+                msg: Tmsg::Setattr {
+                    fid: 1,
+                    attr: SetAttr {
+                        valid: setattr::SIZE,
+                        size: u64::from(i),
+                        ..SetAttr::default()
+                    },
+                },
+            }
+            .encode(&mut m);
+            m
+        })
+        .collect();
+    let truncations = tokio::task::spawn_local(async move {
+        let r = a.transport().rpc_all(&msgs, Duration::from_secs(180)).await;
+        (a, r)
+    });
+    // A's first truncation waits for the lease on a worker thread.
+    let pid = server.pid();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while threads_waiting_for_a_lease(pid) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no request of the server waits for the lease after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Another connection is served meanwhile (its Tversion goes to the
+    // workers too).
+    let opts = Options::parse(&format!("trans=rdma,port={port},sq=8,rq=8,timeout=20000"))
+        .expect("options");
+    let addr: SocketAddr = format!("{ip}:{port}").parse().unwrap();
+    let t = Transport::connect(addr, &opts, MSIZE as usize)
+        .await
+        .expect("connects");
+    let mut b = Client::new(t, MSIZE)
+        .await
+        .expect("another connection's Tversion answered while A's requests wait");
+    b.set_wait(Duration::from_secs(30));
+    b.attach(0).await.unwrap();
+    let r = b
+        .call(Tmsg::Getattr { fid: 0, mask: !0 })
+        .await
+        .expect("another connection's request answered while A's wait");
+    assert!(matches!(Rmsg::decode(&r).unwrap().1, Rmsg::Getattr(_)));
+    // A's other requests wait in its queue, not on workers.
+    assert_eq!(
+        threads_waiting_for_a_lease(pid),
+        1,
+        "A's requests on workers at once (a quarter of 4)"
+    );
+    // SAFETY: as above.
+    let rc = unsafe { libc::fcntl(held.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+    assert_eq!(
+        rc,
+        0,
+        "F_SETLEASE(F_UNLCK): {}",
+        std::io::Error::last_os_error()
+    );
+    let (a, replies) = truncations.await.unwrap();
+    let replies = replies.expect("A's six replies");
+    for (i, r) in replies.iter().enumerate() {
+        assert_eq!(
+            Rmsg::decode(r).unwrap(),
+            (100 + i as u16, Rmsg::Setattr),
+            "A's truncation {i}"
+        );
+    }
+    assert!(export.join("leased").metadata().unwrap().len() <= 5);
+    drop(held);
+    let _ = a.close().await;
+    let _ = b.close().await;
+    drop(server);
+    if let Some(t) = old_break_time {
+        let _ = std::fs::write(break_time, t.trim());
+    }
+    let _ = std::fs::remove_dir_all(&export);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (rxe0): run in ci/vm"]
+fn one_connection_cannot_occupy_every_worker_over_rxe() {
+    require_device(&required_env("RDMA_TEST_DEVICE"));
+    let ip = required_env("RDMA_TEST_IP");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async {
+        tokio::time::timeout(Duration::from_secs(240), workers_bounded(&ip, 5652))
+            .await
+            .expect("the workers test finishes within 240 s")
+    });
 }
