@@ -521,6 +521,7 @@ fn run(a: &Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    env_logger::init();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let args = match parse(&argv) {
         Ok(a) => a,
