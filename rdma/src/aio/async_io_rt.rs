@@ -2,12 +2,32 @@
 //! descriptors with async-io's global reactor, which smol and
 //! `async_io::block_on` drive. It works from any thread and needs no
 //! runtime object.
+//!
+//! ```no_run
+//! use rdma::aio::{async_io_rt, ConnectOptions};
+//!
+//! fn main() -> rdma::Result<()> {
+//!     async_io::block_on(async {
+//!         let opts = ConnectOptions::default();
+//!         let mut listener = async_io_rt::listen("10.8.0.1:0".parse().unwrap(), 16)?;
+//!         let addr = listener.local_addr();
+//!         let (server, client) = futures_lite::future::zip(
+//!             listener.accept(&opts),
+//!             async_io_rt::connect(addr, &opts),
+//!         )
+//!         .await;
+//!         let (mut server, mut client) = (server?, client?);
+//!         client.disconnect().await?;
+//!         server.disconnected().await
+//!     })
+//! }
+//! ```
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::task::{Context, Poll};
 
-use super::{Reactor, Readiness};
+use super::{ConnectOptions, Connection, Listener, Reactor, Readiness};
 use crate::error::{Error, Result};
 
 /// async-io's reactor.
@@ -59,4 +79,24 @@ impl Reactor for AsyncIo {
         })?;
         Ok(Box::new(AsyncIoReadiness(registered)))
     }
+}
+
+/// Connects to `dst` on async-io: [`Connection::connect`]`(&AsyncIo, dst,
+/// opts)`.
+///
+/// Cancel safety: as [`Connection::connect`].
+///
+/// # Errors
+/// As [`Connection::connect`].
+pub async fn connect(dst: std::net::SocketAddr, opts: &ConnectOptions) -> Result<Connection> {
+    Connection::connect(&AsyncIo, dst, opts).await
+}
+
+/// Listens on `addr` on async-io: [`Listener::bind`]`(&AsyncIo, addr,
+/// backlog)`.
+///
+/// # Errors
+/// As [`Listener::bind`].
+pub fn listen(addr: std::net::SocketAddr, backlog: i32) -> Result<Listener> {
+    Listener::bind(&AsyncIo, addr, backlog)
 }

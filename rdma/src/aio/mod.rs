@@ -2,6 +2,37 @@
 //! device events: a runtime-agnostic core, with adapters for tokio (feature
 //! `tokio`) and async-io/smol (feature `async-io`).
 //!
+//! # Connections in one call
+//! [`Connection::connect`] and [`Listener::accept`] are the async mirror of
+//! [`cm::blocking`](crate::cm::blocking): one call resolves, makes the PD,
+//! the CQ (awaited through an [`AsyncCq`]) and the RC QP on the route's
+//! device, moves the QP to INIT (so that [`Connection::connect_with`]'s and
+//! [`Listener::accept_with`]'s closure can post the first receives, which
+//! iWARP needs before the peer sends) and connects, each wait bounded by
+//! [`ConnectOptions::timeout`] (a timer registered with the reactor like the
+//! channels: the core needs no runtime's timer). [`Listener::incoming`]
+//! accepts in two phases ([`PendingConnection`]); [`Connection::into_parts`]
+//! hands the pieces to a layer built on top. The steps below them stay
+//! available for what these do not cover ([`AsyncCmId`], [`Incoming`]).
+//!
+//! ```no_run
+//! # #[cfg(feature = "tokio")]
+//! # async fn f() -> rdma::Result<()> {
+//! use rdma::aio::{tokio_rt::Tokio, ConnectOptions, Connection, Listener};
+//!
+//! let opts = ConnectOptions::default();
+//! let mut listener = Listener::bind(&Tokio, "10.8.0.1:0".parse().unwrap(), 16)?;
+//! let addr = listener.local_addr();
+//! let (server, client) = tokio::join!(
+//!     listener.accept(&opts),
+//!     Connection::connect(&Tokio, addr, &opts)
+//! );
+//! let (mut server, client) = (server?, client?);
+//! assert_eq!(server.peer_addr(), client.local_addr());
+//! server.disconnect().await?;
+//! # drop(client); Ok(()) }
+//! ```
+//!
 //! # The seams
 //! - [`CqChannel`] drives a [`CompletionChannel`] from a reactor; an
 //!   [`AsyncCq`] awaits the completions of one CQ that signals it. One channel
@@ -69,8 +100,10 @@
 //! ```
 
 mod cm;
+mod conn;
 mod cq;
 mod device;
+mod timer;
 mod wake;
 
 #[cfg(feature = "async-io")]
@@ -85,8 +118,13 @@ use std::os::fd::BorrowedFd;
 use std::task::{Context, Poll};
 
 pub use cm::{AsyncCmId, CmChannel, Incoming};
+pub use conn::{Connection, ConnectionParts, Listener, PendingConnection};
 pub use cq::{AsyncCq, CqChannel, NextInto};
 pub use device::DeviceEvents;
+
+/// The options of [`Connection::connect`] and [`Listener::accept`]: the
+/// blocking layer's own ([`crate::cm::blocking::ConnectOptions`]).
+pub use crate::cm::blocking::ConnectOptions;
 
 #[allow(unused_imports)] // used by the docs above
 use crate::{CompletionChannel, CompletionQueue, Error};
@@ -114,7 +152,11 @@ pub trait Readiness: Send + Sync {
 
 /// A reactor that registers file descriptors: a runtime adapter's entry
 /// point (`aio::tokio_rt::Tokio`, `aio::async_io_rt::AsyncIo`).
-pub trait Reactor {
+///
+/// `Send + Sync`: [`Connection::connect`] and [`Listener`] keep it across
+/// their awaits, and their futures stay `Send` (spawnable on a
+/// work-stealing runtime).
+pub trait Reactor: Send + Sync {
     /// Registers `fd` (already non-blocking) for read readiness. The
     /// registration is dropped before the descriptor is closed.
     ///

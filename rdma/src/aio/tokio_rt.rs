@@ -7,6 +7,32 @@
 //! never a panic. The futures may then be awaited from any task of that
 //! runtime.
 //!
+//! The name shadows no crate: `use rdma::aio::tokio_rt;` sits beside
+//! `#[tokio::main]` (as `use rdma::aio::tokio;` could not: E0433). A client
+//! in one call, spawned (the connection's futures are `Send`):
+//!
+//! ```no_run
+//! use rdma::aio::{tokio_rt, ConnectOptions};
+//! use rdma::cm::ConnParam;
+//!
+//! #[tokio::main(flavor = "current_thread")]
+//! async fn main() -> rdma::Result<()> {
+//!     let opts = ConnectOptions {
+//!         conn_param: ConnParam::with_private_data(b"hello"),
+//!         ..ConnectOptions::default()
+//!     };
+//!     let dst = "10.8.0.1:7471".parse().unwrap();
+//!     let task = tokio::spawn(async move {
+//!         let mut conn = tokio_rt::connect(dst, &opts).await?;
+//!         println!("connected to {}", conn.peer_addr());
+//!         conn.disconnect().await
+//!     });
+//!     task.await.expect("the task ran")
+//! }
+//! ```
+//!
+//! The lower steps:
+//!
 //! ```no_run
 //! # async fn f() -> rdma::Result<()> {
 //! use rdma::aio::tokio_rt;
@@ -27,7 +53,10 @@ use std::task::{Context, Poll};
 use ::tokio::io::unix::AsyncFd;
 use ::tokio::io::Interest;
 
-use super::{AsyncCq, CmChannel, CqChannel, DeviceEvents, Reactor, Readiness};
+use super::{
+    AsyncCq, CmChannel, ConnectOptions, Connection, CqChannel, DeviceEvents, Listener, Reactor,
+    Readiness,
+};
 use crate::cm::EventChannel;
 use crate::error::{Error, Result};
 use crate::CompletionQueue;
@@ -142,4 +171,22 @@ pub fn cm_channel() -> Result<CmChannel> {
 /// As [`DeviceEvents::new`].
 pub fn device_events(ctx: &crate::Context) -> Result<DeviceEvents> {
     DeviceEvents::new(ctx, &Tokio)
+}
+
+/// Connects to `dst` on tokio: [`Connection::connect`]`(&Tokio, dst, opts)`.
+///
+/// Cancel safety: as [`Connection::connect`].
+///
+/// # Errors
+/// As [`Connection::connect`].
+pub async fn connect(dst: std::net::SocketAddr, opts: &ConnectOptions) -> Result<Connection> {
+    Connection::connect(&Tokio, dst, opts).await
+}
+
+/// Listens on `addr` on tokio: [`Listener::bind`]`(&Tokio, addr, backlog)`.
+///
+/// # Errors
+/// As [`Listener::bind`].
+pub fn listen(addr: std::net::SocketAddr, backlog: i32) -> Result<Listener> {
+    Listener::bind(&Tokio, addr, backlog)
 }
