@@ -217,9 +217,11 @@
 //! excludes other polls of its CQ while it lives.
 //!
 //! # Async
-//! [`aio`] awaits completions ([`aio::AsyncCq`]), connection manager events
-//! and connection steps ([`aio::AsyncCmId`], a two-phase
-//! [`aio::Incoming`]), room in a queue before posting, and device events,
+//! [`aio`] connects and accepts in one call ([`aio::Connection`],
+//! [`aio::Listener`], the async mirror of [`cm::blocking`]), and awaits
+//! completions ([`aio::AsyncCq`]), connection manager events and connection
+//! steps ([`aio::AsyncCmId`], a two-phase [`aio::Incoming`]), room in a
+//! queue before posting, and device events,
 //! from any reactor: the core takes a small readiness trait, and the
 //! `tokio` and `async-io` features provide adapters. Every future may be
 //! dropped at any await point without losing a completion or an event, or
@@ -231,9 +233,10 @@
 //!
 //! | feature | what it adds |
 //! |---|---|
-//! | `tokio` | `rdma::aio::tokio_rt`: the async layer's adapter for tokio (awaited completions as a `Stream`, CM events and connection steps, device events, posting that waits for room) |
+//! | `tokio` | `rdma::aio::tokio_rt`: the async layer's adapter for tokio (connections in one call, awaited completions as a `Stream`, CM events and connection steps, device events, posting that waits for room) |
 //! | `async-io` | `rdma::aio::async_io_rt`: the same on async-io / smol |
 //! | `serde` | `Serialize`/`Deserialize` for [`RemoteMemory`] (its [`RemoteMemory::to_bytes`] wire encoding needs no feature) |
+//! | `dlopen` | no link against `libibverbs` or `librdmacm`: they are opened by soname (`libibverbs.so.1`, `librdmacm.so.1`) when first needed, and a missing one is [`Error::LibraryMissing`], naming it and its package, from the call that needed it ([`devices`], [`cm::EventChannel::new`], ...) |
 //!
 //! The runtime-agnostic core of the async layer, [`aio`], is always built.
 //!
