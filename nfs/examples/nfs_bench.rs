@@ -10,7 +10,8 @@
 //!   `NFS_BENCH_WINDOWS=0` lends chunks by a registration per chunk instead
 //!   of memory windows over pooled regions; `NFS_BENCH_REMOTE_INV=0` does not
 //!   offer the server remote invalidation (every window then takes a
-//!   `LOCAL_INV`). The READs' `LOCAL_INV`s and the chunks the server
+//!   `LOCAL_INV`, or on rxe is deallocated and replaced). The READs'
+//!   `LOCAL_INV`s, deallocated windows and the chunks the server
 //!   invalidated are counted. The read takes each READ's data in place
 //!   (`Client::read_each`: the write chunk's memory, lent; sampled against
 //!   the file); `NFS_BENCH_READ=copy` reads it into one buffer instead
@@ -101,6 +102,7 @@ async fn file(ip: IpAddr, rest: &[String]) -> Result<(), String> {
             stats.chunk_binds.load(Ordering::Relaxed),
             stats.local_invalidations.load(Ordering::Relaxed),
             stats.remote_invalidations.load(Ordering::Relaxed),
+            stats.fenced_windows.load(Ordering::Relaxed),
         )
     };
     let f = c
@@ -145,7 +147,7 @@ async fn file(ip: IpAddr, rest: &[String]) -> Result<(), String> {
     println!(
         "ours write_MBps={:.2} read_MBps={:.2} write_cpu_ms_per_MiB={:.2} \
          read_cpu_ms_per_MiB={:.2} write_regs={} write_binds={} read_regs={} read_binds={} \
-         read_local_inv={} read_remote_inv={} windows={}",
+         read_local_inv={} read_remote_inv={} windows={} read_fenced={}",
         len as f64 / w / 1e6,
         len as f64 / r / 1e6,
         (cpu1 - cpu0) * 1e3 / mib,
@@ -156,7 +158,8 @@ async fn file(ip: IpAddr, rest: &[String]) -> Result<(), String> {
         n2.1 - n1.1,
         n2.2 - n1.2,
         n2.3 - n1.3,
-        stats.memory_windows.load(Ordering::Relaxed)
+        stats.memory_windows.load(Ordering::Relaxed),
+        n2.4 - n1.4
     );
     c.remove(c.root(), b"nfs-bench")
         .await
