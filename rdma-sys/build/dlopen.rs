@@ -274,7 +274,24 @@ pub fn generate(bindings: &Path, out: &Path) {
             )
             .expect("write to String");
         }
-        writeln!(rs, "        }}\n    }}\n}}").expect("write to String");
+        writeln!(
+            rs,
+            "        }}\n    }}\n\
+             \x20   /// The functions the library did not export.\n\
+             \x20   #[allow(dead_code)]\n\
+             \x20   pub(crate) fn missing(&self) -> Vec<&'static str> {{\n\
+             \x20       let mut missing = Vec::new();"
+        )
+        .expect("write to String");
+        for e in entries.iter().filter(|e| e.lib == lib) {
+            writeln!(
+                rs,
+                "        if self.{}.is_none() {{ missing.push(\"{}\"); }}",
+                e.field, e.symbol
+            )
+            .expect("write to String");
+        }
+        writeln!(rs, "        missing\n    }}\n}}").expect("write to String");
     }
 
     let write = |name: &str, body: &str| {

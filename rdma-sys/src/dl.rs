@@ -193,3 +193,16 @@ mod loaded {
         std::process::abort()
     }
 }
+
+#[cfg(all(test, feature = "dlopen"))]
+mod tests {
+    /// Every function of the bindings is exported by the library its name
+    /// assigns it to (`rdma_*`: librdmacm; the rest: libibverbs), the
+    /// installed rdma-core being at least the bindings' release.
+    #[test]
+    fn every_forwarder_resolves_in_its_library() {
+        super::load_rdmacm().expect("rdma-core's libraries are installed");
+        assert_eq!(super::ibverbs().missing(), Vec::<&str>::new());
+        assert_eq!(super::rdmacm().missing(), Vec::<&str>::new());
+    }
+}
