@@ -4,7 +4,8 @@
 //! in the setup closures (iWARP has no RNR retry: the side that sends first
 //! needs the other's receive posted before the connection is up), the
 //! addresses each end reports, a connection to a port nobody listens on,
-//! a disconnection from either side, and 16 clients at once.
+//! a disconnection from either side, an accept that the timeout ends, and
+//! 16 clients at once.
 //!
 //! Every wait is bounded (a lost wake-up or a hang fails the test).
 //! Addresses as in `aio.rs`: `RDMA_TEST_IP` reaches rxe0,
@@ -18,12 +19,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use rdma::aio::{
-    async_io_rt::AsyncIo, tokio_rt, tokio_rt::Tokio, ConnectOptions, Connection, Listener, Reactor,
+    async_io_rt::AsyncIo, tokio_rt, tokio_rt::Tokio, CmChannel, ConnectOptions, Connection,
+    Listener, Reactor,
 };
-use rdma::cm::{CmEventType, ConnParam};
+use rdma::cm::{CmEventType, ConnParam, EventChannel, PortSpace};
 use rdma::{
-    AccessFlags, Completion, Error, PostError, ProtectionDomain, QueuePair, SendWr, WcOpcode,
-    WcStatus,
+    AccessFlags, Completion, Error, PostError, ProtectionDomain, QpType, QueuePair, SendWr,
+    WcOpcode, WcStatus,
 };
 
 const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
@@ -386,4 +388,68 @@ fn tokio_a_dropped_accept_loses_no_request() {
         a.unwrap();
         p.unwrap();
     });
+}
+
+/// A client that sends its request and never finishes the handshake: it
+/// takes `CONNECT_RESPONSE` and does not establish (no RTU goes out), so
+/// the server's `ESTABLISHED` never comes. Returns what must outlive the
+/// server's wait.
+async fn silent_client(reactor: &dyn Reactor, dst: SocketAddr) -> impl Sized {
+    let t = Duration::from_secs(5);
+    let cm = CmChannel::new(&EventChannel::new().unwrap(), reactor).unwrap();
+    let mut id = cm.create_id(PortSpace::Tcp).unwrap();
+    id.resolve_addr(None, dst, t).await.unwrap();
+    id.resolve_route(t).await.unwrap();
+    let ctx = id.id().context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None, 0).unwrap();
+    let qp = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
+    id.id().connect_qp(&qp, &ConnParam::default()).unwrap();
+    let e = id.next_event().await.unwrap();
+    assert_eq!(e.event_type(), CmEventType::ConnectResponse, "{e:?}");
+    drop(e);
+    (qp, cq, pd, id)
+}
+
+/// The accept's wait for `ESTABLISHED` ends at `ConnectOptions::timeout`
+/// with `ETIMEDOUT` (the timer on the reactor: no runtime timer), long
+/// before the CM's own REP retries give up (seconds each).
+async fn accept_times_out<R: Reactor + Clone + 'static>(reactor: R) {
+    let ip = roce_ip();
+    let mut listener = Listener::bind(&reactor, SocketAddr::new(ip, 0), 4).unwrap();
+    let addr = listener.local_addr();
+    let opts = ConnectOptions {
+        timeout: Duration::from_secs(1),
+        ..ConnectOptions::default()
+    };
+    let server = async {
+        let pending = listener.incoming(&opts).await.unwrap();
+        let start = Instant::now();
+        let e = pending
+            .accept(&ConnParam::default())
+            .await
+            .expect_err("the client never establishes");
+        (e, start.elapsed())
+    };
+    let ((e, took), client) =
+        futures_lite::future::zip(server, silent_client(&reactor, addr)).await;
+    assert_eq!(e.errno(), Some(libc::ETIMEDOUT), "{e}");
+    assert!(e.to_string().contains("ESTABLISHED"), "{e}");
+    assert!(
+        took >= opts.timeout && took < opts.timeout * 3,
+        "timed out after {took:?}"
+    );
+    drop(client);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn tokio_an_accept_whose_client_never_establishes_times_out_at_the_bound() {
+    on_tokio("the bounded accept", accept_times_out(Tokio));
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn async_io_an_accept_whose_client_never_establishes_times_out_at_the_bound() {
+    on_async_io("the bounded accept", accept_times_out(AsyncIo));
 }
