@@ -215,6 +215,8 @@ pub struct Transport {
     /// The unused tail of each send buffer in flight, by work request.
     tails: Vec<(u64, MemoryRegion)>,
     next_wr: u64,
+    /// Replies to [`Transport::send_all`]'s messages not yet taken.
+    unclaimed: Vec<Vec<u8>>,
 }
 
 impl Transport {
@@ -265,6 +267,7 @@ impl Transport {
             excess_rc: 0,
             tails: Vec::new(),
             next_wr: 0,
+            unclaimed: Vec::new(),
         })
     }
 
@@ -303,17 +306,14 @@ impl Transport {
         }
     }
 
-    /// Sends every message of `msgs` before it waits for any reply (each
-    /// with a tag of its own; no more of them than receive credits are
-    /// free), then returns their replies in the order of `msgs`, matched by
-    /// tag (`wait`: how long to wait for all of them after the last send).
-    /// Replies that do not come in time leave their receives posted, counted
-    /// in `excess_rc`.
+    /// Sends every message of `msgs` (each with a tag of its own; no more
+    /// of them than receive credits are free) without waiting for replies:
+    /// [`Transport::next_replies`] takes them as they come.
     ///
     /// # Errors
     /// As [`Transport::rpc`]; [`ClientError::Rdma`] when `msgs` exceeds the
     /// free receive credits.
-    pub async fn rpc_all(&mut self, msgs: &[Vec<u8>], wait: Duration) -> CResult<Vec<Vec<u8>>> {
+    pub async fn send_all(&mut self, msgs: &[Vec<u8>]) -> CResult<()> {
         if msgs.len() > (self.rq_free + self.excess_rc) as usize {
             return Err(ClientError::Rdma(format!(
                 "{} messages at once, with {} receive credits free",
@@ -321,34 +321,36 @@ impl Transport {
                 self.rq_free + self.excess_rc
             )));
         }
-        let mut early = Vec::new();
-        let mut tags = Vec::with_capacity(msgs.len());
-        for m in msgs {
-            tags.push(self.start(m, Some(&mut early)).await?);
-        }
-        let mut replies: Vec<Option<Vec<u8>>> = vec![None; msgs.len()];
-        let place = |reply: Vec<u8>, replies: &mut Vec<Option<Vec<u8>>>| {
-            let tag = reply.get(5..7).map(|t| u16::from_le_bytes([t[0], t[1]]));
-            if let Some(i) = (0..tags.len()).find(|&i| tags[i] == tag && replies[i].is_none()) {
-                replies[i] = Some(reply);
+        let mut early = std::mem::take(&mut self.unclaimed);
+        let r = async {
+            for m in msgs {
+                self.start(m, Some(&mut early)).await?;
             }
-        };
-        for r in early {
-            place(r, &mut replies);
+            Ok(())
         }
+        .await;
+        self.unclaimed = early;
+        r
+    }
+
+    /// The next `n` replies to messages of [`Transport::send_all`], in the
+    /// order they came (`wait`: how long to wait for all `n`). A request
+    /// that is never answered keeps its receive posted.
+    ///
+    /// # Errors
+    /// [`ClientError::TimedOut`] when fewer than `n` came in time (those
+    /// that did are kept for the next call); as [`Transport::rpc`].
+    pub async fn next_replies(&mut self, n: usize, wait: Duration) -> CResult<Vec<Vec<u8>>> {
         let deadline = tokio::time::Instant::now() + wait;
-        while replies.iter().any(Option::is_none) {
+        while self.unclaimed.len() < n {
             match tokio::time::timeout_at(deadline, self.complete_any()).await {
-                Err(_) => {
-                    self.excess_rc += replies.iter().filter(|r| r.is_none()).count() as u32;
-                    return Err(ClientError::TimedOut("reply"));
-                }
+                Err(_) => return Err(ClientError::TimedOut("reply")),
                 Ok(Err(e)) => return Err(e),
-                Ok(Ok(Some(reply))) => place(reply, &mut replies),
+                Ok(Ok(Some(reply))) => self.unclaimed.push(reply),
                 Ok(Ok(None)) => {}
             }
         }
-        Ok(replies.into_iter().flatten().collect())
+        Ok(self.unclaimed.drain(..n).collect())
     }
 
     /// Posts a receive for the reply and sends `msg`; returns its tag.

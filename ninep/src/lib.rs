@@ -10,6 +10,8 @@
 //! - [`server`]: RDMA CM on the crate's async layer (tokio): one QP per
 //!   client, every message one SEND, receives of the largest msize always
 //!   posted (before the connection is accepted, too).
+//! - [`workers`]: the threads that run requests, and each connection's
+//!   share of them.
 //! - [`fuzzing`]: every decoder of a peer's messages on arbitrary bytes.
 //!
 //! ```no_run
@@ -30,3 +32,4 @@ pub mod proto;
 pub mod server;
 mod sys;
 pub mod users;
+pub mod workers;

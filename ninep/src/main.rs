@@ -46,9 +46,10 @@ options of serve:
                  descriptor limit allows (raised to the hard limit at start)
   --workers N    the threads that run requests, shared by every connection
                  (default {workers}); one connection runs at most a quarter
-                 of them (at least 1) at once, its other requests wait in
-                 order, so that requests that wait (a lock, a lease, a slow
-                 file system) of up to three clients leave threads to others
+                 of them (at least 1) at once, and more than one only while
+                 more than a quarter are free; its other requests wait in
+                 order, so that clients whose requests wait (a lock, a
+                 lease, a slow file system) leave threads to the others
   --squash S     root: uid 0 acts as the anonymous user (the default);
                  all: every user does; none: users act as themselves, root
                  included (tests, trusted fabrics)

@@ -15,16 +15,18 @@
 //! connection's thread as they arrive, which saves two thread wake-ups per
 //! request (`Session::is_file_io`). A request
 //! starts as soon as a send buffer is free for its reply (`send_depth` per
-//! connection) and fewer than `Config::max_running` of its connection's
-//! requests are on the pool (a quarter of its threads: one client whose
-//! requests wait for somebody, a lock or a lease, leaves the others the
-//! rest; the connection's later requests wait in its queue, in order), and is
+//! connection) and the connection may start one on the pool
+//! (`crate::workers`: at most a quarter of its threads per connection, and
+//! a second one only while more than a quarter are free, so that clients
+//! whose requests wait for somebody, a lock or a lease, leave the others
+//! threads; the connection's later requests wait in its queue, in order), and is
 //! answered with one SEND as soon as it is done, in whatever order they
 //! finish, which 9P allows; its receive is posted again first. A reply
 //! answers a request, and the client posts a receive before each request
 //! it sends, so the replies in flight never exceed the receives the client
 //! has posted. A `Tflush` of a request still running is answered right
-//! after that request's reply.
+//! after that request's reply; one of a request still in the connection's
+//! queue discards it (it is never answered) and is answered at once.
 //!
 //! `RDMA_9P_TRACE` set in the environment prints every request started,
 //! reply sent and completion polled to stderr (for debugging a client).
@@ -56,6 +58,7 @@ use crate::budget::OpenBudget;
 use crate::fs::{Export, Session};
 use crate::link::{Queues, RECV};
 use crate::proto::{ty, Rmsg, HEADER, NOTAG};
+use crate::workers::Workers;
 
 /// The port Linux's 9P RDMA client connects to by default.
 pub use crate::client::DEFAULT_PORT;
@@ -91,8 +94,9 @@ pub struct Config {
     pub send_depth: u32,
     /// The threads that run requests, shared by every connection (tokio's
     /// blocking pool). One connection runs at most
-    /// [`Config::max_running`] of its requests on them at once; the rest
-    /// wait in order in its queue.
+    /// [`Config::max_running`] of its requests on them at once, and a
+    /// second one only while more than a quarter of them are free
+    /// ([`Workers`]); the rest wait in order in its queue.
     pub workers: usize,
 }
 
@@ -117,11 +121,10 @@ impl Config {
     /// The most requests of one connection on the worker threads at once:
     /// a quarter of them (at least one), so that one client's requests that
     /// wait (on a lock, a lease, a slow file system) leave three quarters of
-    /// the threads to the others, and it takes four such clients to occupy
-    /// them all (`--max-connections` and `--workers` bound that). With the
+    /// the threads to the others ([`Workers::per_connection`]). With the
     /// default 64 workers it is 16, as many as a connection's send buffers.
     pub fn max_running(&self) -> usize {
-        (self.workers / 4).max(1)
+        Workers::new(self.workers).per_connection()
     }
 }
 
@@ -177,6 +180,7 @@ pub async fn serve(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
             .with_open_budget(budget),
     );
     let connections = Rc::new(std::cell::Cell::new(0usize));
+    let workers = Workers::new(config.workers);
     let config = Rc::new(config);
     let cm = rt::cm_channel().map_err(fail("rdma_create_event_channel"))?;
     let mut listener = cm
@@ -209,8 +213,9 @@ pub async fn serve(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
         connections.set(connections.get() + 1);
         let (export, config) = (Rc::clone(&export), Rc::clone(&config));
         let connections = Rc::clone(&connections);
+        let workers = workers.clone();
         tokio::task::spawn_local(async move {
-            match connection(incoming, &export, &config).await {
+            match connection(incoming, &export, &config, workers).await {
                 Ok(()) => eprintln!("rdma-9p: {peer:?}: disconnected"),
                 Err(e) => eprintln!("rdma-9p: {peer:?}: {e}"),
             }
@@ -395,7 +400,12 @@ fn flush_of(msg: &[u8]) -> Option<(u16, u16)> {
     Some((tag, old))
 }
 
-async fn connection(incoming: Incoming, export: &Export, config: &Config) -> Res<()> {
+async fn connection(
+    incoming: Incoming,
+    export: &Export,
+    config: &Config,
+    workers: Workers,
+) -> Res<()> {
     let msize = config.max_msize.max(crate::fs::MIN_MSIZE) as usize;
     let Queues {
         pd: _pd,
@@ -421,7 +431,7 @@ async fn connection(incoming: Incoming, export: &Export, config: &Config) -> Res
         send_pool,
         tails: HashMap::new(),
         next_send: 0,
-        max_running: config.max_running().max(1),
+        workers,
     };
     let result = conn.serve(&session, &mut acq, &mut id).await;
     // Every fid goes now; a request still running on the blocking pool
@@ -438,9 +448,9 @@ struct Conn {
     /// The unused tail of each reply's send buffer, joined back on completion.
     tails: HashMap<u64, MemoryRegion>,
     next_send: u64,
-    /// The most of its requests on the blocking pool at once
-    /// ([`Config::max_running`]).
-    max_running: usize,
+    /// The blocking pool's threads, shared with every connection: when
+    /// this one may start a request on them.
+    workers: Workers,
 }
 
 impl Conn {
@@ -463,12 +473,13 @@ impl Conn {
     }
 
     /// Receives requests, hands each to the blocking pool as soon as a send
-    /// buffer is free for its reply and fewer than `Conn::max_running` of the
-    /// connection's requests are on the pool, and sends the replies as they
+    /// buffer is free for its reply and the connection may start one more
+    /// on the pool (`Workers::may_start`), and sends the replies as they
     /// are ready. The requests in progress never outnumber the send buffers,
     /// and every reply answers a request (the client posted a receive for
-    /// it). A `Tflush` of a request in progress is answered right after
-    /// that request's reply, as 9P asks.
+    /// it). A `Tflush` goes ahead of the queue: a request it names that
+    /// has not started is discarded and the flush answered at once; one in
+    /// progress is answered first, the flush right after, as 9P asks.
     async fn serve(
         &mut self,
         session: &Arc<Session>,
@@ -500,11 +511,12 @@ impl Conn {
         let mut in_progress: HashMap<u16, Vec<(u16, MemoryRegion)>> = HashMap::new();
         loop {
             while self.send_pool.available() > 0 {
-                // At most `self.max_running` of this connection's requests on
-                // the pool, shared with every other connection: the rest
-                // wait here, in order (nothing is refused: the queue holds at
-                // most the receives the client was given). A `Tflush` needs
-                // no thread and is never held back by it.
+                // At most a share of the pool, which every connection shares
+                // (`Workers::may_start`): the rest wait here, in order
+                // (nothing is refused: the queue holds at most the receives
+                // the client was given). This connection's own requests
+                // ending let it try again. A `Tflush` needs no thread and is
+                // never held back by it.
                 let Some((front, front_len, ..)) = pending.front() else {
                     break;
                 };
@@ -514,7 +526,7 @@ impl Conn {
                     .and_then(|b| b.get(..*front_len))
                     .and_then(flush_of)
                     .is_some();
-                if running.len() >= self.max_running && !front_flush {
+                if !self.workers.may_start(running.len()) && !front_flush {
                     break;
                 }
                 let Some((buf, len, wr_id, polled)) = pending.pop_front() else {
@@ -574,7 +586,13 @@ impl Conn {
                 }
                 in_progress.entry(tag).or_default();
                 let s = Arc::clone(session);
-                running.spawn_blocking(move || handle(&s, buf, wr_id, len, slot, handed));
+                let busy = self.workers.claim();
+                running.spawn_blocking(move || {
+                    // Counted until the request ends, whether or not the
+                    // connection still waits for it.
+                    let _busy = busy;
+                    handle(&s, buf, wr_id, len, slot, handed)
+                });
             }
             tokio::select! {
                 done = running.join_next(), if !running.is_empty() => {
@@ -608,7 +626,17 @@ impl Conn {
                                 stats.idle_n += 1;
                             }
                         }
-                        pending.push_back((buf, c.byte_len as usize, c.wr_id, now));
+                        let len = c.byte_len as usize;
+                        match buf.as_slice().ok().and_then(|b| b.get(..len)).and_then(flush_of) {
+                            Some((_, old)) => {
+                                self.flush_queued(pending, old)?;
+                                // Ahead of the queue: it needs no thread, and
+                                // what it names came before it (started,
+                                // answered, or just discarded).
+                                pending.push_front((buf, len, c.wr_id, now));
+                            }
+                            None => pending.push_back((buf, len, c.wr_id, now)),
+                        }
                     } else {
                         if let Some(tail) = self.tails.remove(&c.wr_id) {
                             if buf.unsplit(tail).is_err() {
@@ -627,6 +655,32 @@ impl Conn {
                 },
             }
         }
+    }
+
+    /// A `Tflush` of `old`: a request with that tag still waiting in the
+    /// connection's queue (not started) is discarded, never answered, as 9P
+    /// allows, and its receive posted again; the flush is then answered at
+    /// once. One in progress is left to finish (its flush waits for it).
+    fn flush_queued(
+        &mut self,
+        pending: &mut VecDeque<(MemoryRegion, usize, u64, Option<Instant>)>,
+        old: u16,
+    ) -> Res<()> {
+        let queued = pending.iter().position(|(b, len, ..)| {
+            tag_of(b) == old
+                && b.as_slice()
+                    .ok()
+                    .and_then(|m| m.get(..*len))
+                    .and_then(flush_of)
+                    .is_none()
+        });
+        if let Some((buf, _, wr_id, _)) = queued.and_then(|i| pending.remove(i)) {
+            trace(format_args!("flushed tag {old} before it started"));
+            self.qp
+                .post_recv(wr_id, buf)
+                .map_err(|e| format!("ibv_post_recv: {e}"))?;
+        }
+        Ok(())
     }
 
     /// Answers a request that has been handled: posts its receive again,

@@ -193,9 +193,11 @@ fn threads_waiting_for_a_lease(pid: u32) -> usize {
 /// file whose read lease this test holds: each reopens it for writing and
 /// waits in the kernel until the lease is given up) wait, connection B's
 /// request is answered at once. A's first truncation waits on a worker and
-/// the other five in A's queue, in order; all six are answered once the
-/// lease goes. Before the bound, A's requests took all four workers and B's
-/// waited behind them (tokio's blocking pool queues what it cannot run).
+/// the other five in A's queue, in order. A `Tflush` of the last one, still
+/// queued, is answered at once and that truncation never runs nor is
+/// answered; the other five are answered in order once the lease goes.
+/// Before the bound, A's requests took all four workers and B's waited
+/// behind them (tokio's blocking pool queues what it cannot run).
 async fn workers_bounded(ip: &str, port: u16) {
     // The kernel breaks a lease by force after this many seconds: longer
     // than the test.
@@ -235,10 +237,7 @@ async fn workers_bounded(ip: &str, port: u16) {
             m
         })
         .collect();
-    let truncations = tokio::task::spawn_local(async move {
-        let r = a.transport().rpc_all(&msgs, Duration::from_secs(180)).await;
-        (a, r)
-    });
+    a.transport().send_all(&msgs).await.unwrap();
     // A's first truncation waits for the lease on a worker thread.
     let pid = server.pid();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -273,6 +272,25 @@ async fn workers_bounded(ip: &str, port: u16) {
         1,
         "A's requests on workers at once (a quarter of 4)"
     );
+    // A flushes its last truncation, still in its queue: discarded, and the
+    // flush answered at once, while the lease is held.
+    let flush = |tag: u16, oldtag: u16| {
+        let mut m = Vec::new();
+        Request {
+            tag,
+            msg: Tmsg::Flush { oldtag },
+        }
+        .encode(&mut m);
+        m
+    };
+    let t = a.transport();
+    t.send_all(&[flush(200, 105)]).await.unwrap();
+    let r = t
+        .next_replies(1, Duration::from_secs(30))
+        .await
+        .expect("the flush of a queued request answered while A's first waits");
+    assert_eq!(Rmsg::decode(&r[0]).unwrap(), (200, Rmsg::Flush));
+    assert_eq!(threads_waiting_for_a_lease(pid), 1);
     // SAFETY: as above.
     let rc = unsafe { libc::fcntl(held.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
     assert_eq!(
@@ -281,8 +299,11 @@ async fn workers_bounded(ip: &str, port: u16) {
         "F_SETLEASE(F_UNLCK): {}",
         std::io::Error::last_os_error()
     );
-    let (a, replies) = truncations.await.unwrap();
-    let replies = replies.expect("A's six replies");
+    // The other five, in order (one at a time).
+    let replies = t
+        .next_replies(5, Duration::from_secs(120))
+        .await
+        .expect("A's five truncations answered once the lease goes");
     for (i, r) in replies.iter().enumerate() {
         assert_eq!(
             Rmsg::decode(r).unwrap(),
@@ -290,7 +311,30 @@ async fn workers_bounded(ip: &str, port: u16) {
             "A's truncation {i}"
         );
     }
-    assert!(export.join("leased").metadata().unwrap().len() <= 5);
+    // The flushed one never ran, and is never answered: the next reply is
+    // a later request's (it would have run first, in order).
+    t.send_all(&[{
+        let mut m = Vec::new();
+        Request {
+            tag: 201,
+            msg: Tmsg::Getattr { fid: 0, mask: !0 },
+        }
+        .encode(&mut m);
+        m
+    }])
+    .await
+    .unwrap();
+    let r = t.next_replies(1, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(
+        Rmsg::decode(&r[0]).unwrap().0,
+        201,
+        "a reply to the flushed tag"
+    );
+    assert_eq!(
+        export.join("leased").metadata().unwrap().len(),
+        4,
+        "the last truncation ran"
+    );
     drop(held);
     let _ = a.close().await;
     let _ = b.close().await;
@@ -315,5 +359,125 @@ fn one_connection_cannot_occupy_every_worker_over_rxe() {
         tokio::time::timeout(Duration::from_secs(240), workers_bounded(&ip, 5652))
             .await
             .expect("the workers test finishes within 240 s")
+    });
+}
+
+/// A `Tsetattr` of fid 1 truncating to `size`, tagged `tag`.
+fn truncation(tag: u16, size: u64) -> Vec<u8> {
+    let mut m = Vec::new();
+    Request {
+        tag,
+        msg: Tmsg::Setattr {
+            fid: 1,
+            attr: SetAttr {
+                valid: setattr::SIZE,
+                size,
+                ..SetAttr::default()
+            },
+        },
+    }
+    .encode(&mut m);
+    m
+}
+
+/// Several clients' waiting requests leave the reserve to a newcomer: with
+/// 8 workers (2 per connection, 2 kept for connections with nothing on
+/// them), four connections that each send two truncations of a leased file
+/// hold six or seven threads (the second request of the last ones finds the
+/// reserve reached and waits in its connection's queue), and a fifth
+/// connection is served. With the per-connection bound alone the four took
+/// all eight and the fifth waited.
+async fn reserve_kept(ip: &str, port: u16) {
+    let break_time = "/proc/sys/fs/lease-break-time";
+    let old_break_time = std::fs::read_to_string(break_time).ok();
+    let _ = std::fs::write(break_time, "600");
+    // SAFETY: as in `workers_bounded`.
+    unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) };
+    let export = tmpdir("client-reserve");
+    std::fs::write(export.join("leased"), b"some bytes").unwrap();
+    let server = Server::start_with(ip, port, &export, &["--squash", "none", "--workers", "8"]);
+    let held = std::fs::File::open(export.join("leased")).unwrap();
+    // SAFETY: a valid descriptor, integer arguments.
+    let rc = unsafe { libc::fcntl(held.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) };
+    assert_eq!(rc, 0, "F_SETLEASE: {}", std::io::Error::last_os_error());
+
+    let mut hostile = Vec::new();
+    for i in 0..4u16 {
+        let mut c = connect(ip, port).await;
+        c.attach(0).await.unwrap();
+        c.walk(0, 1, &[b"leased"]).await.unwrap();
+        let msgs = [truncation(100 + 2 * i, 1), truncation(101 + 2 * i, 2)];
+        c.transport().send_all(&msgs).await.unwrap();
+        hostile.push(c);
+    }
+    let pid = server.pid();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while threads_waiting_for_a_lease(pid) < 6 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} requests wait for the lease after 60 s, not 6",
+            threads_waiting_for_a_lease(pid)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let opts = Options::parse(&format!("trans=rdma,port={port},sq=8,rq=8,timeout=20000"))
+        .expect("options");
+    let addr: SocketAddr = format!("{ip}:{port}").parse().unwrap();
+    let t = Transport::connect(addr, &opts, MSIZE as usize)
+        .await
+        .expect("connects");
+    let mut b = Client::new(t, MSIZE)
+        .await
+        .expect("a fifth connection's Tversion answered while four clients' requests wait");
+    b.attach(0).await.unwrap();
+    let waiting = threads_waiting_for_a_lease(pid);
+    println!("requests waiting on threads: {waiting} of 8");
+    assert!((6..=7).contains(&waiting), "{waiting} threads held");
+    // SAFETY: as above.
+    let rc = unsafe { libc::fcntl(held.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+    assert_eq!(
+        rc,
+        0,
+        "F_SETLEASE(F_UNLCK): {}",
+        std::io::Error::last_os_error()
+    );
+    for (i, c) in hostile.iter_mut().enumerate() {
+        let r = c
+            .transport()
+            .next_replies(2, Duration::from_secs(120))
+            .await
+            .expect("both truncations answered once the lease goes");
+        // Both may have run at once: in either order.
+        let mut got: Vec<_> = r.iter().map(|r| Rmsg::decode(r).unwrap()).collect();
+        got.sort_by_key(|(tag, _)| *tag);
+        let first = 100 + 2 * i as u16;
+        assert_eq!(got, [(first, Rmsg::Setattr), (first + 1, Rmsg::Setattr)]);
+    }
+    drop(held);
+    for c in hostile {
+        let _ = c.close().await;
+    }
+    let _ = b.close().await;
+    drop(server);
+    if let Some(t) = old_break_time {
+        let _ = std::fs::write(break_time, t.trim());
+    }
+    let _ = std::fs::remove_dir_all(&export);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (rxe0): run in ci/vm"]
+fn a_handful_of_connections_leave_the_reserve_over_rxe() {
+    require_device(&required_env("RDMA_TEST_DEVICE"));
+    let ip = required_env("RDMA_TEST_IP");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async {
+        tokio::time::timeout(Duration::from_secs(240), reserve_kept(&ip, 5653))
+            .await
+            .expect("the reserve test finishes within 240 s")
     });
 }
