@@ -150,3 +150,62 @@ impl Timer {
         .await
     }
 }
+
+#[cfg(all(test, feature = "async-io"))]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::aio::async_io_rt::AsyncIo;
+
+    fn pending<T>() -> impl Future<Output = Result<T>> {
+        std::future::pending()
+    }
+
+    #[test]
+    fn a_wait_ends_at_its_bound_with_etimedout_naming_the_step() {
+        let timer = Timer::new(&AsyncIo).unwrap();
+        let start = Instant::now();
+        let e = async_io::block_on(timer.within(
+            Duration::from_millis(50),
+            "rdma_accept",
+            "ESTABLISHED",
+            pending::<()>(),
+        ))
+        .unwrap_err();
+        let took = start.elapsed();
+        assert_eq!(e.errno(), Some(libc::ETIMEDOUT), "{e}");
+        assert!(
+            e.to_string()
+                .contains("rdma_accept: no ESTABLISHED within 50ms"),
+            "{e}"
+        );
+        assert!(took >= Duration::from_millis(50), "{took:?}");
+    }
+
+    #[test]
+    fn an_output_that_is_there_wins_and_an_unread_expiry_does_not_end_the_next_wait() {
+        let timer = Timer::new(&AsyncIo).unwrap();
+        let ready = timer.within(Duration::ZERO, "op", "it", async { Ok(7) });
+        assert_eq!(async_io::block_on(ready).unwrap(), 7);
+        // The zero-length wait above armed a timer that expired unread.
+        std::thread::sleep(Duration::from_millis(5));
+        let start = Instant::now();
+        let e = async_io::block_on(timer.within(
+            Duration::from_millis(100),
+            "op",
+            "it",
+            pending::<()>(),
+        ))
+        .unwrap_err();
+        assert_eq!(e.errno(), Some(libc::ETIMEDOUT));
+        assert!(start.elapsed() >= Duration::from_millis(100), "ended early");
+    }
+
+    #[test]
+    fn the_longest_bound_arms() {
+        let timer = Timer::new(&AsyncIo).unwrap();
+        let out = timer.within(Duration::MAX, "op", "it", async { Ok(()) });
+        async_io::block_on(out).unwrap();
+    }
+}
