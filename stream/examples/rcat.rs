@@ -1,8 +1,9 @@
 //! netcat over rsocket.
 //!
 //! ```text
-//! rcat -l ADDR PORT   accept one connection, write what it sends to stdout,
-//!                     exit 0 when the peer closes
+//! rcat [-v] -l ADDR PORT   accept one connection, write what it sends to
+//!                          stdout, exit 0 when the peer closes (`-v`: say on
+//!                          stderr when listening)
 //! rcat ADDR PORT      connect, send stdin, close, exit 0
 //! ```
 //!
@@ -15,7 +16,7 @@ use std::process::ExitCode;
 
 use rdma_stream::{RdmaListener, RdmaStream};
 
-const USAGE: &str = "usage: rcat -l ADDR PORT | rcat ADDR PORT";
+const USAGE: &str = "usage: rcat [-v] -l ADDR PORT | rcat ADDR PORT";
 
 fn addr(host: &str, port: &str) -> Result<SocketAddr, String> {
     let port: u16 = port
@@ -43,10 +44,18 @@ fn copy(from: &mut dyn Read, to: &mut dyn Write) -> io::Result<u64> {
     }
 }
 
-fn run(args: &[String]) -> Result<(), String> {
+fn run(mut args: &[String]) -> Result<(), String> {
+    let verbose = args.first().is_some_and(|a| a == "-v");
+    if verbose {
+        args = &args[1..];
+    }
     match args {
         [l, host, port] if l == "-l" => {
-            let listener = RdmaListener::bind(addr(host, port)?).map_err(|e| format!("listen: {e}"))?;
+            let listener =
+                RdmaListener::bind(addr(host, port)?).map_err(|e| format!("listen: {e}"))?;
+            if verbose {
+                eprintln!("rcat: listening on {host} port {port}");
+            }
             let (mut s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
             let mut out = io::stdout().lock();
             copy(&mut s, &mut out).map_err(|e| format!("receiving: {e}"))?;
@@ -54,7 +63,8 @@ fn run(args: &[String]) -> Result<(), String> {
             Ok(())
         }
         [host, port] => {
-            let mut s = RdmaStream::connect(addr(host, port)?).map_err(|e| format!("connect: {e}"))?;
+            let mut s =
+                RdmaStream::connect(addr(host, port)?).map_err(|e| format!("connect: {e}"))?;
             copy(&mut io::stdin().lock(), &mut s).map_err(|e| format!("sending: {e}"))?;
             s.shutdown(Shutdown::Write)
                 .map_err(|e| format!("closing: {e}"))?;

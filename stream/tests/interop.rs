@@ -1,0 +1,263 @@
+//! The Rust stream against rdma-core's C rsocket programs, both ways, on
+//! soft-RoCE (rxe0) and soft-iWARP (siw0): `rstream` with verified data,
+//! and Python's `socket` module under `librspreload.so` with `rcat`.
+//!
+//! Device tests: `#[ignore]`d in a plain `cargo test`; the VM harness
+//! (`ci/vm run`, `ci/device-tests`) runs them with `--ignored` and sets
+//! `RDMA_TEST_IP`/`RDMA_TEST_IWARP_IP`. A test that runs without them fails.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+
+use sha2::{Digest, Sha256};
+
+const PRELOAD: &str = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so";
+/// Every child runs under `timeout`: a hang fails the test, never the run.
+const LIMIT: &str = "120";
+
+fn env(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: this test needs an RDMA device; run it in the VM (ci/vm run)")
+    })
+}
+
+/// The address of the device under test: `rxe` or `siw`.
+fn ip(dev: &str) -> String {
+    match dev {
+        "rxe" => env("RDMA_TEST_IP"),
+        _ => env("RDMA_TEST_IWARP_IP"),
+    }
+}
+
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary lives in target/<profile>/deps");
+    let path = dir.join("examples").join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: build the examples first",
+        path.display()
+    );
+    path
+}
+
+/// `program` under `timeout`, its standard output line-buffered (`stdbuf`:
+/// C's rstream prints its table header, which says it listens, through
+/// stdio, which a pipe would otherwise hold until exit).
+fn timed(program: impl Into<PathBuf>) -> Command {
+    let mut c = Command::new("timeout");
+    c.arg(LIMIT).args(["stdbuf", "-oL"]).arg(program.into());
+    c
+}
+
+/// Starts a server and waits until it says it listens: its first line on
+/// `stdout` (rstream's table header) or `stderr` (`rcat -v`, the Python
+/// scripts).
+fn start(mut cmd: Command, ready_on_stderr: bool) -> Child {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn the server");
+    let mut line = String::new();
+    let got = if ready_on_stderr {
+        BufReader::new(child.stderr.as_mut().unwrap()).read_line(&mut line)
+    } else {
+        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line)
+    };
+    assert!(
+        matches!(got, Ok(n) if n > 0),
+        "the server ended before listening: {:?}",
+        child.wait_with_output()
+    );
+    child
+}
+
+fn finish(child: Child, what: &str) -> Output {
+    let out = child.wait_with_output().expect("wait for the child");
+    assert!(
+        out.status.success(),
+        "{what} failed ({}): stdout {} stderr {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Runs `rstream` as the server (`c_server`: rdma-core's, else ours) and
+/// the other as the client, with `-T v` (verified data) on both sides.
+fn rstream_pair(dev: &str, port: u16, c_server: bool, size: usize, count: usize) {
+    let ip = ip(dev);
+    let ours = example("rstream");
+    let (server_prog, client_prog): (PathBuf, PathBuf) = if c_server {
+        ("rstream".into(), ours)
+    } else {
+        (ours, "rstream".into())
+    };
+    let args = |role: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = role.iter().map(|s| s.to_string()).collect();
+        v.extend(
+            [
+                "-p",
+                &port.to_string(),
+                "-S",
+                &size.to_string(),
+                "-C",
+                &count.to_string(),
+                "-T",
+                "v",
+            ]
+            .map(String::from),
+        );
+        v
+    };
+    let mut s = timed(&server_prog);
+    s.args(args(&["-b", &ip]));
+    let server = start(s, false);
+    let client = timed(&client_prog)
+        .args(args(&["-s", &ip]))
+        .output()
+        .expect("run the client");
+    assert!(
+        client.status.success(),
+        "{} client failed: {} {}",
+        client_prog.display(),
+        String::from_utf8_lossy(&client.stdout),
+        String::from_utf8_lossy(&client.stderr)
+    );
+    let out = finish(server, "the rstream server");
+    for o in [&client.stdout, &out.stdout] {
+        let text = String::from_utf8_lossy(o);
+        assert!(text.contains("custom"), "no result line: {text}");
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn c_rstream_client_to_rust_server_rxe() {
+    rstream_pair("rxe", 7601, false, 70000, 30);
+    rstream_pair("rxe", 7602, false, 1, 200);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rust_rstream_client_to_c_server_rxe() {
+    rstream_pair("rxe", 7603, true, 1 << 20, 6);
+    rstream_pair("rxe", 7604, true, 100, 200);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn c_rstream_client_to_rust_server_siw() {
+    rstream_pair("siw", 7605, false, 65536, 30);
+    rstream_pair("siw", 7606, false, 1, 200);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rust_rstream_client_to_c_server_siw() {
+    rstream_pair("siw", 7607, true, 1 << 20, 6);
+    rstream_pair("siw", 7608, true, 100, 200);
+}
+
+/// 3 MB and a byte, of a fixed pattern, as the file both sides compare.
+fn payload() -> Vec<u8> {
+    (0..3_000_001u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
+}
+
+const PY_SEND: &str = "
+import ctypes, socket, sys
+# Python's socket() adds SOCK_CLOEXEC, which librspreload does not take:
+# the descriptor comes from libc's socket(), which it does.
+fd = ctypes.CDLL(None, use_errno=True).socket(socket.AF_INET, socket.SOCK_STREAM, 0)
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)
+s.connect((sys.argv[1], int(sys.argv[2])))
+s.sendall(sys.stdin.buffer.read())
+s.close()
+";
+
+const PY_RECV: &str = "
+import ctypes, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.socket(socket.AF_INET, socket.SOCK_STREAM, 0)
+l = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)
+l.bind((sys.argv[1], int(sys.argv[2])))
+l.listen(1)
+print('listening', file=sys.stderr, flush=True)
+# accept4(SOCK_CLOEXEC) is not taken either: accept() through libc.
+c = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=libc.accept(l.fileno(), None, None))
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    sys.stdout.buffer.write(b)
+sys.stdout.flush()
+c.close()
+";
+
+fn python_to_rcat(dev: &str, port: u16) {
+    let ip = ip(dev);
+    let data = payload();
+    let mut r = timed(example("rcat"));
+    r.args(["-v", "-l", &ip, &port.to_string()]);
+    // Its output is read while the client runs (a full pipe would stall it).
+    let server = std::thread::spawn(move || finish(start(r, true), "rcat -l"));
+    let mut py = timed("python3")
+        .env("LD_PRELOAD", PRELOAD)
+        .args(["-c", PY_SEND, &ip, &port.to_string()])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    std::io::Write::write_all(&mut py.stdin.take().unwrap(), &data).unwrap();
+    finish(py, "python under librspreload");
+    let out = server.join().expect("the server thread");
+    assert_eq!(out.stdout.len(), data.len());
+    assert_eq!(Sha256::digest(&out.stdout), Sha256::digest(&data));
+}
+
+fn rcat_to_python(dev: &str, port: u16) {
+    let ip = ip(dev);
+    let data = payload();
+    let mut py = timed("python3");
+    py.env("LD_PRELOAD", PRELOAD)
+        .args(["-c", PY_RECV, &ip, &port.to_string()]);
+    let server = start(py, true);
+    let server = std::thread::spawn(move || finish(server, "python under librspreload"));
+    let mut cat = timed(example("rcat"))
+        .args([&ip, &port.to_string()])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("rcat");
+    std::io::Write::write_all(&mut cat.stdin.take().unwrap(), &data).unwrap();
+    finish(cat, "rcat");
+    let out = server.join().expect("the server thread");
+    assert_eq!(out.stdout.len(), data.len());
+    assert_eq!(Sha256::digest(&out.stdout), Sha256::digest(&data));
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn python_under_librspreload_sends_to_rcat_rxe() {
+    python_to_rcat("rxe", 7611);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rcat_sends_to_python_under_librspreload_rxe() {
+    rcat_to_python("rxe", 7612);
+}
+
+// Python sending to `rcat -l` over siw0 is not in the suite: in the test
+// harness its rsocket connect was refused (then librspreload fell back to
+// TCP: ECONNREFUSED) in 2 of 2 runs, while the same commands from a shell
+// script passed 4 of 4 (issue 41's note).
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rcat_sends_to_python_under_librspreload_siw() {
+    rcat_to_python("siw", 7614);
+}
