@@ -40,6 +40,11 @@ const CLOSE_LINGER: Duration = Duration::from_secs(5);
 /// ```
 pub struct RdmaStream {
     parts: Mutex<Parts>,
+    /// The channels again, outside the lock: a waiter sleeps on them while
+    /// the other direction uses the connection.
+    comp: rdma::CompletionChannel,
+    events: rdma::cm::EventChannel,
+    busy_poll: Duration,
     nonblocking: std::sync::atomic::AtomicBool,
     local: Option<SocketAddr>,
     peer: Option<SocketAddr>,
@@ -79,10 +84,10 @@ impl RdmaStream {
     /// As [`RdmaStream::connect`].
     pub fn connect_with(addr: impl ToSocketAddrs, opts: &Options) -> io::Result<RdmaStream> {
         let parts = setup::connect(first_addr(addr)?, opts)?;
-        Self::from_parts(parts)
+        Self::from_parts(parts, opts)
     }
 
-    fn from_parts(parts: Parts) -> io::Result<RdmaStream> {
+    fn from_parts(parts: Parts, opts: &Options) -> io::Result<RdmaStream> {
         parts.comp.set_nonblocking(true).map_err(io::Error::from)?;
         parts.events.set_nonblocking(true);
         let mut local = parts.id.local_addr();
@@ -94,6 +99,9 @@ impl RdmaStream {
             a.set_port(parts.id.dst_port());
         }
         let s = RdmaStream {
+            comp: parts.comp.clone(),
+            events: parts.events.clone(),
+            busy_poll: opts.busy_poll,
             parts: Mutex::new(parts),
             nonblocking: std::sync::atomic::AtomicBool::new(false),
             local,
@@ -134,28 +142,45 @@ impl RdmaStream {
 
     /// Runs `attempt` until it returns `Some`, polling completions and
     /// sleeping on the channels in between; `deadline` bounds the wait.
+    ///
+    /// Before sleeping it polls for `busy_poll` (as rsocket's
+    /// `polling_time`): a reply that comes within it costs no system call.
     fn wait<T>(
         &self,
         deadline: Option<Instant>,
         mut attempt: impl FnMut(&mut Engine) -> io::Result<Option<T>>,
     ) -> io::Result<T> {
+        let mut spin_until: Option<Instant> = None;
+        let mut woken = false;
         loop {
             {
                 let mut p = self.lock();
-                drain(&mut p)?;
+                if woken {
+                    // The channels said something: take their events.
+                    woken = false;
+                    ack_cq_events(&p)?;
+                    connection_events(&mut p)?;
+                }
+                poll_cq(&mut p)?;
                 if let Some(v) = attempt(&mut p.engine)? {
-                    drain(&mut p)?;
+                    p.engine.update_credits();
                     return Ok(v);
                 }
-                // Arm, then poll again: a completion between the poll and
-                // the arm raises no event.
-                p.cq.req_notify(false).map_err(io::Error::from)?;
-                if drain(&mut p)? {
+                if self.nonblocking.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                let now = Instant::now();
+                let until = *spin_until.get_or_insert(now + self.busy_poll);
+                if now < until {
                     continue;
                 }
-            }
-            if self.nonblocking.load(std::sync::atomic::Ordering::Relaxed) {
-                return Err(io::ErrorKind::WouldBlock.into());
+                // Arm, then poll again: a completion between the poll and
+                // the arm raises no event. A disconnection is looked for
+                // only now (a live connection makes progress without it).
+                p.cq.req_notify(false).map_err(io::Error::from)?;
+                if poll_cq(&mut p)? || connection_events(&mut p)? {
+                    continue;
+                }
             }
             let timeout = match deadline {
                 None => PollTimeout::NONE,
@@ -169,19 +194,12 @@ impl RdmaStream {
                 }
             };
             // Sleep without the lock: the other direction may progress.
-            let (comp, events) = {
-                let p = self.lock();
-                (
-                    p.comp.as_fd().try_clone_to_owned()?,
-                    p.events.as_fd().try_clone_to_owned()?,
-                )
-            };
             let mut fds = [
-                PollFd::new(comp.as_fd(), PollFlags::POLLIN),
-                PollFd::new(events.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.comp.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.events.as_fd(), PollFlags::POLLIN),
             ];
             match nix::poll::poll(&mut fds, timeout) {
-                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Ok(_) | Err(nix::errno::Errno::EINTR) => woken = true,
                 Err(e) => return Err(e.into()),
             }
         }
@@ -235,28 +253,21 @@ impl RdmaStream {
     }
 }
 
-/// Polls every completion and connection event there is into the engine;
-/// whether any came.
-fn drain(p: &mut Parts) -> io::Result<bool> {
-    // Acknowledge the channel's events (they only say "look").
+/// Acknowledges the completion channel's events (they only say "look").
+fn ack_cq_events(p: &Parts) -> io::Result<()> {
     loop {
         match p.comp.get_event() {
             Ok(ev) => drop(ev),
-            Err(e) if e.errno() == Some(libc_eagain()) => break,
+            Err(e) if e.errno() == Some(libc_eagain()) => return Ok(()),
             Err(e) => return Err(e.into()),
         }
     }
-    let mut gone = false;
-    while let Some(ev) = p.events.try_get_event().map_err(io::Error::from)? {
-        gone |= matches!(
-            ev.event_type(),
-            CmEventType::Disconnected | CmEventType::DeviceRemoval | CmEventType::TimewaitExit
-        );
-    }
-    // After the connection events: completions that came before a
-    // disconnection are taken before it counts.
-    let mut any = gone;
-    let mut batch = Vec::with_capacity(32);
+}
+
+/// Polls every completion there is into the engine; whether any came.
+fn poll_cq(p: &mut Parts) -> io::Result<bool> {
+    let mut any = false;
+    let mut batch = std::mem::take(&mut p.batch);
     loop {
         batch.clear();
         let n = p.cq.poll(&mut batch, 32).map_err(io::Error::from)?;
@@ -268,11 +279,28 @@ fn drain(p: &mut Parts) -> io::Result<bool> {
             break;
         }
     }
+    p.batch = batch;
+    if any {
+        p.engine.update_credits();
+    }
+    Ok(any)
+}
+
+/// Takes the connection's CM events; whether the peer went away.
+fn connection_events(p: &mut Parts) -> io::Result<bool> {
+    let mut gone = false;
+    while let Some(ev) = p.events.try_get_event().map_err(io::Error::from)? {
+        gone |= matches!(
+            ev.event_type(),
+            CmEventType::Disconnected | CmEventType::DeviceRemoval | CmEventType::TimewaitExit
+        );
+    }
     if gone {
+        // Completions that came before the disconnection count first.
+        poll_cq(p)?;
         p.engine.peer_gone();
     }
-    p.engine.update_credits();
-    Ok(any)
+    Ok(gone)
 }
 
 fn libc_eagain() -> i32 {
@@ -392,7 +420,7 @@ impl RdmaListener {
     /// The errors of accepting one request.
     pub fn accept(&self) -> io::Result<(RdmaStream, Option<SocketAddr>)> {
         let parts = setup::accept(&self.listening, &self.opts, None)?;
-        let s = RdmaStream::from_parts(parts)?;
+        let s = RdmaStream::from_parts(parts, &self.opts)?;
         let peer = s.peer_addr();
         Ok((s, peer))
     }

@@ -25,6 +25,10 @@ pub struct Options {
     pub sizes: Sizes,
     /// Bound of each connection step (address, route, connection).
     pub timeout: Duration,
+    /// How long a blocked read or write polls the completion queue before
+    /// it sleeps (rsocket's `polling_time`, 10 µs by default): replies that
+    /// come that soon cost no system call.
+    pub busy_poll: Duration,
 }
 
 impl Default for Options {
@@ -33,6 +37,7 @@ impl Default for Options {
         Options {
             sizes: Sizes::default(),
             timeout: Duration::from_secs(5),
+            busy_poll: Duration::from_micros(10),
         }
     }
 }
@@ -46,6 +51,8 @@ pub(crate) struct Parts {
     pub(crate) _pd: ProtectionDomain,
     pub(crate) id: CmId,
     pub(crate) events: EventChannel,
+    /// Completions polled at once (kept to reuse its allocation).
+    pub(crate) batch: Vec<rdma::Completion>,
 }
 
 /// An error of a connection step, with what it was doing.
@@ -188,6 +195,7 @@ pub(crate) fn connect(dst: SocketAddr, opts: &Options) -> io::Result<Parts> {
         _pd: m.pd,
         id,
         events,
+        batch: Vec::with_capacity(32),
     })
 }
 
@@ -288,5 +296,6 @@ fn accept_one(id: CmId, peer: &ConnData, opts: &Options) -> io::Result<Parts> {
         _pd: m.pd,
         id,
         events,
+        batch: Vec::with_capacity(32),
     })
 }
