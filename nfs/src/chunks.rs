@@ -674,6 +674,31 @@ impl ChunkPool {
         }
     }
 
+    /// A chunk of a call still in flight when its connection broke, taken
+    /// off its window while the QP still exists: the window is deallocated
+    /// now, and the region stays, unbound, as a registration of its own
+    /// (without remote access) for what the call may still need of it (a
+    /// payload to send again). rxe holds a reference to the QP from every
+    /// type 2 window bound on it: a QP destroyed first waits for them, warns
+    /// (`__rxe_cleanup` from `rxe_destroy_qp`, seen in the VM on Linux 6.1)
+    /// and goes on without them, and the windows' later deallocation then
+    /// drops references to a destroyed QP. The connection's pool forgets the
+    /// region (the pool goes with the connection).
+    pub(crate) fn unbind_for_loss(&mut self, chunk: Chunk) -> Chunk {
+        match chunk {
+            Chunk::Bound { region, .. } => {
+                if region.mr.len() <= MAX_REGION {
+                    self.live -= 1;
+                    self.publish();
+                }
+                let Region { mw, mr, .. } = region;
+                drop(mw);
+                Chunk::Own(mr)
+            }
+            own => own,
+        }
+    }
+
     /// A chunk that cannot be invalidated (its connection broke): its
     /// window is deallocated with it, and the pool forgets the region.
     pub(crate) fn discard(&mut self, chunk: Chunk) {

@@ -1623,9 +1623,22 @@ impl Engine {
         }
         if let Some(mut c) = self.conn.take() {
             let _ = c.qp.to_error();
+            // RESET gives back what the queues held, binds in flight
+            // included: each holds its window until it ends, and a window
+            // must be deallocated before its QP goes (below).
+            drop(c.qp.reset());
             self.invalidating.clear();
             for (_, e) in self.ending.drain() {
                 deliver_discarding(e, &mut c.chunks);
+            }
+            // The calls to send again: their windows are deallocated before
+            // the QP goes (`ChunkPool::unbind_for_loss`).
+            for p in self.pending.values_mut() {
+                for l in p.lent() {
+                    if let Some(chunk) = l.chunk.take() {
+                        l.chunk = Some(c.chunks.unbind_for_loss(chunk));
+                    }
+                }
             }
         }
         self.down = Some(why);

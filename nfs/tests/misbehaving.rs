@@ -101,6 +101,16 @@ enum Fault {
     /// out of reach), and right behind it the next call's reply is a
     /// `SEND_WITH_INV` of the held call's rkey.
     InvalidateEnded,
+    /// As `InvalidateEnded`, but the next call's reply waits until the test
+    /// says the held call's reply was delivered ([`ended_call_delivered`]):
+    /// the client has put the held call's window out of reach by then.
+    InvalidateEndedAfter,
+}
+
+/// What `InvalidateEndedAfter`'s server waits for before it invalidates.
+fn ended_call_delivered() -> &'static tokio::sync::Notify {
+    static N: std::sync::OnceLock<tokio::sync::Notify> = std::sync::OnceLock::new();
+    N.get_or_init(tokio::sync::Notify::new)
 }
 
 const GRANT: u32 = 8;
@@ -324,7 +334,10 @@ async fn serve_one(
                 ..seg
             }]);
         }
-        let holds = matches!(fault, Fault::StrayInvalidate | Fault::InvalidateEnded);
+        let holds = matches!(
+            fault,
+            Fault::StrayInvalidate | Fault::InvalidateEnded | Fault::InvalidateEndedAfter
+        );
         if holds && first && !stray_done && held.is_none() && !write_list.is_empty() {
             held = Some((h.xid, write_list));
             continue;
@@ -332,9 +345,10 @@ async fn serve_one(
         // The rkey this reply invalidates, if any.
         let invalidate = match (fault, &held) {
             (Fault::Invalidate, _) => write_list.first().map(|c| c[0].handle),
-            (Fault::StrayInvalidate | Fault::InvalidateEnded, Some((_, w))) => {
-                w.first().map(|c| c[0].handle)
-            }
+            (
+                Fault::StrayInvalidate | Fault::InvalidateEnded | Fault::InvalidateEndedAfter,
+                Some((_, w)),
+            ) => w.first().map(|c| c[0].handle),
             _ => None,
         };
         let via_reply_chunk = match f {
@@ -429,7 +443,7 @@ async fn serve_one(
             out.buf.extend_from_slice(&rpc_reply(xid));
             out.buf
         };
-        let ended = if fault == Fault::InvalidateEnded {
+        let ended = if matches!(fault, Fault::InvalidateEnded | Fault::InvalidateEndedAfter) {
             held.take()
         } else {
             None
@@ -443,6 +457,11 @@ async fn serve_one(
             acq.post_send(&mut qp, SendWr::send(wr, mr))
                 .await
                 .map_err(|err| format!("SEND (held call): {err}"))?;
+            if fault == Fault::InvalidateEndedAfter {
+                tokio::time::timeout(Duration::from_secs(20), ended_call_delivered().notified())
+                    .await
+                    .map_err(|_| "the held call's reply not delivered within 20 s".to_string())?;
+            }
         }
         let mr = pd.reg_mr(out.buf, AccessFlags::empty()).map_err(e("mr"))?;
         wr += 1;
@@ -1191,6 +1210,66 @@ fn invalidation_of_an_ended_calls_window_over_rxe() {
             n => panic!("{n} connections"),
         }
     });
+}
+
+/// The other order, made certain: the server sends the second call's
+/// `SEND_WITH_INV` of the first call's rkey only once the first call's
+/// reply was delivered, so its window was deallocated before. The rkey
+/// reaches nothing: rxe fails that receive (and the connection), and the
+/// second call is sent again on a new connection; both calls' data right,
+/// no `LOCAL_INV`, nothing named late.
+#[test]
+#[ignore = "needs an RDMA device (rxe0): run in ci/vm"]
+fn invalidation_after_an_ended_calls_window_went_over_rxe() {
+    let opts = Options {
+        credits: 8,
+        call_timeout: Duration::from_secs(10),
+        ..Options::default()
+    };
+    with_server(
+        false,
+        20093,
+        Fault::InvalidateEndedAfter,
+        opts,
+        |t| async move {
+            check_reply(&t.call(null_call()).await.unwrap());
+            let mut a = {
+                let t = t.clone();
+                tokio::spawn(async move { t.call(write_chunk_call()).await })
+            };
+            let mut b = {
+                let t = t.clone();
+                tokio::spawn(async move { t.call(write_chunk_call()).await })
+            };
+            // The held call is answered first (the other's reply waits for
+            // this): tell the server, then wait for the other.
+            let (first, other) = tokio::select! {
+                r = &mut a => (r, b),
+                r = &mut b => (r, a),
+            };
+            check_write_chunk(&first.unwrap().unwrap());
+            ended_call_delivered().notify_one();
+            check_write_chunk(&other.await.unwrap().unwrap());
+            let [local, remote, stray, plain] = inv_counts(&t);
+            let s = t.stats();
+            let fenced = s.fenced_windows.load(Ordering::Relaxed);
+            let late = s.late_invalidations.load(Ordering::Relaxed);
+            let connects = s.connects.load(Ordering::Relaxed);
+            println!(
+                "local {local}, remote {remote}, stray {stray}, late {late}, fenced {fenced}, \
+             plain {plain}, connects {connects}, retransmits {}",
+                s.retransmits.load(Ordering::Relaxed)
+            );
+            assert_eq!(local, 0, "no LOCAL_INV on rxe");
+            assert_eq!(
+                (remote, stray, late),
+                (0, 0, 0),
+                "no invalidation succeeded"
+            );
+            assert_eq!(connects, 2, "rxe failed the receive and the connection");
+            assert!(fenced >= 1, "the held call's window deallocated");
+        },
+    );
 }
 
 #[test]
