@@ -517,7 +517,8 @@ fn server(port: u16) -> Result<(), String> {
             buf: std::mem::take(&mut buf),
         };
         if let Err(e) = conn.serve() {
-            eprintln!("rcopy: connection from {peer:?} ended: {e}");
+            let from = peer.map_or_else(|| "an unknown address".into(), |p| p.to_string());
+            eprintln!("rcopy: the connection from {from} ended: {e}");
         }
         buf = std::mem::take(&mut conn.buf);
         // Dropping the stream closes it as rclose does.

@@ -1,0 +1,453 @@
+//! The `rcopy` example against rdma-core's `rcopy`, both ways, on
+//! soft-RoCE (rxe0) and soft-iWARP (siw0): files of 1 B, 64 KiB + 1 and
+//! 16 MiB, the SHA-256 of each copy equal to its source's; an empty file
+//! from the Rust client to both servers, and what rdma-core's client does
+//! with one (it cannot map it: it exits 22 having sent nothing).
+//!
+//! Device tests: `#[ignore]`d in a plain `cargo test`; the VM harness
+//! (`ci/vm run`, `ci/device-tests`) runs them with `--ignored` and sets
+//! `RDMA_TEST_IP`/`RDMA_TEST_IWARP_IP`. A test that runs without them fails.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::thread::JoinHandle;
+
+use rdma_stream::RdmaStream;
+use sha2::{Digest, Sha256};
+
+/// Every child runs under `timeout`: a hang fails the test, never the run.
+const LIMIT: &str = "120";
+/// The large file: 16 MiB (a debug build under TCG).
+const LARGE: usize = 16 << 20;
+
+fn env(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: this test needs an RDMA device; run it in the VM (ci/vm run)")
+    })
+}
+
+/// The address of the device under test: `rxe` or `siw`.
+fn ip(dev: &str) -> String {
+    match dev {
+        "rxe" => env("RDMA_TEST_IP"),
+        _ => env("RDMA_TEST_IWARP_IP"),
+    }
+}
+
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary lives in target/<profile>/deps");
+    let path = dir.join("examples").join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: build the examples first",
+        path.display()
+    );
+    path
+}
+
+/// `program` under `timeout`, its standard output line-buffered.
+fn timed(program: impl Into<PathBuf>) -> Command {
+    let mut c = Command::new("timeout");
+    c.arg(LIMIT).args(["stdbuf", "-oL"]).arg(program.into());
+    c
+}
+
+/// rdma-core's `rcopy` (`c`) or ours.
+fn rcopy(c: bool) -> PathBuf {
+    if c {
+        "rcopy".into()
+    } else {
+        example("rcopy")
+    }
+}
+
+/// An `rcopy` server, stopped (SIGTERM to `timeout`, which passes it on)
+/// when dropped: both serve for ever.
+struct Server {
+    child: Child,
+    out: Option<JoinHandle<Vec<u8>>>,
+    what: String,
+}
+
+impl Server {
+    /// Starts it and waits until it says `waiting for connection...` (both
+    /// print it, flushed, once they listen; with no newline).
+    fn start(c: bool, port: u16) -> Server {
+        let what = format!(
+            "{} server",
+            if c { "rdma-core's rcopy" } else { "our rcopy" }
+        );
+        let mut child = timed(rcopy(c))
+            .args(["-p", &port.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn the server");
+        let mut stdout = child.stdout.take().expect("piped");
+        let mut seen = Vec::new();
+        let mut byte = [0; 1];
+        while !seen.ends_with(b"waiting for connection...") {
+            match stdout.read(&mut byte) {
+                Ok(1) => seen.push(byte[0]),
+                _ => panic!(
+                    "the {what} ended before listening: {} {:?}",
+                    String::from_utf8_lossy(&seen),
+                    child.wait_with_output()
+                ),
+            }
+        }
+        // Its output is read while it runs (a full pipe would stall it).
+        let out = std::thread::spawn(move || {
+            let _ = stdout.read_to_end(&mut seen);
+            seen
+        });
+        Server {
+            child,
+            out: Some(out),
+            what,
+        }
+    }
+
+    /// Stops it: its standard output and error.
+    fn stop(mut self) -> (String, String) {
+        self.kill();
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        let out = self
+            .out
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default();
+        (String::from_utf8_lossy(&out).into_owned(), err)
+    }
+
+    fn kill(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.out.is_some() {
+            self.kill();
+        }
+    }
+}
+
+/// A fresh directory for one test (the guest's /tmp is its own).
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from("/tmp").join(format!("rcopy-test-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("src")).expect("make the source directory");
+    std::fs::create_dir_all(dir.join("dst")).expect("make the destination directory");
+    dir
+}
+
+/// A file of `len` bytes of a fixed pattern that does not repeat every
+/// power of two.
+fn make_file(dir: &Path, len: usize) -> PathBuf {
+    let path = dir.join("src").join(format!("f{len}"));
+    let data: Vec<u8> = (0..len as u64)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 ^ (i / 251) as u8)
+        .collect();
+    std::fs::File::create(&path)
+        .and_then(|mut f| f.write_all(&data))
+        .expect("write the source file");
+    path
+}
+
+fn digest(path: &Path) -> Vec<u8> {
+    let data = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    Sha256::digest(&data).to_vec()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "({}) stdout {} stderr {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Runs the client (`c`: rdma-core's) sending `src` to `ip:dst`.
+fn send(c: bool, src: &Path, ip: &str, dst: &Path, port: u16) -> Output {
+    timed(rcopy(c))
+        .arg(src)
+        .arg(format!("{ip}:{}", dst.display()))
+        .args(["-p", &port.to_string()])
+        .output()
+        .expect("run the client")
+}
+
+/// Sends a file of each size with the client `c_client` to a server
+/// `c_server`, and checks each copy's digest.
+fn copies(dev: &str, port: u16, c_client: bool, c_server: bool, sizes: &[usize], name: &str) {
+    let ip = ip(dev);
+    let dir = scratch(name);
+    let server = Server::start(c_server, port);
+    for &len in sizes {
+        let src = make_file(&dir, len);
+        let dst = dir.join("dst").join(format!("f{len}"));
+        let started = std::time::Instant::now();
+        let out = send(c_client, &src, &ip, &dst, port);
+        if !out.status.success() {
+            let what = server.what.clone();
+            let (so, se) = server.stop();
+            panic!(
+                "sending {len} bytes to the {what} failed: {}\nserver: {so} {se}",
+                text(&out)
+            );
+        }
+        eprintln!("{dev}: {len} bytes in {:?}", started.elapsed());
+        assert_eq!(
+            std::fs::metadata(&dst).map(|m| m.len()).ok(),
+            Some(len as u64),
+            "{}: {}",
+            dst.display(),
+            text(&out)
+        );
+        assert_eq!(digest(&src), digest(&dst), "{len} bytes: digests differ");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(&format!("{len} bytes in ")),
+            "no result line: {}",
+            text(&out)
+        );
+    }
+    let (so, se) = server.stop();
+    eprintln!("server: {so} {se}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+const SIZES: &[usize] = &[1, 64 * 1024 + 1, LARGE];
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rust_client_to_c_server_rxe() {
+    copies("rxe", 7621, false, true, SIZES, "rust-to-c-rxe");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn c_client_to_rust_server_rxe() {
+    copies("rxe", 7622, true, false, SIZES, "c-to-rust-rxe");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rust_client_to_c_server_siw() {
+    copies("siw", 7623, false, true, SIZES, "rust-to-c-siw");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn c_client_to_rust_server_siw() {
+    copies("siw", 7624, true, false, SIZES, "c-to-rust-siw");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rust_to_rust_rxe() {
+    copies(
+        "rxe",
+        7625,
+        false,
+        false,
+        &[0, 1, 64 * 1024 + 1],
+        "rust-rxe",
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rust_to_rust_siw() {
+    copies(
+        "siw",
+        7626,
+        false,
+        false,
+        &[0, 1, 64 * 1024 + 1],
+        "rust-siw",
+    );
+}
+
+/// The Rust client sends an empty file as OPEN then CLOSE: rdma-core's
+/// server creates it, and serves the next file (a WRITE of 0 bytes would
+/// have failed its `mmap` and left it refusing every later OPEN).
+fn empty_to_c_server(dev: &str, port: u16) {
+    copies(
+        dev,
+        port,
+        false,
+        true,
+        &[0, 1],
+        &format!("empty-to-c-{dev}"),
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rust_client_sends_an_empty_file_to_c_server_rxe() {
+    empty_to_c_server("rxe", 7627);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rust_client_sends_an_empty_file_to_c_server_siw() {
+    empty_to_c_server("siw", 7628);
+}
+
+/// rdma-core's client cannot send an empty file: it exits 22 (`EINVAL`
+/// from its `mmap` of 0 bytes) having connected and sent nothing; the
+/// Rust server creates nothing and serves the next client.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn c_client_cannot_send_an_empty_file_rxe() {
+    let ip = ip("rxe");
+    let port = 7629;
+    let dir = scratch("c-empty-rxe");
+    let server = Server::start(false, port);
+    let src = make_file(&dir, 0);
+    let dst = dir.join("dst").join("empty");
+    let out = send(true, &src, &ip, &dst, port);
+    assert_eq!(out.status.code(), Some(22), "{}", text(&out));
+    assert!(!dst.exists(), "{} was created", dst.display());
+    let src = make_file(&dir, 1);
+    let dst = dir.join("dst").join("one");
+    let out = send(true, &src, &ip, &dst, port);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(digest(&src), digest(&dst));
+    let (so, se) = server.stop();
+    eprintln!("server: {so} {se}");
+}
+
+/// A message header as rcopy writes it (host byte order).
+fn header(version: u8, command: u8, len: u16, data: u32, id: u64) -> Vec<u8> {
+    let mut b = vec![version, command];
+    b.extend_from_slice(&len.to_ne_bytes());
+    b.extend_from_slice(&data.to_ne_bytes());
+    b.extend_from_slice(&id.to_ne_bytes());
+    b
+}
+
+/// The server's answer: (command, status, id); `None` once it closed.
+fn answer(s: &mut RdmaStream) -> Option<(u8, u32, u64)> {
+    let mut b = [0; 16];
+    s.read_exact(&mut b).ok()?;
+    assert_eq!((b[0], u16::from_ne_bytes([b[2], b[3]])), (0, 16), "{b:?}");
+    Some((
+        b[1],
+        u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
+        u64::from_ne_bytes(b[8..16].try_into().unwrap()),
+    ))
+}
+
+/// Reads until the server ends the connection.
+fn ended(s: &mut RdmaStream) {
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "more after the end: {rest:?}");
+}
+
+/// Messages rdma-core's client never sends, to the Rust server: each step
+/// that fails is answered with an errno (where rdma-core's server answers)
+/// and ends the connection, nothing is reserved for a size the client
+/// claims, and the server goes on serving (a client gone with a file open
+/// leaves nothing behind, where rdma-core's would answer `EBUSY` from then
+/// on).
+fn hostile(dev: &str, port: u16) {
+    let ip = ip(dev);
+    let dir = scratch(&format!("hostile-{dev}"));
+    let server = Server::start(false, port);
+    let connect = || RdmaStream::connect((ip.as_str(), port)).expect("connect to the server");
+    let open = |path: &Path, id: u64| {
+        let mut p = path.as_os_str().as_encoded_bytes().to_vec();
+        p.resize((p.len() + 8) & !7, 0);
+        let mut m = header(0, 1, 16 + p.len() as u16, 0o644, id);
+        m.extend_from_slice(&p);
+        m
+    };
+
+    // WRITE with no file open: EINVAL, then the end.
+    let mut s = connect();
+    s.write_all(&header(0, 3, 24, 0, 7)).unwrap();
+    s.write_all(&5u64.to_ne_bytes()).unwrap();
+    assert_eq!(answer(&mut s), Some((0x83, 22, 7)));
+    ended(&mut s);
+
+    // An unknown command: EINVAL with its id.
+    let mut s = connect();
+    s.write_all(&header(0, 9, 16, 0, 8)).unwrap();
+    assert_eq!(answer(&mut s), Some((0x89, 22, 8)));
+    ended(&mut s);
+
+    // A version that is not 0, a length shorter than a header: no answer.
+    for m in [header(1, 1, 16, 0, 1), header(0, 2, 15, 0, 1)] {
+        let mut s = connect();
+        s.write_all(&m).unwrap();
+        assert_eq!(answer(&mut s), None);
+    }
+
+    // A second OPEN: EBUSY; a WRITE of the wrong length: EINVAL.
+    let mut s = connect();
+    s.write_all(&open(&dir.join("dst").join("a"), 1)).unwrap();
+    assert_eq!(answer(&mut s), Some((0x81, 0, 1)));
+    s.write_all(&open(&dir.join("dst").join("b"), 2)).unwrap();
+    assert_eq!(answer(&mut s), Some((0x81, 16, 2)));
+    ended(&mut s);
+    let mut s = connect();
+    s.write_all(&open(&dir.join("dst").join("c"), 1)).unwrap();
+    assert_eq!(answer(&mut s), Some((0x81, 0, 1)));
+    s.write_all(&header(0, 3, 32, 0, 2)).unwrap();
+    assert_eq!(answer(&mut s), Some((0x83, 22, 2)));
+    ended(&mut s);
+
+    // A file that cannot be opened: its errno (ENOENT).
+    let mut s = connect();
+    s.write_all(&open(&dir.join("missing").join("x"), 3))
+        .unwrap();
+    assert_eq!(answer(&mut s), Some((0x81, 2, 3)));
+    ended(&mut s);
+
+    // WRITE claiming 2^64 - 1 bytes, a few sent, then the client goes
+    // away with the file open.
+    let mut s = connect();
+    s.write_all(&open(&dir.join("dst").join("huge"), 1))
+        .unwrap();
+    assert_eq!(answer(&mut s), Some((0x81, 0, 1)));
+    s.write_all(&header(0, 3, 24, 0, 2)).unwrap();
+    s.write_all(&u64::MAX.to_ne_bytes()).unwrap();
+    s.write_all(&[0x5a; 1000]).unwrap();
+    drop(s);
+
+    // The server still serves, with nothing left open.
+    let src = make_file(&dir, 4097);
+    let dst = dir.join("dst").join("after");
+    let out = send(false, &src, &ip, &dst, port);
+    let (so, se) = server.stop();
+    assert!(out.status.success(), "{}\nserver: {so} {se}", text(&out));
+    assert_eq!(digest(&src), digest(&dst));
+    eprintln!("server: {so} {se}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rust_server_answers_malformed_messages_rxe() {
+    hostile("rxe", 7630);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rust_server_answers_malformed_messages_siw() {
+    hostile("siw", 7631);
+}
