@@ -39,6 +39,7 @@ fn resources(
         .max_recv_wr(opts.max_recv_wr)
         .max_send_sge(opts.max_sge)
         .max_recv_sge(opts.max_sge)
+        .max_inline_data(opts.max_inline_data)
         .build()?;
     id.modify_qp(&qp, QpState::Init)?;
     Ok((pd, acq, qp))
@@ -185,6 +186,28 @@ impl Connection {
         opts: &ConnectOptions,
         prepare: impl FnOnce(&mut QueuePair, &ProtectionDomain) -> Result<()>,
     ) -> Result<Connection> {
+        let mut connecting = Self::resolve(reactor, dst, opts).await?;
+        prepare(&mut connecting.qp, &connecting.pd)?;
+        connecting.connect(&opts.conn_param).await
+    }
+
+    /// The first phase of a two-phase connect: resolves the address and
+    /// route and makes the PD, CQ and QP (in INIT) on the route's device,
+    /// without sending the request. Register memory on [`Connecting::pd`],
+    /// put what the peer needs to know of it (a
+    /// [`RemoteMemory`](crate::RemoteMemory)'s bytes) in the request's
+    /// private data, and [`Connecting::connect`]: what a protocol that
+    /// exchanges keys while connecting needs (rsocket does).
+    ///
+    /// Cancel safety: as [`Connection::connect`].
+    ///
+    /// # Errors
+    /// As [`Connection::connect`]'s resolution steps.
+    pub async fn resolve(
+        reactor: &dyn Reactor,
+        dst: SocketAddr,
+        opts: &ConnectOptions,
+    ) -> Result<Connecting> {
         let t = opts.timeout;
         // Declared before the verbs objects: dropped after them on failure.
         let timer = Timer::new(reactor)?;
@@ -199,17 +222,11 @@ impl Connection {
             .within(t, "rdma_resolve_route", "ROUTE_RESOLVED", route)
             .await?;
         let (local, peer) = addresses(id.id())?;
-        let (pd, cq, mut qp) = resources(id.id(), opts, reactor)?;
-        prepare(&mut qp, &pd)?;
-        let step = id.connect(&qp, &opts.conn_param);
-        let answer = timer
-            .within(t, "rdma_connect", "CONNECT_RESPONSE or ESTABLISHED", step)
-            .await?;
-        Ok(Connection {
+        let (pd, cq, qp) = resources(id.id(), opts, reactor)?;
+        Ok(Connecting {
             qp,
             cq,
             pd,
-            private_data: answer.private_data,
             local,
             peer,
             timeout: t,
@@ -646,6 +663,114 @@ impl fmt::Debug for PendingConnection {
         f.debug_struct("PendingConnection")
             .field("qp", &self.qp)
             .field("local", &self.local)
+            .field("peer", &self.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A connection resolved and not requested yet ([`Connection::resolve`]):
+/// its PD, CQ and QP (in INIT) exist, so memory can be registered and
+/// receives posted before [`Connecting::connect`] sends the request.
+/// Dropped, its id is destroyed and nothing was sent.
+///
+/// Field order is teardown order, as in [`Connection`].
+///
+/// ```no_run
+/// # #[cfg(feature = "tokio")]
+/// # async fn f() -> rdma::Result<()> {
+/// use rdma::aio::{tokio_rt::Tokio, ConnectOptions, Connection};
+/// use rdma::cm::ConnParam;
+/// use rdma::AccessFlags;
+///
+/// let dst = "10.8.0.1:7471".parse().unwrap();
+/// let connecting = Connection::resolve(&Tokio, dst, &ConnectOptions::default()).await?;
+/// // Memory the server may write, advertised in the request itself.
+/// let target = connecting
+///     .pd()
+///     .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+/// let param = ConnParam::with_private_data(&target.remote().to_bytes());
+/// let conn = connecting.connect(&param).await?;
+/// # drop((conn, target)); Ok(()) }
+/// ```
+pub struct Connecting {
+    qp: QueuePair,
+    cq: AsyncCq,
+    pd: ProtectionDomain,
+    local: SocketAddr,
+    peer: SocketAddr,
+    timeout: Duration,
+    timer: Timer,
+    id: AsyncCmId,
+}
+
+impl Connecting {
+    /// The new QP, in INIT (post the first receives here).
+    pub fn qp(&mut self) -> &mut QueuePair {
+        &mut self.qp
+    }
+
+    /// The connection's protection domain.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.pd
+    }
+
+    /// The completions of both queues, awaited.
+    pub fn cq(&mut self) -> &mut AsyncCq {
+        &mut self.cq
+    }
+
+    /// The connection manager id.
+    pub fn id(&self) -> &CmId {
+        self.id.id()
+    }
+
+    /// The local address the route chose.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Sends the request with `param` (its private data goes to the peer)
+    /// and waits, at most the timeout, until the connection is up.
+    ///
+    /// Cancel safety: as [`Connection::connect`].
+    ///
+    /// # Errors
+    /// As [`Connection::connect`]'s last step.
+    pub async fn connect(mut self, param: &ConnParam) -> Result<Connection> {
+        let step = self.id.connect(&self.qp, param);
+        let answer = self
+            .timer
+            .within(
+                self.timeout,
+                "rdma_connect",
+                "CONNECT_RESPONSE or ESTABLISHED",
+                step,
+            )
+            .await?;
+        Ok(Connection {
+            qp: self.qp,
+            cq: self.cq,
+            pd: self.pd,
+            private_data: answer.private_data,
+            local: self.local,
+            peer: self.peer,
+            timeout: self.timeout,
+            timer: self.timer,
+            id: self.id,
+        })
+    }
+}
+
+impl fmt::Debug for Connecting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connecting")
+            .field("qp", &self.qp)
+            .field("id", &self.id)
             .field("peer", &self.peer)
             .finish_non_exhaustive()
     }

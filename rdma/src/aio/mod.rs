@@ -118,7 +118,7 @@ use std::os::fd::BorrowedFd;
 use std::task::{Context, Poll};
 
 pub use cm::{AsyncCmId, CmChannel, Incoming};
-pub use conn::{Connection, ConnectionParts, Listener, PendingConnection};
+pub use conn::{Connecting, Connection, ConnectionParts, Listener, PendingConnection};
 pub use cq::{AsyncCq, CqChannel, NextInto};
 pub use device::DeviceEvents;
 

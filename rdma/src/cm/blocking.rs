@@ -53,12 +53,16 @@ pub struct ConnectOptions {
     pub max_sge: u32,
     /// Completion queue size (one CQ for both queues).
     pub cqe: u32,
+    /// Bytes a send may carry inline (`max_inline_data`; 0: the provider's
+    /// default). The QP's [`caps`](QueuePair::caps) say what it got.
+    pub max_inline_data: u32,
     /// Source address for connecting (`None`: chosen by the route).
     pub src: Option<SocketAddr>,
 }
 
 impl Default for ConnectOptions {
-    /// 5 s timeout, 64 requests per queue, 1 SGE, 256 CQ entries.
+    /// 5 s timeout, 64 requests per queue, 1 SGE, 256 CQ entries, the
+    /// provider's inline size.
     fn default() -> Self {
         ConnectOptions {
             timeout: Duration::from_secs(5),
@@ -67,6 +71,7 @@ impl Default for ConnectOptions {
             max_recv_wr: 64,
             max_sge: 1,
             cqe: 256,
+            max_inline_data: 0,
             src: None,
         }
     }
@@ -129,6 +134,7 @@ fn resources(
         .max_recv_wr(opts.max_recv_wr)
         .max_send_sge(opts.max_sge)
         .max_recv_sge(opts.max_sge)
+        .max_inline_data(opts.max_inline_data)
         .build()?;
     Ok((pd, cq, qp))
 }
