@@ -71,6 +71,8 @@ struct Args {
     all_sizes: bool,
     sockets: bool,
     nonblocking: bool,
+    /// `-T a`: the async stream, on a tokio runtime.
+    async_io: bool,
     verify: bool,
 }
 
@@ -111,6 +113,7 @@ fn parse(argv: &[String]) -> Result<Args, String> {
         custom: false,
         all_sizes: false,
         sockets: false,
+        async_io: false,
         // rstream's default is MSG_DONTWAIT with a spin; `-T b` blocks.
         nonblocking: true,
         verify: false,
@@ -171,11 +174,7 @@ fn parse(argv: &[String]) -> Result<Args, String> {
                     let o = opt.to_ascii_lowercase();
                     match o.chars().next() {
                         Some('s') => a.sockets = true,
-                        Some('a') => {
-                            return Err("-T a (async) needs the async stream, which this \
-                                        build does not have yet"
-                                .into())
-                        }
+                        Some('a') => a.async_io = true,
                         Some('b') => a.nonblocking = false,
                         Some('n') => a.nonblocking = true,
                         Some('v') => a.verify = true,
@@ -215,6 +214,61 @@ impl Conn for TcpStream {
 enum Listener {
     Rdma(RdmaListener),
     Tcp(TcpListener),
+    #[cfg(feature = "tokio")]
+    Async(
+        std::rc::Rc<tokio::runtime::Runtime>,
+        rdma_stream::aio::RdmaListener,
+    ),
+}
+
+/// `-T a`: the async stream, each call run to completion on a
+/// current-thread tokio runtime (the loop stays the same as the others').
+#[cfg(feature = "tokio")]
+struct AsyncConn {
+    /// The runtime whose reactor the stream is registered with.
+    rt: std::rc::Rc<tokio::runtime::Runtime>,
+    s: rdma_stream::aio::RdmaStream,
+}
+
+#[cfg(feature = "tokio")]
+impl Read for AsyncConn {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let s = &self.s;
+        self.rt
+            .block_on(std::future::poll_fn(|cx| s.poll_read_bytes(cx, buf)))
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Write for AsyncConn {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let s = &self.s;
+        self.rt
+            .block_on(std::future::poll_fn(|cx| s.poll_write_bytes(cx, buf)))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Conn for AsyncConn {
+    fn close(&mut self) {
+        let s = &self.s;
+        let _ = self
+            .rt
+            .block_on(std::future::poll_fn(|cx| s.poll_shutdown_write(cx)));
+    }
+}
+
+#[cfg(feature = "tokio")]
+fn runtime() -> Result<std::rc::Rc<tokio::runtime::Runtime>, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map(std::rc::Rc::new)
+        .map_err(|e| format!("tokio runtime: {e}"))
 }
 
 /// The byte pattern of rstream's `-T v`: a counter that runs on across
@@ -427,6 +481,23 @@ fn listen(a: &Args) -> Result<Listener, String> {
         TcpListener::bind(at)
             .map(Listener::Tcp)
             .map_err(|e| format!("bind: {e}"))
+    } else if a.async_io {
+        #[cfg(feature = "tokio")]
+        {
+            let rt = runtime()?;
+            let l = rt
+                .block_on(async {
+                    rdma_stream::aio::RdmaListener::bind(
+                        &rdma::aio::tokio_rt::Tokio,
+                        at,
+                        options(a, true),
+                    )
+                })
+                .map_err(|e| format!("rbind: {e}"))?;
+            Ok(Listener::Async(rt, l))
+        }
+        #[cfg(not(feature = "tokio"))]
+        Err("-T a needs this example built with the `tokio` feature".into())
     } else {
         RdmaListener::bind_with(at, options(a, true))
             .map(Listener::Rdma)
@@ -434,12 +505,22 @@ fn listen(a: &Args) -> Result<Listener, String> {
     }
 }
 
-fn connect(a: &Args, l: Option<&Listener>, latency: bool) -> Result<Box<dyn Conn>, String> {
+fn connect(a: &Args, l: Option<&mut Listener>, latency: bool) -> Result<Box<dyn Conn>, String> {
     match (l, &a.dst) {
         (Some(Listener::Tcp(l)), _) => {
             let (s, _) = l.accept().map_err(|e| format!("accept: {e}"))?;
             let _ = s.set_nodelay(true);
             Ok(Box::new(s))
+        }
+        #[cfg(feature = "tokio")]
+        (Some(Listener::Async(rt, l)), _) => {
+            let (s, _) = rt
+                .block_on(l.accept())
+                .map_err(|e| format!("raccept: {e}"))?;
+            Ok(Box::new(AsyncConn {
+                rt: std::rc::Rc::clone(rt),
+                s,
+            }))
         }
         (Some(Listener::Rdma(l)), _) => {
             let (s, _) = l.accept().map_err(|e| format!("raccept: {e}"))?;
@@ -453,6 +534,21 @@ fn connect(a: &Args, l: Option<&Listener>, latency: bool) -> Result<Box<dyn Conn
                 let s = TcpStream::connect(to).map_err(|e| format!("connect: {e}"))?;
                 let _ = s.set_nodelay(true);
                 Ok(Box::new(s))
+            } else if a.async_io {
+                #[cfg(feature = "tokio")]
+                {
+                    let rt = runtime()?;
+                    let s = rt
+                        .block_on(rdma_stream::aio::RdmaStream::connect(
+                            &rdma::aio::tokio_rt::Tokio,
+                            to,
+                            &options(a, latency),
+                        ))
+                        .map_err(|e| format!("rconnect: {e}"))?;
+                    Ok(Box::new(AsyncConn { rt, s }))
+                }
+                #[cfg(not(feature = "tokio"))]
+                Err("-T a needs this example built with the `tokio` feature".into())
             } else {
                 let s = RdmaStream::connect_with(to, &options(a, latency))
                     .map_err(|e| format!("rconnect: {e}"))?;
@@ -466,7 +562,7 @@ fn connect(a: &Args, l: Option<&Listener>, latency: bool) -> Result<Box<dyn Conn
 }
 
 fn run(a: &Args) -> Result<(), String> {
-    let listener = if a.dst.is_none() {
+    let mut listener = if a.dst.is_none() {
         Some(listen(a)?)
     } else {
         None
@@ -486,7 +582,7 @@ fn run(a: &Args) -> Result<(), String> {
         "name", "bytes", "xfers", "iters", "total", "time", "Gb/sec", "usec/xfer"
     );
     if a.custom {
-        let mut c = connect(a, listener.as_ref(), true)?;
+        let mut c = connect(a, listener.as_mut(), true)?;
         t.run(
             &mut *c,
             "custom",
@@ -498,7 +594,7 @@ fn run(a: &Args) -> Result<(), String> {
         return Ok(());
     }
     for latency in [true, false] {
-        let mut c = connect(a, listener.as_ref(), latency)?;
+        let mut c = connect(a, listener.as_mut(), latency)?;
         for &(size, extra) in TEST_SIZES {
             if extra && !a.all_sizes {
                 continue;

@@ -31,6 +31,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod aio;
 mod blocking;
 mod engine;
 mod ring;

@@ -62,7 +62,7 @@ pub(crate) fn step_error(step: &str, e: rdma::Error) -> io::Error {
 }
 
 /// Whether the device of `ctx` is iWARP (messages travel as SENDs).
-fn is_iwarp(ctx: &rdma::Context) -> io::Result<bool> {
+pub(crate) fn is_iwarp(ctx: &rdma::Context) -> io::Result<bool> {
     let devices = rdma::devices().map_err(|e| step_error("listing devices", e))?;
     Ok(devices
         .iter()
@@ -129,7 +129,7 @@ fn make(id: &CmId, sizes: Sizes) -> io::Result<Made> {
 }
 
 /// What rsocket puts in the connect request or accept besides its data.
-fn param(private_data: Vec<u8>, iwarp: bool) -> ConnParam {
+pub(crate) fn param(private_data: Vec<u8>, iwarp: bool) -> ConnParam {
     let mut p = ConnParam {
         private_data,
         flow_control: 1,
@@ -144,7 +144,7 @@ fn param(private_data: Vec<u8>, iwarp: bool) -> ConnParam {
     p
 }
 
-fn protocol(e: wire::WireError) -> io::Error {
+pub(crate) fn protocol(e: wire::WireError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
 }
 

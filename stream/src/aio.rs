@@ -1,0 +1,636 @@
+//! The async stream and listener, on rdma-verbs' async layer: any reactor
+//! that implements [`rdma::aio::Reactor`] (tokio's `Tokio`, async-io's
+//! `AsyncIo`), with tokio's `AsyncRead`/`AsyncWrite` (feature `tokio`) and
+//! futures-io's (feature `futures-io`).
+//!
+//! A stream's completions and connection events wake one waker that wakes
+//! both directions' tasks, so a read half and a write half can wait in two
+//! tasks at once ([`RdmaStream::into_split`]).
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use rdma::aio::{AsyncCmId, AsyncCq, ConnectOptions, Connection, ConnectionParts, Reactor};
+use rdma::cm::CmEventType;
+use rdma::ProtectionDomain;
+
+use crate::engine::{Engine, Local};
+use crate::setup::{self, Options};
+use crate::wire::ConnData;
+
+/// How long dropping a stream waits for what was written to be delivered.
+const DROP_LINGER: Duration = Duration::from_secs(2);
+
+fn connect_options(opts: &Options) -> ConnectOptions {
+    let s = opts.sizes;
+    ConnectOptions {
+        timeout: opts.timeout,
+        max_send_wr: s.send_queue,
+        max_recv_wr: s.recv_queue,
+        max_sge: 1,
+        cqe: s.send_queue + s.recv_queue,
+        max_inline_data: s.inline.max(crate::wire::SGE_LEN as u32),
+        ..ConnectOptions::default()
+    }
+}
+
+/// The tasks waiting on each direction.
+#[derive(Default)]
+struct Wakers {
+    read: Mutex<Option<Waker>>,
+    write: Mutex<Option<Waker>>,
+}
+
+impl Wake for Wakers {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        for slot in [&self.read, &self.write] {
+            let w = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(w) = w {
+                w.wake();
+            }
+        }
+    }
+}
+
+/// The connection, in teardown order: the QP (in the engine) before its CQ,
+/// the PD, the id last.
+struct Shared {
+    engine: Engine,
+    cq: AsyncCq,
+    _pd: ProtectionDomain,
+    id: AsyncCmId,
+}
+
+struct Inner {
+    shared: Mutex<Shared>,
+    wakers: Arc<Wakers>,
+    fanout: Waker,
+    local: SocketAddr,
+    peer: SocketAddr,
+}
+
+#[derive(Clone, Copy)]
+enum Direction {
+    Read,
+    Write,
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `op` until it returns `Some`, taking completions and connection
+    /// events in between; `Pending` (the task registered for `dir`) when
+    /// nothing is left to take.
+    fn poll_op<T>(
+        &self,
+        cx: &mut Context<'_>,
+        dir: Direction,
+        mut op: impl FnMut(&mut Engine) -> io::Result<Option<T>>,
+    ) -> Poll<io::Result<T>> {
+        let slot = match dir {
+            Direction::Read => &self.wakers.read,
+            Direction::Write => &self.wakers.write,
+        };
+        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(cx.waker().clone());
+        let mut fcx = Context::from_waker(&self.fanout);
+        let mut s = self.lock();
+        loop {
+            if let Some(v) = op(&mut s.engine)? {
+                s.engine.update_credits();
+                return Poll::Ready(Ok(v));
+            }
+            match progress(&mut s, &mut fcx) {
+                Ok(true) => continue,
+                Ok(false) => return Poll::Pending,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+/// Takes every completion and connection event ready; whether any came.
+/// When none did, both sources have `cx`'s waker.
+fn progress(s: &mut Shared, cx: &mut Context<'_>) -> io::Result<bool> {
+    let mut any = drain_cq(s, cx)?;
+    let mut gone = false;
+    while let Poll::Ready(ev) = s.id.poll_event(cx) {
+        let ev = ev.map_err(io::Error::from)?;
+        gone |= matches!(
+            ev.event_type(),
+            CmEventType::Disconnected | CmEventType::DeviceRemoval | CmEventType::TimewaitExit
+        );
+    }
+    if gone {
+        // Completions that came before the disconnection count first.
+        drain_cq(s, cx)?;
+        s.engine.peer_gone();
+        any = true;
+    }
+    if any {
+        s.engine.update_credits();
+    }
+    Ok(any)
+}
+
+fn drain_cq(s: &mut Shared, cx: &mut Context<'_>) -> io::Result<bool> {
+    let mut any = false;
+    while let Poll::Ready(c) = s.cq.poll_next(cx) {
+        s.engine.complete(c.map_err(io::Error::from)?);
+        any = true;
+    }
+    Ok(any)
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // rclose without a runtime to wait on: DISCONNECT, then poll the CQ
+        // (bounded) until what was sent is delivered.
+        let s = self.shared.get_mut().unwrap_or_else(|p| p.into_inner());
+        if s.engine.connected() && s.engine.try_shutdown(true).unwrap_or(true) {
+            for c in s.cq.take_buffered() {
+                s.engine.complete(c);
+            }
+            let deadline = Instant::now() + DROP_LINGER;
+            let mut batch = Vec::with_capacity(32);
+            while !s.engine.sends_done() && Instant::now() < deadline {
+                batch.clear();
+                if s.cq.cq().poll(&mut batch, 32).is_err() {
+                    break;
+                }
+                if batch.is_empty() {
+                    std::thread::yield_now();
+                }
+                for c in batch.drain(..) {
+                    s.engine.complete(c);
+                }
+            }
+        }
+        let _ = s.id.id().disconnect();
+    }
+}
+
+/// An rsocket stream on an async runtime: the async mirror of
+/// [`crate::RdmaStream`], talking to the same peers.
+///
+/// Close it with `shutdown().await` (tokio) or `close().await`
+/// (futures-io): the peer reads to the end. Dropped, it closes as rsocket's
+/// `rclose` does, polling (at most 2 s) until what was written is delivered.
+///
+/// ```no_run
+/// # #[cfg(feature = "tokio")]
+/// # async fn f() -> std::io::Result<()> {
+/// use rdma::aio::tokio_rt::Tokio;
+/// use rdma_stream::{aio::RdmaStream, Options};
+/// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+///
+/// let addr = "10.8.0.1:7471".parse().unwrap();
+/// let mut s = RdmaStream::connect(&Tokio, addr, &Options::default()).await?;
+/// s.write_all(b"ping").await?;
+/// s.shutdown().await?;
+/// let mut answer = Vec::new();
+/// s.read_to_end(&mut answer).await?;
+/// # Ok(()) }
+/// ```
+pub struct RdmaStream {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RdmaStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaStream")
+            .field("local", &self.inner.local)
+            .field("peer", &self.inner.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RdmaStream {
+    /// Connects to an rsocket listener at `addr`, its events on `reactor`.
+    ///
+    /// Cancel safety: dropped before it completes, the connection is
+    /// abandoned and everything it made is freed.
+    ///
+    /// # Errors
+    /// As [`crate::RdmaStream::connect`].
+    pub async fn connect(
+        reactor: &dyn Reactor,
+        addr: SocketAddr,
+        opts: &Options,
+    ) -> io::Result<RdmaStream> {
+        let copts = connect_options(opts);
+        let mut c = Connection::resolve(reactor, addr, &copts)
+            .await
+            .map_err(|e| setup::step_error("resolving", e))?;
+        let ctx = c.id().context().map_err(io::Error::from)?;
+        let iwarp = setup::is_iwarp(&ctx)?;
+        let pd = c.pd().clone();
+        let local = Local::new(&pd, c.qp(), opts.sizes, iwarp)?;
+        let ours = local.conn_data().encode().to_vec();
+        let conn = c
+            .connect(&setup::param(ours, iwarp))
+            .await
+            .map_err(|e| setup::step_error("connecting", e))?;
+        let parts = conn.into_parts();
+        let peer = ConnData::decode(&parts.peer_private_data).map_err(setup::protocol)?;
+        Ok(Self::from_parts(parts, local, &peer, iwarp))
+    }
+
+    fn from_parts(
+        parts: ConnectionParts,
+        local: Local,
+        peer: &ConnData,
+        iwarp: bool,
+    ) -> RdmaStream {
+        let ConnectionParts {
+            qp,
+            cq,
+            pd,
+            local_addr,
+            peer_addr,
+            id,
+            ..
+        } = parts;
+        let mut engine = Engine::new(qp, local, peer, iwarp);
+        // The first credits (the second half of the receive buffer).
+        engine.update_credits();
+        let wakers = Arc::new(Wakers::default());
+        RdmaStream {
+            inner: Arc::new(Inner {
+                shared: Mutex::new(Shared {
+                    engine,
+                    cq,
+                    _pd: pd,
+                    id,
+                }),
+                fanout: Waker::from(Arc::clone(&wakers)),
+                wakers,
+                local: local_addr,
+                peer: peer_addr,
+            }),
+        }
+    }
+
+    /// This side's address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.local
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.inner.peer
+    }
+
+    /// Splits the stream into a read half and a write half that two tasks
+    /// can use at once.
+    pub fn into_split(self) -> (ReadHalf, WriteHalf) {
+        (
+            ReadHalf {
+                inner: Arc::clone(&self.inner),
+            },
+            WriteHalf { inner: self.inner },
+        )
+    }
+
+    /// Polls a read into `buf`: `Ok(0)` at the end of the stream.
+    ///
+    /// # Errors
+    /// `ConnectionReset` (the peer vanished), `InvalidData` (it broke the
+    /// protocol).
+    pub fn poll_read_bytes(&self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
+        poll_read(&self.inner, cx, buf)
+    }
+
+    /// Polls a write of (a prefix of) `buf`.
+    ///
+    /// # Errors
+    /// `BrokenPipe` after a shutdown; as [`RdmaStream::poll_read_bytes`].
+    pub fn poll_write_bytes(&self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        poll_write(&self.inner, cx, buf)
+    }
+
+    /// Polls the shutdown of the write side (rsocket's SHUTDOWN), done when
+    /// what was written is delivered.
+    ///
+    /// # Errors
+    /// A connection that failed.
+    pub fn poll_shutdown_write(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        poll_shutdown(&self.inner, cx)
+    }
+}
+
+fn poll_read(inner: &Inner, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
+    if buf.is_empty() {
+        return Poll::Ready(Ok(0));
+    }
+    inner.poll_op(cx, Direction::Read, |e| e.try_read(buf))
+}
+
+fn poll_write(inner: &Inner, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    inner.poll_op(cx, Direction::Write, |e| e.try_write(buf))
+}
+
+fn poll_shutdown(inner: &Inner, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    inner.poll_op(cx, Direction::Write, |e| {
+        if !e.try_shutdown(false)? {
+            return Ok(None);
+        }
+        Ok(e.sends_done().then_some(()))
+    })
+}
+
+/// The read half of an [`RdmaStream`].
+#[derive(Debug)]
+pub struct ReadHalf {
+    inner: Arc<Inner>,
+}
+
+/// The write half of an [`RdmaStream`]; shutting it down is the stream's
+/// half-close.
+#[derive(Debug)]
+pub struct WriteHalf {
+    inner: Arc<Inner>,
+}
+
+impl ReadHalf {
+    /// As [`RdmaStream::poll_read_bytes`].
+    ///
+    /// # Errors
+    /// As [`RdmaStream::poll_read_bytes`].
+    pub fn poll_read_bytes(&self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
+        poll_read(&self.inner, cx, buf)
+    }
+}
+
+impl WriteHalf {
+    /// As [`RdmaStream::poll_write_bytes`].
+    ///
+    /// # Errors
+    /// As [`RdmaStream::poll_write_bytes`].
+    pub fn poll_write_bytes(&self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        poll_write(&self.inner, cx, buf)
+    }
+
+    /// As [`RdmaStream::poll_shutdown_write`].
+    ///
+    /// # Errors
+    /// As [`RdmaStream::poll_shutdown_write`].
+    pub fn poll_shutdown_write(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        poll_shutdown(&self.inner, cx)
+    }
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaStream")
+            .field("local", &self.local)
+            .field("peer", &self.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A listener for rsocket streams on an async runtime.
+///
+/// ```no_run
+/// # #[cfg(feature = "tokio")]
+/// # async fn f() -> std::io::Result<()> {
+/// use rdma::aio::tokio_rt::Tokio;
+/// use rdma_stream::{aio::RdmaListener, Options};
+///
+/// let mut listener = RdmaListener::bind(&Tokio, "10.8.0.1:7471".parse().unwrap(), Options::default())?;
+/// loop {
+///     let (stream, peer) = listener.accept().await?;
+///     tokio::spawn(async move {
+///         let (mut r, mut w) = tokio::io::split(stream);
+///         let _ = tokio::io::copy(&mut r, &mut w).await;
+///         let _ = peer;
+///     });
+/// }
+/// # }
+/// ```
+pub struct RdmaListener {
+    listener: rdma::aio::Listener,
+    opts: Options,
+}
+
+impl std::fmt::Debug for RdmaListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaListener")
+            .field("local", &self.listener.local_addr())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RdmaListener {
+    /// Listens on `addr` (port 0: any free port), the connections it
+    /// accepts made with `opts`.
+    ///
+    /// # Errors
+    /// As `rdma_bind_addr` and `rdma_listen`.
+    pub fn bind<R: Reactor + Clone + 'static>(
+        reactor: &R,
+        addr: SocketAddr,
+        opts: Options,
+    ) -> io::Result<RdmaListener> {
+        let listener = rdma::aio::Listener::bind(reactor, addr, 128)
+            .map_err(|e| setup::step_error("listening", e))?;
+        Ok(RdmaListener { listener, opts })
+    }
+
+    /// The bound address, with the port that was picked.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr()
+    }
+
+    /// Waits for a connection and accepts it; requests that are not
+    /// rsocket's are rejected and the wait goes on.
+    ///
+    /// Cancel safety: dropped while waiting, no request is lost (it stays
+    /// with the listener); dropped while accepting one, that connection is
+    /// abandoned.
+    ///
+    /// # Errors
+    /// The errors of accepting one request.
+    pub async fn accept(&mut self) -> io::Result<(RdmaStream, SocketAddr)> {
+        let copts = connect_options(&self.opts);
+        loop {
+            let mut pending = self
+                .listener
+                .incoming(&copts)
+                .await
+                .map_err(|e| setup::step_error("taking a connection request", e))?;
+            let peer = match ConnData::decode(pending.peer_private_data()) {
+                Ok(p) => p,
+                Err(e) => {
+                    log::warn!("rejected a connection request: {e}");
+                    let _ = pending.reject(&[]);
+                    continue;
+                }
+            };
+            let ctx = pending.id().context().map_err(io::Error::from)?;
+            let iwarp = setup::is_iwarp(&ctx)?;
+            let pd = pending.pd().clone();
+            let local = Local::new(&pd, pending.qp(), self.opts.sizes, iwarp)?;
+            let ours = local.conn_data().encode().to_vec();
+            let conn = pending
+                .accept(&setup::param(ours, iwarp))
+                .await
+                .map_err(|e| setup::step_error("accepting", e))?;
+            let parts = conn.into_parts();
+            let addr = parts.peer_addr;
+            return Ok((RdmaStream::from_parts(parts, local, &peer, iwarp), addr));
+        }
+    }
+}
+
+#[cfg(feature = "tokio")]
+mod tokio_io {
+    use std::io;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+    use super::{poll_read, poll_shutdown, poll_write, RdmaStream, ReadHalf, WriteHalf};
+
+    fn read_into(
+        inner: &super::Inner,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let n = std::task::ready!(poll_read(inner, cx, buf.initialize_unfilled()))?;
+        buf.advance(n);
+        Poll::Ready(Ok(()))
+    }
+
+    impl AsyncRead for RdmaStream {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            read_into(&self.inner, cx, buf)
+        }
+    }
+
+    impl AsyncRead for ReadHalf {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            read_into(&self.inner, cx, buf)
+        }
+    }
+
+    impl AsyncWrite for RdmaStream {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            poll_write(&self.inner, cx, buf)
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            poll_shutdown(&self.inner, cx)
+        }
+    }
+
+    impl AsyncWrite for WriteHalf {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            poll_write(&self.inner, cx, buf)
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            poll_shutdown(&self.inner, cx)
+        }
+    }
+}
+
+#[cfg(feature = "futures-io")]
+mod futures_impls {
+    use std::io;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use futures_io::{AsyncRead, AsyncWrite};
+
+    use super::{poll_read, poll_shutdown, poll_write, RdmaStream, ReadHalf, WriteHalf};
+
+    impl AsyncRead for RdmaStream {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut [u8],
+        ) -> Poll<io::Result<usize>> {
+            poll_read(&self.inner, cx, buf)
+        }
+    }
+
+    impl AsyncRead for ReadHalf {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut [u8],
+        ) -> Poll<io::Result<usize>> {
+            poll_read(&self.inner, cx, buf)
+        }
+    }
+
+    impl AsyncWrite for RdmaStream {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            poll_write(&self.inner, cx, buf)
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            poll_shutdown(&self.inner, cx)
+        }
+    }
+
+    impl AsyncWrite for WriteHalf {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            poll_write(&self.inner, cx, buf)
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            poll_shutdown(&self.inner, cx)
+        }
+    }
+}
