@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::thread::JoinHandle;
 
-use rdma_stream::RdmaStream;
+use rdma_stream::{RdmaListener, RdmaStream};
 use sha2::{Digest, Sha256};
 
 /// Every child runs under `timeout`: a hang fails the test, never the run.
@@ -310,12 +310,9 @@ fn rust_client_sends_an_empty_file_to_c_server_siw() {
 /// rdma-core's client cannot send an empty file: it exits 22 (`EINVAL`
 /// from its `mmap` of 0 bytes) having connected and sent nothing; the
 /// Rust server creates nothing and serves the next client.
-#[test]
-#[ignore = "needs an RDMA device"]
-fn c_client_cannot_send_an_empty_file_rxe() {
-    let ip = ip("rxe");
-    let port = 7629;
-    let dir = scratch("c-empty-rxe");
+fn c_client_empty(dev: &str, port: u16) {
+    let ip = ip(dev);
+    let dir = scratch(&format!("c-empty-{dev}"));
     let server = Server::start(false, port);
     let src = make_file(&dir, 0);
     let dst = dir.join("dst").join("empty");
@@ -329,6 +326,18 @@ fn c_client_cannot_send_an_empty_file_rxe() {
     assert_eq!(digest(&src), digest(&dst));
     let (so, se) = server.stop();
     eprintln!("server: {so} {se}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn c_client_cannot_send_an_empty_file_rxe() {
+    c_client_empty("rxe", 7629);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn c_client_cannot_send_an_empty_file_siw() {
+    c_client_empty("siw", 7632);
 }
 
 /// A message header as rcopy writes it (host byte order).
@@ -450,4 +459,120 @@ fn rust_server_answers_malformed_messages_rxe() {
 #[ignore = "needs an RDMA device"]
 fn rust_server_answers_malformed_messages_siw() {
     hostile("siw", 7631);
+}
+
+/// Why the Rust client sends an empty file without a WRITE: rdma-core's
+/// server answers a WRITE of 0 bytes with `EINVAL` (its `mmap` fails), ends
+/// the connection, and from then on answers every OPEN with `EBUSY` (the
+/// failed mapping stays recorded as its open file).
+#[test]
+#[ignore = "needs an RDMA device"]
+fn c_server_cannot_take_a_write_of_0_bytes_rxe() {
+    let ip = ip("rxe");
+    let port = 7633;
+    let dir = scratch("c-write-0");
+    let server = Server::start(true, port);
+    let connect = || RdmaStream::connect((ip.as_str(), port)).expect("connect to the server");
+    let open = |name: &str| {
+        let mut p = dir
+            .join("dst")
+            .join(name)
+            .into_os_string()
+            .into_encoded_bytes();
+        p.resize((p.len() + 8) & !7, 0);
+        let mut m = header(0, 1, 16 + p.len() as u16, 0o644, 1);
+        m.extend_from_slice(&p);
+        m
+    };
+    let mut s = connect();
+    s.write_all(&open("empty")).unwrap();
+    assert_eq!(answer(&mut s), Some((0x81, 0, 1)));
+    s.write_all(&header(0, 3, 24, 0, 2)).unwrap();
+    s.write_all(&0u64.to_ne_bytes()).unwrap();
+    assert_eq!(answer(&mut s), Some((0x83, 22, 2)));
+    ended(&mut s);
+    let mut s = connect();
+    s.write_all(&open("next")).unwrap();
+    let busy = answer(&mut s);
+    drop(s);
+    let (so, se) = server.stop();
+    assert_eq!(busy, Some((0x81, 16, 1)), "server: {so} {se}");
+    eprintln!("server: {so} {se}");
+}
+
+/// A fake server for the Rust client: accepts one connection, and
+/// answers each request with what `reply` makes of its header (after
+/// reading the request whole).
+fn fake_server(
+    ip: &str,
+    port: u16,
+    reply: impl Fn(u8, u64) -> Vec<u8> + Send + 'static,
+) -> JoinHandle<()> {
+    let listener = RdmaListener::bind((ip, port)).expect("listen");
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("accept");
+        let mut h = [0; 16];
+        while s.read_exact(&mut h).is_ok() {
+            let len = u16::from_ne_bytes([h[2], h[3]]) as usize;
+            let id = u64::from_ne_bytes(h[8..16].try_into().unwrap());
+            let mut rest = vec![0; len.saturating_sub(16)];
+            if s.read_exact(&mut rest).is_err() {
+                return;
+            }
+            if h[1] == 3 {
+                let size = u64::from_ne_bytes(rest[..8].try_into().unwrap());
+                let mut data = Vec::new();
+                if (&mut s).take(size).read_to_end(&mut data).is_err() {
+                    return;
+                }
+            }
+            if s.write_all(&reply(h[1], id)).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// The Rust client against answers rdma-core's server never gives: a
+/// refused WRITE makes the server's errno its exit status (as rdma-core's
+/// client), an answer that is not one exits 1 saying what was wrong.
+fn client_against_fake_server(dev: &str, port: u16) {
+    let ip = ip(dev);
+    let dir = scratch(&format!("fake-{dev}"));
+    let src = make_file(&dir, 70_000);
+    let dst = dir.join("dst").join("x");
+
+    let server = fake_server(&ip, port, |cmd, id| {
+        let status = if cmd == 3 { 28 } else { 0 };
+        header(0, cmd | 0x80, 16, status, id)
+    });
+    let out = send(false, &src, &ip, &dst, port);
+    server.join().expect("the fake server");
+    assert_eq!(out.status.code(), Some(28), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("could not write") && err.contains("No space left on device"),
+        "{err}"
+    );
+
+    let server = fake_server(&ip, port + 100, |cmd, id| {
+        header(0, cmd | 0x80, 16, 0, id + 1)
+    });
+    let out = send(false, &src, &ip, &dst, port + 100);
+    server.join().expect("the fake server");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("answer to OPEN is not one"), "{err}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rust_client_reports_what_the_server_says_rxe() {
+    client_against_fake_server("rxe", 7634);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rust_client_reports_what_the_server_says_siw() {
+    client_against_fake_server("siw", 7635);
 }
