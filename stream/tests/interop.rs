@@ -89,6 +89,19 @@ fn finish(child: Child, what: &str) -> Output {
 /// Runs `rstream` as the server (`c_server`: rdma-core's, else ours) and
 /// the other as the client, with `-T v` (verified data) on both sides.
 fn rstream_pair(dev: &str, port: u16, c_server: bool, size: usize, count: usize) {
+    rstream_pair_with(dev, port, c_server, size, count, "v");
+}
+
+/// As [`rstream_pair`], with our side's `-T` options (`a,v`: the async
+/// stream on tokio).
+fn rstream_pair_with(
+    dev: &str,
+    port: u16,
+    c_server: bool,
+    size: usize,
+    count: usize,
+    ours_t: &str,
+) {
     let ip = ip(dev);
     let ours = example("rstream");
     let (server_prog, client_prog): (PathBuf, PathBuf) = if c_server {
@@ -96,7 +109,12 @@ fn rstream_pair(dev: &str, port: u16, c_server: bool, size: usize, count: usize)
     } else {
         (ours, "rstream".into())
     };
-    let args = |role: &[&str]| -> Vec<String> {
+    let (server_t, client_t) = if c_server {
+        ("v", ours_t)
+    } else {
+        (ours_t, "v")
+    };
+    let args = |role: &[&str], t: &str| -> Vec<String> {
         let mut v: Vec<String> = role.iter().map(|s| s.to_string()).collect();
         v.extend(
             [
@@ -107,17 +125,17 @@ fn rstream_pair(dev: &str, port: u16, c_server: bool, size: usize, count: usize)
                 "-C",
                 &count.to_string(),
                 "-T",
-                "v",
+                t,
             ]
             .map(String::from),
         );
         v
     };
     let mut s = timed(&server_prog);
-    s.args(args(&["-b", &ip]));
+    s.args(args(&["-b", &ip], server_t));
     let server = start(s, false);
     let client = timed(&client_prog)
-        .args(args(&["-s", &ip]))
+        .args(args(&["-s", &ip], client_t))
         .output()
         .expect("run the client");
     assert!(
@@ -160,6 +178,22 @@ fn c_rstream_client_to_rust_server_siw() {
 fn rust_rstream_client_to_c_server_siw() {
     rstream_pair("siw", 7607, true, 1 << 20, 6);
     rstream_pair("siw", 7608, true, 100, 200);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn async_rstream_with_c_rstream_both_ways_rxe() {
+    rstream_pair_with("rxe", 7621, false, 70000, 30, "a,v");
+    rstream_pair_with("rxe", 7622, true, 1 << 20, 6, "a,v");
+    rstream_pair_with("rxe", 7623, true, 1, 200, "a,v");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn async_rstream_with_c_rstream_both_ways_siw() {
+    rstream_pair_with("siw", 7624, false, 70000, 30, "a,v");
+    rstream_pair_with("siw", 7625, true, 1 << 20, 6, "a,v");
+    rstream_pair_with("siw", 7626, true, 1, 200, "a,v");
 }
 
 /// 3 MB and a byte, of a fixed pattern, as the file both sides compare.
