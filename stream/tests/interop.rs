@@ -239,7 +239,8 @@ fn python_to_rcat(dev: &str, port: u16) {
     let mut r = timed(example("rcat"));
     r.args(["-v", "-l", &ip, &port.to_string()]);
     // Its output is read while the client runs (a full pipe would stall it).
-    let server = std::thread::spawn(move || finish(start(r, true), "rcat -l"));
+    let server = start(r, true);
+    let server = std::thread::spawn(move || finish(server, "rcat -l"));
     let mut py = timed("python3")
         .env("LD_PRELOAD", PRELOAD)
         .args(["-c", PY_SEND, &ip, &port.to_string()])
@@ -285,10 +286,11 @@ fn rcat_sends_to_python_under_librspreload_rxe() {
     rcat_to_python("rxe", 7612);
 }
 
-// Python sending to `rcat -l` over siw0 is not in the suite: in the test
-// harness its rsocket connect was refused (then librspreload fell back to
-// TCP: ECONNREFUSED) in 2 of 2 runs, while the same commands from a shell
-// script passed 4 of 4 (issue 41's note).
+#[test]
+#[ignore = "needs an RDMA device"]
+fn python_under_librspreload_sends_to_rcat_siw() {
+    python_to_rcat("siw", 7613);
+}
 
 #[test]
 #[ignore = "needs an RDMA device"]
