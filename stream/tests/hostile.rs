@@ -15,7 +15,15 @@
 //!
 //! Device tests: `#[ignore]`d in a plain `cargo test`; run in the VM
 //! (`ci/vm run`) with `--ignored`, which sets `RDMA_TEST_IP` and
-//! `RDMA_TEST_IWARP_IP`. A test that runs without them fails.
+//! `RDMA_TEST_IWARP_IP`. A test that runs without them fails. Those over
+//! siw0 have `iwarp` in their name (`ci/device-tests` routes them so).
+//!
+//! Over siw0 a connection to an `RdmaListener` fails now and then
+//! (`CONNECT_ERROR`, status -22, at the client; about 1 in 20 in our runs):
+//! the accepted stream sends its first credits as soon as the connection is
+//! established, before MPA's initiator sent its first frame (issue 41). The
+//! tests here that go through one over siw0 (the foreign private data and
+//! both SIGKILL cases) fail so when it happens, naming the event.
 
 use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -681,7 +689,7 @@ fn data_past_the_receive_space_granted_is_invalid_data_rxe() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn data_past_the_receive_space_granted_is_invalid_data_siw() {
+fn data_past_the_receive_space_granted_is_invalid_data_iwarp() {
     data_past_the_grant("siw");
 }
 
@@ -721,7 +729,7 @@ fn unknown_operations_and_control_codes_are_invalid_data_rxe() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn unknown_operations_and_control_codes_are_invalid_data_siw() {
+fn unknown_operations_and_control_codes_are_invalid_data_iwarp() {
     unknown_messages("siw");
 }
 
@@ -746,7 +754,7 @@ fn data_after_shutdown_is_invalid_data_rxe() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn data_after_shutdown_is_invalid_data_siw() {
+fn data_after_shutdown_is_invalid_data_iwarp() {
     data_after_shutdown("siw");
 }
 
@@ -868,7 +876,7 @@ fn a_write_past_the_receive_buffer_fails_the_connection_rxe() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn a_write_past_the_receive_buffer_fails_the_connection_siw() {
+fn a_write_past_the_receive_buffer_fails_the_connection_iwarp() {
     write_past_the_buffer("siw");
 }
 
@@ -926,7 +934,7 @@ fn foreign_private_data_is_rejected_and_the_listener_serves_on_rxe() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn foreign_private_data_is_rejected_and_the_listener_serves_on_siw() {
+fn foreign_private_data_is_rejected_and_the_listener_serves_on_iwarp() {
     foreign_private_data("siw");
 }
 
@@ -973,7 +981,7 @@ fn a_server_answering_version_2_fails_the_connect_rxe() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn a_server_answering_version_2_fails_the_connect_siw() {
+fn a_server_answering_version_2_fails_the_connect_iwarp() {
     foreign_accept("siw", 7632);
 }
 
@@ -1094,7 +1102,7 @@ fn the_reader_ends_when_the_sender_is_sigkilled_rxe() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn the_reader_ends_when_the_sender_is_sigkilled_siw() {
+fn the_reader_ends_when_the_sender_is_sigkilled_iwarp() {
     killed_sender("siw", 7634);
 }
 
@@ -1163,6 +1171,6 @@ fn the_writer_fails_when_the_receiver_is_sigkilled_rxe() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn the_writer_fails_when_the_receiver_is_sigkilled_siw() {
+fn the_writer_fails_when_the_receiver_is_sigkilled_iwarp() {
     killed_receiver("siw", 7636);
 }
