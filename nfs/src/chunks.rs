@@ -54,8 +54,21 @@ use std::sync::{Arc, Mutex, Weak};
 
 use rdma::{AccessFlags, Buffer, MemoryRegion, MemoryWindow, MwType, ProtectionDomain, QueuePair};
 
+use crate::error::Error;
 use crate::rpcrdma::Segment;
-use crate::transport::{Error, Fill, Stats};
+use crate::stats::Stats;
+
+/// What to put in a chunk.
+pub(crate) enum Fill<'a> {
+    /// Nothing: memory for the server to write (zeroed when new; kept
+    /// memory of an earlier chunk as it was left, see [`crate::chunks`]).
+    Zero,
+    /// This buffer, moved into a registration of its own where there is
+    /// one (copied into a pooled region).
+    Move(Vec<u8>),
+    /// These pieces, one after another.
+    Pieces(&'a [&'a [u8]]),
+}
 
 /// The smallest pooled region.
 const MIN_REGION: usize = 64 << 10;

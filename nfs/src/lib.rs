@@ -24,10 +24,13 @@
 #![doc(test(attr(deny(warnings))))]
 
 mod chunks;
+mod error;
 pub mod fuzzing;
 pub mod mount;
 pub mod nfs3;
 pub mod rpc;
 pub mod rpcrdma;
+mod stats;
+mod status;
 pub mod transport;
 pub mod xdr;

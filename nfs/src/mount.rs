@@ -65,7 +65,7 @@ impl fmt::Display for MountError {
             MountError::Refused(path, s) => write!(
                 f,
                 "mount {path}: refused by the server ({})",
-                crate::nfs3::status_name(*s)
+                crate::status::status_name(*s)
             ),
             MountError::Protocol(why) => write!(f, "{why}"),
             MountError::TimedOut { what, after } => write!(

@@ -36,7 +36,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -50,12 +50,14 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 pub use crate::chunks::LentData;
-use crate::chunks::{Chunk, ChunkPool, NotLent, MAX_REGION};
+use crate::chunks::{Chunk, ChunkPool, Fill, NotLent, MAX_REGION};
+pub use crate::error::{Error, Result};
 use crate::rpcrdma::{
-    Body, Chunks, ConnectPrivate, Header, RdmaError, ReadSegment, Segment,
-    CP_FLAG_REMOTE_INVALIDATE, DEFAULT_INLINE, VERSION,
+    Body, Chunks, ConnectPrivate, Header, ReadSegment, Segment, CP_FLAG_REMOTE_INVALIDATE,
+    DEFAULT_INLINE, VERSION,
 };
-use crate::xdr::{pad, DecodeError, Writer};
+pub use crate::stats::Stats;
+use crate::xdr::{pad, Writer};
 
 /// The IANA port of NFS over RDMA.
 pub const DEFAULT_PORT: u16 = 20049;
@@ -151,64 +153,6 @@ impl Default for Options {
         }
     }
 }
-
-/// Why a call failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Error {
-    /// No connection (it could not be made, or broke and could not be
-    /// remade): connect again and retry.
-    NotConnected(String),
-    /// Memory for the call could not be registered: try again later.
-    NoBuffers(String),
-    /// The reply did not come within the timeout, after every retry.
-    TimedOut {
-        /// The call's xid.
-        xid: u32,
-        /// How often it was sent.
-        sent: u32,
-    },
-    /// The server answered `RDMA_ERROR`.
-    Rdma(RdmaError),
-    /// The server's transport header or chunks were malformed or broke the
-    /// protocol (a chunk longer than offered, a reply chunk never offered).
-    Malformed(String),
-    /// The RPC reply inside the transport's message names another call than
-    /// the transport header it came with (RFC 8166 requires both xids to be
-    /// the call's): the reply is not this call's, and is not delivered.
-    XidMismatch {
-        /// The call's xid (and its reply's transport header's).
-        call: u32,
-        /// The xid of the RPC reply the server sent with it.
-        reply: u32,
-    },
-    /// The call cannot be sent at all (too large), or the transport is
-    /// closed: do not retry.
-    Permanent(String),
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::NotConnected(why) => write!(f, "not connected: {why}"),
-            Error::NoBuffers(why) => write!(f, "no buffers: {why}"),
-            Error::TimedOut { xid, sent } => {
-                write!(f, "call {xid:#x} got no reply (sent {sent} times)")
-            }
-            Error::Rdma(e) => write!(f, "{e}"),
-            Error::Malformed(why) => write!(f, "malformed reply from the server: {why}"),
-            Error::XidMismatch { call, reply } => write!(
-                f,
-                "the server answered call {call:#x} with the RPC reply of call {reply:#x}"
-            ),
-            Error::Permanent(why) => write!(f, "{why}"),
-        }
-    }
-}
-
-impl std::error::Error for Error {}
-
-/// The result of a call.
-pub type Result<T> = std::result::Result<T, Error>;
 
 /// An RPC call to send: the encoded message (its first four bytes, the
 /// xid, are filled in by the transport) and, for a WRITE, the payload that
@@ -386,80 +330,6 @@ pub struct Reply {
     /// and `placed` are `None`). Holding it holds that memory: the
     /// connection makes other chunks meanwhile.
     pub lent: Option<LentData>,
-}
-
-/// Counters of what the transport did.
-#[derive(Debug, Default)]
-pub struct Stats {
-    /// Calls sent inline (`RDMA_MSG`, no read chunk).
-    pub inline_calls: AtomicU64,
-    /// Calls whose payload went through a data-bearing read chunk.
-    pub read_chunk_calls: AtomicU64,
-    /// Calls sent whole as a position-zero read chunk (`RDMA_NOMSG`).
-    pub nomsg_calls: AtomicU64,
-    /// Replies that used a write chunk.
-    pub write_chunk_replies: AtomicU64,
-    /// Replies that came in the reply chunk (`RDMA_NOMSG`).
-    pub reply_chunk_replies: AtomicU64,
-    /// Replies whose write chunk data was copied straight to the call's
-    /// [`Call::data_into`].
-    pub data_placed: AtomicU64,
-    /// Replies whose write chunk data was lent to the caller in place
-    /// ([`Reply::lent`]).
-    pub data_lent: AtomicU64,
-    /// Write or reply chunks read with a plain copy, their window's
-    /// invalidation complete (the others take the crate's atomic copy).
-    pub plain_chunk_reads: AtomicU64,
-    /// Replies to no pending call (late duplicates), dropped.
-    pub dropped_replies: AtomicU64,
-    /// The most calls ever in flight at once.
-    pub max_in_flight: AtomicU64,
-    /// The last credit grant seen.
-    pub granted: AtomicU64,
-    /// Connections made (1 + reconnections).
-    pub connects: AtomicU64,
-    /// `DEVICE_REMOVAL` events seen (each closed the connection).
-    pub device_removals: AtomicU64,
-    /// Chunks lent to calls now, registered or bound (0 when nothing is in
-    /// flight: a call's chunks are released before its reply is delivered).
-    pub chunks_registered: AtomicU64,
-    /// Memory registrations made for chunks, ever (`ibv_reg_mr`): pooled
-    /// regions, or one per chunk without memory windows.
-    pub chunk_registrations: AtomicU64,
-    /// Chunks registered, without memory windows, on the kept memory of an
-    /// earlier chunk's deregistered registration (neither allocated nor
-    /// zeroed), ever; each is also in `chunk_registrations`.
-    pub chunk_reuses: AtomicU64,
-    /// Memory windows bound for chunks, ever.
-    pub chunk_binds: AtomicU64,
-    /// Memory windows invalidated when their call ended, ever.
-    pub chunk_invalidations: AtomicU64,
-    /// `LOCAL_INV` work requests posted for chunks, ever.
-    pub local_invalidations: AtomicU64,
-    /// Chunks (windows or registrations of their own) the server
-    /// invalidated with its reply (the receive completion named their
-    /// rkey), ever: none of them took a `LOCAL_INV`.
-    pub remote_invalidations: AtomicU64,
-    /// Replies whose receive completion named an rkey invalidated that the
-    /// call had not lent (their chunks' access was ended as usual).
-    pub stray_invalidations: AtomicU64,
-    /// Of those, the ones whose rkey no call in flight lent: a window whose
-    /// call had already ended (deallocated, or its `LOCAL_INV` posted),
-    /// named by a misbehaving server. The reply is delivered and the
-    /// connection kept: the window reaches nothing either way.
-    pub late_invalidations: AtomicU64,
-    /// Windows deallocated and replaced when their call ended, instead of a
-    /// `LOCAL_INV` ([`EndAccess::Deallocate`]).
-    pub fenced_windows: AtomicU64,
-    /// Pooled chunk regions alive now (0 without memory windows).
-    pub chunk_regions: AtomicU64,
-    /// Whether the connection lends chunks through memory windows.
-    pub memory_windows: std::sync::atomic::AtomicBool,
-    /// Calls sent again after a reconnection.
-    pub retransmits: AtomicU64,
-    /// Invalidations that did not complete within
-    /// [`Options::invalidate_timeout`] (each dropped the connection).
-    pub lost_invalidations: AtomicU64,
 }
 
 /// What the connection agreed.
@@ -1786,18 +1656,6 @@ async fn sleep_until(t: Option<Instant>) {
     }
 }
 
-/// What to put in a chunk.
-pub(crate) enum Fill<'a> {
-    /// Nothing: memory for the server to write (zeroed when new; kept
-    /// memory of an earlier chunk as it was left, see [`crate::chunks`]).
-    Zero,
-    /// This buffer, moved into a registration of its own where there is
-    /// one (copied into a pooled region).
-    Move(Vec<u8>),
-    /// These pieces, one after another.
-    Pieces(&'a [&'a [u8]]),
-}
-
 /// The bytes the server wrote into the call's write chunk: as many as the
 /// segments it returned say, never more than offered.
 fn written(p: &Pending, c: &Chunks) -> Result<Option<usize>> {
@@ -2085,12 +1943,6 @@ fn check_reply_xid(call: &[u8], msg: &[u8]) -> Result<()> {
             msg.len()
         ))),
         _ => Ok(()),
-    }
-}
-
-impl From<DecodeError> for Error {
-    fn from(e: DecodeError) -> Self {
-        Error::Malformed(e.to_string())
     }
 }
 
