@@ -18,10 +18,14 @@ pub struct Stats {
     /// Replies that came in the reply chunk (`RDMA_NOMSG`).
     pub reply_chunk_replies: AtomicU64,
     /// Replies whose write chunk data was copied straight to the call's
-    /// [`Call::data_into`](crate::transport::Call::data_into).
+    /// [`Call::data_into`].
+    ///
+    /// [`Call::data_into`]: crate::transport::Call::data_into
     pub data_placed: AtomicU64,
     /// Replies whose write chunk data was lent to the caller in place
-    /// ([`Reply::lent`](crate::transport::Reply::lent)).
+    /// ([`Reply::lent`]).
+    ///
+    /// [`Reply::lent`]: crate::transport::Reply::lent
     pub data_lent: AtomicU64,
     /// Write or reply chunks read with a plain copy, their window's
     /// invalidation complete (the others take the crate's atomic copy).
@@ -65,7 +69,9 @@ pub struct Stats {
     /// connection kept: the window reaches nothing either way.
     pub late_invalidations: AtomicU64,
     /// Windows deallocated and replaced when their call ended, instead of a
-    /// `LOCAL_INV` ([`EndAccess::Deallocate`](crate::transport::EndAccess::Deallocate)).
+    /// `LOCAL_INV` ([`EndAccess::Deallocate`]).
+    ///
+    /// [`EndAccess::Deallocate`]: crate::transport::EndAccess::Deallocate
     pub fenced_windows: AtomicU64,
     /// Pooled chunk regions alive now (0 without memory windows).
     pub chunk_regions: AtomicU64,
@@ -74,6 +80,8 @@ pub struct Stats {
     /// Calls sent again after a reconnection.
     pub retransmits: AtomicU64,
     /// Invalidations that did not complete within
-    /// [`Options::invalidate_timeout`](crate::transport::Options::invalidate_timeout) (each dropped the connection).
+    /// [`Options::invalidate_timeout`] (each dropped the connection).
+    ///
+    /// [`Options::invalidate_timeout`]: crate::transport::Options::invalidate_timeout
     pub lost_invalidations: AtomicU64,
 }

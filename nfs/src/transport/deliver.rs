@@ -208,11 +208,13 @@ fn outcome(p: &Pending, o: Outcome, gone: Gone, lent: Result<Option<LentData>>) 
     })
 }
 
-/// The write chunk's data lent in place ([`Call::lend_data`](super::Call::lend_data)), when the call
+/// The write chunk's data lent in place ([`Call::lend_data`]), when the call
 /// asked for it, the reply says the server wrote it, and the chunk can be
 /// lent ([`ChunkPool::lend`]: a window proven invalidated, a registration
 /// of its own deregistered); the chunk is then out of the call, and is not
 /// put back or discarded with the others. `Ok(None)`: read it with a copy.
+///
+/// [`Call::lend_data`]: super::Call::lend_data
 fn lend_write(
     p: &mut Pending,
     o: &Outcome,
