@@ -241,14 +241,16 @@ impl RdmaStream {
             .map_err(|e| setup::step_error("connecting", e))?;
         let parts = conn.into_parts();
         let peer = ConnData::decode(&parts.peer_private_data).map_err(setup::protocol)?;
-        Ok(Self::from_parts(parts, local, &peer, iwarp))
+        Ok(Self::from_parts(parts, local, &peer, iwarp, false))
     }
 
+    /// `passive`: the stream was accepted.
     fn from_parts(
         parts: ConnectionParts,
         local: Local,
         peer: &ConnData,
         iwarp: bool,
+        passive: bool,
     ) -> RdmaStream {
         let ConnectionParts {
             qp,
@@ -259,7 +261,7 @@ impl RdmaStream {
             id,
             ..
         } = parts;
-        let mut engine = Engine::new(qp, local, peer, iwarp);
+        let mut engine = Engine::new(qp, local, peer, iwarp, passive);
         // The first credits (the second half of the receive buffer).
         engine.update_credits();
         let wakers = Arc::new(Wakers::default());
@@ -486,7 +488,10 @@ impl RdmaListener {
                 .map_err(|e| setup::step_error("accepting", e))?;
             let parts = conn.into_parts();
             let addr = parts.peer_addr;
-            return Ok((RdmaStream::from_parts(parts, local, &peer, iwarp), addr));
+            return Ok((
+                RdmaStream::from_parts(parts, local, &peer, iwarp, true),
+                addr,
+            ));
         }
     }
 }

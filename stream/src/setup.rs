@@ -189,7 +189,7 @@ pub(crate) fn connect(dst: SocketAddr, opts: &Options) -> io::Result<Parts> {
         id.establish_qp(&m.qp).map_err(err("rdma_establish"))?;
     }
     Ok(Parts {
-        engine: Engine::new(m.qp, m.local, &peer, m.iwarp),
+        engine: Engine::new(m.qp, m.local, &peer, m.iwarp, false),
         cq: m.cq,
         comp: m.comp,
         _pd: m.pd,
@@ -290,7 +290,7 @@ fn accept_one(id: CmId, peer: &ConnData, opts: &Options) -> io::Result<Parts> {
             .map_err(err("accepting"))?,
     );
     Ok(Parts {
-        engine: Engine::new(m.qp, m.local, peer, m.iwarp),
+        engine: Engine::new(m.qp, m.local, peer, m.iwarp, true),
         cq: m.cq,
         comp: m.comp,
         _pd: m.pd,

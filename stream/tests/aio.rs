@@ -121,7 +121,7 @@ fn sixty_four_clients_echo_through_split_halves_rxe() {
 // one-at-a-time accept (2 of 2 runs; issue 41's note). 16 pass.
 #[test]
 #[ignore = "needs an RDMA device"]
-fn sixteen_clients_echo_through_split_halves_siw() {
+fn sixteen_clients_echo_through_split_halves_iwarp() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -1539,3 +1539,94 @@ mod aio {
         killed_receiver("siw", 7640);
     }
 }
+
+/// As above, but the stream reads a few messages first (fewer than half
+/// its credits, so it grants nothing new): the limit the peer was given is
+/// still the first one, and the message past it must still be refused.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn messages_past_the_credits_after_some_reads_are_invalid_data_rxe() {
+    let (read_tx, read_rx) = mpsc::channel();
+    let (mut peer, rx, h) = pair("rxe", 1, move |s| {
+        let first = (&s).write(b"a");
+        let mut got = Vec::new();
+        let mut buf = [0; 16];
+        while got.len() < 10 {
+            match (&s).read(&mut buf[..10 - got.len()]) {
+                Ok(0) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(_) => break,
+            }
+        }
+        let _ = read_tx.send(got.clone());
+        let blocked = (&s).write(b"b");
+        let t = Instant::now();
+        (first, blocked, t, read_to_end(&s, got))
+    });
+    let credits = peer.theirs.credits as usize;
+    peer.first_grant();
+    for i in 0..10 {
+        peer.data(&[pattern(i)]);
+    }
+    peer.wait_sends().expect("the first ten");
+    let got = read_rx
+        .recv_timeout(BOUND)
+        .expect("the stream reads ten bytes");
+    assert_eq!(got, patterned(0, 10));
+    for i in 10..credits {
+        peer.data(&[pattern(i)]);
+    }
+    peer.wait_sends().expect("the credited messages");
+    let t0 = Instant::now();
+    peer.data(&[pattern(credits)]);
+    let (first, blocked, t, seen) = match rx.recv_timeout(BOUND) {
+        Ok(v) => v,
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            // Evidence: close the peer, which ends the waiting write, and
+            // show what the stream took.
+            drop(peer);
+            let (first, blocked, _, seen) = outcome(&rx, h, "after the peer closed");
+            panic!(
+                "message {} with {credits} credits granted and 10 read: no error within \
+                 {BOUND:?}; once the peer closed: write {first:?}, blocked write \
+                 {blocked:?}, then read {} bytes (the pattern's first {}: {}) and {:?}",
+                credits + 1,
+                seen.bytes.len(),
+                credits + 1,
+                seen.bytes == patterned(0, credits + 1),
+                seen.end
+            )
+        }
+        Err(e) => panic!("the stream side panicked: {e:?}, {:?}", h.join()),
+    };
+    println!(
+        "rxe message {} with {credits} credits, 10 read: write {first:?}, blocked write \
+         {blocked:?} after {:?}; then read {} bytes and {:?}",
+        credits + 1,
+        t.saturating_duration_since(t0),
+        seen.bytes.len(),
+        seen.end
+    );
+    let e = blocked.expect_err("the write waiting for credits ends with the violation");
+    assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+    assert!(
+        seen.bytes == patterned(0, credits),
+        "{} bytes",
+        seen.bytes.len()
+    );
+}
+
+/// iWARP: a message SEND of 2 bytes instead of 4. The stream's slot keeps
+/// whatever its other two bytes held: the message must be refused, not
+/// read with stale bytes.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_short_message_send_is_invalid_data_iwarp() {
+    violation("siw", "a 2-byte message SEND", "", |p| {
+        let id = p.id();
+        // DATA of 255 bytes if read with two zero bytes.
+        p.send_inline(InlineSend::send(id, &[0xFF, 0x00]));
+        // Ends the stream if the short message was taken.
+        p.msg(wire::msg(Op::CTRL, Ctrl::SHUTDOWN.0));
+    });
+}

@@ -168,14 +168,14 @@ fn rust_rstream_client_to_c_server_rxe() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn c_rstream_client_to_rust_server_siw() {
+fn c_rstream_client_to_rust_server_iwarp() {
     rstream_pair("siw", 7605, false, 65536, 30);
     rstream_pair("siw", 7606, false, 1, 200);
 }
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn rust_rstream_client_to_c_server_siw() {
+fn rust_rstream_client_to_c_server_iwarp() {
     rstream_pair("siw", 7607, true, 1 << 20, 6);
     rstream_pair("siw", 7608, true, 100, 200);
 }
@@ -190,7 +190,7 @@ fn async_rstream_with_c_rstream_both_ways_rxe() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn async_rstream_with_c_rstream_both_ways_siw() {
+fn async_rstream_with_c_rstream_both_ways_iwarp() {
     rstream_pair_with("siw", 7624, false, 70000, 30, "a,v");
     rstream_pair_with("siw", 7625, true, 1 << 20, 6, "a,v");
     rstream_pair_with("siw", 7626, true, 1, 200, "a,v");
@@ -288,12 +288,12 @@ fn rcat_sends_to_python_under_librspreload_rxe() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn python_under_librspreload_sends_to_rcat_siw() {
+fn python_under_librspreload_sends_to_rcat_iwarp() {
     python_to_rcat("siw", 7613);
 }
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn rcat_sends_to_python_under_librspreload_siw() {
+fn rcat_sends_to_python_under_librspreload_iwarp() {
     rcat_to_python("siw", 7614);
 }
