@@ -1,24 +1,18 @@
 //! `rdma-9p serve [--addr A] [--port P] [--read-only] [--msize N] [--max-fids N]
 //! [--max-connections N] [--workers N] [--squash root|all|none] [--anon-uid N]
-//! [--anon-gid N] DIR`
+//! [--anon-gid N] DIR`, parsed with clap's derive (`rdma-9p serve --help`).
 
 use std::io::Write;
+use std::net::IpAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use rdma_9p::server::{run, Config, DEFAULT_MSIZE, DEFAULT_PORT};
+use clap::{Parser, Subcommand};
+use rdma_9p::server::{run, Config, DEFAULT_MSIZE};
+use rdma_9p::users::Squash;
 
-const USAGE: &str = "\
-usage: rdma-9p serve [OPTIONS] DIR
-       rdma-9p --help | serve --help";
-
-fn help() -> String {
-    let defaults = Config::new(Default::default());
-    format!(
-        "\
-rdma-9p: a 9P2000.L file server over RDMA (RDMA CM, one SEND per message).
-
-{USAGE}
-
+/// Who may do what, and the environment: what follows `serve --help`.
+const SERVE_NOTE: &str = "\
 Serves DIR (nothing outside it is reachable) until killed. Linux mounts it with
   mount -t 9p -o trans=rdma,port=P,version=9p2000.L ADDR /mnt
 
@@ -32,32 +26,7 @@ that user here: device nodes and set-id bits only where the user could make
 them locally. Run as root to act for many users; run as another user, the
 server acts as itself for every client.
 
-options of serve:
-  --addr A       the IP address to listen on (default {addr}: every address)
-  --port P       the RDMA CM port, TCP port space (default {DEFAULT_PORT})
-  --read-only    refuse every change (EROFS)
-  --msize N      the largest message size agreed, 4096 to 16777216 bytes
-                 (default {DEFAULT_MSIZE}); every receive is this large
-  --max-fids N   the fids one connection may hold (default {fids})
-  --max-connections N
-                 clients served at once, more are rejected (default {conns});
-                 each holds its receive and send buffers from the moment it
-                 connects, and an equal share of the open files the
-                 descriptor limit allows (raised to the hard limit at start)
-  --workers N    the threads that run requests, shared by every connection
-                 (default {workers}); one connection runs at most a quarter
-                 of them (at least 1) at once, and more than one only while
-                 more than a quarter are free; its other requests wait in
-                 order, so that clients whose requests wait (a lock, a
-                 lease, a slow file system) leave threads to the others
-  --squash S     root: uid 0 acts as the anonymous user (the default);
-                 all: every user does; none: users act as themselves, root
-                 included (tests, trusted fabrics)
-  --anon-uid N   the anonymous user's uid (default {anon})
-  --anon-gid N   the anonymous user's gid (default {anon})
-  -h, --help     print this help
-
-environment:
+Environment:
   RDMA_9P_TRACE  when set, every request, reply and completion is printed to stderr
   RDMA_9P_STATS  when set, where reads' and writes' time went on the server is
                  printed to stderr after each burst of them
@@ -65,150 +34,154 @@ environment:
                  thread pool as every other request (for comparisons)
   RDMA_9P_BENCH_NULL  for benchmarks only: when set, reads and writes of
                  regular files are answered without touching the file (a
-                 read gets whatever bytes the reply buffer holds)",
-        addr = defaults.addr,
-        fids = defaults.max_fids,
-        conns = defaults.max_connections,
-        workers = defaults.workers,
-        anon = rdma_9p::users::ANON_ID,
-    )
+                 read gets whatever bytes the reply buffer holds)";
+
+/// A 9P2000.L file server over RDMA (RDMA CM, one SEND per message).
+#[derive(Parser, Debug)]
+#[command(
+    name = "rdma-9p",
+    after_help = "`rdma-9p serve --help` says who may do what: 9P over RDMA has no authentication."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Commands,
 }
 
-/// What the command line asks for.
-#[derive(Debug)]
-enum Command {
-    Help,
-    Serve(Config),
+#[derive(Subcommand, Debug)]
+enum Commands {
+    /// Serves DIR over RDMA until killed (9P over RDMA has no authentication: see --help)
+    #[command(args_override_self = true, after_help = SERVE_NOTE)]
+    Serve(Serve),
 }
 
-fn number<T: std::str::FromStr>(option: &str, value: &str, what: &str) -> Result<T, String> {
-    value
-        .parse()
-        .map_err(|_| format!("{option}: {value:?} is not {what}"))
+/// The options of `serve`; their defaults are [`Config::new`]'s.
+#[derive(clap::Args, Debug)]
+struct Serve {
+    /// The IP address to listen on (0.0.0.0 or ::: every address)
+    #[arg(long, value_name = "A", default_value_t = defaults().addr, value_parser = parse_addr)]
+    addr: IpAddr,
+    /// The RDMA CM port, TCP port space
+    #[arg(long, value_name = "P", default_value_t = defaults().port, value_parser = parse_port)]
+    port: u16,
+    /// Refuse every change (EROFS)
+    #[arg(long)]
+    read_only: bool,
+    /// The largest message size agreed, 4096 to 16777216 bytes;
+    /// every receive is this large
+    #[arg(long, verbatim_doc_comment, value_name = "N", default_value_t = DEFAULT_MSIZE, value_parser = parse_msize)]
+    msize: u32,
+    /// The fids one connection may hold
+    #[arg(long, value_name = "N", default_value_t = defaults().max_fids,
+          value_parser = at_least_1("fids"))]
+    max_fids: usize,
+    /// Clients served at once, more are rejected; each holds its
+    /// receive and send buffers from the moment it connects, and an
+    /// equal share of the open files the descriptor limit allows
+    /// (raised to the hard limit at start)
+    #[arg(long, verbatim_doc_comment, value_name = "N", default_value_t = defaults().max_connections,
+          value_parser = at_least_1("connections"))]
+    max_connections: usize,
+    /// The threads that run requests, shared by every connection,
+    /// 1 to 4096; one connection runs at most a quarter of them (at
+    /// least 1) at once, and more than one only while more than a
+    /// quarter are free; its other requests wait in order, so that
+    /// clients whose requests wait (a lock, a lease, a slow file
+    /// system) leave threads to the others
+    #[arg(long, verbatim_doc_comment, value_name = "N", default_value_t = defaults().workers, value_parser = parse_workers)]
+    workers: usize,
+    /// root: uid 0 acts as the anonymous user; all: every user does;
+    /// none: users act as themselves, root included (tests, trusted
+    /// fabrics)
+    #[arg(long, verbatim_doc_comment, value_name = "S", default_value = "root", value_parser = parse_squash)]
+    squash: Squash,
+    /// The anonymous user's uid
+    #[arg(long, value_name = "N", default_value_t = rdma_9p::users::ANON_ID,
+          value_parser = id("uid"))]
+    anon_uid: u32,
+    /// The anonymous user's gid
+    #[arg(long, value_name = "N", default_value_t = rdma_9p::users::ANON_ID,
+          value_parser = id("gid"))]
+    anon_gid: u32,
+    /// The directory served
+    #[arg(value_name = "DIR")]
+    dir: PathBuf,
 }
 
-fn parse(args: &[String]) -> Result<Command, String> {
-    let mut it = args.iter();
-    match it.next().map(String::as_str) {
-        Some("serve") => {}
-        Some("-h" | "--help" | "help") => return Ok(Command::Help),
-        Some(other) if other.starts_with('-') => {
-            return Err(format!(
-                "unknown option {other:?} (the command comes first: serve)"
-            ))
-        }
-        Some(other) => return Err(format!("unknown command {other:?} (the only one is serve)")),
-        None => return Err("a command is needed: serve".into()),
+fn defaults() -> Config {
+    Config::new(PathBuf::new())
+}
+
+fn parse_addr(s: &str) -> Result<IpAddr, String> {
+    s.parse()
+        .map_err(|_| format!("'{s}' is not an IP address (such as 10.8.0.1 or ::)"))
+}
+
+fn parse_port(s: &str) -> Result<u16, String> {
+    s.parse()
+        .map_err(|_| format!("'{s}' is not a port number (0 to 65535)"))
+}
+
+fn parse_msize(s: &str) -> Result<u32, String> {
+    let range = rdma_9p::fs::MIN_MSIZE..=16 << 20;
+    match s.parse::<u32>() {
+        Ok(m) if range.contains(&m) => Ok(m),
+        Ok(m) => Err(format!(
+            "{m} is outside {} to {} bytes",
+            range.start(),
+            range.end()
+        )),
+        Err(_) => Err(format!("'{s}' is not a size in bytes")),
     }
-    let mut dir: Option<String> = None;
-    let mut c = Config::new(Default::default());
-    let mut options_done = false;
-    while let Some(a) = it.next() {
-        if options_done || !a.starts_with('-') || a == "-" {
-            if let Some(first) = &dir {
-                return Err(format!(
-                    "one directory is served: {first:?}, and then {a:?}"
-                ));
-            }
-            dir = Some(a.clone());
-            continue;
-        }
-        // `--opt=value` or `--opt value`.
-        let (name, inline) = match a.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
-            _ => (a.as_str(), None),
-        };
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| it.next().cloned())
-                .ok_or(format!("{name} needs a value"))
-        };
-        match name {
-            "--addr" => {
-                let v = value()?;
-                c.addr = number(name, &v, "an IP address (such as 10.8.0.1 or ::)")?;
-            }
-            "--port" => {
-                let v = value()?;
-                c.port = number(name, &v, "a port number (0 to 65535)")?;
-            }
-            "--msize" => {
-                let v = value()?;
-                let m: u32 = number(name, &v, "a size in bytes")?;
-                if !(rdma_9p::fs::MIN_MSIZE..=16 << 20).contains(&m) {
-                    return Err(format!(
-                        "--msize: {m} is outside {} to {} bytes",
-                        rdma_9p::fs::MIN_MSIZE,
-                        16 << 20
-                    ));
-                }
-                c.max_msize = m;
-            }
-            "--max-connections" => {
-                let v = value()?;
-                let n: usize = number(name, &v, "a number of connections")?;
-                if n == 0 {
-                    return Err("--max-connections: at least 1".into());
-                }
-                c.max_connections = n;
-            }
-            "--workers" => {
-                let v = value()?;
-                let n: usize = number(name, &v, "a number of threads")?;
-                if !(1..=4096).contains(&n) {
-                    return Err("--workers: 1 to 4096".into());
-                }
-                c.workers = n;
-            }
-            "--max-fids" => {
-                let v = value()?;
-                let n: usize = number(name, &v, "a number of fids")?;
-                if n == 0 {
-                    return Err("--max-fids: at least 1".into());
-                }
-                c.max_fids = n;
-            }
-            "--squash" => {
-                let v = value()?;
-                c.users.squash = v.parse().map_err(|e| format!("{name}: {e}"))?;
-            }
-            "--anon-uid" => {
-                let v = value()?;
-                c.users.anon_uid = number(name, &v, "a uid")?;
-            }
-            "--anon-gid" => {
-                let v = value()?;
-                c.users.anon_gid = number(name, &v, "a gid")?;
-            }
-            "--read-only" if inline.is_none() => c.read_only = true,
-            "--read-only" => return Err("--read-only takes no value".into()),
-            "-h" | "--help" => return Ok(Command::Help),
-            "--" => options_done = true,
-            _ => return Err(format!("unknown option {a:?}")),
-        }
+}
+
+/// A count of `what`, at least 1.
+fn at_least_1(what: &'static str) -> impl Fn(&str) -> Result<usize, String> + Clone {
+    move |s: &str| match s.parse::<usize>() {
+        Ok(0) => Err("at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("'{s}' is not a number of {what}")),
     }
-    let dir = dir.ok_or("the directory to serve is missing")?;
-    if dir.is_empty() {
-        return Err("the directory to serve is an empty name".into());
+}
+
+fn parse_workers(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ 1..=4096) => Ok(n),
+        Ok(_) => Err("1 to 4096".into()),
+        Err(_) => Err(format!("'{s}' is not a number of threads")),
     }
-    c.dir = dir.into();
-    Ok(Command::Serve(c))
+}
+
+fn parse_squash(s: &str) -> Result<Squash, String> {
+    s.parse::<Squash>()
+        .map_err(|_| format!("'{s}' is not root, all or none"))
+}
+
+/// A uid or gid (`what`).
+fn id(what: &'static str) -> impl Fn(&str) -> Result<u32, String> + Clone {
+    move |s: &str| s.parse().map_err(|_| format!("'{s}' is not a {what}"))
+}
+
+impl Serve {
+    fn config(self) -> Config {
+        let mut c = Config::new(self.dir);
+        c.addr = self.addr;
+        c.port = self.port;
+        c.read_only = self.read_only;
+        c.max_msize = self.msize;
+        c.max_fids = self.max_fids;
+        c.max_connections = self.max_connections;
+        c.workers = self.workers;
+        c.users.squash = self.squash;
+        c.users.anon_uid = self.anon_uid;
+        c.users.anon_gid = self.anon_gid;
+        c
+    }
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let config = match parse(&args) {
-        Ok(Command::Serve(c)) => c,
-        Ok(Command::Help) => {
-            println!("{}", help());
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("rdma-9p: {e}\n{USAGE}\n(rdma-9p --help says more)");
-            return ExitCode::from(2);
-        }
-    };
+    // On an error, or for --help, clap prints and exits (status 2 for an error).
+    let Commands::Serve(serve) = Cli::parse().command;
+    let config = serve.config();
     let dir = config.dir.clone();
     let result = run(config, |addr| {
         println!("rdma-9p: serving {} on {addr}", dir.display());
@@ -226,13 +199,22 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::error::ErrorKind;
 
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
+    fn parse(s: &str) -> Result<Config, clap::Error> {
+        let Commands::Serve(serve) =
+            Cli::try_parse_from(std::iter::once("rdma-9p").chain(s.split_whitespace()))?.command;
+        Ok(serve.config())
     }
 
     fn err(s: &str) -> String {
-        parse(&args(s)).expect_err(s)
+        parse(s).expect_err(s).to_string()
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 
     #[test]
@@ -241,13 +223,15 @@ mod tests {
             "--help",
             "-h",
             "help",
+            "help serve",
             "serve --help",
             "serve -h",
             "serve --port 1 -h",
         ] {
-            assert!(matches!(parse(&args(s)), Ok(Command::Help)), "{s}");
+            let e = parse(s).expect_err(s);
+            assert_eq!(e.kind(), ErrorKind::DisplayHelp, "{s}");
         }
-        let h = help();
+        let h = parse("serve --help").unwrap_err().to_string();
         for word in [
             "--addr",
             "--port",
@@ -260,19 +244,22 @@ mod tests {
             "--anon-uid",
             "--anon-gid",
             "no authentication",
+            "trans=rdma",
             "5640",
+            "65534",
+            "RDMA_9P_TRACE",
         ] {
             assert!(h.contains(word), "the help lacks {word}");
         }
+        // `-h` says as much as `--help`.
+        assert_eq!(h, parse("serve -h").unwrap_err().to_string());
     }
 
     #[test]
     fn a_good_command_line() {
-        let Ok(Command::Serve(c)) = parse(&args(
-            "serve --addr 10.8.0.1 --port=5641 --read-only --msize 65536 --max-fids 9 /srv",
-        )) else {
-            panic!("not parsed")
-        };
+        let c =
+            parse("serve --addr 10.8.0.1 --port=5641 --read-only --msize 65536 --max-fids 9 /srv")
+                .unwrap();
         assert_eq!(c.addr.to_string(), "10.8.0.1");
         assert_eq!(
             (c.port, c.read_only, c.max_msize, c.max_fids),
@@ -281,49 +268,61 @@ mod tests {
         assert_eq!(c.dir, std::path::Path::new("/srv"));
         assert_eq!(c.users, rdma_9p::users::Users::default());
         assert_eq!((c.workers, c.max_running()), (64, 16));
-        let Ok(Command::Serve(c)) = parse(&args("serve --workers 6 /srv")) else {
-            panic!("not parsed")
-        };
+        // The defaults are the library's.
+        let d = Config::new("/srv".into());
+        let c = parse("serve /srv").unwrap();
+        assert_eq!(
+            (c.addr, c.port, c.read_only, c.max_msize, c.max_fids),
+            (d.addr, d.port, d.read_only, d.max_msize, d.max_fids)
+        );
+        assert_eq!(
+            (c.max_connections, c.workers, c.users),
+            (d.max_connections, d.workers, d.users)
+        );
+        let c = parse("serve --workers 6 /srv").unwrap();
         assert_eq!((c.workers, c.max_running()), (6, 1));
-        let Ok(Command::Serve(c)) = parse(&args(
-            "serve --squash all --anon-uid 1234 --anon-gid=99 /srv",
-        )) else {
-            panic!("not parsed")
-        };
+        let c = parse("serve --squash all --anon-uid 1234 --anon-gid=99 /srv").unwrap();
         assert_eq!(
             (c.users.squash, c.users.anon_uid, c.users.anon_gid),
-            (rdma_9p::users::Squash::All, 1234, 99)
+            (Squash::All, 1234, 99)
         );
-        let Ok(Command::Serve(c)) = parse(&args("serve -- -dir")) else {
-            panic!("not parsed")
-        };
+        let c = parse("serve -- -dir").unwrap();
         assert_eq!(c.dir, std::path::Path::new("-dir"));
+        // A flag given twice: the last one counts, as before.
+        assert_eq!(parse("serve --port 1 --port 2 /srv").unwrap().port, 2);
     }
 
     #[test]
     fn every_bad_argument_is_named() {
-        assert!(err("").contains("a command is needed"));
-        assert!(err("mount /x").contains("unknown command \"mount\""));
-        assert!(err("--port 1").contains("unknown option \"--port\""));
-        assert!(err("serve").contains("directory to serve is missing"));
-        assert!(err("serve /a /b").contains("\"/a\", and then \"/b\""));
-        assert!(err("serve --bogus /a").contains("unknown option \"--bogus\""));
-        assert!(err("serve /a --port").contains("--port needs a value"));
-        assert!(err("serve --port 70000 /a").contains("\"70000\" is not a port number"));
-        assert!(err("serve --port=x /a").contains("\"x\" is not a port number"));
-        assert!(err("serve --addr 10.8.0 /a").contains("\"10.8.0\" is not an IP address"));
-        assert!(err("serve --msize 100 /a").contains("100 is outside 4096"));
-        assert!(err("serve --msize -5 /a").contains("\"-5\" is not a size"));
-        assert!(err("serve --max-fids 0 /a").contains("at least 1"));
-        assert!(err("serve --max-connections 0 /a").contains("--max-connections: at least 1"));
-        assert!(err("serve --max-connections x /a").contains("not a number of connections"));
-        assert!(err("serve --workers 0 /a").contains("--workers: 1 to 4096"));
-        assert!(err("serve --workers lots /a").contains("not a number of threads"));
-        assert!(err("serve --read-only=yes /a").contains("takes no value"));
-        assert!(
-            err("serve --squash some /a").contains("--squash: \"some\" is not root, all or none")
+        assert_eq!(
+            parse("").unwrap_err().kind(),
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
         );
-        assert!(err("serve --anon-uid -1 /a").contains("\"-1\" is not a uid"));
-        assert!(err("serve --anon-gid /a").contains("\"/a\" is not a gid"));
+        assert!(err("mount /x").contains("unrecognized subcommand 'mount'"));
+        assert!(err("--port 1").contains("unexpected argument '--port'"));
+        assert!(err("serve").contains("<DIR>"));
+        assert!(err("serve /a /b").contains("unexpected argument '/b'"));
+        assert!(err("serve --bogus /a").contains("unexpected argument '--bogus'"));
+        assert!(err("serve --prot 1 /a").contains("a similar argument exists: '--port'"));
+        assert!(err("serve /a --port").contains("a value is required for '--port <P>'"));
+        assert!(err("serve --port 70000 /a")
+            .contains("invalid value '70000' for '--port <P>': '70000' is not a port number"));
+        assert!(err("serve --port=x /a").contains("'x' is not a port number"));
+        assert!(err("serve --addr 10.8.0 /a")
+            .contains("for '--addr <A>': '10.8.0' is not an IP address"));
+        assert!(err("serve --msize 100 /a").contains("'--msize <N>': 100 is outside 4096"));
+        assert!(err("serve --msize=-5 /a").contains("'-5' is not a size"));
+        assert!(err("serve --max-fids 0 /a").contains("'--max-fids <N>': at least 1"));
+        assert!(err("serve --max-connections 0 /a").contains("'--max-connections <N>': at least 1"));
+        assert!(err("serve --max-connections x /a").contains("not a number of connections"));
+        assert!(err("serve --workers 0 /a").contains("'--workers <N>': 1 to 4096"));
+        assert!(err("serve --workers lots /a").contains("not a number of threads"));
+        assert!(
+            err("serve --read-only=yes /a").contains("unexpected value 'yes' for '--read-only'")
+        );
+        assert!(err("serve --squash some /a")
+            .contains("for '--squash <S>': 'some' is not root, all or none"));
+        assert!(err("serve --anon-uid=-1 /a").contains("'--anon-uid <N>': '-1' is not a uid"));
+        assert!(err("serve --anon-gid /a").contains("'--anon-gid <N>': '/a' is not a gid"));
     }
 }
