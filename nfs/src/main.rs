@@ -1,33 +1,72 @@
 //! `rdma-nfs [--port P] [--timeout S] ls|cat|put|rm ...`: an NFSv3 client
-//! over RPC-over-RDMA.
+//! over RPC-over-RDMA; the command line is clap's derive (`rdma-nfs --help`).
 
 use std::io::Write;
 use std::net::IpAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::{Parser, Subcommand};
 use rdma_nfs::nfs3::{Client, NfsError, Options, NF3DIR};
 
-const USAGE: &str = "\
-usage: rdma-nfs [--port P] [--timeout S] COMMAND ...
-  ls  SERVER:DIR          list a directory (type, size, name)
-  cat SERVER:FILE         write a file to standard output
-  put LOCAL SERVER:FILE   copy a local file to the server (created or truncated)
-  rm  SERVER:FILE         remove a file
+/// What follows the help of the tool and of each command.
+const NOTE: &str = "\
 NFSv3 over RPC-over-RDMA (RDMA CM, port 20049 by default); the root handle comes from the
-server's mountd over TCP, for the longest directory of the path it exports.
-  --port P      the server's RDMA port (default 20049)
-  --timeout S   seconds for each connection step and each call (default 30)";
+server's mountd over TCP, for the longest directory of the path it exports. SERVER is an IP
+address ([IPV6]:PATH for IPv6), PATH is absolute.";
 
-#[derive(Debug, PartialEq, Eq)]
-enum Cmd {
-    Ls(Target),
-    Cat(Target),
-    Put(String, Target),
-    Rm(Target),
+/// An NFSv3 client over RPC-over-RDMA version 1.
+#[derive(Parser, Debug)]
+#[command(name = "rdma-nfs", after_help = NOTE, args_override_self = true)]
+struct Cli {
+    /// The server's RDMA port, 1 to 65535
+    #[arg(long, global = true, value_name = "P", default_value_t = rdma_nfs::transport::DEFAULT_PORT,
+          value_parser = parse_port)]
+    port: u16,
+    /// Seconds for each connection step and each call, 1 to 3600 (default: 10 for a
+    /// connection step, 30 for a call)
+    #[arg(long, global = true, value_name = "S", value_parser = parse_timeout)]
+    timeout: Option<u64>,
+    #[command(subcommand)]
+    command: Cmd,
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Subcommand, Debug, PartialEq, Eq)]
+enum Cmd {
+    /// List a directory (type, size, name)
+    #[command(after_help = NOTE)]
+    Ls {
+        /// The directory
+        #[arg(value_name = "SERVER:DIR", value_parser = target)]
+        dir: Target,
+    },
+    /// Write a file to standard output
+    #[command(after_help = NOTE)]
+    Cat {
+        /// The file
+        #[arg(value_name = "SERVER:FILE", value_parser = target)]
+        file: Target,
+    },
+    /// Copy a local file to the server (created or truncated)
+    #[command(after_help = NOTE)]
+    Put {
+        /// The local file
+        #[arg(value_name = "LOCAL")]
+        local: String,
+        /// Where it goes
+        #[arg(value_name = "SERVER:FILE", value_parser = target)]
+        file: Target,
+    },
+    /// Remove a file
+    #[command(after_help = NOTE)]
+    Rm {
+        /// The file
+        #[arg(value_name = "SERVER:FILE", value_parser = target)]
+        file: Target,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Target {
     server: IpAddr,
     path: String,
@@ -35,19 +74,15 @@ struct Target {
 
 fn target(s: &str) -> Result<Target, String> {
     let (host, path) = if let Some(rest) = s.strip_prefix('[') {
-        let (h, p) = rest
-            .split_once("]:")
-            .ok_or(format!("{s:?}: expected [IPV6]:PATH"))?;
-        (h, p)
+        rest.split_once("]:").ok_or("expected [IPV6]:PATH")?
     } else {
-        s.split_once(':')
-            .ok_or(format!("{s:?}: expected SERVER:PATH"))?
+        s.split_once(':').ok_or("expected SERVER:PATH")?
     };
     let server = host
         .parse()
-        .map_err(|_| format!("{s:?}: {host:?} is not an IP address"))?;
+        .map_err(|_| format!("'{host}' is not an IP address"))?;
     if !path.starts_with('/') {
-        return Err(format!("{s:?}: the path must be absolute"));
+        return Err("the path must be absolute".into());
     }
     Ok(Target {
         server,
@@ -55,46 +90,33 @@ fn target(s: &str) -> Result<Target, String> {
     })
 }
 
-fn parse(args: &[String]) -> Result<(Options, Cmd), String> {
-    let mut o = Options::default();
-    let mut rest = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = || it.next().cloned().ok_or(format!("{a} needs a value"));
-        match a.as_str() {
-            "--port" => {
-                o.port = value()?
-                    .parse()
-                    .ok()
-                    .filter(|&p| p != 0)
-                    .ok_or("--port: a port from 1 to 65535")?
-            }
-            "--timeout" => {
-                let s: u64 = value()?
-                    .parse()
-                    .ok()
-                    .filter(|&s| (1..=3600).contains(&s))
-                    .ok_or("--timeout: seconds from 1 to 3600")?;
-                o.transport.connect_timeout = Duration::from_secs(s);
-                o.transport.call_timeout = Duration::from_secs(s);
-            }
-            "-h" | "--help" => return Err(String::new()),
-            s if s.starts_with('-') && s.len() > 1 => return Err(format!("unknown option {s}")),
-            s => rest.push(s.to_string()),
-        }
+fn parse_port(s: &str) -> Result<u16, String> {
+    match s.parse() {
+        Ok(p) if p != 0 => Ok(p),
+        _ => Err(format!("'{s}' is not a port from 1 to 65535")),
     }
-    let cmd = match rest.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-        ["ls", t] => Cmd::Ls(target(t)?),
-        ["cat", t] => Cmd::Cat(target(t)?),
-        ["put", local, t] => Cmd::Put(local.to_string(), target(t)?),
-        ["rm", t] => Cmd::Rm(target(t)?),
-        [] => return Err("a command is needed".into()),
-        [c, ..] if !["ls", "cat", "put", "rm"].contains(&c) => {
-            return Err(format!("unknown command {c}"))
+}
+
+fn parse_timeout(s: &str) -> Result<u64, String> {
+    match s.parse() {
+        Ok(t @ 1..=3600) => Ok(t),
+        _ => Err(format!("'{s}' is not a number of seconds from 1 to 3600")),
+    }
+}
+
+impl Cli {
+    /// The client's options and the command.
+    fn options(self) -> (Options, Cmd) {
+        let mut o = Options {
+            port: self.port,
+            ..Options::default()
+        };
+        if let Some(s) = self.timeout {
+            o.transport.connect_timeout = Duration::from_secs(s);
+            o.transport.call_timeout = Duration::from_secs(s);
         }
-        [c, ..] => return Err(format!("{c}: wrong number of arguments")),
-    };
-    Ok((o, cmd))
+        (o, self.command)
+    }
 }
 
 /// Splits `/a/b/c` into its directory and last name.
@@ -144,7 +166,7 @@ async fn open(
 
 async fn run(o: Options, cmd: Cmd) -> Result<(), String> {
     match cmd {
-        Cmd::Ls(t) => {
+        Cmd::Ls { dir: t } => {
             let (c, dir) = open(t.server, &t.path, &o).await?;
             let mut entries = c
                 .readdirplus(&dir)
@@ -170,7 +192,7 @@ async fn run(o: Options, cmd: Cmd) -> Result<(), String> {
             }
             c.close().await;
         }
-        Cmd::Cat(t) => {
+        Cmd::Cat { file: t } => {
             let (dir, name) = split(&t.path)?;
             let (c, d) = open(t.server, dir, &o).await?;
             let (f, _) = c
@@ -187,7 +209,7 @@ async fn run(o: Options, cmd: Cmd) -> Result<(), String> {
                 .map_err(|e| format!("stdout: {e}"))?;
             c.close().await;
         }
-        Cmd::Put(local, t) => {
+        Cmd::Put { local, file: t } => {
             let data = std::fs::read(&local).map_err(|e| format!("{local}: {e}"))?;
             let (dir, name) = split(&t.path)?;
             let (c, d) = open(t.server, dir, &o).await?;
@@ -202,7 +224,7 @@ async fn run(o: Options, cmd: Cmd) -> Result<(), String> {
                 .map_err(|e| format!("{}: {e}", t.path))?;
             c.close().await;
         }
-        Cmd::Rm(t) => {
+        Cmd::Rm { file: t } => {
             let (dir, name) = split(&t.path)?;
             let (c, d) = open(t.server, dir, &o).await?;
             c.remove(&d, name.as_bytes())
@@ -215,18 +237,8 @@ async fn run(o: Options, cmd: Cmd) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (o, cmd) = match parse(&args) {
-        Ok(x) => x,
-        Err(e) if e.is_empty() => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("rdma-nfs: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    // On an error, or for --help, clap prints and exits (status 2 for an error).
+    let (o, cmd) = Cli::parse().options();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -249,40 +261,91 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::error::ErrorKind;
 
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
+    fn parse(s: &str) -> Result<(Options, Cmd), clap::Error> {
+        Cli::try_parse_from(std::iter::once("rdma-nfs").chain(s.split_whitespace()))
+            .map(Cli::options)
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 
     #[test]
     fn commands_parse_and_bad_input_says_what_is_wrong() {
-        let (o, c) = parse(&args("--port 2050 cat 10.8.0.1:/export/a")).unwrap();
+        let (o, c) = parse("--port 2050 cat 10.8.0.1:/export/a").unwrap();
         assert_eq!(o.port, 2050);
         assert_eq!(
             c,
-            Cmd::Cat(Target {
-                server: "10.8.0.1".parse().unwrap(),
-                path: "/export/a".into()
-            })
+            Cmd::Cat {
+                file: Target {
+                    server: "10.8.0.1".parse().unwrap(),
+                    path: "/export/a".into()
+                }
+            }
         );
+        let d = Options::default();
+        assert_eq!(o.transport.call_timeout, d.transport.call_timeout);
+        assert_eq!(o.transport.connect_timeout, d.transport.connect_timeout);
+        // The options go before or after the command.
+        let (o, _) = parse("ls 10.8.0.1:/ --port 2051 --timeout 5").unwrap();
+        assert_eq!(o.port, 2051);
+        assert_eq!(o.transport.call_timeout, Duration::from_secs(5));
+        assert_eq!(o.transport.connect_timeout, Duration::from_secs(5));
+        assert_eq!(parse("ls 10.8.0.1:/").unwrap().0.port, 20049);
         assert!(matches!(
-            parse(&args("put x [::1]:/e/f")).unwrap().1,
-            Cmd::Put(l, _) if l == "x"
+            parse("put x [::1]:/e/f").unwrap().1,
+            Cmd::Put { local, .. } if local == "x"
         ));
-        assert_eq!(parse(&args("--help")).unwrap_err(), "");
+        for s in ["--help", "-h", "help", "help put", "put --help", "ls -h"] {
+            let e = parse(s).expect_err(s);
+            assert_eq!(e.kind(), ErrorKind::DisplayHelp, "{s}");
+            assert!(e.to_string().contains("mountd"), "{s}: {e}");
+        }
+        assert_eq!(
+            parse("").unwrap_err().kind(),
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+        );
         for (bad, says) in [
-            ("", "a command is needed"),
-            ("cp a b", "unknown command cp"),
-            ("ls", "wrong number"),
-            ("cat host:/x", "not an IP address"),
-            ("cat 10.8.0.1", "expected SERVER:PATH"),
-            ("cat 10.8.0.1:rel", "absolute"),
-            ("--port 0 ls 10.8.0.1:/", "--port"),
-            ("--port", "needs a value"),
-            ("--timeout x ls 10.8.0.1:/", "--timeout"),
-            ("--bogus ls 10.8.0.1:/", "unknown option"),
+            ("cp a b", "unrecognized subcommand 'cp'"),
+            ("ls", "<SERVER:DIR>"),
+            (
+                "ls 10.8.0.1:/a 10.8.0.1:/b",
+                "unexpected argument '10.8.0.1:/b'",
+            ),
+            (
+                "cat host:/x",
+                "invalid value 'host:/x' for '<SERVER:FILE>': 'host' is not an IP address",
+            ),
+            (
+                "cat 10.8.0.1",
+                "'10.8.0.1' for '<SERVER:FILE>': expected SERVER:PATH",
+            ),
+            ("cat [::1/x", "expected [IPV6]:PATH"),
+            (
+                "cat 10.8.0.1:rel",
+                "'10.8.0.1:rel' for '<SERVER:FILE>': the path must be absolute",
+            ),
+            (
+                "--port 0 ls 10.8.0.1:/",
+                "'0' for '--port <P>': '0' is not a port",
+            ),
+            ("--port", "a value is required for '--port <P>'"),
+            (
+                "--timeout x ls 10.8.0.1:/",
+                "for '--timeout <S>': 'x' is not a number",
+            ),
+            ("--timeout 0 ls 10.8.0.1:/", "from 1 to 3600"),
+            ("--bogus ls 10.8.0.1:/", "unexpected argument '--bogus'"),
+            (
+                "--prot 1 ls 10.8.0.1:/",
+                "a similar argument exists: '--port'",
+            ),
         ] {
-            let e = parse(&args(bad)).unwrap_err();
+            let e = parse(bad).unwrap_err().to_string();
             assert!(e.contains(says), "{bad:?}: {e}");
         }
         assert_eq!(split("/export/a").unwrap(), ("/export", "a"));
