@@ -14,7 +14,6 @@ use std::process::{Child, Command, Output, Stdio};
 use std::thread::JoinHandle;
 
 use rdma_stream::{RdmaListener, RdmaStream};
-use sha2::{Digest, Sha256};
 
 /// Every child runs under `timeout`: a hang fails the test, never the run.
 const LIMIT: &str = "120";
@@ -153,22 +152,43 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// A file of `len` bytes of a fixed pattern that does not repeat every
-/// power of two.
+/// A file of `len` bytes: a pattern of 1 000 003 bytes (prime: a chunk
+/// misplaced by a power of two shows), repeated. Made once per length, the
+/// pattern in one piece (a debug build under TCG computes it slowly).
 fn make_file(dir: &Path, len: usize) -> PathBuf {
+    const PERIOD: usize = 1_000_003;
     let path = dir.join("src").join(format!("f{len}"));
-    let data: Vec<u8> = (0..len as u64)
+    let pattern: Vec<u8> = (0..len.min(PERIOD) as u64)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 ^ (i / 251) as u8)
         .collect();
-    std::fs::File::create(&path)
-        .and_then(|mut f| f.write_all(&data))
-        .expect("write the source file");
+    let mut f = std::fs::File::create(&path).expect("create the source file");
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(pattern.len());
+        f.write_all(&pattern[..n]).expect("write the source file");
+        left -= n;
+    }
     path
 }
 
-fn digest(path: &Path) -> Vec<u8> {
-    let data = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    Sha256::digest(&data).to_vec()
+/// The file's SHA-256, from coreutils' `sha256sum` (sha2 in a debug build
+/// under TCG took seconds per 16 MiB).
+fn digest(path: &Path) -> String {
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("run sha256sum");
+    assert!(
+        out.status.success(),
+        "sha256sum {}: {}",
+        path.display(),
+        text(&out)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 fn text(o: &Output) -> String {
