@@ -200,14 +200,60 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// Whether `ip` is siw0's.
+fn on_siw(ip: &str) -> bool {
+    std::env::var("RDMA_TEST_IWARP_IP").ok().as_deref() == Some(ip)
+}
+
+/// Over siw0 a connection fails now and then at the initiator
+/// (`CONNECT_ERROR`, status -22), rdma-core's rsockets as ours (seen here
+/// with its `rcopy` client to its server, and known for `RdmaListener`:
+/// tests/hostile.rs, issue 41): the accepting side sends its first credits
+/// before MPA's initiator sent its first frame. Not what these tests are
+/// about, so a connection that failed so is tried again, at most twice,
+/// and said on stderr; nothing was sent on it.
+const CONNECT_TRIES: usize = 3;
+
+fn siw_connect_race(ip: &str, text: &str) -> bool {
+    on_siw(ip)
+        && (text.contains("RDMA_CM_EVENT_CONNECT_ERROR (status -22)")
+            || (text.contains("rconnect failed") && text.contains("Invalid argument")))
+}
+
 /// Runs the client (`c`: rdma-core's) sending `src` to `ip:dst`.
 fn send(c: bool, src: &Path, ip: &str, dst: &Path, port: u16) -> Output {
-    timed(rcopy(c))
-        .arg(src)
-        .arg(format!("{ip}:{}", dst.display()))
-        .args(["-p", &port.to_string()])
-        .output()
-        .expect("run the client")
+    let mut attempt = 1;
+    loop {
+        let out = timed(rcopy(c))
+            .arg(src)
+            .arg(format!("{ip}:{}", dst.display()))
+            .args(["-p", &port.to_string()])
+            .output()
+            .expect("run the client");
+        if out.status.success() || attempt == CONNECT_TRIES || !siw_connect_race(ip, &text(&out)) {
+            return out;
+        }
+        eprintln!(
+            "siw0's connection race (attempt {attempt}), again: {}",
+            text(&out)
+        );
+        attempt += 1;
+    }
+}
+
+/// `RdmaStream::connect`, tried again after siw0's connection race.
+fn connect(ip: &str, port: u16) -> RdmaStream {
+    let mut attempt = 1;
+    loop {
+        match RdmaStream::connect((ip, port)) {
+            Ok(s) => return s,
+            Err(e) if attempt < CONNECT_TRIES && siw_connect_race(ip, &e.to_string()) => {
+                eprintln!("siw0's connection race (attempt {attempt}), again: {e}");
+                attempt += 1;
+            }
+            Err(e) => panic!("connect to {ip}:{port}: {e}"),
+        }
+    }
 }
 
 /// Sends a file of each size with the client `c_client` to a server
@@ -398,7 +444,7 @@ fn hostile(dev: &str, port: u16) {
     let ip = ip(dev);
     let dir = scratch(&format!("hostile-{dev}"));
     let server = Server::start(false, port);
-    let connect = || RdmaStream::connect((ip.as_str(), port)).expect("connect to the server");
+    let connect = || connect(&ip, port);
     let open = |path: &Path, id: u64| {
         let mut p = path.as_os_str().as_encoded_bytes().to_vec();
         p.resize((p.len() + 8) & !7, 0);
@@ -492,7 +538,7 @@ fn c_server_cannot_take_a_write_of_0_bytes_rxe() {
     let port = 7633;
     let dir = scratch("c-write-0");
     let server = Server::start(true, port);
-    let connect = || RdmaStream::connect((ip.as_str(), port)).expect("connect to the server");
+    let connect = || connect(&ip, port);
     let open = |name: &str| {
         let mut p = dir
             .join("dst")
@@ -529,10 +575,14 @@ fn fake_server(
     reply: impl Fn(u8, u64) -> Vec<u8> + Send + 'static,
 ) -> JoinHandle<()> {
     let listener = RdmaListener::bind((ip, port)).expect("listen");
-    std::thread::spawn(move || {
+    std::thread::spawn(move || loop {
+        // A connection that siw0's race ended carries nothing: take the
+        // next one.
         let (mut s, _) = listener.accept().expect("accept");
         let mut h = [0; 16];
+        let mut served = false;
         while s.read_exact(&mut h).is_ok() {
+            served = true;
             let len = u16::from_ne_bytes([h[2], h[3]]) as usize;
             let id = u64::from_ne_bytes(h[8..16].try_into().unwrap());
             let mut rest = vec![0; len.saturating_sub(16)];
@@ -549,6 +599,9 @@ fn fake_server(
             if s.write_all(&reply(h[1], id)).is_err() {
                 return;
             }
+        }
+        if served {
+            return;
         }
     })
 }
