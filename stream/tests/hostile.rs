@@ -26,15 +26,17 @@
 //! private data and the SIGKILL cases) fail so when it happens, naming the
 //! event.
 
+mod common;
+
 use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::{example, ip};
 use rdma::cm::{CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use rdma::{
     AccessFlags, Completion, CompletionChannel, CompletionQueue, InlineSend, MemoryRegion,
@@ -48,20 +50,6 @@ use rdma_stream::{RdmaListener, RdmaStream};
 const BOUND: Duration = Duration::from_secs(10);
 /// Bound of each step of the test peer (connecting, its completions).
 const STEP: Duration = Duration::from_secs(10);
-
-fn env(var: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| {
-        panic!("{var} is not set: this test needs an RDMA device; run it in the VM (ci/vm run)")
-    })
-}
-
-/// The address of the device under test: `rxe` or `siw`.
-fn ip(dev: &str) -> String {
-    match dev {
-        "rxe" => env("RDMA_TEST_IP"),
-        _ => env("RDMA_TEST_IWARP_IP"),
-    }
-}
 
 fn addr(dev: &str, port: u16) -> SocketAddr {
     format!("{}:{port}", ip(dev))
@@ -984,21 +972,6 @@ fn a_server_answering_version_2_fails_the_connect_rxe() {
 #[ignore = "needs an RDMA device"]
 fn a_server_answering_version_2_fails_the_connect_iwarp() {
     foreign_accept("siw", 7632);
-}
-
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary lives in target/<profile>/deps");
-    let path = dir.join("examples").join(name);
-    assert!(
-        path.is_file(),
-        "{} is missing: build the examples first",
-        path.display()
-    );
-    path
 }
 
 /// A child killed (SIGKILL) and reaped when the guard goes, whatever

@@ -6,86 +6,16 @@
 //! (`ci/vm run`, `ci/device-tests`) runs them with `--ignored` and sets
 //! `RDMA_TEST_IP`/`RDMA_TEST_IWARP_IP`. A test that runs without them fails.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Stdio;
+
+use common::{example, finish, ip, start, timed};
 
 use sha2::{Digest, Sha256};
 
 const PRELOAD: &str = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so";
-/// Every child runs under `timeout`: a hang fails the test, never the run.
-const LIMIT: &str = "120";
-
-fn env(var: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| {
-        panic!("{var} is not set: this test needs an RDMA device; run it in the VM (ci/vm run)")
-    })
-}
-
-/// The address of the device under test: `rxe` or `siw`.
-fn ip(dev: &str) -> String {
-    match dev {
-        "rxe" => env("RDMA_TEST_IP"),
-        _ => env("RDMA_TEST_IWARP_IP"),
-    }
-}
-
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary lives in target/<profile>/deps");
-    let path = dir.join("examples").join(name);
-    assert!(
-        path.is_file(),
-        "{} is missing: build the examples first",
-        path.display()
-    );
-    path
-}
-
-/// `program` under `timeout`, its standard output line-buffered (`stdbuf`:
-/// C's rstream prints its table header, which says it listens, through
-/// stdio, which a pipe would otherwise hold until exit).
-fn timed(program: impl Into<PathBuf>) -> Command {
-    let mut c = Command::new("timeout");
-    c.arg(LIMIT).args(["stdbuf", "-oL"]).arg(program.into());
-    c
-}
-
-/// Starts a server and waits until it says it listens: its first line on
-/// `stdout` (rstream's table header) or `stderr` (`rcat -v`, the Python
-/// scripts).
-fn start(mut cmd: Command, ready_on_stderr: bool) -> Child {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn the server");
-    let mut line = String::new();
-    let got = if ready_on_stderr {
-        BufReader::new(child.stderr.as_mut().unwrap()).read_line(&mut line)
-    } else {
-        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line)
-    };
-    assert!(
-        matches!(got, Ok(n) if n > 0),
-        "the server ended before listening: {:?}",
-        child.wait_with_output()
-    );
-    child
-}
-
-fn finish(child: Child, what: &str) -> Output {
-    let out = child.wait_with_output().expect("wait for the child");
-    assert!(
-        out.status.success(),
-        "{what} failed ({}): stdout {} stderr {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 /// Runs `rstream` as the server (`c_server`: rdma-core's, else ours) and
 /// the other as the client, with `-T v` (verified data) on both sides.
 fn rstream_pair(dev: &str, port: u16, c_server: bool, size: usize, count: usize) {

@@ -8,53 +8,19 @@
 //! (`ci/vm run`, `ci/device-tests`) runs them with `--ignored` and sets
 //! `RDMA_TEST_IP`/`RDMA_TEST_IWARP_IP`. A test that runs without them fails.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::thread::JoinHandle;
 
+use common::{example, ip, timed};
 use rdma_stream::{RdmaListener, RdmaStream};
 
 /// Every child runs under `timeout`: a hang fails the test, never the run.
-const LIMIT: &str = "120";
 /// The large file: 16 MiB (a debug build under TCG).
 const LARGE: usize = 16 << 20;
-
-fn env(var: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| {
-        panic!("{var} is not set: this test needs an RDMA device; run it in the VM (ci/vm run)")
-    })
-}
-
-/// The address of the device under test: `rxe` or `siw`.
-fn ip(dev: &str) -> String {
-    match dev {
-        "rxe" => env("RDMA_TEST_IP"),
-        _ => env("RDMA_TEST_IWARP_IP"),
-    }
-}
-
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary lives in target/<profile>/deps");
-    let path = dir.join("examples").join(name);
-    assert!(
-        path.is_file(),
-        "{} is missing: build the examples first",
-        path.display()
-    );
-    path
-}
-
-/// `program` under `timeout`, its standard output line-buffered.
-fn timed(program: impl Into<PathBuf>) -> Command {
-    let mut c = Command::new("timeout");
-    c.arg(LIMIT).args(["stdbuf", "-oL"]).arg(program.into());
-    c
-}
 
 /// rdma-core's `rcopy` (`c`) or ours.
 fn rcopy(c: bool) -> PathBuf {
@@ -311,13 +277,13 @@ fn c_client_to_rust_server_rxe() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn rust_client_to_c_server_siw() {
+fn rust_client_to_c_server_iwarp() {
     copies("siw", 7623, false, true, SIZES, "rust-to-c-siw");
 }
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn c_client_to_rust_server_siw() {
+fn c_client_to_rust_server_iwarp() {
     copies("siw", 7624, true, false, SIZES, "c-to-rust-siw");
 }
 
@@ -336,7 +302,7 @@ fn rust_to_rust_rxe() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn rust_to_rust_siw() {
+fn rust_to_rust_iwarp() {
     copies(
         "siw",
         7626,
@@ -369,7 +335,7 @@ fn rust_client_sends_an_empty_file_to_c_server_rxe() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn rust_client_sends_an_empty_file_to_c_server_siw() {
+fn rust_client_sends_an_empty_file_to_c_server_iwarp() {
     empty_to_c_server("siw", 7628);
 }
 
@@ -402,7 +368,7 @@ fn c_client_cannot_send_an_empty_file_rxe() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn c_client_cannot_send_an_empty_file_siw() {
+fn c_client_cannot_send_an_empty_file_iwarp() {
     c_client_empty("siw", 7632);
 }
 
@@ -523,7 +489,7 @@ fn rust_server_answers_malformed_messages_rxe() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn rust_server_answers_malformed_messages_siw() {
+fn rust_server_answers_malformed_messages_iwarp() {
     hostile("siw", 7631);
 }
 
@@ -646,6 +612,6 @@ fn rust_client_reports_what_the_server_says_rxe() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn rust_client_reports_what_the_server_says_siw() {
+fn rust_client_reports_what_the_server_says_iwarp() {
     client_against_fake_server("siw", 7635);
 }
