@@ -10,7 +10,8 @@
 //! grpc_echo --connect ADDR:PORT [--count N] [--size BYTES] [--stream-size BYTES] [--tcp]
 //!     N unary calls of BYTES (64) each, then one server-streaming call of N
 //!     messages of --stream-size BYTES (65536); every payload is checked; prints
-//!     calls/s and MB/s (10^6 bytes), exits 0 only when everything verified
+//!     calls/s (and a call's min, median and p99 time) and MB/s (10^6 bytes),
+//!     exits 0 only when everything verified
 //! ```
 //!
 //! The messages and the service glue are written by hand (what tonic-build
@@ -397,8 +398,10 @@ async fn client(a: &ClientArgs) -> Result<(), String> {
     };
 
     let unary_pattern = pattern(a.size);
+    let mut times = Vec::with_capacity(a.count as usize);
     let start = Instant::now();
     for seq in 0..u64::from(a.count) {
+        let call = Instant::now();
         let sent = payload(&unary_pattern, seq, a.size);
         let req = EchoRequest {
             seq,
@@ -417,14 +420,20 @@ async fn client(a: &ClientArgs) -> Result<(), String> {
                 sent.len()
             ));
         }
+        times.push(call.elapsed());
     }
     let unary = start.elapsed();
+    times.sort_unstable();
+    let us = |q: usize| times[(times.len() - 1) * q / 100].as_micros();
     println!(
-        "unary: {} calls of {} B in {:.3} s: {:.0} calls/s",
+        "unary: {} calls of {} B in {:.3} s: {:.0} calls/s (µs per call: min {}, median {}, p99 {})",
         a.count,
         a.size,
         unary.as_secs_f64(),
-        f64::from(a.count) / unary.as_secs_f64()
+        f64::from(a.count) / unary.as_secs_f64(),
+        us(0),
+        us(50),
+        us(99)
     );
 
     let stream_pattern = pattern(a.stream_size);
