@@ -506,71 +506,54 @@ mod tokio_io {
 
     use super::{poll_read, poll_shutdown, poll_write, RdmaStream, ReadHalf, WriteHalf};
 
-    fn read_into(
-        inner: &super::Inner,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let n = std::task::ready!(poll_read(inner, cx, buf.initialize_unfilled()))?;
-        buf.advance(n);
-        Poll::Ready(Ok(()))
+    /// tokio's `AsyncRead` for a type with an `inner: Arc<Inner>`.
+    macro_rules! read {
+        ($t:ty) => {
+            impl AsyncRead for $t {
+                fn poll_read(
+                    self: Pin<&mut Self>,
+                    cx: &mut Context<'_>,
+                    buf: &mut ReadBuf<'_>,
+                ) -> Poll<io::Result<()>> {
+                    let n =
+                        std::task::ready!(poll_read(&self.inner, cx, buf.initialize_unfilled()))?;
+                    buf.advance(n);
+                    Poll::Ready(Ok(()))
+                }
+            }
+        };
     }
 
-    impl AsyncRead for RdmaStream {
-        fn poll_read(
-            self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-            buf: &mut ReadBuf<'_>,
-        ) -> Poll<io::Result<()>> {
-            read_into(&self.inner, cx, buf)
-        }
+    /// tokio's `AsyncWrite`: shutdown is the stream's half-close.
+    macro_rules! write {
+        ($t:ty) => {
+            impl AsyncWrite for $t {
+                fn poll_write(
+                    self: Pin<&mut Self>,
+                    cx: &mut Context<'_>,
+                    buf: &[u8],
+                ) -> Poll<io::Result<usize>> {
+                    poll_write(&self.inner, cx, buf)
+                }
+
+                fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                    Poll::Ready(Ok(()))
+                }
+
+                fn poll_shutdown(
+                    self: Pin<&mut Self>,
+                    cx: &mut Context<'_>,
+                ) -> Poll<io::Result<()>> {
+                    poll_shutdown(&self.inner, cx)
+                }
+            }
+        };
     }
 
-    impl AsyncRead for ReadHalf {
-        fn poll_read(
-            self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-            buf: &mut ReadBuf<'_>,
-        ) -> Poll<io::Result<()>> {
-            read_into(&self.inner, cx, buf)
-        }
-    }
-
-    impl AsyncWrite for RdmaStream {
-        fn poll_write(
-            self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-            buf: &[u8],
-        ) -> Poll<io::Result<usize>> {
-            poll_write(&self.inner, cx, buf)
-        }
-
-        fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            poll_shutdown(&self.inner, cx)
-        }
-    }
-
-    impl AsyncWrite for WriteHalf {
-        fn poll_write(
-            self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-            buf: &[u8],
-        ) -> Poll<io::Result<usize>> {
-            poll_write(&self.inner, cx, buf)
-        }
-
-        fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            poll_shutdown(&self.inner, cx)
-        }
-    }
+    read!(RdmaStream);
+    read!(ReadHalf);
+    write!(RdmaStream);
+    write!(WriteHalf);
 }
 
 #[cfg(feature = "futures-io")]
@@ -583,59 +566,46 @@ mod futures_impls {
 
     use super::{poll_read, poll_shutdown, poll_write, RdmaStream, ReadHalf, WriteHalf};
 
-    impl AsyncRead for RdmaStream {
-        fn poll_read(
-            self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-            buf: &mut [u8],
-        ) -> Poll<io::Result<usize>> {
-            poll_read(&self.inner, cx, buf)
-        }
+    /// futures-io's `AsyncRead` for a type with an `inner: Arc<Inner>`.
+    macro_rules! read {
+        ($t:ty) => {
+            impl AsyncRead for $t {
+                fn poll_read(
+                    self: Pin<&mut Self>,
+                    cx: &mut Context<'_>,
+                    buf: &mut [u8],
+                ) -> Poll<io::Result<usize>> {
+                    poll_read(&self.inner, cx, buf)
+                }
+            }
+        };
     }
 
-    impl AsyncRead for ReadHalf {
-        fn poll_read(
-            self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-            buf: &mut [u8],
-        ) -> Poll<io::Result<usize>> {
-            poll_read(&self.inner, cx, buf)
-        }
+    /// futures-io's `AsyncWrite`: close is the stream's half-close.
+    macro_rules! write {
+        ($t:ty) => {
+            impl AsyncWrite for $t {
+                fn poll_write(
+                    self: Pin<&mut Self>,
+                    cx: &mut Context<'_>,
+                    buf: &[u8],
+                ) -> Poll<io::Result<usize>> {
+                    poll_write(&self.inner, cx, buf)
+                }
+
+                fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                    Poll::Ready(Ok(()))
+                }
+
+                fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                    poll_shutdown(&self.inner, cx)
+                }
+            }
+        };
     }
 
-    impl AsyncWrite for RdmaStream {
-        fn poll_write(
-            self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-            buf: &[u8],
-        ) -> Poll<io::Result<usize>> {
-            poll_write(&self.inner, cx, buf)
-        }
-
-        fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            poll_shutdown(&self.inner, cx)
-        }
-    }
-
-    impl AsyncWrite for WriteHalf {
-        fn poll_write(
-            self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-            buf: &[u8],
-        ) -> Poll<io::Result<usize>> {
-            poll_write(&self.inner, cx, buf)
-        }
-
-        fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            poll_shutdown(&self.inner, cx)
-        }
-    }
+    read!(RdmaStream);
+    read!(ReadHalf);
+    write!(RdmaStream);
+    write!(WriteHalf);
 }
