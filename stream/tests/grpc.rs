@@ -11,38 +11,18 @@
 //! the client's connect.
 #![cfg(feature = "tokio")]
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-/// Every child runs under `timeout`: a hang fails the test, never the run.
-const LIMIT: &str = "120";
+use common::{example, finish, ip, timed};
+
 const COUNT: &str = "200";
 
-fn env(var: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| {
-        panic!("{var} is not set: this test needs an RDMA device; run it in the VM (ci/vm run)")
-    })
-}
-
-fn example() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary lives in target/<profile>/deps");
-    let path = dir.join("examples").join("grpc_echo");
-    assert!(
-        path.is_file(),
-        "{} is missing: build the examples first (--features tokio)",
-        path.display()
-    );
-    path
-}
-
-fn timed(extra: &[&str]) -> Command {
-    let mut c = Command::new("timeout");
-    c.arg(LIMIT).arg(example()).args(extra);
+fn grpc_echo(extra: &[&str]) -> Command {
+    let mut c = timed(example("grpc_echo"));
+    c.args(extra);
     c
 }
 
@@ -51,7 +31,7 @@ fn timed(extra: &[&str]) -> Command {
 /// names, and checks that both exit 0 and that the client verified all.
 fn echo_pair(ip: &str, extra: &[&str]) {
     let listen = format!("{ip}:0");
-    let mut server = timed(extra)
+    let mut server = grpc_echo(extra)
         .args(["--listen", &listen, "--once"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -72,18 +52,16 @@ fn echo_pair(ip: &str, extra: &[&str]) {
         .unwrap_or_else(|| panic!("not the listening line: {line:?}"))
         .to_string();
 
-    let client = timed(extra)
+    let client = grpc_echo(extra)
         .args(["--connect", &addr, "--count", COUNT])
         .output()
         .expect("run the client");
     let out = String::from_utf8_lossy(&client.stdout).into_owned();
     let err = String::from_utf8_lossy(&client.stderr).into_owned();
-    let served = server.wait_with_output().expect("wait for the server");
     assert!(
         client.status.success(),
-        "the client failed ({}): stdout {out} stderr {err}; the server's stderr {}",
-        client.status,
-        String::from_utf8_lossy(&served.stderr)
+        "the client failed ({}): stdout {out} stderr {err}",
+        client.status
     );
     let kind = if extra.contains(&"--tcp") {
         "tcp"
@@ -93,25 +71,21 @@ fn echo_pair(ip: &str, extra: &[&str]) {
     let verified =
         format!("verified: {COUNT} unary calls and {COUNT} streamed messages over {kind}");
     assert!(out.contains(&verified), "no {verified:?} in {out}");
-    assert!(
-        served.status.success(),
-        "the server ({}) did not exit 0 after its client left: stderr {}",
-        served.status,
-        String::from_utf8_lossy(&served.stderr)
-    );
+    // --once: the server exits 0 once its client left.
+    finish(server, "the grpc_echo server");
     print!("{out}");
 }
 
 #[test]
 #[ignore = "needs an RDMA device"]
 fn grpc_echo_over_rxe() {
-    echo_pair(&env("RDMA_TEST_IP"), &[]);
+    echo_pair(&ip("rxe"), &[]);
 }
 
 #[test]
 #[ignore = "needs an RDMA device"]
 fn grpc_echo_over_iwarp_siw() {
-    echo_pair(&env("RDMA_TEST_IWARP_IP"), &[]);
+    echo_pair(&ip("siw"), &[]);
 }
 
 /// The `--tcp` path the measurements compare with, and `--once`.
