@@ -410,7 +410,7 @@ async fn client(a: &ClientArgs) -> Result<(), String> {
         let reply = client
             .echo(req)
             .await
-            .map_err(|s| format!("unary call {seq}: {s}"))?
+            .map_err(|s| format!("unary call {seq}: {}", status(&s)))?
             .into_inner();
         if reply.seq != seq || reply.payload != sent {
             return Err(format!(
@@ -445,13 +445,13 @@ async fn client(a: &ClientArgs) -> Result<(), String> {
     let mut replies = client
         .stream(req)
         .await
-        .map_err(|s| format!("the streaming call: {s}"))?
+        .map_err(|s| format!("the streaming call: {}", status(&s)))?
         .into_inner();
     let mut seq = 0u64;
     while let Some(reply) = replies
         .message()
         .await
-        .map_err(|s| format!("the streaming call, after {seq} messages: {s}"))?
+        .map_err(|s| format!("the streaming call, after {seq} messages: {}", status(&s)))?
     {
         if seq == u64::from(a.count) {
             return Err(format!("the streaming call: more than {seq} messages"));
@@ -486,6 +486,21 @@ async fn client(a: &ClientArgs) -> Result<(), String> {
         a.count, a.count
     );
     Ok(())
+}
+
+/// A status as its code and message, then its sources (tonic's `Display`
+/// of a status also prints its empty details and metadata).
+fn status(s: &Status) -> String {
+    let mut text = format!("{:?}: {}", s.code(), s.message());
+    if let Some(source) = s.source() {
+        let more = chain(source);
+        // The message is often the source's own text: said once.
+        match more.strip_prefix(s.message()) {
+            Some(rest) => text.push_str(rest),
+            None => text = format!("{text}: {more}"),
+        }
+    }
+    text
 }
 
 /// An error and its sources, `: `-separated (tonic's transport errors say
