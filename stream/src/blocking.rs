@@ -239,13 +239,8 @@ impl RdmaStream {
         if buf.is_empty() {
             return Ok(0);
         }
-        self.wait(None, |e| {
-            let r = e.try_read(buf)?;
-            if r.is_some() {
-                e.update_credits();
-            }
-            Ok(r)
-        })
+        // `wait` grants the peer what the read freed.
+        self.wait(None, |e| e.try_read(buf))
     }
 
     fn write_inner(&self, buf: &[u8]) -> io::Result<usize> {
@@ -258,7 +253,7 @@ fn ack_cq_events(p: &Parts) -> io::Result<()> {
     loop {
         match p.comp.get_event() {
             Ok(ev) => drop(ev),
-            Err(e) if e.errno() == Some(libc_eagain()) => return Ok(()),
+            Err(e) if e.errno() == Some(nix::errno::Errno::EAGAIN as i32) => return Ok(()),
             Err(e) => return Err(e.into()),
         }
     }
@@ -301,10 +296,6 @@ fn connection_events(p: &mut Parts) -> io::Result<bool> {
         p.engine.peer_gone();
     }
     Ok(gone)
-}
-
-fn libc_eagain() -> i32 {
-    nix::errno::Errno::EAGAIN as i32
 }
 
 impl Read for &RdmaStream {

@@ -270,11 +270,14 @@ impl Engine {
     /// data already received stays readable; a peer that closed without its
     /// DISCONNECT message reset the connection.
     pub(crate) fn peer_gone(&mut self) {
+        self.lost("the peer disconnected without closing the stream");
+    }
+
+    /// The connection ended under us (`why`): a reset unless the peer had
+    /// closed its side first; nothing is sent any more.
+    fn lost(&mut self, why: &str) {
         if self.readable && self.connected {
-            self.fail(
-                io::ErrorKind::ConnectionReset,
-                "the peer disconnected without closing the stream".into(),
-            );
+            self.fail(io::ErrorKind::ConnectionReset, why.into());
         }
         self.connected = false;
         self.writable = false;
@@ -300,7 +303,7 @@ impl Engine {
                         format!("a receive completed with {}", c.status),
                     );
                 }
-                self.peer_gone_quietly();
+                self.lost("the connection was flushed (the peer went away)");
                 return;
             }
             self.may_send = true;
@@ -328,17 +331,6 @@ impl Engine {
         } else {
             self.send_done(&mut c);
         }
-    }
-
-    fn peer_gone_quietly(&mut self) {
-        if self.connected && self.readable && self.failed.is_none() {
-            self.fail(
-                io::ErrorKind::ConnectionReset,
-                "the connection was flushed (the peer went away)".into(),
-            );
-        }
-        self.connected = false;
-        self.writable = false;
     }
 
     fn repost(&mut self, slot: usize, piece: Option<MemoryRegion>) {

@@ -99,9 +99,7 @@ impl Sge {
     pub fn to_memory(self, big_endian: bool) -> [u8; SGE_LEN] {
         let mut out = [0; SGE_LEN];
         if big_endian {
-            out[..8].copy_from_slice(&self.addr.to_be_bytes());
-            out[8..12].copy_from_slice(&self.key.to_be_bytes());
-            out[12..].copy_from_slice(&self.length.to_be_bytes());
+            self.encode_be(&mut out);
         } else {
             out[..8].copy_from_slice(&self.addr.to_le_bytes());
             out[8..12].copy_from_slice(&self.key.to_le_bytes());
