@@ -28,6 +28,11 @@
 //!   rdma-core's `rcopy`, which returns it from `main`); any other failure
 //!   exits 1 with a message on standard error.
 //!
+//! **Trust**: as rdma-core's, the protocol has no authentication and the
+//! server writes whatever path a client names with its own user's
+//! permissions, anywhere that user may write. Whoever reaches the port can
+//! do that: run it as an unprivileged user on a trusted fabric.
+//!
 //! An empty file is sent as OPEN then CLOSE, with no WRITE: rdma-core's
 //! server cannot map a file of zero bytes (it answers a WRITE of 0 bytes
 //! with `EINVAL`), but its OPEN creates and truncates the file. rdma-core's
