@@ -237,6 +237,7 @@
 //! | `async-io` | `rdma::aio::async_io_rt`: the same on async-io / smol |
 //! | `serde` | `Serialize`/`Deserialize` for [`RemoteMemory`] (its [`RemoteMemory::to_bytes`] wire encoding needs no feature) |
 //! | `dlopen` | no link against `libibverbs` or `librdmacm`: they are opened by soname (`libibverbs.so.1`, `librdmacm.so.1`) when first needed, and a missing one is [`Error::LibraryMissing`], naming it and its package, from the call that needed it ([`devices`], [`cm::EventChannel::new`], ...) |
+//! | `fuzzing` | the entry point of the crate's fuzz target and corpus tests (`rdma::fuzzing`, hidden): not part of the public API |
 //!
 //! The runtime-agnostic core of the async layer, [`aio`], is always built.
 //!
@@ -278,6 +279,8 @@ mod dm;
 mod ece;
 mod error;
 mod fork;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
 pub mod fuzzing;
 mod gid;
 pub mod import;

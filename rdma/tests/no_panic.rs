@@ -4,7 +4,8 @@
 //! the fuzzer's seed corpus), on mutations of it (bytes flipped, cut,
 //! extended) and on random bytes. Deterministic (fixed-seed xorshift), and
 //! bounded in time: `RDMA_FUZZ_SECS` (default 2) per test, and at least a
-//! stated number of inputs however slow the machine.
+//! stated number of inputs however slow the machine. Built only with the
+//! `fuzzing` feature (`--all-features` in CI), which exposes that entry point.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
