@@ -12,7 +12,6 @@
 //!   posted (before the connection is accepted, too).
 //! - [`workers`]: the threads that run requests, and each connection's
 //!   share of them.
-//! - [`fuzzing`]: every decoder of a peer's messages on arbitrary bytes.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), String> {
@@ -26,6 +25,8 @@ pub mod budget;
 pub mod client;
 mod dir;
 pub mod fs;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
 pub mod fuzzing;
 mod link;
 pub mod proto;
