@@ -9,7 +9,6 @@
 //!   threshold, chunks, timeouts with reconnection and retransmission.
 //! - [`mount`]: MOUNT v3 over TCP (with rpcbind) for the root file handle.
 //! - [`nfs3`]: NFSv3 procedures on the transport.
-//! - [`fuzzing`]: every decoder of server input on arbitrary bytes.
 //!
 //! ```no_run
 //! # #[allow(dead_code)]
@@ -25,6 +24,8 @@
 
 mod chunks;
 mod error;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
 pub mod fuzzing;
 pub mod mount;
 pub mod nfs3;

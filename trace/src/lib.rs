@@ -15,8 +15,7 @@
 //!   RDMAP messages into the same [`reasm::Message`]s as RoCE's;
 //! - [`rpc`] pairs RPC calls with their replies and reassembles their chunks (read chunks from
 //!   RDMA READs, write and reply chunks from RDMA WRITEs) from the messages of [`reasm`] and
-//!   [`iwarp`];
-//! - [`fuzzing`] is the entry point the fuzz target and the no-panic tests share.
+//!   [`iwarp`].
 //!
 //! Nothing here panics on input: every length is checked, a packet cut short is reported as such.
 //!
@@ -37,6 +36,8 @@
 pub mod bytes;
 pub mod capture;
 pub mod cm;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
 pub mod fuzzing;
 pub mod ib;
 pub mod icrc;

@@ -8,7 +8,7 @@
 //! fit inline.
 //!
 //! Here: the protocol's numbers, the errors, the types of its results and
-//! their decoders (also reached by [`crate::fuzzing`]), the client's
+//! their decoders (also reached by the fuzz target), the client's
 //! options. [`Client`] and its procedures are in `client.rs`; the order in
 //! which [`Client::read_each`] sends READs ahead is `read_ahead.rs`.
 
