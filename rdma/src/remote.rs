@@ -1,8 +1,48 @@
-//! A stable wire encoding of [`RemoteMemory`], for peers to exchange it
-//! (in private data, a SEND, ...).
+//! What a peer needs to address memory remotely ([`RemoteMemory`]: address,
+//! length, rkey), and its stable wire encoding, for peers to exchange it (in
+//! private data, a SEND, ...). A plain value: it holds no registration.
 
 use crate::error::{Error, Result};
-use crate::RemoteMemory;
+
+/// What a peer needs to address memory remotely: its address, length and rkey.
+///
+/// [`RemoteMemory::to_bytes`] is its stable wire encoding; with the `serde`
+/// feature it is also `Serialize`/`Deserialize` (a struct of its three
+/// fields).
+///
+/// ```no_run
+/// # fn f(pd: &rdma::ProtectionDomain) -> rdma::Result<()> {
+/// use rdma::{AccessFlags, RemoteMemory};
+/// let target = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+/// // Sent to the peer (private data of a connection, a SEND), who writes
+/// // into the first half.
+/// let wire = target.remote().to_bytes();
+/// let remote = RemoteMemory::from_bytes(&wire)?;
+/// let half = remote.slice(0, 2048).expect("within the region");
+/// # let _ = half;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct RemoteMemory {
+    /// Virtual address (or offset for zero-based regions).
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// The remote key.
+    pub rkey: u32,
+}
+
+impl RemoteMemory {
+    /// The sub-range `offset..offset + len`, or `None` if it does not fit.
+    pub fn slice(&self, offset: u64, len: u64) -> Option<RemoteMemory> {
+        (offset.checked_add(len)? <= self.len).then_some(RemoteMemory {
+            addr: self.addr + offset,
+            len,
+            rkey: self.rkey,
+        })
+    }
+}
 
 impl RemoteMemory {
     /// The length of [`RemoteMemory::to_bytes`].
@@ -71,7 +111,7 @@ impl RemoteMemory {
 
 #[cfg(test)]
 mod tests {
-    use crate::RemoteMemory;
+    use super::RemoteMemory;
 
     #[test]
     fn wire_encoding_is_big_endian_and_round_trips() {
