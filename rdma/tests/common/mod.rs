@@ -52,6 +52,12 @@ pub fn ip() -> Ipv4Addr {
         .expect("RDMA_TEST_IP is an IPv4 address")
 }
 
+/// The test device's address as the connection manager takes it
+/// (`RDMA_TEST_IP`; librdmacm maps it to the RoCE device).
+pub fn roce_ip() -> std::net::IpAddr {
+    std::net::IpAddr::V4(ip())
+}
+
 /// The netdev the test device sits on (`RDMA_TEST_NETDEV`), if told.
 pub fn netdev() -> Option<String> {
     std::env::var("RDMA_TEST_NETDEV").ok()
