@@ -10,16 +10,13 @@
 
 use std::ffi::OsStr;
 use std::fs::File;
+use std::mem::MaybeUninit;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Mutex;
 
 use crate::proto::{DirEntry, Qid, QTDIR, QTSYMLINK};
 use crate::sys;
-
-/// Bytes of a `struct linux_dirent64` before its name: `d_ino[8]`,
-/// `d_off[8]`, `d_reclen[2]`, `d_type[1]`.
-const DIRENT_HEADER: usize = 19;
 
 /// An open directory: its descriptor, and the lock that keeps one
 /// request's seek and reads together.
@@ -57,44 +54,27 @@ impl OpenDir {
         let _position = self.position.lock().unwrap_or_else(|p| p.into_inner());
         sys::seek_set(&self.file, offset)?;
         // One reply's worth of entries, and room for one of any name.
-        let mut buf = vec![0u8; limit.clamp(1024, 64 << 10)];
-        loop {
-            let n = sys::getdents64(&self.file, &mut buf)?;
-            if n == 0 {
-                return Ok(());
+        let mut buf = vec![MaybeUninit::uninit(); limit.clamp(1024, 64 << 10)];
+        sys::read_dir(&self.file, &mut buf, |entry| {
+            let qid = match entry.name {
+                b"." => qid_of(&self.file.metadata()?),
+                b".." => parent()?,
+                name => self.qid(name, entry.ino, entry.d_type)?,
+            };
+            let e = DirEntry {
+                qid,
+                offset: entry.next,
+                ty: entry.d_type,
+                name: entry.name,
+            };
+            if data.len() + e.len() > limit {
+                // The rest comes with the next request, which seeks back
+                // to the last entry sent.
+                return Ok(false);
             }
-            let mut at = 0;
-            while at + DIRENT_HEADER <= n {
-                let rec = &buf[at..n];
-                let ino = u64::from_ne_bytes(rec[0..8].try_into().unwrap_or_default());
-                let off = i64::from_ne_bytes(rec[8..16].try_into().unwrap_or_default());
-                let reclen = usize::from(u16::from_ne_bytes([rec[16], rec[17]]));
-                let d_type = rec[18];
-                if reclen < DIRENT_HEADER || reclen > rec.len() {
-                    return Err(std::io::Error::from_raw_os_error(libc::EIO));
-                }
-                let name_field = &rec[DIRENT_HEADER..reclen];
-                let name = &name_field[..name_field.iter().position(|&b| b == 0).unwrap_or(0)];
-                at += reclen;
-                let qid = match name {
-                    b"." => qid_of(&self.file.metadata()?),
-                    b".." => parent()?,
-                    _ => self.qid(name, ino, d_type)?,
-                };
-                let e = DirEntry {
-                    qid,
-                    offset: off as u64,
-                    ty: d_type,
-                    name,
-                };
-                if data.len() + e.len() > limit {
-                    // The rest comes with the next request, which seeks
-                    // back to the last entry sent.
-                    return Ok(());
-                }
-                e.encode(data);
-            }
-        }
+            e.encode(data);
+            Ok(true)
+        })
     }
 
     /// The qid of entry `name` from its inode and type (asked of the file

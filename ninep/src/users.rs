@@ -14,8 +14,8 @@
 //! unprivileged or squashed user: the kernel drops `CAP_MKNOD`,
 //! `CAP_FSETID` and the other file capabilities with a non-zero fsuid).
 //!
-//! Credentials are changed per thread through the raw system calls
-//! (`setfsuid`, `setfsgid`, `setgroups`): glibc's wrappers of `setgroups`
+//! Credentials are changed per thread (`setfsuid`, `setfsgid` and the raw
+//! `setgroups` system call, see `sys::set_fs_cred`): glibc's wrappers of `setgroups`
 //! and the `set*id` calls change every thread of the process (setgroups(2),
 //! NOTES), and requests of many clients run at once on the thread pool. A
 //! server that does not run as root cannot switch: it acts as itself for
@@ -24,6 +24,8 @@
 use std::ffi::{CStr, CString};
 use std::io;
 use std::sync::OnceLock;
+
+use nix::unistd::{getegid, getgrouplist, getgroups, Gid, Uid, User};
 
 /// `n_uname` when the client sends none (Linux's client at mount time).
 pub(crate) const NONUNAME: u32 = u32::MAX;
@@ -141,88 +143,46 @@ impl Users {
     }
 }
 
-/// The uid of the `passwd` user `name`.
+/// The uid of the `passwd` user `name` (a name that is not UTF-8 is no
+/// user: nix's lookups take `&str`, and `useradd` makes no such name).
 fn uid_of_name(name: &[u8]) -> Option<u32> {
-    let name = CString::new(name).ok()?;
-    lookup_passwd(|pw, buf, out| {
-        // SAFETY: valid C string, passwd struct, buffer and result pointer,
-        // each as large as given.
-        unsafe { libc::getpwnam_r(name.as_ptr(), pw, buf.as_mut_ptr(), buf.len(), out) }
-    })
-    .map(|(_, uid, _)| uid)
+    let name = std::str::from_utf8(name).ok()?;
+    let user = User::from_name(name).ok()??;
+    Some(user.uid.as_raw())
 }
 
 /// The `passwd` name and primary group of `uid`.
 fn account_of_uid(uid: u32) -> Option<(CString, u32)> {
-    lookup_passwd(|pw, buf, out| {
-        // SAFETY: as in `uid_of_name`.
-        unsafe { libc::getpwuid_r(uid, pw, buf.as_mut_ptr(), buf.len(), out) }
-    })
-    .map(|(name, _, gid)| (name, gid))
-}
-
-/// Runs a `getpw*_r` call with a buffer that grows while it is too small;
-/// the entry's name, uid and gid.
-fn lookup_passwd(
-    mut call: impl FnMut(*mut libc::passwd, &mut [libc::c_char], *mut *mut libc::passwd) -> libc::c_int,
-) -> Option<(CString, u32, u32)> {
-    let mut buf = vec![0 as libc::c_char; 1024];
-    loop {
-        // SAFETY: plain data, filled in by the call.
-        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
-        let mut out: *mut libc::passwd = std::ptr::null_mut();
-        let rc = call(&mut pw, &mut buf, &mut out);
-        if rc == libc::ERANGE && buf.len() < 1 << 20 {
-            buf.resize(buf.len() * 4, 0);
-            continue;
-        }
-        if rc != 0 || out.is_null() {
-            return None;
-        }
-        // SAFETY: on success `pw_name` points to a C string in `buf`.
-        let name = unsafe { CStr::from_ptr(pw.pw_name) }.to_owned();
-        return Some((name, pw.pw_uid, pw.pw_gid));
-    }
+    let user = User::from_uid(Uid::from_raw(uid)).ok()??;
+    let name = CString::new(user.name).ok()?;
+    Some((name, user.gid.as_raw()))
 }
 
 /// The supplementary groups of the user `name` whose primary group is
-/// `gid` (`getgrouplist(3)`), `gid` left out.
+/// `gid` (`getgrouplist(3)`), `gid` left out; none when the lookup fails.
 fn groups_of(name: &CStr, gid: u32) -> Vec<u32> {
-    let mut groups = vec![0 as libc::gid_t; 64];
-    loop {
-        let mut n = groups.len() as libc::c_int;
-        // SAFETY: valid name; `groups` has room for `n` entries, and `n`
-        // says so.
-        let rc = unsafe { libc::getgrouplist(name.as_ptr(), gid, groups.as_mut_ptr(), &mut n) };
-        let n = usize::try_from(n).unwrap_or(0);
-        if rc < 0 && n > groups.len() && n <= 65536 {
-            groups.resize(n, 0);
-            continue;
-        }
-        groups.truncate(if rc < 0 { groups.len() } else { n });
-        groups.retain(|&g| g != gid);
-        groups.sort_unstable();
-        groups.dedup();
-        return groups;
-    }
+    let mut groups: Vec<u32> = getgrouplist(name, Gid::from_raw(gid))
+        .unwrap_or_default()
+        .into_iter()
+        .map(Gid::as_raw)
+        .filter(|&g| g != gid)
+        .collect();
+    groups.sort_unstable();
+    groups.dedup();
+    groups
 }
 
 /// The credentials the server itself runs with, read once.
 fn own() -> &'static Cred {
     static OWN: OnceLock<Cred> = OnceLock::new();
-    OWN.get_or_init(|| {
-        // SAFETY: getgroups(0, NULL) only counts.
-        let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
-        let mut groups = vec![0 as libc::gid_t; usize::try_from(n).unwrap_or(0)];
-        // SAFETY: room for `groups.len()` entries.
-        let got = unsafe { libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr()) };
-        groups.truncate(usize::try_from(got).unwrap_or(0));
-        Cred {
-            uid: crate::sys::euid(),
-            // SAFETY: getegid has no preconditions and cannot fail.
-            gid: unsafe { libc::getegid() },
-            groups,
-        }
+    OWN.get_or_init(|| Cred {
+        uid: crate::sys::euid(),
+        gid: getegid().as_raw(),
+        groups: getgroups()
+            .unwrap_or_default()
+            .into_iter()
+            .map(Gid::as_raw)
+            .collect(),
     })
 }
 
