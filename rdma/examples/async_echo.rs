@@ -27,6 +27,8 @@
 //! 8 connections x 1000 messages of 64 bytes: 8000 echoes in 1.234 s, 6483 messages/s
 //! ```
 
+mod common;
+
 use std::cell::Cell;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
@@ -34,13 +36,64 @@ use std::rc::Rc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use common::args::{ArgError, Cli, Flag, Parsed};
 use rdma::aio::{tokio_rt as rt, AsyncCq, CmChannel, Incoming};
 use rdma::cm::{ConnParam, PortSpace};
 use rdma::{AccessFlags, BufferPool, QpState, QpType, SendWr, WcOpcode, WcStatus};
 
-const USAGE: &str = "\
-async_echo -s [-a addr] [-p port] [-N clients] [-S size] [-D depth] [-T]
-async_echo -c -a addr [-p port] [-n connections] [-m messages] [-S size] [-D depth]";
+const CLI: Cli<'static, char> = Cli {
+    name: "async_echo",
+    usage: "  async_echo -s [-a addr] [-p port] [-N clients] [-S size] [-D depth] [-T]\n  \
+            async_echo -c -a addr [-p port] [-n connections] [-m messages] [-S size] [-D depth]",
+    flags: &[
+        Flag::switch('s', 's', "", "be the server"),
+        Flag::switch('c', 'c', "", "be the client"),
+        Flag::value(
+            'a',
+            'a',
+            "",
+            "addr",
+            "the server's IP address (default: any)",
+        ),
+        Flag::value('p', 'p', "", "port", "the port (default 7175)"),
+        Flag::value(
+            'N',
+            'N',
+            "",
+            "clients",
+            "server: exit after this many clients (default 0: serve until killed)",
+        ),
+        Flag::switch(
+            'T',
+            'T',
+            "",
+            "server: the blocking layer, one thread per connection",
+        ),
+        Flag::value(
+            'n',
+            'n',
+            "",
+            "connections",
+            "client: connections at once (default 1)",
+        ),
+        Flag::value(
+            'm',
+            'm',
+            "",
+            "messages",
+            "client: messages per connection (default 1000)",
+        ),
+        Flag::value('S', 'S', "", "size", "bytes per message (default 64)"),
+        Flag::value(
+            'D',
+            'D',
+            "",
+            "depth",
+            "messages in flight per connection, 1 to 256 (default 8)",
+        ),
+    ],
+    bad_exit: libc::EINVAL as u8,
+};
 
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Receive work requests have this bit; sends do not.
@@ -61,7 +114,8 @@ struct Opts {
     threads: bool,
 }
 
-fn parse(args: &[String]) -> Res<Opts> {
+fn parse(args: Parsed<char>) -> Result<Opts, ArgError> {
+    args.no_operands()?;
     let mut o = Opts {
         server: false,
         addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
@@ -74,36 +128,29 @@ fn parse(args: &[String]) -> Res<Opts> {
         threads: false,
     };
     let mut side = None;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = || it.next().cloned().ok_or(format!("{a} needs a value"));
-        let num = |v: String| v.parse::<u64>().map_err(|_| format!("{a}: bad number {v}"));
-        match a.as_str() {
-            "-s" => side = Some(true),
-            "-c" => side = Some(false),
-            "-T" => o.threads = true,
-            "-a" => o.addr = value()?.parse().map_err(|_| "-a: an IP address")?,
-            "-p" => o.port = u16::try_from(num(value()?)?).map_err(|_| "-p: a port")?,
-            "-N" => o.clients = num(value()?)?,
-            "-n" => o.connections = num(value()?)?.max(1),
-            "-m" => o.messages = num(value()?)?.max(1),
-            "-S" => o.size = (num(value()?)? as usize).max(1),
-            "-D" => o.depth = u32::try_from(num(value()?)?.clamp(1, 256)).unwrap_or(8),
-            _ => return Err(format!("unknown argument {a}")),
+    for f in args.flags {
+        match f.key {
+            's' => side = Some(true),
+            'c' => side = Some(false),
+            'T' => o.threads = true,
+            'a' => o.addr = f.value.parse().map_err(|_| f.bad("an IP address"))?,
+            'p' => o.port = f.number("a port, 0 to 65535")?,
+            'N' => o.clients = f.number("a count")?,
+            'n' => o.connections = f.number::<u64>("a count")?.max(1),
+            'm' => o.messages = f.number::<u64>("a count")?.max(1),
+            'S' => o.size = f.number::<usize>("a size in bytes")?.max(1),
+            'D' => o.depth = f.number::<u32>("a depth")?.clamp(1, 256),
+            _ => unreachable!("the flags of CLI"),
         }
     }
-    o.server = side.ok_or("-s or -c")?;
+    o.server = side.ok_or_else(|| ArgError::Bad("one of -s or -c is required".into()))?;
     Ok(o)
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let o = match parse(&args) {
+    let o = match CLI.read(parse) {
         Ok(o) => o,
-        Err(e) => {
-            eprintln!("async_echo: {e}\n{USAGE}");
-            return ExitCode::from(22);
-        }
+        Err(code) => return code,
     };
     if o.server && o.threads {
         return match threaded::server(&o) {

@@ -33,15 +33,16 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::rc::Rc;
 use std::time::Duration;
 
 mod common;
 
-use common::cm::{c_str, getopt, host_ip, number, Res};
-use common::rping::{fill, info, parse_info, INFO_LEN, MAX_SIZE, MIN_SIZE};
+use common::args::Flag;
+use common::cm::{c_str, Res};
+use common::rping::{fill, info, parse_info, Opts, INFO_LEN};
 use rdma::aio::{tokio_rt as rt, AsyncCmId, AsyncCq, CmChannel};
 use rdma::cm::{CmEventType, ConnParam, PortSpace};
 use rdma::{
@@ -50,21 +51,8 @@ use rdma::{
 };
 use tokio::sync::mpsc;
 
-const USAGE: &str = "\
-async_rping -s [-vVd] [-S size] [-a addr] [-p port] [-P | -N clients]
-async_rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port] [-N connections]
-\t-c\t\tclient side
-\t-I\t\tSource address to bind to for client.
-\t-s\t\tserver side.
-\t-v\t\tdisplay ping data to stdout
-\t-V\t\tvalidate ping data
-\t-d\t\tdebug printfs
-\t-S size \tping data size
-\t-C count\tping count times
-\t-a addr\t\taddress
-\t-p port\t\tport
-\t-P\t\tpersistent server: serve clients (at once) until killed
-\t-N n\t\tserver: exit after n clients; client: n connections at once";
+const USAGE: &str = "  async_rping -s [-vVd] [-S size] [-a addr] [-p port] [-P | -N clients]
+  async_rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port] [-N connections]";
 
 const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
 
@@ -91,75 +79,17 @@ const WR_SEND: u64 = 1;
 const WR_RECV: u64 = 2;
 const WR_RDMA: u64 = 3;
 
-#[derive(Debug, Clone)]
-struct Opts {
-    server: bool,
-    addr: IpAddr,
-    src: Option<IpAddr>,
-    port: u16,
-    count: u64,
-    size: usize,
-    verbose: bool,
-    validate: bool,
-    debug: bool,
-    persistent: bool,
-    n: u64,
-}
-
-fn parse(args: &[String]) -> Res<Opts> {
-    let mut o = Opts {
-        server: false,
-        addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        src: None,
-        port: 7174,
-        count: 0,
-        size: 64,
-        verbose: false,
-        validate: false,
-        debug: false,
-        persistent: false,
-        n: 1,
-    };
-    let mut side = None;
-    for (f, value) in getopt(args, "a:I:p:C:S:N:scvVdP")? {
-        let v = value.unwrap_or_default();
-        match f {
-            's' => side = Some(true),
-            'c' => side = Some(false),
-            'v' => o.verbose = true,
-            'V' => o.validate = true,
-            'd' => o.debug = true,
-            'P' => o.persistent = true,
-            'a' => o.addr = host_ip(&v)?,
-            'I' => o.src = Some(host_ip(&v)?),
-            'p' => o.port = number(f, &v)?,
-            'C' => o.count = number(f, &v)?,
-            'N' => o.n = number::<u64>(f, &v)?.max(1),
-            'S' => {
-                let size: usize = number(f, &v)?;
-                if !(MIN_SIZE..=MAX_SIZE).contains(&size) {
-                    return Err(format!(
-                        "Invalid size {size} (valid range is {MIN_SIZE} to {})",
-                        MAX_SIZE + 1
-                    ));
-                }
-                o.size = size;
-            }
-            _ => return Err(format!("unknown option -{f}")),
-        }
-    }
-    o.server = side.ok_or("-s or -c")?;
-    Ok(o)
-}
-
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let o = match parse(&args) {
+    let own = Flag::value(
+        'N',
+        'N',
+        "",
+        "n",
+        "server: exit after n clients; client: n connections at once",
+    );
+    let o = match common::rping::read("async_rping", USAGE, own) {
         Ok(o) => o,
-        Err(e) => {
-            eprintln!("async_rping: {e}\n{USAGE}");
-            return ExitCode::from(22);
-        }
+        Err(code) => return code,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -742,11 +672,22 @@ mod tests {
 
     #[test]
     fn options_parse_like_rping() {
-        let a = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
-        let o = parse(&a("-c -a 10.8.0.1 -p 7000 -C 5 -vV -S 100 -N 8")).unwrap();
+        let flags = common::rping::flags(Flag::value('N', 'N', "", "n", ""));
+        let cli = |s: &str| {
+            let cli = common::args::Cli {
+                name: "t",
+                usage: "",
+                flags: &flags,
+                bad_exit: 1,
+            };
+            cli.parse(s.split(' ').map(String::from))
+                .and_then(common::rping::opts)
+        };
+        let o = cli("-c -a 10.8.0.1 -p 7000 -C 5 -vV -S 100 -N 8").unwrap();
         assert!(!o.server && o.verbose && o.validate);
         assert_eq!((o.port, o.count, o.size, o.n), (7000, 5, 100, 8));
-        assert!(parse(&a("-s -S 10")).unwrap_err().contains("Invalid size"));
-        assert!(parse(&a("-a 1.2.3.4")).is_err());
+        let e = cli("-s -S 10").unwrap_err();
+        assert!(e.to_string().contains("Invalid size"), "{e}");
+        assert!(cli("-a 1.2.3.4").is_err());
     }
 }

@@ -10,30 +10,50 @@ mod common;
 
 use std::process::ExitCode;
 
-use common::args::{self, Flag};
+use common::args::{ArgError, Cli, Flag, Parsed};
 
-fn run() -> Result<(), String> {
-    const FLAGS: [Flag; 3] = [
-        Flag::new('d', "ib-dev", true),
-        Flag::new('n', "count", true),
-        Flag::new('h', "help", false),
-    ];
-    let parsed = args::parse(std::env::args().skip(1), &FLAGS)?;
-    if let Some(op) = parsed.operands.first() {
-        return Err(format!("unexpected argument '{op}'"));
-    }
-    let mut device = None;
-    let mut count: Option<u64> = None;
+#[derive(Debug, Clone, Copy)]
+enum Key {
+    Device,
+    Count,
+}
+
+const CLI: Cli<'static, Key> = Cli {
+    name: "asyncwatch",
+    usage: "  asyncwatch [-d DEVICE] [-n COUNT]",
+    flags: &[
+        Flag::value(
+            Key::Device,
+            'd',
+            "ib-dev",
+            "DEVICE",
+            "the device (default: the first one)",
+        ),
+        Flag::value(
+            Key::Count,
+            'n',
+            "count",
+            "COUNT",
+            "exit after COUNT events (default: run until killed)",
+        ),
+    ],
+    bad_exit: 1,
+};
+
+/// The device and the number of events to wait for.
+fn parse(parsed: Parsed<Key>) -> Result<(Option<String>, Option<u64>), ArgError> {
+    parsed.no_operands()?;
+    let (mut device, mut count) = (None, None);
     for f in parsed.flags {
-        match f.index {
-            0 => device = Some(f.value),
-            1 => count = Some(args::number('n', &f.value)?),
-            _ => {
-                println!("usage: asyncwatch [-d DEVICE] [-n COUNT]");
-                return Ok(());
-            }
+        match f.key {
+            Key::Device => device = Some(f.value),
+            Key::Count => count = Some(f.number("a count")?),
         }
     }
+    Ok((device, count))
+}
+
+fn run(device: Option<String>, count: Option<u64>) -> Result<(), String> {
     let dev = match device {
         Some(name) => rdma::device_by_name(&name),
         None => rdma::devices().and_then(|d| {
@@ -63,7 +83,11 @@ fn run() -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    match run() {
+    let (device, count) = match CLI.read(parse) {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
+    match run(device, count) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("asyncwatch: {e}");

@@ -34,7 +34,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::cm::{get_rdma_addr, getopt, number, OrFail, Res};
+use common::args::{ArgError, Cli, Flag, Parsed};
+use common::cm::{get_rdma_addr, OrFail, Res};
 use rdma::cm::{AddrInfoFlags, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use rdma::{CompletionQueue, QpType, QueuePair};
 
@@ -72,18 +73,41 @@ struct Opts {
     timeout: Duration,
 }
 
-fn usage() -> ExitCode {
-    println!("usage: cmtime");
-    println!("\t[-s server_address]");
-    println!("\t[-b bind_address]");
-    println!("\t[-c connections]");
-    println!("\t[-p port_number]");
-    println!("\t[-r retries]");
-    println!("\t[-t timeout_ms]");
-    ExitCode::from(1)
-}
+const CLI: Cli<'static, char> = Cli {
+    name: "cmtime",
+    usage: "  cmtime [-b bind_address] [options]                    # server\n  \
+            cmtime -s server_address [-b bind_address] [options]  # client",
+    flags: &[
+        Flag::value(
+            's',
+            's',
+            "",
+            "server_address",
+            "the server (default: be the server)",
+        ),
+        Flag::value('b', 'b', "", "bind_address", "the local address"),
+        Flag::value('c', 'c', "", "connections", "connections (default 100)"),
+        Flag::value('p', 'p', "", "port_number", "the port (default 7471)"),
+        Flag::value(
+            'r',
+            'r',
+            "",
+            "retries",
+            "address and route resolution retries (default 2)",
+        ),
+        Flag::value(
+            't',
+            't',
+            "",
+            "timeout_ms",
+            "resolution timeout (default 2000)",
+        ),
+    ],
+    bad_exit: 1,
+};
 
-fn parse(args: &[String]) -> Res<Opts> {
+fn parse(args: Parsed<char>) -> Result<Opts, ArgError> {
+    args.no_operands()?;
     let mut o = Opts {
         dst: None,
         src: None,
@@ -92,25 +116,24 @@ fn parse(args: &[String]) -> Res<Opts> {
         retries: 2,
         timeout: Duration::from_millis(2000),
     };
-    for (flag, v) in getopt(args, "s:b:c:p:r:t:")? {
-        let v = v.unwrap_or_default();
-        match flag {
-            's' => o.dst = Some(v),
-            'b' => o.src = Some(v),
-            'c' => o.connections = number(flag, &v)?,
-            'p' => o.port = v,
-            'r' => o.retries = number(flag, &v)?,
-            't' => o.timeout = Duration::from_millis(number(flag, &v)?),
-            _ => unreachable!("getopt only returns flags of the spec"),
+    for f in args.flags {
+        match f.key {
+            's' => o.dst = Some(f.value),
+            'b' => o.src = Some(f.value),
+            'c' => o.connections = f.number("a count")?,
+            'p' => o.port = f.value,
+            'r' => o.retries = f.number("a count")?,
+            't' => o.timeout = Duration::from_millis(f.number("milliseconds")?),
+            _ => unreachable!("the flags of CLI"),
         }
     }
     Ok(o)
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let Ok(opts) = parse(&args).map_err(|e| eprintln!("cmtime: {e}")) else {
-        return usage();
+    let opts = match CLI.read(parse) {
+        Ok(o) => o,
+        Err(code) => return code,
     };
     let r = match opts.dst.clone() {
         Some(dst) => run_client(&opts, &dst),

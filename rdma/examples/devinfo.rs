@@ -14,7 +14,7 @@ mod common;
 
 use std::process::ExitCode;
 
-use common::args::{self, Flag};
+use common::args::{ArgError, Cli, Flag, Parsed};
 use rdma::sysfs::{RdmaDevice, Sysfs};
 use rdma::{Context, Device};
 
@@ -26,27 +26,41 @@ struct Args {
     sysfs: bool,
 }
 
-fn usage() -> ExitCode {
-    eprintln!("usage: devinfo [-d DEVICE] [-i PORT] [-l] [-v] [--sysfs]");
-    ExitCode::from(2)
+#[derive(Debug, Clone, Copy)]
+enum Key {
+    Device,
+    Port,
+    List,
+    Verbose,
+    Sysfs,
 }
 
-fn parse_args() -> Result<Args, String> {
-    const FLAGS: [Flag; 5] = [
-        Flag::new('d', "ib-dev", true),
-        Flag::new('i', "ib-port", true),
-        Flag::new('l', "list", false),
-        Flag::new('v', "verbose", false),
+const CLI: Cli<'static, Key> = Cli {
+    name: "devinfo",
+    usage: "  devinfo [-d DEVICE] [-i PORT] [-l] [-v] [--sysfs]",
+    flags: &[
+        Flag::value(Key::Device, 'd', "ib-dev", "DEVICE", "only this device"),
+        Flag::value(Key::Port, 'i', "ib-port", "PORT", "only this port"),
+        Flag::switch(Key::List, 'l', "list", "only list the device names"),
+        Flag::switch(
+            Key::Verbose,
+            'v',
+            "verbose",
+            "every attribute, and the GID table",
+        ),
         Flag {
+            key: Key::Sysfs,
             short: None,
             long: "sysfs",
-            value: false,
+            value: None,
+            help: "read /sys/class/infiniband only, without opening a verbs context (rdma::sysfs)",
         },
-    ];
-    let parsed = args::parse(std::env::args().skip(1), &FLAGS)?;
-    if let Some(op) = parsed.operands.first() {
-        return Err(format!("unexpected argument '{op}'"));
-    }
+    ],
+    bad_exit: 2,
+};
+
+fn parse_args(parsed: Parsed<Key>) -> Result<Args, ArgError> {
+    parsed.no_operands()?;
     let mut args = Args {
         device: None,
         port: None,
@@ -55,12 +69,12 @@ fn parse_args() -> Result<Args, String> {
         sysfs: false,
     };
     for f in parsed.flags {
-        match f.index {
-            0 => args.device = Some(f.value),
-            1 => args.port = Some(args::number('i', &f.value)?),
-            2 => args.list = true,
-            3 => args.verbose = true,
-            _ => args.sysfs = true,
+        match f.key {
+            Key::Device => args.device = Some(f.value),
+            Key::Port => args.port = Some(f.number("a port number")?),
+            Key::List => args.list = true,
+            Key::Verbose => args.verbose = true,
+            Key::Sysfs => args.sysfs = true,
         }
     }
     Ok(args)
@@ -334,12 +348,9 @@ fn main_sysfs(args: &Args) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
+    let args = match CLI.read(parse_args) {
         Ok(a) => a,
-        Err(e) => {
-            eprintln!("devinfo: {e}");
-            return usage();
-        }
+        Err(code) => return code,
     };
     if args.sysfs {
         return main_sysfs(&args);

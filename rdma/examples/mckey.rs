@@ -32,7 +32,8 @@ use std::net::{Ipv6Addr, SocketAddr};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use common::cm::{c_number, getopt, host_ip, number, poll_n, OrFail, Res, GRH_LEN};
+use common::args::{bad, ArgError, Cli, Flag, Parsed};
+use common::cm::{host_ip, poll_n, OrFail, Res, GRH_LEN};
 use rdma::cm::{CmAddr, CmEventType, CmId, EventChannel, IbAddr, McJoinFlags, PortSpace};
 use rdma::{
     AccessFlags, AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QpCreateFlags,
@@ -58,22 +59,45 @@ struct Opts {
     no_loopback: bool,
 }
 
-fn usage() -> ExitCode {
-    println!("usage: mckey");
-    println!("\t-m multicast_address");
-    println!("\t[-M unmapped_multicast_address]\n\t replaces -m and requires -b");
-    println!("\t[-s(ender)]");
-    println!("\t[-b bind_address]");
-    println!("\t[-c connections]");
-    println!("\t[-C message_count]");
-    println!("\t[-S message_size]");
-    println!("\t[-p port_space - 0x111 for UDP (default), 0x2 for IPOIB]");
-    println!("\t[-o join as a send-only full-member]");
-    println!("\t[-l join without multicast loopback]");
-    ExitCode::from(1)
-}
+const CLI: Cli<'static, char> = Cli {
+    name: "mckey",
+    usage: "  mckey -m multicast_address [-s] [-b bind_address] [options]\n  \
+            mckey -M unmapped_multicast_address -b bind_address [-s] [options]",
+    flags: &[
+        Flag::value('m', 'm', "", "multicast_address", "the group"),
+        Flag::value(
+            'M',
+            'M',
+            "",
+            "unmapped_multicast_address",
+            "a GID group (AF_IB): replaces -m and requires -b",
+        ),
+        Flag::switch('s', 's', "", "be the sender"),
+        Flag::value('b', 'b', "", "bind_address", "the local address"),
+        Flag::value('c', 'c', "", "connections", "memberships (default 1)"),
+        Flag::value('C', 'C', "", "message_count", "messages (default 10)"),
+        Flag::value(
+            'S',
+            'S',
+            "",
+            "message_size",
+            "bytes per message (default 100)",
+        ),
+        Flag::value(
+            'p',
+            'p',
+            "",
+            "port_space",
+            "0x111 for UDP (default), 0x2 for IPOIB",
+        ),
+        Flag::switch('o', 'o', "", "join as a send-only full-member"),
+        Flag::switch('l', 'l', "", "join without multicast loopback"),
+    ],
+    bad_exit: 1,
+};
 
-fn parse(args: &[String]) -> Res<Opts> {
+fn parse(args: Parsed<char>) -> Result<Opts, ArgError> {
+    args.no_operands()?;
     let mut o = Opts {
         group: None,
         src: None,
@@ -86,30 +110,29 @@ fn parse(args: &[String]) -> Res<Opts> {
         unmapped: false,
         no_loopback: false,
     };
-    for (flag, v) in getopt(args, "m:M:sb:c:C:S:p:ol")? {
-        let v = v.unwrap_or_default();
-        match flag {
-            'm' => o.group = Some(v),
+    for f in args.flags {
+        match f.key {
+            'm' => o.group = Some(f.value),
             'M' => {
-                o.group = Some(v);
+                o.group = Some(f.value);
                 o.unmapped = true;
             }
             's' => o.sender = true,
-            'b' => o.src = Some(v),
-            'c' => o.connections = number(flag, &v)?,
-            'C' => o.count = number(flag, &v)?,
-            'S' => o.size = number(flag, &v)?,
-            'p' => o.ps = PortSpace::from_raw(c_number(flag, &v)? as u32),
+            'b' => o.src = Some(f.value),
+            'c' => o.connections = f.number("a count")?,
+            'C' => o.count = f.number("a count")?,
+            'S' => o.size = f.number("a size in bytes")?,
+            'p' => o.ps = PortSpace::from_raw(f.c_number("a port space")?),
             'o' => o.send_only = true,
             'l' => o.no_loopback = true,
-            _ => unreachable!("getopt only returns flags of the spec"),
+            _ => unreachable!("the flags of CLI"),
         }
     }
     if o.group.is_none() {
-        return Err("a multicast address (-m) is required".into());
+        return bad("a multicast address (-m) is required");
     }
     if o.unmapped && o.src.is_none() {
-        return Err("unmapped multicast address requires binding to source address".into());
+        return bad("unmapped multicast address requires binding to source address");
     }
     if o.size == 0 {
         o.count = 0;
@@ -118,7 +141,7 @@ fn parse(args: &[String]) -> Res<Opts> {
 }
 
 fn main() -> ExitCode {
-    common::cm::cmatose_main("mckey", parse, usage, run)
+    common::cm::cmatose_main(&CLI, parse, run)
 }
 
 /// One group membership. Field order is drop order.

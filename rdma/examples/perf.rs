@@ -33,6 +33,8 @@
 #[cfg(feature = "tokio")]
 #[path = "perf/aio.rs"]
 mod aio;
+#[path = "common/args.rs"]
+mod args;
 #[path = "perf/bw.rs"]
 mod bw;
 #[path = "perf/clock.rs"]
@@ -54,20 +56,12 @@ mod setup;
 
 use std::process::ExitCode;
 
-use opts::{ArgError, Kind};
+use opts::Kind;
 
 fn main() -> ExitCode {
-    let opts = match opts::parse(std::env::args().skip(1)) {
+    let opts = match opts::read() {
         Ok(o) => o,
-        Err(ArgError::Help) => {
-            print!("{}", opts::usage());
-            return ExitCode::SUCCESS;
-        }
-        Err(ArgError::Bad(msg)) => {
-            eprintln!("perf: {msg}");
-            eprintln!("Run `perf --help` for the options.");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     events::set(opts.wait);
     let result = setup::connect(&opts).and_then(|mut conn| match opts.test.kind {

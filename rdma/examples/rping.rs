@@ -28,34 +28,22 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use common::cm::{c_str, getopt, host_ip, number, rearm, wait_readable, OrFail, Res};
-use common::rping::{fill, info, parse_info, INFO_LEN, MAX_SIZE, MIN_SIZE, SQ_DEPTH};
+use common::args::Flag;
+use common::cm::{c_str, rearm, wait_readable, OrFail, Res};
+use common::rping::{fill, info, parse_info, Opts, INFO_LEN, SQ_DEPTH};
 use rdma::cm::{CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use rdma::{
     AccessFlags, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain, QpType,
     QueuePair, RemoteMemory, SendWr, WcOpcode, WcStatus,
 };
 
-const USAGE: &str = "\
-rping -s [-vVd] [-S size] [-C count] [-a addr] [-p port]
-rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port]
-\t-c\t\tclient side
-\t-I\t\tSource address to bind to for client.
-\t-s\t\tserver side.  To bind to any address with IPv6 use -a ::0
-\t-v\t\tdisplay ping data to stdout
-\t-V\t\tvalidate ping data
-\t-d\t\tdebug printfs
-\t-S size \tping data size
-\t-C count\tping count times
-\t-a addr\t\taddress
-\t-p port\t\tport
-\t-P\t\tpersistent server mode allowing multiple connections
-\t-q\t\tuse self-created, self-modified QP";
+const USAGE: &str = "  rping -s [-vVd] [-S size] [-C count] [-a addr] [-p port]
+  rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port]";
 
 /// `rdma_resolve_addr`/`rdma_resolve_route` timeout.
 const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
@@ -64,87 +52,11 @@ const WR_SEND: u64 = 1;
 const WR_RECV: u64 = 2;
 const WR_RDMA: u64 = 3;
 
-#[derive(Debug, Clone)]
-struct Opts {
-    server: bool,
-    addr: IpAddr,
-    src: Option<IpAddr>,
-    port: u16,
-    count: u64,
-    size: usize,
-    verbose: bool,
-    validate: bool,
-    debug: bool,
-    persistent: bool,
-    self_qp: bool,
-}
-
-fn parse(args: &[String]) -> Result<Opts, (String, u8)> {
-    let usage = |msg: String| (format!("rping: {msg}\n{USAGE}"), libc::EINVAL as u8);
-    let flags = getopt(args, "a:I:Pp:C:S:scvVdq").map_err(usage)?;
-    let mut o = Opts {
-        server: false,
-        addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        src: None,
-        port: 7174,
-        count: 0,
-        size: 64,
-        verbose: false,
-        validate: false,
-        debug: false,
-        persistent: false,
-        self_qp: false,
-    };
-    let mut side = None;
-    for (flag, value) in flags {
-        let v = value.unwrap_or_default();
-        let bad = |e: String| (e, libc::EINVAL as u8);
-        match flag {
-            'a' => o.addr = host_ip(&v).map_err(bad)?,
-            'I' => o.src = Some(host_ip(&v).map_err(bad)?),
-            'P' => o.persistent = true,
-            'p' => o.port = number(flag, &v).map_err(bad)?,
-            's' => side = Some(true),
-            'c' => side = Some(false),
-            'S' => {
-                let size: i64 = number(flag, &v).map_err(bad)?;
-                if size < MIN_SIZE as i64 || size > MAX_SIZE as i64 {
-                    return Err(bad(format!(
-                        "Invalid size {size} (valid range is {MIN_SIZE} to {})",
-                        MAX_SIZE + 1
-                    )));
-                }
-                o.size = size as usize;
-            }
-            'C' => {
-                let count: i64 = number(flag, &v).map_err(bad)?;
-                if count < 0 {
-                    return Err(bad(format!("Invalid count {count}")));
-                }
-                o.count = count as u64;
-            }
-            'v' => o.verbose = true,
-            'V' => o.validate = true,
-            'd' => o.debug = true,
-            'q' => o.self_qp = true,
-            _ => unreachable!("getopt only returns flags of the spec"),
-        }
-    }
-    match side {
-        Some(s) => o.server = s,
-        None => return Err((USAGE.to_string(), libc::EINVAL as u8)),
-    }
-    Ok(o)
-}
-
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let opts = match parse(&args) {
+    let own = Flag::switch('q', 'q', "", "use a self-created, self-modified QP");
+    let opts = match common::rping::read("rping", USAGE, own) {
         Ok(o) => o,
-        Err((msg, code)) => {
-            eprintln!("{msg}");
-            return ExitCode::from(code);
-        }
+        Err(code) => return code,
     };
     let result = if opts.server {
         run_server(&opts)

@@ -27,7 +27,8 @@ mod common;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use common::cm::{c_number, get_rdma_addr, getopt, number, poll_n, OrFail, Res};
+use common::args::{ArgError, Cli, Flag, Parsed};
+use common::cm::{get_rdma_addr, poll_n, OrFail, Res};
 use rdma::cm::{
     AddrInfoFlags, CmAddr, CmEvent, CmEventType, CmId, CmOption, ConnParam, EventChannel, PortSpace,
 };
@@ -56,25 +57,46 @@ struct Opts {
     family: i32,
 }
 
-fn usage() -> ExitCode {
-    println!("usage: ucmatose");
-    println!("\t[-s server_address]");
-    println!("\t[-b bind_address]");
-    println!("\t[-f address_format]");
-    println!("\t    name, ip, ipv6, or gid");
-    println!("\t[-P port_space]");
-    println!("\t    tcp or ib");
-    println!("\t[-c connections]");
-    println!("\t[-C message_count]");
-    println!("\t[-S message_size]");
-    println!("\t[-t type_of_service]");
-    println!("\t[-p port_number]");
-    println!("\t[-m(igrate)]");
-    println!("\t[-a ack_timeout]");
-    ExitCode::from(1)
-}
+const CLI: Cli<'static, char> = Cli {
+    name: "ucmatose",
+    usage: "  ucmatose [-b bind_address] [options]                    # server\n  \
+            ucmatose -s server_address [-b bind_address] [options]  # client",
+    flags: &[
+        Flag::value(
+            's',
+            's',
+            "",
+            "server_address",
+            "the server (default: be the server)",
+        ),
+        Flag::value('b', 'b', "", "bind_address", "the local address"),
+        Flag::value(
+            'f',
+            'f',
+            "",
+            "address_format",
+            "name (default), ip, ipv6, or gid",
+        ),
+        Flag::value('P', 'P', "", "port_space", "tcp (default) or ib"),
+        Flag::value('c', 'c', "", "connections", "connections (default 1)"),
+        Flag::value('C', 'C', "", "message_count", "messages (default 10)"),
+        Flag::value(
+            'S',
+            'S',
+            "",
+            "message_size",
+            "bytes per message (default 100)",
+        ),
+        Flag::value('t', 't', "", "type_of_service", "the IP type of service"),
+        Flag::value('p', 'p', "", "port_number", "the port (default 7471)"),
+        Flag::switch('m', 'm', "", "migrate the connections (rdma_migrate_id)"),
+        Flag::value('a', 'a', "", "ack_timeout", "the ACK timeout exponent"),
+    ],
+    bad_exit: 1,
+};
 
-fn parse(args: &[String]) -> Res<Opts> {
+fn parse(args: Parsed<char>) -> Result<Opts, ArgError> {
+    args.no_operands()?;
     let mut o = Opts {
         dst: None,
         src: None,
@@ -89,12 +111,12 @@ fn parse(args: &[String]) -> Res<Opts> {
         flags: AddrInfoFlags::empty(),
         family: 0,
     };
-    for (flag, v) in getopt(args, "s:b:f:P:c:C:S:t:p:ma:")? {
-        let v = v.unwrap_or_default();
-        match flag {
-            's' => o.dst = Some(v),
-            'b' => o.src = Some(v),
-            'f' => (o.flags, o.family) = common::cm::address_format(&v),
+    for f in args.flags {
+        let v = &f.value;
+        match f.key {
+            's' => o.dst = Some(f.value),
+            'b' => o.src = Some(f.value),
+            'f' => (o.flags, o.family) = common::cm::address_format(v),
             'P' => {
                 let p = v.to_ascii_lowercase();
                 if p.starts_with("ib") {
@@ -103,14 +125,14 @@ fn parse(args: &[String]) -> Res<Opts> {
                     eprintln!("Warning: unknown port space format");
                 }
             }
-            'c' => o.connections = number(flag, &v)?,
-            'C' => o.count = number(flag, &v)?,
-            'S' => o.size = number(flag, &v)?,
-            't' => o.tos = Some(c_number(flag, &v)? as u8),
-            'p' => o.port = v,
+            'c' => o.connections = f.number("a count")?,
+            'C' => o.count = f.number("a count")?,
+            'S' => o.size = f.number("a size in bytes")?,
+            't' => o.tos = Some(f.c_number("a type of service, 0 to 255")?),
+            'p' => o.port = f.value,
             'm' => o.migrate = true,
-            'a' => o.ack_timeout = Some(c_number(flag, &v)? as u8),
-            _ => unreachable!("getopt only returns flags of the spec"),
+            'a' => o.ack_timeout = Some(f.c_number("a timeout exponent, 0 to 255")?),
+            _ => unreachable!("the flags of CLI"),
         }
     }
     if o.size == 0 {
@@ -120,7 +142,7 @@ fn parse(args: &[String]) -> Res<Opts> {
 }
 
 fn main() -> ExitCode {
-    common::cm::cmatose_main("ucmatose", parse, usage, run)
+    common::cm::cmatose_main(&CLI, parse, run)
 }
 
 /// One connection. Field order is drop order: the QP before its CQs and

@@ -29,7 +29,8 @@ mod common;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use common::cm::{c_number, get_rdma_addr, getopt, number, poll_n, OrFail, Res, GRH_LEN};
+use common::args::{ArgError, Cli, Flag, Parsed};
+use common::cm::{get_rdma_addr, poll_n, OrFail, Res, GRH_LEN};
 use rdma::cm::{
     AddrInfoFlags, CmAddr, CmEvent, CmEventType, CmId, CmOption, ConnParam, EventChannel, PortSpace,
 };
@@ -56,23 +57,50 @@ struct Opts {
     family: i32,
 }
 
-fn usage() -> ExitCode {
-    println!("usage: udaddy");
-    println!("\t[-s server_address]");
-    println!("\t[-b bind_address]");
-    println!("\t[-f address_format]");
-    println!("\t    name, ip, ipv6, or gid");
-    println!("\t[-P port_space]");
-    println!("\t    udp or ipoib");
-    println!("\t[-c connections]");
-    println!("\t[-C message_count]");
-    println!("\t[-S message_size]");
-    println!("\t[-t type_of_service]");
-    println!("\t[-p port_space - 0x111 for UDP (default), 0x2 for IPOIB]");
-    ExitCode::from(1)
-}
+const CLI: Cli<'static, char> = Cli {
+    name: "udaddy",
+    usage: "  udaddy [-b bind_address] [options]                    # server\n  \
+            udaddy -s server_address [-b bind_address] [options]  # client",
+    flags: &[
+        Flag::value(
+            's',
+            's',
+            "",
+            "server_address",
+            "the server (default: be the server)",
+        ),
+        Flag::value('b', 'b', "", "bind_address", "the local address"),
+        Flag::value(
+            'f',
+            'f',
+            "",
+            "address_format",
+            "name (default), ip, ipv6, or gid",
+        ),
+        Flag::value('P', 'P', "", "port_space", "udp (default) or ipoib"),
+        Flag::value('c', 'c', "", "connections", "connections (default 1)"),
+        Flag::value('C', 'C', "", "message_count", "messages (default 10)"),
+        Flag::value(
+            'S',
+            'S',
+            "",
+            "message_size",
+            "bytes per message (default 100)",
+        ),
+        Flag::value('t', 't', "", "type_of_service", "the IP type of service"),
+        Flag::value(
+            'p',
+            'p',
+            "",
+            "port_space",
+            "0x111 for UDP (default), 0x2 for IPOIB",
+        ),
+    ],
+    bad_exit: 1,
+};
 
-fn parse(args: &[String]) -> Res<Opts> {
+fn parse(args: Parsed<char>) -> Result<Opts, ArgError> {
+    args.no_operands()?;
     let mut o = Opts {
         dst: None,
         src: None,
@@ -84,17 +112,17 @@ fn parse(args: &[String]) -> Res<Opts> {
         flags: AddrInfoFlags::empty(),
         family: 0,
     };
-    for (flag, v) in getopt(args, "s:b:c:C:S:t:p:P:f:")? {
-        let v = v.unwrap_or_default();
-        match flag {
-            's' => o.dst = Some(v),
-            'b' => o.src = Some(v),
-            'c' => o.connections = number(flag, &v)?,
-            'C' => o.count = number(flag, &v)?,
-            'S' => o.size = number(flag, &v)?,
-            't' => o.tos = Some(c_number(flag, &v)? as u8),
-            'p' => o.ps = PortSpace::from_raw(c_number(flag, &v)? as u32),
-            'f' => (o.flags, o.family) = common::cm::address_format(&v),
+    for f in args.flags {
+        let v = &f.value;
+        match f.key {
+            's' => o.dst = Some(f.value),
+            'b' => o.src = Some(f.value),
+            'c' => o.connections = f.number("a count")?,
+            'C' => o.count = f.number("a count")?,
+            'S' => o.size = f.number("a size in bytes")?,
+            't' => o.tos = Some(f.c_number("a type of service, 0 to 255")?),
+            'p' => o.ps = PortSpace::from_raw(f.c_number("a port space")?),
+            'f' => (o.flags, o.family) = common::cm::address_format(v),
             'P' => {
                 let p = v.to_ascii_lowercase();
                 if p.starts_with("ipoib") {
@@ -103,7 +131,7 @@ fn parse(args: &[String]) -> Res<Opts> {
                     eprintln!("Warning: unknown port space format");
                 }
             }
-            _ => unreachable!("getopt only returns flags of the spec"),
+            _ => unreachable!("the flags of CLI"),
         }
     }
     if o.size == 0 {
@@ -113,7 +141,7 @@ fn parse(args: &[String]) -> Res<Opts> {
 }
 
 fn main() -> ExitCode {
-    common::cm::cmatose_main("udaddy", parse, usage, run)
+    common::cm::cmatose_main(&CLI, parse, run)
 }
 
 /// One datagram connection. Field order is drop order: the QP and AH go

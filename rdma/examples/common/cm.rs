@@ -1,7 +1,7 @@
 //! Code shared by the connection manager examples (`rping`, `rdma_server`,
 //! `rdma_client`, `udaddy`, `mckey`, `ucmatose`, `cmtime`): address lookup
 //! as rdma-core's examples do it, waiting on several descriptors, and the
-//! completion loop helpers. Their flags go through [`getopt`].
+//! completion loop helpers. Their flags go through [`super::args`].
 
 use std::net::{IpAddr, ToSocketAddrs};
 use std::os::fd::RawFd;
@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use rdma::cm::{self, AddrInfoFlags, AddrInfoHints, CmAddr, PortSpace};
 use rdma::{Completion, CompletionChannel, CompletionQueue};
 
+use super::args::{ArgError, Cli, Parsed};
+
 // Each example uses some of these: unused in one is not unused in all.
-#[allow(unused_imports)]
-pub use super::args::{c_number, getopt, number};
 #[allow(unused_imports)]
 pub use super::{OrFail, Res};
 
@@ -188,36 +188,6 @@ mod tests {
     }
 }
 
-/// The QP `rdma_create_ep` makes for rdma-core's `rdma_server`/`rdma_client`:
-/// one send and one receive of one SGE, `inline` bytes inline, every send
-/// signaled, librdmacm's PD. The CQs (with completion channels, so waiting
-/// for a completion sleeps) are made here: a QP template without PD and CQs
-/// cannot be expressed with the crate. `verb` names the step in errors.
-pub fn endpoint_qp(id: &rdma::cm::CmId, verb: &str, inline: u32) -> Res<rdma::QueuePair> {
-    let ctx = id.context().or_fail(verb)?;
-    let pd = id.pd().or_fail(verb)?;
-    let send_ch = ctx
-        .create_comp_channel()
-        .or_fail("ibv_create_comp_channel")?;
-    let recv_ch = ctx
-        .create_comp_channel()
-        .or_fail("ibv_create_comp_channel")?;
-    let send_cq = ctx
-        .create_cq(1, Some(&send_ch), 0)
-        .or_fail("ibv_create_cq")?;
-    let recv_cq = ctx
-        .create_cq(1, Some(&recv_ch), 0)
-        .or_fail("ibv_create_cq")?;
-    let mut b = pd.qp_builder(rdma::QpType::Rc, &send_cq, &recv_cq);
-    b.max_send_wr(1)
-        .max_recv_wr(1)
-        .max_send_sge(1)
-        .max_recv_sge(1)
-        .max_inline_data(inline)
-        .sq_sig_all(true);
-    id.create_qp(&b).or_fail(verb)
-}
-
 /// `-f` of `udaddy` and `ucmatose`: `ip`/`ipv6` are numeric addresses,
 /// `gid` numeric GIDs (`AF_IB` addresses), `name` host names (the default).
 /// Returns the `rdma_getaddrinfo` flags and family.
@@ -238,22 +208,17 @@ pub fn address_format(v: &str) -> (AddrInfoFlags, i32) {
     }
 }
 
-/// The `main` of the cmatose family (`udaddy`, `mckey`, `ucmatose`): parse
-/// the flags (`usage` on error), run, then print `test complete` and
+/// The `main` of the cmatose family (`udaddy`, `mckey`, `ucmatose`): read
+/// the flags (the help on error), run, then print `test complete` and
 /// `return status N` as rdma-core's tools do.
 pub fn cmatose_main<O>(
-    name: &str,
-    parse: impl FnOnce(&[String]) -> Res<O>,
-    usage: impl FnOnce() -> std::process::ExitCode,
+    cli: &Cli<'_, char>,
+    read: impl FnOnce(Parsed<char>) -> Result<O, ArgError>,
     run: impl FnOnce(&O) -> Res<()>,
 ) -> std::process::ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let opts = match parse(&args) {
+    let opts = match cli.read(read) {
         Ok(o) => o,
-        Err(e) => {
-            eprintln!("{name}: {e}");
-            return usage();
-        }
+        Err(code) => return code,
     };
     let ret: u8 = match run(&opts) {
         Ok(()) => 0,

@@ -1,14 +1,16 @@
-//! Code the examples share (every example but `perf`, which has its own):
-//! the error helpers and the command-line parser here, the connection
-//! manager tools' helpers in [`cm`], and the `*_pingpong` tools' flags,
-//! device setup, handshake and traffic in [`pingpong`], rping's protocol
-//! in [`rping`].
+//! Code the examples share: the error helpers here, the command-line parser
+//! in [`args`] (which `perf`, the one example that does not include this
+//! module, includes by itself), the connection manager tools' helpers in
+//! [`cm`], both sides of the synchronous endpoint tools in [`endpoint`],
+//! the `*_pingpong` tools' flags, device setup, handshake and traffic in
+//! [`pingpong`], rping's command line and protocol in [`rping`].
 //!
 //! Each example includes the whole module (`mod common;`) and uses its part.
 #![allow(dead_code)] // every example uses a different subset
 
 pub mod args;
 pub mod cm;
+pub mod endpoint;
 pub mod pingpong;
 pub mod rping;
 

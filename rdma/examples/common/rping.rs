@@ -1,7 +1,13 @@
-//! rping's protocol, shared by `rping` and `async_rping`: the control
-//! message, the ping text and the limits of `-S`.
+//! What `rping` and `async_rping` share: the command line (rdma-core
+//! `rping`'s flags, and one more each), the control message, the ping text
+//! and the limits of `-S`.
+
+use std::net::{IpAddr, Ipv4Addr};
 
 use rdma::RemoteMemory;
+
+use super::args::{bad, ArgError, Cli, Flag, Parsed};
+use super::cm::host_ip;
 
 /// Length of a control message (`struct rping_rdma_info`).
 pub const INFO_LEN: usize = 16;
@@ -45,4 +51,152 @@ pub fn fill(buf: &mut [u8], ping: u64, first: u8) {
     }
     let last = buf.len() - 1;
     buf[last] = 0;
+}
+
+/// The command line of both tools.
+#[derive(Debug, Clone)]
+pub struct Opts {
+    /// `-s` (`-c`: false).
+    pub server: bool,
+    /// `-a`: the address to bind to (server) or connect to (client).
+    pub addr: IpAddr,
+    /// `-I`: the client's source address.
+    pub src: Option<IpAddr>,
+    /// `-p`.
+    pub port: u16,
+    /// `-C`: pings (0: forever).
+    pub count: u64,
+    /// `-S`: bytes per ping.
+    pub size: usize,
+    /// `-v`: print every ping.
+    pub verbose: bool,
+    /// `-V`: check every ping.
+    pub validate: bool,
+    /// `-d`: say every step.
+    pub debug: bool,
+    /// `-P`: serve clients until killed.
+    pub persistent: bool,
+    /// `-q` (`rping`): a QP made and moved through its states by the tool
+    /// itself rather than by the connection manager.
+    pub self_qp: bool,
+    /// `-N` (`async_rping`): the server exits after this many clients, the
+    /// client opens this many connections at once.
+    pub n: u64,
+}
+
+/// The flags of rdma-core's `rping` but `-q`.
+const FLAGS: [Flag<'static, char>; 11] = [
+    Flag::switch(
+        's',
+        's',
+        "",
+        "server side (to bind to any IPv6 address use -a ::0)",
+    ),
+    Flag::switch('c', 'c', "", "client side"),
+    Flag::value('a', 'a', "", "addr", "address"),
+    Flag::value(
+        'I',
+        'I',
+        "",
+        "addr",
+        "source address to bind to for the client",
+    ),
+    Flag::value('p', 'p', "", "port", "port (default 7174)"),
+    Flag::value('S', 'S', "", "size", "ping data size (default 64)"),
+    Flag::value('C', 'C', "", "count", "ping count times (default: forever)"),
+    Flag::switch('v', 'v', "", "display ping data to stdout"),
+    Flag::switch('V', 'V', "", "validate ping data"),
+    Flag::switch('d', 'd', "", "debug printfs"),
+    Flag::switch(
+        'P',
+        'P',
+        "",
+        "persistent server: serve clients until killed",
+    ),
+];
+
+/// Reads the command line of `name` with its own flag `own` (`-q` or `-N`)
+/// besides rping's; rping's exit status for a bad one, `EINVAL`.
+pub fn read(
+    name: &str,
+    usage: &str,
+    own: Flag<'static, char>,
+) -> Result<Opts, std::process::ExitCode> {
+    let flags = flags(own);
+    let cli = Cli {
+        name,
+        usage,
+        flags: &flags,
+        bad_exit: libc::EINVAL as u8,
+    };
+    cli.read(opts)
+}
+
+/// rping's flags and the tool's own.
+pub fn flags(own: Flag<'static, char>) -> Vec<Flag<'static, char>> {
+    let mut flags = FLAGS.to_vec();
+    flags.push(own);
+    flags
+}
+
+/// The options `args` give.
+///
+/// # Errors
+/// A bad value, naming it, or neither `-s` nor `-c`.
+pub fn opts(args: Parsed<char>) -> Result<Opts, ArgError> {
+    args.no_operands()?;
+    let mut o = Opts {
+        server: false,
+        addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        src: None,
+        port: 7174,
+        count: 0,
+        size: 64,
+        verbose: false,
+        validate: false,
+        debug: false,
+        persistent: false,
+        self_qp: false,
+        n: 1,
+    };
+    let mut side = None;
+    for f in args.flags {
+        let ip = |v: &str| host_ip(v).map_err(ArgError::Bad);
+        match f.key {
+            's' => side = Some(true),
+            'c' => side = Some(false),
+            'a' => o.addr = ip(&f.value)?,
+            'I' => o.src = Some(ip(&f.value)?),
+            'p' => o.port = f.number("a port, 0 to 65535")?,
+            'S' => {
+                let size: i64 = f.number("a size in bytes")?;
+                if size < MIN_SIZE as i64 || size > MAX_SIZE as i64 {
+                    return bad(format!(
+                        "Invalid size {size} (valid range is {MIN_SIZE} to {})",
+                        MAX_SIZE + 1
+                    ));
+                }
+                o.size = size as usize;
+            }
+            'C' => {
+                let count: i64 = f.number("a count")?;
+                if count < 0 {
+                    return bad(format!("Invalid count {count}"));
+                }
+                o.count = count as u64;
+            }
+            'v' => o.verbose = true,
+            'V' => o.validate = true,
+            'd' => o.debug = true,
+            'P' => o.persistent = true,
+            'q' => o.self_qp = true,
+            'N' => o.n = f.number::<u64>("a count")?.max(1),
+            _ => unreachable!("the flags of FLAGS and the tool's own"),
+        }
+    }
+    match side {
+        Some(s) => o.server = s,
+        None => return bad("one of -s (server) or -c (client) is required"),
+    }
+    Ok(o)
 }

@@ -3,6 +3,8 @@
 
 use rdma::{Mtu, PostPath};
 
+use crate::args::{Cli, Flag, Found, Parsed};
+
 /// Failures are messages; `main` prints `perf: message` and exits 1.
 pub type Res<T> = Result<T, String>;
 
@@ -203,14 +205,7 @@ impl Opts {
     }
 }
 
-/// Why the command line was not accepted.
-#[derive(Debug)]
-pub enum ArgError {
-    /// `-h`/`--help`.
-    Help,
-    /// A bad flag or value.
-    Bad(String),
-}
+pub use crate::args::ArgError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Key {
@@ -241,95 +236,61 @@ enum Key {
     Cpu,
     Unsorted,
     Histogram,
-    Help,
-}
-
-struct Flag {
-    short: Option<char>,
-    long: &'static str,
-    value: Option<&'static str>,
-    key: Key,
-    help: &'static str,
 }
 
 #[rustfmt::skip]
-const FLAGS: &[Flag] = &[
-    Flag { short: Some('d'), long: "ib-dev", value: Some("dev"), key: Key::IbDev, help: "RDMA device (default: the first one)" },
-    Flag { short: Some('i'), long: "ib-port", value: Some("port"), key: Key::IbPort, help: "port of the device (default 1)" },
-    Flag { short: Some('x'), long: "gid-index", value: Some("index"), key: Key::Gid, help: "GID index (default: 0 on Ethernet, no GID on InfiniBand)" },
-    Flag { short: Some('s'), long: "size", value: Some("bytes"), key: Key::Size, help: "message size (default 65536 for bandwidth, 2 for latency, 8 for atomics)" },
-    Flag { short: Some('n'), long: "iters", value: Some("n"), key: Key::Iters, help: "iterations, at least 5 (default 5000 for write_bw, else 1000)" },
-    Flag { short: Some('a'), long: "all", value: None, key: Key::All, help: "run every size from 2 to 2^23 bytes" },
-    Flag { short: Some('I'), long: "inline_size", value: Some("bytes"), key: Key::Inline, help: "send messages up to this size inline (default 0: perftest enables inline only on NICs it knows, not on soft-RoCE)" },
-    Flag { short: Some('e'), long: "events", value: None, key: Key::Events, help: "sleep on completion events instead of busy polling" },
-    Flag { short: None, long: "wait", value: Some("how"), key: Key::Wait, help: "with -e: channel (CompletionChannel::get_event after arming, default) or cq (the crate's blocking wait, CompletionQueue::wait_until) or async (send_lat and the bandwidth tests: the loop as a future on tokio, completions through rdma::aio::AsyncCq; perf built with --features tokio)" },
-    Flag { short: Some('p'), long: "port", value: Some("port"), key: Key::Port, help: "TCP port of the out-of-band exchange (default 18515)" },
-    Flag { short: Some('F'), long: "CPU-freq", value: None, key: Key::CpuFreq, help: "accepted for perftest compatibility (perf measures the TSC rate against CLOCK_MONOTONIC over each run)" },
-    Flag { short: Some('q'), long: "qp", value: Some("n"), key: Key::Qps, help: "number of QPs, bandwidth tests only (default 1)" },
-    Flag { short: Some('t'), long: "tx-depth", value: Some("n"), key: Key::TxDepth, help: "requests in flight per QP (default 128 for bandwidth, 1 for latency)" },
-    Flag { short: Some('r'), long: "rx-depth", value: Some("n"), key: Key::RxDepth, help: "receives posted per QP in SEND tests (default 512)" },
-    Flag { short: Some('Q'), long: "cq-mod", value: Some("n"), key: Key::CqMod, help: "one completion every n sends (default 100; 1 above 8 KiB)" },
-    Flag { short: Some('m'), long: "mtu", value: Some("bytes"), key: Key::Mtu, help: "path MTU: 256 to 4096 (default: the port's active MTU)" },
-    Flag { short: Some('N'), long: "noPeak", value: None, key: Key::NoPeak, help: "do not compute the peak bandwidth" },
-    Flag { short: Some('A'), long: "atomic_type", value: Some("type"), key: Key::Atomic, help: "FETCH_AND_ADD (default) or CMP_AND_SWAP" },
-    Flag { short: Some('o'), long: "outs", value: Some("n"), key: Key::OutReads, help: "outstanding READs/atomics (default: the device maximum)" },
-    Flag { short: Some('u'), long: "qp-timeout", value: Some("timeout"), key: Key::QpTimeout, help: "ACK timeout exponent: 4.096 us * 2^timeout, 0 for none (default 14, 67 ms)" },
-    Flag { short: None, long: "post", value: Some("path"), key: Key::Post, help: "send path: legacy (ibv_post_send, default, as perftest on rxe), extended (ibv_wr_*) or auto" },
-    Flag { short: None, long: "raw", value: None, key: Key::Raw, help: "post prebuilt C work requests (unsafe post_send_raw/post_recv_raw, ibv_wr_* for --post extended) and poll with ibv_poll_cq, instead of the safe API" },
-    Flag { short: None, long: "post-send", value: None, key: Key::PostSend, help: "the safe path builds every request and posts it with post_send, instead of posting requests prepared once (prepare_send/post_prepared, the default; perftest also builds its requests once)" },
-    Flag { short: None, long: "interleave", value: Some("iterations"), key: Key::Interleave, help: "write_lat: alternate blocks of this many iterations between the safe and the raw path in one run; prints each path's latency and safe/raw, which slow periods of the host hit alike" },
-    Flag { short: Some('H'), long: "report-histogram", value: None, key: Key::Histogram, help: "latency tests: print every sample, sorted (perftest's format)" },
-    Flag { short: Some('U'), long: "report-unsorted", value: None, key: Key::Unsorted, help: "latency tests: print every sample in the order taken" },
-    Flag { short: None, long: "cpu", value: None, key: Key::Cpu, help: "print user and system CPU time per iteration after the table" },
-    Flag { short: Some('h'), long: "help", value: None, key: Key::Help, help: "print this text" },
+const FLAGS: &[Flag<'static, Key>] = &[
+    Flag { key: Key::IbDev, short: Some('d'), long: "ib-dev", value: Some("dev"), help: "RDMA device (default: the first one)" },
+    Flag { key: Key::IbPort, short: Some('i'), long: "ib-port", value: Some("port"), help: "port of the device (default 1)" },
+    Flag { key: Key::Gid, short: Some('x'), long: "gid-index", value: Some("index"), help: "GID index (default: 0 on Ethernet, no GID on InfiniBand)" },
+    Flag { key: Key::Size, short: Some('s'), long: "size", value: Some("bytes"), help: "message size (default 65536 for bandwidth, 2 for latency, 8 for atomics)" },
+    Flag { key: Key::Iters, short: Some('n'), long: "iters", value: Some("n"), help: "iterations, at least 5 (default 5000 for write_bw, else 1000)" },
+    Flag { key: Key::All, short: Some('a'), long: "all", value: None, help: "run every size from 2 to 2^23 bytes" },
+    Flag { key: Key::Inline, short: Some('I'), long: "inline_size", value: Some("bytes"), help: "send messages up to this size inline (default 0: perftest enables inline only on NICs it knows, not on soft-RoCE)" },
+    Flag { key: Key::Events, short: Some('e'), long: "events", value: None, help: "sleep on completion events instead of busy polling" },
+    Flag { key: Key::Wait, short: None, long: "wait", value: Some("how"), help: "with -e: channel (CompletionChannel::get_event after arming, default) or cq (the crate's blocking wait, CompletionQueue::wait_until) or async (send_lat and the bandwidth tests: the loop as a future on tokio, completions through rdma::aio::AsyncCq; perf built with --features tokio)" },
+    Flag { key: Key::Port, short: Some('p'), long: "port", value: Some("port"), help: "TCP port of the out-of-band exchange (default 18515)" },
+    Flag { key: Key::CpuFreq, short: Some('F'), long: "CPU-freq", value: None, help: "accepted for perftest compatibility (perf measures the TSC rate against CLOCK_MONOTONIC over each run)" },
+    Flag { key: Key::Qps, short: Some('q'), long: "qp", value: Some("n"), help: "number of QPs, bandwidth tests only (default 1)" },
+    Flag { key: Key::TxDepth, short: Some('t'), long: "tx-depth", value: Some("n"), help: "requests in flight per QP (default 128 for bandwidth, 1 for latency)" },
+    Flag { key: Key::RxDepth, short: Some('r'), long: "rx-depth", value: Some("n"), help: "receives posted per QP in SEND tests (default 512)" },
+    Flag { key: Key::CqMod, short: Some('Q'), long: "cq-mod", value: Some("n"), help: "one completion every n sends (default 100; 1 above 8 KiB)" },
+    Flag { key: Key::Mtu, short: Some('m'), long: "mtu", value: Some("bytes"), help: "path MTU: 256 to 4096 (default: the port's active MTU)" },
+    Flag { key: Key::NoPeak, short: Some('N'), long: "noPeak", value: None, help: "do not compute the peak bandwidth" },
+    Flag { key: Key::Atomic, short: Some('A'), long: "atomic_type", value: Some("type"), help: "FETCH_AND_ADD (default) or CMP_AND_SWAP" },
+    Flag { key: Key::OutReads, short: Some('o'), long: "outs", value: Some("n"), help: "outstanding READs/atomics (default: the device maximum)" },
+    Flag { key: Key::QpTimeout, short: Some('u'), long: "qp-timeout", value: Some("timeout"), help: "ACK timeout exponent: 4.096 us * 2^timeout, 0 for none (default 14, 67 ms)" },
+    Flag { key: Key::Post, short: None, long: "post", value: Some("path"), help: "send path: legacy (ibv_post_send, default, as perftest on rxe), extended (ibv_wr_*) or auto" },
+    Flag { key: Key::Raw, short: None, long: "raw", value: None, help: "post prebuilt C work requests (unsafe post_send_raw/post_recv_raw, ibv_wr_* for --post extended) and poll with ibv_poll_cq, instead of the safe API" },
+    Flag { key: Key::PostSend, short: None, long: "post-send", value: None, help: "the safe path builds every request and posts it with post_send, instead of posting requests prepared once (prepare_send/post_prepared, the default; perftest also builds its requests once)" },
+    Flag { key: Key::Interleave, short: None, long: "interleave", value: Some("iterations"), help: "write_lat: alternate blocks of this many iterations between the safe and the raw path in one run; prints each path's latency and safe/raw, which slow periods of the host hit alike" },
+    Flag { key: Key::Histogram, short: Some('H'), long: "report-histogram", value: None, help: "latency tests: print every sample, sorted (perftest's format)" },
+    Flag { key: Key::Unsorted, short: Some('U'), long: "report-unsorted", value: None, help: "latency tests: print every sample in the order taken" },
+    Flag { key: Key::Cpu, short: None, long: "cpu", value: None, help: "print user and system CPU time per iteration after the table" },
 ];
 
-/// The help text.
-pub fn usage() -> String {
-    let mut s = String::from(
-        "Usage:\n  perf TEST [options]          be the server: wait for a client\n  \
-         perf TEST [options] HOST     be the client of the server on HOST\n\n\
-         TEST: send_bw write_bw read_bw atomic_bw send_lat write_lat read_lat atomic_lat\n\n\
-         A perftest-style benchmark of the `rdma` crate over RC queue pairs. Both sides\n\
-         need the same test and options; the out-of-band exchange is perf's own (it does\n\
-         not interoperate with perftest).\n\nOptions:\n",
-    );
-    for f in FLAGS {
-        let name = match (f.short, f.value) {
-            (Some(c), Some(v)) => format!("-{c}, --{}=<{v}>", f.long),
-            (Some(c), None) => format!("-{c}, --{}", f.long),
-            (None, Some(v)) => format!("    --{}=<{v}>", f.long),
-            (None, None) => format!("    --{}", f.long),
-        };
-        s.push_str(&format!("  {name:<28}{}\n", f.help));
-    }
-    s
-}
+const CLI: Cli<'static, Key> = Cli {
+    name: "perf",
+    usage: "  perf TEST [options]          be the server: wait for a client\n  \
+            perf TEST [options] HOST     be the client of the server on HOST\n\n\
+            TEST: send_bw write_bw read_bw atomic_bw send_lat write_lat read_lat atomic_lat\n\n\
+            A perftest-style benchmark of the `rdma` crate over RC queue pairs. Both sides\n\
+            need the same test and options; the out-of-band exchange is perf's own (it does\n\
+            not interoperate with perftest).",
+    flags: FLAGS,
+    bad_exit: 1,
+};
 
-fn number<T: TryFrom<u64>>(flag: &str, v: &str, what: &str) -> Result<T, ArgError> {
-    let t = v.trim();
+/// A number as perftest reads it: decimal, or hexadecimal after `0x`.
+fn number<T: TryFrom<u64>>(f: &Found<Key>, what: &str) -> Result<T, ArgError> {
+    let t = f.value.trim();
     let n = if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
         u64::from_str_radix(h, 16).ok()
     } else {
         t.parse::<u64>().ok()
     };
     n.and_then(|n| T::try_from(n).ok())
-        .ok_or_else(|| ArgError::Bad(format!("invalid value {v:?} for {flag}: expected {what}")))
-}
-
-fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
-    flag: &str,
-    n: T,
-    lo: T,
-    hi: T,
-) -> Result<T, ArgError> {
-    if n < lo || n > hi {
-        Err(ArgError::Bad(format!(
-            "{flag} must be between {lo} and {hi}, got {n}"
-        )))
-    } else {
-        Ok(n)
-    }
+        .ok_or_else(|| f.bad(what))
 }
 
 #[derive(Default)]
@@ -342,32 +303,26 @@ struct Given {
     post_send: bool,
 }
 
-fn apply(o: &mut Opts, g: &mut Given, key: Key, flag: &str, v: &str) -> Result<(), ArgError> {
-    match key {
+fn apply(o: &mut Opts, g: &mut Given, f: &Found<Key>) -> Result<(), ArgError> {
+    let (flag, v) = (f.shown.as_str(), f.value.as_str());
+    match f.key {
         Key::IbDev => o.ib_dev = Some(v.to_string()),
-        Key::IbPort => o.ib_port = in_range(flag, number(flag, v, "a port number")?, 1, 255)?,
-        Key::Gid => o.gid_index = Some(number(flag, v, "a GID table index")?),
-        Key::Size => {
-            g.size = Some(in_range(
-                flag,
-                number(flag, v, "a size in bytes")?,
-                1,
-                MAX_SIZE,
-            )?)
-        }
-        Key::Iters => g.iters = Some(in_range(flag, number(flag, v, "a count")?, 5, 100_000_000)?),
+        Key::IbPort => o.ib_port = f.in_range(number(f, "a port number")?, 1, 255)?,
+        Key::Gid => o.gid_index = Some(number(f, "a GID table index")?),
+        Key::Size => g.size = Some(f.in_range(number(f, "a size in bytes")?, 1, MAX_SIZE)?),
+        Key::Iters => g.iters = Some(f.in_range(number(f, "a count")?, 5, 100_000_000)?),
         Key::All => o.all = true,
-        Key::Inline => g.inline = Some(in_range(flag, number(flag, v, "bytes")?, 0, 912)?),
+        Key::Inline => g.inline = Some(f.in_range(number(f, "bytes")?, 0, 912)?),
         Key::Events => o.events = true,
         Key::Wait => o.wait = crate::events::parse(flag, v)?,
-        Key::Port => o.tcp_port = number(flag, v, "a TCP port")?,
+        Key::Port => o.tcp_port = number(f, "a TCP port")?,
         Key::CpuFreq => {}
-        Key::Qps => o.qps = in_range(flag, number(flag, v, "a count")?, 1, 16384)?,
-        Key::TxDepth => g.tx_depth = Some(in_range(flag, number(flag, v, "a depth")?, 1, 15000)?),
-        Key::RxDepth => g.rx_depth = Some(in_range(flag, number(flag, v, "a depth")?, 1, 16384)?),
-        Key::CqMod => o.cq_mod = Some(in_range(flag, number(flag, v, "a count")?, 1, 1024)?),
+        Key::Qps => o.qps = f.in_range(number(f, "a count")?, 1, 16384)?,
+        Key::TxDepth => g.tx_depth = Some(f.in_range(number(f, "a depth")?, 1, 15000)?),
+        Key::RxDepth => g.rx_depth = Some(f.in_range(number(f, "a depth")?, 1, 16384)?),
+        Key::CqMod => o.cq_mod = Some(f.in_range(number(f, "a count")?, 1, 1024)?),
         Key::Mtu => {
-            let b: u32 = number(flag, v, "256, 512, 1024, 2048 or 4096")?;
+            let b: u32 = number(f, "256, 512, 1024, 2048 or 4096")?;
             o.mtu = Some(Mtu::from_bytes(b).ok_or_else(|| {
                 ArgError::Bad(format!(
                     "invalid MTU {v:?} for {flag}: 256, 512, 1024, 2048 or 4096"
@@ -386,8 +341,8 @@ fn apply(o: &mut Opts, g: &mut Given, key: Key, flag: &str, v: &str) -> Result<(
                 }
             }
         }
-        Key::OutReads => o.out_reads = Some(in_range(flag, number(flag, v, "a count")?, 1, 255)?),
-        Key::QpTimeout => o.qp_timeout = in_range(flag, number(flag, v, "an exponent")?, 0, 31)?,
+        Key::OutReads => o.out_reads = Some(f.in_range(number(f, "a count")?, 1, 255)?),
+        Key::QpTimeout => o.qp_timeout = f.in_range(number(f, "an exponent")?, 0, 31)?,
         Key::Post => {
             o.post = match v {
                 "legacy" => PostPath::Legacy,
@@ -403,28 +358,33 @@ fn apply(o: &mut Opts, g: &mut Given, key: Key, flag: &str, v: &str) -> Result<(
         Key::Raw => o.raw = true,
         Key::PostSend => g.post_send = true,
         Key::Interleave => {
-            o.interleave = Some(in_range(
-                flag,
-                number(flag, v, "iterations")?,
-                1,
-                1_000_000,
-            )?)
+            o.interleave = Some(f.in_range(number(f, "iterations")?, 1, 1_000_000)?)
         }
         Key::Cpu => o.cpu = true,
         Key::Histogram => o.report_histogram = true,
         Key::Unsorted => o.report_unsorted = true,
-        Key::Help => return Err(ArgError::Help),
     }
     Ok(())
 }
 
-/// Parses the arguments (without the program name) as `getopt_long` would:
-/// clustered short flags, attached or separate values, `--long=value`, `--`
-/// to end the flags; the test name and the host are the positionals.
+/// Parses the arguments (without the program name) as `getopt_long` would
+/// ([`Cli::parse`]); the test name and the host are the operands.
 ///
 /// # Errors
 /// [`ArgError::Help`] for `-h`, [`ArgError::Bad`] otherwise.
+#[cfg(test)]
 pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Opts, ArgError> {
+    CLI.parse(args).and_then(opts)
+}
+
+/// Reads the process's command line ([`Cli::read`]): the options, or the
+/// exit status after the help or the error was printed.
+pub fn read() -> Result<Opts, std::process::ExitCode> {
+    CLI.read(opts)
+}
+
+/// The options the flags and operands give.
+fn opts(args: Parsed<Key>) -> Result<Opts, ArgError> {
     let mut o = Opts {
         test: Test {
             verb: Verb::Write,
@@ -459,62 +419,10 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Opts, ArgError> {
         host: None,
     };
     let mut g = Given::default();
-    let mut positional = Vec::new();
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        if arg == "--" {
-            positional.extend(args.by_ref());
-            break;
-        }
-        if let Some(long) = arg.strip_prefix("--") {
-            let (name, inline) = match long.split_once('=') {
-                Some((n, v)) => (n, Some(v.to_string())),
-                None => (long, None),
-            };
-            let f = FLAGS
-                .iter()
-                .find(|f| f.long == name)
-                .ok_or_else(|| ArgError::Bad(format!("unrecognized option '--{name}'")))?;
-            let shown = format!("--{}", f.long);
-            let value = match (f.value, inline) {
-                (Some(_), Some(v)) => v,
-                (Some(_), None) => args.next().ok_or_else(|| {
-                    ArgError::Bad(format!("option '{shown}' requires an argument"))
-                })?,
-                (None, Some(_)) => {
-                    return Err(ArgError::Bad(format!(
-                        "option '{shown}' doesn't allow an argument"
-                    )))
-                }
-                (None, None) => String::new(),
-            };
-            apply(&mut o, &mut g, f.key, &shown, &value)?;
-        } else if let Some(cluster) = arg.strip_prefix('-').filter(|c| !c.is_empty()) {
-            for (at, c) in cluster.char_indices() {
-                let f = FLAGS
-                    .iter()
-                    .find(|f| f.short == Some(c))
-                    .ok_or_else(|| ArgError::Bad(format!("invalid option -- '{c}'")))?;
-                let shown = format!("-{c}");
-                if f.value.is_some() {
-                    let rest = &cluster[at + c.len_utf8()..];
-                    let value = if rest.is_empty() {
-                        args.next().ok_or_else(|| {
-                            ArgError::Bad(format!("option requires an argument -- '{c}'"))
-                        })?
-                    } else {
-                        rest.to_string()
-                    };
-                    apply(&mut o, &mut g, f.key, &shown, &value)?;
-                    break;
-                }
-                apply(&mut o, &mut g, f.key, &shown, "")?;
-            }
-        } else {
-            positional.push(arg);
-        }
+    for f in &args.flags {
+        apply(&mut o, &mut g, f)?;
     }
-    let mut positional = positional.into_iter();
+    let mut positional = args.operands.into_iter();
     let name = positional
         .next()
         .ok_or_else(|| ArgError::Bad("missing the test name (e.g. write_bw)".into()))?;

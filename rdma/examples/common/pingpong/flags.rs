@@ -1,8 +1,9 @@
 //! The command line of the pingpong tools: the flags of rdma-core's
-//! `ibv_*_pingpong`, parsed with [`crate::common::args::parse`].
+//! `ibv_*_pingpong`, as a table for the examples' parser
+//! ([`crate::common::args`]).
 
 use super::*;
-use crate::common::args::{self, parse_c_number};
+use crate::common::args::{bad, ArgError, Cli, Flag, Found, Parsed};
 use std::process::ExitCode;
 
 use rdma::Mtu;
@@ -144,54 +145,156 @@ enum Key {
     Prefetch,
     Ts,
     NewSend,
-    Help,
     Unsupported(usize),
     Extra(usize),
 }
 
-#[derive(Debug)]
-struct Flag {
-    short: char,
-    long: &'static str,
-    takes_value: bool,
-    key: Key,
+/// The help texts that depend on the tool.
+struct Texts {
+    usage: String,
+    port: String,
+    size: String,
+    unsupported: Vec<String>,
 }
 
-fn flags(tool: &Tool, extra: &[ExtraFlag]) -> Vec<Flag> {
-    let f = |short, long, takes_value, key| Flag {
-        short,
-        long,
-        takes_value,
-        key,
-    };
+fn texts(tool: &Tool) -> Texts {
+    Texts {
+        usage: format!(
+            "  {n} [options]          be the server: wait for a client\n  \
+             {n} [options] <host>   be the client of the server on <host>\n\n\
+             Speaks the handshake of rdma-core's {t}, so either side may be the C tool.",
+            n = tool.name,
+            t = tool.twin
+        ),
+        port: format!("TCP port of the handshake (default {DEFAULT_TCP_PORT})"),
+        size: format!("bytes per message (default {})", tool.default_size),
+        unsupported: tool
+            .unsupported
+            .iter()
+            .map(|u| format!("not supported: {}", u.why))
+            .collect(),
+    }
+}
+
+fn flags<'a>(tool: &Tool, extra: &'a [ExtraFlag], t: &'a Texts) -> Vec<Flag<'a, Key>> {
     let mut v = vec![
-        f('p', "port", true, Key::Port),
-        f('d', "ib-dev", true, Key::IbDev),
-        f('i', "ib-port", true, Key::IbPort),
-        f('s', "size", true, Key::Size),
-        f('r', "rx-depth", true, Key::RxDepth),
-        f('n', "iters", true, Key::Iters),
-        f('l', "sl", true, Key::Sl),
-        f('e', "events", false, Key::Events),
-        f('g', "gid-idx", true, Key::GidIdx),
-        f('c', "chk", false, Key::Chk),
-        f('h', "help", false, Key::Help),
+        Flag::value(Key::Port, 'p', "port", "port", &t.port),
+        Flag::value(
+            Key::IbDev,
+            'd',
+            "ib-dev",
+            "dev",
+            "RDMA device (default: the first one)",
+        ),
+        Flag::value(
+            Key::IbPort,
+            'i',
+            "ib-port",
+            "port",
+            "port of the device (default 1)",
+        ),
+        Flag::value(Key::Size, 's', "size", "bytes", &t.size),
     ];
     if tool.has_mtu {
-        v.push(f('m', "mtu", true, Key::Mtu));
+        v.push(Flag::value(
+            Key::Mtu,
+            'm',
+            "mtu",
+            "bytes",
+            "path MTU: 256, 512, 1024, 2048 or 4096 (default: the port's active MTU)",
+        ));
     }
+    v.extend([
+        Flag::value(
+            Key::RxDepth,
+            'r',
+            "rx-depth",
+            "n",
+            "receives kept posted (default 500)",
+        ),
+        Flag::value(
+            Key::Iters,
+            'n',
+            "iters",
+            "n",
+            "messages each way (default 1000)",
+        ),
+        Flag::value(
+            Key::Sl,
+            'l',
+            "sl",
+            "sl",
+            "service level, 0 to 15 (default 0)",
+        ),
+        Flag::switch(
+            Key::Events,
+            'e',
+            "events",
+            "sleep on a completion channel instead of busy polling",
+        ),
+        Flag::value(
+            Key::GidIdx,
+            'g',
+            "gid-idx",
+            "index",
+            "local GID index, needed on RoCE (default: none)",
+        ),
+        Flag::switch(
+            Key::Chk,
+            'c',
+            "chk",
+            "check the contents of every message received (the pattern of the C tool)",
+        ),
+    ]);
     if tool.rc_flags {
-        v.push(f('o', "odp", false, Key::Odp));
-        v.push(f('P', "prefetch", false, Key::Prefetch));
-        v.push(f('t', "ts", false, Key::Ts));
-        v.push(f('N', "new_send", false, Key::NewSend));
-    }
-    for (i, u) in tool.unsupported.iter().enumerate() {
-        v.push(f(u.short, u.long, false, Key::Unsupported(i)));
+        v.extend([
+            Flag::switch(
+                Key::Odp,
+                'o',
+                "odp",
+                "register the buffers with on-demand paging",
+            ),
+            Flag::switch(
+                Key::Prefetch,
+                'P',
+                "prefetch",
+                "prefetch the on-demand buffers (ibv_advise_mr) before the run (needs -o)",
+            ),
+            Flag::switch(
+                Key::Ts,
+                't',
+                "ts",
+                "read completion timestamps (extended CQ) and print receive intervals",
+            ),
+            Flag::switch(
+                Key::NewSend,
+                'N',
+                "new_send",
+                "post sends with the ibv_wr_* API (extended QP) instead of ibv_post_send",
+            ),
+        ]);
     }
     for (i, e) in extra.iter().enumerate() {
-        let takes_value = !matches!(e.kind, ExtraKind::Switch);
-        v.push(f(e.short, e.long, takes_value, Key::Extra(i)));
+        let value = match e.kind {
+            ExtraKind::Switch => None,
+            ExtraKind::Number { .. } => Some("n"),
+            ExtraKind::Mtu => Some("bytes"),
+        };
+        v.push(Flag {
+            key: Key::Extra(i),
+            short: Some(e.short),
+            long: e.long,
+            value,
+            help: e.help,
+        });
+    }
+    for (i, u) in tool.unsupported.iter().enumerate() {
+        v.push(Flag::switch(
+            Key::Unsupported(i),
+            u.short,
+            u.long,
+            &t.unsupported[i],
+        ));
     }
     v
 }
@@ -203,140 +306,60 @@ pub fn usage(tool: &Tool) -> String {
 
 /// The help text of a tool with [`ExtraFlag`]s.
 pub fn usage_with(tool: &Tool, extra: &[ExtraFlag]) -> String {
-    let mut s = format!(
-        "Usage:\n  {n} [options]          be the server: wait for a client\n  \
-         {n} [options] <host>   be the client of the server on <host>\n\n\
-         Speaks the handshake of rdma-core's {t}, so either side may be the C tool.\n\n\
-         Options:\n",
-        n = tool.name,
-        t = tool.twin
-    );
-    let mut line = |flags: &str, text: &str| s.push_str(&format!("  {flags:<26}{text}\n"));
-    line(
-        "-p, --port=<port>",
-        &format!("TCP port of the handshake (default {DEFAULT_TCP_PORT})"),
-    );
-    line("-d, --ib-dev=<dev>", "RDMA device (default: the first one)");
-    line("-i, --ib-port=<port>", "port of the device (default 1)");
-    line(
-        "-s, --size=<bytes>",
-        &format!("bytes per message (default {})", tool.default_size),
-    );
-    if tool.has_mtu {
-        line(
-            "-m, --mtu=<bytes>",
-            "path MTU: 256, 512, 1024, 2048 or 4096 (default: the port's active MTU)",
-        );
-    }
-    line("-r, --rx-depth=<n>", "receives kept posted (default 500)");
-    line("-n, --iters=<n>", "messages each way (default 1000)");
-    line("-l, --sl=<sl>", "service level, 0 to 15 (default 0)");
-    line(
-        "-e, --events",
-        "sleep on a completion channel instead of busy polling",
-    );
-    line(
-        "-g, --gid-idx=<index>",
-        "local GID index, needed on RoCE (default: none)",
-    );
-    line(
-        "-c, --chk",
-        "check the contents of every message received (the pattern of the C tool)",
-    );
-    if tool.rc_flags {
-        line("-o, --odp", "register the buffers with on-demand paging");
-        line(
-            "-P, --prefetch",
-            "prefetch the on-demand buffers (ibv_advise_mr) before the run (needs -o)",
-        );
-        line(
-            "-t, --ts",
-            "read completion timestamps (extended CQ) and print receive intervals",
-        );
-        line(
-            "-N, --new_send",
-            "post sends with the ibv_wr_* API (extended QP) instead of ibv_post_send",
-        );
-    }
-    for e in extra {
-        let value = match e.kind {
-            ExtraKind::Switch => "",
-            ExtraKind::Number { .. } => "=<n>",
-            ExtraKind::Mtu => "=<bytes>",
-        };
-        line(&format!("-{}, --{}{value}", e.short, e.long), e.help);
-    }
-    line("-h, --help", "print this text");
-    for u in tool.unsupported {
-        line(
-            &format!("-{}, --{}", u.short, u.long),
-            &format!("not supported: {}", u.why),
-        );
-    }
-    s
+    let t = texts(tool);
+    let table = flags(tool, extra, &t);
+    cli(tool, &t, &table).help()
 }
 
-/// Why the command line was not accepted.
-#[derive(Debug)]
-pub enum ArgError {
-    /// `-h`/`--help`.
-    Help,
-    /// A bad flag or value, with what was wrong.
-    Bad(String),
-}
-
-fn number<T: TryFrom<u64>>(flag: &str, value: &str, range: &str) -> Result<T, ArgError> {
-    parse_c_number(value)
-        .and_then(|n| T::try_from(n).ok())
-        .ok_or_else(|| ArgError::Bad(format!("invalid value {value:?} for {flag}: {range}")))
+fn cli<'a>(tool: &'a Tool, t: &'a Texts, table: &'a [Flag<'a, Key>]) -> Cli<'a, Key> {
+    Cli {
+        name: tool.name,
+        usage: &t.usage,
+        flags: table,
+        bad_exit: 1,
+    }
 }
 
 fn apply(
     tool: &Tool,
     extra: &[ExtraFlag],
     opts: &mut Opts,
-    key: Key,
-    name: &str,
-    v: &str,
+    f: &Found<Key>,
 ) -> Result<(), ArgError> {
-    match key {
-        Key::Port => opts.tcp_port = number(name, v, "expected a TCP port, 0 to 65535")?,
+    let (name, v) = (&f.shown, &f.value);
+    match f.key {
+        Key::Port => opts.tcp_port = f.c_number("a TCP port, 0 to 65535")?,
         Key::IbDev => opts.ib_dev = Some(v.to_string()),
         Key::IbPort => {
-            opts.ib_port = number(name, v, "expected a port number, 1 to 255")?;
+            opts.ib_port = f.c_number("a port number, 1 to 255")?;
             if opts.ib_port == 0 {
-                return Err(ArgError::Bad(format!("{name}: ports are numbered from 1")));
+                return bad(format!("{name}: ports are numbered from 1"));
             }
         }
         Key::Size => {
-            opts.size = number(name, v, "expected a size in bytes")?;
+            opts.size = f.c_number("a size in bytes")?;
             if opts.size == 0 {
-                return Err(ArgError::Bad(format!(
-                    "{name}: the size must be at least 1"
-                )));
+                return bad(format!("{name}: the size must be at least 1"));
             }
         }
-        Key::Mtu => opts.mtu = Some(mtu(name, v)?),
+        Key::Mtu => opts.mtu = Some(mtu(f)?),
         Key::RxDepth => {
-            opts.rx_depth = number(name, v, "expected a count")?;
+            opts.rx_depth = f.c_number("a count")?;
             if opts.rx_depth == 0 {
-                return Err(ArgError::Bad(format!(
-                    "{name}: at least one receive must be posted"
-                )));
+                return bad(format!("{name}: at least one receive must be posted"));
             }
         }
         Key::Iters => {
-            opts.iters = number(name, v, "expected a count")?;
+            opts.iters = f.c_number("a count")?;
             if opts.iters == 0 {
-                return Err(ArgError::Bad(format!("{name}: at least one iteration")));
+                return bad(format!("{name}: at least one iteration"));
             }
         }
         Key::Sl => {
-            opts.sl = number(name, v, "expected a service level, 0 to 15")?;
+            const SL: &str = "a service level, 0 to 15";
+            opts.sl = f.c_number(SL)?;
             if opts.sl > 15 {
-                return Err(ArgError::Bad(format!(
-                    "invalid value {v:?} for {name}: expected a service level, 0 to 15"
-                )));
+                return Err(f.bad(SL));
             }
         }
         Key::GidIdx => {
@@ -344,7 +367,7 @@ fn apply(
             opts.gid_idx = if v.trim().starts_with('-') {
                 None
             } else {
-                Some(number(name, v, "expected a GID table index")?)
+                Some(f.c_number("a GID table index")?)
             };
         }
         Key::Events => opts.events = true,
@@ -353,26 +376,23 @@ fn apply(
         Key::Prefetch => opts.prefetch = true,
         Key::Ts => opts.ts = true,
         Key::NewSend => opts.new_send = true,
-        Key::Help => return Err(ArgError::Help),
         Key::Unsupported(i) => {
             let u = &tool.unsupported[i];
-            return Err(ArgError::Bad(format!(
+            return bad(format!(
                 "-{}/--{} of {} is not supported by this port: {}",
                 u.short, u.long, tool.twin, u.why
-            )));
+            ));
         }
         Key::Extra(i) => {
             let e = &extra[i];
             let value = match e.kind {
                 ExtraKind::Switch => ExtraValue::Set,
-                ExtraKind::Mtu => ExtraValue::Mtu(mtu(name, v)?),
+                ExtraKind::Mtu => ExtraValue::Mtu(mtu(f)?),
                 ExtraKind::Number { min, max } => {
-                    let range = format!("expected a number from {min} to {max}");
-                    let n: u64 = number(name, v, &range)?;
+                    let range = format!("a number from {min} to {max}");
+                    let n: u64 = f.c_number(&range)?;
                     if n < min || n > max {
-                        return Err(ArgError::Bad(format!(
-                            "invalid value {v:?} for {name}: {range}"
-                        )));
+                        return Err(f.bad(range));
                     }
                     ExtraValue::Number(n)
                 }
@@ -383,17 +403,13 @@ fn apply(
     Ok(())
 }
 
-fn mtu(name: &str, v: &str) -> Result<Mtu, ArgError> {
-    let bytes: u32 = number(name, v, "expected 256, 512, 1024, 2048 or 4096")?;
-    Mtu::from_bytes(bytes).ok_or_else(|| {
-        ArgError::Bad(format!(
-            "invalid value {v:?} for {name}: expected 256, 512, 1024, 2048 or 4096"
-        ))
-    })
+fn mtu(f: &Found<Key>) -> Result<Mtu, ArgError> {
+    const MTUS: &str = "256, 512, 1024, 2048 or 4096";
+    Mtu::from_bytes(f.c_number(MTUS)?).ok_or_else(|| f.bad(MTUS))
 }
 
 /// Parses `args` (without the program name) the way `getopt_long` does for
-/// the C tools ([`args::parse`]), the host anywhere.
+/// the C tools ([`Cli::parse`]), the host anywhere.
 ///
 /// # Errors
 /// [`ArgError::Help`] for `-h`, [`ArgError::Bad`] for anything not accepted.
@@ -410,7 +426,15 @@ pub fn parse_args_with(
     extra: &[ExtraFlag],
     args: impl IntoIterator<Item = String>,
 ) -> Result<Opts, ArgError> {
-    let table = flags(tool, extra);
+    let t = texts(tool);
+    let table = flags(tool, extra, &t);
+    cli(tool, &t, &table)
+        .parse(args)
+        .and_then(|p| opts(tool, extra, p))
+}
+
+/// The options the flags of `parsed` give.
+fn opts(tool: &Tool, extra: &[ExtraFlag], parsed: Parsed<Key>) -> Result<Opts, ArgError> {
     let mut opts = Opts {
         tcp_port: DEFAULT_TCP_PORT,
         ib_dev: None,
@@ -430,24 +454,18 @@ pub fn parse_args_with(
         host: None,
         extra: Vec::new(),
     };
-    let scan: Vec<args::Flag> = table
-        .iter()
-        .map(|f| args::Flag::new(f.short, f.long, f.takes_value))
-        .collect();
-    let parsed = args::parse(args, &scan).map_err(ArgError::Bad)?;
     for found in &parsed.flags {
-        let key = table[found.index].key;
-        apply(tool, extra, &mut opts, key, &found.shown, &found.value)?;
+        apply(tool, extra, &mut opts, found)?;
     }
     let mut positional = parsed.operands;
     match positional.len() {
         0 => {}
         1 => opts.host = positional.pop(),
         _ => {
-            return Err(ArgError::Bad(format!(
+            return bad(format!(
                 "one server host at most, got {}",
                 positional.join(" ")
-            )))
+            ))
         }
     }
     Ok(opts)
@@ -461,17 +479,11 @@ pub fn main(tool: &Tool, run: impl FnOnce(&Opts) -> Res<()>) -> ExitCode {
 
 /// [`main`] for a tool with [`ExtraFlag`]s.
 pub fn main_with(tool: &Tool, extra: &[ExtraFlag], run: impl FnOnce(&Opts) -> Res<()>) -> ExitCode {
-    let opts = match parse_args_with(tool, extra, std::env::args().skip(1)) {
+    let t = texts(tool);
+    let table = flags(tool, extra, &t);
+    let opts = match cli(tool, &t, &table).read(|p| opts(tool, extra, p)) {
         Ok(o) => o,
-        Err(ArgError::Help) => {
-            print!("{}", usage_with(tool, extra));
-            return ExitCode::SUCCESS;
-        }
-        Err(ArgError::Bad(msg)) => {
-            eprintln!("{}: {msg}", tool.name);
-            eprint!("{}", usage_with(tool, extra));
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     match run(&opts) {
         Ok(()) => ExitCode::SUCCESS,

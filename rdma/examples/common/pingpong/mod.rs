@@ -59,6 +59,7 @@ pub const DEFAULT_TCP_PORT: u16 = 18515;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::args::ArgError;
     use std::net::Ipv4Addr;
 
     use rdma::{Gid, Mtu};
