@@ -27,7 +27,8 @@ pub struct Options {
     pub timeout: Duration,
     /// How long a blocked read or write polls the completion queue before
     /// it sleeps (rsocket's `polling_time`, 10 µs by default): replies that
-    /// come that soon cost no system call.
+    /// come that soon cost no system call. The async stream spins as long
+    /// before its task sleeps on the reactor, holding the executor's thread.
     pub busy_poll: Duration,
 }
 
