@@ -9,7 +9,7 @@
 #  - MB/s and fio's mean completion latency per 1 MiB call (the client's view);
 #  - CPU time of the whole guest per CPU (user, system, softirq, idle) and of
 #    the server (rdma-9p's process, or every nfsd thread), per MiB;
-#  - rdma-9p's own per-request timings (RDMA_9P_STATS: receive polled ->
+#  - rdma-9p's own per-request timings (RUST_LOG=rdma_9p::stats=debug: receive polled ->
 #    handed to a thread -> handler -> reply posted, and the idle gap to the
 #    next request);
 #  - unless --no-perf, one more pass under `perf record -a -g` (cpu-clock),
@@ -42,11 +42,11 @@ if [ "${1:-}" = --guest ]; then
     rpc.nfsd --grace-time 10 --lease-time 10 4
     echo 'rdma 20049' >/proc/fs/nfsd/portlist
     mount -t nfs -o vers=3,nolock,proto=rdma,port=20049 $ip:/export /mnt/nfs
-    RDMA_9P_STATS=1 "$bin" serve --addr $ip --port 5640 --msize "$msize" /export/r9 >/tmp/r9.log 2>&1 &
+    RUST_LOG=info,rdma_9p::stats=debug "$bin" serve --addr $ip --port 5640 --msize "$msize" /export/r9 >/tmp/r9.log 2>&1 &
     r9=$!
     # The same binary with every request on the blocking pool (the path
     # before reads and writes ran on the connection's thread).
-    RDMA_9P_STATS=1 RDMA_9P_POOL_ALL=1 "$bin" serve --addr $ip --port 5641 --msize "$msize" /export/r9p >/tmp/r9p.log 2>&1 &
+    RUST_LOG=info,rdma_9p::stats=debug RDMA_9P_POOL_ALL=1 "$bin" serve --addr $ip --port 5641 --msize "$msize" /export/r9p >/tmp/r9p.log 2>&1 &
     r9p=$!
     for l in /tmp/r9.log /tmp/r9p.log; do
         for _ in $(seq 100); do grep -q serving $l && break; sleep 0.1; done

@@ -27,9 +27,10 @@ them locally. Run as root to act for many users; run as another user, the
 server acts as itself for every client.
 
 Environment:
-  RDMA_9P_TRACE  when set, every request, reply and completion is printed to stderr
-  RDMA_9P_STATS  when set, where reads' and writes' time went on the server is
-                 printed to stderr after each burst of them
+  RUST_LOG       what is logged to stderr (env_logger's syntax; info when unset):
+                 rdma_9p=trace adds every request, reply and completion;
+                 rdma_9p::stats=debug where reads' and writes' time went on
+                 the server, after each burst of them
   RDMA_9P_POOL_ALL  when set, reads and writes of regular files go to the
                  thread pool as every other request (for comparisons)
   RDMA_9P_BENCH_NULL  for benchmarks only: when set, reads and writes of
@@ -181,6 +182,8 @@ impl Serve {
 fn main() -> ExitCode {
     // On an error, or for --help, clap prints and exits (status 2 for an error).
     let Commands::Serve(serve) = Cli::parse().command;
+    // Connections and warnings are logged unless RUST_LOG says otherwise.
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let config = serve.config();
     let dir = config.dir.clone();
     let result = run(config, |addr| {
@@ -247,7 +250,7 @@ mod tests {
             "trans=rdma",
             "5640",
             "65534",
-            "RDMA_9P_TRACE",
+            "RUST_LOG",
         ] {
             assert!(h.contains(word), "the help lacks {word}");
         }

@@ -28,11 +28,14 @@
 //! after that request's reply; one of a request still in the connection's
 //! queue discards it (it is never answered) and is answered at once.
 //!
-//! `RDMA_9P_TRACE` set in the environment prints every request started,
-//! reply sent and completion polled to stderr (for debugging a client).
-//! `RDMA_9P_STATS` prints, after each burst of reads and writes (a pause
-//! of 200 ms ends one) and when a connection ends, where its requests spent
-//! their time on the server; `RDMA_9P_POOL_ALL` sends every request to the
+//! What the server reports goes through the `log` crate (the binary
+//! prints it with `env_logger`, `RUST_LOG`): connections accepted, refused
+//! and ended at info and warn level; every request started, reply sent
+//! and completion polled at trace level (for debugging a client); and,
+//! under the target `rdma_9p::stats` at debug level, after each burst of
+//! reads and writes (a pause of 200 ms ends one) and when a connection
+//! ends, where its requests spent their time on the server.
+//! `RDMA_9P_POOL_ALL` sends every request to the
 //! blocking pool, as before (both for measuring, `ninep/bench/`).
 //! `RDMA_9P_BENCH_NULL`, for benchmarks only, answers reads and writes of
 //! regular files without touching them (`ninep/bench/null-bound.sh`).
@@ -166,8 +169,8 @@ pub fn run(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
 pub async fn serve(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
     let nofile = crate::sys::raise_nofile_limit().map_err(fail("RLIMIT_NOFILE"))?;
     let budget = Arc::new(open_budget(nofile, &config)?);
-    eprintln!(
-        "rdma-9p: up to {} connections, {} open files each and {} more shared (of {nofile} \
+    log::info!(
+        "up to {} connections, {} open files each and {} more shared (of {nofile} \
          descriptors)",
         config.max_connections,
         budget.guaranteed(),
@@ -187,8 +190,8 @@ pub async fn serve(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
         .listen(SocketAddr::new(config.addr, config.port), 128)
         .map_err(fail("rdma_listen"))?;
     if bench_null() {
-        eprintln!(
-            "rdma-9p: RDMA_9P_BENCH_NULL is set: reads and writes of regular files are answered \
+        log::warn!(
+            "RDMA_9P_BENCH_NULL is set: reads and writes of regular files are answered \
              without touching them (for benchmarks only; the data served is not the files')"
         );
     }
@@ -201,12 +204,12 @@ pub async fn serve(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
         let peer = incoming.id().peer_addr();
         if connections.get() >= config.max_connections {
             // Rejected before anything is allocated for it.
-            eprintln!(
-                "rdma-9p: {peer:?}: rejected: {} connections already (--max-connections)",
+            log::warn!(
+                "{peer:?}: rejected: {} connections already (--max-connections)",
                 config.max_connections
             );
             if let Err(e) = incoming.reject(&[]) {
-                eprintln!("rdma-9p: {peer:?}: rdma_reject: {e}");
+                log::warn!("{peer:?}: rdma_reject: {e}");
             }
             continue;
         }
@@ -216,8 +219,8 @@ pub async fn serve(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
         let workers = workers.clone();
         tokio::task::spawn_local(async move {
             match connection(incoming, &export, &config, workers).await {
-                Ok(()) => eprintln!("rdma-9p: {peer:?}: disconnected"),
-                Err(e) => eprintln!("rdma-9p: {peer:?}: {e}"),
+                Ok(()) => log::info!("{peer:?}: disconnected"),
+                Err(e) => log::warn!("{peer:?}: {e}"),
             }
             connections.set(connections.get() - 1);
         });
@@ -267,7 +270,7 @@ struct Done {
     /// A reason to close the connection instead of answering.
     fatal: Option<String>,
     /// When the receive was polled and handed over, when the handler began
-    /// and ended (`RDMA_9P_STATS` only).
+    /// and ended (only when the stats are logged).
     times: Option<[Instant; 4]>,
 }
 
@@ -332,13 +335,19 @@ fn bench_null() -> bool {
     *ON.get_or_init(|| std::env::var_os("RDMA_9P_BENCH_NULL").is_some())
 }
 
+/// The log target of the per-connection timings (`RUST_LOG=rdma_9p::stats=debug`).
+const STATS: &str = "rdma_9p::stats";
+
+/// Whether the timings are logged: read once, as the clock reads they
+/// need cost time on every request.
 fn stats_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("RDMA_9P_STATS").is_some())
+    *ON.get_or_init(|| log::log_enabled!(target: STATS, log::Level::Debug))
 }
 
-/// Where a connection's requests spent their time (`RDMA_9P_STATS`),
-/// printed to stderr when it ends: sums over `n` requests.
+/// Where a connection's requests spent their time (logged at debug level
+/// under the target [`STATS`] after each burst and when it ends): sums over
+/// `n` requests.
 #[derive(Default)]
 struct Stats {
     n: u32,
@@ -362,8 +371,9 @@ impl Stats {
             return;
         }
         let us = |d: Duration, n: u32| d.as_secs_f64() * 1e6 / f64::from(n.max(1));
-        eprintln!(
-            "rdma-9p stats: {} requests, mean us: queued {:.1} handoff {:.1} handle {:.1} back {:.1}; idle between requests {:.1} ({} gaps)",
+        log::debug!(
+            target: STATS,
+            "{} requests, mean us: queued {:.1} handoff {:.1} handle {:.1} back {:.1}; idle between requests {:.1} ({} gaps)",
             self.n,
             us(self.queued, self.n),
             us(self.handoff, self.n),
@@ -372,13 +382,6 @@ impl Stats {
             us(self.idle, self.idle_n),
             self.idle_n
         );
-    }
-}
-
-fn trace(a: std::fmt::Arguments<'_>) {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *ON.get_or_init(|| std::env::var_os("RDMA_9P_TRACE").is_some()) {
-        eprintln!("rdma-9p trace: {a}");
     }
 }
 
@@ -549,7 +552,7 @@ impl Conn {
                 // requests is on the pool: it waits only for the file system
                 // (page cache copies for a local one), and handing it to the
                 // blocking pool costs two thread wake-ups per request
-                // (`RDMA_9P_STATS`: "handoff" and part of "back"). Anything
+                // (the stats' "handoff" and part of "back"). Anything
                 // that may wait for another party goes to the pool, and so
                 // does everything while a request is there. That second rule
                 // is a precaution: once (session 21), with reads run here
@@ -571,11 +574,11 @@ impl Conn {
                         && running.is_empty()
                         && msg.is_some_and(|m| session.is_file_io(m)));
                 let tag = tag_of(&buf);
-                trace(format_args!(
+                log::trace!(
                     "start tag {tag} len {len} type {:?} wr {wr_id:#x}{}",
                     buf.as_slice().ok().and_then(|b| b.get(4).copied()),
                     if inline { " inline" } else { "" }
-                ));
+                );
                 let handed = polled.map(|p| (p, Instant::now()));
                 if inline {
                     let d = handle(session, buf, wr_id, len, slot, handed);
@@ -613,7 +616,7 @@ impl Conn {
                     let Some(mut buf) = c.take_buffers().into_one() else {
                         return Err("a completion without its buffer".into());
                     };
-                    trace(format_args!("wc {:?} wr {:#x} status {} len {}", c.opcode, c.wr_id, c.status, c.byte_len));
+                    log::trace!("wc {:?} wr {:#x} status {} len {}", c.opcode, c.wr_id, c.status, c.byte_len);
                     if c.opcode == WcOpcode::Recv {
                         let now = stats_on().then(Instant::now);
                         if let (Some(now), Some(last)) = (now, last_reply.take()) {
@@ -675,7 +678,7 @@ impl Conn {
                     .is_none()
         });
         if let Some((buf, _, wr_id, _)) = queued.and_then(|i| pending.remove(i)) {
-            trace(format_args!("flushed tag {old} before it started"));
+            log::trace!("flushed tag {old} before it started");
             self.qp
                 .post_recv(wr_id, buf)
                 .map_err(|e| format!("ibv_post_recv: {e}"))?;
@@ -702,12 +705,12 @@ impl Conn {
             .post_recv(d.recv_wr, d.recv)
             .map_err(|e| format!("ibv_post_recv: {e}"))?;
         let ty = d.slot.as_slice().ok().and_then(|b| b.get(4).copied());
-        trace(format_args!(
+        log::trace!(
             "reply tag {} len {} type {ty:?} free {}",
             d.tag,
             d.len,
             self.send_pool.available()
-        ));
+        );
         self.send(acq, d.slot, d.len).await?;
         let data = ty == Some(ty::TREAD + 1) || ty == Some(ty::TWRITE + 1);
         if let (Some([r, h, b, e]), true) = (d.times, data) {
@@ -757,10 +760,12 @@ fn ready_qp(id: &rdma::cm::CmId, qp: &rdma::QueuePair) -> Res<()> {
         .init_qp_attr(QpState::Rts)
         .map_err(fail("rdma_init_qp_attr"))?;
     let raw = rts.as_raw();
-    trace(format_args!(
+    log::trace!(
         "RTS from the CM: timeout {} retry_cnt {} rnr_retry {}",
-        raw.timeout, raw.retry_cnt, raw.rnr_retry
-    ));
+        raw.timeout,
+        raw.retry_cnt,
+        raw.rnr_retry
+    );
     if rts.mask() & rdma::ffi::IBV_QP_RETRY_CNT != 0 {
         let timeout = rts.as_raw().timeout.max(14);
         rts.retry_cnt(7).rnr_retry(7).timeout(timeout);

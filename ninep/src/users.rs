@@ -225,7 +225,7 @@ impl Drop for AsUser {
         if let Err(e) = crate::sys::set_fs_cred(me.uid, me.gid, &me.groups) {
             // A pool thread left acting as a client's user would serve the
             // next client as that user: stop rather than go on.
-            eprintln!("rdma-9p: cannot restore the server's credentials ({e}); aborting");
+            log::error!("cannot restore the server's credentials ({e}); aborting");
             std::process::abort();
         }
     }
