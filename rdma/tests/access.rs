@@ -210,17 +210,12 @@ fn rxe_connect_to_a_listener_bound_to_another_address() {
         let l = ch.create_id(PortSpace::Tcp).unwrap();
         l.bind_addr(SocketAddr::new(ip, 0)).unwrap();
     }
-    let before = (common::resource_counts(), common::open_fds());
+    let before = common::baseline();
     let (lch, listener) = refused_by_a_listener_elsewhere(bound, other);
     // Unchanged: the listener still takes a connection to its own address.
     let (client, server) = common::iwarp::iwarp_connection(&lch, &listener);
     drop((client, server, listener, lch));
-    assert_eq!(
-        (common::resource_counts(), common::open_fds()),
-        before,
-        "(pd, cq, qp, cm_id, mr) and open fds are back to the baseline"
-    );
-    assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
+    common::assert_back_to(before);
 }
 
 /// A listener bound to `bound` (its channel returned with it), a connection
@@ -323,7 +318,7 @@ fn iwarp_write_read_without_access_and_foreign_or_stale_rkeys() {
     let listen = common::iwarp::listener;
     // librdmacm's context on siw0 (kept for the life of the process).
     drop(listen(&EventChannel::new().unwrap()));
-    let before = (common::resource_counts(), common::open_fds());
+    let before = common::baseline();
     for case in [
         "write without remote write",
         "read without remote read",
@@ -438,12 +433,7 @@ fn iwarp_write_read_without_access_and_foreign_or_stale_rkeys() {
         drop((a, b, listener, ch));
     }
     drop(listen(&EventChannel::new().unwrap()));
-    assert_eq!(
-        (common::resource_counts(), common::open_fds()),
-        before,
-        "(pd, cq, qp, cm_id, mr) and open fds back to the baseline"
-    );
-    assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
+    common::assert_back_to(before);
 }
 
 /// A SEND with invalidate over iWARP (siw, rdma-core 44's libsiw, Linux

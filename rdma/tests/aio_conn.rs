@@ -14,6 +14,9 @@
 
 mod common;
 
+use common::iwarp::iwarp_ip;
+use common::roce_ip;
+
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -31,14 +34,6 @@ use rdma::{
 const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
 /// The bound of a whole test body.
 const LIMIT: Duration = Duration::from_secs(60);
-
-fn roce_ip() -> IpAddr {
-    IpAddr::V4(common::ip())
-}
-
-fn iwarp_ip() -> IpAddr {
-    common::iwarp::iwarp_ip()
-}
 
 /// Generous steps: TCG, a loaded host, 16 handshakes at once.
 fn opts() -> ConnectOptions {

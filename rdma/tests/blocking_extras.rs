@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::iwarp::iwarp_ip;
+
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -15,13 +17,6 @@ use rdma::{AccessFlags, BufferPool, RemoteMemory, SendWr, WcOpcode, WcStatus};
 
 const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
 const WAIT: Option<Duration> = Some(Duration::from_secs(10));
-
-fn iwarp_ip() -> IpAddr {
-    std::env::var("RDMA_TEST_IWARP_IP")
-        .expect("RDMA_TEST_IWARP_IP is not set: run in the VM (ci/vm run ...)")
-        .parse()
-        .expect("RDMA_TEST_IWARP_IP is an IP address")
-}
 
 fn two_phase(ip: IpAddr) {
     let listener = Listener::bind(SocketAddr::new(ip, 0), 8).unwrap();

@@ -106,7 +106,7 @@ fn iwarp_event_held_while_everything_else_is_dropped() {
     let listen = common::iwarp::listener;
     // librdmacm's context on siw0 (kept for the life of the process).
     drop(listen(&EventChannel::new().unwrap()));
-    let before = (common::resource_counts(), common::open_fds());
+    let before = common::baseline();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let ch = EventChannel::new().unwrap();
@@ -134,12 +134,7 @@ fn iwarp_event_held_while_everything_else_is_dropped() {
     });
     rx.recv_timeout(std::time::Duration::from_secs(60))
         .expect("the drops with a CQ event held hung (60 s) or failed (see the panic above)");
-    assert_eq!(
-        (common::resource_counts(), common::open_fds()),
-        before,
-        "(pd, cq, qp, cm_id, mr) and open fds are back to the baseline"
-    );
-    assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
+    common::assert_back_to(before);
 }
 
 #[test]

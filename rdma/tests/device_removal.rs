@@ -331,7 +331,7 @@ fn iwarp_removal_child(dev: &str) {
         }
     };
     warm(&EventChannel::new().unwrap());
-    let before = (common::resource_counts(), common::open_fds());
+    let before = common::baseline();
     let ch = EventChannel::new().unwrap();
     let listener = common::iwarp::listener(&ch);
     let (client, server) = iwarp_connection(&ch, &listener);
@@ -458,12 +458,7 @@ fn iwarp_removal_child(dev: &str) {
     drop(next_event(&ch, CmEventType::Disconnected));
     drop((client, server, listener, ch));
     warm(&EventChannel::new().unwrap());
-    assert_eq!(
-        (common::resource_counts(), common::open_fds()),
-        before,
-        "(pd, cq, qp, cm_id, mr) and open fds back to the baseline"
-    );
-    assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
+    common::assert_back_to(before);
 }
 
 #[test]

@@ -9,23 +9,7 @@
 
 mod common;
 
-use std::process::Command;
-
 use rdma::{ffi, AccessFlags, AdviseFlags, Error, MrAdvice, OdpGeneralCaps, OdpTransportCaps};
-
-/// `ibv_devinfo -v -d DEVICE`, as raw lines (the ODP section has values on
-/// lines of their own, which `common::ibv_devinfo` does not keep).
-fn devinfo_lines(device: &str) -> Vec<String> {
-    let out = Command::new("ibv_devinfo")
-        .args(["-v", "-d", device])
-        .output()
-        .expect("ibv_devinfo (ibverbs-utils) runs");
-    assert!(out.status.success(), "ibv_devinfo failed: {out:?}");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
 
 /// The value lines under `header:` in `ibv_devinfo -v` output: the lines
 /// after it that are indented deeper than it.
@@ -90,7 +74,7 @@ fn caps_match_devinfo(device: &str) {
     let ctx = common::open(device);
     let attr = ctx.query_device().unwrap();
     let caps = attr.odp_caps();
-    let lines = devinfo_lines(device);
+    let lines = common::ibv_devinfo_lines(device);
     assert_eq!(caps.general, devinfo_general_odp(&lines), "{device}");
     assert_eq!(caps.rc, devinfo_transport_odp(&lines, "rc_odp_caps"));
     assert_eq!(caps.uc, devinfo_transport_odp(&lines, "uc_odp_caps"));

@@ -10,26 +10,13 @@
 
 mod common;
 
+use common::{assert_back_to, baseline};
+
 use std::time::{Duration, Instant};
 
 use rdma::{AccessFlags, AsyncEventElement, AsyncEventType, QpType, SendWr, WcStatus};
 
 const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
-
-/// (pd, cq, qp, cm_id, mr) in `rdma resource show`, and this process's
-/// open descriptors.
-fn baseline() -> ([u64; 5], usize) {
-    (common::resource_counts(), common::open_fds())
-}
-
-fn assert_back_to(before: ([u64; 5], usize)) {
-    assert_eq!(
-        baseline(),
-        before,
-        "(pd, cq, qp, cm_id, mr) and open fds are back to the baseline"
-    );
-    assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
-}
 
 /// Waits up to 10 s for an async event of `want` on `ctx`.
 fn wait_async(ctx: &rdma::Context, want: AsyncEventType) -> rdma::AsyncEvent {

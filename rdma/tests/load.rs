@@ -12,6 +12,8 @@
 
 mod common;
 
+use common::roce_ip;
+
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -253,12 +255,6 @@ fn traffic_and_teardown(ch: &EventChannel, conns: Vec<Conn>, objs: &(SideObjs, S
         }
         drop(c);
     }
-}
-
-/// The address the connections go to: rxe0's (`RDMA_TEST_IP`), or siw0's
-/// (`RDMA_TEST_IWARP_IP`) for the `iwarp_` tests.
-fn roce_ip() -> IpAddr {
-    IpAddr::V4(common::ip())
 }
 
 fn listen(ch: &EventChannel, ip: IpAddr) -> (CmId, SocketAddr) {

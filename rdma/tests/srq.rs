@@ -85,25 +85,14 @@ fn several_qps_share_one_receive_pool() {
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn limit_reached_event() {
-    let ctx = common::open(&common::device_name());
-    let gid_index = common::gid_index() as u8;
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64, None, 0).unwrap();
-    let srq = pd
-        .create_srq(SrqAttr {
-            max_wr: 16,
-            max_sge: 1,
-            srq_limit: 0,
-        })
-        .unwrap();
-    let r = pd
-        .qp_builder(QpType::Rc, &cq, &cq)
-        .srq(&srq)
-        .build()
-        .unwrap();
-    let mut s = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
-    common::connect(&ctx, &r, &s, gid_index);
-    common::connect(&ctx, &s, &r, gid_index);
+    let common::SrqPair {
+        ctx,
+        pd,
+        cq,
+        srq,
+        r: _r,
+        mut s,
+    } = common::srq_pair();
     let bufs = pd.alloc_mr(8 * 64, LW).unwrap().chunks(64).unwrap();
     srq.post_recv_batch(
         bufs.into_iter()

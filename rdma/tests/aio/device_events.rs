@@ -5,25 +5,14 @@ use super::*;
 #[test]
 #[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
 fn device_events_report_the_srq_limit() {
-    let ctx = common::open(&common::device_name());
-    let gid_index = u8::try_from(common::gid_index()).unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64, None, 0).unwrap();
-    let srq = pd
-        .create_srq(rdma::SrqAttr {
-            max_wr: 16,
-            max_sge: 1,
-            srq_limit: 0,
-        })
-        .unwrap();
-    let r = pd
-        .qp_builder(QpType::Rc, &cq, &cq)
-        .srq(&srq)
-        .build()
-        .unwrap();
-    let mut s = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
-    common::connect(&ctx, &r, &s, gid_index);
-    common::connect(&ctx, &s, &r, gid_index);
+    let common::SrqPair {
+        ctx,
+        pd,
+        cq,
+        srq,
+        r: _r,
+        mut s,
+    } = common::srq_pair();
     for i in 0..8u64 {
         srq.post_recv(i, pd.alloc_mr(8, LW).unwrap()).unwrap();
     }

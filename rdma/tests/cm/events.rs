@@ -24,7 +24,7 @@ fn iwarp_dropping_ids_with_events_unacked_does_not_hang() {
 fn dropping_ids_with_events_unacked(ip: IpAddr) {
     // librdmacm's context on the device (kept for the life of the process).
     drop(listen(&EventChannel::new().unwrap(), PortSpace::Tcp, ip));
-    let before = (common::resource_counts(), common::open_fds());
+    let before = common::baseline();
     bounded("dropping ids with events held", move || {
         let ch = EventChannel::new().unwrap();
         let (listener, addr) = listen(&ch, PortSpace::Tcp, ip);
@@ -77,7 +77,7 @@ fn dropping_ids_with_events_unacked(ip: IpAddr) {
         );
     });
     assert_eq!(
-        (common::resource_counts(), common::open_fds()),
+        common::baseline(),
         before,
         "(pd, cq, qp, cm_id, mr) and open fds are back to the baseline"
     );

@@ -72,6 +72,18 @@ pub fn sysfs(device: &str, rel: &str) -> std::io::Result<String> {
 /// `ibv_devinfo -v -d DEVICE` from rdma-core, as (key, value) lines: the C
 /// tool is the oracle for what the safe API reports.
 pub fn ibv_devinfo(device: &str) -> Vec<(String, String)> {
+    ibv_devinfo_lines(device)
+        .iter()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            Some((k.trim().to_string(), v.trim().to_string()))
+        })
+        .collect()
+}
+
+/// `ibv_devinfo -v -d DEVICE`, as raw lines (the ODP section has values on
+/// lines of their own, which [`ibv_devinfo`] does not keep).
+pub fn ibv_devinfo_lines(device: &str) -> Vec<String> {
     let out = Command::new("ibv_devinfo")
         .args(["-v", "-d", device])
         .output()
@@ -79,10 +91,7 @@ pub fn ibv_devinfo(device: &str) -> Vec<(String, String)> {
     assert!(out.status.success(), "ibv_devinfo failed: {out:?}");
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            Some((k.trim().to_string(), v.trim().to_string()))
-        })
+        .map(str::to_string)
         .collect()
 }
 
@@ -171,6 +180,49 @@ pub fn connect(ctx: &Context, me: &rdma::QueuePair, peer: &rdma::QueuePair, gid_
 
 pub fn pair(qp_type: rdma::QpType, access: rdma::AccessFlags) -> Pair {
     pair_with(qp_type, access, |_| {})
+}
+
+/// An RC pair on the test device whose receiver takes its receives from a
+/// shared receive queue: `r` on `srq` (16 requests of one SGE, no limit
+/// armed), `s` without, connected to each other, both on `cq` (64 entries).
+/// Nothing is posted.
+pub struct SrqPair {
+    pub ctx: Context,
+    pub pd: rdma::ProtectionDomain,
+    pub cq: rdma::CompletionQueue,
+    pub srq: rdma::SharedReceiveQueue,
+    pub r: rdma::QueuePair,
+    pub s: rdma::QueuePair,
+}
+
+pub fn srq_pair() -> SrqPair {
+    let ctx = open(&device_name());
+    let gid_index = u8::try_from(gid_index()).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None, 0).unwrap();
+    let srq = pd
+        .create_srq(rdma::SrqAttr {
+            max_wr: 16,
+            max_sge: 1,
+            srq_limit: 0,
+        })
+        .unwrap();
+    let r = pd
+        .qp_builder(rdma::QpType::Rc, &cq, &cq)
+        .srq(&srq)
+        .build()
+        .unwrap();
+    let s = pd.qp_builder(rdma::QpType::Rc, &cq, &cq).build().unwrap();
+    connect(&ctx, &r, &s, gid_index);
+    connect(&ctx, &s, &r, gid_index);
+    SrqPair {
+        ctx,
+        pd,
+        cq,
+        srq,
+        r,
+        s,
+    }
 }
 
 /// Polls until `n` completions arrived; a lost completion fails after 10 s
@@ -367,6 +419,26 @@ pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd")
         .expect("/proc/self/fd")
         .count()
+}
+
+/// What a test that must leave nothing behind is measured against:
+/// [`resource_counts`] (summed over every device) and [`open_fds`].
+pub type Baseline = ([u64; 5], usize);
+
+/// The counts now (see [`Baseline`]).
+pub fn baseline() -> Baseline {
+    (resource_counts(), open_fds())
+}
+
+/// Fails unless (pd, cq, qp, cm_id, mr) and the open descriptors are back to
+/// `before` and no destroy failed in a `Drop` (`rdma::teardown_failures()`).
+pub fn assert_back_to(before: Baseline) {
+    assert_eq!(
+        baseline(),
+        before,
+        "(pd, cq, qp, cm_id, mr) and open fds are back to the baseline"
+    );
+    assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
 }
 
 /// The example binary built next to this test binary

@@ -136,14 +136,6 @@ fn peer_ip() -> IpAddr {
 // ---------------------------------------------------------------------------
 // What "nothing lost" is measured against.
 
-/// (pd, cq, qp, cm_id, mr) of this guest's devices in `rdma resource show`,
-/// and this process's open descriptors.
-#[derive(Debug, PartialEq, Eq, Clone, Copy)]
-struct Baseline {
-    resources: [u64; 5],
-    fds: usize,
-}
-
 /// librdmacm opens a device's context the first time an id reaches it and
 /// keeps it for the life of the process: do that before the baseline, so
 /// the baseline counts it.
@@ -155,20 +147,17 @@ fn warm_up() {
     drop(id.context().expect("the bound id has a device"));
 }
 
-fn baseline() -> Baseline {
+/// (pd, cq, qp, cm_id, mr) of this guest's devices in `rdma resource show`,
+/// and this process's open descriptors, once librdmacm's contexts are open.
+fn baseline() -> common::Baseline {
     warm_up();
-    let resources = common::resource_counts();
-    let fds = common::open_fds();
-    Baseline { resources, fds }
+    common::baseline()
 }
 
-fn assert_back_to(before: Baseline) {
-    let now = baseline();
-    assert_eq!(
-        now, before,
-        "(pd, cq, qp, cm_id, mr) and open fds are back to the baseline"
-    );
-    assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
+/// Back to `before`, librdmacm's contexts counted as in [`baseline`].
+fn assert_back_to(before: common::Baseline) {
+    warm_up();
+    common::assert_back_to(before);
 }
 
 // ---------------------------------------------------------------------------
