@@ -102,6 +102,7 @@
 mod cm;
 mod conn;
 mod cq;
+mod cq_channel;
 mod device;
 mod timer;
 mod wake;
@@ -119,7 +120,8 @@ use std::task::{Context, Poll};
 
 pub use cm::{AsyncCmId, CmChannel, Incoming};
 pub use conn::{Connecting, Connection, ConnectionParts, Listener, PendingConnection};
-pub use cq::{AsyncCq, CqChannel, NextInto};
+pub use cq::{AsyncCq, NextInto};
+pub use cq_channel::CqChannel;
 pub use device::DeviceEvents;
 
 /// The options of [`Connection::connect`] and [`Listener::accept`]: the

@@ -1,4 +1,5 @@
 use super::*;
+use crate::wc::Completion;
 
 fn pending(t: &QpTracker, recv: bool, wr_id: u64) -> u64 {
     // SAFETY: tests post from one thread at a time.
