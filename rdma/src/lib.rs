@@ -293,6 +293,7 @@ mod pool;
 mod port;
 mod qp;
 mod remote;
+mod slots;
 mod srq;
 pub mod sysfs;
 mod td;
@@ -326,6 +327,7 @@ pub use qp::{
     InitAttr, PostPath, PreparedRecv, PreparedSend, QpAttr, QpCaps, QpCreateFlags, QpState, QpType,
     QueuePair, QueuePairBuilder, RtrAttr, RtsAttr, END_PADDING_ALIGN,
 };
+pub use slots::{SlotCompletion, SlotConfig, SlotQueue, SlotTarget};
 pub use srq::{SharedReceiveQueue, SrqAttr, SrqType};
 pub use td::{ParentDomain, ThreadDomain};
 pub use wc::{Completion, WcFlags, WcOpcode, WcStatus, WorkCompletion};

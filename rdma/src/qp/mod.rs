@@ -33,6 +33,7 @@ use crate::macros::c_enum;
 use crate::track::{QpTracker, Serial};
 use crate::{ffi, CompletionQueue, ProtectionDomain};
 use wr_ops::ExtendedQp;
+pub(crate) use wr_ops::Direct;
 
 pub use attr::{InitAttr, QpAttr, RtrAttr, RtsAttr};
 pub use builder::{PostPath, QpCaps, QpCreateFlags, QueuePairBuilder};
@@ -249,6 +250,13 @@ impl QueuePair {
             SendPath::Legacy => PostPath::Legacy,
             SendPath::Extended(_) | SendPath::Mixed(_) => PostPath::Extended,
         }
+    }
+
+    /// The extended path's direct calls of `op` (a SEND, RDMA WRITE or RDMA
+    /// READ without a UD destination), for the slot queue; `None` on the
+    /// legacy path or when the provider has no function for `op`.
+    pub(crate) fn direct(&self, op: &crate::SendOp) -> Option<Direct> {
+        self.path.extended(1, false)?.direct(op)
     }
 
     /// The QP type.

@@ -232,7 +232,7 @@ impl ExtendedQp {
 /// Valid while its QP is: a post checks that the request was prepared by
 /// the QP it is posted to, which is then live (held by the poster).
 #[derive(Clone, Copy)]
-pub(super) struct Direct {
+pub(crate) struct Direct {
     qp: NonNull<ffi::ibv_qp_ex>,
     start: unsafe extern "C" fn(Qpx),
     complete: unsafe extern "C" fn(Qpx) -> c_int,
@@ -280,7 +280,7 @@ impl Direct {
     /// As for [`ExtendedQp::post`]: the caller posts to this QP alone (holds
     /// it mutably), and the QP is the live one this was made for.
     #[inline(always)]
-    pub(super) unsafe fn post(&self, flags: u32, sge: &ffi::ibv_sge, wr_id: u64) -> c_int {
+    pub(crate) unsafe fn post(&self, flags: u32, sge: &ffi::ibv_sge, wr_id: u64) -> c_int {
         let q = self.qp.as_ptr();
         // SAFETY: the caller's contract; the functions are the provider's
         // for this QP, called between `start` and `complete` as

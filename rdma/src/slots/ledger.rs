@@ -1,0 +1,386 @@
+//! The slot queue's bookkeeping, with no device in it: which slots the
+//! device may read or write, what `wr_id` a post carries, and what a
+//! completion gives back. Pure Rust, so its unit tests run under Miri
+//! (`ci/miri`).
+//!
+//! A send (SEND, RDMA WRITE) only reads its slot, so a slot may be the source
+//! of several sends at once; a receive writes it, so a slot posted as a
+//! receive is the device's alone. The send queue of a connected QP completes
+//! in order (an unsignaled send is complete once a later send's completion
+//! is seen), so sends are numbered and one number, the last completed, says
+//! which are done: a slot is the caller's to write again once the last send
+//! from it is at or below that number. Receives complete one by one; each
+//! slot's receive carries a generation, so that a completion left in the CQ
+//! from before a reset cannot finish a later receive of the same slot.
+//!
+//! A `wr_id` is `slot | number << 32 | RECV` (bit 62 for receives; bit 63,
+//! the tracked path's tag, always clear): a completion is an index and a
+//! comparison, never a search.
+
+/// Bit of a receive's `wr_id`.
+pub(crate) const RECV: u64 = 1 << 62;
+/// Bits of the send number (receive generation) a `wr_id` carries.
+const NUM_BITS: u32 = 30;
+const NUM_MASK: u64 = (1 << NUM_BITS) - 1;
+/// Sends that may be posted and not yet seen complete: half the numbers a
+/// `wr_id` holds, so that a completion's full number is found without doubt
+/// (a provider's send queue is far shorter; this only matters when someone
+/// else polls the queue's CQ and the ledger never sees completions).
+const MAX_UNSEEN: u64 = 1 << (NUM_BITS - 1);
+/// Bit 0 of a slot's receive word: a receive is posted in it.
+const POSTED: u32 = 1;
+
+/// Why the ledger refused a post or an access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// No such slot.
+    NoSlot,
+    /// A receive is posted in the slot: the device may write it.
+    Receiving,
+    /// A send from the slot is not seen complete: the device may read it.
+    Sending,
+    /// As many sends are posted and unseen as the `wr_id` numbers allow.
+    TooManyUnseen,
+}
+
+/// One slot's state.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    /// The number of the last send from this slot (0: none yet).
+    last_send: u64,
+    /// The receive generation (bits 1..) and [`POSTED`].
+    recv: u32,
+}
+
+/// What a completion finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Finished {
+    pub(crate) slot: u32,
+    pub(crate) recv: bool,
+}
+
+/// The state of every slot of one queue.
+#[derive(Debug)]
+pub(crate) struct Ledger {
+    slots: Box<[Slot]>,
+    /// The number of the last send posted.
+    sent: u64,
+    /// The number of the last send seen complete (`<= sent`).
+    done: u64,
+}
+
+impl Ledger {
+    pub(crate) fn new(slots: u32) -> Ledger {
+        Ledger {
+            slots: vec![Slot::default(); slots as usize].into_boxed_slice(),
+            sent: 0,
+            done: 0,
+        }
+    }
+
+    pub(crate) fn len(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
+    /// Records a send from `slot`: its `wr_id`, and what [`Ledger::unsend`]
+    /// restores if the provider refuses it.
+    #[inline(always)]
+    pub(crate) fn send(&mut self, slot: u32) -> Result<(u64, u64), Refusal> {
+        let s = self.slots.get_mut(slot as usize).ok_or(Refusal::NoSlot)?;
+        if s.recv & POSTED != 0 {
+            return Err(Refusal::Receiving);
+        }
+        if self.sent - self.done >= MAX_UNSEEN {
+            return Err(Refusal::TooManyUnseen);
+        }
+        self.sent += 1;
+        let prev = s.last_send;
+        s.last_send = self.sent;
+        Ok((((self.sent & NUM_MASK) << 32) | u64::from(slot), prev))
+    }
+
+    /// Undoes the last [`Ledger::send`] (from `slot`, which returned `prev`)
+    /// when the provider refused the request.
+    #[cold]
+    pub(crate) fn unsend(&mut self, slot: u32, prev: u64) {
+        if let Some(s) = self.slots.get_mut(slot as usize) {
+            s.last_send = prev;
+            self.sent -= 1;
+        }
+    }
+
+    /// After an inline send from `slot` was posted: its data was copied
+    /// during the post, so the slot is as it was before it (`prev`); the
+    /// send keeps its number, whose completion is still to come.
+    pub(crate) fn copied(&mut self, slot: u32, prev: u64) {
+        if let Some(s) = self.slots.get_mut(slot as usize) {
+            s.last_send = prev;
+        }
+    }
+
+    /// Records a receive into `slot`: its `wr_id` and the word
+    /// [`Ledger::unrecv`] restores.
+    pub(crate) fn recv(&mut self, slot: u32) -> Result<(u64, u32), Refusal> {
+        let done = self.done;
+        let s = self.slots.get_mut(slot as usize).ok_or(Refusal::NoSlot)?;
+        if s.recv & POSTED != 0 {
+            return Err(Refusal::Receiving);
+        }
+        if s.last_send > done {
+            return Err(Refusal::Sending);
+        }
+        let prev = s.recv;
+        // The generation is 31 bits and wraps; the id carries its low 30.
+        s.recv = (prev & !POSTED).wrapping_add(2) | POSTED;
+        let id = RECV | ((u64::from(s.recv >> 1) & NUM_MASK) << 32) | u64::from(slot);
+        Ok((id, prev))
+    }
+
+    /// Undoes the last [`Ledger::recv`] of `slot`.
+    #[cold]
+    pub(crate) fn unrecv(&mut self, slot: u32, prev: u32) {
+        if let Some(s) = self.slots.get_mut(slot as usize) {
+            s.recv = prev;
+        }
+    }
+
+    /// A completion's `wr_id`: the slot it gives back, or `None` for an id
+    /// that finishes nothing in flight (a completion from before a reset,
+    /// or not of this queue), which changes nothing.
+    #[inline(always)]
+    pub(crate) fn complete(&mut self, wr_id: u64) -> Option<Finished> {
+        let slot = wr_id as u32;
+        let num = (wr_id >> 32) & NUM_MASK;
+        if wr_id & RECV != 0 {
+            let s = self.slots.get_mut(slot as usize)?;
+            if s.recv & POSTED == 0 || u64::from(s.recv >> 1) & NUM_MASK != num {
+                return None;
+            }
+            s.recv &= !POSTED;
+            return Some(Finished { slot, recv: true });
+        }
+        // The send's full number: the first after `done` whose low bits
+        // are `num`; it must have been posted.
+        let ahead = num.wrapping_sub(self.done) & NUM_MASK;
+        if ahead == 0 || ahead > self.sent - self.done || wr_id >> 62 != 0 {
+            return None;
+        }
+        self.done += ahead;
+        Some(Finished { slot, recv: false })
+    }
+
+    /// Whether the caller may read `slot` (no receive posted in it).
+    #[inline(always)]
+    pub(crate) fn readable(&self, slot: u32) -> Result<(), Refusal> {
+        let s = self.slots.get(slot as usize).ok_or(Refusal::NoSlot)?;
+        if s.recv & POSTED != 0 {
+            return Err(Refusal::Receiving);
+        }
+        Ok(())
+    }
+
+    /// Whether the caller may write `slot` (nothing in flight reads or
+    /// writes it).
+    #[inline(always)]
+    pub(crate) fn writable(&self, slot: u32) -> Result<(), Refusal> {
+        let s = self.slots.get(slot as usize).ok_or(Refusal::NoSlot)?;
+        if s.recv & POSTED != 0 {
+            return Err(Refusal::Receiving);
+        }
+        if s.last_send > self.done {
+            return Err(Refusal::Sending);
+        }
+        Ok(())
+    }
+
+    /// The QP was reset: the device holds no request any more, every slot
+    /// is the caller's, and completions still in the CQ from before finish
+    /// nothing (their numbers and generations are past).
+    pub(crate) fn reset(&mut self) {
+        self.done = self.sent;
+        for s in self.slots.iter_mut() {
+            s.recv &= !POSTED;
+        }
+    }
+
+    /// Requests posted and not seen complete: (sends, receives).
+    pub(crate) fn in_flight(&self) -> (u64, usize) {
+        let recvs = self.slots.iter().filter(|s| s.recv & POSTED != 0).count();
+        (self.sent - self.done, recvs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_send_holds_its_slot_until_its_completion_or_a_later_one() {
+        let mut l = Ledger::new(3);
+        let (a, _) = l.send(0).unwrap();
+        let (b, _) = l.send(1).unwrap();
+        assert_eq!(l.writable(0), Err(Refusal::Sending));
+        assert_eq!(l.readable(0), Ok(()));
+        assert_eq!(l.recv(1), Err(Refusal::Sending));
+        // Only the second was signaled: its completion finishes both.
+        let _ = a;
+        assert_eq!(
+            l.complete(b),
+            Some(Finished {
+                slot: 1,
+                recv: false
+            })
+        );
+        assert_eq!(l.writable(0), Ok(()));
+        assert_eq!(l.writable(1), Ok(()));
+        assert_eq!(l.in_flight(), (0, 0));
+        // The earlier send's completion, if it came now, finishes nothing.
+        assert_eq!(l.complete(a), None);
+        assert_eq!(l.complete(b), None);
+    }
+
+    #[test]
+    fn a_slot_sent_twice_is_writable_only_after_the_second_send() {
+        let mut l = Ledger::new(1);
+        let (a, _) = l.send(0).unwrap();
+        let (b, _) = l.send(0).unwrap();
+        assert!(l.complete(a).is_some());
+        assert_eq!(l.writable(0), Err(Refusal::Sending));
+        assert!(l.complete(b).is_some());
+        assert_eq!(l.writable(0), Ok(()));
+    }
+
+    #[test]
+    fn a_receive_holds_its_slot_alone() {
+        let mut l = Ledger::new(2);
+        let (r, _) = l.recv(1).unwrap();
+        assert_eq!(r & RECV, RECV);
+        assert_eq!(l.readable(1), Err(Refusal::Receiving));
+        assert_eq!(l.writable(1), Err(Refusal::Receiving));
+        assert_eq!(l.send(1), Err(Refusal::Receiving));
+        assert_eq!(l.recv(1), Err(Refusal::Receiving));
+        assert_eq!(l.in_flight(), (0, 1));
+        assert_eq!(
+            l.complete(r),
+            Some(Finished {
+                slot: 1,
+                recv: true
+            })
+        );
+        assert_eq!(l.readable(1), Ok(()));
+        // Twice is once.
+        assert_eq!(l.complete(r), None);
+        // The next receive of the slot has another generation: the first
+        // one's id finishes nothing.
+        let (r2, _) = l.recv(1).unwrap();
+        assert_ne!(r, r2);
+        assert_eq!(l.complete(r), None);
+        assert_eq!(l.readable(1), Err(Refusal::Receiving));
+        assert!(l.complete(r2).is_some());
+    }
+
+    #[test]
+    fn ids_of_no_slot_or_not_posted_finish_nothing() {
+        let mut l = Ledger::new(2);
+        assert_eq!(l.send(2), Err(Refusal::NoSlot));
+        assert_eq!(l.recv(u32::MAX), Err(Refusal::NoSlot));
+        assert_eq!(l.readable(7), Err(Refusal::NoSlot));
+        // Nothing posted: no id finishes anything.
+        for id in [
+            0,
+            1,
+            1 << 32,
+            RECV | (1 << 32),
+            RECV | (1 << 32) | 9,
+            1 << 63,
+            u64::MAX,
+        ] {
+            assert_eq!(l.complete(id), None, "{id:#x}");
+        }
+        let (a, _) = l.send(0).unwrap();
+        // The tracked path's tag, or a number not posted yet.
+        assert_eq!(l.complete(a | (1 << 63)), None);
+        assert_eq!(l.complete(a + (1 << 32)), None);
+        assert_eq!(l.writable(0), Err(Refusal::Sending));
+        assert!(l.complete(a).is_some());
+    }
+
+    #[test]
+    fn a_refused_post_is_undone() {
+        let mut l = Ledger::new(1);
+        let (_, prev) = l.send(0).unwrap();
+        l.unsend(0, prev);
+        assert_eq!(l.writable(0), Ok(()));
+        assert_eq!(l.in_flight(), (0, 0));
+        let (_, prev) = l.recv(0).unwrap();
+        l.unrecv(0, prev);
+        assert_eq!(l.readable(0), Ok(()));
+        let (r, _) = l.recv(0).unwrap();
+        assert!(l.complete(r).is_some());
+    }
+
+    #[test]
+    fn an_inline_send_leaves_its_slot_free_but_keeps_its_number() {
+        let mut l = Ledger::new(1);
+        let (a, prev) = l.send(0).unwrap();
+        l.copied(0, prev);
+        assert_eq!(l.writable(0), Ok(()));
+        assert_eq!(l.in_flight(), (1, 0));
+        assert!(l.complete(a).is_some());
+        assert_eq!(l.in_flight(), (0, 0));
+    }
+
+    #[test]
+    fn after_a_reset_old_completions_finish_nothing() {
+        let mut l = Ledger::new(2);
+        let (s, _) = l.send(0).unwrap();
+        let (r, _) = l.recv(1).unwrap();
+        l.reset();
+        assert_eq!(l.writable(0), Ok(()));
+        assert_eq!(l.writable(1), Ok(()));
+        assert_eq!(l.in_flight(), (0, 0));
+        let (r2, _) = l.recv(1).unwrap();
+        let (s2, _) = l.send(0).unwrap();
+        // Completions left in the CQ from before the reset.
+        assert_eq!(l.complete(r), None);
+        assert_eq!(l.complete(s), None);
+        assert_eq!(l.readable(1), Err(Refusal::Receiving));
+        assert_eq!(l.writable(0), Err(Refusal::Sending));
+        assert!(l.complete(r2).is_some());
+        assert!(l.complete(s2).is_some());
+    }
+
+    #[test]
+    fn numbers_wrap_past_what_an_id_holds() {
+        let mut l = Ledger::new(1);
+        // Near the wrap of the 30 bits an id carries.
+        l.sent = NUM_MASK - 2;
+        l.done = NUM_MASK - 2;
+        let mut ids = Vec::new();
+        for _ in 0..6 {
+            ids.push(l.send(0).unwrap().0);
+        }
+        assert!(ids.iter().any(|i| (i >> 32) & NUM_MASK == 0));
+        assert!(l.complete(ids[2]).is_some());
+        assert_eq!(l.in_flight(), (3, 0));
+        assert_eq!(l.complete(ids[1]), None);
+        assert!(l.complete(ids[5]).is_some());
+        assert_eq!(l.writable(0), Ok(()));
+        // Receive generations wrap too.
+        let s = &mut l.slots[0];
+        s.recv = (u32::MAX >> 1) << 1;
+        let (r, _) = l.recv(0).unwrap();
+        assert!(l.complete(r).is_some());
+        let (r, _) = l.recv(0).unwrap();
+        assert!(l.complete(r).is_some());
+    }
+
+    #[test]
+    fn unseen_sends_are_bounded() {
+        let mut l = Ledger::new(1);
+        l.sent = MAX_UNSEEN;
+        assert_eq!(l.send(0), Err(Refusal::TooManyUnseen));
+        l.done = 1;
+        assert!(l.send(0).is_ok());
+    }
+}

@@ -1,0 +1,643 @@
+//! The slot queue: the data path for latency-bound code. Memory is
+//! registered once and lent to the slots of one queue pair for the queue's
+//! whole life (as io_uring lends registered buffers), completions come on a
+//! CQ that only this queue uses, and a request's `wr_id` is its slot: a post
+//! is a range check of the slot plus the provider's calls, a completion is an
+//! index. The bookkeeping is in [`ledger`]; this file owns the objects and
+//! makes the calls.
+//!
+//! Against the general path (`QueuePair::post_send` and its tracker), the
+//! slot queue gives up moving memory into requests and any CQ sharing, and
+//! keeps the guarantee: the caller never writes memory the device may read,
+//! never reads memory the device may write, and nothing the device may still
+//! reach is freed.
+
+mod ledger;
+
+use std::borrow::Cow;
+use std::ffi::c_int;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{check_errno_ret, Error, Result};
+use crate::qp::Direct;
+use crate::{
+    ffi, AccessFlags, CompletionQueue, MemoryRegion, PostPath, ProtectionDomain, QpType, QueuePair,
+    RemoteMemory, SendOp, WcStatus,
+};
+use ledger::{Finished, Ledger, Refusal};
+
+/// How a [`SlotQueue`] is built: its slots, and the queue pair's sizes.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SlotConfig {
+    /// Number of slots (at least 1).
+    pub slots: u32,
+    /// Bytes per slot (at least 1, at most `u32::MAX`).
+    pub slot_len: usize,
+    /// [`QpType::Rc`] (the default) or [`QpType::Uc`].
+    pub qp_type: QpType,
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Largest send posted inline (copied during the post).
+    pub max_inline_data: u32,
+    /// The send path (`ibv_wr_*` or `ibv_post_send`).
+    pub post_path: PostPath,
+}
+
+impl SlotConfig {
+    /// `slots` slots of `slot_len` bytes on an RC QP with 64 sends and 64
+    /// receives, no inline data, the default send path.
+    pub fn new(slots: u32, slot_len: usize) -> SlotConfig {
+        SlotConfig {
+            slots,
+            slot_len,
+            qp_type: QpType::Rc,
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            max_inline_data: 0,
+            post_path: PostPath::Auto,
+        }
+    }
+}
+
+/// The provider's `poll_cq` (`ibv_poll_cq(3)` is a `static inline` that calls
+/// it through the context's ops; called directly, as the send path calls
+/// `ibv_wr_*`'s members, `qp/wr_ops.rs`).
+type PollFn = unsafe extern "C" fn(*mut ffi::ibv_cq, c_int, *mut ffi::ibv_wc) -> c_int;
+
+/// Identities of slot queues, so that a [`SlotTarget`] is posted only on the
+/// queue that made it.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A queue pair whose requests use the slots of one registered region, and
+/// the CQ its completions come to.
+///
+/// Slot `i` is bytes `i * slot_len .. (i + 1) * slot_len` of the region.
+/// SEND and RDMA WRITE read a slot (several may be in flight from one slot);
+/// a receive writes it. The caller reads a slot ([`SlotQueue::slot`]) while
+/// no receive is posted in it, and writes it ([`SlotQueue::slot_mut`]) while
+/// nothing in flight uses it: a receive's bytes are readable once its
+/// completion has been polled, a send's slot writable once its completion,
+/// or a later send's, has been. A request is in flight until its completion
+/// is polled from this queue (with [`SlotQueue::poll`]), including the
+/// flushed completions of a QP in the error state.
+///
+/// The QP is reached through [`SlotQueue::qp`] for its state changes
+/// (`to_init`, `to_rtr`, `to_rts`, `to_error`); it cannot be posted to but
+/// through the queue. Its CQ is this queue's alone: polling it elsewhere
+/// (a clone of `qp().send_cq()`) takes completions the queue then never
+/// sees, and their slots stay lent (never unsafe, but lost). Dropping the
+/// queue destroys the QP before the memory is released, whatever is in
+/// flight; [`SlotQueue::reset`] takes every slot back.
+///
+/// ```no_run
+/// use rdma::{SlotConfig, SlotQueue};
+/// # fn main() -> rdma::Result<()> {
+/// let ctx = rdma::Context::open("rxe0")?;
+/// let pd = ctx.alloc_pd()?;
+/// let mut q = SlotQueue::new(&pd, &SlotConfig::new(4, 4096))?;
+/// // ... move q.qp() to RTS with the peer's address (see the crate docs)
+/// q.slot_mut(0)?[..5].copy_from_slice(b"hello");
+/// q.post_send(0, 5, true)?;
+/// q.post_recv(1)?;
+/// loop {
+///     match q.poll()? {
+///         Some(c) if c.is_recv() => {
+///             let got = &q.slot(c.slot())?[..c.byte_len() as usize];
+///             println!("{got:?}");
+///             break;
+///         }
+///         _ => {}
+///     }
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub struct SlotQueue {
+    /// Taken by the drop, which destroys the QP before anything below is
+    /// released, and leaks `memory` when that fails.
+    qp: Option<QueuePair>,
+    /// The CQ of both queues of `qp`, created here and used by no other QP.
+    cq: CompletionQueue,
+    /// The slots' memory, registered with local write access only: no peer
+    /// can write it, so a slot that no request uses is the caller's.
+    memory: Option<MemoryRegion>,
+    /// `memory`'s first byte, taken once from its unique borrow.
+    base: NonNull<u8>,
+    lkey: u32,
+    slot_len: u32,
+    max_inline: u32,
+    /// SEND's direct calls on the extended path (`None`: `ibv_post_send`).
+    send: Option<Direct>,
+    poll_cq: PollFn,
+    ledger: Ledger,
+    id: u64,
+}
+
+// SAFETY: the queue owns the QP, the CQ and the region (each `Send`); the
+// raw pointers are into those objects (the slots' memory, the provider's
+// functions of the QP), used only through `&mut self` for posts and polls.
+unsafe impl Send for SlotQueue {}
+// SAFETY: `&self` methods read the ledger and the slots the ledger says no
+// request writes, or call thread-safe verbs (the QP's `&self` methods).
+unsafe impl Sync for SlotQueue {}
+
+/// A remote buffer that RDMA WRITEs of one [`SlotQueue`] go to, with the
+/// provider's call for it chosen once ([`SlotQueue::write_target`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SlotTarget {
+    queue: u64,
+    remote: RemoteMemory,
+    direct: Option<DirectCall>,
+}
+
+/// A [`Direct`] with a `Debug` that says nothing of the provider's
+/// addresses.
+#[derive(Clone, Copy)]
+struct DirectCall(Direct);
+
+impl std::fmt::Debug for DirectCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ibv_wr_rdma_write")
+    }
+}
+
+/// A completion polled from a [`SlotQueue`]: the slot it gives back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotCompletion {
+    slot: u32,
+    recv: bool,
+    status: u32,
+    vendor_err: u32,
+    byte_len: u32,
+}
+
+impl SlotCompletion {
+    /// The slot of the request (for a send, the signaled one; the sends
+    /// before it are complete too).
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// A receive's completion (else a send's or an RDMA WRITE's).
+    pub fn is_recv(&self) -> bool {
+        self.recv
+    }
+
+    /// The request succeeded.
+    pub fn is_success(&self) -> bool {
+        self.status == ffi::IBV_WC_SUCCESS
+    }
+
+    /// The status (`enum ibv_wc_status`).
+    pub fn status(&self) -> WcStatus {
+        WcStatus::from_raw(self.status)
+    }
+
+    /// The provider's error code of a failed request.
+    pub fn vendor_err(&self) -> u32 {
+        self.vendor_err
+    }
+
+    /// Bytes received (receives).
+    pub fn byte_len(&self) -> u32 {
+        self.byte_len
+    }
+}
+
+impl SlotQueue {
+    /// Registers `config.slots * config.slot_len` bytes on `pd` (zeroed,
+    /// local write access), creates a CQ for them alone and a QP on it in
+    /// RESET.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for no slots, empty or too large slots,
+    /// or a QP type other than RC or UC; the failed verb's error otherwise.
+    pub fn new(pd: &ProtectionDomain, config: &SlotConfig) -> Result<SlotQueue> {
+        let invalid = |reason: String| Error::InvalidArgument {
+            verb: "SlotQueue::new",
+            reason,
+        };
+        let slot_len = u32::try_from(config.slot_len)
+            .ok()
+            .filter(|&l| l > 0)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "slot length {} (1 to 2^32 - 1 bytes)",
+                    config.slot_len
+                ))
+            })?;
+        if config.slots == 0 || config.slots > 1 << 31 {
+            return Err(invalid(format!("{} slots (1 to 2^31)", config.slots)));
+        }
+        let total = (config.slots as usize)
+            .checked_mul(config.slot_len)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "{} slots of {slot_len} bytes overflow",
+                    config.slots
+                ))
+            })?;
+        if !matches!(config.qp_type, QpType::Rc | QpType::Uc) {
+            return Err(invalid(format!(
+                "a {:?} QP: the slot queue takes RC or UC (one peer, sends completed in order)",
+                config.qp_type
+            )));
+        }
+        let cqe = config.max_send_wr.saturating_add(config.max_recv_wr).max(1);
+        let cq = pd.context().create_cq(cqe, None, 0)?;
+        let qp = pd
+            .qp_builder(config.qp_type, &cq, &cq)
+            .max_send_wr(config.max_send_wr)
+            .max_recv_wr(config.max_recv_wr)
+            .max_inline_data(config.max_inline_data)
+            .post_path(config.post_path)
+            .build()?;
+        let mut memory = pd.alloc_mr(total, AccessFlags::LOCAL_WRITE)?;
+        let base = NonNull::new(memory.as_mut_slice()?.as_mut_ptr())
+            .ok_or_else(|| invalid("the region has no memory".into()))?;
+        // SAFETY: a live CQ whose context is live; `ops` is libibverbs' ABI.
+        let provider = unsafe { (*(*cq.as_raw()).context).ops.poll_cq };
+        Ok(SlotQueue {
+            lkey: memory.lkey(),
+            slot_len,
+            max_inline: qp.caps().max_inline_data,
+            send: qp.direct(&SendOp::Send),
+            poll_cq: provider.unwrap_or(ffi::ibv_poll_cq),
+            ledger: Ledger::new(config.slots),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            base,
+            qp: Some(qp),
+            cq,
+            memory: Some(memory),
+        })
+    }
+
+    /// The queue pair, for its state changes and queries.
+    pub fn qp(&self) -> &QueuePair {
+        match &self.qp {
+            Some(qp) => qp,
+            // Only the drop takes it.
+            None => unreachable!("SlotQueue without its QP"),
+        }
+    }
+
+    /// The CQ of the queue's completions (poll it only through
+    /// [`SlotQueue::poll`]).
+    pub fn cq(&self) -> &CompletionQueue {
+        &self.cq
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> u32 {
+        self.ledger.len()
+    }
+
+    /// Bytes per slot.
+    pub fn slot_len(&self) -> usize {
+        self.slot_len as usize
+    }
+
+    /// Requests posted whose completion has not been polled: (sends,
+    /// receives).
+    pub fn in_flight(&self) -> (u64, usize) {
+        self.ledger.in_flight()
+    }
+
+    /// The bytes of `slot`, when no receive is posted in it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a slot out of range or with a receive
+    /// posted.
+    #[inline]
+    pub fn slot(&self, slot: u32) -> Result<&[u8]> {
+        self.ledger
+            .readable(slot)
+            .map_err(|r| refused("SlotQueue::slot", slot, r))?;
+        // SAFETY: the slot is in the region (the ledger knows it), which
+        // lives as long as `self`; no receive is posted in it and no peer
+        // can write the region (local access only), so nothing writes it
+        // while `&self` is borrowed (posts and polls take `&mut self`).
+        Ok(unsafe { std::slice::from_raw_parts(self.at(slot), self.slot_len as usize) })
+    }
+
+    /// The bytes of `slot`, mutably, when no request in flight uses it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a slot out of range or in use.
+    #[inline]
+    pub fn slot_mut(&mut self, slot: u32) -> Result<&mut [u8]> {
+        self.ledger
+            .writable(slot)
+            .map_err(|r| refused("SlotQueue::slot_mut", slot, r))?;
+        // SAFETY: as in `slot`, and no send in flight reads it; `&mut self`
+        // makes the borrow unique.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.at(slot), self.slot_len as usize) })
+    }
+
+    /// Slot `slot`'s first byte; `slot` is in range.
+    #[inline(always)]
+    fn at(&self, slot: u32) -> *mut u8 {
+        // SAFETY: `slot < slots`, so the offset is inside the region.
+        unsafe {
+            self.base
+                .as_ptr()
+                .add(slot as usize * self.slot_len as usize)
+        }
+    }
+
+    /// The target of RDMA WRITEs to `remote`, for [`SlotQueue::post_write`].
+    pub fn write_target(&self, remote: RemoteMemory) -> SlotTarget {
+        SlotTarget {
+            queue: self.id,
+            remote,
+            direct: self.qp().direct(&SendOp::Write(remote)).map(DirectCall),
+        }
+    }
+
+    /// Posts a SEND of the first `len` bytes of `slot`; `signaled` asks for
+    /// its completion (an unsignaled send is complete with the next
+    /// signaled one).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a slot out of range, with a receive
+    /// posted, or shorter than `len`; `ibv_post_send`'s error (the slot is
+    /// then as before).
+    #[inline]
+    pub fn post_send(&mut self, slot: u32, len: u32, signaled: bool) -> Result<()> {
+        let direct = self.send;
+        self.post(ffi::IBV_WR_SEND, None, direct, slot, len, signaled)
+    }
+
+    /// Posts an RDMA WRITE of the first `len` bytes of `slot` to `target`.
+    ///
+    /// # Errors
+    /// As [`SlotQueue::post_send`]; also a target of another queue.
+    #[inline]
+    pub fn post_write(
+        &mut self,
+        target: &SlotTarget,
+        slot: u32,
+        len: u32,
+        signaled: bool,
+    ) -> Result<()> {
+        if target.queue != self.id {
+            return Err(foreign_target());
+        }
+        let direct = target.direct.map(|d| d.0);
+        self.post(
+            ffi::IBV_WR_RDMA_WRITE,
+            Some(&target.remote),
+            direct,
+            slot,
+            len,
+            signaled,
+        )
+    }
+
+    #[inline(always)]
+    fn post(
+        &mut self,
+        opcode: ffi::ibv_wr_opcode,
+        remote: Option<&RemoteMemory>,
+        direct: Option<Direct>,
+        slot: u32,
+        len: u32,
+        signaled: bool,
+    ) -> Result<()> {
+        if len > self.slot_len {
+            return Err(too_long(slot, len, self.slot_len));
+        }
+        let (wr_id, prev) = self
+            .ledger
+            .send(slot)
+            .map_err(|r| refused("ibv_post_send", slot, r))?;
+        let sge = ffi::ibv_sge {
+            addr: self.at(slot) as u64,
+            length: len,
+            lkey: self.lkey,
+        };
+        let flags = if signaled { ffi::IBV_SEND_SIGNALED } else { 0 };
+        let rc = match direct {
+            Some(d) if len > self.max_inline => {
+                // SAFETY: `d` was made for this queue's QP, which lives and
+                // which `&mut self` keeps from any other post; the SGE is in
+                // the registered slot, which the ledger now holds lent until
+                // the completion (it is never freed before the QP is
+                // destroyed, see the drop).
+                unsafe { d.post(flags, &sge, wr_id) }
+            }
+            _ => {
+                let rc = self.post_legacy(opcode, remote, flags, sge, wr_id);
+                if rc == 0 && len <= self.max_inline {
+                    self.ledger.copied(slot, prev);
+                }
+                rc
+            }
+        };
+        if rc != 0 {
+            self.ledger.unsend(slot, prev);
+            return check_errno_ret("ibv_post_send", || self.describe(slot), rc);
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_send` of one request (the legacy path, and inline sends).
+    #[inline(never)]
+    fn post_legacy(
+        &mut self,
+        opcode: ffi::ibv_wr_opcode,
+        remote: Option<&RemoteMemory>,
+        flags: u32,
+        mut sge: ffi::ibv_sge,
+        wr_id: u64,
+    ) -> c_int {
+        let inline = if sge.length <= self.max_inline {
+            ffi::IBV_SEND_INLINE
+        } else {
+            0
+        };
+        let mut wr = ffi::ibv_send_wr {
+            wr_id,
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode,
+            send_flags: flags | inline,
+            ..Default::default()
+        };
+        if let Some(r) = remote {
+            wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                remote_addr: r.addr,
+                rkey: r.rkey,
+            };
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: one well-formed request on this queue's live QP over the
+        // slot the ledger holds lent (inline data is copied during the
+        // call); `&mut self` keeps other posts out.
+        unsafe { ffi::ibv_post_send(self.qp().as_raw(), &mut wr, &mut bad) }
+    }
+
+    /// Posts a receive into `slot` (all of it).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a slot out of range or in use;
+    /// `ibv_post_recv`'s error (the slot is then as before).
+    #[inline]
+    pub fn post_recv(&mut self, slot: u32) -> Result<()> {
+        let (wr_id, prev) = self
+            .ledger
+            .recv(slot)
+            .map_err(|r| refused("ibv_post_recv", slot, r))?;
+        let mut sge = ffi::ibv_sge {
+            addr: self.at(slot) as u64,
+            length: self.slot_len,
+            lkey: self.lkey,
+        };
+        let mut wr = ffi::ibv_recv_wr {
+            wr_id,
+            sg_list: &mut sge,
+            num_sge: 1,
+            next: std::ptr::null_mut(),
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: one well-formed receive on the live QP into the slot the
+        // ledger now holds lent to the device until its completion.
+        let rc = unsafe { ffi::ibv_post_recv(self.qp().as_raw(), &mut wr, &mut bad) };
+        if rc != 0 {
+            self.ledger.unrecv(slot, prev);
+            return check_errno_ret("ibv_post_recv", || self.describe(slot), rc);
+        }
+        Ok(())
+    }
+
+    /// Polls one completion: the slot it gives back, or `None` when the CQ
+    /// is empty. A completion that finishes nothing of this queue (one left
+    /// from before a [`SlotQueue::reset`]) is skipped.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_poll_cq` (a CQ overrun).
+    #[inline]
+    pub fn poll(&mut self) -> Result<Option<SlotCompletion>> {
+        loop {
+            let mut wc = MaybeUninit::<ffi::ibv_wc>::uninit();
+            // SAFETY: the queue's live CQ, room for one entry.
+            let n = unsafe { (self.poll_cq)(self.cq.as_raw(), 1, wc.as_mut_ptr()) };
+            if n <= 0 {
+                return if n == 0 {
+                    Ok(None)
+                } else {
+                    Err(self.poll_failed(n))
+                };
+            }
+            // SAFETY: the provider wrote the entry it counted.
+            let wc = unsafe { wc.assume_init_ref() };
+            if let Some(Finished { slot, recv }) = self.ledger.complete(wc.wr_id) {
+                return Ok(Some(SlotCompletion {
+                    slot,
+                    recv,
+                    status: wc.status,
+                    vendor_err: wc.vendor_err,
+                    byte_len: wc.byte_len,
+                }));
+            }
+        }
+    }
+
+    /// Moves the QP to RESET (`ibv_modify_qp(3)`): the device drops every
+    /// request, so every slot is the caller's again; completions left in the
+    /// CQ from before are skipped by later polls. The QP can then be brought
+    /// up again (INIT, RTR, RTS).
+    ///
+    /// # Errors
+    /// As [`QueuePair::reset`]; the slots stay lent then.
+    pub fn reset(&mut self) -> Result<()> {
+        // The general path's requests: none, the QP is posted to only here.
+        let _ = self.qp().reset()?;
+        self.ledger.reset();
+        Ok(())
+    }
+
+    #[cold]
+    fn poll_failed(&self, n: c_int) -> Error {
+        Error::verb_errno(
+            "ibv_poll_cq",
+            format!(
+                "the slot queue's CQ of QP {} (returned {n})",
+                self.qp().qp_num()
+            ),
+            libc::EINVAL,
+        )
+    }
+
+    #[cold]
+    fn describe(&self, slot: u32) -> Cow<'static, str> {
+        Cow::Owned(format!(
+            "slot {slot} of the slot queue on QP {}",
+            self.qp().qp_num()
+        ))
+    }
+}
+
+impl Drop for SlotQueue {
+    fn drop(&mut self) {
+        let Some(qp) = self.qp.take() else {
+            return;
+        };
+        // Destroyed first: the device reaches no slot after it returns.
+        if let Err((qp, e)) = qp.destroy() {
+            crate::error::teardown_failed(format_args!(
+                "{e}; leaking the slot queue's memory (the device may still reach it)"
+            ));
+            // Never deregistered, never freed.
+            std::mem::forget(self.memory.take());
+            drop(qp);
+        }
+    }
+}
+
+impl std::fmt::Debug for SlotQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotQueue")
+            .field("qp", &self.qp)
+            .field("slots", &self.ledger.len())
+            .field("slot_len", &self.slot_len)
+            .field("in_flight", &self.ledger.in_flight())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cold]
+fn refused(verb: &'static str, slot: u32, why: Refusal) -> Error {
+    let reason = match why {
+        Refusal::NoSlot => format!("slot {slot} is out of range"),
+        Refusal::Receiving => format!("slot {slot} has a receive posted (the device may write it)"),
+        Refusal::Sending => {
+            format!("slot {slot} is read by a send whose completion has not been polled")
+        }
+        Refusal::TooManyUnseen => {
+            "2^29 sends are posted and not seen complete (is the CQ polled elsewhere?)".into()
+        }
+    };
+    Error::InvalidArgument { verb, reason }
+}
+
+#[cold]
+fn too_long(slot: u32, len: u32, slot_len: u32) -> Error {
+    Error::InvalidArgument {
+        verb: "ibv_post_send",
+        reason: format!("{len} bytes from slot {slot}, whose slots are {slot_len} bytes"),
+    }
+}
+
+#[cold]
+fn foreign_target() -> Error {
+    Error::InvalidArgument {
+        verb: "ibv_post_send",
+        reason: "the write target was made by another slot queue".into(),
+    }
+}

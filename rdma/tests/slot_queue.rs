@@ -1,0 +1,271 @@
+//! Device tests of `SlotQueue`: traffic between two queues on the test
+//! device, what a slot may be used for while the device holds it, and the
+//! ways a queue ends with requests in flight (drop, error-state flush,
+//! reset, a queue the caller forgets).
+//!
+//! Soft-iWARP has no test here: its QPs are connected only through the
+//! connection manager, and a slot queue builds its QP itself.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use rdma::{AccessFlags, Error, QpState, SlotCompletion, SlotConfig, SlotQueue, WcStatus};
+
+/// Two slot queues on one PD, connected to each other.
+struct Two {
+    pd: rdma::ProtectionDomain,
+    a: SlotQueue,
+    b: SlotQueue,
+}
+
+fn two(slots: u32, slot_len: usize) -> Two {
+    let ctx = common::open(&common::device_name());
+    let pd = ctx.alloc_pd().expect("alloc_pd");
+    let config = SlotConfig::new(slots, slot_len);
+    let a = SlotQueue::new(&pd, &config).expect("slot queue a");
+    let b = SlotQueue::new(&pd, &config).expect("slot queue b");
+    let gid = u8::try_from(common::gid_index()).unwrap();
+    bring_up(&ctx, &a, &b, gid);
+    Two { pd, a, b }
+}
+
+fn bring_up(ctx: &rdma::Context, a: &SlotQueue, b: &SlotQueue, gid: u8) {
+    common::connect(ctx, a.qp(), b.qp(), gid);
+    common::connect(ctx, b.qp(), a.qp(), gid);
+}
+
+/// Polls `q` until a completion comes; fails after 10 s.
+fn next(q: &mut SlotQueue) -> SlotCompletion {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(c) = q.poll().expect("poll") {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "no completion in 10 s");
+        std::thread::yield_now();
+    }
+}
+
+fn is_invalid(r: rdma::Result<impl std::fmt::Debug>, says: &str) {
+    match r {
+        Err(Error::InvalidArgument { reason, .. }) => {
+            assert!(reason.contains(says), "{reason:?} does not say {says:?}")
+        }
+        other => panic!("expected InvalidArgument ({says}), got {other:?}"),
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn send_lands_in_the_posted_slot_readable_after_its_completion_rxe() {
+    let failures = rdma::teardown_failures();
+    let Two { mut a, mut b, .. } = two(4, 64);
+    b.post_recv(2).unwrap();
+    // The device may write slot 2 now: no reading, writing or sending it.
+    is_invalid(b.slot(2), "receive posted");
+    is_invalid(b.slot_mut(2), "receive posted");
+    is_invalid(b.post_send(2, 1, true), "receive posted");
+    is_invalid(b.post_recv(2), "receive posted");
+    a.slot_mut(1).unwrap()[..5].copy_from_slice(b"hello");
+    a.post_send(1, 5, true).unwrap();
+    // Read by the device until its completion is polled: readable, not
+    // writable, and no receive into it.
+    assert_eq!(&a.slot(1).unwrap()[..5], b"hello");
+    is_invalid(a.slot_mut(1), "not been polled");
+    is_invalid(a.post_recv(1), "not been polled");
+    assert_eq!(a.in_flight(), (1, 0));
+    let c = next(&mut a);
+    assert!(c.is_success(), "{c:?}");
+    assert!(!c.is_recv());
+    assert_eq!(c.slot(), 1);
+    a.slot_mut(1).unwrap()[0] = b'j';
+    let c = next(&mut b);
+    assert!(c.is_success() && c.is_recv(), "{c:?}");
+    assert_eq!((c.slot(), c.byte_len()), (2, 5));
+    assert_eq!(&b.slot(2).unwrap()[..5], b"hello");
+    assert_eq!(b.in_flight(), (0, 0));
+    drop((a, b));
+    assert_eq!(rdma::teardown_failures(), failures);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn unsignaled_sends_finish_with_the_next_signaled_one_rxe() {
+    let Two { mut a, mut b, .. } = two(4, 32);
+    for s in 0..3 {
+        b.post_recv(s).unwrap();
+    }
+    for s in 0..3u32 {
+        a.slot_mut(s).unwrap()[0] = 10 + s as u8;
+    }
+    a.post_send(0, 1, false).unwrap();
+    a.post_send(1, 1, false).unwrap();
+    a.post_send(2, 1, true).unwrap();
+    // Whatever the device has done, the unsignaled sends' slots are lent
+    // until a completion says they are done.
+    is_invalid(a.slot_mut(0), "not been polled");
+    is_invalid(a.slot_mut(1), "not been polled");
+    let c = next(&mut a);
+    assert_eq!((c.slot(), c.is_success()), (2, true));
+    for s in 0..3 {
+        a.slot_mut(s)
+            .expect("every send before the signaled one is done");
+    }
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let c = next(&mut b);
+        assert!(c.is_success() && c.is_recv(), "{c:?}");
+        got.push(b.slot(c.slot()).unwrap()[0]);
+    }
+    assert_eq!(got, [10, 11, 12]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_write_reaches_its_target_and_foreign_targets_are_refused_rxe() {
+    let Two { pd, mut a, b } = two(2, 4096);
+    let target = pd
+        .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let t = a.write_target(target.remote());
+    a.slot_mut(1).unwrap()[..4096].fill(0x5a);
+    a.post_write(&t, 1, 4096, true).unwrap();
+    let c = next(&mut a);
+    assert!(c.is_success(), "{c:?}");
+    assert_eq!(c.slot(), 1);
+    assert!(target.to_vec().iter().all(|&x| x == 0x5a));
+    // Bad posts change nothing.
+    let mut b = b;
+    is_invalid(b.post_write(&t, 0, 1, true), "another slot queue");
+    is_invalid(a.post_write(&t, 0, 4097, true), "4097 bytes");
+    is_invalid(a.post_write(&t, 2, 1, true), "out of range");
+    is_invalid(a.slot(2), "out of range");
+    assert_eq!(a.in_flight(), (0, 0));
+    assert_eq!(b.in_flight(), (0, 0));
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn dropping_a_queue_with_requests_in_flight_is_clean_rxe() {
+    let failures = rdma::teardown_failures();
+    let Two { mut a, mut b, .. } = two(8, 256);
+    for s in 0..8 {
+        a.post_recv(s).unwrap();
+        b.post_recv(s).unwrap();
+    }
+    // Receives never filled; a slot with one is no send's.
+    is_invalid(a.post_send(0, 1, false), "receive posted");
+    let mut c = SlotQueue::new(a.qp().pd(), &SlotConfig::new(1, 8)).unwrap();
+    c.post_recv(0).unwrap();
+    assert_eq!(a.in_flight(), (0, 8));
+    // The peer first, then the queue: either order.
+    drop(b);
+    drop(a);
+    drop(c);
+    assert_eq!(rdma::teardown_failures(), failures);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn dropping_a_queue_with_sends_in_flight_is_clean_rxe() {
+    let failures = rdma::teardown_failures();
+    let Two { mut a, b, .. } = two(4, 1 << 16);
+    // No receive is posted at b: the SENDs wait for receiver-not-ready
+    // retries while the queue is dropped.
+    for s in 0..4 {
+        a.post_send(s, 1 << 16, s == 3).unwrap();
+    }
+    assert_eq!(a.in_flight().0, 4);
+    drop(a);
+    drop(b);
+    assert_eq!(rdma::teardown_failures(), failures);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn the_error_state_flushes_every_slot_back_rxe() {
+    let Two { mut a, b, .. } = two(6, 128);
+    for s in 0..6 {
+        a.post_recv(s).unwrap();
+    }
+    a.qp().to_error().unwrap();
+    assert_eq!(a.qp().state().unwrap(), QpState::Err);
+    let mut slots = Vec::new();
+    for _ in 0..6 {
+        let c = next(&mut a);
+        assert!(c.is_recv());
+        assert_eq!(c.status(), WcStatus::WrFlushErr, "{c:?}");
+        slots.push(c.slot());
+    }
+    slots.sort_unstable();
+    assert_eq!(slots, [0, 1, 2, 3, 4, 5]);
+    assert_eq!(a.in_flight(), (0, 0));
+    for s in 0..6 {
+        a.slot_mut(s).expect("flushed: the caller's again")[0] = 1;
+    }
+    assert!(a.poll().unwrap().is_none());
+    drop(b);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_reset_gives_every_slot_back_and_the_queue_works_again_rxe() {
+    let ctx = common::open(&common::device_name());
+    let gid = u8::try_from(common::gid_index()).unwrap();
+    let Two { mut a, mut b, .. } = two(4, 64);
+    for s in 0..4 {
+        a.post_recv(s).unwrap();
+    }
+    b.slot_mut(0).unwrap()[0] = 7;
+    b.post_send(0, 1, true).unwrap();
+    // Wait until the receive has completed at the device, but poll
+    // nothing: its completion is left in the CQ across the reset.
+    let c = next(&mut b);
+    assert!(c.is_success(), "{c:?}");
+    a.reset().unwrap();
+    assert_eq!(a.qp().state().unwrap(), QpState::Reset);
+    assert_eq!(a.in_flight(), (0, 0));
+    for s in 0..4 {
+        a.slot_mut(s).expect("reset: the caller's again")[0] = 0;
+    }
+    // Up again against b, whose QP is reset and brought up too.
+    b.reset().unwrap();
+    bring_up(&ctx, &a, &b, gid);
+    a.post_recv(0).unwrap();
+    b.slot_mut(1).unwrap()[0] = 9;
+    b.post_send(1, 1, true).unwrap();
+    assert!(next(&mut b).is_success());
+    // The completion from before the reset is skipped: the one polled is
+    // the new receive's.
+    let c = next(&mut a);
+    assert!(c.is_success() && c.is_recv(), "{c:?}");
+    assert_eq!(c.slot(), 0);
+    assert_eq!(a.slot(0).unwrap()[0], 9);
+    assert!(a.poll().unwrap().is_none());
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_forgotten_queue_leaks_and_frees_nothing_rxe() {
+    let failures = rdma::teardown_failures();
+    let Two { mut a, b, .. } = two(2, 64);
+    a.post_recv(0).unwrap();
+    a.post_recv(1).unwrap();
+    // Never destroyed, never freed: the device may still write the slots.
+    std::mem::forget(a);
+    drop(b);
+    assert_eq!(rdma::teardown_failures(), failures);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn bad_configurations_are_refused_rxe() {
+    let ctx = common::open(&common::device_name());
+    let pd = ctx.alloc_pd().unwrap();
+    is_invalid(SlotQueue::new(&pd, &SlotConfig::new(0, 64)), "0 slots");
+    is_invalid(SlotQueue::new(&pd, &SlotConfig::new(1, 0)), "slot length 0");
+    let mut ud = SlotConfig::new(1, 64);
+    ud.qp_type = rdma::QpType::Ud;
+    is_invalid(SlotQueue::new(&pd, &ud), "RC or UC");
+}
