@@ -33,32 +33,11 @@ pub const REPLY_KEY: &[u8; 16] = b"MPA ID Rep Frame";
 /// Bytes between MPA markers.
 pub const MARKER_INTERVAL: u64 = 512;
 
-/// CRC32c (Castagnoli, reflected polynomial 0x82f63b78), as MPA uses it.
+/// CRC32c (Castagnoli, reflected polynomial 0x82f63b78), as MPA uses it: the `crc32c` crate's,
+/// which uses the CPU's CRC32 instruction where there is one (SSE 4.2, Armv8's CRC extension)
+/// and a table otherwise.
 pub fn crc32c(data: &[u8]) -> u32 {
-    const TABLE: [u32; 256] = {
-        let mut t = [0u32; 256];
-        let mut i = 0;
-        while i < 256 {
-            let mut c = i as u32;
-            let mut k = 0;
-            while k < 8 {
-                c = if c & 1 != 0 {
-                    (c >> 1) ^ 0x82f6_3b78
-                } else {
-                    c >> 1
-                };
-                k += 1;
-            }
-            t[i] = c;
-            i += 1;
-        }
-        t
-    };
-    let mut c = !0u32;
-    for &b in data {
-        c = TABLE[usize::from((c as u8) ^ b)] ^ (c >> 8);
-    }
-    !c
+    crc32c::crc32c(data)
 }
 
 /// An MPA Request or Reply frame.
