@@ -21,6 +21,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use anyhow::{bail, Context};
+
 use rdma_nfs::nfs3::{Client, Options};
 use rdma_nfs::rpc::{encode_call, Auth};
 use rdma_nfs::transport::{Call, Transport, DEFAULT_PORT};
@@ -29,11 +31,11 @@ use rdma_nfs::xdr::Writer;
 const USAGE: &str =
     "usage: nfs_bench null IP [CALLS] [IN-FLIGHT...] | nfs_bench file IP EXPORT MIB";
 
-fn num(s: &str, what: &str) -> Result<usize, String> {
-    s.parse().map_err(|e| format!("{what} {s}: {e}"))
+fn num(s: &str, what: &str) -> anyhow::Result<usize> {
+    s.parse().with_context(|| format!("{what} {s}"))
 }
 
-async fn null(ip: IpAddr, rest: &[String]) -> Result<(), String> {
+async fn null(ip: IpAddr, rest: &[String]) -> anyhow::Result<()> {
     let calls = rest.first().map_or(Ok(2000), |n| num(n, "CALLS"))?;
     let mut depths = rest
         .iter()
@@ -44,9 +46,7 @@ async fn null(ip: IpAddr, rest: &[String]) -> Result<(), String> {
         depths = vec![1, 8, 32];
     }
     let addr = SocketAddr::new(ip, DEFAULT_PORT);
-    let t = Transport::connect(addr, Default::default())
-        .await
-        .map_err(|e| e.to_string())?;
+    let t = Transport::connect(addr, Default::default()).await?;
     let mut w = Writer::new();
     encode_call(&mut w, 0, 100_003, 3, 0, &Auth::None);
     for depth in depths {
@@ -62,14 +62,14 @@ async fn null(ip: IpAddr, rest: &[String]) -> Result<(), String> {
                             msg: msg.clone(),
                             ..Call::default()
                         };
-                        t.call(c).await.map_err(|e| e.to_string())?;
+                        t.call(c).await?;
                     }
-                    Ok::<_, String>(())
+                    anyhow::Ok(())
                 })
             })
             .collect();
         for h in workers {
-            h.await.map_err(|e| e.to_string())??;
+            h.await??;
         }
         let secs = start.elapsed().as_secs_f64();
         println!(
@@ -81,9 +81,9 @@ async fn null(ip: IpAddr, rest: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-async fn file(ip: IpAddr, rest: &[String]) -> Result<(), String> {
+async fn file(ip: IpAddr, rest: &[String]) -> anyhow::Result<()> {
     let [export, mib] = rest else {
-        return Err(USAGE.into());
+        bail!(USAGE);
     };
     let len = num(mib, "MIB")? << 20;
     let data: std::sync::Arc<Vec<u8>> =
@@ -92,9 +92,7 @@ async fn file(ip: IpAddr, rest: &[String]) -> Result<(), String> {
     o.transport.memory_windows = std::env::var("NFS_BENCH_WINDOWS").map_or(true, |v| v != "0");
     o.transport.remote_invalidation =
         std::env::var("NFS_BENCH_REMOTE_INV").map_or(true, |v| v != "0");
-    let c = Client::mount(ip, export, o)
-        .await
-        .map_err(|e| e.to_string())?;
+    let c = Client::mount(ip, export, o).await?;
     let stats = c.transport().stats();
     let counts = || {
         (
@@ -105,24 +103,19 @@ async fn file(ip: IpAddr, rest: &[String]) -> Result<(), String> {
             stats.fenced_windows.load(Ordering::Relaxed),
         )
     };
-    let f = c
-        .create(c.root(), b"nfs-bench", 0o644)
-        .await
-        .map_err(|e| e.to_string())?;
+    let f = c.create(c.root(), b"nfs-bench", 0o644).await?;
     let (n0, cpu0) = (counts(), cpu());
     let start = Instant::now();
-    c.write_all_shared(&f, std::sync::Arc::clone(&data))
-        .await
-        .map_err(|e| e.to_string())?;
+    c.write_all_shared(&f, std::sync::Arc::clone(&data)).await?;
     let w = start.elapsed().as_secs_f64();
     let (n1, cpu1) = (counts(), cpu());
     let copy = std::env::var("NFS_BENCH_READ").is_ok_and(|v| v == "copy");
     let start = Instant::now();
     let r = if copy {
-        let back = c.read_all(&f).await.map_err(|e| e.to_string())?;
+        let back = c.read_all(&f).await?;
         let r = start.elapsed().as_secs_f64();
         if back != *data {
-            return Err("the file read back differs from the one written".into());
+            bail!("the file read back differs from the one written");
         }
         r
     } else {
@@ -133,12 +126,11 @@ async fn file(ip: IpAddr, rest: &[String]) -> Result<(), String> {
         let mut at = 0;
         let got = c
             .read_each(&f, |piece| sampled_equal(piece, &data, &mut at))
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let r = start.elapsed().as_secs_f64();
         let n = got?;
         if n != len as u64 {
-            return Err(format!("read back {n} bytes of {len}"));
+            bail!("read back {n} bytes of {len}");
         }
         r
     };
@@ -161,17 +153,15 @@ async fn file(ip: IpAddr, rest: &[String]) -> Result<(), String> {
         stats.memory_windows.load(Ordering::Relaxed),
         n2.4 - n1.4
     );
-    c.remove(c.root(), b"nfs-bench")
-        .await
-        .map_err(|e| e.to_string())?;
+    c.remove(c.root(), b"nfs-bench").await?;
     c.close().await;
     Ok(())
 }
 
 /// Whether `piece` is `data` from `*at` on, at 64 places spread over it (and
 /// its last byte); `*at` moves past it.
-fn sampled_equal(piece: &[u8], data: &[u8], at: &mut usize) -> Result<(), String> {
-    let want = data.get(*at..*at + piece.len()).ok_or_else(|| {
+fn sampled_equal(piece: &[u8], data: &[u8], at: &mut usize) -> anyhow::Result<()> {
+    let want = data.get(*at..*at + piece.len()).with_context(|| {
         format!(
             "{} bytes read at {} of a {}-byte file",
             piece.len(),
@@ -186,7 +176,7 @@ fn sampled_equal(piece: &[u8], data: &[u8], at: &mut usize) -> Result<(), String
         .chain(last)
         .all(|i| piece[i] == want[i]);
     if !same {
-        return Err(format!("the data read at {} differs from the file's", *at));
+        bail!("the data read at {} differs from the file's", *at);
     }
     *at += piece.len();
     Ok(())
@@ -204,19 +194,19 @@ fn cpu() -> f64 {
     t(u.ru_utime) + t(u.ru_stime)
 }
 
-fn main() -> Result<(), String> {
+fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (Some(mode), Some(ip)) = (args.first(), args.get(1)) else {
-        return Err(USAGE.into());
+        bail!(USAGE);
     };
-    let ip: IpAddr = ip.parse().map_err(|e| format!("{ip}: {e}"))?;
+    let ip: IpAddr = ip.parse().with_context(|| ip.clone())?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| e.to_string())?;
+        .context("tokio runtime")?;
     match mode.as_str() {
         "null" => rt.block_on(null(ip, &args[2..])),
         "file" => rt.block_on(file(ip, &args[2..])),
-        _ => Err(USAGE.into()),
+        _ => bail!(USAGE),
     }
 }

@@ -668,9 +668,9 @@ impl ChunkPool {
     /// window meanwhile.
     ///
     /// # Errors
-    /// Why no new window could be allocated; the chunk is left as it was
-    /// (the caller drops the connection, which discards it).
-    pub(crate) fn fence(&mut self, chunk: &mut Chunk) -> Result<(), String> {
+    /// [`FenceError`]: no new window could be allocated; the chunk is left
+    /// as it was (the caller drops the connection, which discards it).
+    pub(crate) fn fence(&mut self, chunk: &mut Chunk) -> Result<(), FenceError> {
         let Chunk::Bound { region, .. } = chunk else {
             return Ok(());
         };
@@ -681,9 +681,7 @@ impl ChunkPool {
                 drop(std::mem::replace(&mut region.mw, new));
                 Ok(())
             }
-            Err(e) => Err(format!(
-                "ibv_alloc_mw, for a window in place of one to deallocate: {e}"
-            )),
+            Err(e) => Err(FenceError(e)),
         }
     }
 
@@ -725,6 +723,25 @@ impl ChunkPool {
         drop(chunk);
     }
 }
+
+/// Why [`ChunkPool::fence`] failed: the window to take the place of the
+/// one to deallocate could not be allocated (`ibv_alloc_mw`'s error).
+#[derive(Debug)]
+pub(crate) struct FenceError(rdma::Error);
+
+impl std::fmt::Display for FenceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ibv_alloc_mw, for a window in place of one to deallocate: {}",
+            self.0
+        )
+    }
+}
+
+// The cause is part of the message (the engine keeps the message alone, as
+// why the connection was dropped), so it is not also given as `source`.
+impl std::error::Error for FenceError {}
 
 /// Zeroes the first `len` bytes of `mr` (not bound: nobody else reaches it)
 /// with the crate's copy, a page at a time.

@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use anyhow::{anyhow, bail, Context};
 use clap::{Parser, Subcommand};
 use rdma_nfs::nfs3::{Client, NfsError, Options, NF3DIR};
 
@@ -72,17 +73,17 @@ struct Target {
     path: String,
 }
 
-fn target(s: &str) -> Result<Target, String> {
+fn target(s: &str) -> anyhow::Result<Target> {
     let (host, path) = if let Some(rest) = s.strip_prefix('[') {
-        rest.split_once("]:").ok_or("expected [IPV6]:PATH")?
+        rest.split_once("]:").context("expected [IPV6]:PATH")?
     } else {
-        s.split_once(':').ok_or("expected SERVER:PATH")?
+        s.split_once(':').context("expected SERVER:PATH")?
     };
     let server = host
         .parse()
-        .map_err(|_| format!("'{host}' is not an IP address"))?;
+        .map_err(|_| anyhow!("'{host}' is not an IP address"))?;
     if !path.starts_with('/') {
-        return Err("the path must be absolute".into());
+        bail!("the path must be absolute");
     }
     Ok(Target {
         server,
@@ -90,17 +91,17 @@ fn target(s: &str) -> Result<Target, String> {
     })
 }
 
-fn parse_port(s: &str) -> Result<u16, String> {
+fn parse_port(s: &str) -> anyhow::Result<u16> {
     match s.parse() {
         Ok(p) if p != 0 => Ok(p),
-        _ => Err(format!("'{s}' is not a port from 1 to 65535")),
+        _ => bail!("'{s}' is not a port from 1 to 65535"),
     }
 }
 
-fn parse_timeout(s: &str) -> Result<u64, String> {
+fn parse_timeout(s: &str) -> anyhow::Result<u64> {
     match s.parse() {
         Ok(t @ 1..=3600) => Ok(t),
-        _ => Err(format!("'{s}' is not a number of seconds from 1 to 3600")),
+        _ => bail!("'{s}' is not a number of seconds from 1 to 3600"),
     }
 }
 
@@ -120,10 +121,10 @@ impl Cli {
 }
 
 /// Splits `/a/b/c` into its directory and last name.
-fn split(path: &str) -> Result<(&str, &str), String> {
+fn split(path: &str) -> anyhow::Result<(&str, &str)> {
     let p = path.trim_end_matches('/');
     match p.rsplit_once('/') {
-        Some((_, "")) | None => Err(format!("{path}: names no file")),
+        Some((_, "")) | None => bail!("{path}: names no file"),
         Some(("", name)) => Ok(("/", name)),
         Some((dir, name)) => Ok((dir, name)),
     }
@@ -135,7 +136,7 @@ async fn open(
     server: IpAddr,
     dir: &str,
     o: &Options,
-) -> Result<(Client, rdma_nfs::nfs3::Fh), String> {
+) -> anyhow::Result<(Client, rdma_nfs::nfs3::Fh)> {
     let mut export = dir.trim_end_matches('/').to_string();
     if export.is_empty() {
         export = "/".into();
@@ -145,10 +146,7 @@ async fn open(
         match Client::mount(server, &export, o.clone()).await {
             Ok(c) => {
                 let rest = dir[export.len().min(dir.len())..].to_string();
-                let f = c
-                    .lookup_path(&rest)
-                    .await
-                    .map_err(|e| format!("{dir}: {e}"))?;
+                let f = c.lookup_path(&rest).await.context(dir.to_string())?;
                 return Ok((c, f));
             }
             Err(NfsError::Mount(rdma_nfs::mount::MountError::Refused(..))) if export != "/" => {
@@ -159,19 +157,21 @@ async fn open(
                     None => "/".into(),
                 };
             }
-            Err(e) => return Err(first_err.map_or_else(|| e.to_string(), |f| format!("{f}; {e}"))),
+            Err(e) => {
+                return Err(match first_err {
+                    Some(f) => anyhow!("{f}; {e}"),
+                    None => anyhow!(e),
+                });
+            }
         }
     }
 }
 
-async fn run(o: Options, cmd: Cmd) -> Result<(), String> {
+async fn run(o: Options, cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Ls { dir: t } => {
             let (c, dir) = open(t.server, &t.path, &o).await?;
-            let mut entries = c
-                .readdirplus(&dir)
-                .await
-                .map_err(|e| format!("{}: {e}", t.path))?;
+            let mut entries = c.readdirplus(&dir).await.with_context(|| t.path.clone())?;
             entries.sort_by(|a, b| a.name.cmp(&b.name));
             let mut out = std::io::stdout().lock();
             for e in entries {
@@ -188,7 +188,7 @@ async fn run(o: Options, cmd: Cmd) -> Result<(), String> {
                     "{kind} {size:>12} {}",
                     String::from_utf8_lossy(&e.name)
                 )
-                .map_err(|e| format!("stdout: {e}"))?;
+                .context("stdout")?;
             }
             c.close().await;
         }
@@ -198,30 +198,30 @@ async fn run(o: Options, cmd: Cmd) -> Result<(), String> {
             let (f, _) = c
                 .lookup(&d, name.as_bytes())
                 .await
-                .map_err(|e| format!("{}: {e}", t.path))?;
+                .with_context(|| t.path.clone())?;
             // Each READ's data written out from where it landed (the
             // write chunk's memory, lent: no copy in this process).
             let mut out = std::io::stdout().lock();
             c.read_each(&f, |piece| out.write_all(piece))
                 .await
-                .map_err(|e| format!("{}: {e}", t.path))?
+                .with_context(|| t.path.clone())?
                 .and_then(|_| out.flush())
-                .map_err(|e| format!("stdout: {e}"))?;
+                .context("stdout")?;
             c.close().await;
         }
         Cmd::Put { local, file: t } => {
-            let data = std::fs::read(&local).map_err(|e| format!("{local}: {e}"))?;
+            let data = std::fs::read(&local).with_context(|| local.clone())?;
             let (dir, name) = split(&t.path)?;
             let (c, d) = open(t.server, dir, &o).await?;
             let f = c
                 .create(&d, name.as_bytes(), 0o644)
                 .await
-                .map_err(|e| format!("{}: {e}", t.path))?;
+                .with_context(|| t.path.clone())?;
             // The pieces are ranges of the file's bytes (copied once, into
             // chunk memory or a send buffer).
             c.write_all_shared(&f, std::sync::Arc::new(data))
                 .await
-                .map_err(|e| format!("{}: {e}", t.path))?;
+                .with_context(|| t.path.clone())?;
             c.close().await;
         }
         Cmd::Rm { file: t } => {
@@ -229,7 +229,7 @@ async fn run(o: Options, cmd: Cmd) -> Result<(), String> {
             let (c, d) = open(t.server, dir, &o).await?;
             c.remove(&d, name.as_bytes())
                 .await
-                .map_err(|e| format!("{}: {e}", t.path))?;
+                .with_context(|| t.path.clone())?;
             c.close().await;
         }
     }
@@ -239,6 +239,7 @@ async fn run(o: Options, cmd: Cmd) -> Result<(), String> {
 fn main() -> ExitCode {
     // On an error, or for --help, clap prints and exits (status 2 for an error).
     let (o, cmd) = Cli::parse().options();
+    logger();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -252,10 +253,34 @@ fn main() -> ExitCode {
     match rt.block_on(run(o, cmd)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("rdma-nfs: {e}");
+            // `{:#}`: each context, then its cause ("PATH: NFS3ERR_NOENT").
+            eprintln!("rdma-nfs: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// What the library logs (`log`: connection losses, reconnections) goes to
+/// standard error as `RUST_LOG` selects (`RUST_LOG=rdma_nfs=info`; errors
+/// only by default), each line with the wall clock's seconds (mod 1000) and
+/// milliseconds, to be lined up with the server's or the kernel's log.
+fn logger() {
+    env_logger::Builder::from_default_env()
+        .format(|out, r| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            writeln!(
+                out,
+                "rdma-nfs: [{}.{:03}] {} {}: {}",
+                t.as_secs() % 1000,
+                t.subsec_millis(),
+                r.level(),
+                r.target(),
+                r.args()
+            )
+        })
+        .init();
 }
 
 #[cfg(test)]

@@ -408,7 +408,7 @@ impl Engine {
                         Ok(()) => {
                             self.stats.fenced_windows.fetch_add(1, Ordering::Relaxed);
                         }
-                        Err(e) => broken = Some(e),
+                        Err(e) => broken = Some(e.to_string()),
                     }
                     continue;
                 }
@@ -494,9 +494,7 @@ impl Engine {
     /// reply came and whose invalidations cannot complete now are
     /// delivered, their windows deallocated.
     fn lost(&mut self, why: String) {
-        if trace() {
-            say(&format!("connection to {} lost: {why}", self.addr));
-        }
+        log::warn!("connection to {} lost: {why}", self.addr);
         if let Some(mut c) = self.conn.take() {
             let _ = c.qp.to_error();
             // RESET gives back what the queues held, binds in flight
@@ -567,18 +565,14 @@ impl Engine {
         loop {
             match Conn::connect(self.addr, &self.opts, &self.stats).await {
                 Ok(c) => {
-                    if trace() {
-                        say(&format!("reconnected to {}", self.addr));
-                    }
+                    log::info!("reconnected to {}", self.addr);
                     self.stats.connects.fetch_add(1, Ordering::Relaxed);
                     self.conn = Some(c);
                     self.down = None;
                     return;
                 }
                 Err(e) if Instant::now() + backoff < give_up => {
-                    if trace() {
-                        say(&format!("reconnecting to {}: {e}", self.addr));
-                    }
+                    log::info!("reconnecting to {}: {e}", self.addr);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
@@ -635,24 +629,6 @@ impl Engine {
         self.lost(format!("{} call(s) timed out", expired.len()));
         self.reconnect().await;
     }
-}
-
-/// `RDMA_NFS_TRACE` set: connection losses are written to stderr.
-fn trace() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("RDMA_NFS_TRACE").is_some())
-}
-
-/// A trace line, with the wall-clock time (seconds and milliseconds).
-fn say(what: &str) {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    eprintln!(
-        "rdma-nfs: [{}.{:03}] {what}",
-        t.as_secs() % 1000,
-        t.subsec_millis()
-    );
 }
 
 async fn sleep_until(t: Option<Instant>) {

@@ -4,6 +4,7 @@
 
 use std::net::IpAddr;
 
+use anyhow::{anyhow, bail};
 use clap::{Parser, Subcommand};
 use rdma_trace::iwarp::Pdu;
 use rdma_trace::reasm::Message;
@@ -106,22 +107,22 @@ impl Args {
     }
 }
 
-fn parse_qp(s: &str) -> Result<u32, String> {
+fn parse_qp(s: &str) -> anyhow::Result<u32> {
     let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(h) => u32::from_str_radix(h, 16),
         None => s.parse(),
     };
-    v.map_err(|_| format!("'{s}' is not a QP number"))
+    v.map_err(|_| anyhow!("'{s}' is not a QP number"))
 }
 
-fn parse_ip(s: &str) -> Result<IpAddr, String> {
-    s.parse().map_err(|_| format!("'{s}' is not an IP address"))
+fn parse_ip(s: &str) -> anyhow::Result<IpAddr> {
+    s.parse().map_err(|_| anyhow!("'{s}' is not an IP address"))
 }
 
-fn parse_threads(s: &str) -> Result<usize, String> {
+fn parse_threads(s: &str) -> anyhow::Result<usize> {
     match s.parse() {
         Ok(n @ 1..=2) => Ok(n),
-        _ => Err(format!("'{s}' is not 1 or 2")),
+        _ => bail!("'{s}' is not 1 or 2"),
     }
 }
 
