@@ -250,7 +250,8 @@ impl Transport {
             qp,
             recv_pool,
             send_pool,
-        } = Queues::new(id.id(), opts.sq, opts.rq, msize).map_err(ClientError::Rdma)?;
+        } = Queues::new(id.id(), opts.sq, opts.rq, msize)
+            .map_err(|e| ClientError::Rdma(e.to_string()))?;
         step(t, "rdma_connect", id.connect(&qp, &ConnParam::default())).await?;
         Ok(Transport {
             state: State::Connected,

@@ -14,7 +14,7 @@
 //!   share of them.
 //!
 //! ```no_run
-//! # fn main() -> Result<(), String> {
+//! # fn main() -> Result<(), rdma_9p::Error> {
 //! let config = rdma_9p::server::Config::new("/srv/export".into());
 //! rdma_9p::server::run(config, |addr| println!("serving on {addr}"))
 //! # }
@@ -24,6 +24,7 @@
 pub mod budget;
 pub mod client;
 mod dir;
+mod error;
 pub mod fs;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
@@ -34,3 +35,5 @@ pub mod server;
 mod sys;
 pub mod users;
 pub mod workers;
+
+pub use error::Error;

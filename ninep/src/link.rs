@@ -2,6 +2,8 @@
 //! awaited on tokio, an RC QP and its send and receive buffers.
 
 use rdma::aio::{tokio_rt as rt, AsyncCq};
+
+use crate::error::{rdma as rdma_err, Error};
 use rdma::cm::CmId;
 use rdma::{AccessFlags, BufferPool, ProtectionDomain, QpState, QpType, QueuePair};
 
@@ -19,35 +21,31 @@ pub(crate) struct Queues {
     pub send_pool: BufferPool,
 }
 
-fn fail<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
-    move |e| format!("{what}: {e}")
-}
-
 impl Queues {
     /// Queues for `id` (its device known: a resolved route or a request):
     /// `sq` sends and `rq` receives of `msize` bytes.
-    pub fn new(id: &CmId, sq: u32, rq: u32, msize: usize) -> Result<Queues, String> {
-        let ctx = id.context().map_err(fail("context"))?;
-        let pd = ctx.alloc_pd().map_err(fail("ibv_alloc_pd"))?;
+    pub fn new(id: &CmId, sq: u32, rq: u32, msize: usize) -> Result<Queues, Error> {
+        let ctx = id.context().map_err(rdma_err("context"))?;
+        let pd = ctx.alloc_pd().map_err(rdma_err("ibv_alloc_pd"))?;
         let channel = ctx
             .create_comp_channel()
-            .map_err(fail("ibv_create_comp_channel"))?;
+            .map_err(rdma_err("ibv_create_comp_channel"))?;
         let cq = ctx
             .create_cq(sq + rq, Some(&channel), 0)
-            .map_err(fail("ibv_create_cq"))?;
-        let acq = rt::completions(&cq).map_err(fail("rdma::aio"))?;
+            .map_err(rdma_err("ibv_create_cq"))?;
+        let acq = rt::completions(&cq).map_err(rdma_err("rdma::aio"))?;
         let qp = pd
             .qp_builder(QpType::Rc, &cq, &cq)
             .max_send_wr(sq)
             .max_recv_wr(rq)
             .build()
-            .map_err(fail("ibv_create_qp"))?;
+            .map_err(rdma_err("ibv_create_qp"))?;
         let recv_pool = BufferPool::new(&pd, msize, rq as usize, AccessFlags::LOCAL_WRITE)
-            .map_err(fail("receive buffers"))?;
+            .map_err(rdma_err("receive buffers"))?;
         let send_pool = BufferPool::new(&pd, msize, sq as usize, AccessFlags::empty())
-            .map_err(fail("send buffers"))?;
+            .map_err(rdma_err("send buffers"))?;
         id.modify_qp(&qp, QpState::Init)
-            .map_err(fail("ibv_modify_qp to INIT"))?;
+            .map_err(rdma_err("ibv_modify_qp to INIT"))?;
         Ok(Queues {
             pd,
             acq,

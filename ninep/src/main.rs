@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::anyhow;
 use clap::{Parser, Subcommand};
 use rdma_9p::server::{run, Config, DEFAULT_MSIZE};
 use rdma_9p::users::Squash;
@@ -112,54 +113,54 @@ fn defaults() -> Config {
     Config::new(PathBuf::new())
 }
 
-fn parse_addr(s: &str) -> Result<IpAddr, String> {
+fn parse_addr(s: &str) -> anyhow::Result<IpAddr> {
     s.parse()
-        .map_err(|_| format!("'{s}' is not an IP address (such as 10.8.0.1 or ::)"))
+        .map_err(|_| anyhow!("'{s}' is not an IP address (such as 10.8.0.1 or ::)"))
 }
 
-fn parse_port(s: &str) -> Result<u16, String> {
+fn parse_port(s: &str) -> anyhow::Result<u16> {
     s.parse()
-        .map_err(|_| format!("'{s}' is not a port number (0 to 65535)"))
+        .map_err(|_| anyhow!("'{s}' is not a port number (0 to 65535)"))
 }
 
-fn parse_msize(s: &str) -> Result<u32, String> {
+fn parse_msize(s: &str) -> anyhow::Result<u32> {
     let range = rdma_9p::fs::MIN_MSIZE..=16 << 20;
     match s.parse::<u32>() {
         Ok(m) if range.contains(&m) => Ok(m),
-        Ok(m) => Err(format!(
+        Ok(m) => Err(anyhow!(
             "{m} is outside {} to {} bytes",
             range.start(),
             range.end()
         )),
-        Err(_) => Err(format!("'{s}' is not a size in bytes")),
+        Err(_) => Err(anyhow!("'{s}' is not a size in bytes")),
     }
 }
 
 /// A count of `what`, at least 1.
-fn at_least_1(what: &'static str) -> impl Fn(&str) -> Result<usize, String> + Clone {
+fn at_least_1(what: &'static str) -> impl Fn(&str) -> anyhow::Result<usize> + Clone {
     move |s: &str| match s.parse::<usize>() {
-        Ok(0) => Err("at least 1".into()),
+        Ok(0) => Err(anyhow!("at least 1")),
         Ok(n) => Ok(n),
-        Err(_) => Err(format!("'{s}' is not a number of {what}")),
+        Err(_) => Err(anyhow!("'{s}' is not a number of {what}")),
     }
 }
 
-fn parse_workers(s: &str) -> Result<usize, String> {
+fn parse_workers(s: &str) -> anyhow::Result<usize> {
     match s.parse::<usize>() {
         Ok(n @ 1..=4096) => Ok(n),
-        Ok(_) => Err("1 to 4096".into()),
-        Err(_) => Err(format!("'{s}' is not a number of threads")),
+        Ok(_) => Err(anyhow!("1 to 4096")),
+        Err(_) => Err(anyhow!("'{s}' is not a number of threads")),
     }
 }
 
-fn parse_squash(s: &str) -> Result<Squash, String> {
+fn parse_squash(s: &str) -> anyhow::Result<Squash> {
     s.parse::<Squash>()
-        .map_err(|_| format!("'{s}' is not root, all or none"))
+        .map_err(|_| anyhow!("'{s}' is not root, all or none"))
 }
 
 /// A uid or gid (`what`).
-fn id(what: &'static str) -> impl Fn(&str) -> Result<u32, String> + Clone {
-    move |s: &str| s.parse().map_err(|_| format!("'{s}' is not a {what}"))
+fn id(what: &'static str) -> impl Fn(&str) -> anyhow::Result<u32> + Clone {
+    move |s: &str| s.parse().map_err(|_| anyhow!("'{s}' is not a {what}"))
 }
 
 impl Serve {
@@ -184,19 +185,26 @@ fn main() -> ExitCode {
     let Commands::Serve(serve) = Cli::parse().command;
     // Connections and warnings are logged unless RUST_LOG says otherwise.
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let config = serve.config();
-    let dir = config.dir.clone();
-    let result = run(config, |addr| {
-        println!("rdma-9p: serving {} on {addr}", dir.display());
-        let _ = std::io::stdout().flush();
-    });
-    match result {
+    match serve_dir(serve) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // The library's errors say what failed and why in their own
+            // message (as rdma's do), so the outermost one is the whole story.
             eprintln!("rdma-9p: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Serves the directory `serve` names until an error stops the server.
+fn serve_dir(serve: Serve) -> anyhow::Result<()> {
+    let config = serve.config();
+    let dir = config.dir.clone();
+    run(config, |addr| {
+        println!("rdma-9p: serving {} on {addr}", dir.display());
+        let _ = std::io::stdout().flush();
+    })?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -58,6 +58,8 @@ use rdma::{BufferPool, MemoryRegion, QpState, SendWr, WcOpcode, WcStatus};
 use tokio::task::JoinSet;
 
 use crate::budget::OpenBudget;
+use crate::error;
+pub use crate::error::Error;
 use crate::fs::{Export, Session};
 use crate::link::{Queues, RECV};
 use crate::proto::{ty, Rmsg, HEADER, NOTAG};
@@ -131,14 +133,10 @@ impl Config {
     }
 }
 
-type Res<T> = Result<T, String>;
+type Res<T> = Result<T, Error>;
 
 /// The threads that run requests by default (tokio's blocking pool).
 pub const DEFAULT_WORKERS: usize = 64;
-
-fn fail<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
-    move |e| format!("{what}: {e}")
-}
 
 /// Serves until an error stops the listener; `ready` is called with the
 /// address once it listens.
@@ -157,7 +155,7 @@ pub fn run(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
         // request of a few clients at once, bounded whatever clients do.
         .max_blocking_threads(config.workers.max(1))
         .build()
-        .map_err(fail("tokio runtime"))?;
+        .map_err(error::io("tokio runtime"))?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, serve(config, ready))
 }
@@ -167,7 +165,7 @@ pub fn run(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
 /// # Errors
 /// When the directory cannot be opened or the listener fails.
 pub async fn serve(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
-    let nofile = crate::sys::raise_nofile_limit().map_err(fail("RLIMIT_NOFILE"))?;
+    let nofile = crate::sys::raise_nofile_limit().map_err(error::io("RLIMIT_NOFILE"))?;
     let budget = Arc::new(open_budget(nofile, &config)?);
     log::info!(
         "up to {} connections, {} open files each and {} more shared (of {nofile} \
@@ -178,17 +176,17 @@ pub async fn serve(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
     );
     let export = Rc::new(
         Export::new(&config.dir, config.read_only, config.max_fids)
-            .map_err(|e| format!("cannot serve {}: {e}", config.dir.display()))?
+            .map_err(error::io(format!("cannot serve {}", config.dir.display())))?
             .with_users(config.users)
             .with_open_budget(budget),
     );
     let connections = Rc::new(std::cell::Cell::new(0usize));
     let workers = Workers::new(config.workers);
     let config = Rc::new(config);
-    let cm = rt::cm_channel().map_err(fail("rdma_create_event_channel"))?;
+    let cm = rt::cm_channel().map_err(error::rdma("rdma_create_event_channel"))?;
     let mut listener = cm
         .listen(SocketAddr::new(config.addr, config.port), 128)
-        .map_err(fail("rdma_listen"))?;
+        .map_err(error::rdma("rdma_listen"))?;
     if bench_null() {
         log::warn!(
             "RDMA_9P_BENCH_NULL is set: reads and writes of regular files are answered \
@@ -200,7 +198,7 @@ pub async fn serve(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
         let incoming = listener
             .get_request()
             .await
-            .map_err(fail("rdma_get_cm_event"))?;
+            .map_err(error::rdma("rdma_get_cm_event"))?;
         let peer = incoming.id().peer_addr();
         if connections.get() >= config.max_connections {
             // Rejected before anything is allocated for it.
@@ -247,11 +245,11 @@ pub fn open_budget(nofile: u64, c: &Config) -> Res<OpenBudget> {
     let files = nofile.saturating_sub(reserve);
     let guaranteed = (files / connections).min(GUARANTEED_OPEN);
     if guaranteed == 0 {
-        return Err(format!(
-            "RLIMIT_NOFILE {nofile} leaves no descriptors for open files with {connections} \
-             connections (the server and its connections need {reserve}): raise the limit \
-             (ulimit -Hn) or lower --max-connections"
-        ));
+        return Err(Error::Descriptors {
+            nofile,
+            connections,
+            reserve,
+        });
     }
     let pool = files - guaranteed * connections;
     let cap = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
@@ -268,7 +266,7 @@ struct Done {
     len: usize,
     tag: u16,
     /// A reason to close the connection instead of answering.
-    fatal: Option<String>,
+    fatal: Option<Error>,
     /// When the receive was polled and handed over, when the handler began
     /// and ended (only when the stats are logged).
     times: Option<[Instant; 4]>,
@@ -289,18 +287,16 @@ fn handle(
     let written = (|| {
         let msg = recv
             .as_slice()
-            .map_err(fail("receive buffer"))?
+            .map_err(error::rdma("receive buffer"))?
             .get(..len)
-            .ok_or("a receive longer than its buffer")?;
-        let out = slot.as_mut_slice().map_err(fail("send buffer"))?;
+            .ok_or(Error::Internal("a receive longer than its buffer"))?;
+        let out = slot.as_mut_slice().map_err(error::rdma("send buffer"))?;
         if bench_null() {
             if let Some(n) = session.null_io_into(msg, out) {
                 return Ok(n);
             }
         }
-        session
-            .handle_into(msg, out)
-            .map_err(|e| format!("malformed message, closing: {e}"))
+        session.handle_into(msg, out).map_err(Error::Malformed)
     })();
     let (len, fatal) = match written {
         Ok(n) => (n, None),
@@ -418,15 +414,17 @@ async fn connection(
         send_pool,
     } = Queues::new(incoming.id(), config.send_depth, config.recv_depth, msize)?;
     for i in 0..config.recv_depth {
-        let slot = recv_pool.take().ok_or("receive pool empty")?;
+        let slot = recv_pool
+            .take()
+            .ok_or(Error::Internal("receive pool empty"))?;
         qp.post_recv(RECV | u64::from(i), slot)
-            .map_err(|e| format!("ibv_post_recv: {e}"))?;
+            .map_err(error::post("ibv_post_recv"))?;
     }
     ready_qp(incoming.id(), &qp)?;
     let mut id = incoming
         .accept_ready(&qp, &accept_param())
         .await
-        .map_err(fail("rdma_accept"))?;
+        .map_err(error::rdma("rdma_accept"))?;
 
     let session = Arc::new(Session::new(export, config.max_msize));
     let mut conn = Conn {
@@ -465,12 +463,12 @@ impl Conn {
         len: usize,
     ) -> Res<()> {
         if len < slot.len() {
-            let tail = slot.split_off(len).map_err(fail("send buffer"))?;
+            let tail = slot.split_off(len).map_err(error::rdma("send buffer"))?;
             self.tails.insert(self.next_send, tail);
         }
         acq.post_send(&mut self.qp, SendWr::send(self.next_send, slot))
             .await
-            .map_err(|e| format!("ibv_post_send: {e}"))?;
+            .map_err(error::post("ibv_post_send"))?;
         self.next_send = (self.next_send + 1) & !RECV;
         Ok(())
     }
@@ -535,7 +533,10 @@ impl Conn {
                 let Some((buf, len, wr_id, polled)) = pending.pop_front() else {
                     break;
                 };
-                let slot = self.send_pool.take().ok_or("send pool empty")?;
+                let slot = self
+                    .send_pool
+                    .take()
+                    .ok_or(Error::Internal("send pool empty"))?;
                 let msg = buf.as_slice().ok().and_then(|b| b.get(..len));
                 let flush = msg.and_then(flush_of);
                 if let Some((tag, old)) = flush {
@@ -543,7 +544,7 @@ impl Conn {
                         waiting.push((tag, slot));
                         self.qp
                             .post_recv(wr_id, buf)
-                            .map_err(|e| format!("ibv_post_recv: {e}"))?;
+                            .map_err(error::post("ibv_post_recv"))?;
                         continue;
                     }
                 }
@@ -600,21 +601,21 @@ impl Conn {
             tokio::select! {
                 done = running.join_next(), if !running.is_empty() => {
                     let Some(done) = done else { continue };
-                    let d = done.map_err(|e| format!("a request's handler failed: {e}"))?;
+                    let d = done.map_err(|e| Error::Handler(e.to_string()))?;
                     let idle = running.is_empty() && pending.is_empty();
                     let waiting = in_progress.remove(&d.tag).unwrap_or_default();
                     self.finish(acq, d, waiting, stats, last_reply, idle).await?;
                 }
                 c = acq.next() => {
-                    let mut c = c.map_err(|e| format!("poll: {e}"))?;
+                    let mut c = c.map_err(error::rdma("poll"))?;
                     if c.status == WcStatus::WrFlushErr {
                         return Ok(());
                     }
                     if c.status != WcStatus::Success {
-                        return Err(format!("completion {:#x}: {}", c.wr_id, c.status));
+                        return Err(Error::Completion { wr_id: c.wr_id, status: c.status });
                     }
                     let Some(mut buf) = c.take_buffers().into_one() else {
-                        return Err("a completion without its buffer".into());
+                        return Err(Error::Internal("a completion without its buffer"));
                     };
                     log::trace!("wc {:?} wr {:#x} status {} len {}", c.opcode, c.wr_id, c.status, c.byte_len);
                     if c.opcode == WcOpcode::Recv {
@@ -643,18 +644,18 @@ impl Conn {
                     } else {
                         if let Some(tail) = self.tails.remove(&c.wr_id) {
                             if buf.unsplit(tail).is_err() {
-                                return Err("a send buffer's tail does not fit".into());
+                                return Err(Error::Internal("a send buffer's tail does not fit"));
                             }
                         }
                         if self.send_pool.put(buf).is_err() {
-                            return Err("not a send buffer".into());
+                            return Err(Error::Internal("not a send buffer"));
                         }
                     }
                 }
                 e = id.next_event() => match e {
                     Ok(e) if e.event_type() == CmEventType::Disconnected => return Ok(()),
                     Ok(_) => {}
-                    Err(e) => return Err(format!("rdma_get_cm_event: {e}")),
+                    Err(e) => return Err(error::rdma("rdma_get_cm_event")(e)),
                 },
             }
         }
@@ -681,7 +682,7 @@ impl Conn {
             log::trace!("flushed tag {old} before it started");
             self.qp
                 .post_recv(wr_id, buf)
-                .map_err(|e| format!("ibv_post_recv: {e}"))?;
+                .map_err(error::post("ibv_post_recv"))?;
         }
         Ok(())
     }
@@ -703,7 +704,7 @@ impl Conn {
         }
         self.qp
             .post_recv(d.recv_wr, d.recv)
-            .map_err(|e| format!("ibv_post_recv: {e}"))?;
+            .map_err(error::post("ibv_post_recv"))?;
         let ty = d.slot.as_slice().ok().and_then(|b| b.get(4).copied());
         log::trace!(
             "reply tag {} len {} type {ty:?} free {}",
@@ -727,7 +728,7 @@ impl Conn {
         for (tag, mut slot) in waiting {
             let mut out = Vec::with_capacity(HEADER);
             Rmsg::Flush.encode(tag, &mut out);
-            slot.write_at(0, &out).map_err(fail("send buffer"))?;
+            slot.write_at(0, &out).map_err(error::rdma("send buffer"))?;
             self.send(acq, slot, out.len()).await?;
         }
         Ok(())
@@ -755,10 +756,11 @@ fn accept_param() -> ConnParam {
 /// least 4.096 µs × 2^14 (67 ms). On iWARP the CM gives no such attributes
 /// (TCP retransmits), and none are added.
 fn ready_qp(id: &rdma::cm::CmId, qp: &rdma::QueuePair) -> Res<()> {
-    id.modify_qp(qp, QpState::Rtr).map_err(fail("QP to RTR"))?;
+    id.modify_qp(qp, QpState::Rtr)
+        .map_err(error::rdma("QP to RTR"))?;
     let mut rts = id
         .init_qp_attr(QpState::Rts)
-        .map_err(fail("rdma_init_qp_attr"))?;
+        .map_err(error::rdma("rdma_init_qp_attr"))?;
     let raw = rts.as_raw();
     log::trace!(
         "RTS from the CM: timeout {} retry_cnt {} rnr_retry {}",
@@ -770,7 +772,7 @@ fn ready_qp(id: &rdma::cm::CmId, qp: &rdma::QueuePair) -> Res<()> {
         let timeout = rts.as_raw().timeout.max(14);
         rts.retry_cnt(7).rnr_retry(7).timeout(timeout);
     }
-    qp.modify(&rts).map_err(fail("QP to RTS"))
+    qp.modify(&rts).map_err(error::rdma("QP to RTS"))
 }
 
 /// Stops the QP (its receives flush) and disconnects.
@@ -796,7 +798,7 @@ mod tests {
         c.max_connections = 64;
         let b = open_budget(1024, &c).unwrap();
         assert_eq!((b.guaranteed(), b.pool().1), (10, 640 - 640));
-        let e = open_budget(300, &c).unwrap_err();
+        let e = open_budget(300, &c).unwrap_err().to_string();
         assert!(e.contains("RLIMIT_NOFILE 300 leaves no descriptors"), "{e}");
         assert!(e.contains("--max-connections"), "{e}");
     }
