@@ -8,7 +8,7 @@
 //! 16 clients at once.
 //!
 //! Every wait is bounded (a lost wake-up or a hang fails the test).
-//! Addresses as in `aio.rs`: `RDMA_TEST_IP` reaches rxe0,
+//! Addresses as in `aio/main.rs`: `RDMA_TEST_IP` reaches rxe0,
 //! `RDMA_TEST_IWARP_IP` siw0; a test whose variable is missing fails.
 #![cfg(all(feature = "tokio", feature = "async-io"))]
 

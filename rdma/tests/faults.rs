@@ -3,7 +3,7 @@
 //! for every request and ends with `rdma resource show` and the process's
 //! open descriptors back to where they were before it, and
 //! `rdma::teardown_failures()` zero.
-//! (Events left unacknowledged at drop: `cm.rs`
+//! (Events left unacknowledged at drop: `cm/events.rs`
 //! `dropping_ids_with_events_unacked_does_not_hang` and `cq_events.rs`
 //! `event_held_while_everything_else_is_dropped`, and their `iwarp_`
 //! versions.)

@@ -5,7 +5,7 @@
 //! (async-io), and 64 connections served on one thread.
 //!
 //! Every wait is bounded (10 s, 60 s for the 64 connections): a lost
-//! wake-up fails the test instead of hanging it. Addresses as in `cm.rs`:
+//! wake-up fails the test instead of hanging it. Addresses as in `cm/main.rs`:
 //! `RDMA_TEST_IP` reaches rxe0, `RDMA_TEST_IWARP_IP` siw0.
 //!
 //! The tests live in the modules below, along what they test; each takes the
