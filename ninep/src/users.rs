@@ -43,15 +43,20 @@ pub enum Squash {
     None,
 }
 
-impl std::str::FromStr for Squash {
-    type Err = String;
+/// A squash policy's name that is none of `root`, `all` or `none`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not root, all or none")]
+pub struct ParseSquashError(String);
 
-    fn from_str(s: &str) -> Result<Squash, String> {
+impl std::str::FromStr for Squash {
+    type Err = ParseSquashError;
+
+    fn from_str(s: &str) -> Result<Squash, ParseSquashError> {
         match s {
             "root" => Ok(Squash::Root),
             "all" => Ok(Squash::All),
             "none" => Ok(Squash::None),
-            _ => Err(format!("{s:?} is not root, all or none")),
+            _ => Err(ParseSquashError(s.to_owned())),
         }
     }
 }
@@ -287,6 +292,7 @@ mod tests {
         assert!("everyone"
             .parse::<Squash>()
             .unwrap_err()
+            .to_string()
             .contains("root, all or none"));
     }
 }
