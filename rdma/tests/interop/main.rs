@@ -231,6 +231,16 @@ fn device_args() -> Vec<String> {
     ]
 }
 
+/// A pingpong run's flags, the same on both sides: the device's, the TCP
+/// port, `ITERS` iterations, then the run's own.
+fn run_args(tcp_port: u16, flags: &[&str]) -> Vec<String> {
+    let mut a = device_args();
+    a.extend(["-p".into(), tcp_port.to_string()]);
+    a.extend(["-n".into(), ITERS.to_string()]);
+    a.extend(flags.iter().map(|s| s.to_string()));
+    a
+}
+
 // ---------------------------------------------------------------------------
 // Output
 
@@ -361,11 +371,7 @@ impl Run {
     }
 
     fn args(&self) -> Vec<String> {
-        let mut a = device_args();
-        a.extend(["-p".into(), self.tcp_port.to_string()]);
-        a.extend(["-n".into(), ITERS.to_string()]);
-        a.extend(self.flags.iter().map(|s| s.to_string()));
-        a
+        run_args(self.tcp_port, self.flags)
     }
 
     /// Runs both sides and checks everything the C tools let us check.

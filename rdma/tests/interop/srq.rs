@@ -68,11 +68,7 @@ impl SrqRun {
     }
 
     fn args(&self) -> Vec<String> {
-        let mut a = device_args();
-        a.extend(["-p".into(), self.tcp_port.to_string()]);
-        a.extend(["-n".into(), ITERS.to_string()]);
-        a.extend(self.flags.iter().map(|s| s.to_string()));
-        a
+        run_args(self.tcp_port, self.flags)
     }
 
     fn check(self) {

@@ -378,15 +378,7 @@ fn iw_connect(ch: &EventChannel, dst: SocketAddr) -> End {
     id.modify_qp(&e.qp, rdma::QpState::Init).unwrap();
     post_receives(&mut e, 64);
     id.connect_qp(&e.qp, &ConnParam::default()).unwrap();
-    let ev = next_event(ch, BOUND);
-    match (ev.event_type(), ev.status()) {
-        (CmEventType::ConnectResponse, 0) => {
-            drop(ev);
-            id.establish_qp(&e.qp).unwrap();
-        }
-        (CmEventType::Established, 0) => {}
-        _ => panic!("connecting to {dst}: {ev:?}"),
-    }
+    connected(ch, &id, &e.qp, dst);
     e
 }
 

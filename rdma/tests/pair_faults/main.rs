@@ -275,16 +275,23 @@ fn connect(
     // rxe refuses receives before INIT, where connecting put the QP; the
     // peer's first SEND waits for them through RNR retries.
     post_receives(&mut e, 64);
+    connected(ch, &id, &e.qp, dst);
+    e
+}
+
+/// Client side, once `id` connected `qp` to `dst`: the connection is
+/// established, by the provider (`ESTABLISHED`) or, on a `CONNECT_RESPONSE`,
+/// by `establish_qp`.
+fn connected(ch: &EventChannel, id: &CmId, qp: &QueuePair, dst: SocketAddr) {
     let ev = next_event(ch, BOUND);
     match (ev.event_type(), ev.status()) {
         (CmEventType::ConnectResponse, 0) => {
             drop(ev);
-            id.establish_qp(&e.qp).unwrap();
+            id.establish_qp(qp).unwrap();
         }
         (CmEventType::Established, 0) => {}
         _ => panic!("connecting to {dst}: {ev:?}"),
     }
-    e
 }
 
 /// Server side: the next connection request on `ch`, accepted.
