@@ -124,7 +124,7 @@ pub enum Error {
         /// The QP number.
         qp_num: u32,
         /// The status.
-        status: crate::WcStatus,
+        status: crate::status::WcStatus,
         /// The vendor syndrome.
         vendor_err: u32,
     },
@@ -163,7 +163,7 @@ pub enum Error {
         /// What was waited for, e.g. `rdma_connect`.
         operation: &'static str,
         /// The event that arrived instead of the expected one.
-        event: crate::cm::CmEventType,
+        event: crate::status::CmEventType,
         /// The event's status: a negated errno, or for `REJECTED` the
         /// transport's reject reason.
         status: i32,
@@ -275,7 +275,9 @@ impl Error {
                 .and_then(io::Error::raw_os_error)
                 .or(Some(libc::EINVAL)),
             Error::NotFound { .. } => Some(libc::ENODEV),
-            Error::CmEvent { event, status, .. } => Some(crate::cm::event_errno(*event, *status)),
+            Error::CmEvent { event, status, .. } => {
+                Some(crate::status::event_errno(*event, *status))
+            }
             Error::Async { errno, .. } => Some(*errno),
             Error::LibraryMissing { .. } => Some(libc::ELIBACC),
             Error::NoReason { .. } => None,

@@ -295,6 +295,7 @@ mod qp;
 mod remote;
 mod slots;
 mod srq;
+mod status;
 pub mod sysfs;
 mod td;
 mod track;

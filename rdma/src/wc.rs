@@ -4,75 +4,8 @@ use std::fmt;
 
 use crate::ffi;
 use crate::macros::c_enum;
+pub use crate::status::WcStatus;
 use crate::wr::WrBuffers;
-
-c_enum! {
-    /// `enum ibv_wc_status`. A failed completion is a value, not an error.
-    pub enum WcStatus: u32 {
-        /// Success.
-        Success = ffi::IBV_WC_SUCCESS,
-        /// Local length error (e.g. a receive buffer too small).
-        LocLenErr = ffi::IBV_WC_LOC_LEN_ERR,
-        /// Local QP operation error.
-        LocQpOpErr = ffi::IBV_WC_LOC_QP_OP_ERR,
-        /// Local EE context operation error.
-        LocEecOpErr = ffi::IBV_WC_LOC_EEC_OP_ERR,
-        /// Local protection error (bad lkey, MR access).
-        LocProtErr = ffi::IBV_WC_LOC_PROT_ERR,
-        /// Flushed: the QP went to the error state.
-        WrFlushErr = ffi::IBV_WC_WR_FLUSH_ERR,
-        /// Memory window bind error.
-        MwBindErr = ffi::IBV_WC_MW_BIND_ERR,
-        /// Bad response error.
-        BadRespErr = ffi::IBV_WC_BAD_RESP_ERR,
-        /// Local access error.
-        LocAccessErr = ffi::IBV_WC_LOC_ACCESS_ERR,
-        /// Remote invalid request error.
-        RemInvReqErr = ffi::IBV_WC_REM_INV_REQ_ERR,
-        /// Remote access error (bad rkey, no remote access right).
-        RemAccessErr = ffi::IBV_WC_REM_ACCESS_ERR,
-        /// Remote operation error.
-        RemOpErr = ffi::IBV_WC_REM_OP_ERR,
-        /// Transport retry counter exceeded.
-        RetryExcErr = ffi::IBV_WC_RETRY_EXC_ERR,
-        /// RNR retry counter exceeded.
-        RnrRetryExcErr = ffi::IBV_WC_RNR_RETRY_EXC_ERR,
-        /// Local RDD violation.
-        LocRddViolErr = ffi::IBV_WC_LOC_RDD_VIOL_ERR,
-        /// Remote invalid RD request.
-        RemInvRdReqErr = ffi::IBV_WC_REM_INV_RD_REQ_ERR,
-        /// Remote aborted.
-        RemAbortErr = ffi::IBV_WC_REM_ABORT_ERR,
-        /// Invalid EE context number.
-        InvEecnErr = ffi::IBV_WC_INV_EECN_ERR,
-        /// Invalid EE context state.
-        InvEecStateErr = ffi::IBV_WC_INV_EEC_STATE_ERR,
-        /// Fatal error.
-        FatalErr = ffi::IBV_WC_FATAL_ERR,
-        /// Response timeout.
-        RespTimeoutErr = ffi::IBV_WC_RESP_TIMEOUT_ERR,
-        /// General error.
-        GeneralErr = ffi::IBV_WC_GENERAL_ERR,
-        /// Tag matching error.
-        TmErr = ffi::IBV_WC_TM_ERR,
-        /// Tag matching rendezvous incomplete.
-        TmRndvIncomplete = ffi::IBV_WC_TM_RNDV_INCOMPLETE,
-    }
-}
-
-impl fmt::Display for WcStatus {
-    /// The text of `ibv_wc_status_str(3)`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if ffi::load_ibverbs().is_err() {
-            // Only with the `dlopen` feature and no libibverbs: the name.
-            return write!(f, "{self:?}");
-        }
-        // SAFETY: ibv_wc_status_str returns a static string for any value;
-        // libibverbs is open (checked above).
-        let s = unsafe { std::ffi::CStr::from_ptr(ffi::ibv_wc_status_str(self.to_raw())) };
-        f.write_str(&s.to_string_lossy())
-    }
-}
 
 c_enum! {
     /// `enum ibv_wc_opcode`. Only meaningful for successful completions.

@@ -92,13 +92,14 @@ mod event;
 mod id;
 mod verbs;
 
-use std::ffi::CStr;
-use std::fmt;
 use std::net::SocketAddr;
 
 use crate::ffi;
 use crate::macros::c_enum;
 
+#[cfg(test)]
+use crate::status::event_errno;
+pub use crate::status::CmEventType;
 pub use addr::{CmAddr, IbAddr};
 pub use addrinfo::{create_ep, getaddrinfo, AddrInfo, AddrInfoEntry, AddrInfoFlags, AddrInfoHints};
 pub use channel::EventChannel;
@@ -113,60 +114,6 @@ pub use crate::Ece;
 
 #[allow(unused_imports)] // used by the docs above
 use crate::Context;
-
-c_enum! {
-    /// `enum rdma_cm_event_type`. Prints as `rdma_event_str(3)` does.
-    pub enum CmEventType: u32 {
-        /// Address resolved (`rdma_resolve_addr`).
-        AddrResolved = ffi::RDMA_CM_EVENT_ADDR_RESOLVED,
-        /// Address resolution failed.
-        AddrError = ffi::RDMA_CM_EVENT_ADDR_ERROR,
-        /// Route resolved (`rdma_resolve_route`).
-        RouteResolved = ffi::RDMA_CM_EVENT_ROUTE_RESOLVED,
-        /// Route resolution failed.
-        RouteError = ffi::RDMA_CM_EVENT_ROUTE_ERROR,
-        /// A connection request on a listener; the event's id is the new
-        /// connection.
-        ConnectRequest = ffi::RDMA_CM_EVENT_CONNECT_REQUEST,
-        /// The peer accepted, on an id without a librdmacm QP: move the QP to
-        /// RTS and call [`CmId::establish`] (see [`CmId::establish_qp`]).
-        ConnectResponse = ffi::RDMA_CM_EVENT_CONNECT_RESPONSE,
-        /// Connecting failed.
-        ConnectError = ffi::RDMA_CM_EVENT_CONNECT_ERROR,
-        /// The peer did not answer.
-        Unreachable = ffi::RDMA_CM_EVENT_UNREACHABLE,
-        /// The peer (or its CM) rejected the connection.
-        Rejected = ffi::RDMA_CM_EVENT_REJECTED,
-        /// The connection is up.
-        Established = ffi::RDMA_CM_EVENT_ESTABLISHED,
-        /// The connection is down.
-        Disconnected = ffi::RDMA_CM_EVENT_DISCONNECTED,
-        /// The device went away.
-        DeviceRemoval = ffi::RDMA_CM_EVENT_DEVICE_REMOVAL,
-        /// Joined a multicast group.
-        MulticastJoin = ffi::RDMA_CM_EVENT_MULTICAST_JOIN,
-        /// A multicast group failed.
-        MulticastError = ffi::RDMA_CM_EVENT_MULTICAST_ERROR,
-        /// The address the id is bound to changed.
-        AddrChange = ffi::RDMA_CM_EVENT_ADDR_CHANGE,
-        /// The QP of a closed connection left time-wait.
-        TimewaitExit = ffi::RDMA_CM_EVENT_TIMEWAIT_EXIT,
-    }
-}
-
-impl fmt::Display for CmEventType {
-    /// The text of `rdma_event_str(3)`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if ffi::load_rdmacm().is_err() {
-            // Only with the `dlopen` feature and no librdmacm: the name.
-            return write!(f, "{self:?}");
-        }
-        // SAFETY: rdma_event_str returns a static string for any value;
-        // librdmacm is open (checked above).
-        let s = unsafe { CStr::from_ptr(ffi::rdma_event_str(self.to_raw())) };
-        f.write_str(&s.to_string_lossy())
-    }
-}
 
 c_enum! {
     /// `enum rdma_port_space`: the kind of connection an id makes.
@@ -186,24 +133,6 @@ impl PortSpace {
     /// Whether ids of this port space use UD QPs.
     pub fn is_datagram(self) -> bool {
         matches!(self, PortSpace::Udp | PortSpace::Ipoib)
-    }
-}
-
-/// The errno a failure event stands for ([`crate::Error::CmEvent`]).
-pub(crate) fn event_errno(event: CmEventType, status: i32) -> i32 {
-    if status < 0 {
-        return -status;
-    }
-    match event {
-        CmEventType::Rejected => libc::ECONNREFUSED,
-        CmEventType::Unreachable => libc::EHOSTUNREACH,
-        CmEventType::AddrError => libc::EADDRNOTAVAIL,
-        CmEventType::RouteError => libc::ENETUNREACH,
-        CmEventType::ConnectError => libc::ECONNABORTED,
-        CmEventType::Disconnected => libc::ECONNRESET,
-        CmEventType::DeviceRemoval => libc::ENODEV,
-        CmEventType::MulticastError => libc::EADDRNOTAVAIL,
-        _ => libc::EIO,
     }
 }
 
