@@ -1,6 +1,7 @@
-//! Helpers the kernel NFS server's device tests share (`kernel_nfsd.rs`,
-//! `device_removal.rs`): the server brought up and down, the device and
-//! address under test, file contents, the binary.
+//! Helpers the device tests share (`kernel_nfsd.rs`, `device_removal.rs`;
+//! `misbehaving/` takes the device and address under test): the kernel's
+//! server brought up and down, the device and address under test, file
+//! contents, the binary.
 #![allow(dead_code)]
 
 use std::net::IpAddr;
