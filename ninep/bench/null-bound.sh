@@ -29,29 +29,17 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
 out=$repo/target/bench-9p/null
 say() { printf 'null-bound: %s\n' "$*" >&2; }
+# shellcheck source=ninep/bench/lib.sh
+. "$repo/ninep/bench/lib.sh"
 
 if [ "${1:-}" = --guest ]; then
     runs=$2 size=$3 msize=$4 base=${5:-}
     trap 'echo "null-bound: guest failed at line $LINENO (status $?)" >&2' ERR
     ip=10.8.0.1
     bin=/tmp/rdma-9p
-    cp "$repo/target/release/rdma-9p" "$bin"
-    modprobe 9pnet_rdma
-    modprobe 9p
-    modprobe nfsd
-    modprobe rpcrdma
-    mkdir -p /export /run/rpcbind /var/lib/nfs /mnt/nfs /mnt/r9 /mnt/r9n /mnt/r9b
-    mount -t tmpfs -o size=$((size * 4 + 64))m tmpfs /export
-    mkdir -p /export/nfs /export/r9 /export/r9n /export/r9b
+    bench_guest "$repo" $((size * 4 + 64)) r9 r9n r9b
     truncate -s "${size}M" /export/r9n/f
-    mount -t nfsd nfsd /proc/fs/nfsd
-    echo '/export 10.8.0.0/24(rw,no_root_squash,insecure,fsid=0,no_subtree_check)' >/etc/exports
-    rpcbind -w
-    exportfs -ra
-    rpc.mountd
-    rpc.nfsd --grace-time 10 --lease-time 10 4
-    echo 'rdma 20049' >/proc/fs/nfsd/portlist
-    mount -t nfs -o vers=3,nolock,proto=rdma,port=20049 $ip:/export /mnt/nfs
+    bench_knfsd $ip
     "$bin" serve --addr $ip --port 5640 --msize "$msize" /export/r9 >/tmp/r9.log 2>&1 &
     r9=$!
     RDMA_9P_BENCH_NULL=1 "$bin" serve --addr $ip --port 5642 --msize "$msize" /export/r9n >/tmp/r9n.log 2>&1 &
@@ -66,21 +54,14 @@ if [ "${1:-}" = --guest ]; then
         logs+=(/tmp/r9b.log)
         order+=(r9b)
     fi
-    for l in "${logs[@]}"; do
-        for _ in $(seq 100); do grep -q serving $l && break; sleep 0.1; done
-        grep -q serving $l || { cat $l; exit 1; }
-    done
+    bench_wait_serving "${logs[@]}"
     grep -q RDMA_9P_BENCH_NULL /tmp/r9n.log || { echo "null-bound: the null server did not say so" >&2; exit 1; }
     mount -t 9p -o trans=rdma,port=5640,version=9p2000.L,msize="$msize" $ip /mnt/r9
     mount -t 9p -o trans=rdma,port=5642,version=9p2000.L,msize="$msize" $ip /mnt/r9n
     [ -z "$base" ] || mount -t 9p -o trans=rdma,port=5643,version=9p2000.L,msize="$msize" $ip /mnt/r9b
     declare -A dir=([r9]=/mnt/r9 [r9n]=/mnt/r9n [nfs]=/mnt/nfs/nfs [r9b]=/mnt/r9b)
     hz=$(getconf CLK_TCK)
-    server_ticks() {
-        local pids
-        if [ "$1" = nfs ]; then pids=$(pgrep -x nfsd | tr '\n' ' '); else pids=${pid[$1]}; fi
-        for p in $pids; do cat "/proc/$p/stat"; done | awk '{ s += $14 + $15 } END { print s + 0 }'
-    }
+    server_ticks() { if [ "$1" = nfs ]; then bench_server_ticks nfs; else bench_server_ticks "${pid[$1]}"; fi; }
     # Every vCPU's non-idle ticks (user nice system irq softirq steal).
     guest_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
     fio_run() { # SERVER DIRECTION -> "MB/s server-ms/MiB guest-ms/MiB"
@@ -132,20 +113,12 @@ while [ $# -gt 0 ]; do
         *) say "unknown argument $1 (see --help)"; exit 2 ;;
     esac
 done
-for v in "$runs" "$size" "$msize"; do
-    [[ $v =~ ^[1-9][0-9]*$ ]] || { say "not a positive number: $v"; exit 2; }
-done
+bench_positive say "$runs" "$size" "$msize"
 [ -z "$base" ] || [ -x "$base" ] || { say "not an executable: $base"; exit 2; }
 command -v fio >/dev/null || { say "fio is missing (ci/setup installs it)"; exit 1; }
-cd "$repo"
-cargo build --release --offline -p rdma-9p >&2
-mkdir -p "$out"
-rm -f "$out/runs.txt"
-ci/vm run --timeout 3000 -- "$0" --guest "$runs" "$size" "$msize" "$base"
-[ -s "$out/runs.txt" ] || { say "the guest wrote no results"; exit 1; }
+bench_run say 3000 "$out" runs.txt "$0" "$runs" "$size" "$msize" "$base"
 
 # Round 0 is the warm-up.
-median() { sort -n | awk '{v[NR]=$1} END {print NR ? (NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2) : "n/a"}'; }
 col() { # SERVER DIRECTION FIELD
     awk -v s="$1" -v d="$2" -v f="$3" '$1 > 0 && $2 == s && $3 == d {print $f}' "$out/runs.txt" | median
 }

@@ -20,38 +20,23 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
 out=$repo/target/bench-9p/profile
 say() { printf 'profile-9p: %s\n' "$*" >&2; }
+# shellcheck source=ninep/bench/lib.sh
+. "$repo/ninep/bench/lib.sh"
 
 if [ "${1:-}" = --guest ]; then
     size=$2 msize=$3 rounds=$4 perf=$5
     trap 'echo "profile-9p: guest failed at line $LINENO (status $?)" >&2; cat /tmp/dd.err 2>/dev/null >&2' ERR
     ip=10.8.0.1
     bin=/tmp/rdma-9p
-    cp "$repo/target/release/rdma-9p" "$bin"
-    modprobe 9pnet_rdma
-    modprobe 9p
-    modprobe nfsd
-    modprobe rpcrdma
-    mkdir -p /export /run/rpcbind /var/lib/nfs /mnt/nfs /mnt/r9 /mnt/r9p
-    mount -t tmpfs -o size=$((size * 3 + 64))m tmpfs /export
-    mkdir -p /export/nfs /export/r9 /export/r9p
-    mount -t nfsd nfsd /proc/fs/nfsd
-    echo '/export 10.8.0.0/24(rw,no_root_squash,insecure,fsid=0,no_subtree_check)' >/etc/exports
-    rpcbind -w
-    exportfs -ra
-    rpc.mountd
-    rpc.nfsd --grace-time 10 --lease-time 10 4
-    echo 'rdma 20049' >/proc/fs/nfsd/portlist
-    mount -t nfs -o vers=3,nolock,proto=rdma,port=20049 $ip:/export /mnt/nfs
+    bench_guest "$repo" $((size * 3 + 64)) r9 r9p
+    bench_knfsd $ip
     RUST_LOG=info,rdma_9p::stats=debug "$bin" serve --addr $ip --port 5640 --msize "$msize" /export/r9 >/tmp/r9.log 2>&1 &
     r9=$!
     # The same binary with every request on the blocking pool (the path
     # before reads and writes ran on the connection's thread).
     RUST_LOG=info,rdma_9p::stats=debug RDMA_9P_POOL_ALL=1 "$bin" serve --addr $ip --port 5641 --msize "$msize" /export/r9p >/tmp/r9p.log 2>&1 &
     r9p=$!
-    for l in /tmp/r9.log /tmp/r9p.log; do
-        for _ in $(seq 100); do grep -q serving $l && break; sleep 0.1; done
-        grep -q serving $l || { cat $l; exit 1; }
-    done
+    bench_wait_serving /tmp/r9.log /tmp/r9p.log
     echo 0 >/proc/sys/kernel/timer_migration
     echo -1 >/proc/sys/kernel/perf_event_paranoid
     echo 0 >/proc/sys/kernel/kptr_restrict
@@ -59,11 +44,7 @@ if [ "${1:-}" = --guest ]; then
     declare -A pid=([r9]=$r9 [r9p]=$r9p)
     hz=$(getconf CLK_TCK)
     # CPU ticks of the server: rdma-9p's process, or every nfsd thread.
-    server_ticks() {
-        local pids
-        if [ "$1" = nfs ]; then pids=$(pgrep -x nfsd | tr '\n' ' '); else pids=${pid[$1]}; fi
-        for p in $pids; do cat "/proc/$p/stat"; done | awk '{ s += $14 + $15 } END { print s + 0 }'
-    }
+    server_ticks() { if [ "$1" = nfs ]; then bench_server_ticks nfs; else bench_server_ticks "${pid[$1]}"; fi; }
     # cpuN user+nice system softirq+irq idle+iowait (ticks), one line per CPU.
     cpu_ticks() { awk '/^cpu[0-9]/ { print $1, $2 + $3, $4, $7 + $8, $5 + $6 }' /proc/stat; }
     rxe() { cat /sys/class/infiniband/rxe0/ports/1/hw_counters/sent_pkts; }
@@ -158,13 +139,6 @@ while [ $# -gt 0 ]; do
         *) say "unknown argument $1 (see --help)"; exit 2 ;;
     esac
 done
-for v in "$size" "$msize" "$rounds"; do
-    [[ $v =~ ^[1-9][0-9]*$ ]] || { say "not a positive number: $v"; exit 2; }
-done
-cd "$repo"
-cargo build --release --offline -p rdma-9p >&2
-mkdir -p "$out"
-rm -f "$out"/*.txt "$out"/*.log
-ci/vm run --timeout 2400 -- "$0" --guest "$size" "$msize" "$rounds" "$perf"
-[ -s "$out/summary.txt" ] || { say "the guest wrote no results"; exit 1; }
+bench_positive say "$size" "$msize" "$rounds"
+bench_run say 2400 "$out" summary.txt "$0" "$size" "$msize" "$rounds" "$perf"
 cat "$out/fio.txt" "$out/summary.txt" "$out"/*.log

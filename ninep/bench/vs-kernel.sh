@@ -26,40 +26,26 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
 out=$repo/target/bench-9p
 say() { printf 'bench-9p: %s\n' "$*" >&2; }
+# shellcheck source=ninep/bench/lib.sh
+. "$repo/ninep/bench/lib.sh"
 
 if [ "${1:-}" = --guest ]; then
     runs=$2 size=$3 msize=$4 pool=$5
     ip=10.8.0.1
     bin=/tmp/rdma-9p
-    cp "$repo/target/release/rdma-9p" "$bin"
-    modprobe 9pnet_rdma
-    modprobe 9p
-    modprobe nfsd
-    modprobe rpcrdma
-    mkdir -p /export /run/rpcbind /var/lib/nfs /mnt/nfs /mnt/r9 /mnt/r9p /mnt/diod
-    mount -t tmpfs -o size=$((size * 4 + 64))m tmpfs /export
-    mkdir -p /export/nfs /export/r9 /export/r9p /export/diod
-    # The kernel NFS server (../shared/kernel-peers.md §1), NFSv3 over RDMA.
-    mount -t nfsd nfsd /proc/fs/nfsd
-    echo '/export 10.8.0.0/24(rw,no_root_squash,insecure,fsid=0,no_subtree_check)' >/etc/exports
-    rpcbind -w
-    exportfs -ra
-    rpc.mountd
-    rpc.nfsd --grace-time 10 --lease-time 10 4
-    echo 'rdma 20049' >/proc/fs/nfsd/portlist
-    mount -t nfs -o vers=3,nolock,proto=rdma,port=20049 $ip:/export /mnt/nfs
+    bench_guest "$repo" $((size * 4 + 64)) r9 r9p diod
+    # The kernel NFS server, NFSv3 over RDMA.
+    bench_knfsd $ip
     # rdma-9p.
     "$bin" serve --addr $ip --port 5640 --msize "$msize" /export/r9 >/tmp/r9.log 2>&1 &
     r9=$!
-    for _ in $(seq 100); do grep -q serving /tmp/r9.log && break; sleep 0.1; done
-    grep -q serving /tmp/r9.log || { cat /tmp/r9.log; exit 1; }
+    bench_wait_serving /tmp/r9.log
     mount -t 9p -o trans=rdma,port=5640,version=9p2000.L,msize="$msize" $ip /mnt/r9
     r9p=
     if [ "$pool" = 1 ]; then
         RDMA_9P_POOL_ALL=1 "$bin" serve --addr $ip --port 5641 --msize "$msize" /export/r9p >/tmp/r9p.log 2>&1 &
         r9p=$!
-        for _ in $(seq 100); do grep -q serving /tmp/r9p.log && break; sleep 0.1; done
-        grep -q serving /tmp/r9p.log || { cat /tmp/r9p.log; exit 1; }
+        bench_wait_serving /tmp/r9p.log
         mount -t 9p -o trans=rdma,port=5641,version=9p2000.L,msize="$msize" $ip /mnt/r9p
     fi
     # diod over TCP (it looks up its client's name: give the address one).
@@ -129,20 +115,12 @@ while [ $# -gt 0 ]; do
         *) say "unknown argument $1 (see --help)"; exit 2 ;;
     esac
 done
-for v in "$runs" "$size" "$msize"; do
-    [[ $v =~ ^[1-9][0-9]*$ ]] || { say "not a positive number: $v"; exit 2; }
-done
+bench_positive say "$runs" "$size" "$msize"
 command -v fio >/dev/null || { say "fio is missing (ci/setup installs it)"; exit 1; }
 command -v diod >/dev/null || { say "diod is missing (ci/setup installs it)"; exit 1; }
-cd "$repo"
-cargo build --release --offline -p rdma-9p >&2
-mkdir -p "$out"
-rm -f "$out/runs.txt"
-ci/vm run --timeout 3000 -- "$0" --guest "$runs" "$size" "$msize" "$pool"
-[ -s "$out/runs.txt" ] || { say "the guest wrote no results"; exit 1; }
+bench_run say 3000 "$out" runs.txt "$0" "$runs" "$size" "$msize" "$pool"
 
 # Round 0 is the warm-up.
-median() { sort -n | awk '{v[NR]=$1} END {print NR ? (NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2) : "n/a"}'; }
 ratios() { # DIRECTION OTHER: rdma-9p / OTHER per round
     awk -v d="$1" -v o="$2" '$1 > 0 && $3 == d { bw[$1, $2] = $4; r[$1] = 1 }
         END { for (k in r) if (bw[k, o] > 0) print bw[k, "r9"] / bw[k, o] }' "$out/runs.txt"
