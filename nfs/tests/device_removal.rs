@@ -20,86 +20,14 @@
 mod common;
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use common::link::{add_rxe_again, fds_on, restore_rxe, run_child, uverbs_node};
 use common::{content, mount, ok, required_env, runtime, server_ip, Server};
 use rdma_nfs::nfs3::Options;
 use rdma_nfs::transport;
-
-fn port_active(dev: &str) -> bool {
-    std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/1/state"))
-        .is_ok_and(|s| s.contains("ACTIVE"))
-}
-
-/// Polls `cond` every 20 ms for up to `bound`; false if it never held.
-fn wait_for(bound: Duration, cond: impl Fn() -> bool) -> bool {
-    let deadline = Instant::now() + bound;
-    while !cond() {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    true
-}
-
-/// `rdma link add` of the rxe device again, then its port and IPv4 GID.
-fn add_rxe_again(dev: &str) {
-    let netdev = std::env::var("RDMA_TEST_NETDEV").unwrap_or_else(|_| "veth0".into());
-    let out = Command::new("rdma")
-        .args(["link", "add", dev, "type", "rxe", "netdev", &netdev])
-        .output()
-        .expect("rdma runs");
-    ok(&out, "rdma link add");
-    assert!(
-        wait_for(Duration::from_secs(20), || port_active(dev)),
-        "{dev}: port not ACTIVE within 20 s of rdma link add"
-    );
-    let gid = format!(
-        "/sys/class/infiniband/{dev}/ports/1/gids/{}",
-        std::env::var("RDMA_TEST_GID_INDEX").unwrap_or_else(|_| "1".into())
-    );
-    // The IPv4-mapped GID of the device's address, at the index the tests use.
-    let ip: std::net::Ipv4Addr = required_env("RDMA_TEST_IP").parse().unwrap();
-    let want = ip.to_ipv6_mapped();
-    assert!(
-        wait_for(Duration::from_secs(10), || {
-            std::fs::read_to_string(&gid)
-                .is_ok_and(|g| g.trim().parse::<std::net::Ipv6Addr>() == Ok(want))
-        }),
-        "{gid}: not {want} within 10 s"
-    );
-}
-
-/// The `uverbs` node of `dev` (`uverbs0`), from sysfs.
-fn uverbs_node(dev: &str) -> String {
-    let dir = std::fs::read_dir("/sys/class/infiniband_verbs").expect("infiniband_verbs in sysfs");
-    for e in dir.flatten() {
-        let ibdev = std::fs::read_to_string(e.path().join("ibdev")).unwrap_or_default();
-        if ibdev.trim() == dev {
-            return e.file_name().to_string_lossy().into_owned();
-        }
-    }
-    panic!("no uverbs node for {dev}");
-}
-
-/// This process's descriptors open on `/dev/infiniband/NODE` (the node
-/// may be deleted already: `... (deleted)`).
-fn fds_on(node: &str) -> usize {
-    let want = format!("/dev/infiniband/{node}");
-    std::fs::read_dir("/proc/self/fd")
-        .expect("/proc/self/fd")
-        .flatten()
-        .filter_map(|e| std::fs::read_link(e.path()).ok())
-        .filter(|t| {
-            let t = t.to_string_lossy();
-            t == want || t.strip_prefix(want.as_str()) == Some(" (deleted)")
-        })
-        .count()
-}
 
 /// Who else holds `dev`, from `rdma resource show`: verbs contexts of other
 /// processes (a resource names the thread that made it), and CM ids of other processes or of kernel users other than
@@ -309,46 +237,17 @@ fn device_removed_and_added_again_over_rxe() {
         return;
     }
     let server = Server::up("removal");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "device_removed_and_added_again_over_rxe",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("RDMA_NFS_REMOVAL_CHILD", "1")
-        .spawn()
-        .expect("spawn the child");
-    let deadline = Instant::now() + Duration::from_secs(100);
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break Some(st);
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = run_child(
+        "device_removed_and_added_again_over_rxe",
+        "RDMA_NFS_REMOVAL_CHILD",
+        Duration::from_secs(100),
+    );
     // Put the device back for the tests after this one: a pending delete
     // finishes once the child is gone.
-    let present = |d: &str| Path::new("/sys/class/infiniband").join(d).exists();
-    let settled = wait_for(Duration::from_secs(30), || {
-        !present(&dev)
-            || Command::new("pgrep")
-                .args(["-x", "rdma"])
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| !s.success())
-    });
-    if !present(&dev) {
-        add_rxe_again(&dev);
-    }
+    let settled = restore_rxe(&dev);
     // The device is usable again by a new process's connection (what every
     // later test needs): this one has not touched RDMA yet.
-    let usable = (settled && present(&dev)).then(|| {
+    let usable = settled.then(|| {
         let rt = runtime();
         let o = transport::Options {
             connect_timeout: Duration::from_secs(20),
