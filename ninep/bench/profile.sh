@@ -32,8 +32,8 @@ if [ "${1:-}" = --guest ]; then
     bench_knfsd $ip
     RUST_LOG=info,rdma_9p::stats=debug "$bin" serve --addr $ip --port 5640 --msize "$msize" /export/r9 >/tmp/r9.log 2>&1 &
     r9=$!
-    # The same binary with every request on the blocking pool (the path
-    # before reads and writes ran on the connection's thread).
+    # The same binary with every request on the blocking pool, reads and
+    # writes too (what running them on the connection's thread saves).
     RUST_LOG=info,rdma_9p::stats=debug RDMA_9P_POOL_ALL=1 "$bin" serve --addr $ip --port 5641 --msize "$msize" /export/r9p >/tmp/r9p.log 2>&1 &
     r9p=$!
     bench_wait_serving /tmp/r9.log /tmp/r9p.log

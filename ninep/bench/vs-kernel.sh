@@ -7,8 +7,8 @@
 #   ninep/bench/vs-kernel.sh [--runs N] [--size MiB] [--msize BYTES] [--with-pool]
 #
 # --with-pool adds a fourth server to the rotation: the same rdma-9p binary
-# with RDMA_9P_POOL_ALL=1 (every request on tokio's blocking pool, as before
-# reads and writes of regular files ran on the connection's thread), and a
+# with RDMA_9P_POOL_ALL=1 (every request on tokio's blocking pool, reads and
+# writes of regular files too, instead of on the connection's thread), and a
 # row of rdma-9p/that ratios.
 #
 # Defaults: 7 rounds, a 64 MiB file, msize 128 KiB for both 9P mounts (the

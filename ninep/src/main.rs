@@ -299,7 +299,7 @@ mod tests {
         );
         let c = parse("serve -- -dir").unwrap();
         assert_eq!(c.dir, std::path::Path::new("-dir"));
-        // A flag given twice: the last one counts, as before.
+        // A flag given twice: the last one counts, as with getopt_long.
         assert_eq!(parse("serve --port 1 --port 2 /srv").unwrap().port, 2);
     }
 

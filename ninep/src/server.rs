@@ -35,8 +35,9 @@
 //! under the target `rdma_9p::stats` at debug level, after each burst of
 //! reads and writes (a pause of 200 ms ends one) and when a connection
 //! ends, where its requests spent their time on the server.
-//! `RDMA_9P_POOL_ALL` sends every request to the
-//! blocking pool, as before (both for measuring, `ninep/bench/`).
+//! `RDMA_9P_POOL_ALL` sends every request to the blocking pool, reads and
+//! writes of regular files too (to measure what running them inline saves,
+//! `ninep/bench/`).
 //! `RDMA_9P_BENCH_NULL`, for benchmarks only, answers reads and writes of
 //! regular files without touching them (`ninep/bench/null-bound.sh`).
 //!
@@ -146,10 +147,8 @@ pub const DEFAULT_WORKERS: usize = 64;
 pub fn run(config: Config, ready: impl FnOnce(SocketAddr)) -> Res<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         // I/O only: the server sets no timers, and tokio's timer driver
-        // reads the clock around every wait for an event (strace -f in the
-        // guest, session 24: 6 to 9 clock_gettime per 1 MiB written at
-        // msize 1 MiB with it, 4 without, each a system call there: the TCG
-        // guest's clock source has no vDSO path).
+        // reads the clock around every wait for an event, a system call
+        // each where the clock source has no vDSO path (the TCG guest's).
         .enable_io()
         // The threads that run requests (file I/O blocks): enough for every
         // request of a few clients at once, bounded whatever clients do.
@@ -313,8 +312,8 @@ fn handle(
     }
 }
 
-/// `RDMA_9P_POOL_ALL`: every request goes to the blocking pool, as before
-/// reads and writes of regular files ran inline (for comparing the two).
+/// `RDMA_9P_POOL_ALL`: every request goes to the blocking pool, reads and
+/// writes of regular files too (for comparing that with running them inline).
 fn pool_all() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("RDMA_9P_POOL_ALL").is_some())
@@ -556,18 +555,16 @@ impl Conn {
                 // (the stats' "handoff" and part of "back"). Anything
                 // that may wait for another party goes to the pool, and so
                 // does everything while a request is there. That second rule
-                // is a precaution: once (session 21), with reads run here
-                // regardless, a read of a regular file next to a FIFO's
-                // waiting read went unanswered in
-                // `kernel_mount_concurrent_clients_*`. Session 22 did not
-                // reproduce it (that test passed 7 times on rxe0 and siw0
-                // with reads run here regardless, and the whole device suite
-                // once), and found no path by which the reply could be lost:
-                // the receive is posted again and the reply sent before the
-                // loop waits again, no lock is held across the FIFO's read,
-                // and a reply needs no free receive of this side. The rule
-                // changes nothing in a sequential transfer (no request of the
-                // connection is on the pool when its next read or write comes).
+                // is a precaution: with reads run here regardless, a read of
+                // a regular file next to a FIFO's waiting read was once seen
+                // unanswered (`kernel_mount_concurrent_clients_*`), never
+                // reproduced, and no path was found by which the reply could
+                // be lost (the receive is posted again and the reply sent
+                // before the loop waits again, no lock is held across the
+                // FIFO's read, and a reply needs no free receive of this
+                // side). The rule costs nothing in a sequential transfer (no
+                // request of the connection is on the pool when its next
+                // read or write comes); `docs/benchmarks-log.md` has the runs.
                 // A `Tflush` of nothing in progress is answered here too (no
                 // file is touched): it never waits for a thread.
                 let inline = flush.is_some()
