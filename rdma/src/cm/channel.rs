@@ -1,14 +1,17 @@
-//! Event channels (`rdma_create_event_channel(3)`, `rdma_get_cm_event(3)`).
+//! Event channels (`rdma_create_event_channel(3)`): the channel itself, its
+//! descriptor and blocking mode. Reading its events ([`EventChannel::get_event`]
+//! and the other waits) is in `event.rs`, next to the [`CmEvent`] they make, so
+//! that the channel needs nothing of the ids and events that refer to it.
 
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::event::{self, CmEvent};
-use super::CmEventType;
+#[cfg(doc)]
+use super::CmEvent;
 use crate::error::{call_ptr, check_minus_one, last_errno, Error, Result};
 use crate::ffi;
 
@@ -164,139 +167,8 @@ impl EventChannel {
         self.inner.nonblocking.load(Ordering::Relaxed)
     }
 
-    /// Waits for the next event (`rdma_get_cm_event(3)`).
-    ///
-    /// # Errors
-    /// `EAGAIN` (see [`Error::errno`]) in non-blocking mode when nothing is
-    /// pending; [`Error::Verb`] naming `rdma_get_cm_event` or `poll`.
-    pub fn get_event(&self) -> Result<CmEvent> {
-        loop {
-            if let Some(event) = self.try_get_event()? {
-                return Ok(event);
-            }
-            if self.is_nonblocking() {
-                return Err(Error::verb_errno(
-                    "rdma_get_cm_event",
-                    "non-blocking channel, no event pending",
-                    libc::EAGAIN,
-                ));
-            }
-            self.wait_readable(None)?;
-        }
-    }
-
-    /// Waits at most `timeout` for the next event; `Ok(None)` when none came.
-    ///
-    /// # Errors
-    /// As [`EventChannel::get_event`].
-    pub fn get_event_timeout(&self, timeout: Duration) -> Result<Option<CmEvent>> {
-        // The clock is read only once there is something to wait for.
-        let mut deadline = None;
-        loop {
-            if let Some(event) = self.try_get_event()? {
-                return Ok(Some(event));
-            }
-            let deadline = *deadline.get_or_insert_with(|| Instant::now() + timeout);
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(None);
-            }
-            self.wait_readable(Some(left))?;
-        }
-    }
-
-    /// Waits for an event of `id` (for a listener: a connect request to it)
-    /// of one of `wanted` types, at most `timeout`; events of other ids on
-    /// the channel are dropped (acknowledged).
-    ///
-    /// # Errors
-    /// [`Error::CmEvent`] for another event of the id (a failure event,
-    /// typically), `ETIMEDOUT` when none came in time, or the errors of
-    /// [`EventChannel::get_event`].
-    pub fn wait_for(
-        &self,
-        id: &super::CmId,
-        wanted: &[CmEventType],
-        operation: &'static str,
-        timeout: Duration,
-    ) -> Result<CmEvent> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let Some(event) = self.get_event_timeout(left)? else {
-                return Err(Error::verb_errno(
-                    "rdma_get_cm_event",
-                    format!("{operation}: none of {wanted:?} within {timeout:?}"),
-                    libc::ETIMEDOUT,
-                ));
-            };
-            // A connect request names the new id; it is about the listener.
-            let about = event.listen_id().unwrap_or(event.id());
-            if !about.same_id(id) {
-                continue;
-            }
-            if wanted.contains(&event.event_type()) && event.status() == 0 {
-                return Ok(event);
-            }
-            return Err(event.into_error(operation));
-        }
-    }
-
-    /// Returns the next event if one is pending, without waiting.
-    ///
-    /// # Errors
-    /// [`Error::Verb`] naming `rdma_get_cm_event`; [`Error::Async`]
-    /// (`EBUSY`) while an `rdma::aio::CmChannel` reads the channel (the two
-    /// readers would take each other's events; the same for
-    /// [`EventChannel::get_event`] and the other waits, which call this).
-    pub fn try_get_event(&self) -> Result<Option<CmEvent>> {
-        if self.inner.driven.load(Ordering::Acquire) {
-            return Err(Error::Async {
-                operation: "EventChannel::get_event",
-                reason: "the event channel is driven by an rdma::aio::CmChannel: await \
-                         its ids' events (rdma::aio::AsyncCmId) instead"
-                    .into(),
-                errno: libc::EBUSY,
-            });
-        }
-        self.read_event()
-    }
-
-    /// [`EventChannel::try_get_event`] for the channel's driver.
-    pub(crate) fn read_event(&self) -> Result<Option<CmEvent>> {
-        loop {
-            let outcome = {
-                let _guard = self.inner.lock();
-                let mut raw: *mut ffi::rdma_cm_event = std::ptr::null_mut();
-                // SAFETY: valid channel (non-blocking descriptor) and out-pointer.
-                let rc = unsafe { ffi::rdma_get_cm_event(self.as_raw(), &mut raw) };
-                if rc < 0 {
-                    let errno = last_errno();
-                    if errno == libc::EAGAIN || errno == libc::EWOULDBLOCK {
-                        return Ok(None);
-                    }
-                    return Err(Error::verb_errno("rdma_get_cm_event", "", errno));
-                }
-                match NonNull::new(raw) {
-                    // SAFETY: a fresh event from rdma_get_cm_event on this
-                    // channel, not acknowledged yet; the channel lock is held.
-                    Some(raw) => unsafe { event::wrap_event(raw, self) },
-                    None => None,
-                }
-            };
-            if let Some(event) = outcome {
-                if event.event_type() == super::CmEventType::DeviceRemoval {
-                    // Outside the channel's lock: librdmacm takes only its
-                    // own device lock here.
-                    super::device::forget_removed_devices();
-                }
-                return Ok(Some(event));
-            }
-        }
-    }
-
     /// Waits until the descriptor is readable or `timeout` passes.
-    fn wait_readable(&self, timeout: Option<Duration>) -> Result<()> {
+    pub(super) fn wait_readable(&self, timeout: Option<Duration>) -> Result<()> {
         let mut pfd = libc::pollfd {
             fd: self.as_raw_fd(),
             events: libc::POLLIN,

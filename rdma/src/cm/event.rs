@@ -1,137 +1,150 @@
-//! Connection manager events (`rdma_get_cm_event(3)`, `rdma_ack_cm_event(3)`).
+//! Connection manager events (`rdma_get_cm_event(3)`, `rdma_ack_cm_event(3)`):
+//! reading them from an [`EventChannel`], what they carry, acknowledging them.
 
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use super::channel::EventChannel;
 use super::id::{owner, CmId, IdInner};
+use super::param::{bytes, ConnParam, UdParam};
 use super::CmEventType;
+use crate::error::{last_errno, Result};
 use crate::{ffi, AhAttr, Error};
 
-/// Connection parameters (`struct rdma_conn_param`): what
-/// [`CmId::connect`] and [`CmId::accept`] send, and what a connect request,
-/// response or established event carries.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnParam {
-    /// Private data for the peer. Its room depends on the transport and port
-    /// space: an InfiniBand/RoCE REQ carries 56 bytes in the TCP and UDP port
-    /// spaces (92 in the IB port space), a REP 196, a REJ 148; iWARP and the
-    /// C interface's `uint8_t` length cap everything at 255.
-    pub private_data: Vec<u8>,
-    /// Outstanding RDMA READ/atomics the peer may send us (255: the
-    /// device's maximum).
-    pub responder_resources: u8,
-    /// Outstanding RDMA READ/atomics we may send (255: the device's maximum).
-    pub initiator_depth: u8,
-    /// Hardware flow control.
-    pub flow_control: u8,
-    /// Transport retries (ignored when accepting). Soft-RoCE takes 7 as
-    /// "retry forever", like the RNR count (measured on Linux 6.1: sends
-    /// across a cut link stayed pending; with 6 they failed with
-    /// `RetryExcErr`), so a connection that must notice a dead peer or link
-    /// on rxe asks for at most 6.
-    pub retry_count: u8,
-    /// RNR retries (7: infinite).
-    pub rnr_retry_count: u8,
-    /// The QP uses an SRQ (set from the QP by the `_qp` helpers).
-    pub srq: bool,
-    /// The QP number (set from the QP by the `_qp` helpers).
-    pub qp_num: u32,
-}
-
-impl Default for ConnParam {
-    /// No private data, the device's maximum READ/atomic depths, 7 retries,
-    /// infinite RNR retries.
-    fn default() -> Self {
-        ConnParam {
-            private_data: Vec::new(),
-            responder_resources: ffi::RDMA_MAX_RESP_RES as u8,
-            initiator_depth: ffi::RDMA_MAX_INIT_DEPTH as u8,
-            flow_control: 0,
-            retry_count: 7,
-            rnr_retry_count: 7,
-            srq: false,
-            qp_num: 0,
-        }
-    }
-}
-
-impl ConnParam {
-    /// The defaults, with `private_data`.
-    pub fn with_private_data(data: &[u8]) -> Self {
-        ConnParam {
-            private_data: data.to_vec(),
-            ..Self::default()
+/// Reading events.
+impl EventChannel {
+    /// Waits for the next event (`rdma_get_cm_event(3)`).
+    ///
+    /// # Errors
+    /// `EAGAIN` (see [`Error::errno`]) in non-blocking mode when nothing is
+    /// pending; [`Error::Verb`] naming `rdma_get_cm_event` or `poll`.
+    pub fn get_event(&self) -> Result<CmEvent> {
+        loop {
+            if let Some(event) = self.try_get_event()? {
+                return Ok(event);
+            }
+            if self.is_nonblocking() {
+                return Err(Error::verb_errno(
+                    "rdma_get_cm_event",
+                    "non-blocking channel, no event pending",
+                    libc::EAGAIN,
+                ));
+            }
+            self.wait_readable(None)?;
         }
     }
 
-    /// The C struct; it points into `self.private_data`.
-    pub(crate) fn to_raw(&self) -> crate::Result<ffi::rdma_conn_param> {
-        let len = u8::try_from(self.private_data.len()).map_err(|_| Error::InvalidArgument {
-            verb: "rdma_connect",
-            reason: format!(
-                "{} bytes of private data: the connection manager carries at most 255",
-                self.private_data.len()
-            ),
-        })?;
-        Ok(ffi::rdma_conn_param {
-            private_data: if len == 0 {
-                std::ptr::null()
-            } else {
-                self.private_data.as_ptr().cast()
-            },
-            private_data_len: len,
-            responder_resources: self.responder_resources,
-            initiator_depth: self.initiator_depth,
-            flow_control: self.flow_control,
-            retry_count: self.retry_count,
-            rnr_retry_count: self.rnr_retry_count,
-            srq: u8::from(self.srq),
-            qp_num: self.qp_num,
-        })
-    }
-
-    /// # Safety
-    /// `raw.private_data` points at `private_data_len` readable bytes (or the
-    /// length is 0).
-    pub(crate) unsafe fn from_raw(raw: &ffi::rdma_conn_param) -> Self {
-        ConnParam {
-            // SAFETY: per the contract.
-            private_data: unsafe { bytes(raw.private_data, raw.private_data_len) },
-            responder_resources: raw.responder_resources,
-            initiator_depth: raw.initiator_depth,
-            flow_control: raw.flow_control,
-            retry_count: raw.retry_count,
-            rnr_retry_count: raw.rnr_retry_count,
-            srq: raw.srq != 0,
-            qp_num: raw.qp_num,
+    /// Waits at most `timeout` for the next event; `Ok(None)` when none came.
+    ///
+    /// # Errors
+    /// As [`EventChannel::get_event`].
+    pub fn get_event_timeout(&self, timeout: Duration) -> Result<Option<CmEvent>> {
+        // The clock is read only once there is something to wait for.
+        let mut deadline = None;
+        loop {
+            if let Some(event) = self.try_get_event()? {
+                return Ok(Some(event));
+            }
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + timeout);
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            self.wait_readable(Some(left))?;
         }
     }
-}
 
-/// # Safety
-/// `p` points at `len` readable bytes, or `len` is 0.
-unsafe fn bytes(p: *const std::ffi::c_void, len: u8) -> Vec<u8> {
-    if p.is_null() || len == 0 {
-        return Vec::new();
+    /// Waits for an event of `id` (for a listener: a connect request to it)
+    /// of one of `wanted` types, at most `timeout`; events of other ids on
+    /// the channel are dropped (acknowledged).
+    ///
+    /// # Errors
+    /// [`Error::CmEvent`] for another event of the id (a failure event,
+    /// typically), `ETIMEDOUT` when none came in time, or the errors of
+    /// [`EventChannel::get_event`].
+    pub fn wait_for(
+        &self,
+        id: &CmId,
+        wanted: &[CmEventType],
+        operation: &'static str,
+        timeout: Duration,
+    ) -> Result<CmEvent> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some(event) = self.get_event_timeout(left)? else {
+                return Err(Error::verb_errno(
+                    "rdma_get_cm_event",
+                    format!("{operation}: none of {wanted:?} within {timeout:?}"),
+                    libc::ETIMEDOUT,
+                ));
+            };
+            // A connect request names the new id; it is about the listener.
+            let about = event.listen_id().unwrap_or(event.id());
+            if !about.same_id(id) {
+                continue;
+            }
+            if wanted.contains(&event.event_type()) && event.status() == 0 {
+                return Ok(event);
+            }
+            return Err(event.into_error(operation));
+        }
     }
-    // SAFETY: per the contract.
-    unsafe { std::slice::from_raw_parts(p.cast::<u8>(), usize::from(len)) }.to_vec()
-}
 
-/// Datagram parameters (`struct rdma_ud_param`) of a UDP/IPoIB port space
-/// event or a multicast join: where to send.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UdParam {
-    /// Private data (none for multicast events).
-    pub private_data: Vec<u8>,
-    /// The address to build an address handle from.
-    pub ah_attr: AhAttr,
-    /// The remote QP number (`0xffffff` for a multicast group).
-    pub qp_num: u32,
-    /// The remote Q_Key.
-    pub qkey: u32,
+    /// Returns the next event if one is pending, without waiting.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `rdma_get_cm_event`; [`Error::Async`]
+    /// (`EBUSY`) while an `rdma::aio::CmChannel` reads the channel (the two
+    /// readers would take each other's events; the same for
+    /// [`EventChannel::get_event`] and the other waits, which call this).
+    pub fn try_get_event(&self) -> Result<Option<CmEvent>> {
+        if self.inner.driven.load(Ordering::Acquire) {
+            return Err(Error::Async {
+                operation: "EventChannel::get_event",
+                reason: "the event channel is driven by an rdma::aio::CmChannel: await \
+                         its ids' events (rdma::aio::AsyncCmId) instead"
+                    .into(),
+                errno: libc::EBUSY,
+            });
+        }
+        self.read_event()
+    }
+
+    /// [`EventChannel::try_get_event`] for the channel's driver.
+    pub(crate) fn read_event(&self) -> Result<Option<CmEvent>> {
+        loop {
+            let outcome = {
+                let _guard = self.inner.lock();
+                let mut raw: *mut ffi::rdma_cm_event = std::ptr::null_mut();
+                // SAFETY: valid channel (non-blocking descriptor) and out-pointer.
+                let rc = unsafe { ffi::rdma_get_cm_event(self.as_raw(), &mut raw) };
+                if rc < 0 {
+                    let errno = last_errno();
+                    if errno == libc::EAGAIN || errno == libc::EWOULDBLOCK {
+                        return Ok(None);
+                    }
+                    return Err(Error::verb_errno("rdma_get_cm_event", "", errno));
+                }
+                match NonNull::new(raw) {
+                    // SAFETY: a fresh event from rdma_get_cm_event on this
+                    // channel, not acknowledged yet; the channel lock is held.
+                    Some(raw) => unsafe { wrap_event(raw, self) },
+                    None => None,
+                }
+            };
+            if let Some(event) = outcome {
+                if event.event_type() == CmEventType::DeviceRemoval {
+                    // Outside the channel's lock: librdmacm takes only its
+                    // own device lock here.
+                    super::device::forget_removed_devices();
+                }
+                return Ok(Some(event));
+            }
+        }
+    }
 }
 
 /// An event of the connection manager.

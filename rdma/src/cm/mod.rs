@@ -90,6 +90,7 @@ mod channel;
 mod device;
 mod event;
 mod id;
+mod param;
 mod verbs;
 
 use std::net::SocketAddr;
@@ -104,8 +105,9 @@ pub use addr::{CmAddr, IbAddr};
 pub use addrinfo::{create_ep, getaddrinfo, AddrInfo, AddrInfoEntry, AddrInfoFlags, AddrInfoHints};
 pub use channel::EventChannel;
 pub use device::get_devices;
-pub use event::{CmEvent, ConnParam, UdParam};
+pub use event::CmEvent;
 pub use id::{CmId, CmOption, McJoinFlags};
+pub use param::{ConnParam, UdParam};
 pub use verbs::get_comp;
 // `Ece` lives at the crate root, next to the QP's own ECE calls; the
 // connection manager carries it too.

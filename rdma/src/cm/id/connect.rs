@@ -1,6 +1,7 @@
 //! Connections: listening, connecting, accepting, rejecting, establishing
 //! and disconnecting (`rdma_listen(3)`, `rdma_connect(3)`, `rdma_accept(3)`,
-//! ...), and the private data each message can carry.
+//! ...). The private data each message can carry is checked in
+//! `private_data.rs`.
 
 use std::ffi::c_void;
 use std::ptr::NonNull;
@@ -8,29 +9,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::locking::{Access, Start};
+use super::private_data::Message;
 use super::qp::CmQp;
 use super::{verb, CmId, IdInner};
-use crate::cm::event::ConnParam;
-use crate::cm::PortSpace;
+use crate::cm::param::ConnParam;
 use crate::error::{Error, Result};
 use crate::qp::QpOwner;
 use crate::{ffi, AsyncEventType, QueuePair};
-
-/// The limits of private data per message on InfiniBand/RoCE (`ib_cm.h`),
-/// and the IP header the CM puts in front of a REQ outside the IB port space.
-const IB_REQ: usize = 92;
-const IB_REP: usize = 196;
-const IB_REJ: usize = 148;
-const IB_SIDR_REQ: usize = 216;
-const IB_SIDR_REP: usize = 136;
-const CMA_IP_HEADER: usize = 36;
-
-#[derive(Clone, Copy)]
-pub(super) enum Message {
-    Connect,
-    Accept,
-    Reject,
-}
 
 impl CmId {
     /// Listens for connection requests (`rdma_listen(3)`).
@@ -84,58 +69,6 @@ impl CmId {
             _ => None,
         };
         Ok((id, qp))
-    }
-
-    pub(super) fn check_private_data(
-        &self,
-        raw: *mut ffi::rdma_cm_id,
-        data: &[u8],
-        msg: Message,
-        verb: &'static str,
-    ) -> Result<()> {
-        let too_long = |limit: usize, what: &str| Error::InvalidArgument {
-            verb,
-            reason: format!(
-                "{} bytes of private data, but {what} carries at most {limit}",
-                data.len()
-            ),
-        };
-        if data.len() > 255 {
-            return Err(too_long(255, "the connection manager's interface"));
-        }
-        // SAFETY: the caller holds the id's locks; the device outlives the id.
-        let transport = unsafe {
-            let verbs = (*raw).verbs;
-            if verbs.is_null() {
-                return Ok(());
-            }
-            (*(*verbs).device).transport_type
-        };
-        if transport != ffi::IBV_TRANSPORT_IB {
-            return Ok(());
-        }
-        let header = if self.inner.ps == PortSpace::Ib {
-            0
-        } else {
-            CMA_IP_HEADER
-        };
-        let datagram = self.inner.ps.is_datagram();
-        let (limit, what) = match (msg, datagram) {
-            (Message::Connect, false) => {
-                (IB_REQ - header, "an InfiniBand/RoCE REQ in this port space")
-            }
-            (Message::Connect, true) => (
-                IB_SIDR_REQ - header,
-                "an InfiniBand/RoCE SIDR REQ in this port space",
-            ),
-            (Message::Accept, false) => (IB_REP, "an InfiniBand/RoCE REP"),
-            (Message::Reject, false) => (IB_REJ, "an InfiniBand/RoCE REJ"),
-            (_, true) => (IB_SIDR_REP, "an InfiniBand/RoCE SIDR REP"),
-        };
-        if data.len() > limit {
-            return Err(too_long(limit, what));
-        }
-        Ok(())
     }
 
     /// Connects (`rdma_connect(3)`): for RC, sends a connection request

@@ -14,6 +14,7 @@ mod connect;
 mod locking;
 mod multicast;
 mod options;
+mod private_data;
 mod qp;
 mod resolve;
 

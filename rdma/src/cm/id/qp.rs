@@ -6,10 +6,10 @@ use std::ffi::c_int;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::connect::Message;
 use super::locking::Access;
+use super::private_data::Message;
 use super::{verb, CmId, IdInner};
-use crate::cm::event::ConnParam;
+use crate::cm::param::ConnParam;
 use crate::error::{call_minus_one, Error, Result};
 use crate::qp::QpOwner;
 use crate::{ffi, QpAttr, QpState, QpType, QueuePair, QueuePairBuilder};
