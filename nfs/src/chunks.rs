@@ -466,9 +466,10 @@ impl ChunkPool {
             }
         };
         // The window is not bound yet: no peer reaches the region while it
-        // is filled. (The crate's atomic copy: a plain copy here, whose
-        // argument is that free regions are never bound, costs the same per
-        // byte in the VM, session 20 of docs/benchmarks-log.md.)
+        // is filled. (The crate's atomic copy, which needs no argument about
+        // who else reaches the region: a plain copy, resting on free regions
+        // never being bound, was measured no cheaper per byte in the VM;
+        // docs/benchmarks-log.md.)
         let mut at = 0;
         let mut fill_one = |region: &mut Region, b: &[u8]| {
             let r = region.mr.write_at(at, b);

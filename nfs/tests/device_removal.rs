@@ -11,9 +11,8 @@
 //! processes' verbs contexts (rxe has no `disassociate_ucontext`, so the
 //! kernel waits for every open context), make `rdma link delete` wait
 //! without end, and rxe0, half removed, then fails every later test with
-//! `ENODEV`. Measured in the VM (session 19): a kernel 9P mount left on
-//! rxe0 kept the delete in `cma_remove_one` for the 110 s it was watched,
-//! and the delete finished as soon as it was unmounted.
+//! `ENODEV`. In the VM, a kernel 9P mount left on rxe0 keeps the delete
+//! waiting in `cma_remove_one` until it is unmounted, and then it finishes.
 //!
 //! Device test: it needs root, the kernel's nfsd and rxe0 (`ci/vm run`).
 

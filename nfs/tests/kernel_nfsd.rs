@@ -117,7 +117,7 @@ fn sizes(iwarp: bool) {
     // A READ of 1 MiB: the kernel server invalidates its write chunk with
     // the reply (SEND_WITH_INV); on rxe the receive completion says so and
     // no READ posts a LOCAL_INV. siw (a registration per chunk) is not
-    // offered it: its registrations are deregistered, as before.
+    // offered it: each registration is deregistered when its call ends.
     let c = read_counted(&rt, &client, "f1048576", 1 << 20, 1048576);
     println!("remote invalidation advertised: {c:?}");
     assert!(c.replies >= 1, "the READs used write chunks");

@@ -653,12 +653,11 @@ fn iwarp_messages(file: &Path) -> Vec<Value> {
     msgs
 }
 
-// NFS over siw (the kernel's client and server both on siw0) made the fixtures
-// `iwarp_nfs3.pcap` and `iwarp_nfs4.pcap` (tests `capture_iwarp_nfs3_write_and_read_a_file` and
-// `capture_iwarp_nfs4_compounds`, in this file's history until they were taken out): on a host
-// loaded with other guests they ran past ci/device-tests' 120 s now and then, and a test killed
-// there left the guest's svcrdma oopsing in `__svc_rdma_free` (a NULL `rdma_destroy_id`), which
-// the device tests after it in the same guest would meet. The host tests of the fixtures
+// The fixtures `iwarp_nfs3.pcap` and `iwarp_nfs4.pcap` come from NFS over siw (the kernel's
+// client and server both on siw0), and no device test here captures it again: on a host loaded
+// with other guests such a capture can run past ci/device-tests' 120 s, and a test killed there
+// leaves the guest's svcrdma oopsing in `__svc_rdma_free` (a NULL `rdma_destroy_id`), which the
+// device tests after it in the same guest would meet. The host tests of the fixtures
 // (`tests/fixtures.rs`) check them against tshark and the written file.
 
 fn iwarp_perftest(tool: &str, kind: &str) {

@@ -428,8 +428,8 @@ impl Engine {
         let now = waiting == 0 && broken.is_none();
         // The deadline matters only while the call waits in `ending`: a call
         // delivered now reads no clock (`clock_gettime` is a system call in
-        // the VM's guest: 8 fewer per MiB read on rxe, where the server
-        // invalidates every READ's window).
+        // the VM's guest, and on rxe, where the server invalidates every
+        // READ's window, nearly every READ is delivered at once).
         let deadline = if now {
             p.deadline
         } else {

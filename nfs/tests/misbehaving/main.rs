@@ -191,9 +191,9 @@ fn reuse(iwarp: bool) {
 /// putting its region back (reused by the next calls). rxe only: over siw
 /// the client offers no remote invalidation (no memory windows), and
 /// libsiw reports no invalidation on a receive (`copy_cqe`: no flags, no
-/// key). (Session 21 saw this Rust server's `SEND_WITH_INV` fail over siw:
-/// libsiw read the key from `wr.rdma.rkey`, which the rdma crate now fills
-/// too; `rdma/tests/access.rs`,
+/// key). (This Rust server's `SEND_WITH_INV` itself works over siw because
+/// the rdma crate fills `wr.rdma.rkey`, where libsiw reads the key, as well
+/// as `invalidate_rkey`: `rdma/tests/access.rs`,
 /// `iwarp_send_with_invalidate_invalidates_the_named_region`.) The kernel
 /// server's replies over siw are checked in `kernel_nfsd::sizes_over_iwarp`.
 #[test]
@@ -282,9 +282,9 @@ fn stray_invalidation_falls_back_over_rxe() {
 /// the first call's rkey: the client has ended the first call (it cannot
 /// know what comes next), and on rxe its device may execute that
 /// invalidation before or after whatever the client does to the window. A
-/// `LOCAL_INV` posted for it (what the client did before) then hit an
-/// invalidated window: Linux 6.1's rxe dereferences NULL and the kernel
-/// crashes. Deallocating the window is safe in either order: if the
+/// `LOCAL_INV` posted for it could then hit an invalidated window, where
+/// Linux 6.1's rxe dereferences NULL and the kernel crashes: so the client
+/// posts none there. Deallocating the window is safe in either order: if the
 /// server's invalidation came first, the reply names a key no call in
 /// flight lends (`late_invalidations`), and both calls get their data on
 /// one connection; if the deallocation came first, the invalidation names

@@ -114,9 +114,9 @@ const BATCH_BYTES: usize = 1 << 20;
 const BATCH_MESSAGES: usize = 256;
 /// Batches in flight between the two threads. With [`BATCH_BYTES`] this bounds what the
 /// pipeline adds to memory: a few batches, each at most one message over the threshold. On a
-/// busy host, every time one thread waits for the other it waits for the scheduler too: with
-/// 64 KiB batches and 4 in flight, the two threads together got less of a host at load 17
-/// than tshark's one (7-11 s of wall time for 1.3 s of CPU time).
+/// busy host, every time one thread waits for the other it waits for the scheduler too, so
+/// batches are large and several are in flight: small ones, few at a time, left the two
+/// threads together less of a loaded host than tshark's one thread.
 const BATCH_QUEUE: usize = 8;
 /// Payload buffers on their way back to the decoder for reuse.
 const SPARES: usize = 64;
