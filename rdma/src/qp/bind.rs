@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::send::{Op, Outgoing};
+use super::outgoing::{Op, Outgoing};
 use super::QueuePair;
 use crate::error::{check_errno_ret, Result};
 use crate::mr::{AccessFlags, RemoteMemory};

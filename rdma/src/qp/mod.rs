@@ -16,6 +16,7 @@ mod bind;
 mod builder;
 mod check;
 mod ext;
+mod outgoing;
 mod prepared;
 mod prepared_recv;
 mod raw;

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use super::send::{fill_request, Outgoing};
+use super::outgoing::{fill_request, Outgoing};
 use super::wr_ops::Direct;
 use super::{QpType, QueuePair};
 use crate::error::{Error, Result};

@@ -16,7 +16,7 @@
 use std::ffi::c_int;
 use std::ptr::NonNull;
 
-use super::send::{Op, Outgoing};
+use super::outgoing::{Op, Outgoing};
 use crate::ffi;
 use crate::wr::SendOp;
 
