@@ -32,6 +32,7 @@ pub mod fuzzing;
 mod link;
 pub mod proto;
 pub mod server;
+mod stats;
 mod sys;
 pub mod users;
 pub mod workers;

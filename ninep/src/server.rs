@@ -64,6 +64,7 @@ pub use crate::error::Error;
 use crate::fs::{Export, Session};
 use crate::link::{Queues, RECV};
 use crate::proto::{ty, Rmsg, HEADER, NOTAG};
+use crate::stats::{self, Stats};
 use crate::workers::Workers;
 
 /// The port Linux's 9P RDMA client connects to by default.
@@ -330,56 +331,6 @@ fn bench_null() -> bool {
     *ON.get_or_init(|| std::env::var_os("RDMA_9P_BENCH_NULL").is_some())
 }
 
-/// The log target of the per-connection timings (`RUST_LOG=rdma_9p::stats=debug`).
-const STATS: &str = "rdma_9p::stats";
-
-/// Whether the timings are logged: read once, as the clock reads they
-/// need cost time on every request.
-fn stats_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| log::log_enabled!(target: STATS, log::Level::Debug))
-}
-
-/// Where a connection's requests spent their time (logged at debug level
-/// under the target [`STATS`] after each burst and when it ends): sums over
-/// `n` requests.
-#[derive(Default)]
-struct Stats {
-    n: u32,
-    /// Receive completion polled -> handed to the blocking pool.
-    queued: Duration,
-    /// Handed over -> the handler began on its thread.
-    handoff: Duration,
-    /// The handler itself (decode, file I/O, reply).
-    handle: Duration,
-    /// Handler ended -> reply posted.
-    back: Duration,
-    /// Reply posted -> the next receive completion polled, with nothing
-    /// running: the client's and the transport's share.
-    idle: Duration,
-    idle_n: u32,
-}
-
-impl Stats {
-    fn print(&self) {
-        if self.n == 0 {
-            return;
-        }
-        let us = |d: Duration, n: u32| d.as_secs_f64() * 1e6 / f64::from(n.max(1));
-        log::debug!(
-            target: STATS,
-            "{} requests, mean us: queued {:.1} handoff {:.1} handle {:.1} back {:.1}; idle between requests {:.1} ({} gaps)",
-            self.n,
-            us(self.queued, self.n),
-            us(self.handoff, self.n),
-            us(self.handle, self.n),
-            us(self.back, self.n),
-            us(self.idle, self.idle_n),
-            self.idle_n
-        );
-    }
-}
-
 /// The tag of the message in `buf` (`NOTAG` if it is too short for one).
 fn tag_of(buf: &MemoryRegion) -> u16 {
     buf.as_slice()
@@ -616,7 +567,7 @@ impl Conn {
                     };
                     log::trace!("wc {:?} wr {:#x} status {} len {}", c.opcode, c.wr_id, c.status, c.byte_len);
                     if c.opcode == WcOpcode::Recv {
-                        let now = stats_on().then(Instant::now);
+                        let now = stats::on().then(Instant::now);
                         if let (Some(now), Some(last)) = (now, last_reply.take()) {
                             // A pause: what came before was one burst.
                             if now - last > Duration::from_millis(200) {
