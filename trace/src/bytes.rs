@@ -87,6 +87,11 @@ pub fn hex(b: &[u8]) -> String {
     s
 }
 
+/// Serialises bytes as lower-case hex (for `--json`): `#[serde(serialize_with = ...)]`.
+pub(crate) fn ser_hex<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&hex(b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

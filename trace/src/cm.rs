@@ -64,7 +64,7 @@ pub enum CmMessage {
         /// rdma_cm's addressing header, when the service ID is in an rdma_cm port space.
         ip: Option<IpCm>,
         /// Private data (92 bytes, rdma_cm's header included).
-        #[serde(serialize_with = "crate::ser_hex")]
+        #[serde(serialize_with = "crate::bytes::ser_hex")]
         private: Vec<u8>,
     },
     /// Connection reply.
@@ -80,7 +80,7 @@ pub enum CmMessage {
         /// Sender's CA GUID.
         local_ca_guid: u64,
         /// Private data (196 bytes).
-        #[serde(serialize_with = "crate::ser_hex")]
+        #[serde(serialize_with = "crate::bytes::ser_hex")]
         private: Vec<u8>,
     },
     /// Ready to use.
@@ -90,7 +90,7 @@ pub enum CmMessage {
         /// Peer's communication ID.
         remote_comm_id: u32,
         /// Private data (224 bytes).
-        #[serde(serialize_with = "crate::ser_hex")]
+        #[serde(serialize_with = "crate::bytes::ser_hex")]
         private: Vec<u8>,
     },
     /// Reject.
@@ -104,7 +104,7 @@ pub enum CmMessage {
         /// Reason code.
         reason: u16,
         /// Private data (148 bytes).
-        #[serde(serialize_with = "crate::ser_hex")]
+        #[serde(serialize_with = "crate::bytes::ser_hex")]
         private: Vec<u8>,
     },
     /// Message receipt acknowledgement.
@@ -114,7 +114,7 @@ pub enum CmMessage {
         /// Peer's communication ID.
         remote_comm_id: u32,
         /// Private data (222 bytes).
-        #[serde(serialize_with = "crate::ser_hex")]
+        #[serde(serialize_with = "crate::bytes::ser_hex")]
         private: Vec<u8>,
     },
     /// Disconnect request.
@@ -126,7 +126,7 @@ pub enum CmMessage {
         /// The peer's QP.
         remote_qpn: u32,
         /// Private data (220 bytes).
-        #[serde(serialize_with = "crate::ser_hex")]
+        #[serde(serialize_with = "crate::bytes::ser_hex")]
         private: Vec<u8>,
     },
     /// Disconnect reply.
@@ -136,7 +136,7 @@ pub enum CmMessage {
         /// Peer's communication ID.
         remote_comm_id: u32,
         /// Private data (224 bytes).
-        #[serde(serialize_with = "crate::ser_hex")]
+        #[serde(serialize_with = "crate::bytes::ser_hex")]
         private: Vec<u8>,
     },
     /// Another CM attribute (SIDR, LAP, APR, ClassPortInfo), not decoded further.

@@ -167,8 +167,3 @@ pub fn decode(linktype: i32, data: &[u8]) -> Decoded<'_> {
         cm,
     })
 }
-
-/// Serialises bytes as lower-case hex (for `--json`).
-pub(crate) fn ser_hex<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&bytes::hex(b))
-}

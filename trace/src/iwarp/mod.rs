@@ -56,7 +56,7 @@ pub struct MpaFrame {
     /// Revision (1, or 2 with RFC 6581's enhanced connection setup).
     pub rev: u8,
     /// Private data.
-    #[serde(serialize_with = "crate::ser_hex")]
+    #[serde(serialize_with = "crate::bytes::ser_hex")]
     pub private: Vec<u8>,
 }
 
@@ -91,7 +91,7 @@ pub struct Terminate {
     /// R: the terminated RDMAP header follows.
     pub hdr_r: bool,
     /// What follows the fixed part (segment length and headers).
-    #[serde(serialize_with = "crate::ser_hex")]
+    #[serde(serialize_with = "crate::bytes::ser_hex")]
     pub rest: Vec<u8>,
 }
 
