@@ -192,21 +192,8 @@ impl CmId {
         flags: SendFlags,
         remote: RemoteMemory,
     ) -> Result<()> {
-        let id = self.posting("rdma_post_read", context)?;
-        // SAFETY: as above.
-        let rc = unsafe {
-            ffi::rdma_post_read(
-                id,
-                context as *mut c_void,
-                mr.addr() as *mut c_void,
-                mr.len(),
-                mr.as_raw(),
-                flags.bits() as i32,
-                remote.addr,
-                remote.rkey,
-            )
-        };
-        check_minus_one("rdma_post_read", || "".into(), rc).map(|_| ())
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.post_rdma(Rdma::Read, context, Local::One(mr), flags, remote) }
     }
 
     /// RDMA READs `remote` scattering into `mrs` (`rdma_post_readv(3)`).
@@ -223,21 +210,8 @@ impl CmId {
         flags: SendFlags,
         remote: RemoteMemory,
     ) -> Result<()> {
-        let id = self.posting("rdma_post_readv", context)?;
-        let mut sges = sge_list(mrs)?;
         // SAFETY: as above.
-        let rc = unsafe {
-            ffi::rdma_post_readv(
-                id,
-                context as *mut c_void,
-                sges.as_mut_ptr(),
-                sges.len() as i32,
-                flags.bits() as i32,
-                remote.addr,
-                remote.rkey,
-            )
-        };
-        check_minus_one("rdma_post_readv", || "".into(), rc).map(|_| ())
+        unsafe { self.post_rdma(Rdma::Read, context, Local::Many(mrs), flags, remote) }
     }
 
     /// RDMA WRITEs `mr` to `remote` (`rdma_post_write(3)`).
@@ -254,21 +228,8 @@ impl CmId {
         flags: SendFlags,
         remote: RemoteMemory,
     ) -> Result<()> {
-        let id = self.posting("rdma_post_write", context)?;
         // SAFETY: as above.
-        let rc = unsafe {
-            ffi::rdma_post_write(
-                id,
-                context as *mut c_void,
-                mr.addr() as *mut c_void,
-                mr.len(),
-                mr.as_raw(),
-                flags.bits() as i32,
-                remote.addr,
-                remote.rkey,
-            )
-        };
-        check_minus_one("rdma_post_write", || "".into(), rc).map(|_| ())
+        unsafe { self.post_rdma(Rdma::Write, context, Local::One(mr), flags, remote) }
     }
 
     /// RDMA WRITEs the concatenation of `mrs` to `remote`
@@ -286,11 +247,46 @@ impl CmId {
         flags: SendFlags,
         remote: RemoteMemory,
     ) -> Result<()> {
-        let id = self.posting("rdma_post_writev", context)?;
-        let mut sges = sge_list(mrs)?;
         // SAFETY: as above.
+        unsafe { self.post_rdma(Rdma::Write, context, Local::Many(mrs), flags, remote) }
+    }
+
+    /// The RDMA READ and WRITE posts, each form: `rdma_post_read(3)` and
+    /// `rdma_post_write(3)` are librdmacm's inline one-entry forms of the
+    /// `v` calls (one `ibv_sge` over the region), so every form posts
+    /// through `rdma_post_readv`/`rdma_post_writev`. Errors name the form
+    /// the caller called.
+    ///
+    /// # Safety
+    /// As [`CmId::post_read_raw`] (the device writes the local memory) for a
+    /// READ, as [`CmId::post_write_raw`] (it reads it) for a WRITE.
+    unsafe fn post_rdma(
+        &self,
+        op: Rdma,
+        context: u64,
+        local: Local<'_>,
+        flags: SendFlags,
+        remote: RemoteMemory,
+    ) -> Result<()> {
+        let verb = match (op, local) {
+            (Rdma::Read, Local::One(_)) => "rdma_post_read",
+            (Rdma::Read, Local::Many(_)) => "rdma_post_readv",
+            (Rdma::Write, Local::One(_)) => "rdma_post_write",
+            (Rdma::Write, Local::Many(_)) => "rdma_post_writev",
+        };
+        let id = self.posting(verb, context)?;
+        let mut sges = match local {
+            Local::One(mr) => vec![mr.sge()],
+            Local::Many(mrs) => sge_list(mrs)?,
+        };
+        let post = match op {
+            Rdma::Read => ffi::rdma_post_readv,
+            Rdma::Write => ffi::rdma_post_writev,
+        };
+        // SAFETY: the id has a QP (`posting`); the caller keeps the memory
+        // valid until the completion; the list is copied by the provider.
         let rc = unsafe {
-            ffi::rdma_post_writev(
+            post(
                 id,
                 context as *mut c_void,
                 sges.as_mut_ptr(),
@@ -300,7 +296,7 @@ impl CmId {
                 remote.rkey,
             )
         };
-        check_minus_one("rdma_post_writev", || "".into(), rc).map(|_| ())
+        check_minus_one(verb, || "".into(), rc).map(|_| ())
     }
 
     /// Sends `mr` as a datagram to `ah`/`remote_qpn` with the UDP port
@@ -354,6 +350,20 @@ impl CmId {
     pub fn get_recv_comp(&self, qp: &QueuePair) -> Result<Completion> {
         get_comp(qp.recv_cq())
     }
+}
+
+/// An RDMA post's direction.
+#[derive(Clone, Copy)]
+enum Rdma {
+    Read,
+    Write,
+}
+
+/// An RDMA post's local memory: one region, or a scatter/gather list.
+#[derive(Clone, Copy)]
+enum Local<'a> {
+    One(&'a MemoryRegion),
+    Many(&'a [&'a MemoryRegion]),
 }
 
 fn sge_list(mrs: &[&MemoryRegion]) -> Result<Vec<ffi::ibv_sge>> {
