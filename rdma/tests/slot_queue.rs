@@ -20,9 +20,12 @@ struct Two {
 }
 
 fn two(slots: u32, slot_len: usize) -> Two {
+    two_with(SlotConfig::new(slots, slot_len))
+}
+
+fn two_with(config: SlotConfig) -> Two {
     let ctx = common::open(&common::device_name());
     let pd = ctx.alloc_pd().expect("alloc_pd");
-    let config = SlotConfig::new(slots, slot_len);
     let a = SlotQueue::new(&pd, &config).expect("slot queue a");
     let b = SlotQueue::new(&pd, &config).expect("slot queue b");
     let gid = u8::try_from(common::gid_index()).unwrap();
@@ -30,9 +33,20 @@ fn two(slots: u32, slot_len: usize) -> Two {
     Two { pd, a, b }
 }
 
-fn bring_up(ctx: &rdma::Context, a: &SlotQueue, b: &SlotQueue, gid: u8) {
-    common::connect(ctx, a.qp(), b.qp(), gid);
-    common::connect(ctx, b.qp(), a.qp(), gid);
+/// Connects `a` and `b` (INIT → RTR → RTS) with remote write allowed.
+fn bring_up(ctx: &rdma::Context, a: &SlotQueue, b: &SlotQueue, gid_index: u8) {
+    let gid = ctx.query_gid(1, u32::from(gid_index)).unwrap();
+    let mtu = ctx.query_port(1).unwrap().active_mtu;
+    let mut init = rdma::InitAttr::new(1);
+    init.access = AccessFlags::REMOTE_WRITE;
+    for (me, peer) in [(a, b), (b, a)] {
+        let qp = me.qp();
+        qp.to_init(&init).unwrap();
+        let ah = rdma::AhAttr::global(1, gid, gid_index);
+        qp.to_rtr(Some(&rdma::RtrAttr::new(ah, mtu, peer.qp().qp_num(), 0)))
+            .unwrap();
+        qp.to_rts(&rdma::RtsAttr::new(0)).unwrap();
+    }
 }
 
 /// Polls `q` until a completion comes; fails after 10 s.
@@ -87,6 +101,33 @@ fn send_lands_in_the_posted_slot_readable_after_its_completion_rxe() {
     assert_eq!(b.in_flight(), (0, 0));
     drop((a, b));
     assert_eq!(rdma::teardown_failures(), failures);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn an_inline_send_leaves_its_slot_to_the_caller_at_once_rxe() {
+    let mut config = SlotConfig::new(2, 256);
+    config.max_inline_data = 64;
+    let Two { mut a, mut b, .. } = two_with(config);
+    b.post_recv(0).unwrap();
+    a.slot_mut(1).unwrap()[..3].copy_from_slice(b"abc");
+    a.post_send(1, 3, true).unwrap();
+    // Copied during the post: the slot is the caller's again, while the
+    // send's completion is still to come.
+    a.slot_mut(1).unwrap()[..3].copy_from_slice(b"xyz");
+    assert_eq!(a.in_flight(), (1, 0));
+    let c = next(&mut a);
+    assert!(c.is_success() && !c.is_recv(), "{c:?}");
+    assert_eq!(a.in_flight(), (0, 0));
+    let c = next(&mut b);
+    assert!(c.is_success() && c.is_recv(), "{c:?}");
+    assert_eq!(&b.slot(0).unwrap()[..3], b"abc");
+    // Above the inline size the slot stays lent.
+    b.post_recv(0).unwrap();
+    a.post_send(1, 65, true).unwrap();
+    is_invalid(a.slot_mut(1), "not been polled");
+    assert!(next(&mut a).is_success());
+    assert!(next(&mut b).is_success());
 }
 
 #[test]
@@ -156,7 +197,9 @@ fn dropping_a_queue_with_requests_in_flight_is_clean_rxe() {
     }
     // Receives never filled; a slot with one is no send's.
     is_invalid(a.post_send(0, 1, false), "receive posted");
+    // And a queue never connected (receives may be posted from INIT on).
     let mut c = SlotQueue::new(a.qp().pd(), &SlotConfig::new(1, 8)).unwrap();
+    c.qp().to_init(&rdma::InitAttr::new(1)).unwrap();
     c.post_recv(0).unwrap();
     assert_eq!(a.in_flight(), (0, 8));
     // The peer first, then the queue: either order.

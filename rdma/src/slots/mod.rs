@@ -265,7 +265,9 @@ impl SlotQueue {
         Ok(SlotQueue {
             lkey: memory.lkey(),
             slot_len,
-            max_inline: qp.caps().max_inline_data,
+            // What was asked for: a provider may give more, and a message
+            // the caller did not want inline is not sent inline.
+            max_inline: config.max_inline_data.min(qp.caps().max_inline_data),
             send: qp.direct(&SendOp::Send),
             poll_cq: provider.unwrap_or(ffi::ibv_poll_cq),
             ledger: Ledger::new(config.slots),
