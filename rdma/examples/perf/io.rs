@@ -12,8 +12,8 @@
 //! how many requests of its QP are done, unsignaled ones included.
 
 use rdma::{
-    ffi, AccessFlags, Completion, CompletionChannel, CompletionQueue, PostPath, QueuePair,
-    RemoteMemory, SendOp, SendWr, WcStatus, WorkCompletion, WrBuffers,
+    ffi, AccessFlags, CompletionChannel, CompletionQueue, PostPath, QueuePair, RemoteMemory,
+    SendOp, SendWr, WcStatus, WorkCompletion, WrBuffers,
 };
 
 use crate::oob::Watch;
@@ -48,9 +48,10 @@ fn failed(what: &str, status: WcStatus, vendor_err: u32, id: u64) -> String {
     )
 }
 
-/// Errors out on a failed completion.
+/// Errors out on a failed completion (the async loops').
+#[cfg(feature = "tokio")]
 #[inline]
-pub fn check(c: &Completion, what: &str) -> Res<()> {
+pub fn check(c: &rdma::Completion, what: &str) -> Res<()> {
     if c.is_success() {
         Ok(())
     } else {

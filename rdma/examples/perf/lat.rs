@@ -19,7 +19,7 @@
 
 use rdma::{
     ffi, AccessFlags, InlineSend, MemoryRegion, PreparedRecv, PreparedSend, SendFlags, SendOp,
-    WorkCompletion, WrBuffers,
+    SlotCompletion, SlotQueue, WcStatus, WorkCompletion, WrBuffers,
 };
 
 use crate::clock::Stamps;
@@ -52,6 +52,8 @@ pub fn run(conn: &mut Conn, opts: &Opts) -> Res<()> {
         stamps.clear();
         let cpu0 = report::cpu_times();
         match (verb, opts.raw) {
+            (Verb::Send, _) if conn.slots.is_some() => send_slots(conn, opts, size, &mut stamps)?,
+            (Verb::Write, _) if conn.slots.is_some() => write_slots(conn, opts, size, &mut stamps)?,
             #[cfg(feature = "tokio")]
             (Verb::Send, false) if opts.wait == crate::events::Wait::Async => {
                 crate::aio::send_lat(conn, opts, size, &mut stamps)?
@@ -269,6 +271,144 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
     while rcnt < iters {
         io::wait_one_safe(recv_cq, recv_ch, &mut rwc, &mut rmem, &watch, "receive")?;
         rcnt += 1;
+    }
+    Ok(())
+}
+
+/// A failed slot queue completion as an error.
+#[cold]
+fn slot_failed(what: &str, c: &SlotCompletion) -> String {
+    format!(
+        "{what} completion with error, slot {}: {} (status {}, vendor error {:#x})",
+        c.slot(),
+        c.status(),
+        WcStatus::to_raw(c.status()),
+        c.vendor_err()
+    )
+}
+
+/// The next completion of `q`, checked; spins (with the peer watched)
+/// while the CQ is empty.
+#[inline(always)]
+fn next_slot(q: &mut SlotQueue, watch: &Watch<'_>, what: &str) -> Res<SlotCompletion> {
+    loop {
+        match q.poll().or_fail("poll CQ failed")? {
+            Some(c) if c.is_success() => return Ok(c),
+            Some(c) => return Err(slot_failed(what, &c)),
+            None => watch.idle()?,
+        }
+    }
+}
+
+/// `send_lat` on the slot queue (the default): receives in slots
+/// `0..last`, every send from slot `last`. Sends and receives complete on
+/// one CQ; in a ping-pong at most one receive completes early (while this
+/// side waits for its signaled send), and it is kept for the next wait.
+fn send_slots(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
+    let server = opts.is_server();
+    let iters = opts.iters;
+    let q = conn.slots.as_mut().ok_or("no slot queue")?;
+    let last = q.slots() - 1;
+    let posted = last.min(iters);
+    for s in 0..posted {
+        q.post_recv(s).or_fail("Couldn't post receives")?;
+    }
+    let mut rposted = posted;
+    let cq_mod = opts.cq_mod_for(size);
+    let len = size as u32;
+    conn.oob.barrier()?;
+    let watch = conn.oob.watch();
+    let mut rcnt = 0;
+    let mut early: Option<u32> = None;
+    let mut unsignaled = cq_mod;
+    for scnt in 0..iters {
+        let arrived = server || scnt > 0;
+        let mut slot = 0;
+        if arrived {
+            slot = match early.take() {
+                Some(s) => s,
+                None => recv_slot(q, &watch)?,
+            };
+            rcnt += 1;
+        }
+        let n = scnt + 1;
+        unsignaled -= 1;
+        let signaled = unsignaled == 0 || n == iters;
+        if unsignaled == 0 {
+            unsignaled = cq_mod;
+        }
+        q.post_send(last, len, signaled)
+            .or_fail("Couldn't post send")?;
+        stamps.push();
+        if arrived && rposted < iters {
+            q.post_recv(slot).or_fail("Couldn't post a receive")?;
+            rposted += 1;
+        }
+        if signaled {
+            loop {
+                let c = next_slot(q, &watch, "send")?;
+                if !c.is_recv() {
+                    break;
+                }
+                if early.replace(c.slot()).is_some() {
+                    return Err("two receives completed before the send".into());
+                }
+            }
+        }
+    }
+    while rcnt < iters {
+        if early.take().is_none() {
+            recv_slot(q, &watch)?;
+        }
+        rcnt += 1;
+    }
+    Ok(())
+}
+
+/// Waits for a receive's completion on `q`: its slot. A send's completion
+/// met meanwhile (none in a ping-pong: each signaled one is waited for
+/// right after its post) is only checked.
+#[inline(always)]
+fn recv_slot(q: &mut SlotQueue, watch: &Watch<'_>) -> Res<u32> {
+    loop {
+        let c = next_slot(q, watch, "receive")?;
+        if c.is_recv() {
+            return Ok(c.slot());
+        }
+    }
+}
+
+/// `write_lat` on the slot queue (the default), in perftest's shape: wait
+/// for the peer's write, write the iteration's number into the message's
+/// last byte, post, wait for the completion.
+#[inline(never)]
+fn write_slots(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
+    let server = opts.is_server();
+    let iters = opts.iters;
+    conn.target
+        .write_at(size - 1, &[0])
+        .or_fail("Couldn't clear the target buffer")?;
+    let q = conn.slots.as_mut().ok_or("no slot queue")?;
+    let target = q.write_target(conn.remote[0]);
+    let len = size as u32;
+    conn.oob.barrier()?;
+    let watch = conn.oob.watch();
+    let mut rcnt: u32 = 0;
+    for scnt in 0..iters {
+        if server || scnt > 0 {
+            rcnt += 1;
+            await_write(&conn.target, size, rcnt, &watch)?;
+        }
+        let n = scnt + 1;
+        q.slot_mut(0).or_fail("send buffer")?[size - 1] = n as u8;
+        q.post_write(&target, 0, len, true)
+            .or_fail("Couldn't post send")?;
+        stamps.push();
+        next_slot(q, &watch, "RDMA write")?;
+    }
+    while rcnt < iters {
+        rcnt += 1;
+        await_write(&conn.target, size, rcnt, &watch)?;
     }
     Ok(())
 }

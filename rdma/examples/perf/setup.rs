@@ -5,7 +5,7 @@ use std::hash::{BuildHasher, Hasher};
 use rdma::{
     AccessFlags, AhAttr, CompletionChannel, CompletionQueue, Context, InitAttr, LinkLayer,
     MemoryRegion, Mtu, PortAttr, PostPath, ProtectionDomain, QpType, QueuePair, RemoteMemory,
-    RtrAttr, RtsAttr,
+    RtrAttr, RtsAttr, SlotConfig, SlotQueue,
 };
 
 use crate::oob::{Dest, Oob};
@@ -21,7 +21,10 @@ pub const POOL_BUDGET: usize = 128 << 20;
 /// destroyed before any memory their work could still reach.
 #[derive(Debug)]
 pub struct Conn {
-    /// One RC QP per `-q`.
+    /// `send_lat` and `write_lat` by default ([`uses_slot_queue`]): the QP
+    /// with its memory and CQ; `qps` is then empty.
+    pub slots: Option<SlotQueue>,
+    /// One RC QP per `-q` (none with `slots`).
     pub qps: Vec<QueuePair>,
     /// Regions the raw post path uses: registered here so they outlive the
     /// QPs (the raw contract), even when a test fails half-way.
@@ -45,6 +48,41 @@ pub struct Conn {
     pub oob: Oob,
     /// Largest inline message the QPs accept (what `-I` asked for).
     pub inline: u32,
+}
+
+/// Whether the test runs on a [`SlotQueue`]: `send_lat` and `write_lat`
+/// busy polling on the safe path with requests checked once (no `--raw`,
+/// `-e`, `--post-send` or `--interleave`), one QP.
+pub fn uses_slot_queue(opts: &Opts) -> bool {
+    opts.test.kind == Kind::Lat
+        && matches!(opts.test.verb, Verb::Send | Verb::Write)
+        && !opts.raw
+        && !opts.events
+        && opts.prepared
+        && opts.interleave.is_none()
+        && opts.qps == 1
+}
+
+/// The slot queue of a latency test: for `write_lat` one slot, the
+/// message; for `send_lat` the receives kept posted and, last, the send
+/// (every send goes from the same bytes, as perftest's do). Slots are sized
+/// for the largest message of the run.
+fn slot_queue(pd: &ProtectionDomain, opts: &Opts) -> Res<SlotQueue> {
+    let len = opts.sizes().into_iter().max().unwrap_or(opts.size);
+    let slots = match opts.test.verb {
+        Verb::Send => crate::lat::rx_slots(opts, len) + 1,
+        _ => 1,
+    };
+    let mut config = SlotConfig::new(slots, len);
+    config.max_send_wr = opts.tx_depth;
+    config.max_recv_wr = if opts.test.verb == Verb::Send {
+        opts.rx_depth
+    } else {
+        1
+    };
+    config.max_inline_data = opts.inline;
+    config.post_path = opts.post;
+    SlotQueue::new(pd, &config).or_fail("Couldn't create the slot queue")
 }
 
 /// A random 24-bit PSN.
@@ -189,8 +227,13 @@ pub fn connect(opts: &Opts) -> Res<Conn> {
         "Couldn't register the {target_len}-byte target buffer"
     ))?;
 
+    let slots = if uses_slot_queue(opts) {
+        Some(slot_queue(&pd, opts)?)
+    } else {
+        None
+    };
     let mut qps = Vec::with_capacity(nq);
-    for i in 0..nq {
+    for i in 0..if slots.is_some() { 0 } else { nq } {
         let qp = pd
             .qp_builder(QpType::Rc, &send_cq, &recv_cq)
             .max_send_wr(opts.tx_depth)
@@ -199,6 +242,11 @@ pub fn connect(opts: &Opts) -> Res<Conn> {
             .post_path(opts.post)
             .build()
             .or_fail(&format!("Couldn't create QP {i}"))?;
+        qps.push(qp);
+    }
+    // The QPs to connect, the slot queue's or `qps`.
+    let all: Vec<&QueuePair> = slots.iter().map(SlotQueue::qp).chain(&qps).collect();
+    for (i, qp) in all.iter().enumerate() {
         if qp.caps().max_inline_data < opts.inline {
             return Err(format!(
                 "-I {}: the device gives only {} bytes of inline data",
@@ -210,11 +258,10 @@ pub fn connect(opts: &Opts) -> Res<Conn> {
         init.access = access & !AccessFlags::LOCAL_WRITE;
         qp.to_init(&init)
             .or_fail(&format!("Couldn't move QP {i} to INIT"))?;
-        qps.push(qp);
     }
-    let path = qps.first().map_or(opts.post, QueuePair::post_path);
+    let path = all.first().map_or(opts.post, |qp| qp.post_path());
 
-    let mine: Vec<Dest> = qps
+    let mine: Vec<Dest> = all
         .iter()
         .enumerate()
         .map(|(i, qp)| {
@@ -271,7 +318,7 @@ pub fn connect(opts: &Opts) -> Res<Conn> {
     }
     println!("{rule}");
 
-    for (i, (qp, (m, p))) in qps.iter().zip(mine.iter().zip(&peer)).enumerate() {
+    for (i, (qp, (m, p))) in all.iter().zip(mine.iter().zip(&peer)).enumerate() {
         let mut ah = match sgid_index {
             Some(sgid) => AhAttr::global(opts.ib_port, p.gid, sgid),
             None => AhAttr::local(opts.ib_port, p.lid),
@@ -295,7 +342,9 @@ pub fn connect(opts: &Opts) -> Res<Conn> {
             rkey: p.rkey,
         })
         .collect();
+    drop(all);
     Ok(Conn {
+        slots,
         qps,
         raw_keep: Vec::new(),
         target,
