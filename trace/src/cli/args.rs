@@ -10,7 +10,7 @@ use rdma_trace::iwarp::Pdu;
 use rdma_trace::reasm::Message;
 use rdma_trace::RocePacket;
 
-use super::print::pdu_name;
+use rdma_trace::iwarp::MpaUnit;
 
 /// What follows every command's help.
 const FILE_NOTE: &str = "\
@@ -123,6 +123,16 @@ fn parse_threads(s: &str) -> anyhow::Result<usize> {
     match s.parse() {
         Ok(n @ 1..=2) => Ok(n),
         _ => bail!("'{s}' is not 1 or 2"),
+    }
+}
+
+/// The name of an iWARP unit: what `--op` matches and `show` prints.
+pub(crate) fn pdu_name(p: &Pdu) -> &'static str {
+    match &p.unit {
+        MpaUnit::Frame(f) if f.request => "MPA_REQUEST",
+        MpaUnit::Frame(_) => "MPA_REPLY",
+        MpaUnit::Fpdu(f) => f.ddp.as_ref().map_or("FPDU", |d| d.op_name()),
+        MpaUnit::Lost { .. } => "MPA_LOST",
     }
 }
 

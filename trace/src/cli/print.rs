@@ -13,16 +13,7 @@ use rdma_trace::rpc::Rpc;
 use rdma_trace::Decoded;
 use serde::Serialize;
 
-use super::args::Args;
-
-pub(crate) fn pdu_name(p: &Pdu) -> &'static str {
-    match &p.unit {
-        MpaUnit::Frame(f) if f.request => "MPA_REQUEST",
-        MpaUnit::Frame(_) => "MPA_REPLY",
-        MpaUnit::Fpdu(f) => f.ddp.as_ref().map_or("FPDU", |d| d.op_name()),
-        MpaUnit::Lost { .. } => "MPA_LOST",
-    }
-}
+use super::args::{pdu_name, Args};
 
 #[derive(Serialize)]
 struct PduJson<'a> {
