@@ -5,8 +5,9 @@
 //! `rdma/fuzz/` calls it, and so does the test suite
 //! (`tests/no_panic.rs`) on the committed corpus (`tests/corpus/`) and on
 //! mutations of it, with stable Rust. It exists only with the `fuzzing`
-//! feature and is hidden from the docs: not part of the public API. Nothing it reaches may panic, and
-//! whatever decodes must encode back to the same value (it checks).
+//! feature and is hidden from the docs: not part of the public API. Nothing
+//! it reaches may panic, and whatever decodes must encode back to the same
+//! value (it checks).
 //!
 //! The first byte chooses what the rest is read as:
 //! - 0: private data and CM event parameters: [`RemoteMemory::from_bytes`],

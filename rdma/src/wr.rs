@@ -159,9 +159,8 @@ impl WrBuffers {
             WrBuffers::Shared(a) => Arc::into_inner(a),
             WrBuffers::None => None,
             // Dropped out of line, and the function always inlined: with the
-            // device slice's drop in it, LLVM stopped inlining it into
-            // polling loops (callgrind: 7 more instructions per `write_lat`
-            // iteration, 9 with only the drop moved out).
+            // device slice's drop in it, LLVM does not inline it into
+            // polling loops, a call per completion (callgrind).
             other => {
                 drop_out_of_line(other);
                 None

@@ -173,11 +173,11 @@ impl AsyncCq {
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Completion>> {
         // Nothing buffered: one completion polled straight into a slot
         // (`CompletionQueue::poll_one_into`) and moved out once, instead of
-        // a batch polled into `scratch` that becomes the buffer. Callgrind,
-        // `perf send_lat -e --wait async` (two completions per iteration):
-        // 1,920.3 -> 1,466.2 user-space instructions per iteration. A
-        // caller that wants batches has `AsyncCq::batch`; one that keeps its
-        // slot, `AsyncCq::next_into`.
+        // a batch polled into `scratch` that becomes the buffer: a
+        // latency loop's completion comes alone, and the batch's buffering
+        // is most of its cost (callgrind, `perf send_lat -e --wait async`).
+        // A caller that wants batches has `AsyncCq::batch`; one that keeps
+        // its slot, `AsyncCq::next_into`.
         let mut slot = None;
         std::task::ready!(self.poll_next_into(cx, &mut slot))?;
         Poll::Ready(slot.ok_or_else(lost_completion))
@@ -316,8 +316,7 @@ impl AsyncCq {
     /// polls, arms, polls again and sleeps): its per-completion work stays
     /// out of the future's state machine, whose variables live in the
     /// future and are reloaded around every call (callgrind, `perf send_bw
-    /// -e --wait async`: about 13 user-space instructions per message, all
-    /// spills of the inlined post loop; docs/benchmarks-log.md, session 23).
+    /// -e --wait async`: the spills of an inlined post loop, per message).
     ///
     /// # Errors
     /// As [`CompletionQueue::poll_wc`].
@@ -514,8 +513,8 @@ impl Drop for AsyncCq {
 }
 
 /// The future of [`AsyncCq::next_into`]: written out rather than an
-/// `async fn`, whose state machine cost about 35 user-space instructions a
-/// wait (callgrind, `perf send_lat -e --wait async`).
+/// `async fn`, whose state machine costs more per wait than this one poll
+/// (callgrind, `perf send_lat -e --wait async`).
 #[must_use = "futures do nothing unless polled"]
 #[derive(Debug)]
 pub struct NextInto<'a, 's> {

@@ -30,9 +30,8 @@
 //! registers it (tokio does when the task's cooperative budget is spent:
 //! it wakes the waker and returns `Pending` without registering it). That
 //! wake-up is recognised (the thread is inside this hub's read) and then
-//! every waiter is woken, as before this scheme: each runs its own read
-//! later, from a fresh poll, and the first one to get through registers the
-//! driver's waker again.
+//! every waiter is woken: each runs its own read later, from a fresh poll,
+//! and the first one to get through registers the driver's waker again.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -36,7 +36,7 @@
 //!
 //! # Addresses
 //! Calls that take an address take `impl Into<`[`CmAddr`]`>`: a
-//! [`std::net::SocketAddr`] as before, or an InfiniBand address
+//! [`std::net::SocketAddr`], or an InfiniBand address
 //! ([`IbAddr`], `AF_IB`: a GID and a service id). Addresses read back keep
 //! their `SocketAddr` accessors, which see only IP addresses
 //! ([`CmId::local_addr`], [`AddrInfoEntry::src_addr`], ...); the `*_cm_addr`

@@ -713,8 +713,8 @@ impl fmt::Debug for CompletionQueue {
     }
 }
 
-/// Drops what a caller left in a completion slot, out of line (the drop glue
-/// of the `Option` in line was a call per poll: callgrind).
+/// Drops what a caller left in a completion slot, out of line: the drop
+/// glue of the `Option` in line would be a call per poll (callgrind).
 #[cold]
 #[inline(never)]
 fn drop_cold<T>(t: T) {

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 /// The size of the atomic elements of [`copy_from_shared`]/[`copy_to_shared`].
 pub(super) const WORD: usize = std::mem::size_of::<usize>();
 
-/// Words per step of the copies' main loop. Four independent loads per
-/// iteration: on a 1 MiB read (host, release build, a noisy machine) never
-/// slower than one per step, and up to 1.4x faster in the median.
+/// Words per step of the copies' main loop: four independent loads per
+/// iteration overlap, where one per step waits for each (measured on 1 MiB
+/// reads on the host: never slower, faster in the median).
 pub(super) const UNROLL: usize = 4;
 
 /// How `len` bytes starting at `p` split into a byte-wise head (up to the

@@ -470,8 +470,8 @@ impl MemoryRegion {
     /// [`MemoryRegion::write_at`] with the atomic copy whatever the access
     /// flags ([`crate::PreparedSend::write_at`]).
     /// The range is tested here rather than through `check_range`, whose
-    /// `Result` cost a latency loop 4 instructions per message (callgrind,
-    /// session 24); the error is built out of line.
+    /// `Result` adds to every message of a latency loop (callgrind); the
+    /// error is built out of line.
     #[inline]
     pub(crate) fn write_racy(&mut self, offset: usize, data: &[u8]) -> Result<()> {
         if !self.holds(offset, data.len()) {

@@ -115,8 +115,8 @@ impl PreparedSend {
 
     /// The send flags of the next post.
     pub fn flags(&self) -> SendFlags {
-        // Kept in the request alone (callgrind: a copy beside it cost a
-        // load and a store per `set_signaled`).
+        // Kept in the request alone: a copy beside it would cost a load and
+        // a store per `set_signaled`.
         SendFlags::from_bits_retain(self.raw.send_flags)
     }
 

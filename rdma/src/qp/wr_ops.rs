@@ -6,9 +6,8 @@
 //! (`qp->wr_start(qp)`, `qp->wr_rdma_write(qp, rkey, addr)`, ...): that
 //! member is the provider's function, and the struct is part of
 //! libibverbs' ABI. Through `rdma-sys`'s generated C wrappers every call
-//! costs a call into the wrapper on top, 34-41 user-space instructions per
-//! request of five calls (`ci/bench-instr`, `write_bw`/`write_lat`, 2 B),
-//! which is most of what the extended path saves in the provider. So the
+//! costs a call into the wrapper on top, five per request, which is most of
+//! what the extended path saves in the provider (`ci/bench-instr`). So the
 //! send path copies the members it calls when the QP is built, checked
 //! non-null once, and calls them directly. This is the one place the crate
 //! makes these calls; the rest of `ibv_qp_ex` stays behind the wrappers.
@@ -226,8 +225,7 @@ impl ExtendedQp {
 /// provider's function for its operation with the remote key and address
 /// bound, so a post makes the calls of [`ExtendedQp::post_one`] with no
 /// dispatch on the operation, no test of a missing function and no UD or
-/// XRC step (callgrind, `write_bw` 64 KiB: see docs/benchmarks-log.md,
-/// session 23).
+/// XRC step: the per-post work a prepared request exists to save.
 ///
 /// Valid while its QP is: a post checks that the request was prepared by
 /// the QP it is posted to, which is then live (held by the poster).

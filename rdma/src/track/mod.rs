@@ -429,10 +429,9 @@ impl QpTracker {
                 // SAFETY: the only consumer (above); `find` saw entry 0
                 // published.
                 unsafe {
-                    // Inlined whole: left to itself, LLVM made the closure a
-                    // call of its own once `advance_with` was inlined
-                    // (callgrind, write_bw 64 KiB: 23 instructions per
-                    // completion).
+                    // Inlined whole: left to itself, LLVM makes the closure a
+                    // call of its own once `advance_with` is inlined, a call
+                    // per completion (callgrind).
                     q.advance_with(
                         #[inline(always)]
                         |e| e.finish(c, later),
@@ -469,7 +468,7 @@ impl QpTracker {
         // the compiler knows.
         let prefix = ring.prefix;
         // One bound for the loop: the completions left, and the entries
-        // published (callgrind: a test of each per completion cost 3 more).
+        // published, so each completion tests one bound, not two.
         let end = b.len().min(from.saturating_add(run.published() as usize));
         let mut i = from;
         while i < end {
@@ -621,16 +620,16 @@ pub(crate) struct Kept {
 /// What a resolution takes out and drops only after the registry's lock:
 /// the keep-alives of finished requests, the queues an empty poll released.
 /// Nothing is allocated in the common case (neither), so that dropping it is
-/// a test, not a call per poll (callgrind: two empty `Vec`s cost 22
-/// instructions a poll).
+/// a test, not a call per poll (two empty `Vec`s would be dropped on
+/// every poll: callgrind).
 #[derive(Default)]
 pub(crate) struct Later(std::mem::ManuallyDrop<Option<Box<Deferred>>>);
 
 type Deferred = (Vec<Kept>, Vec<Tracked>, Vec<WrBuffers>, Vec<Box<dyn Send>>);
 
 impl Drop for Later {
-    /// A test in line; the drop itself out of line (callgrind: the drop glue
-    /// of the whole type was a call per poll).
+    /// A test in line; the drop itself out of line, so that the drop glue
+    /// of the whole type is not a call per poll (callgrind).
     #[inline(always)]
     fn drop(&mut self) {
         // SAFETY: taken once, here, and the field is never used again.

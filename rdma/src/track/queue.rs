@@ -13,8 +13,8 @@ pub(super) enum Entry {
     /// memory stays with the request): its `wr_id` is all there is, and a
     /// later completion that finishes it does not list it in
     /// [`Completion::unsignaled`](crate::Completion::unsignaled). Written
-    /// and taken as two words (callgrind: as a `Pending`, a post wrote five
-    /// and a completion tested two).
+    /// and taken as two words: as a `Pending` it would cost a post five
+    /// stores and a completion two tests (callgrind).
     Quiet(u64),
     /// Any other, whole.
     Held(Pending),
@@ -245,8 +245,8 @@ impl Queue {
     }
 
     /// [`Queue::push`] of a prepared request's [`Entry::Quiet`], built in
-    /// its slot (callgrind: built by the caller, it was built on the stack
-    /// and copied, 8 instructions more per post).
+    /// its slot: built by the caller, it would be built on the stack and
+    /// copied (callgrind).
     ///
     /// # Safety
     /// As [`Queue::push`].
@@ -386,9 +386,9 @@ impl Queue {
 
     /// A cursor over the published entries from `head` on, taken one by one
     /// in order, with `head` stored once when it is dropped: a poll's run of
-    /// completions of this queue resolved as one (callgrind, write_bw 64
-    /// KiB: per completion, the tail loaded, `head` stored and the orphans
-    /// checked once per poll instead of once each).
+    /// completions of this queue resolved as one, so that the tail is
+    /// loaded, `head` stored and the orphans checked once per poll rather
+    /// than once per completion.
     ///
     /// # Safety
     /// The caller is the queue's only consumer while the run lives.
@@ -414,8 +414,8 @@ impl Queue {
         // SAFETY: as in `advance_with`.
         let store = unsafe { &*self.store.get() };
         // The run as at most two stretches of slots, before and after the
-        // ring's end, each walked as a slice (callgrind, send_bw 2 B: a slot
-        // index computed per entry cost 3 instructions a message more).
+        // ring's end, each walked as a slice: no slot index computed per
+        // entry (callgrind).
         let start = (head & store.mask) as usize;
         let first = n.min(store.cap as usize - start);
         for (from, len) in [(start, first), (0, n - first)] {

@@ -23,8 +23,8 @@ pub(crate) fn post_chain(
         [] => (0, 0),
         [(id, b)] if b.len() <= SHORT => {
             // One request (a latency loop's): no heap, and only the entries
-            // it has written on the stack (callgrind: clearing four cost
-            // more than the post's own bookkeeping).
+            // it has written on the stack: clearing all four would cost more
+            // than the post's own bookkeeping (callgrind).
             let mut bad = std::ptr::null_mut();
             let rc = if let Some(m) = b.single() {
                 let mut sge = m.sge();

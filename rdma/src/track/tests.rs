@@ -113,9 +113,9 @@ fn a_receive_whose_completion_was_lost_comes_back_with_the_next() {
 
 #[test]
 fn one_lost_completion_leaves_nothing_behind() {
-    // Regression (issue 20, item 4): one completion that never comes used to
-    // leave every later one on a slow path with a hole each; now each
-    // completion after it finds its entry at the head.
+    // One completion that never comes must not leave every later one on a
+    // slow path with a hole each (issue 20, item 4): each completion after
+    // it finds its entry at the head.
     const N: u64 = if cfg!(miri) { 100 } else { 100_000 };
     let reg = Registry::default();
     let t = qp(&reg);
@@ -141,9 +141,9 @@ fn completions_of_a_dropped_qp_pass_through_bare() {
 
 #[test]
 fn serials_of_live_trackers_are_never_reused_across_the_wrap() {
-    // Regression (issue 20, item 1): serials are 30 bits and wrapped, so the
-    // 2^30-th QP made after a long-lived one got its serial, resolved its
-    // completions against the old QP's queue, and unregistered it on drop.
+    // Serials are 30 bits and wrap (issue 20, item 1): the 2^30-th QP made
+    // after a long-lived one must not get its serial, or it would resolve its
+    // completions against the old QP's queue and unregister it on drop.
     let reg = Registry::default();
     let old = qp(&reg);
     let old_id = pending(&old, true, 1);
@@ -370,9 +370,9 @@ fn srq_post(t: &SrqTracker, wr_ids: std::ops::Range<u64>) -> Vec<u64> {
 
 #[test]
 fn srq_receives_complete_in_any_order_in_constant_time() {
-    // Regression (issue 20, item 4): one receive whose completion never
-    // came pinned the SRQ's queue: every later completion took the slow
-    // path and left a hole, and `in_flight` never went back.
+    // One receive whose completion never comes must not pin the SRQ's
+    // queue (issue 20, item 4): no later completion takes a slow path or
+    // leaves a hole, and `in_flight` goes back to zero.
     const N: u64 = if cfg!(miri) { 50 } else { 100_000 };
     let reg = Registry::default();
     let t = SrqTracker::new(serial());
@@ -527,10 +527,10 @@ fn runs_released_by_one_thread_make_room_for_another_thread_s_posts() {
 
 #[test]
 fn two_pollers_of_one_cq_resolve_in_the_cq_s_order() {
-    // Regression (issue 20, item 5): a poll took completions off the CQ
-    // outside the registry's lock, so another poller could resolve a later
-    // send completion first, which released the earlier (signaled) request
-    // as unsignaled. The CQ here is a queue popped under the resolver, as
+    // A poll takes completions off the CQ under the registry's lock (issue
+    // 20, item 5): outside it, another poller could resolve a later send
+    // completion first and release the earlier (signaled) request as
+    // unsignaled. The CQ here is a queue popped under the resolver, as
     // `CompletionQueue::poll` does.
     const N: u64 = if cfg!(miri) { 60 } else { 20_000 };
     let reg = Arc::new(Registry::default());
