@@ -29,6 +29,7 @@
 
 mod common;
 
+use anyhow::{anyhow, Context as _};
 use std::cell::Cell;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
@@ -37,6 +38,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use common::args::{ArgError, Cli, Flag, Parsed};
+use common::{Report, Res};
 use rdma::aio::{tokio_rt as rt, AsyncCq, CmChannel, Incoming};
 use rdma::cm::{ConnParam, PortSpace};
 use rdma::{AccessFlags, BufferPool, QpState, QpType, SendWr, WcOpcode, WcStatus};
@@ -99,8 +101,6 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Receive work requests have this bit; sends do not.
 const RECV: u64 = 1 << 63;
 
-type Res<T> = Result<T, String>;
-
 #[derive(Debug, Clone)]
 struct Opts {
     server: bool,
@@ -156,7 +156,7 @@ fn main() -> ExitCode {
         return match threaded::server(&o) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("async_echo: {e}");
+                eprintln!("async_echo: {}", common::Report(&e));
                 ExitCode::FAILURE
             }
         };
@@ -179,14 +179,10 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("async_echo: {e}");
+            eprintln!("async_echo: {}", common::Report(&e));
             ExitCode::FAILURE
         }
     }
-}
-
-fn fail<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
-    move |e| format!("{what}: {e}")
 }
 
 /// A CQ with a channel of its own, awaited on tokio, and an RC QP on it.
@@ -195,17 +191,17 @@ fn endpoint(
     pd: &rdma::ProtectionDomain,
     depth: u32,
 ) -> Res<(rdma::QueuePair, AsyncCq)> {
-    let channel = ctx.create_comp_channel().map_err(fail("channel"))?;
+    let channel = ctx.create_comp_channel().context("channel")?;
     let cq = ctx
         .create_cq(depth * 4, Some(&channel), 0)
-        .map_err(fail("ibv_create_cq"))?;
-    let acq = rt::completions(&cq).map_err(fail("rdma::aio"))?;
+        .context("ibv_create_cq")?;
+    let acq = rt::completions(&cq).context("rdma::aio")?;
     let qp = pd
         .qp_builder(QpType::Rc, &cq, &cq)
         .max_send_wr(depth)
         .max_recv_wr(depth)
         .build()
-        .map_err(fail("ibv_create_qp"))?;
+        .context("ibv_create_qp")?;
     Ok((qp, acq))
 }
 
@@ -213,27 +209,24 @@ fn endpoint(
 // Server
 
 async fn server(o: Opts) -> Res<()> {
-    let cm = rt::cm_channel().map_err(fail("rdma_create_event_channel"))?;
+    let cm = rt::cm_channel().context("rdma_create_event_channel")?;
     let mut listener = cm
         .listen(SocketAddr::new(o.addr, o.port), 1024)
-        .map_err(fail("rdma_listen"))?;
+        .context("rdma_listen")?;
     println!("listening on port {}", listener.id().src_port());
     let mut tasks = tokio::task::JoinSet::new();
     let mut accepted = 0;
     while o.clients == 0 || accepted < o.clients {
-        let incoming = listener
-            .get_request()
-            .await
-            .map_err(fail("rdma_get_cm_event"))?;
+        let incoming = listener.get_request().await.context("rdma_get_cm_event")?;
         accepted += 1;
         let o = o.clone();
         tasks.spawn(async move { echo(incoming, &o).await });
     }
     let mut result = Ok(());
     while let Some(r) = tasks.join_next().await {
-        if let Err(e) = r.map_err(|e| e.to_string()).and_then(|r| r) {
-            eprintln!("connection: {e}");
-            result = Err("a connection failed".into());
+        if let Err(e) = r.map_err(anyhow::Error::from).and_then(|r| r) {
+            eprintln!("connection: {}", common::Report(&e));
+            result = Err(anyhow!("a connection failed"));
         }
     }
     result
@@ -247,24 +240,25 @@ fn pool_slots(depth: u32) -> usize {
 }
 
 async fn echo(incoming: Incoming, o: &Opts) -> Res<()> {
-    let ctx = incoming.context().map_err(fail("context"))?;
-    let pd = ctx.alloc_pd().map_err(fail("ibv_alloc_pd"))?;
+    let ctx = incoming.context().context("context")?;
+    let pd = ctx.alloc_pd().context("ibv_alloc_pd")?;
     let (mut qp, mut acq) = endpoint(&ctx, &pd, o.depth)?;
     let pool = BufferPool::new(&pd, o.size, pool_slots(o.depth), AccessFlags::LOCAL_WRITE)
-        .map_err(fail("BufferPool"))?;
+        .context("BufferPool")?;
     incoming
         .id()
         .modify_qp(&qp, QpState::Init)
-        .map_err(fail("ibv_modify_qp"))?;
+        .context("ibv_modify_qp")?;
     for i in 0..o.depth {
-        let slot = pool.take().ok_or("pool empty")?;
+        let slot = pool.take().context("pool empty")?;
         qp.post_recv(RECV | u64::from(i), slot)
-            .map_err(|e| format!("ibv_post_recv: {e}"))?;
+            .map_err(rdma::PostError::drop_buffers)
+            .context("ibv_post_recv")?;
     }
     let mut id = incoming
         .accept(&qp, &ConnParam::default())
         .await
-        .map_err(fail("rdma_accept"))?;
+        .context("rdma_accept")?;
     // The completion being handled: polled into this slot, where it stays
     // (`AsyncCq::poll_next_into`), rather than moved out by value.
     let mut slot: Option<rdma::Completion> = None;
@@ -276,10 +270,10 @@ async fn echo(incoming: Incoming, o: &Opts) -> Res<()> {
         // not a read of the event channel (`rdma::aio`'s hub).
         let step = std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = acq.poll_next_into(cx, &mut slot) {
-                return Poll::Ready(r.map(|()| None).map_err(fail("poll")));
+                return Poll::Ready(r.map(|()| None).context("poll"));
             }
             id.poll_event(cx)
-                .map(|e| e.map(Some).map_err(fail("rdma_get_cm_event")))
+                .map(|e| e.map(Some).context("rdma_get_cm_event"))
         })
         .await?;
         if let Some(e) = step {
@@ -288,21 +282,21 @@ async fn echo(incoming: Incoming, o: &Opts) -> Res<()> {
             }
             continue;
         }
-        let c = slot.as_mut().ok_or("a completion lost from its slot")?;
+        let c = slot.as_mut().context("a completion lost from its slot")?;
         if c.status == WcStatus::WrFlushErr {
             break;
         }
         if c.status != WcStatus::Success {
-            return Err(format!("completion {}: {}", c.wr_id, c.status));
+            return Err(anyhow!("completion {}: {}", c.wr_id, c.status));
         }
         let buf = c
             .take_buffers()
             .into_one()
-            .ok_or("a completion without its buffer")?;
+            .context("a completion without its buffer")?;
         match c.opcode {
             WcOpcode::Recv => {
                 if c.byte_len as usize != buf.len() {
-                    return Err(format!(
+                    return Err(anyhow!(
                         "a message of {} bytes: client and server need the same -S ({})",
                         c.byte_len,
                         buf.len()
@@ -310,16 +304,20 @@ async fn echo(incoming: Incoming, o: &Opts) -> Res<()> {
                 }
                 // A new receive first, then the echo: the client's next
                 // message may follow the echo at once.
-                let fresh = pool.take().ok_or("pool empty")?;
+                let fresh = pool.take().context("pool empty")?;
                 qp.post_recv(c.wr_id, fresh)
-                    .map_err(|e| format!("ibv_post_recv: {e}"))?;
+                    .map_err(rdma::PostError::drop_buffers)
+                    .context("ibv_post_recv")?;
                 // The received buffer itself goes back to the client.
                 acq.post_send(&mut qp, SendWr::send(c.wr_id & !RECV, buf))
                     .await
-                    .map_err(|e| format!("post echo: {e}"))?;
+                    .map_err(rdma::PostError::drop_buffers)
+                    .context("post echo")?;
             }
             // The echo went out: its buffer returns to the pool.
-            _ => pool.put(buf).map_err(|_| "not a slot of the pool")?,
+            _ => pool
+                .put(buf)
+                .map_err(|_| anyhow!("not a slot of the pool"))?,
         }
     }
     let _ = qp.to_error();
@@ -337,7 +335,9 @@ mod threaded {
     use rdma::cm::CmEventType;
     use rdma::{AccessFlags, BufferPool, SendWr, WcOpcode, WcStatus};
 
-    use super::{fail, Opts, Res, RECV};
+    use anyhow::{anyhow, Context as _};
+
+    use super::{Opts, Report, Res, RECV};
 
     /// How long a wait for a completion lasts before the connection's
     /// events are looked at (a disconnection flushes nothing here).
@@ -345,7 +345,7 @@ mod threaded {
 
     pub(super) fn server(o: &Opts) -> Res<()> {
         let listener = Listener::bind(std::net::SocketAddr::new(o.addr, o.port), 1024)
-            .map_err(fail("rdma_listen"))?;
+            .context("rdma_listen")?;
         println!("listening on port {}", listener.id().src_port());
         let opts = ConnectOptions {
             timeout: Duration::from_secs(30),
@@ -361,7 +361,7 @@ mod threaded {
                 Ok(p) => p,
                 // No request within the timeout: keep listening.
                 Err(e) if e.errno() == Some(libc::ETIMEDOUT) => continue,
-                Err(e) => return Err(format!("rdma_accept: {e}")),
+                Err(e) => return Err(anyhow!("rdma_accept: {e}")),
             };
             let pool = BufferPool::new(
                 pending.pd(),
@@ -369,25 +369,24 @@ mod threaded {
                 super::pool_slots(o.depth),
                 AccessFlags::LOCAL_WRITE,
             )
-            .map_err(fail("BufferPool"))?;
+            .context("BufferPool")?;
             for i in 0..o.depth {
-                let slot = pool.take().ok_or("pool empty")?;
+                let slot = pool.take().context("pool empty")?;
                 pending
                     .qp()
                     .post_recv(RECV | u64::from(i), slot)
-                    .map_err(|e| format!("ibv_post_recv: {e}"))?;
+                    .map_err(rdma::PostError::drop_buffers)
+                    .context("ibv_post_recv")?;
             }
-            let conn = pending
-                .accept(&opts.conn_param)
-                .map_err(fail("rdma_accept"))?;
+            let conn = pending.accept(&opts.conn_param).context("rdma_accept")?;
             accepted += 1;
             threads.push(std::thread::spawn(move || echo(conn, &pool)));
         }
         let mut result = Ok(());
         for t in threads {
-            if let Err(e) = t.join().map_err(|_| "a thread panicked".to_string())? {
-                eprintln!("connection: {e}");
-                result = Err("a connection failed".into());
+            if let Err(e) = t.join().map_err(|_| anyhow!("a thread panicked"))? {
+                eprintln!("connection: {}", Report(&e));
+                result = Err(anyhow!("a connection failed"));
             }
         }
         result
@@ -395,8 +394,8 @@ mod threaded {
 
     fn echo(mut conn: Connection, pool: &BufferPool) -> Res<()> {
         loop {
-            let Some(mut c) = conn.cq().wait(Some(TICK)).map_err(fail("wait"))? else {
-                if let Some(e) = conn.next_event(Duration::ZERO).map_err(fail("event"))? {
+            let Some(mut c) = conn.cq().wait(Some(TICK)).context("wait")? else {
+                if let Some(e) = conn.next_event(Duration::ZERO).context("event")? {
                     if e.event_type() == CmEventType::Disconnected {
                         let _ = conn.qp().to_error();
                         let _ = conn.id().disconnect();
@@ -406,22 +405,25 @@ mod threaded {
                 continue;
             };
             if c.status != WcStatus::Success {
-                return Err(format!("completion {}: {}", c.wr_id, c.status));
+                return Err(anyhow!("completion {}: {}", c.wr_id, c.status));
             }
             let buf = c
                 .take_buffers()
                 .into_one()
-                .ok_or("a completion without its buffer")?;
+                .context("a completion without its buffer")?;
             if c.opcode == WcOpcode::Recv {
-                let slot = pool.take().ok_or("pool empty")?;
+                let slot = pool.take().context("pool empty")?;
                 conn.qp()
                     .post_recv(c.wr_id, slot)
-                    .map_err(|e| format!("ibv_post_recv: {e}"))?;
+                    .map_err(rdma::PostError::drop_buffers)
+                    .context("ibv_post_recv")?;
                 conn.qp()
                     .post_send(SendWr::send(c.wr_id & !RECV, buf))
-                    .map_err(|e| format!("post echo: {e}"))?;
+                    .map_err(rdma::PostError::drop_buffers)
+                    .context("post echo")?;
             } else {
-                pool.put(buf).map_err(|_| "not a slot of the pool")?;
+                pool.put(buf)
+                    .map_err(|_| anyhow!("not a slot of the pool"))?;
             }
         }
     }
@@ -431,7 +433,7 @@ mod threaded {
 // Client
 
 async fn client(o: Opts) -> Res<()> {
-    let cm = rt::cm_channel().map_err(fail("rdma_create_event_channel"))?;
+    let cm = rt::cm_channel().context("rdma_create_event_channel")?;
     let begin = Instant::now();
     // The rate counts from when every connection is up (the last to get
     // there starts the clock), so that setting up 64 connections, one at a
@@ -447,7 +449,7 @@ async fn client(o: Opts) -> Res<()> {
     }
     let mut echoes = 0;
     while let Some(r) = tasks.join_next().await {
-        echoes += r.map_err(|e| e.to_string())??;
+        echoes += r??;
     }
     let start = up.at.get().unwrap_or(begin);
     let secs = start.elapsed().as_secs_f64();
@@ -476,32 +478,31 @@ struct Start {
 /// One connection: `depth` messages in flight until `messages` came back;
 /// returns how many did.
 async fn load(cm: &CmChannel, o: &Opts, n: u64, up: &Start) -> Res<u64> {
-    let mut id = cm
-        .create_id(PortSpace::Tcp)
-        .map_err(fail("rdma_create_id"))?;
+    let mut id = cm.create_id(PortSpace::Tcp).context("rdma_create_id")?;
     let dst = SocketAddr::new(o.addr, o.port);
     id.resolve_addr(None, dst, RESOLVE_TIMEOUT)
         .await
-        .map_err(fail("rdma_resolve_addr"))?;
+        .context("rdma_resolve_addr")?;
     id.resolve_route(RESOLVE_TIMEOUT)
         .await
-        .map_err(fail("rdma_resolve_route"))?;
-    let ctx = id.id().context().map_err(fail("context"))?;
-    let pd = ctx.alloc_pd().map_err(fail("ibv_alloc_pd"))?;
+        .context("rdma_resolve_route")?;
+    let ctx = id.id().context().context("context")?;
+    let pd = ctx.alloc_pd().context("ibv_alloc_pd")?;
     let (mut qp, mut acq) = endpoint(&ctx, &pd, o.depth)?;
     id.id()
         .modify_qp(&qp, QpState::Init)
-        .map_err(fail("ibv_modify_qp"))?;
+        .context("ibv_modify_qp")?;
     for i in 0..o.depth {
         let buf = pd
             .alloc_mr(o.size, AccessFlags::LOCAL_WRITE)
-            .map_err(fail("alloc_mr"))?;
+            .context("alloc_mr")?;
         qp.post_recv(RECV | u64::from(i), buf)
-            .map_err(|e| format!("ibv_post_recv: {e}"))?;
+            .map_err(rdma::PostError::drop_buffers)
+            .context("ibv_post_recv")?;
     }
     id.connect(&qp, &ConnParam::default())
         .await
-        .map_err(fail("rdma_connect"))?;
+        .context("rdma_connect")?;
     if up.barrier.wait().await.is_leader() {
         up.at.set(Some(Instant::now()));
     }
@@ -512,49 +513,52 @@ async fn load(cm: &CmChannel, o: &Opts, n: u64, up: &Start) -> Res<u64> {
     while sent < o.messages && sent < u64::from(o.depth) {
         let mut m = pd
             .alloc_mr(o.size, AccessFlags::empty())
-            .map_err(fail("alloc_mr"))?;
+            .context("alloc_mr")?;
         m.write_at(0, &(n << 32 | sent).to_be_bytes()[..o.size.min(8)])
-            .map_err(fail("write"))?;
+            .context("write")?;
         acq.post_send(&mut qp, SendWr::send(sent, m))
             .await
-            .map_err(|e| format!("post: {e}"))?;
+            .map_err(rdma::PostError::drop_buffers)
+            .context("post")?;
         sent += 1;
     }
     while back < o.messages {
         let mut c = tokio::select! {
-            c = acq.next() => c.map_err(fail("poll"))?,
+            c = acq.next() => c.context("poll")?,
             e = id.next_event() => {
-                let e = e.map_err(fail("rdma_get_cm_event"))?;
+                let e = e.context("rdma_get_cm_event")?;
                 if e.event_type() == rdma::cm::CmEventType::Disconnected {
-                    return Err(format!("the server disconnected after {back} echoes"));
+                    return Err(anyhow!("the server disconnected after {back} echoes"));
                 }
                 continue;
             }
         };
         if c.status != WcStatus::Success {
-            return Err(format!("completion {}: {}", c.wr_id, c.status));
+            return Err(anyhow!("completion {}: {}", c.wr_id, c.status));
         }
         let buf = c
             .take_buffers()
             .into_one()
-            .ok_or("a completion without its buffer")?;
+            .context("a completion without its buffer")?;
         if c.opcode != WcOpcode::Recv {
             spare.push(buf);
             continue;
         }
         back += 1;
         qp.post_recv(c.wr_id, buf)
-            .map_err(|e| format!("ibv_post_recv: {e}"))?;
+            .map_err(rdma::PostError::drop_buffers)
+            .context("ibv_post_recv")?;
         if sent < o.messages {
             let m = match spare.pop() {
                 Some(m) => m,
                 None => pd
                     .alloc_mr(o.size, AccessFlags::empty())
-                    .map_err(fail("alloc_mr"))?,
+                    .context("alloc_mr")?,
             };
             acq.post_send(&mut qp, SendWr::send(sent, m))
                 .await
-                .map_err(|e| format!("post: {e}"))?;
+                .map_err(rdma::PostError::drop_buffers)
+                .context("post")?;
             sent += 1;
         }
     }

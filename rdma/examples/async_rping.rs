@@ -31,6 +31,7 @@
 //! RQ page each (CONVENTIONS.md, Tests). Shared, a connection costs 2 pages
 //! and 64 of them fit with their CQ.
 
+use anyhow::{anyhow, Context as _};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -106,7 +107,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("{}", common::Report(&e));
             ExitCode::FAILURE
         }
     }
@@ -120,10 +121,6 @@ fn described(m: &[u8; INFO_LEN]) -> RemoteMemory {
         len: u64::from(len),
         rkey,
     }
-}
-
-fn fail<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
-    move |e| format!("{what}: {e}")
 }
 
 /// What a wait brought.
@@ -160,26 +157,26 @@ impl Parts {
     /// PD and QP on the device of `id`, on a CQ of `cqs`, the QP in INIT
     /// with its receive posted, and the send buffer.
     fn on(id: &rdma::cm::CmId, cqs: &SharedCqs) -> Res<Parts> {
-        let ctx = id.context().map_err(fail("ibv_alloc_pd failed"))?;
-        let pd = ctx.alloc_pd().map_err(fail("ibv_alloc_pd failed"))?;
+        let ctx = id.context().context("ibv_alloc_pd failed")?;
+        let pd = ctx.alloc_pd().context("ibv_alloc_pd failed")?;
         let cq = cqs.take(&ctx)?;
         let mut qp = pd
             .qp_builder(QpType::Rc, &cq.cq, &cq.cq)
             .max_send_wr(SEND_DEPTH)
             .max_recv_wr(RQ_DEPTH)
             .build()
-            .map_err(fail("ibv_create_qp"))?;
+            .context("ibv_create_qp")?;
         let route = cq.route(qp.qp_num());
-        id.modify_qp(&qp, QpState::Init)
-            .map_err(fail("ibv_modify_qp"))?;
+        id.modify_qp(&qp, QpState::Init).context("ibv_modify_qp")?;
         let recv = pd
             .alloc_mr(INFO_LEN, AccessFlags::LOCAL_WRITE)
-            .map_err(fail("recv_buf reg_mr failed"))?;
+            .context("recv_buf reg_mr failed")?;
         qp.post_recv(WR_RECV, recv)
-            .map_err(|e| format!("ibv_post_recv failed: {e}"))?;
+            .map_err(rdma::PostError::drop_buffers)
+            .context("ibv_post_recv failed")?;
         let send_mr = pd
             .alloc_mr(INFO_LEN, AccessFlags::empty())
-            .map_err(fail("send_buf reg_mr failed"))?;
+            .context("send_buf reg_mr failed")?;
         Ok(Parts {
             pd,
             route,
@@ -207,12 +204,12 @@ impl SharedCq {
     fn new(ctx: &Context, per_cq: usize) -> Res<SharedCq> {
         let channel = ctx
             .create_comp_channel()
-            .map_err(fail("ibv_create_comp_channel failed"))?;
+            .context("ibv_create_comp_channel failed")?;
         let cqe = PER_CONN_CQE * u32::try_from(per_cq).unwrap_or(u32::MAX / PER_CONN_CQE);
         let cq = ctx
             .create_cq(cqe, Some(&channel), 0)
-            .map_err(fail("ibv_create_cq failed"))?;
-        let acq = rt::completions(&cq).map_err(fail("rdma::aio"))?;
+            .context("ibv_create_cq failed")?;
+        let acq = rt::completions(&cq).context("rdma::aio")?;
         let shared = SharedCq {
             cq,
             routes: Rc::default(),
@@ -274,7 +271,7 @@ impl Route {
         self.rx
             .recv()
             .await
-            .ok_or_else(|| "poll error: the shared CQ failed".to_string())
+            .context("poll error: the shared CQ failed")
     }
 }
 
@@ -360,7 +357,7 @@ impl Conn {
                         return Ok(Some(Got::Disconnected));
                     }
                     if c.status != WcStatus::Success {
-                        return Err(format!("cq completion failed status {}", c.status.to_raw()));
+                        return Err(anyhow!("cq completion failed status {}", c.status.to_raw()));
                     }
                     match c.opcode {
                         WcOpcode::Send => {
@@ -371,32 +368,32 @@ impl Conn {
                         }
                         WcOpcode::Recv => {
                             if c.byte_len as usize != INFO_LEN {
-                                return Err(format!("Received bogus data, size {}", c.byte_len));
+                                return Err(anyhow!("Received bogus data, size {}", c.byte_len));
                             }
                             let mr = c.take_buffers().into_one().expect("the receive buffer");
                             let mut msg = [0u8; INFO_LEN];
-                            mr.read_at(0, &mut msg).map_err(fail("read"))?;
+                            mr.read_at(0, &mut msg).context("read")?;
                             self.qp
                                 .post_recv(WR_RECV, mr)
-                                .map_err(|e| format!("post recv error: {e}"))?;
+                                .map_err(rdma::PostError::drop_buffers).context("post recv error")?;
                             return Ok(Some(Got::Recv(msg)));
                         }
                         WcOpcode::RdmaRead | WcOpcode::RdmaWrite => {
                             let mr = c.take_buffers().into_one().expect("the RDMA buffer");
                             return Ok(Some(Got::Rdma(mr)));
                         }
-                        other => return Err(format!("unknown completion {other:?}")),
+                        other => return Err(anyhow!("unknown completion {other:?}")),
                     }
                 }
                 e = id.next_event() => {
-                    let e = e.map_err(fail("rdma_get_cm_event"))?;
+                    let e = e.context("rdma_get_cm_event")?;
                     if self.debug {
                         println!("cma_event type {} cma_id {:p}", e.event_type(), e.id().as_raw());
                     }
                     match e.event_type() {
                         CmEventType::Disconnected => return Ok(Some(Got::Disconnected)),
                         CmEventType::DeviceRemoval => {
-                            return Err("cma detected device removal!!!!".into())
+                            return Err(anyhow!("cma detected device removal!!!!"))
                         }
                         CmEventType::Established | CmEventType::TimewaitExit => {}
                         t => eprintln!("unhandled event: {t}, ignoring"),
@@ -412,16 +409,16 @@ impl Conn {
             match self.wait(true).await? {
                 None => {}
                 Some(Got::Recv(m)) if self.pending.is_none() => self.pending = Some(m),
-                Some(Got::Recv(_)) => return Err("unexpected control message".into()),
-                Some(Got::Rdma(_)) => return Err("unexpected RDMA completion".into()),
-                Some(Got::Disconnected) => return Err("disconnected while sending".into()),
+                Some(Got::Recv(_)) => return Err(anyhow!("unexpected control message")),
+                Some(Got::Rdma(_)) => return Err(anyhow!("unexpected RDMA completion")),
+                Some(Got::Disconnected) => return Err(anyhow!("disconnected while sending")),
             }
         }
         let mut mr = self.send_mr.take().expect("checked above");
-        mr.write_at(0, msg).map_err(fail("write"))?;
+        mr.write_at(0, msg).context("write")?;
         self.qp
             .post_send(SendWr::send(WR_SEND, mr))
-            .map_err(|e| format!("post send error {e}"))
+            .map_err(|e| anyhow!("post send error {e}"))
     }
 
     /// The next control message; `None` on disconnection.
@@ -432,7 +429,7 @@ impl Conn {
         match self.wait(false).await? {
             Some(Got::Recv(m)) => Ok(Some(m)),
             Some(Got::Disconnected) => Ok(None),
-            _ => Err(format!("wait for {state}: unexpected completion")),
+            _ => Err(anyhow!("wait for {state}: unexpected completion")),
         }
     }
 
@@ -440,8 +437,8 @@ impl Conn {
     async fn rdma(&mut self, state: &str) -> Res<MemoryRegion> {
         match self.wait(false).await? {
             Some(Got::Rdma(mr)) => Ok(mr),
-            Some(Got::Disconnected) => Err(format!("wait for {state}: disconnected")),
-            _ => Err(format!("wait for {state}: unexpected completion")),
+            Some(Got::Disconnected) => Err(anyhow!("wait for {state}: disconnected")),
+            _ => Err(anyhow!("wait for {state}: unexpected completion")),
         }
     }
 
@@ -457,7 +454,7 @@ impl Conn {
 // Client
 
 async fn clients(o: Opts) -> Res<()> {
-    let cm = rt::cm_channel().map_err(fail("rdma_create_event_channel"))?;
+    let cm = rt::cm_channel().context("rdma_create_event_channel")?;
     let cqs = Rc::new(SharedCqs::new(usize::try_from(o.n).unwrap_or(PER_CQ)));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..o.n {
@@ -466,39 +463,37 @@ async fn clients(o: Opts) -> Res<()> {
     }
     let mut result = Ok(());
     while let Some(r) = tasks.join_next().await {
-        if let Err(e) = r.map_err(|e| e.to_string()).and_then(|r| r) {
-            eprintln!("{e}");
-            result = Err("rping client failed".to_string());
+        if let Err(e) = r.map_err(anyhow::Error::from).and_then(|r| r) {
+            eprintln!("{}", common::Report(&e));
+            result = Err(anyhow!("rping client failed"));
         }
     }
     result
 }
 
 async fn client(cm: &CmChannel, o: &Opts, cqs: &SharedCqs) -> Res<()> {
-    let mut id = cm
-        .create_id(PortSpace::Tcp)
-        .map_err(fail("rdma_create_id"))?;
+    let mut id = cm.create_id(PortSpace::Tcp).context("rdma_create_id")?;
     let dst = SocketAddr::new(o.addr, o.port);
     let src = o.src.map(|ip| SocketAddr::new(ip, 0).into());
     id.resolve_addr(src, dst, RESOLVE_TIMEOUT)
         .await
-        .map_err(fail("rdma_resolve_addr"))?;
+        .context("rdma_resolve_addr")?;
     id.resolve_route(RESOLVE_TIMEOUT)
         .await
-        .map_err(fail("rdma_resolve_route"))?;
+        .context("rdma_resolve_route")?;
     let mut conn = Conn::new(Parts::on(id.id(), cqs)?, id, o);
     let mut start = conn
         .pd
         .alloc_mr(o.size, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
-        .map_err(fail("start_buf reg_mr failed"))?;
+        .context("start_buf reg_mr failed")?;
     let sink = conn
         .pd
         .alloc_mr(o.size, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
-        .map_err(fail("rdma_buf reg_mr failed"))?;
+        .context("rdma_buf reg_mr failed")?;
     conn.id
         .connect(&conn.qp, &Conn::param())
         .await
-        .map_err(fail("rdma_connect"))?;
+        .context("rdma_connect")?;
     let result = pings(o, &mut conn, &mut start, &sink).await;
     conn.disconnect();
     result
@@ -516,18 +511,18 @@ async fn pings(
     while o.count == 0 || ping < o.count {
         fill(&mut text, ping, first);
         first = if first >= 122 { 65 } else { first + 1 };
-        start.write_at(0, &text).map_err(fail("write"))?;
+        start.write_at(0, &text).context("write")?;
         conn.send(&info(start.remote(), o.size)).await?;
         if conn.recv("RDMA_WRITE_ADV").await?.is_none() {
-            return Err("wait for RDMA_WRITE_ADV state: disconnected".into());
+            return Err(anyhow!("wait for RDMA_WRITE_ADV state: disconnected"));
         }
         conn.send(&info(sink.remote(), o.size)).await?;
         if conn.recv("RDMA_WRITE_COMPLETE").await?.is_none() {
-            return Err("wait for RDMA_WRITE_COMPLETE state: disconnected".into());
+            return Err(anyhow!("wait for RDMA_WRITE_COMPLETE state: disconnected"));
         }
         let got = sink.to_vec();
         if o.validate && got != text {
-            return Err("data mismatch!".into());
+            return Err(anyhow!("data mismatch!"));
         }
         if o.verbose {
             println!("ping data: {}", c_str(&got));
@@ -541,10 +536,10 @@ async fn pings(
 // Server
 
 async fn server(o: Opts) -> Res<()> {
-    let cm = rt::cm_channel().map_err(fail("rdma_create_event_channel"))?;
+    let cm = rt::cm_channel().context("rdma_create_event_channel")?;
     let mut listener = cm
         .listen(SocketAddr::new(o.addr, o.port), 128)
-        .map_err(fail("rdma_bind_addr/rdma_listen"))?;
+        .context("rdma_bind_addr/rdma_listen")?;
     let per_cq = if o.persistent {
         PER_CQ
     } else {
@@ -554,25 +549,22 @@ async fn server(o: Opts) -> Res<()> {
     let mut tasks = tokio::task::JoinSet::new();
     let mut accepted = 0;
     while o.persistent || accepted < o.n {
-        let incoming = listener
-            .get_request()
-            .await
-            .map_err(fail("rdma_get_cm_event"))?;
+        let incoming = listener.get_request().await.context("rdma_get_cm_event")?;
         accepted += 1;
         let (o, cqs) = (o.clone(), Rc::clone(&cqs));
         tasks.spawn_local(async move {
             let id = incoming.id().clone();
             let r = serve(incoming, &o, &cqs).await;
             if let Err(e) = &r {
-                eprintln!("{e} (connection {:p})", id.as_raw());
+                eprintln!("{} (connection {:p})", common::Report(e), id.as_raw());
             }
             r
         });
     }
     let mut result = Ok(());
     while let Some(r) = tasks.join_next().await {
-        if r.map_err(|e| e.to_string()).and_then(|r| r).is_err() {
-            result = Err("rping server failed".to_string());
+        if r.map_err(anyhow::Error::from).and_then(|r| r).is_err() {
+            result = Err(anyhow!("rping server failed"));
         }
     }
     result
@@ -586,7 +578,7 @@ async fn serve(incoming: rdma::aio::Incoming, o: &Opts, cqs: &SharedCqs) -> Res<
     let id = incoming
         .accept(&parts.qp, &Conn::param())
         .await
-        .map_err(fail("rdma_accept"))?;
+        .context("rdma_accept")?;
     let mut conn = Conn::new(parts, id, o);
     let result = answer(o, &mut conn).await;
     conn.disconnect();
@@ -597,7 +589,7 @@ async fn answer(o: &Opts, conn: &mut Conn) -> Res<()> {
     let mut buf = conn
         .pd
         .alloc_mr(o.size, AccessFlags::LOCAL_WRITE)
-        .map_err(fail("rdma_buf reg_mr failed"))?;
+        .context("rdma_buf reg_mr failed")?;
     loop {
         let Some(msg) = conn.recv("RDMA_READ_ADV").await? else {
             return Ok(());
@@ -605,7 +597,7 @@ async fn answer(o: &Opts, conn: &mut Conn) -> Res<()> {
         let remote = described(&msg);
         let len = remote.len as usize;
         if len == 0 || len > buf.len() {
-            return Err(format!(
+            return Err(anyhow!(
                 "client buffer of {len} bytes does not fit the server's {} (-S)",
                 buf.len()
             ));
@@ -613,13 +605,14 @@ async fn answer(o: &Opts, conn: &mut Conn) -> Res<()> {
         let tail = (len < buf.len())
             .then(|| buf.split_off(len))
             .transpose()
-            .map_err(fail("split"))?;
+            .context("split")?;
         conn.qp
             .post_send(SendWr::read(WR_RDMA, buf, remote))
-            .map_err(|e| format!("post send error {e}"))?;
+            .map_err(|e| anyhow!("post send error {e}"))?;
         buf = conn.rdma("RDMA_READ_COMPLETE").await?;
         if let Some(t) = tail {
-            buf.unsplit(t).map_err(|_| "buffer pieces do not join")?;
+            buf.unsplit(t)
+                .map_err(|_| anyhow!("buffer pieces do not join"))?;
         }
         let text = c_str(&buf.to_vec());
         if o.verbose {
@@ -632,7 +625,7 @@ async fn answer(o: &Opts, conn: &mut Conn) -> Res<()> {
         let sink = described(&msg);
         let n = (text.len() + 1).min(buf.len());
         if n as u64 > sink.len {
-            return Err(format!(
+            return Err(anyhow!(
                 "client sink of {} bytes is too small for {n}",
                 sink.len
             ));
@@ -640,17 +633,18 @@ async fn answer(o: &Opts, conn: &mut Conn) -> Res<()> {
         let tail = (n < buf.len())
             .then(|| buf.split_off(n))
             .transpose()
-            .map_err(fail("split"))?;
+            .context("split")?;
         let remote = RemoteMemory {
             len: n as u64,
             ..sink
         };
         conn.qp
             .post_send(SendWr::write(WR_RDMA, buf, remote))
-            .map_err(|e| format!("post send error {e}"))?;
+            .map_err(|e| anyhow!("post send error {e}"))?;
         buf = conn.rdma("RDMA_WRITE_COMPLETE").await?;
         if let Some(t) = tail {
-            buf.unsplit(t).map_err(|_| "buffer pieces do not join")?;
+            buf.unsplit(t)
+                .map_err(|_| anyhow!("buffer pieces do not join"))?;
         }
         conn.send(&[0; INFO_LEN]).await?;
     }

@@ -53,7 +53,7 @@ fn parse(parsed: Parsed<Key>) -> Result<(Option<String>, Option<u64>), ArgError>
     Ok((device, count))
 }
 
-fn run(device: Option<String>, count: Option<u64>) -> Result<(), String> {
+fn run(device: Option<String>, count: Option<u64>) -> common::Res<()> {
     let dev = match device {
         Some(name) => rdma::device_by_name(&name),
         None => rdma::devices().and_then(|d| {
@@ -64,10 +64,9 @@ fn run(device: Option<String>, count: Option<u64>) -> Result<(), String> {
                     available: "none".into(),
                 })
         }),
-    }
-    .map_err(|e| e.to_string())?;
-    let ctx = dev.open().map_err(|e| e.to_string())?;
-    let fd = ctx.async_fd().map_err(|e| e.to_string())?;
+    }?;
+    let ctx = dev.open()?;
+    let fd = ctx.async_fd()?;
     println!(
         "{}: async event FD {}",
         dev.name(),
@@ -75,7 +74,7 @@ fn run(device: Option<String>, count: Option<u64>) -> Result<(), String> {
     );
     let mut seen = 0u64;
     while count.is_none_or(|n| seen < n) {
-        let ev = ctx.get_async_event().map_err(|e| e.to_string())?;
+        let ev = ctx.get_async_event()?;
         println!("got event {ev}");
         seen += 1;
     }
@@ -90,7 +89,7 @@ fn main() -> ExitCode {
     match run(device, count) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("asyncwatch: {e}");
+            eprintln!("asyncwatch: {}", common::Report(&e));
             ExitCode::FAILURE
         }
     }

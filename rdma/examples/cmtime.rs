@@ -28,6 +28,7 @@
 
 mod common;
 
+use anyhow::{anyhow, Context as _};
 use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -35,7 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::args::{ArgError, Cli, Flag, Parsed};
-use common::cm::{get_rdma_addr, OrFail, Res};
+use common::cm::{get_rdma_addr, Res};
 use rdma::cm::{AddrInfoFlags, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use rdma::{CompletionQueue, QpType, QueuePair};
 
@@ -142,7 +143,7 @@ fn main() -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            println!("{e}");
+            println!("{}", common::Report(&e));
             ExitCode::FAILURE
         }
     }
@@ -326,8 +327,7 @@ impl Shared {
 
 fn run_client(o: &Opts, dst: &str) -> Res<()> {
     let n = o.connections;
-    let channel =
-        EventChannel::new().map_err(|e| format!("failed to create event channel: {e}"))?;
+    let channel = EventChannel::new().context("failed to create event channel")?;
     let times = Times::new(n);
     println!("creating id");
     times.start_all(Step::CreateId);
@@ -337,7 +337,7 @@ fn run_client(o: &Opts, dst: &str) -> Res<()> {
         ids.push(
             channel
                 .create_id(PortSpace::Tcp)
-                .or_fail("rdma_create_id")?,
+                .context("rdma_create_id")?,
         );
         times.end(c, Step::CreateId);
     }
@@ -352,10 +352,10 @@ fn run_client(o: &Opts, dst: &str) -> Res<()> {
         AddrInfoFlags::empty(),
         0,
     )
-    .map_err(|e| format!("getaddrinfo error: {e}"))?;
+    .context("getaddrinfo error")?;
     let dst_addr = addr
         .dst
-        .ok_or("getaddrinfo error: no destination address")?;
+        .context("getaddrinfo error: no destination address")?;
     let index = ids
         .iter()
         .enumerate()
@@ -380,7 +380,7 @@ fn run_client(o: &Opts, dst: &str) -> Res<()> {
             while !shared.stop.load(Ordering::Acquire) {
                 if let Some(e) = channel
                     .get_event_timeout(Duration::from_millis(50))
-                    .or_fail("failure in rdma_get_cm_event in process_server_events")?
+                    .context("failure in rdma_get_cm_event in process_server_events")?
                 {
                     shared.handle(&e);
                 }
@@ -509,9 +509,9 @@ fn run_client(o: &Opts, dst: &str) -> Res<()> {
     shared.stop.store(true, Ordering::Release);
     events
         .join()
-        .map_err(|_| "the event thread panicked".to_string())??;
+        .map_err(|_| anyhow!("the event thread panicked"))??;
     let Ok(shared) = Arc::try_unwrap(shared) else {
-        return Err("the event thread still holds the ids".into());
+        return Err(anyhow!("the event thread still holds the ids"));
     };
     let Shared { times, ids, .. } = shared;
     // The QPs (and their CQs) go first, outside the timed step: the C tool
@@ -537,11 +537,10 @@ fn run_client(o: &Opts, dst: &str) -> Res<()> {
 /// Accepts every connection request and tears down every connection the
 /// peer disconnects, until killed (the C tool's server never returns).
 fn run_server(o: &Opts) -> Res<()> {
-    let channel =
-        EventChannel::new().map_err(|e| format!("failed to create event channel: {e}"))?;
+    let channel = EventChannel::new().context("failed to create event channel")?;
     let listener = channel
         .create_id(PortSpace::Tcp)
-        .map_err(|e| format!("listen request failed: {e}"))?;
+        .context("listen request failed")?;
     let addr = get_rdma_addr(
         o.src.as_deref(),
         None,
@@ -551,28 +550,26 @@ fn run_server(o: &Opts) -> Res<()> {
         AddrInfoFlags::empty(),
         0,
     )
-    .map_err(|e| format!("getrdmaaddr error: {e}"))?;
+    .context("getrdmaaddr error")?;
     listener
-        .bind_addr(addr.src.ok_or("bind address failed: no address")?)
-        .map_err(|e| format!("bind address failed: {e}"))?;
-    listener
-        .listen(0)
-        .map_err(|e| format!("failure trying to listen: {e}"))?;
+        .bind_addr(addr.src.context("bind address failed: no address")?)
+        .context("bind address failed")?;
+    listener.listen(0).context("failure trying to listen")?;
     let mut conns: HashMap<usize, (CmId, QueuePair)> = HashMap::new();
     let mut verbs = None;
     loop {
         let e = channel
             .get_event()
-            .map_err(|e| format!("failure in rdma_get_cm_event in process_server_events: {e}"))?;
+            .context("failure in rdma_get_cm_event in process_server_events")?;
         match e.event_type() {
             CmEventType::ConnectRequest => {
                 let id = e.id().clone();
                 drop(e);
                 let accepted = create_qp(&id, &mut verbs)
-                    .map_err(|e| format!("failure creating qp: {e}"))
+                    .context("failure creating qp")
                     .and_then(|qp| {
                         id.accept(&ConnParam::default())
-                            .map_err(|e| format!("failure accepting: {e}"))?;
+                            .context("failure accepting")?;
                         Ok(qp)
                     });
                 match accepted {
@@ -581,7 +578,7 @@ fn run_server(o: &Opts) -> Res<()> {
                         conns.insert(key, (id, qp));
                     }
                     Err(err) => {
-                        println!("{err}");
+                        println!("{}", common::Report(&err));
                         println!("failing connection request");
                         let _ = id.reject(&[]);
                     }

@@ -28,12 +28,13 @@
 
 mod common;
 
+use anyhow::{anyhow, Context as _};
 use std::net::{Ipv6Addr, SocketAddr};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use common::args::{bad, ArgError, Cli, Flag, Parsed};
-use common::cm::{host_ip, poll_n, OrFail, Res, GRH_LEN};
+use common::cm::{host_ip, poll_n, Res, GRH_LEN};
 use rdma::cm::{CmAddr, CmEventType, CmId, EventChannel, IbAddr, McJoinFlags, PortSpace};
 use rdma::{
     AccessFlags, AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QpCreateFlags,
@@ -161,22 +162,22 @@ impl Node {
     /// `addr_handler`: check the size, make PD, CQ, QP and messages, post
     /// the receives (receivers), join.
     fn on_addr(&mut self, o: &Opts, group: CmAddr) -> Res<()> {
-        let ctx = self.id.context().or_fail("mckey: no device")?;
+        let ctx = self.id.context().context("mckey: no device")?;
         let port = ctx
             .query_port(u32::from(self.id.port_num()))
-            .or_fail("ibv_query_port")?;
+            .context("ibv_query_port")?;
         let mtu = port.active_mtu.bytes().unwrap_or(0) as usize;
         if o.count > 0 && o.size > mtu {
-            return Err(format!(
+            return Err(anyhow!(
                 "mckey: message_size {} is larger than active mtu {mtu}",
                 o.size
             ));
         }
-        let pd = ctx.alloc_pd().or_fail("mckey: unable to allocate PD")?;
+        let pd = ctx.alloc_pd().context("mckey: unable to allocate PD")?;
         let cqe = if o.count > 0 { o.count * 2 } else { 2 } as u32;
         let cq = ctx
             .create_cq(cqe, None, 0)
-            .or_fail("mckey: unable to create CQ")?;
+            .context("mckey: unable to create CQ")?;
         let depth = o.count.max(1) as u32;
         let flags = if o.no_loopback {
             QpCreateFlags::BLOCK_SELF_MCAST_LB
@@ -193,12 +194,12 @@ impl Node {
                     .max_recv_sge(1)
                     .create_flags(flags),
             )
-            .map_err(|e| format!("mckey: unable to create QP: {e}"))?;
+            .context("mckey: unable to create QP")?;
         if o.count > 0 {
             if o.sender {
                 let mut m = pd
                     .alloc_mr(o.size * o.count, AccessFlags::empty())
-                    .or_fail("failed to reg MR")?;
+                    .context("failed to reg MR")?;
                 for (i, b) in m
                     .as_mut_slice()
                     .expect("local buffer")
@@ -207,20 +208,21 @@ impl Node {
                 {
                     *b = i as u8;
                 }
-                self.sends = m.chunks(o.size).or_fail("failed to reg MR")?;
+                self.sends = m.chunks(o.size).context("failed to reg MR")?;
             } else {
                 let recvs = pd
                     .alloc_mr((o.size + GRH_LEN) * o.count, AccessFlags::LOCAL_WRITE)
-                    .or_fail("failed to reg MR")?
+                    .context("failed to reg MR")?
                     .chunks(o.size + GRH_LEN)
-                    .or_fail("failed to reg MR")?;
+                    .context("failed to reg MR")?;
                 qp.post_recv_batch(
                     recvs
                         .into_iter()
                         .enumerate()
                         .map(|(i, m)| (i as u64, m.into())),
                 )
-                .map_err(|e| format!("failed to post receives: {e}"))?;
+                .map_err(rdma::PostError::drop_buffers)
+                .context("failed to post receives")?;
             }
         }
         self.pd = Some(pd);
@@ -232,7 +234,7 @@ impl Node {
         } else {
             self.id.join_multicast(group)
         };
-        joined.map_err(|e| format!("mckey: failure joining: {e}"))
+        joined.context("mckey: failure joining")
     }
 
     /// Sends every message to the group, SEND with immediate data carrying
@@ -252,11 +254,12 @@ impl Node {
                 .ud(ah, self.remote_qpn, self.remote_qkey)
                 .signaled(i + 1 == n);
             qp.post_send(wr)
-                .map_err(|e| format!("failed to post sends: {e}"))?;
+                .map_err(rdma::PostError::drop_buffers)
+                .context("failed to post sends")?;
         }
         let c = poll_n(self.cq.as_ref().expect("initialised"), 1, POLL_TIMEOUT)?;
         if c[0].status != WcStatus::Success {
-            return Err(format!("mckey: send failed: {}", c[0].status));
+            return Err(anyhow!("mckey: send failed: {}", c[0].status));
         }
         Ok(())
     }
@@ -273,12 +276,13 @@ impl Node {
         )?;
         for c in done {
             if c.status != WcStatus::Success {
-                return Err(format!("mckey: receive failed: {}", c.status));
+                return Err(anyhow!("mckey: receive failed: {}", c.status));
             }
             if c.byte_len as usize != o.size + GRH_LEN {
-                return Err(format!(
+                return Err(anyhow!(
                     "mckey: received {} bytes, expected {} + {GRH_LEN} of GRH",
-                    c.byte_len, o.size
+                    c.byte_len,
+                    o.size
                 ));
             }
         }
@@ -302,24 +306,24 @@ fn run(o: &Opts) -> Res<()> {
         // `-M`: the GID in IPv6 notation, every other field 0.
         let gid: Ipv6Addr = text
             .parse()
-            .map_err(|_| format!("mckey: -M {text}: not a GID in IPv6 notation"))?;
+            .map_err(|_| anyhow!("mckey: -M {text}: not a GID in IPv6 notation"))?;
         IbAddr::new(gid.into()).into()
     } else {
         let ip = host_ip(text)?;
         // librdmacm resolves a unicast group like any address and the join
         // then times out (`ADDR_ERROR, error: -110`): name the cause instead.
         if !ip.is_multicast() {
-            return Err(format!(
+            return Err(anyhow!(
                 "mckey: -m {text}: {ip} is not a multicast address \
                  (IPv4 224.0.0.0/4, IPv6 ff00::/8)"
             ));
         }
         SocketAddr::new(ip, 0).into()
     };
-    let ch = EventChannel::new().map_err(|e| format!("failed to create event channel: {e}"))?;
+    let ch = EventChannel::new().context("failed to create event channel")?;
     let mut nodes: Vec<Node> = Vec::with_capacity(o.connections);
     for _ in 0..o.connections {
-        let id = ch.create_id(o.ps).or_fail("rdma_create_id")?;
+        let id = ch.create_id(o.ps).context("rdma_create_id")?;
         nodes.push(Node {
             ah: None,
             qp: None,
@@ -336,8 +340,7 @@ fn run(o: &Opts) -> Res<()> {
     let mut result = Ok(());
     for n in &mut nodes {
         if let Some(src) = src {
-            n.id.bind_addr(src)
-                .map_err(|e| format!("mckey: addr bind failure: {e}"))?;
+            n.id.bind_addr(src).context("mckey: addr bind failure")?;
         }
         if o.unmapped {
             // Nothing to resolve: the bound id joins the GID at once.
@@ -347,7 +350,7 @@ fn run(o: &Opts) -> Res<()> {
             }
         } else {
             n.id.resolve_addr(src.map(Into::into), group, RESOLVE_TIMEOUT)
-                .map_err(|e| format!("mckey: resolve addr failure: {e}"))?;
+                .context("mckey: resolve addr failure")?;
         }
     }
 
@@ -358,7 +361,7 @@ fn run(o: &Opts) -> Res<()> {
         if n.connected {
             if let Err(e) = n.id.leave_multicast(group) {
                 println!("mckey: failure leaving: {e}");
-                left_ok = Err("mckey: failure leaving".to_string());
+                left_ok = Err(anyhow!("mckey: failure leaving"));
             }
         }
     }
@@ -368,7 +371,7 @@ fn run(o: &Opts) -> Res<()> {
 fn transfer(o: &Opts, ch: &EventChannel, nodes: &mut [Node], group: CmAddr) -> Res<()> {
     let mut left = nodes.len();
     while left > 0 {
-        let e = ch.get_event().or_fail("rdma_get_cm_event")?;
+        let e = ch.get_event().context("rdma_get_cm_event")?;
         let Some(i) = nodes.iter().position(|n| n.id.same_id(e.id())) else {
             continue;
         };
@@ -382,7 +385,7 @@ fn transfer(o: &Opts, ch: &EventChannel, nodes: &mut [Node], group: CmAddr) -> R
                 let ud = e
                     .ud_param()
                     .cloned()
-                    .ok_or("mckey: join without UD parameters")?;
+                    .context("mckey: join without UD parameters")?;
                 drop(e);
                 let (dgid, dlid, sl) = (
                     ud.ah_attr
@@ -397,13 +400,13 @@ fn transfer(o: &Opts, ch: &EventChannel, nodes: &mut [Node], group: CmAddr) -> R
                 let pd = n.pd.as_ref().expect("initialised");
                 let ah = pd
                     .create_ah(&ud.ah_attr)
-                    .map_err(|e| format!("mckey: failure creating address handle: {e}"))?;
+                    .context("mckey: failure creating address handle")?;
                 n.ah = Some(ah);
                 n.connected = true;
                 left -= 1;
             }
             CmEventType::AddrError | CmEventType::RouteError | CmEventType::MulticastError => {
-                return Err(format!(
+                return Err(anyhow!(
                     "mckey: event: {}, error: {}",
                     e.event_type(),
                     e.status()
@@ -415,7 +418,7 @@ fn transfer(o: &Opts, ch: &EventChannel, nodes: &mut [Node], group: CmAddr) -> R
     // As the C tool: give a subnet manager time to program the switches.
     std::thread::sleep(Duration::from_secs(3));
     // Report what the C tool's event thread reports meanwhile.
-    while let Some(e) = ch.try_get_event().or_fail("rdma_get_cm_event")? {
+    while let Some(e) = ch.try_get_event().context("rdma_get_cm_event")? {
         if matches!(
             e.event_type(),
             CmEventType::MulticastError | CmEventType::AddrChange

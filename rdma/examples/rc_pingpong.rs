@@ -27,10 +27,11 @@
 
 mod common;
 
+use anyhow::{anyhow, Context as _};
 use common::pingpong;
 use std::process::ExitCode;
 
-use common::pingpong::{Dest, ExtraFlag, ExtraKind, Opts, OrFail, Res, Tool, Traffic, Unsupported};
+use common::pingpong::{Dest, ExtraFlag, ExtraKind, Opts, Res, Tool, Traffic, Unsupported};
 use rdma::ffi;
 use rdma::{AccessFlags, DeviceMemory, InitAttr, PostPath, QpType, RtrAttr, RtsAttr};
 
@@ -67,31 +68,33 @@ fn main() -> ExitCode {
 fn device_memory(ctx: &rdma::Context, size: usize) -> Res<DeviceMemory> {
     let max = ctx
         .query_device()
-        .or_fail("Couldn't query device for its features")?
+        .context("Couldn't query device for its features")?
         .max_dm_size();
     if max == 0 {
-        return Err(format!(
+        return Err(anyhow!(
             "Device doesn't support dm allocation: {} reports max_dm_size 0 \
              (soft-RoCE and soft-iWARP have no device memory)",
             ctx.name()
         ));
     }
     if max < size as u64 {
-        return Err(format!(
+        return Err(anyhow!(
             "Device memory is insufficient: -s {size} bytes, {} has {max} (max_dm_size)",
             ctx.name()
         ));
     }
-    ctx.alloc_dm(size).or_fail("Dev mem allocation failed")
+    ctx.alloc_dm(size).context("Dev mem allocation failed")
 }
 
 fn run(opts: &Opts) -> Res<()> {
     if opts.prefetch && !opts.odp {
-        return Err("prefetch is valid only with on-demand memory region (-o)".into());
+        return Err(anyhow!(
+            "prefetch is valid only with on-demand memory region (-o)"
+        ));
     }
     let use_dm = opts.extra('j').is_some();
     if use_dm && opts.odp {
-        return Err("DM memory region can't be on demand (-j with -o)".into());
+        return Err(anyhow!("DM memory region can't be on demand (-j with -o)"));
     }
     let (ctx, port) = pingpong::open_device(opts)?;
     let access = if opts.odp {
@@ -103,10 +106,10 @@ fn run(opts: &Opts) -> Res<()> {
     let ts_mask = if opts.ts {
         let mask = ctx
             .query_device()
-            .or_fail("Couldn't query device for its features")?
+            .context("Couldn't query device for its features")?
             .completion_timestamp_mask();
         if mask == 0 {
-            return Err(format!(
+            return Err(anyhow!(
                 "{} isn't completion timestamp capable (-t)",
                 ctx.name()
             ));
@@ -115,7 +118,7 @@ fn run(opts: &Opts) -> Res<()> {
     } else {
         None
     };
-    let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
+    let pd = ctx.alloc_pd().context("Couldn't allocate PD")?;
     let dm = if use_dm {
         Some(device_memory(&ctx, opts.size)?)
     } else {
@@ -126,7 +129,7 @@ fn run(opts: &Opts) -> Res<()> {
     } else {
         ctx.create_cq(opts.rx_depth + 1, channel.as_ref(), 0)
     }
-    .or_fail("Couldn't create CQ")?;
+    .context("Couldn't create CQ")?;
     // One send in flight at a time; rx_depth receives. The send path is the
     // C tool's: ibv_post_send, or the ibv_wr_* API with -N.
     let mut qp = pd
@@ -139,7 +142,7 @@ fn run(opts: &Opts) -> Res<()> {
             PostPath::Legacy
         })
         .build()
-        .or_fail("Couldn't create QP")?;
+        .context("Couldn't create QP")?;
     // As the C tool: inline when the provider's inline limit allows it and
     // the data is in host memory (not with -j). With -N the C tool hands the
     // buffer over with ibv_wr_set_sge; so does this port
@@ -154,12 +157,12 @@ fn run(opts: &Opts) -> Res<()> {
     }
     // No remote access: the peer only SENDs.
     qp.to_init(&InitAttr::new(opts.ib_port))
-        .or_fail("Failed to modify QP to INIT")?;
+        .context("Failed to modify QP to INIT")?;
     traffic.refill(&mut qp)?;
     if channel.is_some() {
         // Armed before the peer learns our address, so no completion is missed.
         cq.req_notify(false)
-            .or_fail("Couldn't request CQ notification")?;
+            .context("Couldn't request CQ notification")?;
     }
 
     let me = pingpong::local_dest(&ctx, &port, opts, qp.qp_num(), true)?;
@@ -170,9 +173,9 @@ fn run(opts: &Opts) -> Res<()> {
         // Defaults of the C tool: 1 outstanding READ/atomic, RNR timer 12;
         // timeout 14, 7 retries, 7 RNR retries.
         qp.to_rtr(Some(&RtrAttr::new(ah, mtu, peer.qpn, peer.psn)))
-            .or_fail("Failed to modify QP to RTR")?;
+            .context("Failed to modify QP to RTR")?;
         qp.to_rts(&RtsAttr::new(me.psn))
-            .or_fail("Failed to modify QP to RTS")
+            .context("Failed to modify QP to RTS")
     };
     let peer = pingpong::exchange(opts, &me, connect)?;
     peer.print("remote");

@@ -28,13 +28,14 @@
 
 mod common;
 
+use anyhow::{anyhow, Context as _};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use common::args::Flag;
-use common::cm::{c_str, rearm, wait_readable, OrFail, Res};
+use common::cm::{c_str, rearm, wait_readable, Res};
 use common::rping::{fill, info, parse_info, Opts, INFO_LEN, SQ_DEPTH};
 use rdma::cm::{CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use rdma::{
@@ -66,7 +67,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("{}", common::Report(&e));
             ExitCode::FAILURE
         }
     }
@@ -114,18 +115,18 @@ impl Conn {
     /// PD, completion channel, CQ and QP on the id's device
     /// (`rping_setup_qp`), and the receive posted.
     fn setup(id: &CmId, events: &EventChannel, o: &Opts) -> Res<Conn> {
-        let ctx = id.context().or_fail("ibv_alloc_pd failed")?;
-        let pd = ctx.alloc_pd().or_fail("ibv_alloc_pd failed")?;
+        let ctx = id.context().context("ibv_alloc_pd failed")?;
+        let pd = ctx.alloc_pd().context("ibv_alloc_pd failed")?;
         debug!(o, "created pd {:p}", pd.as_raw());
         let comp = ctx
             .create_comp_channel()
-            .or_fail("ibv_create_comp_channel failed")?;
+            .context("ibv_create_comp_channel failed")?;
         comp.set_nonblocking(true)
-            .or_fail("ibv_create_comp_channel failed")?;
+            .context("ibv_create_comp_channel failed")?;
         let cq = ctx
             .create_cq(SQ_DEPTH * 2, Some(&comp), 0)
-            .or_fail("ibv_create_cq failed")?;
-        cq.req_notify(false).or_fail("ibv_req_notify_cq failed")?;
+            .context("ibv_create_cq failed")?;
+        cq.req_notify(false).context("ibv_req_notify_cq failed")?;
         let mut builder = pd.qp_builder(QpType::Rc, &cq, &cq);
         builder
             .max_send_wr(SQ_DEPTH)
@@ -133,17 +134,17 @@ impl Conn {
             .max_send_sge(1)
             .max_recv_sge(1);
         let qp = if o.self_qp {
-            let qp = builder.build().or_fail("ibv_create_qp")?;
+            let qp = builder.build().context("ibv_create_qp")?;
             id.modify_qp(&qp, rdma::QpState::Init)
-                .or_fail("ibv_modify_qp")?;
+                .context("ibv_modify_qp")?;
             qp
         } else {
-            id.create_qp(&builder).or_fail("rdma_create_qp")?
+            id.create_qp(&builder).context("rdma_create_qp")?
         };
         debug!(o, "created qp {:p}", qp.as_raw());
         let send_mr = pd
             .alloc_mr(INFO_LEN, AccessFlags::empty())
-            .or_fail("send_buf reg_mr failed")?;
+            .context("send_buf reg_mr failed")?;
         let mut conn = Conn {
             qp,
             cq,
@@ -160,10 +161,11 @@ impl Conn {
         let recv = conn
             .pd
             .alloc_mr(INFO_LEN, AccessFlags::LOCAL_WRITE)
-            .or_fail("recv_buf reg_mr failed")?;
+            .context("recv_buf reg_mr failed")?;
         conn.qp
             .post_recv(WR_RECV, recv)
-            .map_err(|e| format!("ibv_post_recv failed: {e}"))?;
+            .map_err(rdma::PostError::drop_buffers)
+            .context("ibv_post_recv failed")?;
         Ok(conn)
     }
 
@@ -183,9 +185,9 @@ impl Conn {
             match self.wait(true)? {
                 Got::SendDone => {}
                 Got::Recv(m) if self.pending.is_none() => self.pending = Some(m),
-                Got::Recv(_) => return Err("unexpected control message".into()),
-                Got::Rdma(_) => return Err("unexpected RDMA completion".into()),
-                Got::Disconnected => return Err("disconnected while sending".into()),
+                Got::Recv(_) => return Err(anyhow!("unexpected control message")),
+                Got::Rdma(_) => return Err(anyhow!("unexpected RDMA completion")),
+                Got::Disconnected => return Err(anyhow!("disconnected while sending")),
             }
         }
         let mut mr = self.send_mr.take().expect("checked above");
@@ -194,7 +196,7 @@ impl Conn {
             .copy_from_slice(msg);
         self.qp
             .post_send(SendWr::send(WR_SEND, mr))
-            .map_err(|e| format!("post send error {e}"))
+            .map_err(|e| anyhow!("post send error {e}"))
     }
 
     /// The next completion or connection event that matters: receives (the
@@ -203,12 +205,12 @@ impl Conn {
     /// wait ends there.
     fn wait(&mut self, until_send: bool) -> Res<Got> {
         loop {
-            if let Some(mut c) = self.cq.poll_one().or_fail("poll error")? {
+            if let Some(mut c) = self.cq.poll_one().context("poll error")? {
                 if c.status == WcStatus::WrFlushErr {
                     return Ok(Got::Disconnected);
                 }
                 if c.status != WcStatus::Success {
-                    return Err(format!("cq completion failed status {}", c.status.to_raw()));
+                    return Err(anyhow!("cq completion failed status {}", c.status.to_raw()));
                 }
                 match c.opcode {
                     WcOpcode::Send => {
@@ -225,14 +227,15 @@ impl Conn {
                             println!("recv completion");
                         }
                         if c.byte_len as usize != INFO_LEN {
-                            return Err(format!("Received bogus data, size {}", c.byte_len));
+                            return Err(anyhow!("Received bogus data, size {}", c.byte_len));
                         }
                         let mr = c.take_buffers().into_one().expect("the receive buffer");
                         let mut msg = [0u8; INFO_LEN];
                         msg.copy_from_slice(mr.as_slice().expect("local buffer"));
                         self.qp
                             .post_recv(WR_RECV, mr)
-                            .map_err(|e| format!("post recv error: {e}"))?;
+                            .map_err(rdma::PostError::drop_buffers)
+                            .context("post recv error")?;
                         return Ok(Got::Recv(msg));
                     }
                     WcOpcode::RdmaRead | WcOpcode::RdmaWrite => {
@@ -242,11 +245,11 @@ impl Conn {
                         let mr = c.take_buffers().into_one().expect("the RDMA buffer");
                         return Ok(Got::Rdma(mr));
                     }
-                    other => return Err(format!("unknown completion {other:?}")),
+                    other => return Err(anyhow!("unknown completion {other:?}")),
                 }
                 continue;
             }
-            if let Some(e) = self.events.try_get_event().or_fail("rdma_get_cm_event")? {
+            if let Some(e) = self.events.try_get_event().context("rdma_get_cm_event")? {
                 if self.debug {
                     println!(
                         "cma_event type {} cma_id {:p}",
@@ -263,7 +266,7 @@ impl Conn {
                         return Ok(Got::Disconnected);
                     }
                     CmEventType::DeviceRemoval => {
-                        return Err("cma detected device removal!!!!".into())
+                        return Err(anyhow!("cma detected device removal!!!!"))
                     }
                     CmEventType::Established | CmEventType::TimewaitExit => {}
                     t => eprintln!("unhandled event: {t}, ignoring"),
@@ -271,7 +274,7 @@ impl Conn {
                 continue;
             }
             if !self.armed {
-                self.cq.req_notify(false).or_fail("Failed to set notify")?;
+                self.cq.req_notify(false).context("Failed to set notify")?;
                 self.armed = true;
                 continue;
             }
@@ -291,7 +294,7 @@ impl Conn {
             Got::Recv(m) => Ok(Some(m)),
             Got::Disconnected => Ok(None),
             Got::Rdma(_) | Got::SendDone => {
-                Err(format!("wait for {state}: unexpected RDMA completion"))
+                Err(anyhow!("wait for {state}: unexpected RDMA completion"))
             }
         }
     }
@@ -299,9 +302,9 @@ impl Conn {
     /// `rping_disconnect`: a self-made QP goes to the error state first.
     fn disconnect(&self) -> Res<()> {
         if self.id.raw_qp().is_null() {
-            self.qp.to_error().or_fail("ibv_modify_qp")?;
+            self.qp.to_error().context("ibv_modify_qp")?;
         }
-        self.id.disconnect().or_fail("rdma_disconnect")
+        self.id.disconnect().context("rdma_disconnect")
     }
 }
 
@@ -309,7 +312,7 @@ impl Conn {
 /// does.
 fn expect(ch: &EventChannel, want: &[CmEventType], o: &Opts) -> Res<rdma::cm::CmEvent> {
     loop {
-        let e = ch.get_event().or_fail("rdma_get_cm_event")?;
+        let e = ch.get_event().context("rdma_get_cm_event")?;
         debug!(
             o,
             "cma_event type {} cma_id {:p}",
@@ -321,7 +324,7 @@ fn expect(ch: &EventChannel, want: &[CmEventType], o: &Opts) -> Res<rdma::cm::Cm
         }
         match e.event_type() {
             CmEventType::TimewaitExit => continue,
-            t => return Err(format!("cma event {t}, error {}", e.status())),
+            t => return Err(anyhow!("cma event {t}, error {}", e.status())),
         }
     }
 }
@@ -330,16 +333,16 @@ fn expect(ch: &EventChannel, want: &[CmEventType], o: &Opts) -> Res<rdma::cm::Cm
 // Client
 
 fn run_client(o: &Opts) -> Res<()> {
-    let ch = EventChannel::new().or_fail("rdma_create_event_channel")?;
-    let id = ch.create_id(PortSpace::Tcp).or_fail("rdma_create_id")?;
+    let ch = EventChannel::new().context("rdma_create_event_channel")?;
+    let id = ch.create_id(PortSpace::Tcp).context("rdma_create_id")?;
     debug!(o, "created cm_id {:p}", id.as_raw());
     let dst = SocketAddr::new(o.addr, o.port);
     let src = o.src.map(|ip| SocketAddr::new(ip, 0).into());
     id.resolve_addr(src, dst, RESOLVE_TIMEOUT)
-        .or_fail("rdma_resolve_addr")?;
+        .context("rdma_resolve_addr")?;
     drop(expect(&ch, &[CmEventType::AddrResolved], o)?);
     id.resolve_route(RESOLVE_TIMEOUT)
-        .or_fail("rdma_resolve_route")?;
+        .context("rdma_resolve_route")?;
     drop(expect(&ch, &[CmEventType::RouteResolved], o)?);
     debug!(o, "rdma_resolve_addr - rdma_resolve_route successful");
 
@@ -348,19 +351,19 @@ fn run_client(o: &Opts) -> Res<()> {
     let mut start = conn
         .pd
         .alloc_mr(o.size, access)
-        .or_fail("start_buf reg_mr failed")?;
+        .context("start_buf reg_mr failed")?;
     let sink = conn
         .pd
         .alloc_mr(o.size, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
-        .or_fail("rdma_buf reg_mr failed")?;
+        .context("rdma_buf reg_mr failed")?;
     debug!(o, "allocated & registered buffers...");
 
     // Connect (`rping_connect_client`).
     let param = conn.param();
     if o.self_qp {
-        id.connect_qp(&conn.qp, &param).or_fail("rdma_connect")?;
+        id.connect_qp(&conn.qp, &param).context("rdma_connect")?;
     } else {
-        id.connect(&param).or_fail("rdma_connect")?;
+        id.connect(&param).context("rdma_connect")?;
     }
     let e = expect(
         &ch,
@@ -370,7 +373,7 @@ fn run_client(o: &Opts) -> Res<()> {
     let response = e.event_type() == CmEventType::ConnectResponse;
     drop(e);
     if response {
-        id.establish_qp(&conn.qp).or_fail("rdma_establish")?;
+        id.establish_qp(&conn.qp).context("rdma_establish")?;
     }
     debug!(o, "rdma_connect successful");
 
@@ -394,15 +397,15 @@ fn ping_loop(o: &Opts, conn: &mut Conn, start: &mut MemoryRegion, sink: &MemoryR
 
         conn.send(&info(start.remote(), o.size))?;
         if conn.wait_recv("RDMA_WRITE_ADV")?.is_none() {
-            return Err("wait for RDMA_WRITE_ADV state: disconnected".into());
+            return Err(anyhow!("wait for RDMA_WRITE_ADV state: disconnected"));
         }
         conn.send(&info(sink.remote(), o.size))?;
         if conn.wait_recv("RDMA_WRITE_COMPLETE")?.is_none() {
-            return Err("wait for RDMA_WRITE_COMPLETE state: disconnected".into());
+            return Err(anyhow!("wait for RDMA_WRITE_COMPLETE state: disconnected"));
         }
         let got = sink.to_vec();
         if o.validate && got[..] != start.as_slice().expect("local")[..] {
-            return Err("data mismatch!".into());
+            return Err(anyhow!("data mismatch!"));
         }
         if o.verbose {
             println!("ping data: {}", c_str(&got));
@@ -416,15 +419,15 @@ fn ping_loop(o: &Opts, conn: &mut Conn, start: &mut MemoryRegion, sink: &MemoryR
 // Server
 
 fn run_server(o: &Opts) -> Res<()> {
-    let ch = EventChannel::new().or_fail("rdma_create_event_channel")?;
-    let listener = ch.create_id(PortSpace::Tcp).or_fail("rdma_create_id")?;
+    let ch = EventChannel::new().context("rdma_create_event_channel")?;
+    let listener = ch.create_id(PortSpace::Tcp).context("rdma_create_id")?;
     debug!(o, "created cm_id {:p}", listener.as_raw());
     listener
         .bind_addr(SocketAddr::new(o.addr, o.port))
-        .or_fail("rdma_bind_addr")?;
+        .context("rdma_bind_addr")?;
     debug!(o, "rdma_bind_addr successful");
     debug!(o, "rdma_listen");
-    listener.listen(3).or_fail("rdma_listen")?;
+    listener.listen(3).context("rdma_listen")?;
 
     if o.persistent {
         loop {
@@ -433,12 +436,12 @@ fn run_server(o: &Opts) -> Res<()> {
             drop(request);
             // Each connection reports to a channel of its own, so its thread
             // sees only its events.
-            let own = EventChannel::new().or_fail("rdma_create_event_channel")?;
-            id.migrate_id(Some(&own)).or_fail("rdma_migrate_id")?;
+            let own = EventChannel::new().context("rdma_create_event_channel")?;
+            id.migrate_id(Some(&own)).context("rdma_migrate_id")?;
             let o = o.clone();
             std::thread::spawn(move || {
                 if let Err(e) = serve(&o, &id, &own) {
-                    eprintln!("{e}");
+                    eprintln!("{}", common::Report(&e));
                 }
             });
         }
@@ -447,7 +450,7 @@ fn run_server(o: &Opts) -> Res<()> {
     let id = request.id().clone();
     debug!(o, "child cma {:p}", id.as_raw());
     drop(request);
-    serve(o, &id, &ch).map_err(|e| format!("{e}\nrping server failed"))
+    serve(o, &id, &ch).map_err(|e| anyhow!("{}\nrping server failed", common::Report(&e)))
 }
 
 /// Accepts `id` and answers pings until the client disconnects
@@ -457,13 +460,13 @@ fn serve(o: &Opts, id: &CmId, ch: &EventChannel) -> Res<()> {
     let mut buf = conn
         .pd
         .alloc_mr(o.size, AccessFlags::LOCAL_WRITE)
-        .or_fail("rdma_buf reg_mr failed")?;
+        .context("rdma_buf reg_mr failed")?;
     debug!(o, "accepting client connection request");
     let param = conn.param();
     if o.self_qp {
-        id.accept_qp(&conn.qp, &param).or_fail("rdma_accept")?;
+        id.accept_qp(&conn.qp, &param).context("rdma_accept")?;
     } else {
-        id.accept(&param).or_fail("rdma_accept")?;
+        id.accept(&param).context("rdma_accept")?;
     }
     drop(expect(ch, &[CmEventType::Established], o)?);
 
@@ -480,13 +483,13 @@ fn serve(o: &Opts, id: &CmId, ch: &EventChannel) -> Res<()> {
             );
             let len = len as usize;
             if len == 0 || len > buf.len() {
-                return Err(format!(
+                return Err(anyhow!(
                     "client buffer of {len} bytes does not fit the server's {} (-S)",
                     buf.len()
                 ));
             }
             let tail = if len < buf.len() {
-                Some(buf.split_off(len).or_fail("split")?)
+                Some(buf.split_off(len).context("split")?)
             } else {
                 None
             };
@@ -497,16 +500,22 @@ fn serve(o: &Opts, id: &CmId, ch: &EventChannel) -> Res<()> {
             };
             conn.qp
                 .post_send(SendWr::read(WR_RDMA, buf, remote))
-                .map_err(|e| format!("post send error {e}"))?;
+                .map_err(|e| anyhow!("post send error {e}"))?;
             debug!(o, "server posted rdma read req ");
             buf = match conn.wait(false)? {
                 Got::Rdma(mr) => mr,
-                Got::Disconnected => return Err("wait for RDMA_READ_COMPLETE: disconnected".into()),
-                _ => return Err("wait for RDMA_READ_COMPLETE: unexpected completion".into()),
+                Got::Disconnected => {
+                    return Err(anyhow!("wait for RDMA_READ_COMPLETE: disconnected"))
+                }
+                _ => {
+                    return Err(anyhow!(
+                        "wait for RDMA_READ_COMPLETE: unexpected completion"
+                    ))
+                }
             };
             if let Some(t) = tail {
                 if buf.unsplit(t).is_err() {
-                    return Err("buffer pieces do not join".into());
+                    return Err(anyhow!("buffer pieces do not join"));
                 }
             }
             let text = c_str(buf.as_slice().expect("local buffer"));
@@ -524,10 +533,10 @@ fn serve(o: &Opts, id: &CmId, ch: &EventChannel) -> Res<()> {
             let (addr, rkey, rlen) = parse_info(&msg);
             let n = (text.len() + 1).min(buf.len());
             if n as u64 > u64::from(rlen) {
-                return Err(format!("client sink of {rlen} bytes is too small for {n}"));
+                return Err(anyhow!("client sink of {rlen} bytes is too small for {n}"));
             }
             let tail = if n < buf.len() {
-                Some(buf.split_off(n).or_fail("split")?)
+                Some(buf.split_off(n).context("split")?)
             } else {
                 None
             };
@@ -539,17 +548,21 @@ fn serve(o: &Opts, id: &CmId, ch: &EventChannel) -> Res<()> {
             debug!(o, "rdma write from laddr {:x} len {n}", buf.addr());
             conn.qp
                 .post_send(SendWr::write(WR_RDMA, buf, remote))
-                .map_err(|e| format!("post send error {e}"))?;
+                .map_err(|e| anyhow!("post send error {e}"))?;
             buf = match conn.wait(false)? {
                 Got::Rdma(mr) => mr,
                 Got::Disconnected => {
-                    return Err("wait for RDMA_WRITE_COMPLETE: disconnected".into())
+                    return Err(anyhow!("wait for RDMA_WRITE_COMPLETE: disconnected"))
                 }
-                _ => return Err("wait for RDMA_WRITE_COMPLETE: unexpected completion".into()),
+                _ => {
+                    return Err(anyhow!(
+                        "wait for RDMA_WRITE_COMPLETE: unexpected completion"
+                    ))
+                }
             };
             if let Some(t) = tail {
                 if buf.unsplit(t).is_err() {
-                    return Err("buffer pieces do not join".into());
+                    return Err(anyhow!("buffer pieces do not join"));
                 }
             }
             debug!(o, "server rdma write complete ");

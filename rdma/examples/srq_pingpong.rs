@@ -34,11 +34,12 @@
 
 mod common;
 
+use anyhow::{anyhow, Context as _};
 use common::pingpong;
 use std::time::{Duration, Instant};
 
 use common::pingpong::{
-    Dest, ExtraFlag, ExtraKind, ExtraValue, Opts, OrFail, Res, Tool, RECV_WRID, SEND_WRID,
+    Dest, ExtraFlag, ExtraKind, ExtraValue, Opts, Res, Tool, RECV_WRID, SEND_WRID,
 };
 use rdma::ffi;
 use rdma::{
@@ -121,7 +122,7 @@ fn check_peer_count(peers: &[Dest], n: usize) -> Res<()> {
         } else {
             theirs.to_string()
         };
-        return Err(format!(
+        return Err(anyhow!(
             "the peer has {count} QPs and this side {n}: give both sides the same -q"
         ));
     }
@@ -131,7 +132,7 @@ fn check_peer_count(peers: &[Dest], n: usize) -> Res<()> {
 fn run(opts: &Opts) -> Res<()> {
     let num_qp = num_qp(opts);
     if num_qp > opts.rx_depth as usize {
-        return Err(format!(
+        return Err(anyhow!(
             "rx_depth {} is too small for {num_qp} QPs -- must have at least one receive per QP",
             opts.rx_depth
         ));
@@ -143,21 +144,21 @@ fn run(opts: &Opts) -> Res<()> {
         AccessFlags::empty()
     };
     let channel = pingpong::comp_channel(&ctx, opts.events)?;
-    let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
+    let pd = ctx.alloc_pd().context("Couldn't allocate PD")?;
     let cq_size = opts
         .rx_depth
         .checked_add(num_qp as u32)
-        .ok_or("-r plus -q is too large for a CQ")?;
+        .context("-r plus -q is too large for a CQ")?;
     let cq = ctx
         .create_cq(cq_size, channel.as_ref(), 0)
-        .or_fail("Couldn't create CQ")?;
+        .context("Couldn't create CQ")?;
     let srq = pd
         .create_srq(SrqAttr {
             max_wr: opts.rx_depth,
             max_sge: 1,
             srq_limit: 0,
         })
-        .or_fail("Couldn't create SRQ")?;
+        .context("Couldn't create SRQ")?;
     // One send in flight per QP; no receive queue of their own.
     let mut qps = Vec::with_capacity(num_qp);
     for i in 0..num_qp {
@@ -169,7 +170,7 @@ fn run(opts: &Opts) -> Res<()> {
             .max_recv_sge(0)
             .post_path(PostPath::Legacy)
             .build()
-            .or_fail(&format!("Couldn't create QP[{i}]"))?;
+            .with_context(|| format!("Couldn't create QP[{i}]"))?;
         qps.push(qp);
     }
     // As the C tool: inline when the provider's inline limit allows it.
@@ -179,14 +180,14 @@ fn run(opts: &Opts) -> Res<()> {
     for (i, qp) in qps.iter().enumerate() {
         // No remote access: the peer only SENDs.
         qp.to_init(&InitAttr::new(opts.ib_port))
-            .or_fail(&format!("Failed to modify QP[{i}] to INIT"))?;
+            .with_context(|| format!("Failed to modify QP[{i}] to INIT"))?;
     }
     let mut traffic = Traffic::new(&pd, srq, qps, opts, access, inline)?;
     traffic.refill()?;
     if channel.is_some() {
         // Armed before the peer learns our addresses, so no completion is missed.
         cq.req_notify(false)
-            .or_fail("Couldn't request CQ notification")?;
+            .context("Couldn't request CQ notification")?;
     }
 
     let mut mine = Vec::with_capacity(WIRE_QPS);
@@ -208,9 +209,9 @@ fn run(opts: &Opts) -> Res<()> {
             // Defaults of the C tool: 1 outstanding READ/atomic, RNR timer
             // 12; timeout 14, 7 retries, 7 RNR retries.
             qp.to_rtr(Some(&RtrAttr::new(ah, mtu, peer.qpn, peer.psn)))
-                .or_fail(&format!("Failed to modify QP[{i}] to RTR"))?;
+                .with_context(|| format!("Failed to modify QP[{i}] to RTR"))?;
             qp.to_rts(&RtsAttr::new(mine[i].psn))
-                .or_fail(&format!("Failed to modify QP[{i}] to RTS"))?;
+                .with_context(|| format!("Failed to modify QP[{i}] to RTS"))?;
         }
         Ok(())
     };
@@ -276,19 +277,17 @@ impl Traffic {
         let total = opts
             .size
             .checked_mul(opts.rx_depth as usize)
-            .ok_or("the receive buffers (size × rx-depth) do not fit in memory")?;
+            .context("the receive buffers (size × rx-depth) do not fit in memory")?;
         // Not the message's bytes, so a receive that wrote nothing shows.
         let recv = pd
             .reg_mr(
                 pingpong::filled(total, 0x7b)?,
                 access | AccessFlags::LOCAL_WRITE,
             )
-            .or_fail(&format!(
-                "Couldn't register {total} bytes of receive buffers"
-            ))?;
+            .with_context(|| format!("Couldn't register {total} bytes of receive buffers"))?;
         let free = recv
             .chunks(opts.size)
-            .or_fail("Couldn't cut the receive buffers")?;
+            .context("Couldn't cut the receive buffers")?;
         let mut lanes = Vec::with_capacity(qps.len());
         for _ in &qps {
             let send = if inline {
@@ -296,7 +295,7 @@ impl Traffic {
             } else {
                 Some(
                     pd.reg_mr(message.clone(), access)
-                        .or_fail("Couldn't register a send buffer")?,
+                        .context("Couldn't register a send buffer")?,
                 )
             };
             lanes.push(Lane { pending: 0, send });
@@ -329,11 +328,11 @@ impl Traffic {
         if let Some(data) = &self.inline {
             return qp
                 .post_send_inline(InlineSend::send(SEND_WRID, data))
-                .or_fail(&format!("Couldn't post send on QP[{i}]"));
+                .with_context(|| format!("Couldn't post send on QP[{i}]"));
         }
         let slot = &mut self.lanes[i].send;
         let mr = slot.take().ok_or_else(|| {
-            format!("Couldn't post send on QP[{i}]: the previous send has not completed")
+            anyhow!("Couldn't post send on QP[{i}]: the previous send has not completed")
         })?;
         qp.post_send(SendWr::send(SEND_WRID, mr)).map_err(|e| {
             *slot = e
@@ -341,7 +340,7 @@ impl Traffic {
                 .into_iter()
                 .next()
                 .and_then(|(_, b)| b.into_one());
-            format!("Couldn't post send on QP[{i}]: {}", e.error)
+            anyhow::Error::new(e.error).context(format!("Couldn't post send on QP[{i}]"))
         })
     }
 
@@ -349,7 +348,7 @@ impl Traffic {
         let Some(expect) = &self.expect else {
             return Ok(());
         };
-        let payload = mr.as_slice().or_fail("Couldn't read a receive buffer")?;
+        let payload = mr.as_slice().context("Couldn't read a receive buffer")?;
         if byte_len as usize == self.size && payload == &expect[..] {
             return Ok(());
         }
@@ -365,7 +364,7 @@ impl Traffic {
 
     /// Polls up to `max` completions into `out`.
     fn poll(cq: &CompletionQueue, out: &mut Vec<Completion>, max: usize) -> Res<usize> {
-        cq.poll(out, max).or_fail("poll CQ failed")
+        cq.poll(out, max).context("poll CQ failed")
     }
 
     /// Runs the ping-pong on every QP until this side has completed `iters`
@@ -396,13 +395,13 @@ impl Traffic {
         while rcnt < iters || scnt < iters {
             match channel {
                 Some(ch) => {
-                    let event = ch.get_event().or_fail("Failed to get cq_event")?;
+                    let event = ch.get_event().context("Failed to get cq_event")?;
                     if event.cq().as_raw() != cq.as_raw() {
-                        return Err("CQ event for unknown CQ".into());
+                        return Err(anyhow!("CQ event for unknown CQ"));
                     }
                     drop(event); // acknowledges it
                     cq.req_notify(false)
-                        .or_fail("Couldn't request CQ notification")?;
+                        .context("Couldn't request CQ notification")?;
                     while Self::poll(cq, &mut wcs, batch)? > 0 {}
                 }
                 None => {
@@ -413,7 +412,7 @@ impl Traffic {
             }
             for mut wc in std::mem::take(&mut wcs) {
                 if wc.status != WcStatus::Success {
-                    return Err(format!(
+                    return Err(anyhow!(
                         "Failed status {} ({}) for wr_id {}",
                         wc.status,
                         wc.status.to_raw(),
@@ -424,22 +423,21 @@ impl Traffic {
                     .qps
                     .iter()
                     .position(|qp| qp.qp_num() == wc.qp_num)
-                    .ok_or_else(|| format!("Couldn't find QPN {:06x}", wc.qp_num))?;
+                    .with_context(|| format!("Couldn't find QPN {:06x}", wc.qp_num))?;
                 match wc.wr_id {
                     SEND_WRID => {
                         scnt += 1;
                         if self.inline.is_none() {
-                            self.lanes[i].send =
-                                Some(wc.take_buffers().into_one().ok_or(
-                                    "the send buffer did not come back with its completion",
-                                )?);
+                            self.lanes[i].send = Some(wc.take_buffers().into_one().context(
+                                "the send buffer did not come back with its completion",
+                            )?);
                         }
                     }
                     RECV_WRID => {
                         let mr = wc
                             .take_buffers()
                             .into_one()
-                            .ok_or("a receive buffer did not come back with its completion")?;
+                            .context("a receive buffer did not come back with its completion")?;
                         self.check(&mr, wc.byte_len, rcnt, i)?;
                         self.free.push(mr);
                         self.routs -= 1;
@@ -448,7 +446,7 @@ impl Traffic {
                         }
                         rcnt += 1;
                     }
-                    other => return Err(format!("Completion for unknown wr_id {other}")),
+                    other => return Err(anyhow!("Completion for unknown wr_id {other}")),
                 }
                 let lane = &mut self.lanes[i];
                 lane.pending &= !wc.wr_id;
@@ -470,7 +468,7 @@ impl Traffic {
         for page in &first.pages {
             println!("invalid data in page {page}");
         }
-        Err(format!(
+        Err(anyhow!(
             "{} of the messages received had invalid data (the first: message {} on QP[{}], \
              {} bytes received, {} expected, all zero)",
             self.bad.len(),
@@ -501,7 +499,11 @@ mod tests {
         peers.resize(WIRE_QPS, unused_slot());
         assert!(check_peer_count(&peers, 3).is_ok());
         let err = check_peer_count(&peers, 4).unwrap_err();
-        assert!(err.contains("the peer has 3 QPs and this side 4"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("the peer has 3 QPs and this side 4"),
+            "{err}"
+        );
         assert!(check_peer_count(&peers, 2).is_err());
         // A gap in the table is not a count.
         peers[1] = unused_slot();

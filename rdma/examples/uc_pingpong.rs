@@ -11,10 +11,11 @@
 
 mod common;
 
+use anyhow::Context as _;
 use common::pingpong;
 use std::process::ExitCode;
 
-use common::pingpong::{Dest, Opts, OrFail, Res, Tool, Traffic};
+use common::pingpong::{Dest, Opts, Res, Tool, Traffic};
 use rdma::{AccessFlags, InitAttr, QpType, RtrAttr, RtsAttr};
 
 const TOOL: Tool = Tool {
@@ -33,24 +34,24 @@ fn main() -> ExitCode {
 fn run(opts: &Opts) -> Res<()> {
     let (ctx, port) = pingpong::open_device(opts)?;
     let channel = pingpong::comp_channel(&ctx, opts.events)?;
-    let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
+    let pd = ctx.alloc_pd().context("Couldn't allocate PD")?;
     let cq = ctx
         .create_cq(opts.rx_depth + 1, channel.as_ref(), 0)
-        .or_fail("Couldn't create CQ")?;
+        .context("Couldn't create CQ")?;
     let mut qp = pd
         .qp_builder(QpType::Uc, &cq, &cq)
         .max_send_wr(1)
         .max_recv_wr(opts.rx_depth)
         .build()
-        .or_fail("Couldn't create QP")?;
+        .context("Couldn't create QP")?;
     let inline = qp.caps().max_inline_data as usize >= opts.size;
     let mut traffic = Traffic::new(&pd, opts, 0, AccessFlags::empty(), inline)?;
     qp.to_init(&InitAttr::new(opts.ib_port))
-        .or_fail("Failed to modify QP to INIT")?;
+        .context("Failed to modify QP to INIT")?;
     traffic.refill(&mut qp)?;
     if channel.is_some() {
         cq.req_notify(false)
-            .or_fail("Couldn't request CQ notification")?;
+            .context("Couldn't request CQ notification")?;
     }
 
     let me = pingpong::local_dest(&ctx, &port, opts, qp.qp_num(), true)?;
@@ -61,9 +62,9 @@ fn run(opts: &Opts) -> Res<()> {
         // the send PSN for RTS (no acknowledgements, so no timeouts).
         let ah = pingpong::peer_ah(opts, &port, peer)?;
         qp.to_rtr(Some(&RtrAttr::new(ah, mtu, peer.qpn, peer.psn)))
-            .or_fail("Failed to modify QP to RTR")?;
+            .context("Failed to modify QP to RTR")?;
         qp.to_rts(&RtsAttr::new(me.psn))
-            .or_fail("Failed to modify QP to RTS")
+            .context("Failed to modify QP to RTS")
     };
     let peer = pingpong::exchange(opts, &me, connect)?;
     peer.print("remote");

@@ -24,11 +24,12 @@
 
 mod common;
 
+use anyhow::{anyhow, Context as _};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use common::args::{ArgError, Cli, Flag, Parsed};
-use common::cm::{get_rdma_addr, poll_n, OrFail, Res};
+use common::cm::{get_rdma_addr, poll_n, Res};
 use rdma::cm::{
     AddrInfoFlags, CmAddr, CmEvent, CmEventType, CmId, CmOption, ConnParam, EventChannel, PortSpace,
 };
@@ -177,15 +178,15 @@ impl Node {
         let ctx = self
             .id
             .context()
-            .or_fail("cmatose: unable to allocate PD")?;
-        let pd = ctx.alloc_pd().or_fail("cmatose: unable to allocate PD")?;
+            .context("cmatose: unable to allocate PD")?;
+        let pd = ctx.alloc_pd().context("cmatose: unable to allocate PD")?;
         let cqe = o.count.max(1) as u32;
         let send_cq = ctx
             .create_cq(cqe, None, 0)
-            .or_fail("cmatose: unable to create CQ")?;
+            .context("cmatose: unable to create CQ")?;
         let recv_cq = ctx
             .create_cq(cqe, None, 0)
-            .or_fail("cmatose: unable to create CQ")?;
+            .context("cmatose: unable to create CQ")?;
         let mut qp = self
             .id
             .create_qp(
@@ -196,23 +197,24 @@ impl Node {
                     .max_recv_sge(1)
                     .sq_sig_all(true),
             )
-            .map_err(|e| format!("cmatose: unable to create QP: {e}"))?;
+            .context("cmatose: unable to create QP")?;
         if o.count > 0 {
             let recvs = pd
                 .alloc_mr(o.size * o.count, AccessFlags::LOCAL_WRITE)
-                .or_fail("failed to reg MR")?
+                .context("failed to reg MR")?
                 .chunks(o.size)
-                .or_fail("failed to reg MR")?;
+                .context("failed to reg MR")?;
             qp.post_recv_batch(
                 recvs
                     .into_iter()
                     .enumerate()
                     .map(|(i, m)| (i as u64, m.into())),
             )
-            .map_err(|e| format!("failed to post receives: {e}"))?;
+            .map_err(rdma::PostError::drop_buffers)
+            .context("failed to post receives")?;
             let mut sends = pd
                 .alloc_mr(o.size * o.count, AccessFlags::empty())
-                .or_fail("failed to reg MR")?;
+                .context("failed to reg MR")?;
             for (i, b) in sends
                 .as_mut_slice()
                 .expect("local buffer")
@@ -221,7 +223,7 @@ impl Node {
             {
                 *b = i as u8;
             }
-            self.sends = sends.chunks(o.size).or_fail("failed to reg MR")?;
+            self.sends = sends.chunks(o.size).context("failed to reg MR")?;
         }
         self.pd = Some(pd);
         self.send_cq = Some(send_cq);
@@ -241,7 +243,8 @@ impl Node {
             .map(|(i, mr)| SendWr::send(i as u64, mr))
             .collect();
         qp.post_send_batch(wrs)
-            .map_err(|e| format!("failed to post sends: {e}"))
+            .map_err(rdma::PostError::drop_buffers)
+            .context("failed to post sends")
     }
 
     /// Waits for `count` completions on the send or receive CQ.
@@ -257,12 +260,13 @@ impl Node {
         .expect("initialised");
         for c in poll_n(cq, o.count, POLL_TIMEOUT)? {
             if c.status != WcStatus::Success {
-                return Err(format!("cmatose: completion failed: {}", c.status));
+                return Err(anyhow!("cmatose: completion failed: {}", c.status));
             }
             if recv && c.byte_len as usize != o.size {
-                return Err(format!(
+                return Err(anyhow!(
                     "cmatose: received {} bytes, expected {}",
-                    c.byte_len, o.size
+                    c.byte_len,
+                    o.size
                 ));
             }
         }
@@ -278,8 +282,8 @@ struct Test {
     channel: EventChannel,
 }
 
-fn event_error(e: &CmEvent) -> String {
-    format!("cmatose: event: {}, error: {}", e.event_type(), e.status())
+fn event_error(e: &CmEvent) -> anyhow::Error {
+    anyhow!("cmatose: event: {}, error: {}", e.event_type(), e.status())
 }
 
 impl Test {
@@ -302,7 +306,7 @@ impl Test {
                 }
                 if let Err(err) = id.resolve_route(RESOLVE_TIMEOUT) {
                     self.connects_left -= 1;
-                    return Err(format!("cmatose: resolve route failed: {err}"));
+                    return Err(anyhow!("cmatose: resolve route failed: {err}"));
                 }
             }
             (CmEventType::RouteResolved, Some(i)) => {
@@ -316,7 +320,7 @@ impl Test {
                         rnr_retry_count: 0,
                         ..ConnParam::default()
                     })
-                    .map_err(|e| format!("cmatose: failure connecting: {e}"))
+                    .context("cmatose: failure connecting")
                 });
                 if let Err(err) = r {
                     self.connects_left -= 1;
@@ -334,10 +338,10 @@ impl Test {
                 let mut n = Node::new(id.clone());
                 let r = n.init(o).and_then(|()| {
                     id.accept(&ConnParam::default())
-                        .map_err(|e| format!("cmatose: failure accepting: {e}"))
+                        .context("cmatose: failure accepting")
                 });
                 if let Err(err) = r {
-                    println!("{err}");
+                    println!("{}", common::Report(&err));
                     println!("cmatose: failing connection request");
                     self.connects_left -= 1;
                     let _ = id.reject(&[]);
@@ -374,9 +378,10 @@ impl Test {
 
     fn connect_events(&mut self, o: &Opts) -> Res<()> {
         while self.connects_left > 0 {
-            let e = self.channel.get_event().map_err(|e| {
-                format!("cmatose: failure in rdma_get_cm_event in connect events: {e}")
-            })?;
+            let e = self
+                .channel
+                .get_event()
+                .context("cmatose: failure in rdma_get_cm_event in connect events")?;
             self.handle(o, e)?;
         }
         Ok(())
@@ -384,9 +389,10 @@ impl Test {
 
     fn disconnect_events(&mut self, o: &Opts) -> Res<()> {
         while self.disconnects_left > 0 {
-            let e = self.channel.get_event().map_err(|e| {
-                format!("cmatose: failure in rdma_get_cm_event in disconnect events: {e}")
-            })?;
+            let e = self
+                .channel
+                .get_event()
+                .context("cmatose: failure in rdma_get_cm_event in disconnect events")?;
             self.handle(o, e)?;
         }
         Ok(())
@@ -395,10 +401,10 @@ impl Test {
     /// `-m`: every id (and the listener) moves to a new channel.
     fn migrate(&mut self, listener: Option<&CmId>) -> Res<()> {
         println!("migrating to new event channel");
-        let channel = EventChannel::new().or_fail("cmatose: failed to create event channel")?;
+        let channel = EventChannel::new().context("cmatose: failed to create event channel")?;
         for id in listener.into_iter().chain(self.nodes.iter().map(|n| &n.id)) {
             id.migrate_id(Some(&channel))
-                .or_fail("cmatose: failure migrating to channel")?;
+                .context("cmatose: failure migrating to channel")?;
         }
         self.channel = channel;
         Ok(())
@@ -406,8 +412,7 @@ impl Test {
 }
 
 fn run(o: &Opts) -> Res<()> {
-    let channel =
-        EventChannel::new().map_err(|e| format!("failed to create event channel: {e}"))?;
+    let channel = EventChannel::new().context("failed to create event channel")?;
     let mut t = Test {
         nodes: Vec::new(),
         connects_left: o.connections,
@@ -425,7 +430,7 @@ fn run_server(o: &Opts, t: &mut Test) -> Res<()> {
     let listener = t
         .channel
         .create_id(o.ps)
-        .map_err(|e| format!("cmatose: listen request failed: {e}"))?;
+        .context("cmatose: listen request failed")?;
     let addr = get_rdma_addr(
         o.src.as_deref(),
         None,
@@ -435,13 +440,13 @@ fn run_server(o: &Opts, t: &mut Test) -> Res<()> {
         o.flags,
         o.family,
     )
-    .map_err(|e| format!("cmatose: getrdmaaddr error: {e}"))?;
+    .context("cmatose: getrdmaaddr error")?;
     listener
-        .bind_addr(addr.src.ok_or("cmatose: no address to bind")?)
-        .map_err(|e| format!("cmatose: bind address failed: {e}"))?;
+        .bind_addr(addr.src.context("cmatose: no address to bind")?)
+        .context("cmatose: bind address failed")?;
     listener
         .listen(0)
-        .map_err(|e| format!("cmatose: failure trying to listen: {e}"))?;
+        .context("cmatose: failure trying to listen")?;
     t.connect_events(o)?;
     if o.count > 0 {
         println!("initiating data transfers");
@@ -484,16 +489,16 @@ fn run_client(o: &Opts, t: &mut Test, dst: &str) -> Res<()> {
         o.flags,
         o.family,
     )
-    .map_err(|e| format!("cmatose: getaddrinfo error: {e}"))?;
-    let to: CmAddr = addr.dst.ok_or("cmatose: no destination address")?;
+    .context("cmatose: getaddrinfo error")?;
+    let to: CmAddr = addr.dst.context("cmatose: no destination address")?;
     for _ in 0..o.connections {
-        let id = t.channel.create_id(o.ps).or_fail("rdma_create_id")?;
+        let id = t.channel.create_id(o.ps).context("rdma_create_id")?;
         t.nodes.push(Node::new(id));
     }
     println!("cmatose: connecting");
     for n in &t.nodes {
         n.id.resolve_addr(addr.src, to, RESOLVE_TIMEOUT)
-            .map_err(|e| format!("cmatose: failure getting addr: {e}"))?;
+            .context("cmatose: failure getting addr")?;
     }
     let connected = (|| -> Res<()> {
         t.connect_events(o)?;

@@ -12,10 +12,11 @@
 
 mod common;
 
+use anyhow::{anyhow, Context as _};
 use common::pingpong;
 use std::process::ExitCode;
 
-use common::pingpong::{Dest, Opts, OrFail, Res, Tool, Traffic, GRH_LEN, UD_QKEY};
+use common::pingpong::{Dest, Opts, Res, Tool, Traffic, GRH_LEN, UD_QKEY};
 use rdma::{AccessFlags, InitAttr, QpType, RtsAttr, UdDest};
 
 const TOOL: Tool = Tool {
@@ -36,32 +37,32 @@ fn run(opts: &Opts) -> Res<()> {
     let mtu = port
         .active_mtu
         .bytes()
-        .ok_or_else(|| format!("port {} reports an unknown MTU", opts.ib_port))?;
+        .with_context(|| format!("port {} reports an unknown MTU", opts.ib_port))?;
     if opts.size > mtu as usize {
-        return Err(format!(
+        return Err(anyhow!(
             "Requested size larger than port MTU ({mtu}): pass -s {mtu} or less"
         ));
     }
     let channel = pingpong::comp_channel(&ctx, opts.events)?;
-    let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
+    let pd = ctx.alloc_pd().context("Couldn't allocate PD")?;
     let cq = ctx
         .create_cq(opts.rx_depth + 1, channel.as_ref(), 0)
-        .or_fail("Couldn't create CQ")?;
+        .context("Couldn't create CQ")?;
     let mut qp = pd
         .qp_builder(QpType::Ud, &cq, &cq)
         .max_send_wr(1)
         .max_recv_wr(opts.rx_depth)
         .build()
-        .or_fail("Couldn't create QP")?;
+        .context("Couldn't create QP")?;
     let inline = qp.caps().max_inline_data as usize >= opts.size;
     let mut traffic = Traffic::new(&pd, opts, GRH_LEN, AccessFlags::empty(), inline)?;
     let mut init = InitAttr::new(opts.ib_port);
     init.qkey = UD_QKEY;
-    qp.to_init(&init).or_fail("Failed to modify QP to INIT")?;
+    qp.to_init(&init).context("Failed to modify QP to INIT")?;
     traffic.refill(&mut qp)?;
     if channel.is_some() {
         cq.req_notify(false)
-            .or_fail("Couldn't request CQ notification")?;
+            .context("Couldn't request CQ notification")?;
     }
 
     // The C tool does not insist on a LID here.
@@ -71,17 +72,17 @@ fn run(opts: &Opts) -> Res<()> {
     let connect = |peer: &Dest| -> Res<()> {
         // A UD QP is not tied to a peer: RTR needs nothing, RTS our PSN. The
         // peer's address goes into an address handle used by every send.
-        qp.to_rtr(None).or_fail("Failed to modify QP to RTR")?;
+        qp.to_rtr(None).context("Failed to modify QP to RTR")?;
         qp.to_rts(&RtsAttr::new(me.psn))
-            .or_fail("Failed to modify QP to RTS")?;
+            .context("Failed to modify QP to RTS")?;
         let attr = pingpong::peer_ah(opts, &port, peer)?;
-        ah = Some(pd.create_ah(&attr).or_fail("Failed to create AH")?);
+        ah = Some(pd.create_ah(&attr).context("Failed to create AH")?);
         Ok(())
     };
     let peer = pingpong::exchange(opts, &me, connect)?;
     peer.print("remote");
     let dest = UdDest {
-        ah: ah.ok_or("no address handle after the handshake")?,
+        ah: ah.context("no address handle after the handshake")?,
         remote_qpn: peer.qpn,
         remote_qkey: UD_QKEY,
     };

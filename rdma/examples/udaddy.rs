@@ -26,11 +26,12 @@
 
 mod common;
 
+use anyhow::{anyhow, Context as _};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use common::args::{ArgError, Cli, Flag, Parsed};
-use common::cm::{get_rdma_addr, poll_n, OrFail, Res, GRH_LEN};
+use common::cm::{get_rdma_addr, poll_n, Res, GRH_LEN};
 use rdma::cm::{
     AddrInfoFlags, CmAddr, CmEvent, CmEventType, CmId, CmOption, ConnParam, EventChannel, PortSpace,
 };
@@ -176,13 +177,13 @@ impl Node {
 
     /// Refuses messages larger than the path MTU (`verify_test_params`).
     fn verify(&self, o: &Opts) -> Res<()> {
-        let ctx = self.id.context().or_fail("udaddy: no device")?;
+        let ctx = self.id.context().context("udaddy: no device")?;
         let port = ctx
             .query_port(u32::from(self.id.port_num()))
-            .or_fail("ibv_query_port")?;
+            .context("ibv_query_port")?;
         let mtu = port.active_mtu.bytes().unwrap_or(0) as usize;
         if o.count > 0 && o.size > mtu {
-            return Err(format!(
+            return Err(anyhow!(
                 "udaddy: message_size {} is larger than active mtu {mtu}",
                 o.size
             ));
@@ -193,12 +194,12 @@ impl Node {
     /// PD, CQ, the UD QP (made by librdmacm, ready at once) and the
     /// messages, and every receive posted (`init_node` + `post_recvs`).
     fn init(&mut self, o: &Opts) -> Res<()> {
-        let ctx = self.id.context().or_fail("udaddy: unable to allocate PD")?;
-        let pd = ctx.alloc_pd().or_fail("udaddy: unable to allocate PD")?;
+        let ctx = self.id.context().context("udaddy: unable to allocate PD")?;
+        let pd = ctx.alloc_pd().context("udaddy: unable to allocate PD")?;
         let cqe = if o.count > 0 { o.count * 2 } else { 2 } as u32;
         let cq = ctx
             .create_cq(cqe, None, 0)
-            .or_fail("udaddy: unable to create CQ")?;
+            .context("udaddy: unable to create CQ")?;
         let depth = o.count.max(1) as u32;
         let mut qp = self
             .id
@@ -209,30 +210,31 @@ impl Node {
                     .max_send_sge(1)
                     .max_recv_sge(1),
             )
-            .map_err(|e| format!("udaddy: unable to create QP: {e}"))?;
+            .context("udaddy: unable to create QP")?;
         if o.count > 0 {
             let recvs = pd
                 .alloc_mr((o.size + GRH_LEN) * o.count, AccessFlags::LOCAL_WRITE)
-                .or_fail("failed to reg MR")?
+                .context("failed to reg MR")?
                 .chunks(o.size + GRH_LEN)
-                .or_fail("failed to reg MR")?;
+                .context("failed to reg MR")?;
             qp.post_recv_batch(
                 recvs
                     .into_iter()
                     .enumerate()
                     .map(|(i, m)| (i as u64, m.into())),
             )
-            .map_err(|e| format!("failed to post receives: {e}"))?;
+            .map_err(rdma::PostError::drop_buffers)
+            .context("failed to post receives")?;
             let mut sends = pd
                 .alloc_mr(o.size * o.count, AccessFlags::empty())
-                .or_fail("failed to reg MR")?;
+                .context("failed to reg MR")?;
             sends
                 .as_mut_slice()
                 .expect("local buffer")
                 .iter_mut()
                 .enumerate()
                 .for_each(|(i, b)| *b = i as u8);
-            self.sends = sends.chunks(o.size).or_fail("failed to reg MR")?;
+            self.sends = sends.chunks(o.size).context("failed to reg MR")?;
         }
         self.pd = Some(pd);
         self.cq = Some(cq);
@@ -255,7 +257,8 @@ impl Node {
                 .ud(ah, self.remote_qpn, self.remote_qkey)
                 .signaled(signaled);
             qp.post_send(wr)
-                .map_err(|e| format!("failed to post sends: {e}"))?;
+                .map_err(rdma::PostError::drop_buffers)
+                .context("failed to post sends")?;
         }
         Ok(())
     }
@@ -270,39 +273,40 @@ impl Node {
         let done = poll_n(cq, o.count, POLL_TIMEOUT)?;
         for mut c in done {
             if c.status != WcStatus::Success {
-                return Err(format!("udaddy: completion failed: {}", c.status));
+                return Err(anyhow!("udaddy: completion failed: {}", c.status));
             }
             if c.opcode != WcOpcode::Recv || self.ah.is_some() {
                 continue;
             }
             if c.byte_len as usize != o.size + GRH_LEN {
-                return Err(format!(
+                return Err(anyhow!(
                     "udaddy: received {} bytes, expected {} + {GRH_LEN} of GRH",
-                    c.byte_len, o.size
+                    c.byte_len,
+                    o.size
                 ));
             }
             let mr = c.take_buffers().into_one().expect("the receive buffer");
             let mut grh = [0u8; GRH_LEN];
-            mr.read_at(0, &mut grh).or_fail("GRH")?;
+            mr.read_at(0, &mut grh).context("GRH")?;
             let pd = self.pd.as_ref().expect("initialised");
             let ah = pd
                 .create_ah_from_wc(self.id.port_num(), &c, &grh)
-                .or_fail("ibv_create_ah_from_wc")?;
+                .context("ibv_create_ah_from_wc")?;
             self.ah = Some(ah);
             self.remote_qpn = c.imm_data;
             let qp = self.qp.as_ref().expect("initialised");
-            self.remote_qkey = qp.query().or_fail("ibv_query_qp")?.as_raw().qkey;
+            self.remote_qkey = qp.query().context("ibv_query_qp")?.as_raw().qkey;
         }
         Ok(())
     }
 }
 
-fn event_error(e: &CmEvent) -> String {
-    format!("udaddy: event: {}, error: {}", e.event_type(), e.status())
+fn event_error(e: &CmEvent) -> anyhow::Error {
+    anyhow!("udaddy: event: {}, error: {}", e.event_type(), e.status())
 }
 
 fn run(o: &Opts) -> Res<()> {
-    let ch = EventChannel::new().map_err(|e| format!("failed to create event channel: {e}"))?;
+    let ch = EventChannel::new().context("failed to create event channel")?;
     match &o.dst {
         Some(dst) => run_client(o, &ch, dst),
         None => run_server(o, &ch),
@@ -313,20 +317,20 @@ fn run_server(o: &Opts, ch: &EventChannel) -> Res<()> {
     println!("udaddy: starting server");
     let listener = ch
         .create_id(o.ps)
-        .map_err(|e| format!("udaddy: listen request failed: {e}"))?;
+        .context("udaddy: listen request failed")?;
     let addr = get_rdma_addr(o.src.as_deref(), None, PORT, true, o.ps, o.flags, o.family)?;
-    let src = addr.src.ok_or("udaddy: no address to bind")?;
+    let src = addr.src.context("udaddy: no address to bind")?;
     listener
         .bind_addr(src)
-        .map_err(|e| format!("udaddy: bind address failed: {e}"))?;
+        .context("udaddy: bind address failed")?;
     listener
         .listen(0)
-        .map_err(|e| format!("udaddy: failure trying to listen: {e}"))?;
+        .context("udaddy: failure trying to listen")?;
 
     let mut nodes: Vec<Node> = Vec::new();
     let mut left = o.connections;
     while left > 0 {
-        let e = ch.get_event().or_fail("rdma_get_cm_event")?;
+        let e = ch.get_event().context("rdma_get_cm_event")?;
         match e.event_type() {
             CmEventType::ConnectRequest => {
                 let id = e.id().clone();
@@ -343,7 +347,7 @@ fn run_server(o: &Opts, ch: &EventChannel) -> Res<()> {
                         qp_num: qpn,
                         ..ConnParam::default()
                     })
-                    .map_err(|e| format!("udaddy: failure accepting: {e}"))
+                    .context("udaddy: failure accepting")
                 });
                 left -= 1;
                 match accepted {
@@ -352,7 +356,7 @@ fn run_server(o: &Opts, ch: &EventChannel) -> Res<()> {
                         nodes.push(node);
                     }
                     Err(err) => {
-                        println!("{err}");
+                        println!("{}", common::Report(&err));
                         println!("udaddy: failing connection request");
                         let _ = id.reject(&[]);
                     }
@@ -399,21 +403,21 @@ fn run_client(o: &Opts, ch: &EventChannel, dst: &str) -> Res<()> {
         o.flags,
         o.family,
     )
-    .map_err(|e| format!("udaddy: getaddrinfo error: {e}"))?;
-    let to: CmAddr = addr.dst.ok_or("udaddy: no destination address")?;
+    .context("udaddy: getaddrinfo error")?;
+    let to: CmAddr = addr.dst.context("udaddy: no destination address")?;
     let mut nodes: Vec<Node> = (0..o.connections)
         .map(|_| ch.create_id(o.ps).map(Node::new))
         .collect::<Result<_, _>>()
-        .or_fail("rdma_create_id")?;
+        .context("rdma_create_id")?;
     println!("udaddy: connecting");
     for n in &nodes {
         n.id.resolve_addr(addr.src, to, RESOLVE_TIMEOUT)
-            .map_err(|e| format!("udaddy: failure getting addr: {e}"))?;
+            .context("udaddy: failure getting addr")?;
     }
     let mut left = o.connections;
-    let mut failed: Option<String> = None;
+    let mut failed: Option<anyhow::Error> = None;
     while left > 0 && failed.is_none() {
-        let e = ch.get_event().or_fail("rdma_get_cm_event")?;
+        let e = ch.get_event().context("rdma_get_cm_event")?;
         let Some(i) = nodes.iter().position(|n| n.id.same_id(e.id())) else {
             continue;
         };
@@ -427,7 +431,7 @@ fn run_client(o: &Opts, ch: &EventChannel, dst: &str) -> Res<()> {
                     }
                 }
                 if let Err(err) = n.id.resolve_route(RESOLVE_TIMEOUT) {
-                    failed = Some(format!("udaddy: resolve route failed: {err}"));
+                    failed = Some(anyhow!("udaddy: resolve route failed: {err}"));
                     left -= 1;
                 }
             }
@@ -435,7 +439,7 @@ fn run_client(o: &Opts, ch: &EventChannel, dst: &str) -> Res<()> {
                 drop(e);
                 let r = n.verify(o).and_then(|()| n.init(o)).and_then(|()| {
                     n.id.connect(&ConnParam::default())
-                        .map_err(|e| format!("udaddy: failure connecting: {e}"))
+                        .context("udaddy: failure connecting")
                 });
                 if let Err(err) = r {
                     failed = Some(err);
@@ -446,7 +450,7 @@ fn run_client(o: &Opts, ch: &EventChannel, dst: &str) -> Res<()> {
                 let ud = e.ud_param().cloned();
                 drop(e);
                 let Some(ud) = ud else {
-                    failed = Some("udaddy: ESTABLISHED without UD parameters".into());
+                    failed = Some(anyhow!("udaddy: ESTABLISHED without UD parameters"));
                     break;
                 };
                 n.remote_qpn = ud.qp_num;
@@ -458,7 +462,7 @@ fn run_client(o: &Opts, ch: &EventChannel, dst: &str) -> Res<()> {
                         n.connected = true;
                     }
                     Err(err) => {
-                        failed = Some(format!("udaddy: failure creating address handle: {err}"))
+                        failed = Some(anyhow!("udaddy: failure creating address handle: {err}"))
                     }
                 }
                 left -= 1;

@@ -3,6 +3,7 @@
 //! as rdma-core's examples do it, waiting on several descriptors, and the
 //! completion loop helpers. Their flags go through [`super::args`].
 
+use anyhow::{anyhow, Context as _};
 use std::net::{IpAddr, ToSocketAddrs};
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
@@ -14,7 +15,7 @@ use super::args::{ArgError, Cli, Parsed};
 
 // Each example uses some of these: unused in one is not unused in all.
 #[allow(unused_imports)]
-pub use super::{OrFail, Res};
+pub use super::Res;
 
 /// An IP address for a host name or literal (`getaddrinfo(3)`, first
 /// answer), as `rping` and `mckey` resolve `-a`/`-I`/`-b`/`-m`.
@@ -28,11 +29,11 @@ pub fn host_ip(host: &str) -> Res<IpAddr> {
     (host, 0)
         .to_socket_addrs()
         .map_err(|e| {
-            format!("getaddrinfo failed for {host:?} ({e}) - invalid hostname or IP address")
+            anyhow!("getaddrinfo failed for {host:?} ({e}) - invalid hostname or IP address")
         })?
         .next()
         .map(|a| a.ip())
-        .ok_or_else(|| format!("getaddrinfo failed - no address for {host}"))
+        .with_context(|| format!("getaddrinfo failed - no address for {host}"))
 }
 
 /// The source and destination addresses of rdma-core's `get_rdma_addr()`
@@ -60,7 +61,6 @@ pub fn get_rdma_addr(
     flags: AddrInfoFlags,
     family: i32,
 ) -> Res<RdmaAddr> {
-    let fail = |e: rdma::Error| format!("rdma_getaddrinfo error: {e}");
     let mut hints = AddrInfoHints {
         flags,
         family,
@@ -69,7 +69,8 @@ pub fn get_rdma_addr(
     };
     if passive {
         hints.flags |= AddrInfoFlags::PASSIVE;
-        let info = cm::getaddrinfo(src, Some(port), Some(&hints)).map_err(fail)?;
+        let info =
+            cm::getaddrinfo(src, Some(port), Some(&hints)).context("rdma_getaddrinfo error")?;
         let e = info.first();
         return Ok(RdmaAddr {
             src: e.src_cm_addr(),
@@ -79,10 +80,10 @@ pub fn get_rdma_addr(
     if let Some(s) = src {
         let mut h = hints;
         h.flags |= AddrInfoFlags::PASSIVE;
-        let info = cm::getaddrinfo(Some(s), None, Some(&h)).map_err(fail)?;
+        let info = cm::getaddrinfo(Some(s), None, Some(&h)).context("rdma_getaddrinfo error")?;
         hints.src_addr = info.first().src_cm_addr();
     }
-    let info = cm::getaddrinfo(dst, Some(port), Some(&hints)).map_err(fail)?;
+    let info = cm::getaddrinfo(dst, Some(port), Some(&hints)).context("rdma_getaddrinfo error")?;
     let e = info.first();
     Ok(RdmaAddr {
         src: e.src_cm_addr(),
@@ -113,7 +114,7 @@ pub fn wait_readable(fds: &[RawFd], timeout: Option<Duration>) -> Res<Vec<bool>>
         if e.kind() == std::io::ErrorKind::Interrupted {
             return Ok(vec![false; fds.len()]);
         }
-        return Err(format!("poll failed: {e}"));
+        return Err(anyhow!("poll failed: {e}"));
     }
     Ok(pfds
         .iter()
@@ -131,10 +132,10 @@ pub fn poll_n(cq: &CompletionQueue, n: usize, timeout: Duration) -> Res<Vec<Comp
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
         let want = (n - out.len()).min(8);
-        cq.poll(&mut out, want).or_fail("failed polling CQ")?;
+        cq.poll(&mut out, want).context("failed polling CQ")?;
         if out.len() < n {
             if Instant::now() > deadline {
-                return Err(format!(
+                return Err(anyhow!(
                     "timed out polling CQ: {} of {n} completions",
                     out.len()
                 ));
@@ -156,10 +157,10 @@ pub fn rearm(channel: &CompletionChannel, cq: &CompletionQueue) -> Res<()> {
         match channel.get_event() {
             Ok(ev) => drop(ev),
             Err(e) if e.errno() == Some(libc::EAGAIN) => break,
-            Err(e) => return Err(format!("Failed to get cq event: {e}")),
+            Err(e) => return Err(anyhow!("Failed to get cq event: {e}")),
         }
     }
-    cq.req_notify(false).or_fail("Failed to set notify")
+    cq.req_notify(false).context("Failed to set notify")
 }
 
 /// The text of a NUL-terminated C string in `bytes` (all of it if there is
@@ -223,7 +224,7 @@ pub fn cmatose_main<O>(
     let ret: u8 = match run(&opts) {
         Ok(()) => 0,
         Err(e) => {
-            println!("{e}");
+            println!("{}", super::Report(&e));
             1
         }
     };

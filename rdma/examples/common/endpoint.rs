@@ -3,13 +3,14 @@
 //! `rdma_listen` and `rdma_get_request`, connect or accept, then one 16-byte
 //! message each way (the client sends first).
 
+use anyhow::{anyhow, Context as _};
 use std::process::ExitCode;
 
 use rdma::cm::{self, AddrInfoFlags, AddrInfoHints, CmId, ConnParam, PortSpace};
-use rdma::{InlineSend, QueuePair, SendWr, WcStatus};
+use rdma::{InlineSend, PostError, QueuePair, SendWr, WcStatus};
 
 use super::args::{ArgError, Cli, Flag, Parsed};
-use super::{OrFail, Res};
+use super::Res;
 
 /// The message size of both directions.
 const MSG_LEN: usize = 16;
@@ -73,7 +74,7 @@ pub fn main(side: Side) -> ExitCode {
     let ret = match run(side, &server, &port) {
         Ok(()) => 0,
         Err(e) => {
-            println!("{e}");
+            println!("{}", super::Report(&e));
             -1
         }
     };
@@ -91,12 +92,12 @@ fn run(side: Side, server: &str, port: &str) -> Res<()> {
         ..Default::default()
     };
     let info =
-        cm::getaddrinfo(Some(server), Some(port), Some(&hints)).or_fail("rdma_getaddrinfo")?;
-    let (ep, _) = cm::create_ep(&info.first(), None).or_fail("rdma_create_ep")?;
+        cm::getaddrinfo(Some(server), Some(port), Some(&hints)).context("rdma_getaddrinfo")?;
+    let (ep, _) = cm::create_ep(&info.first(), None).context("rdma_create_ep")?;
     let (id, qp_verb) = match side {
         Side::Server => {
-            ep.listen(0).or_fail("rdma_listen")?;
-            let (id, _) = ep.get_request().or_fail("rdma_get_request")?;
+            ep.listen(0).context("rdma_listen")?;
+            let (id, _) = ep.get_request().context("rdma_get_request")?;
             (id, "rdma_create_qp")
         }
         Side::Client => (ep, "rdma_create_ep"),
@@ -111,11 +112,13 @@ fn run(side: Side, server: &str, port: &str) -> Res<()> {
     }
     let recv = id
         .reg_msgs(vec![0u8; MSG_LEN])
-        .or_fail("rdma_reg_msgs for recv_msg")?;
-    qp.post_recv(0, recv).or_fail("rdma_post_recv")?;
+        .context("rdma_reg_msgs for recv_msg")?;
+    qp.post_recv(0, recv)
+        .map_err(PostError::drop_buffers)
+        .context("rdma_post_recv")?;
     match side {
-        Side::Server => id.accept(&ConnParam::default()).or_fail("rdma_accept")?,
-        Side::Client => id.connect(&ConnParam::default()).or_fail("rdma_connect")?,
+        Side::Server => id.accept(&ConnParam::default()).context("rdma_accept")?,
+        Side::Client => id.connect(&ConnParam::default()).context("rdma_connect")?,
     }
     let result = exchange(side, &id, &mut qp, inline);
     let _ = id.disconnect();
@@ -130,17 +133,18 @@ fn exchange(side: Side, id: &CmId, qp: &mut QueuePair, inline: bool) -> Res<()> 
     let send_msg = [0u8; MSG_LEN];
     if inline {
         qp.post_send_inline(InlineSend::send(0, &send_msg))
-            .or_fail("rdma_post_send")?;
+            .context("rdma_post_send")?;
     } else {
         let mr = id
             .reg_msgs(send_msg.to_vec())
-            .or_fail("rdma_reg_msgs for send_msg")?;
+            .context("rdma_reg_msgs for send_msg")?;
         qp.post_send(SendWr::send(0, mr))
-            .or_fail("rdma_post_send")?;
+            .map_err(PostError::drop_buffers)
+            .context("rdma_post_send")?;
     }
-    let c = id.get_send_comp(qp).or_fail("rdma_get_send_comp")?;
+    let c = id.get_send_comp(qp).context("rdma_get_send_comp")?;
     if c.status != WcStatus::Success {
-        return Err(format!("rdma_get_send_comp: {}", c.status));
+        return Err(anyhow!("rdma_get_send_comp: {}", c.status));
     }
     if side == Side::Client {
         receive(id, qp)?;
@@ -149,9 +153,9 @@ fn exchange(side: Side, id: &CmId, qp: &mut QueuePair, inline: bool) -> Res<()> 
 }
 
 fn receive(id: &CmId, qp: &QueuePair) -> Res<()> {
-    let c = id.get_recv_comp(qp).or_fail("rdma_get_recv_comp")?;
+    let c = id.get_recv_comp(qp).context("rdma_get_recv_comp")?;
     if c.status != WcStatus::Success {
-        return Err(format!("rdma_get_recv_comp: {}", c.status));
+        return Err(anyhow!("rdma_get_recv_comp: {}", c.status));
     }
     Ok(())
 }
@@ -161,21 +165,21 @@ fn receive(id: &CmId, qp: &QueuePair) -> Res<()> {
 /// signaled, librdmacm's PD. The CQs (with completion channels, so waiting
 /// for a completion sleeps) are made here: a QP template without PD and CQs
 /// cannot be expressed with the crate. `verb` names the step in errors.
-fn endpoint_qp(id: &CmId, verb: &str, inline: u32) -> Res<QueuePair> {
-    let ctx = id.context().or_fail(verb)?;
-    let pd = id.pd().or_fail(verb)?;
+fn endpoint_qp(id: &CmId, verb: &'static str, inline: u32) -> Res<QueuePair> {
+    let ctx = id.context().context(verb)?;
+    let pd = id.pd().context(verb)?;
     let send_ch = ctx
         .create_comp_channel()
-        .or_fail("ibv_create_comp_channel")?;
+        .context("ibv_create_comp_channel")?;
     let recv_ch = ctx
         .create_comp_channel()
-        .or_fail("ibv_create_comp_channel")?;
+        .context("ibv_create_comp_channel")?;
     let send_cq = ctx
         .create_cq(1, Some(&send_ch), 0)
-        .or_fail("ibv_create_cq")?;
+        .context("ibv_create_cq")?;
     let recv_cq = ctx
         .create_cq(1, Some(&recv_ch), 0)
-        .or_fail("ibv_create_cq")?;
+        .context("ibv_create_cq")?;
     let mut b = pd.qp_builder(rdma::QpType::Rc, &send_cq, &recv_cq);
     b.max_send_wr(1)
         .max_recv_wr(1)
@@ -183,5 +187,5 @@ fn endpoint_qp(id: &CmId, verb: &str, inline: u32) -> Res<QueuePair> {
         .max_recv_sge(1)
         .max_inline_data(inline)
         .sq_sig_all(true);
-    id.create_qp(&b).or_fail(verb)
+    id.create_qp(&b).context(verb)
 }

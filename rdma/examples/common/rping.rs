@@ -161,7 +161,7 @@ pub fn opts(args: Parsed<char>) -> Result<Opts, ArgError> {
     };
     let mut side = None;
     for f in args.flags {
-        let ip = |v: &str| host_ip(v).map_err(ArgError::Bad);
+        let ip = |v: &str| host_ip(v).map_err(|e| ArgError::Bad(e.to_string()));
         match f.key {
             's' => side = Some(true),
             'c' => side = Some(false),

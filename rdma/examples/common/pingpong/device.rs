@@ -1,6 +1,7 @@
 //! Opening the device and port, the completion channel, on-demand paging.
 
 use super::*;
+use anyhow::{anyhow, Context as _};
 
 use rdma::{AccessFlags, CompletionChannel, Context, MemoryRegion, PortAttr, WrBuffers};
 
@@ -35,8 +36,8 @@ pub fn refill_from(
     *routs += posted;
     if *routs < rx_depth {
         return Err(match error {
-            Some(e) => format!("Couldn't post receive ({routs}): {e}"),
-            None => format!("Couldn't post receive ({routs}): only {n} buffers are free"),
+            Some(e) => anyhow::Error::new(e).context(format!("Couldn't post receive ({routs})")),
+            None => anyhow!("Couldn't post receive ({routs}): only {n} buffers are free"),
         });
     }
     Ok(())
@@ -52,7 +53,7 @@ pub fn comp_channel(ctx: &Context, events: bool) -> Res<Option<CompletionChannel
     }
     ctx.create_comp_channel()
         .map(Some)
-        .or_fail("Couldn't create completion channel")
+        .context("Couldn't create completion channel")
 }
 
 /// `-o`: [`AccessFlags::ON_DEMAND`] if the device pages RC sends and the
@@ -64,11 +65,11 @@ pub fn comp_channel(ctx: &Context, events: bool) -> Res<Option<CompletionChannel
 pub fn odp_access(ctx: &Context, recv: u32, recvs: &str) -> Res<AccessFlags> {
     let attr = ctx
         .query_device()
-        .or_fail("Couldn't query device for its features")?;
+        .context("Couldn't query device for its features")?;
     let rc = attr.as_raw().odp_caps.per_transport_caps.rc_odp_caps;
     let need = rdma::ffi::IBV_ODP_SUPPORT_SEND | recv;
     if attr.odp_general_caps() & u64::from(rdma::ffi::IBV_ODP_SUPPORT) == 0 || rc & need != need {
-        return Err(format!(
+        return Err(anyhow!(
             "{} does not support on-demand paging of RC sends and {recvs}",
             ctx.name()
         ));
@@ -82,18 +83,18 @@ pub fn odp_access(ctx: &Context, recv: u32, recvs: &str) -> Res<AccessFlags> {
 /// No such device, no device at all, or no such port, said plainly.
 pub fn open_device(opts: &Opts) -> Res<(Context, PortAttr)> {
     let ctx = match &opts.ib_dev {
-        Some(name) => Context::open(name).map_err(|e| e.to_string())?,
+        Some(name) => Context::open(name)?,
         None => {
-            let devices = rdma::devices().or_fail("Failed to get the RDMA device list")?;
-            let first = devices.first().ok_or("No RDMA devices found")?;
+            let devices = rdma::devices().context("Failed to get the RDMA device list")?;
+            let first = devices.first().context("No RDMA devices found")?;
             first
                 .open()
-                .or_fail(&format!("Couldn't open {}", first.name()))?
+                .with_context(|| format!("Couldn't open {}", first.name()))?
         }
     };
     let port = ctx
         .query_port(u32::from(opts.ib_port))
-        .or_fail("Couldn't get port info")?;
+        .context("Couldn't get port info")?;
     Ok((ctx, port))
 }
 

@@ -488,7 +488,7 @@ pub fn main_with(tool: &Tool, extra: &[ExtraFlag], run: impl FnOnce(&Opts) -> Re
     match run(&opts) {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
-            eprintln!("{}: {msg}", tool.name);
+            eprintln!("{}: {}", tool.name, crate::common::Report(&msg));
             ExitCode::FAILURE
         }
     }

@@ -1,6 +1,7 @@
 //! The TCP handshake of rdma-core's pingpong tools (see the module above).
 
 use super::*;
+use anyhow::{anyhow, bail, Context as _};
 use std::hash::{BuildHasher, Hasher};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, TcpListener, TcpStream, ToSocketAddrs};
@@ -37,11 +38,11 @@ pub fn gid_to_wire(gid: &Gid) -> String {
 /// Anything but 32 hex digits.
 pub fn gid_from_wire(s: &str) -> Res<Gid> {
     if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(format!("bad GID {s:?}: expected 32 hex digits"));
+        return Err(anyhow!("bad GID {s:?}: expected 32 hex digits"));
     }
     let mut raw = [0u8; 16];
     for (i, byte) in raw.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+        *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)?;
     }
     Ok(Gid::from_raw(raw))
 }
@@ -68,8 +69,8 @@ impl Dest {
     pub fn from_wire(msg: &[u8]) -> Res<Dest> {
         let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
         let text = std::str::from_utf8(&msg[..end])
-            .map_err(|_| "the peer's address is not text".to_string())?;
-        let bad = |why: &str| format!("bad address from the peer ({why}): {text:?}");
+            .map_err(|_| anyhow!("the peer's address is not text"))?;
+        let bad = |why: &str| anyhow!("bad address from the peer ({why}): {text:?}");
         let fields: Vec<&str> = text.split(':').collect();
         let [lid, qpn, psn, gid] = fields[..] else {
             return Err(bad("expected lid:qpn:psn:gid"));
@@ -84,7 +85,7 @@ impl Dest {
             lid: hex(lid, 0xffff, "LID")? as u16,
             qpn: hex(qpn, 0xff_ffff, "QPN")?,
             psn: hex(psn, 0xff_ffff, "PSN")?,
-            gid: gid_from_wire(gid).map_err(|e| bad(&e))?,
+            gid: gid_from_wire(gid).map_err(|e| bad(&e.to_string()))?,
         })
     }
 
@@ -123,12 +124,14 @@ pub fn local_dest(
     check_lid: bool,
 ) -> Res<Dest> {
     if check_lid && port.link_layer != LinkLayer::Ethernet && port.lid == 0 {
-        return Err("Couldn't get local LID (is the subnet manager running?)".into());
+        return Err(anyhow!(
+            "Couldn't get local LID (is the subnet manager running?)"
+        ));
     }
     let gid = match opts.gid_idx {
         Some(i) => ctx
             .query_gid(u32::from(opts.ib_port), i)
-            .or_fail(&format!("can't read sgid of index {i}"))?,
+            .with_context(|| format!("can't read sgid of index {i}"))?,
         None => Gid::default(),
     };
     Ok(Dest {
@@ -147,23 +150,22 @@ pub fn local_dest(
 /// (RoCE) and the peer sent no GID.
 pub fn peer_ah(opts: &Opts, port: &PortAttr, peer: &Dest) -> Res<AhAttr> {
     if peer.gid.is_zero() && port.link_layer == LinkLayer::Ethernet {
-        return Err(
+        bail!(
             "the peer sent no GID, but on an Ethernet (RoCE) port packets are addressed by \
              GID: run both sides with -g"
-                .into(),
         );
     }
     let mut ah = AhAttr::local(opts.ib_port, peer.lid);
     ah.sl = opts.sl;
     if peer.gid.interface_id() != 0 {
         let index = opts.gid_idx.ok_or_else(|| {
-            format!(
+            anyhow!(
                 "the peer sent GID {}, so this side needs a local GID index: pass -g",
                 Ipv6Addr::from(peer.gid.raw())
             )
         })?;
         let sgid_index = u8::try_from(index)
-            .map_err(|_| format!("GID index {index} does not fit an address vector"))?;
+            .map_err(|_| anyhow!("GID index {index} does not fit an address vector"))?;
         ah.grh = Some(GlobalRoute {
             dgid: peer.gid,
             flow_label: 0,
@@ -180,12 +182,12 @@ pub fn peer_ah(opts: &Opts, port: &PortAttr, peer: &Dest) -> Res<AhAttr> {
 fn read_exactly(sock: &mut TcpStream, buf: &mut [u8], what: &str) -> Res<()> {
     sock.read_exact(buf).map_err(|e| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            format!(
+            anyhow!(
                 "{what}: the peer closed the connection (it may have refused our address: \
                  see its output)"
             )
         } else {
-            format!("{what}: {e}")
+            anyhow::Error::new(e).context(what.to_string())
         }
     })
 }
@@ -195,7 +197,7 @@ fn listen(port: u16) -> Res<TcpListener> {
     // Linux) and, where IPv6 is off, the IPv4 one. std sets SO_REUSEADDR.
     TcpListener::bind((Ipv6Addr::UNSPECIFIED, port))
         .or_else(|_| TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)))
-        .or_fail(&format!("Couldn't listen to port {port}"))
+        .with_context(|| format!("Couldn't listen to port {port}"))
 }
 
 /// `what`, with the record's index when there are several.
@@ -213,7 +215,7 @@ fn read_dests(sock: &mut TcpStream, n: usize) -> Res<Vec<Dest>> {
     for i in 0..n {
         let mut msg = [0u8; MSG_LEN];
         read_exactly(sock, &mut msg, &which("Couldn't read remote address", i, n))?;
-        peers.push(Dest::from_wire(&msg).map_err(|e| which(&e, i, n))?);
+        peers.push(Dest::from_wire(&msg).map_err(|e| anyhow!(which(&e.to_string(), i, n)))?);
     }
     Ok(peers)
 }
@@ -221,7 +223,7 @@ fn read_dests(sock: &mut TcpStream, n: usize) -> Res<Vec<Dest>> {
 /// Sends the handshake messages of `mine`, in order.
 fn write_dests(sock: &mut TcpStream, mine: &[Dest]) -> Res<()> {
     let wire: Vec<u8> = mine.iter().flat_map(|d| d.to_wire()).collect();
-    sock.write_all(&wire).or_fail("Couldn't send local address")
+    sock.write_all(&wire).context("Couldn't send local address")
 }
 
 /// The one element of a one-record exchange.
@@ -229,7 +231,7 @@ fn only(peers: Vec<Dest>) -> Res<Dest> {
     peers
         .into_iter()
         .next()
-        .ok_or_else(|| "the handshake returned no address".to_string())
+        .context("the handshake returned no address")
 }
 
 /// The server's half: waits for one client, reads its address, runs
@@ -243,7 +245,7 @@ pub fn server_exchange(port: u16, me: &Dest, connect: impl FnOnce(&Dest) -> Res<
         std::slice::from_ref(me),
         |peers| match peers {
             [peer] => connect(peer),
-            _ => Err("expected one address".into()),
+            _ => Err(anyhow!("expected one address")),
         },
     )?)
 }
@@ -260,15 +262,15 @@ pub fn server_exchange_all(
     connect: impl FnOnce(&[Dest]) -> Res<()>,
 ) -> Res<Vec<Dest>> {
     let listener = listen(port)?;
-    let (mut sock, _) = listener.accept().or_fail("accept() failed")?;
+    let (mut sock, _) = listener.accept().context("accept() failed")?;
     drop(listener);
     let peers = read_dests(&mut sock, mine.len())?;
-    connect(&peers).map_err(|e| format!("Couldn't connect to remote QP: {e}"))?;
+    connect(&peers).context("Couldn't connect to remote QP")?;
     write_dests(&mut sock, mine)?;
     let mut done = [0u8; 5];
     read_exactly(&mut sock, &mut done, "Couldn't read the client's \"done\"")?;
     if &done != b"done\0" {
-        return Err(format!("expected \"done\" from the client, got {done:?}"));
+        return Err(anyhow!("expected \"done\" from the client, got {done:?}"));
     }
     Ok(peers)
 }
@@ -290,7 +292,7 @@ pub fn client_exchange(host: &str, port: u16, me: &Dest) -> Res<Dest> {
 pub fn client_exchange_all(host: &str, port: u16, mine: &[Dest]) -> Res<Vec<Dest>> {
     let addrs = (host, port)
         .to_socket_addrs()
-        .or_fail(&format!("Couldn't resolve {host}:{port}"))?;
+        .with_context(|| format!("Couldn't resolve {host}:{port}"))?;
     let mut last = None;
     let mut sock = None;
     for addr in addrs {
@@ -303,13 +305,13 @@ pub fn client_exchange_all(host: &str, port: u16, mine: &[Dest]) -> Res<Vec<Dest
         }
     }
     let mut sock = sock.ok_or_else(|| match last {
-        Some(e) => format!("Couldn't connect to {host}:{port}: {e}"),
-        None => format!("Couldn't connect to {host}:{port}: no address"),
+        Some(e) => anyhow::Error::new(e).context(format!("Couldn't connect to {host}:{port}")),
+        None => anyhow!("Couldn't connect to {host}:{port}: no address"),
     })?;
     write_dests(&mut sock, mine)?;
     let peers = read_dests(&mut sock, mine.len())?;
     sock.write_all(b"done\0")
-        .or_fail("Couldn't send \"done\"")?;
+        .context("Couldn't send \"done\"")?;
     Ok(peers)
 }
 
@@ -324,7 +326,7 @@ pub fn exchange(opts: &Opts, me: &Dest, connect: impl FnOnce(&Dest) -> Res<()>) 
         std::slice::from_ref(me),
         |peers| match peers {
             [peer] => connect(peer),
-            _ => Err("expected one address".into()),
+            _ => Err(anyhow!("expected one address")),
         },
     )?)
 }

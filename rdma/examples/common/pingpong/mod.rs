@@ -43,7 +43,7 @@ pub use handshake::*;
 pub use traffic::*;
 
 #[allow(unused_imports)]
-pub use super::{OrFail, Res};
+pub use super::Res;
 
 /// `wr_id` of every receive.
 pub const RECV_WRID: u64 = 1;

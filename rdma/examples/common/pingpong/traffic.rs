@@ -1,12 +1,13 @@
 //! The buffers and the ping-pong loop.
 
 use super::*;
+use anyhow::{anyhow, Context as _};
 use std::time::{Duration, Instant};
 
 use rdma::{
     AccessFlags, AdviseFlags, Completion, CompletionChannel, CompletionQueue, DeviceMemory,
-    DeviceSlice, InlineSend, MemoryRegion, MrAdvice, ProtectionDomain, QueuePair, SendWr, UdDest,
-    WcStatus, WrBuffers,
+    DeviceSlice, InlineSend, MemoryRegion, MrAdvice, PostError, ProtectionDomain, QueuePair,
+    SendWr, UdDest, WcStatus, WrBuffers,
 };
 
 /// The bytes every message carries. With `-c`: 0x7b with a 0 at the start of
@@ -24,7 +25,7 @@ pub fn message_pattern(len: usize, chk: bool, page: usize) -> Res<Vec<u8>> {
 pub fn filled(len: usize, byte: u8) -> Res<Vec<u8>> {
     let mut v = Vec::new();
     v.try_reserve_exact(len)
-        .map_err(|_| format!("Couldn't allocate {len} bytes of buffers"))?;
+        .map_err(|_| anyhow!("Couldn't allocate {len} bytes of buffers"))?;
     v.resize(len, byte);
     Ok(v)
 }
@@ -143,18 +144,16 @@ impl Traffic {
         let piece = opts.size + headroom;
         let total = piece
             .checked_mul(opts.rx_depth as usize)
-            .ok_or("the receive buffers (size × rx-depth) do not fit in memory")?;
+            .context("the receive buffers (size × rx-depth) do not fit in memory")?;
         let recv = pd
             .reg_mr(filled(total, 0x7b)?, access | AccessFlags::LOCAL_WRITE)
-            .or_fail(&format!(
-                "Couldn't register {total} bytes of receive buffers"
-            ))?;
+            .with_context(|| format!("Couldn't register {total} bytes of receive buffers"))?;
         let send = if inline {
             SendBuf::Inline(data.clone())
         } else {
             SendBuf::Region(Some(
                 pd.reg_mr(data.clone(), access)
-                    .or_fail("Couldn't register the send buffer")?,
+                    .context("Couldn't register the send buffer")?,
             ))
         };
         if opts.prefetch {
@@ -173,7 +172,7 @@ impl Traffic {
         }
         let free = recv
             .chunks(piece)
-            .or_fail("Couldn't cut the receive buffers")?;
+            .context("Couldn't cut the receive buffers")?;
         Ok(Traffic {
             size: opts.size,
             headroom,
@@ -206,8 +205,8 @@ impl Traffic {
         let data = message_pattern(opts.size, opts.chk, page)?;
         let region = pd
             .reg_dm_mr(&dm, 0, opts.size, AccessFlags::LOCAL_WRITE)
-            .or_fail("Couldn't register MR")?;
-        dm.write_at(0, &data).or_fail("Copy to dm buffer failed")?;
+            .context("Couldn't register MR")?;
+        dm.write_at(0, &data).context("Copy to dm buffer failed")?;
         Ok(Traffic {
             size: opts.size,
             headroom: 0,
@@ -246,11 +245,11 @@ impl Traffic {
     ) -> Res<usize> {
         if self.timestamps.is_none() {
             let mut wcs = Vec::with_capacity(max);
-            let n = cq.poll(&mut wcs, max).or_fail("poll CQ failed")?;
+            let n = cq.poll(&mut wcs, max).context("poll CQ failed")?;
             out.extend(wcs.into_iter().map(|c| (c, None)));
             return Ok(n);
         }
-        let Some(mut cursor) = cq.start_poll().or_fail("poll CQ failed")? else {
+        let Some(mut cursor) = cq.start_poll().context("poll CQ failed")? else {
             return Ok(0);
         };
         let mut n = 0;
@@ -260,7 +259,7 @@ impl Traffic {
                 out.push((c, ts));
                 n += 1;
             }
-            if n >= max || !cursor.next().or_fail("poll CQ failed")? {
+            if n >= max || !cursor.next().context("poll CQ failed")? {
                 return Ok(n);
             }
         }
@@ -285,7 +284,7 @@ impl Traffic {
         };
         self.routs += posted;
         match error {
-            Some(e) => Err(format!("Couldn't post receive ({}): {e}", self.routs)),
+            Some(e) => Err(anyhow!("Couldn't post receive ({}): {e}", self.routs)),
             None => Ok(()),
         }
     }
@@ -297,12 +296,12 @@ impl Traffic {
                 if let Some(d) = ud {
                     wr = wr.ud(&d.ah, d.remote_qpn, d.remote_qkey);
                 }
-                qp.post_send_inline(wr).or_fail("Couldn't post send")
+                qp.post_send_inline(wr).context("Couldn't post send")
             }
             SendBuf::Region(slot) => {
                 let mr = slot
                     .take()
-                    .ok_or("Couldn't post send: the previous send has not completed")?;
+                    .context("Couldn't post send: the previous send has not completed")?;
                 let mut wr = SendWr::send(SEND_WRID, mr);
                 if let Some(d) = ud {
                     wr = wr.ud(&d.ah, d.remote_qpn, d.remote_qkey);
@@ -313,7 +312,7 @@ impl Traffic {
                         .into_iter()
                         .next()
                         .and_then(|(_, b)| b.into_one());
-                    format!("Couldn't post send: {}", e.error)
+                    anyhow::Error::new(e.error).context("Couldn't post send")
                 })
             }
             SendBuf::Device(slice) => {
@@ -324,7 +323,8 @@ impl Traffic {
                     wr = wr.ud(&d.ah, d.remote_qpn, d.remote_qkey);
                 }
                 qp.post_send(wr)
-                    .map_err(|e| format!("Couldn't post send: {}", e.error))
+                    .map_err(PostError::drop_buffers)
+                    .context("Couldn't post send")
             }
         }
     }
@@ -338,15 +338,15 @@ impl Traffic {
         };
         let copied;
         let bytes = match (mr, &self.device) {
-            (Some(mr), _) => mr.as_slice().or_fail("Couldn't read a receive buffer")?,
+            (Some(mr), _) => mr.as_slice().context("Couldn't read a receive buffer")?,
             (None, Some(dm)) => {
                 let mut out = filled(self.size, 0)?;
                 dm.read_at(0, &mut out)
-                    .or_fail("Copy from DM buffer failed")?;
+                    .context("Copy from DM buffer failed")?;
                 copied = out;
                 &copied[..]
             }
-            (None, None) => return Err("a receive completed without a buffer".into()),
+            (None, None) => return Err(anyhow!("a receive completed without a buffer")),
         };
         let payload = &bytes[self.headroom..];
         let len_ok = byte_len as usize == self.headroom + self.size;
@@ -389,13 +389,13 @@ impl Traffic {
         while rcnt < iters || scnt < iters {
             match channel {
                 Some(ch) => {
-                    let event = ch.get_event().or_fail("Failed to get cq_event")?;
+                    let event = ch.get_event().context("Failed to get cq_event")?;
                     if event.cq().as_raw() != cq.as_raw() {
-                        return Err("CQ event for unknown CQ".into());
+                        return Err(anyhow!("CQ event for unknown CQ"));
                     }
                     drop(event); // acknowledges it
                     cq.req_notify(false)
-                        .or_fail("Couldn't request CQ notification")?;
+                        .context("Couldn't request CQ notification")?;
                     while self.poll(cq, &mut wcs, 16)? > 0 {}
                 }
                 None => {
@@ -406,7 +406,7 @@ impl Traffic {
             }
             for (mut wc, ts) in wcs.drain(..) {
                 if wc.status != WcStatus::Success {
-                    return Err(format!(
+                    return Err(anyhow!(
                         "Failed status {} ({}) for wr_id {}",
                         wc.status,
                         wc.status.to_raw(),
@@ -418,12 +418,12 @@ impl Traffic {
                         scnt += 1;
                         match &mut self.send {
                             SendBuf::Region(slot) => {
-                                *slot = Some(wc.take_buffers().into_one().ok_or(
+                                *slot = Some(wc.take_buffers().into_one().context(
                                     "the send buffer did not come back with its completion",
                                 )?)
                             }
                             SendBuf::Device(_) => {
-                                wc.take_buffers().into_device().ok_or(
+                                wc.take_buffers().into_device().context(
                                     "the device memory did not come back with its completion",
                                 )?;
                             }
@@ -432,13 +432,12 @@ impl Traffic {
                     }
                     RECV_WRID => {
                         let back = wc.take_buffers();
-                        let mr =
-                            match (&self.send, back) {
-                                (SendBuf::Device(_), WrBuffers::Device(_)) => None,
-                                (_, back) => Some(back.into_one().ok_or(
-                                    "a receive buffer did not come back with its completion",
-                                )?),
-                            };
+                        let mr = match (&self.send, back) {
+                            (SendBuf::Device(_), WrBuffers::Device(_)) => None,
+                            (_, back) => Some(back.into_one().context(
+                                "a receive buffer did not come back with its completion",
+                            )?),
+                        };
                         self.check(mr.as_ref(), wc.byte_len, rcnt)?;
                         if let Some(t) = &mut self.timestamps {
                             t.receive(ts);
@@ -450,7 +449,7 @@ impl Traffic {
                         }
                         rcnt += 1;
                     }
-                    other => return Err(format!("Completion for unknown wr_id {other}")),
+                    other => return Err(anyhow!("Completion for unknown wr_id {other}")),
                 }
                 pending &= !wc.wr_id;
                 if scnt < iters && pending == 0 {
@@ -482,7 +481,7 @@ impl Traffic {
         for page in &first.pages {
             println!("invalid data in page {page}");
         }
-        Err(format!(
+        Err(anyhow!(
             "{} of {} messages received had invalid data (the first: message {}, {} bytes \
              received, {} expected)",
             self.bad.len(),
