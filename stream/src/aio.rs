@@ -340,6 +340,18 @@ impl RdmaStream {
         self.inner.peer
     }
 
+    /// Turns coalescing of small writes off (`true`, the default) or on,
+    /// as [`crate::RdmaStream::set_nodelay`]: held bytes go once the data
+    /// before them completes, or on `flush`, shutdown or close.
+    pub fn set_nodelay(&self, nodelay: bool) {
+        self.inner.lock().engine.set_nodelay(nodelay);
+    }
+
+    /// Whether every write is sent at once.
+    pub fn nodelay(&self) -> bool {
+        self.inner.lock().engine.nodelay()
+    }
+
     /// Splits the stream into a read half and a write half that two tasks
     /// can use at once.
     pub fn into_split(self) -> (ReadHalf, WriteHalf) {
@@ -368,6 +380,15 @@ impl RdmaStream {
         poll_write(&self.inner, cx, buf)
     }
 
+    /// Polls the sending of what coalescing held (see
+    /// [`RdmaStream::set_nodelay`]); ready at once when nothing is held.
+    ///
+    /// # Errors
+    /// As [`RdmaStream::poll_read_bytes`].
+    pub fn poll_flush_bytes(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        poll_flush(&self.inner, cx)
+    }
+
     /// Polls the shutdown of the write side (rsocket's SHUTDOWN), done when
     /// what was written is delivered.
     ///
@@ -387,6 +408,10 @@ fn poll_read(inner: &Inner, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Re
 
 fn poll_write(inner: &Inner, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
     inner.poll_op(cx, Direction::Write, |e| e.try_write(buf))
+}
+
+fn poll_flush(inner: &Inner, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    inner.poll_op(cx, Direction::Write, Engine::try_flush)
 }
 
 fn poll_shutdown(inner: &Inner, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -436,6 +461,24 @@ impl WriteHalf {
     /// As [`RdmaStream::poll_shutdown_write`].
     pub fn poll_shutdown_write(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         poll_shutdown(&self.inner, cx)
+    }
+
+    /// As [`RdmaStream::poll_flush_bytes`].
+    ///
+    /// # Errors
+    /// As [`RdmaStream::poll_flush_bytes`].
+    pub fn poll_flush_bytes(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        poll_flush(&self.inner, cx)
+    }
+
+    /// As [`RdmaStream::set_nodelay`] (the whole stream's setting).
+    pub fn set_nodelay(&self, nodelay: bool) {
+        self.inner.lock().engine.set_nodelay(nodelay);
+    }
+
+    /// As [`RdmaStream::nodelay`].
+    pub fn nodelay(&self) -> bool {
+        self.inner.lock().engine.nodelay()
     }
 }
 
@@ -553,7 +596,9 @@ mod tokio_io {
 
     use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-    use super::{poll_read, poll_shutdown, poll_write, RdmaStream, ReadHalf, WriteHalf};
+    use super::{
+        poll_flush, poll_read, poll_shutdown, poll_write, RdmaStream, ReadHalf, WriteHalf,
+    };
 
     /// tokio's `AsyncRead` for a type with an `inner: Arc<Inner>`.
     macro_rules! read {
@@ -585,8 +630,8 @@ mod tokio_io {
                     poll_write(&self.inner, cx, buf)
                 }
 
-                fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-                    Poll::Ready(Ok(()))
+                fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                    poll_flush(&self.inner, cx)
                 }
 
                 fn poll_shutdown(
@@ -613,7 +658,9 @@ mod futures_impls {
 
     use futures_io::{AsyncRead, AsyncWrite};
 
-    use super::{poll_read, poll_shutdown, poll_write, RdmaStream, ReadHalf, WriteHalf};
+    use super::{
+        poll_flush, poll_read, poll_shutdown, poll_write, RdmaStream, ReadHalf, WriteHalf,
+    };
 
     /// futures-io's `AsyncRead` for a type with an `inner: Arc<Inner>`.
     macro_rules! read {
@@ -642,8 +689,8 @@ mod futures_impls {
                     poll_write(&self.inner, cx, buf)
                 }
 
-                fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-                    Poll::Ready(Ok(()))
+                fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                    poll_flush(&self.inner, cx)
                 }
 
                 fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -134,6 +134,34 @@ impl RdmaStream {
         Ok(())
     }
 
+    /// Turns coalescing of small writes off (`true`) or on, as
+    /// `TCP_NODELAY`: with it on, a write shorter than 2 KiB (rsocket's
+    /// first transfer) is held while data sent before it is in flight, and
+    /// goes with the writes after it once that data's completion is taken
+    /// (Nagle's rule), or on [`Write::flush`], a shutdown or close. Held
+    /// bytes move only while this stream is read, written, flushed or
+    /// closed: flush before waiting on something else.
+    ///
+    /// Off by default (`nodelay()` is `true`), unlike a `TcpStream`:
+    /// rsocket's `rsend` posts every write at once and its `TCP_NODELAY`
+    /// option is accepted and not used, and the peers this stream talks to
+    /// expect that.
+    ///
+    /// # Errors
+    /// None today; kept for the shape of `TcpStream::set_nodelay`.
+    pub fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
+        self.lock().engine.set_nodelay(nodelay);
+        Ok(())
+    }
+
+    /// Whether every write is sent at once (see [`RdmaStream::set_nodelay`]).
+    ///
+    /// # Errors
+    /// None today; kept for the shape of `TcpStream::nodelay`.
+    pub fn nodelay(&self) -> io::Result<bool> {
+        Ok(self.lock().engine.nodelay())
+    }
+
     fn lock(&self) -> MutexGuard<'_, Parts> {
         // A panic while holding the lock leaves the protocol state as
         // consistent as any error does: keep going.
@@ -161,8 +189,15 @@ impl RdmaStream {
                     ack_cq_events(&p)?;
                     connection_events(&mut p)?;
                 }
-                poll_cq(&mut p)?;
-                if let Some(v) = attempt(&mut p.engine)? {
+                // What the engine knows may do (a write with room needs no
+                // poll: its completions wait until a call must take them,
+                // and coalescing holds short writes behind them); else
+                // take the completions there are and try again.
+                let mut done = attempt(&mut p.engine)?;
+                if done.is_none() && poll_cq(&mut p)? {
+                    done = attempt(&mut p.engine)?;
+                }
+                if let Some(v) = done {
                     p.engine.update_credits();
                     return Ok(v);
                 }
@@ -246,6 +281,10 @@ impl RdmaStream {
     fn write_inner(&self, buf: &[u8]) -> io::Result<usize> {
         self.wait(None, |e| e.try_write(buf))
     }
+
+    fn flush_inner(&self) -> io::Result<()> {
+        self.wait(None, Engine::try_flush)
+    }
 }
 
 /// Acknowledges the completion channel's events (they only say "look").
@@ -315,8 +354,9 @@ impl Write for &RdmaStream {
         self.write_inner(buf)
     }
 
+    /// Sends what coalescing held (see [`RdmaStream::set_nodelay`]).
     fn flush(&mut self) -> io::Result<()> {
-        Ok(())
+        self.flush_inner()
     }
 }
 
@@ -325,8 +365,9 @@ impl Write for RdmaStream {
         self.write_inner(buf)
     }
 
+    /// Sends what coalescing held (see [`RdmaStream::set_nodelay`]).
     fn flush(&mut self) -> io::Result<()> {
-        Ok(())
+        self.flush_inner()
     }
 }
 

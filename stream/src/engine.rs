@@ -26,6 +26,10 @@ use crate::wire::{self, ConnData, Ctrl, Op, Sge};
 const RECV: u64 = 1 << 63;
 /// `wr_id` bit of the 4-byte SEND that carries a message on iWARP.
 const MSG_SEND: u64 = 1 << 62;
+/// With coalescing on, writes shorter than this wait while data is in
+/// flight, and the bytes held stay under it: rsocket's first transfer of a
+/// large write, this protocol's nearest thing to TCP's segment size.
+pub(crate) const COALESCE_LIMIT: usize = wire::FIRST_TRANSFER;
 
 /// Sizes of a connection's queues and buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +173,12 @@ pub(crate) struct Engine {
     remote_slot: usize,
     /// The next transfer of a large write (doubles to `MAX_TRANSFER`).
     next_transfer: usize,
+    /// Every write is sent at once (the default, as rsocket's `rsend`);
+    /// off, small writes wait in `pending` while data is in flight.
+    nodelay: bool,
+    /// Bytes written and not yet sent (coalescing, at most
+    /// [`COALESCE_LIMIT`]): they go before anything written later.
+    pending: Vec<u8>,
     // --- receiving ---
     /// Lengths of data messages received and not read, oldest first.
     unread: VecDeque<u32>,
@@ -231,6 +241,8 @@ impl Engine {
             remote_sgl: peer.target_sgl,
             remote_slot: 1,
             next_transfer: wire::FIRST_TRANSFER,
+            nodelay: true,
+            pending: Vec::new(),
             unread: VecDeque::with_capacity(sizes.recv_queue as usize),
             read_offset: 0,
             rbuf_avail: half,
@@ -330,6 +342,12 @@ impl Engine {
             self.repost(slot, piece);
         } else {
             self.send_done(&mut c);
+        }
+        // Nagle's rule: what waited goes once nothing is in flight (or
+        // coalescing was turned off while it waited).
+        if !self.pending.is_empty() && (self.nodelay || !self.data_in_flight()) {
+            // A failure is kept in `failed` for the next call.
+            let _ = self.send_pending();
         }
     }
 
@@ -567,7 +585,8 @@ impl Engine {
     }
 
     /// Sends as much of `buf` as credits, the peer's space and our queue
-    /// allow: `Ok(None)` when nothing could go (wait for completions).
+    /// allow (with coalescing on, holds a short `buf` while data is in
+    /// flight): `Ok(None)` when nothing could go (wait for completions).
     pub(crate) fn try_write(&mut self, buf: &[u8]) -> io::Result<Option<usize>> {
         if let Some(e) = self.error() {
             return Err(e);
@@ -581,6 +600,68 @@ impl Engine {
         if buf.is_empty() {
             return Ok(Some(0));
         }
+        if !self.nodelay && buf.len() < COALESCE_LIMIT {
+            // Nagle's rule: a short write waits while data is in flight;
+            // what waits goes once it would reach the limit.
+            if self.pending.len() + buf.len() > COALESCE_LIMIT && !self.send_pending()? {
+                return Ok(None);
+            }
+            if !self.pending.is_empty() || self.data_in_flight() {
+                self.pending.extend_from_slice(buf);
+                return Ok(Some(buf.len()));
+            }
+        }
+        if !self.send_pending()? {
+            return Ok(None);
+        }
+        let sent = self.send_now(buf)?;
+        Ok((sent > 0).then_some(sent))
+    }
+
+    /// Data writes posted and not completed.
+    fn data_in_flight(&self) -> bool {
+        self.sqe_avail < self.local.sizes.send_queue - wire::CONTROL_SLOTS
+    }
+
+    /// Sends what coalescing held; whether all of it went.
+    fn send_pending(&mut self) -> io::Result<bool> {
+        if self.pending.is_empty() {
+            return Ok(true);
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let r = self.send_now(&pending);
+        self.pending = pending;
+        self.pending.drain(..*r.as_ref().unwrap_or(&0));
+        r?;
+        Ok(self.pending.is_empty())
+    }
+
+    /// Turns coalescing off (`true`, the default) or on; turned off, what
+    /// was held is sent as soon as it can be.
+    pub(crate) fn set_nodelay(&mut self, nodelay: bool) {
+        self.nodelay = nodelay;
+        if nodelay {
+            // A failure is kept in `failed` for the next call.
+            let _ = self.send_pending();
+        }
+    }
+
+    pub(crate) fn nodelay(&self) -> bool {
+        self.nodelay
+    }
+
+    /// Sends what coalescing held: `Ok(None)` while some of it cannot go
+    /// yet (wait for completions).
+    pub(crate) fn try_flush(&mut self) -> io::Result<Option<()>> {
+        if let Some(e) = self.error() {
+            return Err(e);
+        }
+        Ok(self.send_pending()?.then_some(()))
+    }
+
+    /// Posts as much of `buf` as credits, the peer's space and our queue
+    /// allow; how many bytes went (0: wait for completions).
+    fn send_now(&mut self, buf: &[u8]) -> io::Result<usize> {
         let mut sent = 0;
         while sent < buf.len() && self.can_send() {
             let left = buf.len() - sent;
@@ -617,13 +698,10 @@ impl Engine {
             }
             sent += xfer;
         }
-        if sent == 0 {
-            return Ok(None);
-        }
         if sent == buf.len() {
             self.next_transfer = wire::FIRST_TRANSFER;
         }
-        Ok(Some(sent))
+        Ok(sent)
     }
 
     /// Copies `data` into a piece of the send buffer and posts it.
@@ -714,6 +792,10 @@ impl Engine {
         if !self.writable && ctrl == Ctrl::SHUTDOWN {
             return Ok(true);
         }
+        // What coalescing held goes before the shutdown.
+        if self.writable && !self.send_pending()? {
+            return Ok(false);
+        }
         if !self.ctrl_room(1) || !self.may_send {
             return Ok(false);
         }
@@ -729,7 +811,8 @@ impl Engine {
     /// Every request we posted has completed.
     pub(crate) fn sends_done(&self) -> bool {
         !self.connected
-            || (self.ctrl_posted == self.ctrl_done
+            || (self.pending.is_empty()
+                && self.ctrl_posted == self.ctrl_done
                 && self.sqe_avail == self.local.sizes.send_queue - wire::CONTROL_SLOTS)
     }
 

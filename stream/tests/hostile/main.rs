@@ -1,0 +1,192 @@
+//! The stream under a hostile peer (issue 41): a test peer built directly
+//! on the `rdma` crate and `rdma_stream::wire` connects to an
+//! `RdmaListener` (or accepts an `RdmaStream::connect`) with valid
+//! connection data, then breaks the protocol: data past the receive space
+//! granted, messages past the credits granted, unknown operations and
+//! control codes, data after SHUTDOWN, a write past the receive buffer,
+//! private data that is not rsocket's; and a C-less peer process (our
+//! `rcat`) SIGKILLed mid-transfer.
+//!
+//! The stream side runs in a thread and reports through a channel that
+//! the test waits on with a bound: it must end with an `io::Error` of a
+//! sensible kind (`InvalidData` for a protocol violation, `ConnectionReset`
+//! for a vanished peer), never panic, never hang, and the bytes it read
+//! must be exactly those legitimately sent before the violation.
+//!
+//! Device tests: `#[ignore]`d in a plain `cargo test`; run in the VM
+//! (`ci/vm run`) with `--ignored`, which sets `RDMA_TEST_IP` and
+//! `RDMA_TEST_IWARP_IP`. A test that runs without them fails. Those over
+//! siw0 have `iwarp` in their name (`ci/device-tests` routes them so).
+//!
+//! Over siw0 a connection to an `RdmaListener` (blocking or async) fails
+//! now and then (`CONNECT_ERROR`, status -22, at the client; about 1 in 20
+//! in our runs): the accepted stream sends its first credits as soon as the
+//! connection is established, before MPA's initiator sent its first frame
+//! (issue 41). The tests here that go through one over siw0 (the foreign
+//! private data and the SIGKILL cases) fail so when it happens, naming the
+//! event.
+//!
+//! Here: what the tests share (the bounds, the test pattern, a stream and a
+//! test peer connected, the stream side's outcome). `peer` is the test
+//! peer, `violations` its breaches against the blocking stream, `killed`
+//! the SIGKILLed peer process, `aio` both against the async stream, and
+//! `coalescing` the test peer counting the messages a run of small writes
+//! arrives in (`set_nodelay`).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+#[cfg(feature = "tokio")]
+mod aio;
+#[cfg(feature = "tokio")]
+mod coalescing;
+mod killed;
+mod peer;
+mod violations;
+
+use std::collections::VecDeque;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{example, ip};
+use rdma::cm::{CmEventType, CmId, ConnParam, EventChannel, PortSpace};
+use rdma::{
+    AccessFlags, Completion, CompletionChannel, CompletionQueue, InlineSend, MemoryRegion,
+    PostError, ProtectionDomain, QpState, QpType, QueuePair, RemoteMemory, SendOp, SendWr,
+    WcStatus, WrBuffers,
+};
+use rdma_stream::wire::{self, ConnData, Ctrl, Op, Sge};
+use rdma_stream::{RdmaListener, RdmaStream};
+
+use peer::*;
+
+/// How long the stream side may take to end after a violation.
+const BOUND: Duration = Duration::from_secs(10);
+/// Bound of each step of the test peer (connecting, its completions).
+const STEP: Duration = Duration::from_secs(10);
+
+fn addr(dev: &str, port: u16) -> SocketAddr {
+    format!("{}:{port}", ip(dev))
+        .parse()
+        .expect("an IPv4 address")
+}
+
+/// The test pattern: byte `i` of everything the peers send.
+fn pattern(i: usize) -> u8 {
+    (i % 251) as u8
+}
+
+fn patterned(from: usize, len: usize) -> Vec<u8> {
+    (from..from + len).map(pattern).collect()
+}
+
+/// How the stream side ended.
+#[derive(Debug, PartialEq, Eq)]
+enum End {
+    Eof,
+    Err(io::ErrorKind, String),
+}
+
+/// What the stream side saw, and when it ended.
+#[derive(Debug)]
+struct Seen {
+    bytes: Vec<u8>,
+    end: End,
+    at: Instant,
+}
+
+/// Reads until an error or the end of the stream.
+fn read_to_end(s: &RdmaStream, mut bytes: Vec<u8>) -> Seen {
+    let mut buf = vec![0; 64 * 1024];
+    let end = loop {
+        match (&*s).read(&mut buf) {
+            Ok(0) => break End::Eof,
+            Ok(n) => bytes.extend_from_slice(&buf[..n]),
+            Err(e) => break End::Err(e.kind(), e.to_string()),
+        }
+    };
+    Seen {
+        bytes,
+        end,
+        at: Instant::now(),
+    }
+}
+
+/// Runs `job` on the next stream `listener` accepts, in a thread; its
+/// result comes through the channel (a panic drops the sender).
+fn serve<T: Send + 'static>(
+    listener: &Arc<RdmaListener>,
+    job: impl FnOnce(RdmaStream) -> T + Send + 'static,
+) -> (mpsc::Receiver<T>, thread::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel();
+    let l = Arc::clone(listener);
+    let h = thread::spawn(move || {
+        let (s, _) = l.accept().expect("accept a valid rsocket peer");
+        let _ = tx.send(job(s));
+    });
+    (rx, h)
+}
+
+/// A stream and a test peer granting `credits`, connected, with `job`
+/// running on the stream in a thread.
+///
+/// On rxe the peer connects to an `RdmaListener`. On siw the stream
+/// connects to the peer: an accepted stream sends its first credits as soon
+/// as the connection is established, before the iWARP initiator's first
+/// frame, and siw's initiator then fails the connection now and then
+/// (`CONNECT_ERROR`, status -22: in 5 of about 85 connections to an
+/// `RdmaListener` over three runs, none of 20 to a test peer that waits;
+/// issue 41), which is not what these tests are about. As MPA wants, the peer there
+/// sends nothing before the stream's first message.
+fn pair<T: Send + 'static>(
+    dev: &str,
+    credits: u16,
+    job: impl FnOnce(RdmaStream) -> T + Send + 'static,
+) -> (Peer, mpsc::Receiver<T>, thread::JoinHandle<()>) {
+    if dev == "rxe" {
+        let l = listener(dev);
+        let (rx, h) = serve(&l, job);
+        let peer = Peer::connect(l.local_addr().expect("bound"), false, credits);
+        return (peer, rx, h);
+    }
+    let events = EventChannel::new().expect("rdma_create_event_channel");
+    let lid = events.create_id(PortSpace::Tcp).expect("rdma_create_id");
+    lid.bind_addr(addr(dev, 0)).expect("rdma_bind_addr");
+    lid.listen(4).expect("rdma_listen");
+    let dst = addr(dev, lid.src_port());
+    let (tx, rx) = mpsc::channel();
+    let h = thread::spawn(move || {
+        let s = RdmaStream::connect(dst).expect("connect to the test peer");
+        let _ = tx.send(job(s));
+    });
+    let peer = Peer::accept(&events, true, credits);
+    (peer, rx, h)
+}
+
+/// The stream side's result within `BOUND`, or a failure that says whether
+/// it hung or panicked.
+fn outcome<T>(rx: &mpsc::Receiver<T>, h: thread::JoinHandle<()>, what: &str) -> T {
+    match rx.recv_timeout(BOUND) {
+        Ok(v) => v,
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what}: the stream side neither failed nor ended within {BOUND:?}")
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            let why = h.join().err().map(|p| {
+                p.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default()
+            });
+            panic!("{what}: the stream side panicked: {why:?}")
+        }
+    }
+}
+
+fn listener(dev: &str) -> Arc<RdmaListener> {
+    Arc::new(RdmaListener::bind(addr(dev, 0)).expect("RdmaListener::bind"))
+}
