@@ -1,12 +1,12 @@
-//! Address handles and address vectors (`ibv_create_ah(3)`,
-//! `ibv_create_ah_from_wc(3)`).
+//! Address handles and address vectors (`ibv_create_ah(3)`; the handle
+//! that answers a received completion, `ibv_create_ah_from_wc(3)`, is made
+//! in `wc.rs`, above the completions it reads).
 
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::error::{call_ptr, check_errno_ret, Result};
-use crate::wc::Completion;
+use crate::error::{call_ptr, Result};
 use crate::{ffi, Gid, ProtectionDomain};
 
 /// The global route header of an address (RoCE always needs one).
@@ -172,50 +172,6 @@ impl ProtectionDomain {
                 pd: self.clone(),
             }),
         })
-    }
-
-    /// Creates an address handle that answers the sender of a received UD
-    /// completion (`ibv_create_ah_from_wc(3)`). `grh` is the first 40 bytes of
-    /// the receive buffer.
-    ///
-    /// # Errors
-    /// [`crate::Error::Verb`] naming `ibv_create_ah_from_wc`.
-    pub fn create_ah_from_wc(
-        &self,
-        port_num: u8,
-        wc: &Completion,
-        grh: &[u8; 40],
-    ) -> Result<AddressHandle> {
-        let mut raw_wc = ffi::ibv_wc {
-            wr_id: wc.wr_id,
-            status: wc.status.to_raw(),
-            opcode: wc.opcode.to_raw(),
-            vendor_err: wc.vendor_err,
-            byte_len: wc.byte_len,
-            qp_num: wc.qp_num,
-            src_qp: wc.src_qp,
-            wc_flags: wc.wc_flags.bits(),
-            pkey_index: wc.pkey_index,
-            slid: wc.slid,
-            sl: wc.sl,
-            dlid_path_bits: wc.dlid_path_bits,
-            ..Default::default()
-        };
-        raw_wc.__bindgen_anon_1.imm_data = wc.imm_data;
-        let mut attr = ffi::ibv_ah_attr::default();
-        // SAFETY: valid context, wc and grh (40 bytes as the verb reads);
-        // fills `attr`.
-        let rc = unsafe {
-            ffi::ibv_init_ah_from_wc(
-                self.context().as_raw(),
-                port_num,
-                &mut raw_wc,
-                grh.as_ptr().cast_mut().cast(),
-                &mut attr,
-            )
-        };
-        check_errno_ret("ibv_init_ah_from_wc", || "".into(), rc.abs())?;
-        self.create_ah(&AhAttr::from_raw(&attr))
     }
 }
 

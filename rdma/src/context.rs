@@ -128,6 +128,19 @@ pub struct Context {
     inner: Arc<ContextInner>,
 }
 
+/// Opening is the context's side: a device is below the contexts opened
+/// from it.
+impl Device {
+    /// Opens the device (`ibv_open_device(3)`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_open_device`, e.g. `EACCES` without access
+    /// to `/dev/infiniband/uverbsN`.
+    pub fn open(&self) -> Result<Context> {
+        Context::from_device(self)
+    }
+}
+
 impl Context {
     /// Opens the device called `name` (`rxe0`, `mlx5_0`, ...).
     ///

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use crate::error::{call_ptr, Error, Result};
 use crate::ffi;
 use crate::macros::c_enum;
+#[cfg(doc)]
 use crate::Context;
 
 /// The array `ibv_get_device_list` returned; freed when the last [`Device`]
@@ -157,15 +158,6 @@ impl Device {
         // SAFETY: NUL-terminated array inside a valid device struct.
         let p = unsafe { CStr::from_ptr((*self.dev.as_ptr()).ibdev_path.as_ptr()) };
         p.to_str().unwrap_or("")
-    }
-
-    /// Opens the device (`ibv_open_device(3)`).
-    ///
-    /// # Errors
-    /// [`Error::Verb`] naming `ibv_open_device`, e.g. `EACCES` without access
-    /// to `/dev/infiniband/uverbsN`.
-    pub fn open(&self) -> Result<Context> {
-        Context::from_device(self)
     }
 
     pub(crate) fn as_raw(&self) -> *mut ffi::ibv_device {

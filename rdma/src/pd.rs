@@ -23,10 +23,11 @@ pub(crate) enum PdRelease {
 pub(crate) struct PdInner {
     pd: NonNull<ffi::ibv_pd>,
     release: PdRelease,
-    /// For a parent domain: the PD and thread domain it was made from,
-    /// released after it is deallocated (field order).
+    /// For a parent domain: the PD and thread domain it was made from
+    /// (`td.rs`'s `ParentParts`), released after it is deallocated (field
+    /// order). Held, never read, so a PD needs nothing of what they are.
     #[allow(dead_code)] // held, never read
-    parent: Option<crate::td::ParentParts>,
+    parent: Option<Box<dyn Send + Sync>>,
     // Dropped after the PD is deallocated (field order). For a borrowed PD
     // this is the borrowed context, which keeps the PD's owner alive.
     ctx: Context,
@@ -147,7 +148,7 @@ impl ProtectionDomain {
     pub(crate) unsafe fn from_parent_domain(
         ctx: &Context,
         pd: NonNull<ffi::ibv_pd>,
-        parts: crate::td::ParentParts,
+        parts: Box<dyn Send + Sync>,
     ) -> ProtectionDomain {
         ProtectionDomain {
             inner: Arc::new(PdInner {

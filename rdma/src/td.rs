@@ -188,7 +188,7 @@ impl ProtectionDomain {
         };
         // SAFETY: a parent domain of `ctx` made from `parts`, owned by nobody
         // else.
-        let pd = unsafe { ProtectionDomain::from_parent_domain(ctx, raw, parts) };
+        let pd = unsafe { ProtectionDomain::from_parent_domain(ctx, raw, Box::new(parts)) };
         Ok(ParentDomain {
             pd,
             base: self.clone(),
