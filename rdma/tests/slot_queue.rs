@@ -172,10 +172,22 @@ fn a_write_reaches_its_target_and_foreign_targets_are_refused_rxe() {
     let t = a.write_target(target.remote());
     a.slot_mut(1).unwrap()[..4096].fill(0x5a);
     a.post_write(&t, 1, 4096, true).unwrap();
+    // Not written again while the device may read it.
+    let mut called = false;
+    is_invalid(
+        a.post_write_with(&t, 1, 4096, true, |_| called = true),
+        "not been polled",
+    );
+    assert!(!called);
     let c = next(&mut a);
     assert!(c.is_success(), "{c:?}");
     assert_eq!(c.slot(), 1);
     assert!(target.to_vec().iter().all(|&x| x == 0x5a));
+    // Written and posted with one look at the slot.
+    a.post_write_with(&t, 1, 4096, true, |b| b[4095] = 0xa5)
+        .unwrap();
+    assert!(next(&mut a).is_success());
+    assert_eq!(target.to_vec()[4095], 0xa5);
     // Bad posts change nothing.
     let mut b = b;
     is_invalid(b.post_write(&t, 0, 1, true), "another slot queue");

@@ -83,12 +83,17 @@ impl Ledger {
     }
 
     /// Records a send from `slot`: its `wr_id`, and what [`Ledger::unsend`]
-    /// restores if the provider refuses it.
+    /// restores if the provider refuses it. With `FREE`, the slot must also
+    /// be writable (the caller writes it before the provider is called).
     #[inline(always)]
-    pub(crate) fn send(&mut self, slot: u32) -> Result<(u64, u64), Refusal> {
+    pub(crate) fn send<const FREE: bool>(&mut self, slot: u32) -> Result<(u64, u64), Refusal> {
+        let done = self.done;
         let s = self.slots.get_mut(slot as usize).ok_or(Refusal::NoSlot)?;
         if s.recv & POSTED != 0 {
             return Err(Refusal::Receiving);
+        }
+        if FREE && s.last_send > done {
+            return Err(Refusal::Sending);
         }
         if self.sent - self.done >= MAX_UNSEEN {
             return Err(Refusal::TooManyUnseen);
@@ -217,8 +222,8 @@ mod tests {
     #[test]
     fn a_send_holds_its_slot_until_its_completion_or_a_later_one() {
         let mut l = Ledger::new(3);
-        let (a, _) = l.send(0).unwrap();
-        let (b, _) = l.send(1).unwrap();
+        let (a, _) = l.send::<false>(0).unwrap();
+        let (b, _) = l.send::<false>(1).unwrap();
         assert_eq!(l.writable(0), Err(Refusal::Sending));
         assert_eq!(l.readable(0), Ok(()));
         assert_eq!(l.recv(1), Err(Refusal::Sending));
@@ -240,10 +245,22 @@ mod tests {
     }
 
     #[test]
+    fn a_send_that_writes_first_needs_a_free_slot() {
+        let mut l = Ledger::new(1);
+        let (a, _) = l.send::<true>(0).unwrap();
+        assert_eq!(l.send::<true>(0), Err(Refusal::Sending));
+        assert!(l.send::<false>(0).is_ok());
+        assert!(l.complete(a).is_some());
+        assert_eq!(l.send::<true>(0), Err(Refusal::Sending));
+        l.reset();
+        assert!(l.send::<true>(0).is_ok());
+    }
+
+    #[test]
     fn a_slot_sent_twice_is_writable_only_after_the_second_send() {
         let mut l = Ledger::new(1);
-        let (a, _) = l.send(0).unwrap();
-        let (b, _) = l.send(0).unwrap();
+        let (a, _) = l.send::<false>(0).unwrap();
+        let (b, _) = l.send::<false>(0).unwrap();
         assert!(l.complete(a).is_some());
         assert_eq!(l.writable(0), Err(Refusal::Sending));
         assert!(l.complete(b).is_some());
@@ -257,7 +274,7 @@ mod tests {
         assert_eq!(r & RECV, RECV);
         assert_eq!(l.readable(1), Err(Refusal::Receiving));
         assert_eq!(l.writable(1), Err(Refusal::Receiving));
-        assert_eq!(l.send(1), Err(Refusal::Receiving));
+        assert_eq!(l.send::<false>(1), Err(Refusal::Receiving));
         assert_eq!(l.recv(1), Err(Refusal::Receiving));
         assert_eq!(l.in_flight(), (0, 1));
         assert_eq!(
@@ -282,7 +299,7 @@ mod tests {
     #[test]
     fn ids_of_no_slot_or_not_posted_finish_nothing() {
         let mut l = Ledger::new(2);
-        assert_eq!(l.send(2), Err(Refusal::NoSlot));
+        assert_eq!(l.send::<false>(2), Err(Refusal::NoSlot));
         assert_eq!(l.recv(u32::MAX), Err(Refusal::NoSlot));
         assert_eq!(l.readable(7), Err(Refusal::NoSlot));
         // Nothing posted: no id finishes anything.
@@ -297,7 +314,7 @@ mod tests {
         ] {
             assert_eq!(l.complete(id), None, "{id:#x}");
         }
-        let (a, _) = l.send(0).unwrap();
+        let (a, _) = l.send::<false>(0).unwrap();
         // The tracked path's tag, or a number not posted yet.
         assert_eq!(l.complete(a | (1 << 63)), None);
         assert_eq!(l.complete(a + (1 << 32)), None);
@@ -308,7 +325,7 @@ mod tests {
     #[test]
     fn a_refused_post_is_undone() {
         let mut l = Ledger::new(1);
-        let (_, prev) = l.send(0).unwrap();
+        let (_, prev) = l.send::<false>(0).unwrap();
         l.unsend(0, prev);
         assert_eq!(l.writable(0), Ok(()));
         assert_eq!(l.in_flight(), (0, 0));
@@ -322,7 +339,7 @@ mod tests {
     #[test]
     fn an_inline_send_leaves_its_slot_free_but_keeps_its_number() {
         let mut l = Ledger::new(1);
-        let (a, prev) = l.send(0).unwrap();
+        let (a, prev) = l.send::<false>(0).unwrap();
         l.copied(0, prev);
         assert_eq!(l.writable(0), Ok(()));
         assert_eq!(l.in_flight(), (1, 0));
@@ -333,14 +350,14 @@ mod tests {
     #[test]
     fn after_a_reset_old_completions_finish_nothing() {
         let mut l = Ledger::new(2);
-        let (s, _) = l.send(0).unwrap();
+        let (s, _) = l.send::<false>(0).unwrap();
         let (r, _) = l.recv(1).unwrap();
         l.reset();
         assert_eq!(l.writable(0), Ok(()));
         assert_eq!(l.writable(1), Ok(()));
         assert_eq!(l.in_flight(), (0, 0));
         let (r2, _) = l.recv(1).unwrap();
-        let (s2, _) = l.send(0).unwrap();
+        let (s2, _) = l.send::<false>(0).unwrap();
         // Completions left in the CQ from before the reset.
         assert_eq!(l.complete(r), None);
         assert_eq!(l.complete(s), None);
@@ -358,7 +375,7 @@ mod tests {
         l.done = NUM_MASK - 2;
         let mut ids = Vec::new();
         for _ in 0..6 {
-            ids.push(l.send(0).unwrap().0);
+            ids.push(l.send::<false>(0).unwrap().0);
         }
         assert!(ids.iter().any(|i| (i >> 32) & NUM_MASK == 0));
         assert!(l.complete(ids[2]).is_some());
@@ -379,8 +396,8 @@ mod tests {
     fn unseen_sends_are_bounded() {
         let mut l = Ledger::new(1);
         l.sent = MAX_UNSEEN;
-        assert_eq!(l.send(0), Err(Refusal::TooManyUnseen));
+        assert_eq!(l.send::<false>(0), Err(Refusal::TooManyUnseen));
         l.done = 1;
-        assert!(l.send(0).is_ok());
+        assert!(l.send::<false>(0).is_ok());
     }
 }

@@ -372,7 +372,39 @@ impl SlotQueue {
     #[inline]
     pub fn post_send(&mut self, slot: u32, len: u32, signaled: bool) -> Result<()> {
         let direct = self.send;
-        self.post(ffi::IBV_WR_SEND, None, direct, slot, len, signaled)
+        self.post::<false>(ffi::IBV_WR_SEND, None, direct, slot, len, signaled, |_| {})
+    }
+
+    /// Lets `fill` write `slot` (all of it), then posts an RDMA WRITE of its
+    /// first `len` bytes to `target`: [`SlotQueue::slot_mut`] and
+    /// [`SlotQueue::post_write`] with one look at the slot's state.
+    ///
+    /// # Errors
+    /// As [`SlotQueue::post_write`], and a slot that a request in flight
+    /// uses (`fill` is then not called).
+    #[inline]
+    pub fn post_write_with(
+        &mut self,
+        target: &SlotTarget,
+        slot: u32,
+        len: u32,
+        signaled: bool,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<()> {
+        if target.queue != self.id {
+            return Err(foreign_target());
+        }
+        let direct = target.direct.map(|d| d.0);
+        let remote = Some(&target.remote);
+        self.post::<true>(
+            ffi::IBV_WR_RDMA_WRITE,
+            remote,
+            direct,
+            slot,
+            len,
+            signaled,
+            fill,
+        )
     }
 
     /// Posts an RDMA WRITE of the first `len` bytes of `slot` to `target`.
@@ -391,18 +423,23 @@ impl SlotQueue {
             return Err(foreign_target());
         }
         let direct = target.direct.map(|d| d.0);
-        self.post(
+        let remote = Some(&target.remote);
+        self.post::<false>(
             ffi::IBV_WR_RDMA_WRITE,
-            Some(&target.remote),
+            remote,
             direct,
             slot,
             len,
             signaled,
+            |_| {},
         )
     }
 
+    /// A send of `len` bytes of `slot`; with `FILL`, the slot must be free
+    /// and `fill` writes it first.
+    #[allow(clippy::too_many_arguments)] // one private body for three posts
     #[inline(always)]
-    fn post(
+    fn post<const FILL: bool>(
         &mut self,
         opcode: ffi::ibv_wr_opcode,
         remote: Option<&RemoteMemory>,
@@ -410,14 +447,21 @@ impl SlotQueue {
         slot: u32,
         len: u32,
         signaled: bool,
+        fill: impl FnOnce(&mut [u8]),
     ) -> Result<()> {
         if len > self.slot_len {
             return Err(too_long(slot, len, self.slot_len));
         }
         let (wr_id, prev) = self
             .ledger
-            .send(slot)
+            .send::<FILL>(slot)
             .map_err(|r| refused("ibv_post_send", slot, r))?;
+        if FILL {
+            // SAFETY: as in `slot_mut`: in range and used by no request in
+            // flight (the ledger checked it); the request just recorded is
+            // handed to the provider only after this borrow ends.
+            fill(unsafe { std::slice::from_raw_parts_mut(self.at(slot), self.slot_len as usize) });
+        }
         let sge = ffi::ibv_sge {
             addr: self.at(slot) as u64,
             length: len,
@@ -523,7 +567,7 @@ impl SlotQueue {
     ///
     /// # Errors
     /// [`Error::Verb`] naming `ibv_poll_cq` (a CQ overrun).
-    #[inline]
+    #[inline(always)]
     pub fn poll(&mut self) -> Result<Option<SlotCompletion>> {
         loop {
             let mut wc = MaybeUninit::<ffi::ibv_wc>::uninit();
