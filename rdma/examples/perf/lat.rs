@@ -287,15 +287,21 @@ fn slot_failed(what: &str, c: &SlotCompletion) -> String {
     )
 }
 
+#[cold]
+fn slot_poll_failed(e: rdma::Error) -> String {
+    format!("poll CQ failed: {e}")
+}
+
 /// The next completion of `q`, checked; spins (with the peer watched)
 /// while the CQ is empty.
 #[inline(always)]
 fn next_slot(q: &mut SlotQueue, watch: &Watch<'_>, what: &str) -> Res<SlotCompletion> {
     loop {
-        match q.poll().or_fail("poll CQ failed")? {
-            Some(c) if c.is_success() => return Ok(c),
-            Some(c) => return Err(slot_failed(what, &c)),
-            None => watch.idle()?,
+        match q.poll() {
+            Ok(Some(c)) if c.is_success() => return Ok(c),
+            Ok(Some(c)) => return Err(slot_failed(what, &c)),
+            Ok(None) => watch.idle()?,
+            Err(e) => return Err(slot_poll_failed(e)),
         }
     }
 }
@@ -378,12 +384,12 @@ fn recv_slot(q: &mut SlotQueue, watch: &Watch<'_>) -> Res<u32> {
     }
 }
 
-/// `write_lat` on the slot queue (the default), in perftest's shape: wait
-/// for the peer's write, write the iteration's number into the message's
-/// last byte, post, wait for the completion.
+/// `write_lat` on the slot queue (the default), in perftest's shape: the
+/// client posts first; then each side waits for the peer's write, writes
+/// the iteration's number into its message's last byte as it posts, and
+/// waits for the completion.
 #[inline(never)]
 fn write_slots(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
-    let server = opts.is_server();
     let iters = opts.iters;
     conn.target
         .write_at(size - 1, &[0])
@@ -393,23 +399,42 @@ fn write_slots(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -
     let len = size as u32;
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
+    let mut posted: u32 = 0;
     let mut rcnt: u32 = 0;
-    for scnt in 0..iters {
-        if server || scnt > 0 {
-            rcnt += 1;
-            await_write(&conn.target, size, rcnt, &watch)?;
-        }
-        let n = scnt + 1;
-        q.slot_mut(0).or_fail("send buffer")?[size - 1] = n as u8;
-        q.post_write(&target, 0, len, true)
-            .or_fail("Couldn't post send")?;
-        stamps.push();
-        next_slot(q, &watch, "RDMA write")?;
+    if !opts.is_server() && iters > 0 {
+        posted = 1;
+        write_one(q, &target, len, posted, stamps, &watch)?;
+    }
+    while posted < iters {
+        rcnt += 1;
+        await_write(&conn.target, size, rcnt, &watch)?;
+        posted += 1;
+        write_one(q, &target, len, posted, stamps, &watch)?;
     }
     while rcnt < iters {
         rcnt += 1;
         await_write(&conn.target, size, rcnt, &watch)?;
     }
+    Ok(())
+}
+
+/// One `write_lat` message from slot 0, its last byte `n`: post, stamp,
+/// wait for the completion.
+#[inline(always)]
+fn write_one(
+    q: &mut SlotQueue,
+    target: &rdma::SlotTarget,
+    len: u32,
+    n: u32,
+    stamps: &mut Stamps,
+    watch: &Watch<'_>,
+) -> Res<()> {
+    let last = len as usize - 1;
+    if let Err(e) = q.post_write_with(target, 0, len, true, |b| b[last] = n as u8) {
+        return Err(format!("Couldn't post send: {e}"));
+    }
+    stamps.push();
+    next_slot(q, watch, "RDMA write")?;
     Ok(())
 }
 
