@@ -4,13 +4,18 @@
 //! identifies their object (QP number, CQ/SRQ address, port number) rather
 //! than the object: holding an event can never block the destruction of a QP,
 //! CQ or SRQ, which waits for its events to be acknowledged.
+//!
+//! The event values live here, below the context (whose hooks see them) and
+//! the objects they name; reading them is the context's
+//! ([`Context::get_async_event`](crate::Context::get_async_event), in
+//! `context.rs`), and telling which object an event is about
+//! ([`AsyncEvent::is_qp`], [`AsyncEvent::is_cq`], [`AsyncEvent::is_srq`]) is
+//! each object's, in its own module.
 
 use std::fmt;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
-use crate::error::{check_minus_one, Result};
+use crate::ffi;
 use crate::macros::c_enum;
-use crate::{ffi, CompletionQueue, Context, QueuePair};
 
 c_enum! {
     /// `enum ibv_event_type`.
@@ -103,7 +108,7 @@ pub struct AsyncEvent {
 }
 
 impl AsyncEvent {
-    fn from_raw(ev: &ffi::ibv_async_event) -> Self {
+    pub(crate) fn from_raw(ev: &ffi::ibv_async_event) -> Self {
         let event_type = AsyncEventType::from_raw(ev.event_type);
         // SAFETY: the union member read is the one `event_type` selects (per
         // ibv_get_async_event(3)); the pointers are only read (QP number) or
@@ -165,24 +170,6 @@ impl AsyncEvent {
             _ => None,
         }
     }
-
-    /// True when the event is about `qp`.
-    pub fn is_qp(&self, qp: &QueuePair) -> bool {
-        self.element
-            == AsyncEventElement::Qp {
-                qp_num: qp.qp_num(),
-            }
-    }
-
-    /// True when the event is about `cq`.
-    pub fn is_cq(&self, cq: &CompletionQueue) -> bool {
-        self.element == AsyncEventElement::Cq(cq.as_raw() as usize)
-    }
-
-    /// True when the event is about `srq`.
-    pub fn is_srq(&self, srq: &crate::SharedReceiveQueue) -> bool {
-        self.element == AsyncEventElement::Srq(srq.as_raw() as usize)
-    }
 }
 
 impl fmt::Display for AsyncEvent {
@@ -196,100 +183,5 @@ impl fmt::Display for AsyncEvent {
             AsyncEventElement::Wq(a) => write!(f, " on WQ {a:#x}"),
             AsyncEventElement::Device => Ok(()),
         }
-    }
-}
-
-/// The context's asynchronous event file descriptor, for polling
-/// ([`Context::async_fd`]).
-#[derive(Debug)]
-pub struct AsyncFd<'a> {
-    /// Open (never -1) while the context lives, which `'a` guarantees.
-    fd: RawFd,
-    _ctx: std::marker::PhantomData<&'a Context>,
-}
-
-impl AsFd for AsyncFd<'_> {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: `fd` is not -1 (checked when `self` was made) and stays
-        // open while the context, which `self` borrows, lives.
-        unsafe { BorrowedFd::borrow_raw(self.fd) }
-    }
-}
-
-impl AsRawFd for AsyncFd<'_> {
-    fn as_raw_fd(&self) -> RawFd {
-        self.fd
-    }
-}
-
-impl Context {
-    /// Waits for the next asynchronous event (`ibv_get_async_event(3)`) and
-    /// acknowledges it (`ibv_ack_async_event(3)`).
-    ///
-    /// # Errors
-    /// [`crate::Error::Unsupported`] for a context without an event
-    /// descriptor (see [`Context::async_fd`]); [`crate::Error::Verb`] naming
-    /// `ibv_get_async_event`; `EAGAIN` when the descriptor is non-blocking
-    /// and nothing is pending.
-    pub fn get_async_event(&self) -> Result<AsyncEvent> {
-        self.async_fd()?;
-        let mut ev = ffi::ibv_async_event {
-            element: ffi::ibv_async_event__bindgen_ty_1 { port_num: 0 },
-            event_type: 0,
-        };
-        // SAFETY: valid context and out-struct.
-        let rc = unsafe { ffi::ibv_get_async_event(self.as_raw(), &mut ev) };
-        check_minus_one("ibv_get_async_event", || self.name().to_string().into(), rc)?;
-        let event = AsyncEvent::from_raw(&ev);
-        // SAFETY: the event came from ibv_get_async_event; acked exactly once.
-        unsafe { ffi::ibv_ack_async_event(&mut ev) };
-        self.run_event_hooks(&event);
-        Ok(event)
-    }
-
-    /// The asynchronous event descriptor, e.g. for `poll(2)` or an async
-    /// runtime's readiness API.
-    ///
-    /// # Errors
-    /// [`crate::Error::Unsupported`] for a context that has none: a context
-    /// made by [`Context::import_device`] (libibverbs 44 leaves its
-    /// `async_fd` at -1; the events of its command file go to the original
-    /// context's descriptor).
-    pub fn async_fd(&self) -> Result<AsyncFd<'_>> {
-        // SAFETY: reads a field of a live context.
-        let fd = unsafe { (*self.as_raw()).async_fd };
-        if fd < 0 {
-            return Err(crate::Error::Unsupported {
-                what: "asynchronous events (the context has no event descriptor: \
-                       an imported context's events go to the original context)"
-                    .into(),
-                device: self.name().to_string(),
-                source: None,
-            });
-        }
-        Ok(AsyncFd {
-            fd,
-            _ctx: std::marker::PhantomData,
-        })
-    }
-
-    /// Switches the asynchronous event descriptor to non-blocking mode.
-    ///
-    /// # Errors
-    /// As [`Context::async_fd`]; [`crate::Error::Verb`] naming `fcntl`.
-    pub fn set_async_nonblocking(&self, nonblocking: bool) -> Result<()> {
-        let fd = self.async_fd()?.as_raw_fd();
-        // SAFETY: fcntl on a descriptor the context owns.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        check_minus_one("fcntl", || "F_GETFL on the async fd".into(), flags)?;
-        let flags = if nonblocking {
-            flags | libc::O_NONBLOCK
-        } else {
-            flags & !libc::O_NONBLOCK
-        };
-        // SAFETY: as above.
-        let rc = unsafe { libc::fcntl(fd, libc::F_SETFL, flags) };
-        check_minus_one("fcntl", || "F_SETFL on the async fd".into(), rc)?;
-        Ok(())
     }
 }

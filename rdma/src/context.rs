@@ -7,9 +7,11 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use crate::async_event::AsyncEvent;
 use crate::device::{device_by_name, Device, DeviceListInner, Guid};
 use crate::error::{self, call_ptr, check_errno_ret, check_minus_one, Error, Result};
 use crate::ffi;
@@ -18,7 +20,7 @@ use crate::port::PortAttr;
 use crate::DeviceAttr;
 
 /// Called with every asynchronous event the context reads.
-pub(crate) type EventHook = Box<dyn Fn(&crate::AsyncEvent) + Send + Sync>;
+pub(crate) type EventHook = Box<dyn Fn(&AsyncEvent) + Send + Sync>;
 
 pub(crate) struct ContextInner {
     ctx: NonNull<ffi::ibv_context>,
@@ -252,7 +254,7 @@ impl Context {
             .push(hook);
     }
 
-    pub(crate) fn run_event_hooks(&self, event: &crate::AsyncEvent) {
+    pub(crate) fn run_event_hooks(&self, event: &AsyncEvent) {
         for hook in self
             .inner
             .event_hooks
@@ -525,5 +527,100 @@ impl fmt::Debug for Context {
             .field("name", &self.inner.name)
             .field("ctx", &self.inner.ctx)
             .finish()
+    }
+}
+
+/// The context's asynchronous event file descriptor, for polling
+/// ([`Context::async_fd`]).
+#[derive(Debug)]
+pub struct AsyncFd<'a> {
+    /// Open (never -1) while the context lives, which `'a` guarantees.
+    fd: RawFd,
+    _ctx: std::marker::PhantomData<&'a Context>,
+}
+
+impl AsFd for AsyncFd<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: `fd` is not -1 (checked when `self` was made) and stays
+        // open while the context, which `self` borrows, lives.
+        unsafe { BorrowedFd::borrow_raw(self.fd) }
+    }
+}
+
+impl AsRawFd for AsyncFd<'_> {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd
+    }
+}
+
+impl Context {
+    /// Waits for the next asynchronous event (`ibv_get_async_event(3)`) and
+    /// acknowledges it (`ibv_ack_async_event(3)`).
+    ///
+    /// # Errors
+    /// [`crate::Error::Unsupported`] for a context without an event
+    /// descriptor (see [`Context::async_fd`]); [`crate::Error::Verb`] naming
+    /// `ibv_get_async_event`; `EAGAIN` when the descriptor is non-blocking
+    /// and nothing is pending.
+    pub fn get_async_event(&self) -> Result<AsyncEvent> {
+        self.async_fd()?;
+        let mut ev = ffi::ibv_async_event {
+            element: ffi::ibv_async_event__bindgen_ty_1 { port_num: 0 },
+            event_type: 0,
+        };
+        // SAFETY: valid context and out-struct.
+        let rc = unsafe { ffi::ibv_get_async_event(self.as_raw(), &mut ev) };
+        check_minus_one("ibv_get_async_event", || self.name().to_string().into(), rc)?;
+        let event = AsyncEvent::from_raw(&ev);
+        // SAFETY: the event came from ibv_get_async_event; acked exactly once.
+        unsafe { ffi::ibv_ack_async_event(&mut ev) };
+        self.run_event_hooks(&event);
+        Ok(event)
+    }
+
+    /// The asynchronous event descriptor, e.g. for `poll(2)` or an async
+    /// runtime's readiness API.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unsupported`] for a context that has none: a context
+    /// made by [`Context::import_device`] (libibverbs 44 leaves its
+    /// `async_fd` at -1; the events of its command file go to the original
+    /// context's descriptor).
+    pub fn async_fd(&self) -> Result<AsyncFd<'_>> {
+        // SAFETY: reads a field of a live context.
+        let fd = unsafe { (*self.as_raw()).async_fd };
+        if fd < 0 {
+            return Err(Error::Unsupported {
+                what: "asynchronous events (the context has no event descriptor: \
+                       an imported context's events go to the original context)"
+                    .into(),
+                device: self.name().to_string(),
+                source: None,
+            });
+        }
+        Ok(AsyncFd {
+            fd,
+            _ctx: std::marker::PhantomData,
+        })
+    }
+
+    /// Switches the asynchronous event descriptor to non-blocking mode.
+    ///
+    /// # Errors
+    /// As [`Context::async_fd`]; [`crate::Error::Verb`] naming `fcntl`.
+    pub fn set_async_nonblocking(&self, nonblocking: bool) -> Result<()> {
+        let fd = self.async_fd()?.as_raw_fd();
+        // SAFETY: fcntl on a descriptor the context owns.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        check_minus_one("fcntl", || "F_GETFL on the async fd".into(), flags)?;
+        let flags = if nonblocking {
+            flags | libc::O_NONBLOCK
+        } else {
+            flags & !libc::O_NONBLOCK
+        };
+        // SAFETY: as above.
+        let rc = unsafe { libc::fcntl(fd, libc::F_SETFL, flags) };
+        check_minus_one("fcntl", || "F_SETFL on the async fd".into(), rc)?;
+        Ok(())
     }
 }

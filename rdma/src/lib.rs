@@ -304,8 +304,8 @@ mod wr;
 mod xrc;
 
 pub use ah::{AddressHandle, AhAttr, GlobalRoute};
-pub use async_event::{AsyncEvent, AsyncEventElement, AsyncEventType, AsyncFd};
-pub use context::Context;
+pub use async_event::{AsyncEvent, AsyncEventElement, AsyncEventType};
+pub use context::{AsyncFd, Context};
 pub use cq::{CompletionChannel, CompletionQueue, CqEvent, CqModeration, PollCursor};
 pub use device::{device_by_name, devices, Device, Guid, NodeType, TransportType};
 pub use device_attr::{AtomicCap, DeviceAttr, DeviceCapFlags};

@@ -465,3 +465,10 @@ impl fmt::Debug for SharedReceiveQueue {
             .finish()
     }
 }
+
+impl crate::AsyncEvent {
+    /// True when the event is about `srq`.
+    pub fn is_srq(&self, srq: &SharedReceiveQueue) -> bool {
+        self.element == crate::AsyncEventElement::Srq(srq.as_raw() as usize)
+    }
+}

@@ -274,3 +274,10 @@ impl fmt::Debug for CompletionChannel {
             .finish()
     }
 }
+
+impl crate::AsyncEvent {
+    /// True when the event is about `cq`.
+    pub fn is_cq(&self, cq: &crate::CompletionQueue) -> bool {
+        self.element == crate::AsyncEventElement::Cq(cq.as_raw() as usize)
+    }
+}

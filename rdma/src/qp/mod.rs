@@ -33,8 +33,8 @@ use crate::error::{check_errno_ret, Error, Result};
 use crate::macros::c_enum;
 use crate::track::{QpTracker, Serial};
 use crate::{ffi, CompletionQueue, ProtectionDomain};
-use wr_ops::ExtendedQp;
 pub(crate) use wr_ops::Direct;
+use wr_ops::ExtendedQp;
 
 pub use attr::{InitAttr, QpAttr, RtrAttr, RtsAttr};
 pub use builder::{PostPath, QpCaps, QpCreateFlags, QueuePairBuilder};
@@ -351,4 +351,14 @@ pub(crate) fn allocate_serial(verb: &'static str) -> Result<Serial> {
 pub(crate) trait QpOwner: Send + Sync {
     /// Destroys `qp`; returns 0 or an errno value.
     fn destroy_qp(&self, qp: *mut ffi::ibv_qp) -> std::ffi::c_int;
+}
+
+impl crate::AsyncEvent {
+    /// True when the event is about `qp`.
+    pub fn is_qp(&self, qp: &QueuePair) -> bool {
+        self.element
+            == crate::AsyncEventElement::Qp {
+                qp_num: qp.qp_num(),
+            }
+    }
 }
