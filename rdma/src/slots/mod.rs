@@ -369,9 +369,10 @@ impl SlotQueue {
     /// [`Error::InvalidArgument`] for a slot out of range, with a receive
     /// posted, or shorter than `len`; `ibv_post_send`'s error (the slot is
     /// then as before).
-    #[inline]
+    #[inline(always)]
     pub fn post_send(&mut self, slot: u32, len: u32, signaled: bool) -> Result<()> {
         let direct = self.send;
+        let direct = direct.as_ref();
         self.post::<false>(ffi::IBV_WR_SEND, None, direct, slot, len, signaled, |_| {})
     }
 
@@ -382,7 +383,7 @@ impl SlotQueue {
     /// # Errors
     /// As [`SlotQueue::post_write`], and a slot that a request in flight
     /// uses (`fill` is then not called).
-    #[inline]
+    #[inline(always)]
     pub fn post_write_with(
         &mut self,
         target: &SlotTarget,
@@ -394,7 +395,7 @@ impl SlotQueue {
         if target.queue != self.id {
             return Err(foreign_target());
         }
-        let direct = target.direct.map(|d| d.0);
+        let direct = target.direct.as_ref().map(|d| &d.0);
         let remote = Some(&target.remote);
         self.post::<true>(
             ffi::IBV_WR_RDMA_WRITE,
@@ -411,7 +412,7 @@ impl SlotQueue {
     ///
     /// # Errors
     /// As [`SlotQueue::post_send`]; also a target of another queue.
-    #[inline]
+    #[inline(always)]
     pub fn post_write(
         &mut self,
         target: &SlotTarget,
@@ -422,7 +423,7 @@ impl SlotQueue {
         if target.queue != self.id {
             return Err(foreign_target());
         }
-        let direct = target.direct.map(|d| d.0);
+        let direct = target.direct.as_ref().map(|d| &d.0);
         let remote = Some(&target.remote);
         self.post::<false>(
             ffi::IBV_WR_RDMA_WRITE,
@@ -443,7 +444,7 @@ impl SlotQueue {
         &mut self,
         opcode: ffi::ibv_wr_opcode,
         remote: Option<&RemoteMemory>,
-        direct: Option<Direct>,
+        direct: Option<&Direct>,
         slot: u32,
         len: u32,
         signaled: bool,
@@ -533,7 +534,7 @@ impl SlotQueue {
     /// # Errors
     /// [`Error::InvalidArgument`] for a slot out of range or in use;
     /// `ibv_post_recv`'s error (the slot is then as before).
-    #[inline]
+    #[inline(always)]
     pub fn post_recv(&mut self, slot: u32) -> Result<()> {
         let (wr_id, prev) = self
             .ledger
