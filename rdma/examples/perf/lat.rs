@@ -434,8 +434,14 @@ fn write_one(
         return Err(format!("Couldn't post send: {e}"));
     }
     stamps.push();
-    next_slot(q, watch, "RDMA write")?;
-    Ok(())
+    loop {
+        match q.poll() {
+            Ok(Some(c)) if c.is_success() => return Ok(()),
+            Ok(Some(c)) => return Err(slot_failed("RDMA write", &c)),
+            Ok(None) => watch.idle()?,
+            Err(e) => return Err(slot_poll_failed(e)),
+        }
+    }
 }
 
 fn send_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
