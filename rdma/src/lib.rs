@@ -288,6 +288,7 @@ mod mr;
 mod mw;
 mod null_mr;
 mod odp;
+mod odp_caps;
 mod pd;
 mod pool;
 mod port;

@@ -185,7 +185,7 @@ impl ProtectionDomain {
             })?;
         let on_demand = access.contains(AccessFlags::ON_DEMAND);
         if on_demand {
-            crate::odp::require_odp(self.context(), false)?;
+            crate::odp_caps::require_odp(self.context(), false)?;
         }
         let mr = call_ptr(
             "ibv_reg_mr",
@@ -199,7 +199,7 @@ impl ProtectionDomain {
         )
         .map_err(|e| {
             if on_demand {
-                crate::odp::odp_unsupported(
+                crate::odp_caps::odp_unsupported(
                     e,
                     "on-demand paging (IBV_ACCESS_ON_DEMAND)",
                     self.context(),
