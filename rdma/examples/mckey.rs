@@ -35,11 +35,9 @@ use std::time::Duration;
 
 use common::args::{bad, ArgError, Cli, Flag, Parsed};
 use common::cm::{host_ip, poll_n, Res, GRH_LEN};
-use rdma::cm::{CmAddr, CmEventType, CmId, EventChannel, IbAddr, McJoinFlags, PortSpace};
-use rdma::{
-    AccessFlags, AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QpCreateFlags,
-    QpType, QueuePair, SendWr, WcStatus,
-};
+use common::cmatose::UdNode as Node;
+use rdma::cm::{CmAddr, CmEventType, EventChannel, IbAddr, McJoinFlags, PortSpace};
+use rdma::{QpCreateFlags, QpType, SendWr, WcStatus};
 
 const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
 /// The C tool polls forever; this bounds it.
@@ -145,34 +143,12 @@ fn main() -> ExitCode {
     common::cm::cmatose_main(&CLI, parse, run)
 }
 
-/// One group membership. Field order is drop order.
-struct Node {
-    ah: Option<AddressHandle>,
-    qp: Option<QueuePair>,
-    cq: Option<CompletionQueue>,
-    pd: Option<ProtectionDomain>,
-    sends: Vec<MemoryRegion>,
-    remote_qpn: u32,
-    remote_qkey: u32,
-    connected: bool,
-    id: CmId,
-}
-
 impl Node {
     /// `addr_handler`: check the size, make PD, CQ, QP and messages, post
     /// the receives (receivers), join.
     fn on_addr(&mut self, o: &Opts, group: CmAddr) -> Res<()> {
+        common::cmatose::check_size(&self.id, "mckey", o.count, o.size)?;
         let ctx = self.id.context().context("mckey: no device")?;
-        let port = ctx
-            .query_port(u32::from(self.id.port_num()))
-            .context("ibv_query_port")?;
-        let mtu = port.active_mtu.bytes().unwrap_or(0) as usize;
-        if o.count > 0 && o.size > mtu {
-            return Err(anyhow!(
-                "mckey: message_size {} is larger than active mtu {mtu}",
-                o.size
-            ));
-        }
         let pd = ctx.alloc_pd().context("mckey: unable to allocate PD")?;
         let cqe = if o.count > 0 { o.count * 2 } else { 2 } as u32;
         let cq = ctx
@@ -197,32 +173,9 @@ impl Node {
             .context("mckey: unable to create QP")?;
         if o.count > 0 {
             if o.sender {
-                let mut m = pd
-                    .alloc_mr(o.size * o.count, AccessFlags::empty())
-                    .context("failed to reg MR")?;
-                for (i, b) in m
-                    .as_mut_slice()
-                    .expect("local buffer")
-                    .iter_mut()
-                    .enumerate()
-                {
-                    *b = i as u8;
-                }
-                self.sends = m.chunks(o.size).context("failed to reg MR")?;
+                self.sends = common::cmatose::messages(&pd, o.size, o.count)?;
             } else {
-                let recvs = pd
-                    .alloc_mr((o.size + GRH_LEN) * o.count, AccessFlags::LOCAL_WRITE)
-                    .context("failed to reg MR")?
-                    .chunks(o.size + GRH_LEN)
-                    .context("failed to reg MR")?;
-                qp.post_recv_batch(
-                    recvs
-                        .into_iter()
-                        .enumerate()
-                        .map(|(i, m)| (i as u64, m.into())),
-                )
-                .map_err(rdma::PostError::drop_buffers)
-                .context("failed to post receives")?;
+                common::cmatose::post_receives(&mut qp, &pd, o.size + GRH_LEN, o.count)?;
             }
         }
         self.pd = Some(pd);
@@ -324,17 +277,7 @@ fn run(o: &Opts) -> Res<()> {
     let mut nodes: Vec<Node> = Vec::with_capacity(o.connections);
     for _ in 0..o.connections {
         let id = ch.create_id(o.ps).context("rdma_create_id")?;
-        nodes.push(Node {
-            ah: None,
-            qp: None,
-            cq: None,
-            pd: None,
-            sends: Vec::new(),
-            remote_qpn: 0,
-            remote_qkey: 0,
-            connected: false,
-            id,
-        });
+        nodes.push(Node::new(id));
     }
     println!("mckey: joining");
     let mut result = Ok(());

@@ -31,9 +31,9 @@ use anyhow::{anyhow, Context as _};
 use common::pingpong;
 use std::process::ExitCode;
 
-use common::pingpong::{Dest, ExtraFlag, ExtraKind, Opts, Res, Tool, Traffic, Unsupported};
+use common::pingpong::{ExtraFlag, ExtraKind, Opts, Res, Tool, Traffic, Unsupported};
 use rdma::ffi;
-use rdma::{AccessFlags, DeviceMemory, InitAttr, PostPath, QpType, RtrAttr, RtsAttr};
+use rdma::{AccessFlags, DeviceMemory, PostPath, QpType};
 
 const TOOL: Tool = Tool {
     name: "rc_pingpong",
@@ -155,31 +155,13 @@ fn run(opts: &Opts) -> Res<()> {
     if let Some(mask) = ts_mask {
         traffic.with_timestamps(mask);
     }
-    // No remote access: the peer only SENDs.
-    qp.to_init(&InitAttr::new(opts.ib_port))
-        .context("Failed to modify QP to INIT")?;
-    traffic.refill(&mut qp)?;
-    if channel.is_some() {
-        // Armed before the peer learns our address, so no completion is missed.
-        cq.req_notify(false)
-            .context("Couldn't request CQ notification")?;
-    }
-
-    let me = pingpong::local_dest(&ctx, &port, opts, qp.qp_num(), true)?;
-    me.print("local");
-    let mtu = opts.mtu.unwrap_or(port.active_mtu);
-    let connect = |peer: &Dest| -> Res<()> {
-        let ah = pingpong::peer_ah(opts, &port, peer)?;
-        // Defaults of the C tool: 1 outstanding READ/atomic, RNR timer 12;
-        // timeout 14, 7 retries, 7 RNR retries.
-        qp.to_rtr(Some(&RtrAttr::new(ah, mtu, peer.qpn, peer.psn)))
-            .context("Failed to modify QP to RTR")?;
-        qp.to_rts(&RtsAttr::new(me.psn))
-            .context("Failed to modify QP to RTS")
-    };
-    let peer = pingpong::exchange(opts, &me, connect)?;
-    peer.print("remote");
-
-    let elapsed = traffic.run(&mut qp, &cq, channel.as_ref(), None, opts)?;
-    traffic.report(opts, elapsed)
+    pingpong::run_connected(
+        &ctx,
+        &port,
+        opts,
+        &mut qp,
+        &cq,
+        channel.as_ref(),
+        &mut traffic,
+    )
 }

@@ -15,8 +15,8 @@ use anyhow::Context as _;
 use common::pingpong;
 use std::process::ExitCode;
 
-use common::pingpong::{Dest, Opts, Res, Tool, Traffic};
-use rdma::{AccessFlags, InitAttr, QpType, RtrAttr, RtsAttr};
+use common::pingpong::{Opts, Res, Tool, Traffic};
+use rdma::{AccessFlags, QpType};
 
 const TOOL: Tool = Tool {
     name: "uc_pingpong",
@@ -46,29 +46,13 @@ fn run(opts: &Opts) -> Res<()> {
         .context("Couldn't create QP")?;
     let inline = qp.caps().max_inline_data as usize >= opts.size;
     let mut traffic = Traffic::new(&pd, opts, 0, AccessFlags::empty(), inline)?;
-    qp.to_init(&InitAttr::new(opts.ib_port))
-        .context("Failed to modify QP to INIT")?;
-    traffic.refill(&mut qp)?;
-    if channel.is_some() {
-        cq.req_notify(false)
-            .context("Couldn't request CQ notification")?;
-    }
-
-    let me = pingpong::local_dest(&ctx, &port, opts, qp.qp_num(), true)?;
-    me.print("local");
-    let mtu = opts.mtu.unwrap_or(port.active_mtu);
-    let connect = |peer: &Dest| -> Res<()> {
-        // UC takes the address, MTU, peer QPN and PSN to reach RTR and only
-        // the send PSN for RTS (no acknowledgements, so no timeouts).
-        let ah = pingpong::peer_ah(opts, &port, peer)?;
-        qp.to_rtr(Some(&RtrAttr::new(ah, mtu, peer.qpn, peer.psn)))
-            .context("Failed to modify QP to RTR")?;
-        qp.to_rts(&RtsAttr::new(me.psn))
-            .context("Failed to modify QP to RTS")
-    };
-    let peer = pingpong::exchange(opts, &me, connect)?;
-    peer.print("remote");
-
-    let elapsed = traffic.run(&mut qp, &cq, channel.as_ref(), None, opts)?;
-    traffic.report(opts, elapsed)
+    pingpong::run_connected(
+        &ctx,
+        &port,
+        opts,
+        &mut qp,
+        &cq,
+        channel.as_ref(),
+        &mut traffic,
+    )
 }

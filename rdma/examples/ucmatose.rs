@@ -28,122 +28,17 @@ use anyhow::{anyhow, Context as _};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use common::args::{ArgError, Cli, Flag, Parsed};
 use common::cm::{get_rdma_addr, poll_n, Res};
-use rdma::cm::{
-    AddrInfoFlags, CmAddr, CmEvent, CmEventType, CmId, CmOption, ConnParam, EventChannel, PortSpace,
-};
-use rdma::{
-    AccessFlags, CompletionQueue, MemoryRegion, ProtectionDomain, QpType, QueuePair, SendWr,
-    WcStatus,
-};
+use common::cmatose::{Opts, Tool};
+use rdma::cm::{CmAddr, CmEvent, CmEventType, CmId, CmOption, ConnParam, EventChannel};
+use rdma::{CompletionQueue, MemoryRegion, ProtectionDomain, QpType, QueuePair, SendWr, WcStatus};
 
 const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
 /// The C tool polls forever; this bounds it.
 const POLL_TIMEOUT: Duration = Duration::from_secs(600);
 
-struct Opts {
-    dst: Option<String>,
-    src: Option<String>,
-    port: String,
-    connections: usize,
-    count: usize,
-    size: usize,
-    tos: Option<u8>,
-    ack_timeout: Option<u8>,
-    migrate: bool,
-    ps: PortSpace,
-    flags: AddrInfoFlags,
-    /// `ai_family` of the lookups (`AF_IB` with `-f gid`).
-    family: i32,
-}
-
-const CLI: Cli<'static, char> = Cli {
-    name: "ucmatose",
-    usage: "  ucmatose [-b bind_address] [options]                    # server\n  \
-            ucmatose -s server_address [-b bind_address] [options]  # client",
-    flags: &[
-        Flag::value(
-            's',
-            's',
-            "",
-            "server_address",
-            "the server (default: be the server)",
-        ),
-        Flag::value('b', 'b', "", "bind_address", "the local address"),
-        Flag::value(
-            'f',
-            'f',
-            "",
-            "address_format",
-            "name (default), ip, ipv6, or gid",
-        ),
-        Flag::value('P', 'P', "", "port_space", "tcp (default) or ib"),
-        Flag::value('c', 'c', "", "connections", "connections (default 1)"),
-        Flag::value('C', 'C', "", "message_count", "messages (default 10)"),
-        Flag::value(
-            'S',
-            'S',
-            "",
-            "message_size",
-            "bytes per message (default 100)",
-        ),
-        Flag::value('t', 't', "", "type_of_service", "the IP type of service"),
-        Flag::value('p', 'p', "", "port_number", "the port (default 7471)"),
-        Flag::switch('m', 'm', "", "migrate the connections (rdma_migrate_id)"),
-        Flag::value('a', 'a', "", "ack_timeout", "the ACK timeout exponent"),
-    ],
-    bad_exit: 1,
-};
-
-fn parse(args: Parsed<char>) -> Result<Opts, ArgError> {
-    args.no_operands()?;
-    let mut o = Opts {
-        dst: None,
-        src: None,
-        port: "7471".into(),
-        connections: 1,
-        count: 10,
-        size: 100,
-        tos: None,
-        ack_timeout: None,
-        migrate: false,
-        ps: PortSpace::Tcp,
-        flags: AddrInfoFlags::empty(),
-        family: 0,
-    };
-    for f in args.flags {
-        let v = &f.value;
-        match f.key {
-            's' => o.dst = Some(f.value),
-            'b' => o.src = Some(f.value),
-            'f' => (o.flags, o.family) = common::cm::address_format(v),
-            'P' => {
-                let p = v.to_ascii_lowercase();
-                if p.starts_with("ib") {
-                    o.ps = PortSpace::Ib;
-                } else if !p.starts_with("tcp") {
-                    eprintln!("Warning: unknown port space format");
-                }
-            }
-            'c' => o.connections = f.number("a count")?,
-            'C' => o.count = f.number("a count")?,
-            'S' => o.size = f.number("a size in bytes")?,
-            't' => o.tos = Some(f.c_number("a type of service, 0 to 255")?),
-            'p' => o.port = f.value,
-            'm' => o.migrate = true,
-            'a' => o.ack_timeout = Some(f.c_number("a timeout exponent, 0 to 255")?),
-            _ => unreachable!("the flags of CLI"),
-        }
-    }
-    if o.size == 0 {
-        o.count = 0;
-    }
-    Ok(o)
-}
-
 fn main() -> ExitCode {
-    common::cm::cmatose_main(&CLI, parse, run)
+    common::cmatose::main(Tool::Ucmatose, run)
 }
 
 /// One connection. Field order is drop order: the QP before its CQs and
@@ -199,31 +94,8 @@ impl Node {
             )
             .context("cmatose: unable to create QP")?;
         if o.count > 0 {
-            let recvs = pd
-                .alloc_mr(o.size * o.count, AccessFlags::LOCAL_WRITE)
-                .context("failed to reg MR")?
-                .chunks(o.size)
-                .context("failed to reg MR")?;
-            qp.post_recv_batch(
-                recvs
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, m)| (i as u64, m.into())),
-            )
-            .map_err(rdma::PostError::drop_buffers)
-            .context("failed to post receives")?;
-            let mut sends = pd
-                .alloc_mr(o.size * o.count, AccessFlags::empty())
-                .context("failed to reg MR")?;
-            for (i, b) in sends
-                .as_mut_slice()
-                .expect("local buffer")
-                .iter_mut()
-                .enumerate()
-            {
-                *b = i as u8;
-            }
-            self.sends = sends.chunks(o.size).context("failed to reg MR")?;
+            common::cmatose::post_receives(&mut qp, &pd, o.size, o.count)?;
+            self.sends = common::cmatose::messages(&pd, o.size, o.count)?;
         }
         self.pd = Some(pd);
         self.send_cq = Some(send_cq);

@@ -30,165 +30,23 @@ use anyhow::{anyhow, Context as _};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use common::args::{ArgError, Cli, Flag, Parsed};
 use common::cm::{get_rdma_addr, poll_n, Res, GRH_LEN};
-use rdma::cm::{
-    AddrInfoFlags, CmAddr, CmEvent, CmEventType, CmId, CmOption, ConnParam, EventChannel, PortSpace,
-};
-use rdma::{
-    AccessFlags, AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QpType, QueuePair,
-    SendWr, WcOpcode, WcStatus,
-};
+use common::cmatose::{Opts, Tool, UdNode as Node};
+use rdma::cm::{CmAddr, CmEvent, CmEventType, CmOption, ConnParam, EventChannel};
+use rdma::{QpType, SendWr, WcOpcode, WcStatus};
 
-const PORT: &str = "7174";
 const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
 /// The C tool polls forever; this bounds it.
 const POLL_TIMEOUT: Duration = Duration::from_secs(600);
 
-struct Opts {
-    dst: Option<String>,
-    src: Option<String>,
-    connections: usize,
-    count: usize,
-    size: usize,
-    tos: Option<u8>,
-    ps: PortSpace,
-    flags: AddrInfoFlags,
-    /// `ai_family` of the lookups (`AF_IB` with `-f gid`).
-    family: i32,
-}
-
-const CLI: Cli<'static, char> = Cli {
-    name: "udaddy",
-    usage: "  udaddy [-b bind_address] [options]                    # server\n  \
-            udaddy -s server_address [-b bind_address] [options]  # client",
-    flags: &[
-        Flag::value(
-            's',
-            's',
-            "",
-            "server_address",
-            "the server (default: be the server)",
-        ),
-        Flag::value('b', 'b', "", "bind_address", "the local address"),
-        Flag::value(
-            'f',
-            'f',
-            "",
-            "address_format",
-            "name (default), ip, ipv6, or gid",
-        ),
-        Flag::value('P', 'P', "", "port_space", "udp (default) or ipoib"),
-        Flag::value('c', 'c', "", "connections", "connections (default 1)"),
-        Flag::value('C', 'C', "", "message_count", "messages (default 10)"),
-        Flag::value(
-            'S',
-            'S',
-            "",
-            "message_size",
-            "bytes per message (default 100)",
-        ),
-        Flag::value('t', 't', "", "type_of_service", "the IP type of service"),
-        Flag::value(
-            'p',
-            'p',
-            "",
-            "port_space",
-            "0x111 for UDP (default), 0x2 for IPOIB",
-        ),
-    ],
-    bad_exit: 1,
-};
-
-fn parse(args: Parsed<char>) -> Result<Opts, ArgError> {
-    args.no_operands()?;
-    let mut o = Opts {
-        dst: None,
-        src: None,
-        connections: 1,
-        count: 10,
-        size: 100,
-        tos: None,
-        ps: PortSpace::Udp,
-        flags: AddrInfoFlags::empty(),
-        family: 0,
-    };
-    for f in args.flags {
-        let v = &f.value;
-        match f.key {
-            's' => o.dst = Some(f.value),
-            'b' => o.src = Some(f.value),
-            'c' => o.connections = f.number("a count")?,
-            'C' => o.count = f.number("a count")?,
-            'S' => o.size = f.number("a size in bytes")?,
-            't' => o.tos = Some(f.c_number("a type of service, 0 to 255")?),
-            'p' => o.ps = PortSpace::from_raw(f.c_number("a port space")?),
-            'f' => (o.flags, o.family) = common::cm::address_format(v),
-            'P' => {
-                let p = v.to_ascii_lowercase();
-                if p.starts_with("ipoib") {
-                    o.ps = PortSpace::Ipoib;
-                } else if !p.starts_with("udp") {
-                    eprintln!("Warning: unknown port space format");
-                }
-            }
-            _ => unreachable!("the flags of CLI"),
-        }
-    }
-    if o.size == 0 {
-        o.count = 0;
-    }
-    Ok(o)
-}
-
 fn main() -> ExitCode {
-    common::cm::cmatose_main(&CLI, parse, run)
-}
-
-/// One datagram connection. Field order is drop order: the QP and AH go
-/// before the CQ and PD, the id last.
-struct Node {
-    ah: Option<AddressHandle>,
-    qp: Option<QueuePair>,
-    cq: Option<CompletionQueue>,
-    pd: Option<ProtectionDomain>,
-    /// Send buffers, one per message.
-    sends: Vec<MemoryRegion>,
-    remote_qpn: u32,
-    remote_qkey: u32,
-    connected: bool,
-    id: CmId,
+    common::cmatose::main(Tool::Udaddy, run)
 }
 
 impl Node {
-    fn new(id: CmId) -> Node {
-        Node {
-            ah: None,
-            qp: None,
-            cq: None,
-            pd: None,
-            sends: Vec::new(),
-            remote_qpn: 0,
-            remote_qkey: 0,
-            connected: false,
-            id,
-        }
-    }
-
     /// Refuses messages larger than the path MTU (`verify_test_params`).
     fn verify(&self, o: &Opts) -> Res<()> {
-        let ctx = self.id.context().context("udaddy: no device")?;
-        let port = ctx
-            .query_port(u32::from(self.id.port_num()))
-            .context("ibv_query_port")?;
-        let mtu = port.active_mtu.bytes().unwrap_or(0) as usize;
-        if o.count > 0 && o.size > mtu {
-            return Err(anyhow!(
-                "udaddy: message_size {} is larger than active mtu {mtu}",
-                o.size
-            ));
-        }
-        Ok(())
+        common::cmatose::check_size(&self.id, "udaddy", o.count, o.size)
     }
 
     /// PD, CQ, the UD QP (made by librdmacm, ready at once) and the
@@ -212,29 +70,8 @@ impl Node {
             )
             .context("udaddy: unable to create QP")?;
         if o.count > 0 {
-            let recvs = pd
-                .alloc_mr((o.size + GRH_LEN) * o.count, AccessFlags::LOCAL_WRITE)
-                .context("failed to reg MR")?
-                .chunks(o.size + GRH_LEN)
-                .context("failed to reg MR")?;
-            qp.post_recv_batch(
-                recvs
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, m)| (i as u64, m.into())),
-            )
-            .map_err(rdma::PostError::drop_buffers)
-            .context("failed to post receives")?;
-            let mut sends = pd
-                .alloc_mr(o.size * o.count, AccessFlags::empty())
-                .context("failed to reg MR")?;
-            sends
-                .as_mut_slice()
-                .expect("local buffer")
-                .iter_mut()
-                .enumerate()
-                .for_each(|(i, b)| *b = i as u8);
-            self.sends = sends.chunks(o.size).context("failed to reg MR")?;
+            common::cmatose::post_receives(&mut qp, &pd, o.size + GRH_LEN, o.count)?;
+            self.sends = common::cmatose::messages(&pd, o.size, o.count)?;
         }
         self.pd = Some(pd);
         self.cq = Some(cq);
@@ -318,7 +155,15 @@ fn run_server(o: &Opts, ch: &EventChannel) -> Res<()> {
     let listener = ch
         .create_id(o.ps)
         .context("udaddy: listen request failed")?;
-    let addr = get_rdma_addr(o.src.as_deref(), None, PORT, true, o.ps, o.flags, o.family)?;
+    let addr = get_rdma_addr(
+        o.src.as_deref(),
+        None,
+        &o.port,
+        true,
+        o.ps,
+        o.flags,
+        o.family,
+    )?;
     let src = addr.src.context("udaddy: no address to bind")?;
     listener
         .bind_addr(src)
@@ -397,7 +242,7 @@ fn run_client(o: &Opts, ch: &EventChannel, dst: &str) -> Res<()> {
     let addr = get_rdma_addr(
         o.src.as_deref(),
         Some(dst),
-        PORT,
+        &o.port,
         false,
         o.ps,
         o.flags,

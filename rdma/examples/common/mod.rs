@@ -10,6 +10,7 @@
 
 pub mod args;
 pub mod cm;
+pub mod cmatose;
 pub mod endpoint;
 pub mod pingpong;
 pub mod rping;

@@ -1,0 +1,302 @@
+//! What rdma-core's cmatose family (`ucmatose`, `udaddy`, `mckey`) shares:
+//! the command line of `ucmatose` and `udaddy` (the same flags but for the
+//! port space and the few `ucmatose` adds), the resources of a datagram
+//! endpoint (`udaddy`, `mckey`), and the steps of their `init_node`: the
+//! message size checked against the path MTU, the send messages, the
+//! receives posted.
+
+use std::process::ExitCode;
+
+use anyhow::{bail, Context as _};
+use rdma::cm::{AddrInfoFlags, CmId, PortSpace};
+use rdma::{
+    AccessFlags, AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QueuePair,
+};
+
+use super::args::{ArgError, Cli, Flag, Parsed};
+use super::cm::{address_format, cmatose_main};
+use super::Res;
+
+/// Which tool reads its command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tool {
+    /// RC connections over the TCP port space (`-P tcp|ib`, `-p` a port).
+    Ucmatose,
+    /// UD over the UDP port space (`-P udp|ipoib`, `-p` a port space number).
+    Udaddy,
+}
+
+impl Tool {
+    fn name(self) -> &'static str {
+        match self {
+            Tool::Ucmatose => "ucmatose",
+            Tool::Udaddy => "udaddy",
+        }
+    }
+}
+
+/// The `main` of `tool`: its command line, then `run` ([`cmatose_main`]).
+pub fn main(tool: Tool, run: impl FnOnce(&Opts) -> Res<()>) -> ExitCode {
+    let flags = flags(tool);
+    let usage = format!(
+        "  {n} [-b bind_address] [options]                    # server\n  \
+         {n} -s server_address [-b bind_address] [options]  # client",
+        n = tool.name()
+    );
+    let cli = Cli {
+        name: tool.name(),
+        usage: &usage,
+        flags: &flags,
+        bad_exit: 1,
+    };
+    cmatose_main(&cli, |p| opts(tool, p), run)
+}
+
+/// The options of `ucmatose` and `udaddy`.
+#[derive(Debug)]
+pub struct Opts {
+    /// `-s`: the server (`None`: be the server).
+    pub dst: Option<String>,
+    /// `-b`: the local address.
+    pub src: Option<String>,
+    /// The port: `-p` of ucmatose; udaddy's is fixed.
+    pub port: String,
+    /// `-c`.
+    pub connections: usize,
+    /// `-C`: messages each way (0 when `-S` is 0).
+    pub count: usize,
+    /// `-S`.
+    pub size: usize,
+    /// `-t`.
+    pub tos: Option<u8>,
+    /// `-a` (ucmatose).
+    pub ack_timeout: Option<u8>,
+    /// `-m` (ucmatose): migrate the connections.
+    pub migrate: bool,
+    /// `-P`, or udaddy's `-p`.
+    pub ps: PortSpace,
+    /// `-f`: the `rdma_getaddrinfo` flags.
+    pub flags: AddrInfoFlags,
+    /// `-f`: `ai_family` of the lookups (`AF_IB` with `-f gid`).
+    pub family: i32,
+}
+
+const SHARED: [Flag<'static, char>; 8] = [
+    Flag::value(
+        's',
+        's',
+        "",
+        "server_address",
+        "the server (default: be the server)",
+    ),
+    Flag::value('b', 'b', "", "bind_address", "the local address"),
+    Flag::value(
+        'f',
+        'f',
+        "",
+        "address_format",
+        "name (default), ip, ipv6, or gid",
+    ),
+    Flag::value('P', 'P', "", "port_space", ""),
+    Flag::value('c', 'c', "", "connections", "connections (default 1)"),
+    Flag::value('C', 'C', "", "message_count", "messages (default 10)"),
+    Flag::value(
+        'S',
+        'S',
+        "",
+        "message_size",
+        "bytes per message (default 100)",
+    ),
+    Flag::value('t', 't', "", "type_of_service", "the IP type of service"),
+];
+
+/// The flags of `tool`.
+pub fn flags(tool: Tool) -> Vec<Flag<'static, char>> {
+    let mut v = SHARED.to_vec();
+    match tool {
+        Tool::Ucmatose => {
+            v[3].help = "tcp (default) or ib";
+            v.extend([
+                Flag::value('p', 'p', "", "port_number", "the port (default 7471)"),
+                Flag::switch('m', 'm', "", "migrate the connections (rdma_migrate_id)"),
+                Flag::value('a', 'a', "", "ack_timeout", "the ACK timeout exponent"),
+            ]);
+        }
+        Tool::Udaddy => {
+            v[3].help = "udp (default) or ipoib";
+            v.push(Flag::value(
+                'p',
+                'p',
+                "",
+                "port_space",
+                "0x111 for UDP (default), 0x2 for IPOIB",
+            ));
+        }
+    }
+    v
+}
+
+/// The options `args` give `tool`.
+///
+/// # Errors
+/// An operand, or a value that is not a number where one is needed.
+pub fn opts(tool: Tool, args: Parsed<char>) -> Result<Opts, ArgError> {
+    args.no_operands()?;
+    let mut o = Opts {
+        dst: None,
+        src: None,
+        port: match tool {
+            Tool::Ucmatose => "7471",
+            Tool::Udaddy => "7174",
+        }
+        .into(),
+        connections: 1,
+        count: 10,
+        size: 100,
+        tos: None,
+        ack_timeout: None,
+        migrate: false,
+        ps: match tool {
+            Tool::Ucmatose => PortSpace::Tcp,
+            Tool::Udaddy => PortSpace::Udp,
+        },
+        flags: AddrInfoFlags::empty(),
+        family: 0,
+    };
+    for f in args.flags {
+        match (f.key, tool) {
+            ('s', _) => o.dst = Some(f.value),
+            ('b', _) => o.src = Some(f.value),
+            ('f', _) => (o.flags, o.family) = address_format(&f.value),
+            ('P', _) => {
+                let p = f.value.to_ascii_lowercase();
+                let (default, other, space) = match tool {
+                    Tool::Ucmatose => ("tcp", "ib", PortSpace::Ib),
+                    Tool::Udaddy => ("udp", "ipoib", PortSpace::Ipoib),
+                };
+                if p.starts_with(other) {
+                    o.ps = space;
+                } else if !p.starts_with(default) {
+                    eprintln!("Warning: unknown port space format");
+                }
+            }
+            ('c', _) => o.connections = f.number("a count")?,
+            ('C', _) => o.count = f.number("a count")?,
+            ('S', _) => o.size = f.number("a size in bytes")?,
+            ('t', _) => o.tos = Some(f.c_number("a type of service, 0 to 255")?),
+            ('p', Tool::Ucmatose) => o.port = f.value,
+            ('p', Tool::Udaddy) => o.ps = PortSpace::from_raw(f.c_number("a port space")?),
+            ('m', _) => o.migrate = true,
+            ('a', _) => o.ack_timeout = Some(f.c_number("a timeout exponent, 0 to 255")?),
+            _ => unreachable!("the flags of flags(tool)"),
+        }
+    }
+    if o.size == 0 {
+        o.count = 0;
+    }
+    Ok(o)
+}
+
+/// Refuses messages larger than the path MTU of `id`'s port
+/// (`verify_test_params`); `tool` starts the message, as in C.
+///
+/// # Errors
+/// The port query, or a size above the MTU.
+pub fn check_size(id: &CmId, tool: &str, count: usize, size: usize) -> Res<()> {
+    let ctx = id.context().with_context(|| format!("{tool}: no device"))?;
+    let port = ctx
+        .query_port(u32::from(id.port_num()))
+        .context("ibv_query_port")?;
+    let mtu = port.active_mtu.bytes().unwrap_or(0) as usize;
+    if count > 0 && size > mtu {
+        bail!("{tool}: message_size {size} is larger than active mtu {mtu}");
+    }
+    Ok(())
+}
+
+/// `count` send messages of `size` bytes, one registration cut in pieces,
+/// its bytes numbered (the C tools' `msgs` buffer).
+///
+/// # Errors
+/// The registration.
+pub fn messages(pd: &ProtectionDomain, size: usize, count: usize) -> Res<Vec<MemoryRegion>> {
+    let mut m = pd
+        .alloc_mr(size * count, AccessFlags::empty())
+        .context("failed to reg MR")?;
+    for (i, b) in m
+        .as_mut_slice()
+        .expect("local buffer")
+        .iter_mut()
+        .enumerate()
+    {
+        *b = i as u8;
+    }
+    m.chunks(size).context("failed to reg MR")
+}
+
+/// Posts `count` receives of `len` bytes each (`post_recvs`), their
+/// `wr_id`s 0 to `count - 1`.
+///
+/// # Errors
+/// The registration, or the post.
+pub fn post_receives(
+    qp: &mut QueuePair,
+    pd: &ProtectionDomain,
+    len: usize,
+    count: usize,
+) -> Res<()> {
+    let recvs = pd
+        .alloc_mr(len * count, AccessFlags::LOCAL_WRITE)
+        .context("failed to reg MR")?
+        .chunks(len)
+        .context("failed to reg MR")?;
+    qp.post_recv_batch(
+        recvs
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| (i as u64, m.into())),
+    )
+    .map_err(rdma::PostError::drop_buffers)
+    .context("failed to post receives")
+}
+
+/// A datagram endpoint of `udaddy` or `mckey` (a connection, a group
+/// membership): its id and what `init_node` makes for it. Field order is
+/// drop order: the AH and QP before the CQ and PD, the id last.
+pub struct UdNode {
+    /// The address handle of the peer (or group).
+    pub ah: Option<AddressHandle>,
+    /// librdmacm's UD QP.
+    pub qp: Option<QueuePair>,
+    /// Its one CQ.
+    pub cq: Option<CompletionQueue>,
+    /// Its PD.
+    pub pd: Option<ProtectionDomain>,
+    /// Send buffers, one per message.
+    pub sends: Vec<MemoryRegion>,
+    /// The peer's QP number, from the connection or the join.
+    pub remote_qpn: u32,
+    /// The peer's Q_Key.
+    pub remote_qkey: u32,
+    /// Whether it got as far as sending.
+    pub connected: bool,
+    /// The id.
+    pub id: CmId,
+}
+
+impl UdNode {
+    /// A node with nothing made yet.
+    pub fn new(id: CmId) -> UdNode {
+        UdNode {
+            ah: None,
+            qp: None,
+            cq: None,
+            pd: None,
+            sends: Vec::new(),
+            remote_qpn: 0,
+            remote_qkey: 0,
+            connected: false,
+            id,
+        }
+    }
+}
