@@ -68,9 +68,10 @@ const SEND_DEPTH: u32 = 4;
 
 /// Completions one connection can have in its CQ at once: its send queue
 /// and its receive queue. The CQ has room for all of them, so it cannot
-/// overflow. (64 connections: 384 entries, which siw rounds up to 512, 5
-/// pages; with rping's send queue of 16 it was 1152, rounded up to 2048,
-/// 17 pages, and the 64th connection's QP no longer fit.)
+/// overflow. The send queue is smaller than rping's 16 so that the shared
+/// CQ of 64 connections fits where siw makes QPs: 384 entries, which siw
+/// rounds up to 512 (5 pages), where a depth of 16 would need 1152, rounded
+/// up to 2048 (17 pages), and the 64th connection's QP would not fit.
 const PER_CONN_CQE: u32 = SEND_DEPTH + RQ_DEPTH;
 
 /// Receives a connection keeps posted (one control message at a time).
