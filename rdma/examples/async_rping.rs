@@ -650,39 +650,3 @@ async fn answer(o: &Opts, conn: &mut Conn) -> Res<()> {
         conn.send(&[0; INFO_LEN]).await?;
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ping_text_matches_rping() {
-        let mut b = vec![0u8; 64];
-        fill(&mut b, 0, 65);
-        assert_eq!(
-            c_str(&b),
-            "rdma-ping-0: ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqr"
-        );
-    }
-
-    #[test]
-    fn options_parse_like_rping() {
-        let flags = common::rping::flags(Flag::value('N', 'N', "", "n", ""));
-        let cli = |s: &str| {
-            let cli = common::args::Cli {
-                name: "t",
-                usage: "",
-                flags: &flags,
-                bad_exit: 1,
-            };
-            cli.parse(s.split(' ').map(String::from))
-                .and_then(common::rping::opts)
-        };
-        let o = cli("-c -a 10.8.0.1 -p 7000 -C 5 -vV -S 100 -N 8").unwrap();
-        assert!(!o.server && o.verbose && o.validate);
-        assert_eq!((o.port, o.count, o.size, o.n), (7000, 5, 100, 8));
-        let e = cli("-s -S 10").unwrap_err();
-        assert!(e.to_string().contains("Invalid size"), "{e}");
-        assert!(cli("-a 1.2.3.4").is_err());
-    }
-}

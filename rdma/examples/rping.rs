@@ -573,35 +573,3 @@ fn serve(o: &Opts, id: &CmId, ch: &EventChannel) -> Res<()> {
     let _ = conn.disconnect();
     result
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ping_text_matches_rping() {
-        let mut b = vec![0u8; 64];
-        fill(&mut b, 0, 65);
-        assert_eq!(
-            c_str(&b),
-            "rdma-ping-0: ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqr"
-        );
-        fill(&mut b, 1, 66);
-        assert!(c_str(&b).starts_with("rdma-ping-1: BCD"));
-        assert_eq!(b[63], 0);
-    }
-
-    #[test]
-    fn info_is_big_endian() {
-        let m = info(
-            RemoteMemory {
-                addr: 0x0102_0304_0506_0708,
-                len: 0,
-                rkey: 0x0a0b_0c0d,
-            },
-            64,
-        );
-        assert_eq!(&m[..8], &[1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(parse_info(&m), (0x0102_0304_0506_0708, 0x0a0b_0c0d, 64));
-    }
-}

@@ -28,7 +28,7 @@ use anyhow::{anyhow, Context as _};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use common::cm::{get_rdma_addr, poll_n, Res};
+use common::cm::{poll_n, Res};
 use common::cmatose::{Opts, Tool};
 use rdma::cm::{CmAddr, CmEvent, CmEventType, CmId, CmOption, ConnParam, EventChannel};
 use rdma::{CompletionQueue, MemoryRegion, ProtectionDomain, QpType, QueuePair, SendWr, WcStatus};
@@ -303,16 +303,7 @@ fn run_server(o: &Opts, t: &mut Test) -> Res<()> {
         .channel
         .create_id(o.ps)
         .context("cmatose: listen request failed")?;
-    let addr = get_rdma_addr(
-        o.src.as_deref(),
-        None,
-        &o.port,
-        true,
-        o.ps,
-        o.flags,
-        o.family,
-    )
-    .context("cmatose: getrdmaaddr error")?;
+    let addr = o.rdma_addr(None).context("cmatose: getrdmaaddr error")?;
     listener
         .bind_addr(addr.src.context("cmatose: no address to bind")?)
         .context("cmatose: bind address failed")?;
@@ -352,16 +343,9 @@ fn run_server(o: &Opts, t: &mut Test) -> Res<()> {
 
 fn run_client(o: &Opts, t: &mut Test, dst: &str) -> Res<()> {
     println!("cmatose: starting client");
-    let addr = get_rdma_addr(
-        o.src.as_deref(),
-        Some(dst),
-        &o.port,
-        false,
-        o.ps,
-        o.flags,
-        o.family,
-    )
-    .context("cmatose: getaddrinfo error")?;
+    let addr = o
+        .rdma_addr(Some(dst))
+        .context("cmatose: getaddrinfo error")?;
     let to: CmAddr = addr.dst.context("cmatose: no destination address")?;
     for _ in 0..o.connections {
         let id = t.channel.create_id(o.ps).context("rdma_create_id")?;

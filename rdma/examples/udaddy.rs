@@ -30,7 +30,7 @@ use anyhow::{anyhow, Context as _};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use common::cm::{get_rdma_addr, poll_n, Res, GRH_LEN};
+use common::cm::{poll_n, Res, GRH_LEN};
 use common::cmatose::{Opts, Tool, UdNode as Node};
 use rdma::cm::{CmAddr, CmEvent, CmEventType, CmOption, ConnParam, EventChannel};
 use rdma::{QpType, SendWr, WcOpcode, WcStatus};
@@ -155,15 +155,7 @@ fn run_server(o: &Opts, ch: &EventChannel) -> Res<()> {
     let listener = ch
         .create_id(o.ps)
         .context("udaddy: listen request failed")?;
-    let addr = get_rdma_addr(
-        o.src.as_deref(),
-        None,
-        &o.port,
-        true,
-        o.ps,
-        o.flags,
-        o.family,
-    )?;
+    let addr = o.rdma_addr(None)?;
     let src = addr.src.context("udaddy: no address to bind")?;
     listener
         .bind_addr(src)
@@ -239,16 +231,9 @@ fn run_server(o: &Opts, ch: &EventChannel) -> Res<()> {
 
 fn run_client(o: &Opts, ch: &EventChannel, dst: &str) -> Res<()> {
     println!("udaddy: starting client");
-    let addr = get_rdma_addr(
-        o.src.as_deref(),
-        Some(dst),
-        &o.port,
-        false,
-        o.ps,
-        o.flags,
-        o.family,
-    )
-    .context("udaddy: getaddrinfo error")?;
+    let addr = o
+        .rdma_addr(Some(dst))
+        .context("udaddy: getaddrinfo error")?;
     let to: CmAddr = addr.dst.context("udaddy: no destination address")?;
     let mut nodes: Vec<Node> = (0..o.connections)
         .map(|_| ch.create_id(o.ps).map(Node::new))

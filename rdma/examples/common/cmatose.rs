@@ -14,7 +14,7 @@ use rdma::{
 };
 
 use super::args::{ArgError, Cli, Flag, Parsed};
-use super::cm::{address_format, cmatose_main};
+use super::cm::{address_format, cmatose_main, get_rdma_addr, RdmaAddr};
 use super::Res;
 
 /// Which tool reads its command line.
@@ -109,6 +109,26 @@ const SHARED: [Flag<'static, char>; 8] = [
     ),
     Flag::value('t', 't', "", "type_of_service", "the IP type of service"),
 ];
+
+impl Opts {
+    /// The addresses of `rdma_getaddrinfo` for `-b` and the port: a passive
+    /// lookup for a server (`dst` is `None`), else of `dst`
+    /// ([`get_rdma_addr`]).
+    ///
+    /// # Errors
+    /// The lookup's.
+    pub fn rdma_addr(&self, dst: Option<&str>) -> Res<RdmaAddr> {
+        get_rdma_addr(
+            self.src.as_deref(),
+            dst,
+            &self.port,
+            dst.is_none(),
+            self.ps,
+            self.flags,
+            self.family,
+        )
+    }
+}
 
 /// The flags of `tool`.
 pub fn flags(tool: Tool) -> Vec<Flag<'static, char>> {

@@ -200,3 +200,55 @@ pub fn opts(args: Parsed<char>) -> Result<Opts, ArgError> {
     }
     Ok(o)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::common::cm::c_str;
+
+    #[test]
+    fn ping_text_matches_rping() {
+        let mut b = vec![0u8; 64];
+        fill(&mut b, 0, 65);
+        assert_eq!(
+            c_str(&b),
+            "rdma-ping-0: ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqr"
+        );
+        fill(&mut b, 1, 66);
+        assert!(c_str(&b).starts_with("rdma-ping-1: BCD"));
+        assert_eq!(b[63], 0);
+    }
+
+    #[test]
+    fn info_is_big_endian() {
+        let m = info(
+            RemoteMemory {
+                addr: 0x0102_0304_0506_0708,
+                len: 0,
+                rkey: 0x0a0b_0c0d,
+            },
+            64,
+        );
+        assert_eq!(&m[..8], &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(parse_info(&m), (0x0102_0304_0506_0708, 0x0a0b_0c0d, 64));
+    }
+
+    #[test]
+    fn options_parse_like_rping() {
+        let flags = flags(Flag::value('N', 'N', "", "n", ""));
+        let cli = Cli {
+            name: "t",
+            usage: "",
+            flags: &flags,
+            bad_exit: 1,
+        };
+        let parse = |s: &str| cli.parse(s.split(' ').map(String::from)).and_then(opts);
+        let o = parse("-c -a 10.8.0.1 -p 7000 -C 5 -vV -S 100 -N 8").unwrap();
+        assert!(!o.server && o.verbose && o.validate);
+        assert_eq!((o.port, o.count, o.size, o.n), (7000, 5, 100, 8));
+        let e = parse("-s -S 10").unwrap_err();
+        assert!(e.to_string().contains("Invalid size"), "{e}");
+        assert!(parse("-a 1.2.3.4").is_err());
+        assert!(parse("-c -q").is_err());
+    }
+}
