@@ -303,6 +303,7 @@ mod track;
 mod wc;
 mod wr;
 mod xrc;
+mod xrcd;
 
 pub use ah::{AddressHandle, AhAttr, GlobalRoute};
 pub use async_event::{AsyncEvent, AsyncEventElement, AsyncEventType};

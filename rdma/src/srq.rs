@@ -11,7 +11,7 @@ use crate::mr::AccessFlags;
 use crate::track::{Serial, SrqTracker, Tracked};
 use crate::wr::PostError;
 use crate::wr::WrBuffers;
-use crate::xrc::XrcdInner;
+use crate::xrcd::XrcdInner;
 use crate::{ffi, CompletionQueue, ProtectionDomain, XrcDomain};
 
 pub(crate) struct SrqInner {
@@ -181,7 +181,7 @@ impl ProtectionDomain {
     /// [`Error::Verb`] naming `ibv_create_srq`.
     pub fn create_srq(&self, attr: SrqAttr) -> Result<SharedReceiveQueue> {
         self.check_srq_attr("ibv_create_srq", attr)?;
-        let serial = crate::qp::allocate_serial("ibv_create_srq")?;
+        let serial = crate::track::allocate_serial("ibv_create_srq")?;
         let mut init = ffi::ibv_srq_init_attr {
             srq_context: std::ptr::null_mut(),
             attr: ffi::ibv_srq_attr {
@@ -220,7 +220,7 @@ impl ProtectionDomain {
     ) -> Result<SharedReceiveQueue> {
         const VERB: &str = "ibv_create_srq_ex";
         self.check_srq_attr(VERB, attr)?;
-        let serial = crate::qp::allocate_serial(VERB)?;
+        let serial = crate::track::allocate_serial(VERB)?;
         let ctx = self.context();
         let mut init = ffi::ibv_srq_init_attr_ex {
             attr: ffi::ibv_srq_attr {
@@ -417,7 +417,7 @@ impl SharedReceiveQueue {
                 reason = Some(crate::wr::SHARED_IS_READ_ONLY.into());
             }
             if let (None, crate::WrBuffers::Device(d)) = (&reason, b) {
-                reason = crate::qp::check_device_slice(d, &self.inner.pd, true).err();
+                reason = crate::wr::check_device_slice(d, &self.inner.pd, true).err();
             }
             b.for_each(|m| {
                 if reason.is_none() && !Arc::ptr_eq(&m.pd().inner, &self.inner.pd.inner) {

@@ -704,6 +704,30 @@ fn drop_out_of_line(b: WrBuffers) {
     drop(b);
 }
 
+/// Why a device memory slice cannot be a scatter/gather entry of a request
+/// on a queue of `pd` (`local_write`: the device writes it), if it cannot:
+/// the QP's and the SRQ's full checks.
+pub(crate) fn check_device_slice(
+    d: &crate::DeviceSlice,
+    pd: &crate::ProtectionDomain,
+    local_write: bool,
+) -> std::result::Result<(), String> {
+    let region = d.region();
+    if region.pd().as_raw() != pd.as_raw() {
+        return Err(format!(
+            "a device memory region ({region:?}) belongs to another protection domain"
+        ));
+    }
+    d.check()?;
+    if local_write && !region.access().contains(crate::AccessFlags::LOCAL_WRITE) {
+        return Err(format!(
+            "the device must write into a device memory region registered without \
+             LOCAL_WRITE ({region:?})"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::{WrBuffers, WrOpcode};

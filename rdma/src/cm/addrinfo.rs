@@ -325,6 +325,6 @@ pub fn create_ep(
         .ok_or_else(|| Error::verb_errno("rdma_create_ep", "no QP was created", libc::EIO))?;
     let owner: std::sync::Arc<dyn QpOwner> = std::sync::Arc::new(super::id::cm_qp_owner(&id));
     let cap = attr.map(|a| a.cap).unwrap_or_default();
-    let serial = crate::qp::allocate_serial("rdma_create_ep")?;
+    let serial = crate::track::allocate_serial("rdma_create_ep")?;
     Ok((id, Some(builder.finish(qp, None, cap, Some(owner), serial))))
 }

@@ -90,7 +90,7 @@ impl QueuePair {
             }
         }
         if let WrBuffers::Device(d) = bufs {
-            return check_device_slice(d, &self.pd, local_write)
+            return crate::wr::check_device_slice(d, &self.pd, local_write)
                 .map_err(|reason| Error::InvalidArgument { verb, reason });
         }
         let mut err = Ok(());
@@ -263,30 +263,6 @@ pub(crate) fn atomic_buffers(sges: usize, len: u64) -> std::result::Result<(), S
     Err(format!(
         "{ATOMIC_RULE}; got {sges} entries of {len} bytes in all"
     ))
-}
-
-/// Why a device memory slice cannot be a scatter/gather entry of a request
-/// on a queue of `pd` (`local_write`: the device writes it), if it cannot:
-/// the QP's and the SRQ's full checks.
-pub(crate) fn check_device_slice(
-    d: &crate::DeviceSlice,
-    pd: &crate::ProtectionDomain,
-    local_write: bool,
-) -> std::result::Result<(), String> {
-    let region = d.region();
-    if region.pd().as_raw() != pd.as_raw() {
-        return Err(format!(
-            "a device memory region ({region:?}) belongs to another protection domain"
-        ));
-    }
-    d.check()?;
-    if local_write && !region.access().contains(AccessFlags::LOCAL_WRITE) {
-        return Err(format!(
-            "the device must write into a device memory region registered without \
-             LOCAL_WRITE ({region:?})"
-        ));
-    }
-    Ok(())
 }
 
 /// Whether a send's destination fits the QP type: a UD QP needs an address

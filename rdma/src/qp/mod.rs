@@ -31,14 +31,14 @@ use std::sync::Arc;
 
 use crate::error::{check_errno_ret, Error, Result};
 use crate::macros::c_enum;
-use crate::track::{QpTracker, Serial};
+use crate::track::QpTracker;
 use crate::{ffi, CompletionQueue, ProtectionDomain};
 pub(crate) use wr_ops::Direct;
 use wr_ops::ExtendedQp;
 
+pub(crate) use crate::track::allocate_serial;
 pub use attr::{InitAttr, QpAttr, RtrAttr, RtsAttr};
 pub use builder::{PostPath, QpCaps, QpCreateFlags, QueuePairBuilder};
-pub(crate) use check::check_device_slice;
 pub use check::END_PADDING_ALIGN;
 pub use prepared::PreparedSend;
 pub use prepared_recv::PreparedRecv;
@@ -331,19 +331,6 @@ impl fmt::Debug for QueuePair {
             .field("caps", &self.caps)
             .finish()
     }
-}
-
-/// The identity of a new QP's or SRQ's tracker, taken before the object is
-/// created (so that running out is an error, not a created object to undo).
-pub(crate) fn allocate_serial(verb: &'static str) -> Result<Serial> {
-    Serial::allocate().ok_or_else(|| {
-        Error::verb_errno(
-            verb,
-            "2^30 queue pairs and shared receive queues are alive (or their completions \
-             still wait in CQs): no work request identity is left",
-            libc::ENOSPC,
-        )
-    })
 }
 
 /// Destroys a QP that another library created and owns (the connection

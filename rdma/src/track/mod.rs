@@ -42,7 +42,7 @@ pub(crate) use lock::Spin;
 use queue::{Entry, Queue};
 pub(crate) use recv::post_chain;
 pub(crate) use registry::{Registry, Tracked};
-pub(crate) use serial::Serial;
+pub(crate) use serial::{allocate_serial, Serial};
 pub(crate) use sink::{Batch, CompactBatch, Sink};
 use slab::Slab;
 

@@ -10,6 +10,8 @@
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
+use crate::error::{Error, Result};
+
 /// Serials fit in 30 bits of a `wr_id` (see [`super::encode`]).
 pub(crate) const BITS: u32 = 30;
 pub(crate) const MASK: u32 = (1 << BITS) - 1;
@@ -65,6 +67,19 @@ impl Drop for Serial {
 
 /// Moves the counter to `next`, as if that many trackers had been made: how
 /// the tests force the wrap-around.
+/// The identity of a new QP's or SRQ's tracker, taken before the object is
+/// created (so that running out is an error, not a created object to undo).
+pub(crate) fn allocate_serial(verb: &'static str) -> Result<Serial> {
+    Serial::allocate().ok_or_else(|| {
+        Error::verb_errno(
+            verb,
+            "2^30 queue pairs and shared receive queues are alive (or their completions \
+             still wait in CQs): no work request identity is left",
+            libc::ENOSPC,
+        )
+    })
+}
+
 #[cfg(test)]
 pub(crate) fn force_next(next: u32) {
     pool().next = next & MASK;

@@ -63,7 +63,7 @@ impl CmId {
                 let owner: Arc<dyn QpOwner> = Arc::new(CmQp {
                     id: Arc::clone(&id.inner),
                 });
-                let serial = crate::qp::allocate_serial("rdma_get_request")?;
+                let serial = crate::track::allocate_serial("rdma_get_request")?;
                 Some(template.finish(qp, None, attr.cap, Some(owner), serial))
             }
             _ => None,
