@@ -23,10 +23,26 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::link::{add_rxe_again, fds_on, restore_rxe, run_child, uverbs_node};
 use common::{content, mount, ok, required_env, runtime, server_ip, Server};
 use rdma_nfs::nfs3::Options;
 use rdma_nfs::transport;
+use rdma_test_support::link::{fds_on, run_child, uverbs_node, Link};
+
+/// The rxe device under test as `rdma link add` makes it again: on the
+/// netdev the VM gave it, with the IPv4 GID the tests use.
+fn rxe_link(dev: &str) -> Link {
+    let ip = required_env("RDMA_TEST_IP")
+        .parse()
+        .expect("RDMA_TEST_IP is an IPv4 address");
+    let gid_index = std::env::var("RDMA_TEST_GID_INDEX")
+        .map_or(1, |i| i.parse().expect("RDMA_TEST_GID_INDEX is a number"));
+    Link {
+        dev: dev.to_string(),
+        kind: "rxe".to_string(),
+        netdev: std::env::var("RDMA_TEST_NETDEV").unwrap_or_else(|_| "veth0".into()),
+        gid: Some((ip, gid_index)),
+    }
+}
 
 /// Who else holds `dev`, from `rdma resource show`: verbs contexts of other
 /// processes (a resource names the thread that made it), and CM ids of other processes or of kernel users other than
@@ -201,7 +217,7 @@ fn removal_child(ip: IpAddr, dev: &str) {
     assert!(st.success(), "rdma link delete: {st}");
     println!("device deleted after {:?}", start.elapsed());
     assert_eq!(stats.chunks_registered.load(Ordering::Relaxed), 0);
-    add_rxe_again(dev);
+    rxe_link(dev).add();
     println!("device back after {:?}", start.elapsed());
     let back = rt
         .block_on(client.read_all(&f))
@@ -243,7 +259,7 @@ fn device_removed_and_added_again_over_rxe() {
     );
     // Put the device back for the tests after this one: a pending delete
     // finishes once the child is gone.
-    let settled = restore_rxe(&dev);
+    let settled = rxe_link(&dev).restore();
     // The device is usable again by a new process's connection (what every
     // later test needs): this one has not touched RDMA yet.
     let usable = settled.then(|| {

@@ -20,13 +20,16 @@
 mod common;
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::iwarp::{iwarp_connection, iwarp_ip, next_event, End};
 use rdma::cm::{CmEventType, EventChannel, PortSpace};
 use rdma::{AccessFlags, QpType, SendWr, WcStatus};
+use rdma_test_support::link::{
+    device_present, fds_on, netdev_of, port_active, run_child, uverbs_node, wait_child, wait_for,
+    Link,
+};
 
 const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
 
@@ -34,109 +37,14 @@ fn netdev() -> String {
     common::netdev().expect("RDMA_TEST_NETDEV names the netdev the device sits on")
 }
 
-fn device_present(dev: &str) -> bool {
-    Path::new("/sys/class/infiniband").join(dev).exists()
-}
-
-fn port_active(dev: &str) -> bool {
-    common::sysfs(dev, "ports/1/state").is_ok_and(|s| s.contains("ACTIVE"))
-}
-
-/// Polls `cond` every 10 ms for up to `bound`.
-fn wait_for(what: &str, bound: Duration, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + bound;
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what}: not within {bound:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// `rdma link add DEV type KIND netdev NETDEV`, then waits for the port
-/// and, on rxe, the GID index the tests use.
-fn add_again(dev: &str, kind: &str, netdev: &str) {
-    let out = Command::new("rdma")
-        .args(["link", "add", dev, "type", kind, "netdev", netdev])
-        .output()
-        .expect("rdma runs");
-    assert!(out.status.success(), "rdma link add {dev}: {out:?}");
-    wait_for("port ACTIVE again", Duration::from_secs(20), || {
-        port_active(dev)
-    });
-    if kind != "rxe" {
-        return;
-    }
-    let want = format!("::ffff:{}", common::ip());
-    let gid_path = format!("ports/1/gids/{}", common::gid_index());
-    wait_for(
-        "the IPv4 GID at the same index",
-        Duration::from_secs(10),
-        || {
-            common::sysfs(dev, &gid_path).is_ok_and(|g| {
-                g.parse::<std::net::Ipv6Addr>()
-                    .is_ok_and(|a| a.to_string() == want)
-            })
-        },
-    );
-}
-
-/// The netdev under `dev`, from `rdma link show DEV/1` (`... netdev NAME`).
-fn netdev_of(dev: &str) -> String {
-    let out = Command::new("rdma")
-        .args(["link", "show", &format!("{dev}/1")])
-        .output()
-        .expect("rdma runs");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut words = text.split_whitespace();
-    while let Some(w) = words.next() {
-        if w == "netdev" {
-            if let Some(n) = words.next() {
-                return n.to_string();
-            }
-        }
-    }
-    panic!("no netdev for {dev} in `rdma link show`: {out:?}");
-}
-
-/// The `uverbs` node of `dev` (`uverbs0`), from sysfs.
-fn uverbs_node(dev: &str) -> String {
-    let dir = std::fs::read_dir("/sys/class/infiniband_verbs").expect("infiniband_verbs in sysfs");
-    for e in dir.flatten() {
-        let ibdev = std::fs::read_to_string(e.path().join("ibdev")).unwrap_or_default();
-        if ibdev.trim() == dev {
-            return e.file_name().to_string_lossy().into_owned();
-        }
-    }
-    panic!("no uverbs node for {dev}");
-}
-
-/// How many of this process's descriptors are open on `/dev/infiniband/NODE`
-/// (the node may be deleted already: `... (deleted)`).
-fn fds_on(node: &str) -> usize {
-    let want = format!("/dev/infiniband/{node}");
-    std::fs::read_dir("/proc/self/fd")
-        .expect("/proc/self/fd")
-        .flatten()
-        .filter_map(|e| std::fs::read_link(e.path()).ok())
-        .filter(|t| {
-            let t = t.to_string_lossy();
-            t == want || t.strip_prefix(want.as_str()) == Some(" (deleted)")
-        })
-        .count()
-}
-
-/// Waits for `child` up to `bound`; kills it after that.
-fn wait_child(child: &mut Child, bound: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + bound;
-    loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            return Some(st);
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+/// `dev` as `rdma link add` makes it again; on rxe with the IPv4 GID the
+/// tests use, at the same index.
+fn link(dev: &str, kind: &str, netdev: &str) -> Link {
+    Link {
+        dev: dev.to_string(),
+        kind: kind.to_string(),
+        netdev: netdev.to_string(),
+        gid: (kind == "rxe").then(|| (common::ip(), common::gid_index())),
     }
 }
 
@@ -229,7 +137,7 @@ fn removal_child(dev: &str) {
     assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
 
     // Back, and used again by this process: verbs and CM.
-    add_again(dev, "rxe", &netdev());
+    link(dev, "rxe", &netdev()).add();
     let mut p = common::pair(QpType::Rc, AccessFlags::empty());
     p.b.post_recv(1, p.pd.alloc_mr(64, LW).unwrap()).unwrap();
     let msg = p.pd.reg_mr(vec![9u8; 64], AccessFlags::empty()).unwrap();
@@ -270,38 +178,16 @@ fn device_deleted_under_live_qps_and_cm_ids_then_added_again() {
 /// `netdev`) back whatever happened.
 fn run_child_and_restore(test: &str, dev: &str, kind: &str, netdev: &str) {
     assert!(port_active(dev), "{dev} is up before the test");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            test,
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("RDMA_REMOVAL_CHILD", "1")
-        .spawn()
-        .expect("spawn the child");
-    let status = wait_child(&mut child, Duration::from_secs(45));
+    let status = run_child(test, "RDMA_REMOVAL_CHILD", Duration::from_secs(45));
     // Whatever happened, the device is put back for the tests after this:
     // a killed child lets the pending delete finish first.
-    wait_for(
-        "the pending delete to finish",
-        Duration::from_secs(30),
-        || {
-            !device_present(dev)
-                || Command::new("pgrep")
-                    .args(["-x", "rdma"])
-                    .status()
-                    .is_ok_and(|s| !s.success())
-        },
+    assert!(
+        link(dev, kind, netdev).restore(),
+        "{dev}: the pending delete did not finish within 30 s"
     );
-    if !device_present(dev) {
-        add_again(dev, kind, netdev);
-    }
-    wait_for(
-        "the device up after the test",
-        Duration::from_secs(20),
-        || port_active(dev),
+    assert!(
+        wait_for(Duration::from_secs(20), || port_active(dev)),
+        "{dev}: the device not up within 20 s after the test"
     );
     let status = status.expect(
         "the child finished within 45 s (killed: rdma link delete still waited after it had dropped every object)",
@@ -441,7 +327,7 @@ fn iwarp_removal_child(dev: &str) {
     assert_eq!(rdma::teardown_failures(), 0, "no destroy failed in Drop");
 
     // Back, and used again by this process: a new connection, a SEND each way.
-    add_again(dev, "siw", &netdev);
+    link(dev, "siw", &netdev).add();
     let ch = EventChannel::new().unwrap();
     let listener = ch.create_id(PortSpace::Tcp).unwrap();
     listener.bind_addr(SocketAddr::new(iwarp_ip(), 0)).unwrap();

@@ -11,8 +11,6 @@ use std::process::{Command, Output};
 use rdma_nfs::nfs3::{Client, Options};
 use sha2::{Digest, Sha256};
 
-pub mod link;
-
 pub fn required_env(var: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| {
         panic!(
