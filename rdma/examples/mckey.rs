@@ -37,7 +37,7 @@ use common::args::{bad, ArgError, Cli, Flag, Parsed};
 use common::cm::{host_ip, poll_n, Res, GRH_LEN};
 use common::cmatose::UdNode as Node;
 use rdma::cm::{CmAddr, CmEventType, EventChannel, IbAddr, McJoinFlags, PortSpace};
-use rdma::{QpCreateFlags, QpType, SendWr, WcStatus};
+use rdma::{QpCreateFlags, SendWr, WcStatus};
 
 const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
 /// The C tool polls forever; this bounds it.
@@ -148,39 +148,12 @@ impl Node {
     /// the receives (receivers), join.
     fn on_addr(&mut self, o: &Opts, group: CmAddr) -> Res<()> {
         common::cmatose::check_size(&self.id, "mckey", o.count, o.size)?;
-        let ctx = self.id.context().context("mckey: no device")?;
-        let pd = ctx.alloc_pd().context("mckey: unable to allocate PD")?;
-        let cqe = if o.count > 0 { o.count * 2 } else { 2 } as u32;
-        let cq = ctx
-            .create_cq(cqe, None, 0)
-            .context("mckey: unable to create CQ")?;
-        let depth = o.count.max(1) as u32;
         let flags = if o.no_loopback {
             QpCreateFlags::BLOCK_SELF_MCAST_LB
         } else {
             QpCreateFlags::empty()
         };
-        let mut qp = self
-            .id
-            .create_qp(
-                pd.qp_builder(QpType::Ud, &cq, &cq)
-                    .max_send_wr(depth)
-                    .max_recv_wr(depth)
-                    .max_send_sge(1)
-                    .max_recv_sge(1)
-                    .create_flags(flags),
-            )
-            .context("mckey: unable to create QP")?;
-        if o.count > 0 {
-            if o.sender {
-                self.sends = common::cmatose::messages(&pd, o.size, o.count)?;
-            } else {
-                common::cmatose::post_receives(&mut qp, &pd, o.size + GRH_LEN, o.count)?;
-            }
-        }
-        self.pd = Some(pd);
-        self.cq = Some(cq);
-        self.qp = Some(qp);
+        self.init("mckey", (o.count, o.size), o.sender, !o.sender, flags)?;
         let joined = if o.send_only {
             self.id
                 .join_multicast_ex(group, McJoinFlags::SendOnlyFullMember)
@@ -314,8 +287,7 @@ fn run(o: &Opts) -> Res<()> {
 fn transfer(o: &Opts, ch: &EventChannel, nodes: &mut [Node], group: CmAddr) -> Res<()> {
     let mut left = nodes.len();
     while left > 0 {
-        let e = ch.get_event().context("rdma_get_cm_event")?;
-        let Some(i) = nodes.iter().position(|n| n.id.same_id(e.id())) else {
+        let (e, Some(i)) = common::cmatose::next_event(ch, nodes)? else {
             continue;
         };
         let n = &mut nodes[i];

@@ -155,13 +155,5 @@ fn run(opts: &Opts) -> Res<()> {
     if let Some(mask) = ts_mask {
         traffic.with_timestamps(mask);
     }
-    pingpong::run_connected(
-        &ctx,
-        &port,
-        opts,
-        &mut qp,
-        &cq,
-        channel.as_ref(),
-        &mut traffic,
-    )
+    traffic.run_connected(&ctx, &port, opts, &mut qp, &cq, channel.as_ref())
 }

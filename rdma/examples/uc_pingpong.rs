@@ -45,14 +45,6 @@ fn run(opts: &Opts) -> Res<()> {
         .build()
         .context("Couldn't create QP")?;
     let inline = qp.caps().max_inline_data as usize >= opts.size;
-    let mut traffic = Traffic::new(&pd, opts, 0, AccessFlags::empty(), inline)?;
-    pingpong::run_connected(
-        &ctx,
-        &port,
-        opts,
-        &mut qp,
-        &cq,
-        channel.as_ref(),
-        &mut traffic,
-    )
+    let traffic = Traffic::new(&pd, opts, 0, AccessFlags::empty(), inline)?;
+    traffic.run_connected(&ctx, &port, opts, &mut qp, &cq, channel.as_ref())
 }

@@ -33,7 +33,7 @@ use std::time::Duration;
 use common::cm::{poll_n, Res, GRH_LEN};
 use common::cmatose::{Opts, Tool, UdNode as Node};
 use rdma::cm::{CmAddr, CmEvent, CmEventType, CmOption, ConnParam, EventChannel};
-use rdma::{QpType, SendWr, WcOpcode, WcStatus};
+use rdma::{QpCreateFlags, SendWr, WcOpcode, WcStatus};
 
 const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
 /// The C tool polls forever; this bounds it.
@@ -44,39 +44,18 @@ fn main() -> ExitCode {
 }
 
 impl Node {
-    /// Refuses messages larger than the path MTU (`verify_test_params`).
-    fn verify(&self, o: &Opts) -> Res<()> {
-        common::cmatose::check_size(&self.id, "udaddy", o.count, o.size)
-    }
-
-    /// PD, CQ, the UD QP (made by librdmacm, ready at once) and the
-    /// messages, and every receive posted (`init_node` + `post_recvs`).
-    fn init(&mut self, o: &Opts) -> Res<()> {
-        let ctx = self.id.context().context("udaddy: unable to allocate PD")?;
-        let pd = ctx.alloc_pd().context("udaddy: unable to allocate PD")?;
-        let cqe = if o.count > 0 { o.count * 2 } else { 2 } as u32;
-        let cq = ctx
-            .create_cq(cqe, None, 0)
-            .context("udaddy: unable to create CQ")?;
-        let depth = o.count.max(1) as u32;
-        let mut qp = self
-            .id
-            .create_qp(
-                pd.qp_builder(QpType::Ud, &cq, &cq)
-                    .max_send_wr(depth)
-                    .max_recv_wr(depth)
-                    .max_send_sge(1)
-                    .max_recv_sge(1),
-            )
-            .context("udaddy: unable to create QP")?;
-        if o.count > 0 {
-            common::cmatose::post_receives(&mut qp, &pd, o.size + GRH_LEN, o.count)?;
-            self.sends = common::cmatose::messages(&pd, o.size, o.count)?;
-        }
-        self.pd = Some(pd);
-        self.cq = Some(cq);
-        self.qp = Some(qp);
-        Ok(())
+    /// `verify_test_params`, then `init_node` and `post_recvs`: the
+    /// message size checked against the path MTU, the QP, the messages, every
+    /// receive posted.
+    fn setup(&mut self, o: &Opts) -> Res<()> {
+        common::cmatose::check_size(&self.id, "udaddy", o.count, o.size)?;
+        self.init(
+            "udaddy",
+            (o.count, o.size),
+            true,
+            true,
+            QpCreateFlags::empty(),
+        )
     }
 
     /// Sends every message to the peer, SEND with immediate data carrying
@@ -178,7 +157,7 @@ fn run_server(o: &Opts, ch: &EventChannel) -> Res<()> {
                     continue;
                 }
                 let mut node = Node::new(id.clone());
-                let accepted = node.verify(o).and_then(|()| node.init(o)).and_then(|()| {
+                let accepted = node.setup(o).and_then(|()| {
                     let qpn = node.qp.as_ref().expect("initialised").qp_num();
                     id.accept(&ConnParam {
                         qp_num: qpn,
@@ -247,8 +226,7 @@ fn run_client(o: &Opts, ch: &EventChannel, dst: &str) -> Res<()> {
     let mut left = o.connections;
     let mut failed: Option<anyhow::Error> = None;
     while left > 0 && failed.is_none() {
-        let e = ch.get_event().context("rdma_get_cm_event")?;
-        let Some(i) = nodes.iter().position(|n| n.id.same_id(e.id())) else {
+        let (e, Some(i)) = common::cmatose::next_event(ch, &nodes)? else {
             continue;
         };
         let n = &mut nodes[i];
@@ -267,7 +245,7 @@ fn run_client(o: &Opts, ch: &EventChannel, dst: &str) -> Res<()> {
             }
             CmEventType::RouteResolved => {
                 drop(e);
-                let r = n.verify(o).and_then(|()| n.init(o)).and_then(|()| {
+                let r = n.setup(o).and_then(|()| {
                     n.id.connect(&ConnParam::default())
                         .context("udaddy: failure connecting")
                 });

@@ -8,13 +8,14 @@
 use std::process::ExitCode;
 
 use anyhow::{bail, Context as _};
-use rdma::cm::{AddrInfoFlags, CmId, PortSpace};
+use rdma::cm::{AddrInfoFlags, CmEvent, CmId, EventChannel, PortSpace};
 use rdma::{
-    AccessFlags, AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QueuePair,
+    AccessFlags, AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QpCreateFlags,
+    QpType, QueuePair,
 };
 
 use super::args::{ArgError, Cli, Flag, Parsed};
-use super::cm::{address_format, cmatose_main, get_rdma_addr, RdmaAddr};
+use super::cm::{address_format, cmatose_main, get_rdma_addr, RdmaAddr, GRH_LEN};
 use super::Res;
 
 /// Which tool reads its command line.
@@ -304,7 +305,69 @@ pub struct UdNode {
     pub id: CmId,
 }
 
+/// The next event of `ch`, and which of `nodes` it is for (`None`: none
+/// of them, as the C tools' handlers ignore such an event).
+///
+/// # Errors
+/// `rdma_get_cm_event`'s.
+pub fn next_event(ch: &EventChannel, nodes: &[UdNode]) -> Res<(CmEvent, Option<usize>)> {
+    let e = ch.get_event().context("rdma_get_cm_event")?;
+    let i = nodes.iter().position(|n| n.id.same_id(e.id()));
+    Ok((e, i))
+}
+
 impl UdNode {
+    /// `init_node` of a datagram tool: a PD, a CQ of `2 * count` entries
+    /// (2 without messages), librdmacm's UD QP (ready at once) for `count`
+    /// requests each way with `flags`, then `count` messages of `size` bytes
+    /// to send (`sends`) and receives posted for as many, each with room for
+    /// the GRH in front (`receives`). `tool` starts the messages, as in C.
+    ///
+    /// # Errors
+    /// The step that failed.
+    pub fn init(
+        &mut self,
+        tool: &str,
+        (count, size): (usize, usize),
+        sends: bool,
+        receives: bool,
+        flags: QpCreateFlags,
+    ) -> Res<()> {
+        let ctx = self
+            .id
+            .context()
+            .with_context(|| format!("{tool}: unable to allocate PD"))?;
+        let pd = ctx
+            .alloc_pd()
+            .with_context(|| format!("{tool}: unable to allocate PD"))?;
+        let cqe = if count > 0 { count * 2 } else { 2 } as u32;
+        let cq = ctx
+            .create_cq(cqe, None, 0)
+            .with_context(|| format!("{tool}: unable to create CQ"))?;
+        let depth = count.max(1) as u32;
+        let mut qp = self
+            .id
+            .create_qp(
+                pd.qp_builder(QpType::Ud, &cq, &cq)
+                    .max_send_wr(depth)
+                    .max_recv_wr(depth)
+                    .max_send_sge(1)
+                    .max_recv_sge(1)
+                    .create_flags(flags),
+            )
+            .with_context(|| format!("{tool}: unable to create QP"))?;
+        if count > 0 && receives {
+            post_receives(&mut qp, &pd, size + GRH_LEN, count)?;
+        }
+        if count > 0 && sends {
+            self.sends = messages(&pd, size, count)?;
+        }
+        self.pd = Some(pd);
+        self.cq = Some(cq);
+        self.qp = Some(qp);
+        Ok(())
+    }
+
     /// A node with nothing made yet.
     pub fn new(id: CmId) -> UdNode {
         UdNode {

@@ -504,44 +504,45 @@ pub fn bad_pages(got: &[u8], want: &[u8], page: usize) -> Vec<usize> {
         .collect()
 }
 
-/// The rest of a connected tool's run (`rc_pingpong`, `uc_pingpong`) once
-/// its QP and buffers exist: the QP to INIT with the receives posted, the CQ
-/// armed (`-e`) before the peer learns our address so that no completion is
-/// missed, the handshake, the QP to RTR and RTS towards the peer, the
-/// traffic and its report. No remote access: the peer only SENDs.
-/// `RtrAttr::new`/`RtsAttr::new` have the C tools' defaults (1 outstanding
-/// READ/atomic, RNR timer 12; timeout 14, 7 retries, 7 RNR retries), of which
-/// a UC QP takes only the address, MTU, QPN and PSNs: UC has no
-/// acknowledgements, so no timeouts.
-#[allow(clippy::too_many_arguments)]
-pub fn run_connected(
-    ctx: &rdma::Context,
-    port: &PortAttr,
-    opts: &Opts,
-    qp: &mut QueuePair,
-    cq: &CompletionQueue,
-    channel: Option<&CompletionChannel>,
-    traffic: &mut Traffic,
-) -> Res<()> {
-    qp.to_init(&InitAttr::new(opts.ib_port))
-        .context("Failed to modify QP to INIT")?;
-    traffic.refill(qp)?;
-    if channel.is_some() {
-        cq.req_notify(false)
-            .context("Couldn't request CQ notification")?;
+impl Traffic {
+    /// The rest of a connected tool's run (`rc_pingpong`, `uc_pingpong`) once
+    /// its QP and buffers exist: the QP to INIT with the receives posted, the CQ
+    /// armed (`-e`) before the peer learns our address so that no completion is
+    /// missed, the handshake, the QP to RTR and RTS towards the peer, the
+    /// traffic and its report. No remote access: the peer only SENDs.
+    /// `RtrAttr::new`/`RtsAttr::new` have the C tools' defaults (1 outstanding
+    /// READ/atomic, RNR timer 12; timeout 14, 7 retries, 7 RNR retries), of which
+    /// a UC QP takes only the address, MTU, QPN and PSNs: UC has no
+    /// acknowledgements, so no timeouts.
+    pub fn run_connected(
+        mut self,
+        ctx: &rdma::Context,
+        port: &PortAttr,
+        opts: &Opts,
+        qp: &mut QueuePair,
+        cq: &CompletionQueue,
+        channel: Option<&CompletionChannel>,
+    ) -> Res<()> {
+        qp.to_init(&InitAttr::new(opts.ib_port))
+            .context("Failed to modify QP to INIT")?;
+        self.refill(qp)?;
+        if channel.is_some() {
+            cq.req_notify(false)
+                .context("Couldn't request CQ notification")?;
+        }
+        let me = local_dest(ctx, port, opts, qp.qp_num(), true)?;
+        me.print("local");
+        let mtu = opts.mtu.unwrap_or(port.active_mtu);
+        let connect = |peer: &Dest| -> Res<()> {
+            let ah = peer_ah(opts, port, peer)?;
+            qp.to_rtr(Some(&RtrAttr::new(ah, mtu, peer.qpn, peer.psn)))
+                .context("Failed to modify QP to RTR")?;
+            qp.to_rts(&RtsAttr::new(me.psn))
+                .context("Failed to modify QP to RTS")
+        };
+        let peer = exchange(opts, &me, connect)?;
+        peer.print("remote");
+        let elapsed = self.run(qp, cq, channel, None, opts)?;
+        self.report(opts, elapsed)
     }
-    let me = local_dest(ctx, port, opts, qp.qp_num(), true)?;
-    me.print("local");
-    let mtu = opts.mtu.unwrap_or(port.active_mtu);
-    let connect = |peer: &Dest| -> Res<()> {
-        let ah = peer_ah(opts, port, peer)?;
-        qp.to_rtr(Some(&RtrAttr::new(ah, mtu, peer.qpn, peer.psn)))
-            .context("Failed to modify QP to RTR")?;
-        qp.to_rts(&RtsAttr::new(me.psn))
-            .context("Failed to modify QP to RTS")
-    };
-    let peer = exchange(opts, &me, connect)?;
-    peer.print("remote");
-    let elapsed = traffic.run(qp, cq, channel, None, opts)?;
-    traffic.report(opts, elapsed)
 }
