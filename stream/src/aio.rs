@@ -17,7 +17,8 @@ use rdma::aio::{AsyncCmId, AsyncCq, ConnectOptions, Connection, ConnectionParts,
 use rdma::cm::CmEventType;
 use rdma::{Completion, ProtectionDomain};
 
-use crate::engine::{Engine, Local};
+use crate::engine::Engine;
+use crate::local::Local;
 use crate::setup::{self, Options};
 use crate::wire::ConnData;
 

@@ -34,12 +34,13 @@
 pub mod aio;
 mod blocking;
 mod engine;
+mod local;
 mod ring;
 mod setup;
 pub mod wire;
 
 pub use blocking::{RdmaListener, RdmaStream};
-pub use engine::Sizes;
+pub use local::Sizes;
 pub use setup::Options;
 
 /// A verbs error as an I/O error (its kind from the errno).

@@ -15,7 +15,8 @@ use rdma::{
     CompletionChannel, CompletionQueue, ProtectionDomain, QpState, QpType, QueuePair, TransportType,
 };
 
-use crate::engine::{Engine, Local, Sizes};
+use crate::engine::Engine;
+use crate::local::{Local, Sizes};
 use crate::wire::{self, ConnData};
 
 /// How a stream connects and how large its queues and buffers are.
