@@ -43,6 +43,7 @@ use std::process::ExitCode;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use anyhow::{anyhow, bail, Context as _};
 use hyper_util::rt::TokioIo;
 use prost::bytes::Bytes;
 use rdma::aio::tokio_rt::Tokio;
@@ -60,6 +61,8 @@ use tonic::server::NamedService;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status};
+
+mod common;
 
 const USAGE: &str = "usage: grpc_echo --listen ADDR:PORT [--once] [--tcp]
        grpc_echo --connect ADDR:PORT [--count N] [--size BYTES] [--stream-size BYTES] [--tcp]";
@@ -264,7 +267,7 @@ async fn accept_loop<L: Accept>(
     mut listener: L,
     tx: mpsc::Sender<io::Result<Conn<L::Io>>>,
     once: bool,
-) -> Result<(), String> {
+) -> anyhow::Result<()> {
     let mut failures = 0;
     loop {
         let (io, info) = match listener.accept().await {
@@ -273,7 +276,7 @@ async fn accept_loop<L: Accept>(
                 eprintln!("grpc_echo: accepting a connection: {e}");
                 failures += 1;
                 if failures == ACCEPT_RETRIES {
-                    return Err(format!("{failures} accepts failed in a row, the last: {e}"));
+                    bail!("{failures} accepts failed in a row, the last: {e}");
                 }
                 continue;
             }
@@ -296,21 +299,19 @@ async fn accept_loop<L: Accept>(
     }
 }
 
-async fn serve<L: Accept>(listener: L, once: bool) -> Result<(), String> {
+async fn serve<L: Accept>(listener: L, once: bool) -> anyhow::Result<()> {
     let (tx, rx) = mpsc::channel(1);
     let acceptor = tokio::spawn(accept_loop(listener, tx, once));
     Server::builder()
         .add_service(EchoService)
         .serve_with_incoming(ReceiverStream::new(rx))
         .await
-        .map_err(|e| format!("serving: {}", chain(&e)))?;
+        .context("serving")?;
     // The incoming connections ended: the accept loop is done, and says why.
-    acceptor
-        .await
-        .map_err(|e| format!("the accept task: {e}"))?
+    acceptor.await.context("the accept task")?
 }
 
-async fn server(addr: SocketAddr, tcp: bool, once: bool) -> Result<(), String> {
+async fn server(addr: SocketAddr, tcp: bool, once: bool) -> anyhow::Result<()> {
     let listening = |bound: SocketAddr, kind: &str| {
         // The line a script waits for before it starts a client.
         println!("grpc_echo: listening on {bound} ({kind})");
@@ -318,12 +319,12 @@ async fn server(addr: SocketAddr, tcp: bool, once: bool) -> Result<(), String> {
     if tcp {
         let l = TcpListener::bind(addr)
             .await
-            .map_err(|e| format!("listening on {addr} (tcp): {e}"))?;
-        listening(l.local_addr().map_err(|e| e.to_string())?, "tcp");
+            .with_context(|| format!("listening on {addr} (tcp)"))?;
+        listening(l.local_addr().context("local_addr")?, "tcp");
         serve(l, once).await
     } else {
         let l = RdmaListener::bind(&Tokio, addr, Options::default())
-            .map_err(|e| format!("listening on {addr} (rdma): {e}"))?;
+            .with_context(|| format!("listening on {addr} (rdma)"))?;
         listening(l.local_addr(), "rdma");
         serve(l, once).await
     }
@@ -343,7 +344,7 @@ impl EchoClient {
         self.inner
             .ready()
             .await
-            .map_err(|e| Status::unknown(format!("service was not ready: {}", chain(&e))))
+            .map_err(|e| Status::unknown(format!("service was not ready: {}", common::chain(&e))))
     }
 
     async fn echo(&mut self, req: EchoRequest) -> Result<Response<EchoReply>, Status> {
@@ -388,11 +389,11 @@ async fn channel(addr: SocketAddr, tcp: bool) -> Result<Channel, tonic::transpor
     }
 }
 
-async fn client(a: &ClientArgs) -> Result<(), String> {
+async fn client(a: &ClientArgs) -> anyhow::Result<()> {
     let kind = if a.tcp { "tcp" } else { "rdma" };
     let ch = channel(a.addr, a.tcp)
         .await
-        .map_err(|e| format!("connecting to {} ({kind}): {}", a.addr, chain(&e)))?;
+        .with_context(|| format!("connecting to {} ({kind})", a.addr))?;
     let mut client = EchoClient {
         inner: tonic::client::Grpc::new(ch),
     };
@@ -410,15 +411,15 @@ async fn client(a: &ClientArgs) -> Result<(), String> {
         let reply = client
             .echo(req)
             .await
-            .map_err(|s| format!("unary call {seq}: {}", status(&s)))?
+            .map_err(|s| anyhow!("unary call {seq}: {}", status(&s)))?
             .into_inner();
         if reply.seq != seq || reply.payload != sent {
-            return Err(format!(
+            bail!(
                 "unary call {seq}: the reply (seq {}, {} B) is not the request ({} B)",
                 reply.seq,
                 reply.payload.len(),
                 sent.len()
-            ));
+            );
         }
         times.push(call.elapsed());
     }
@@ -445,32 +446,32 @@ async fn client(a: &ClientArgs) -> Result<(), String> {
     let mut replies = client
         .stream(req)
         .await
-        .map_err(|s| format!("the streaming call: {}", status(&s)))?
+        .map_err(|s| anyhow!("the streaming call: {}", status(&s)))?
         .into_inner();
     let mut seq = 0u64;
     while let Some(reply) = replies
         .message()
         .await
-        .map_err(|s| format!("the streaming call, after {seq} messages: {}", status(&s)))?
+        .map_err(|s| anyhow!("the streaming call, after {seq} messages: {}", status(&s)))?
     {
         if seq == u64::from(a.count) {
-            return Err(format!("the streaming call: more than {seq} messages"));
+            bail!("the streaming call: more than {seq} messages");
         }
         if reply.seq != seq || reply.payload != payload(&stream_pattern, seq, a.stream_size) {
-            return Err(format!(
+            bail!(
                 "the streaming call: message {seq} (seq {}, {} B) is not the one expected ({} B)",
                 reply.seq,
                 reply.payload.len(),
                 a.stream_size
-            ));
+            );
         }
         seq += 1;
     }
     if seq != u64::from(a.count) {
-        return Err(format!(
+        bail!(
             "the streaming call ended after {seq} of {} messages",
             a.count
-        ));
+        );
     }
     let streamed = start.elapsed();
     let bytes = a.stream_size as f64 * f64::from(a.count);
@@ -493,29 +494,12 @@ async fn client(a: &ClientArgs) -> Result<(), String> {
 fn status(s: &Status) -> String {
     let mut text = format!("{:?}: {}", s.code(), s.message());
     if let Some(source) = s.source() {
-        let more = chain(source);
+        let more = common::chain(source);
         // The message is often the source's own text: said once.
         match more.strip_prefix(s.message()) {
             Some(rest) => text.push_str(rest),
             None => text = format!("{text}: {more}"),
         }
-    }
-    text
-}
-
-/// An error and its sources, `: `-separated (tonic's transport errors say
-/// only "transport error" at the top).
-fn chain(e: &dyn Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        // Wrappers that print their source as themselves say it once.
-        let next = s.to_string();
-        if !text.ends_with(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        source = s.source();
     }
     text
 }
@@ -537,27 +521,30 @@ enum Mode {
     Connect(ClientArgs),
 }
 
-fn socket_addr(v: &str) -> Result<SocketAddr, String> {
+fn socket_addr(v: &str) -> anyhow::Result<SocketAddr> {
     v.to_socket_addrs()
-        .map_err(|e| format!("{v}: {e} (ADDR:PORT expected)"))?
+        .with_context(|| format!("{v} (ADDR:PORT expected)"))?
         .next()
-        .ok_or_else(|| format!("{v} has no address"))
+        .with_context(|| format!("{v} has no address"))
 }
 
-fn number<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
-    v.parse()
-        .map_err(|_| format!("{flag} takes a number, not {v:?}"))
+fn number<T: std::str::FromStr>(flag: &str, v: &str) -> anyhow::Result<T> {
+    let Ok(n) = v.parse() else {
+        bail!("{flag} takes a number, not {v:?}");
+    };
+    Ok(n)
 }
 
-fn size(flag: &str, v: &str) -> Result<usize, String> {
+fn size(flag: &str, v: &str) -> anyhow::Result<usize> {
     let n = number(flag, v)?;
     if n > MAX_PAYLOAD {
-        return Err(format!("{flag} {n} is over {MAX_PAYLOAD} bytes"));
+        bail!("{flag} {n} is over {MAX_PAYLOAD} bytes");
     }
     Ok(n)
 }
 
-fn parse(argv: &[String]) -> Result<Mode, String> {
+/// The mode, or `None` for `-h`/`--help`.
+fn parse(argv: &[String]) -> anyhow::Result<Option<Mode>> {
     let (mut listen, mut connect, mut tcp, mut once) = (None, None, false, false);
     let (mut count, mut size_b, mut stream_size) = (1000u32, 64, 65536);
     let mut it = argv.iter();
@@ -565,7 +552,7 @@ fn parse(argv: &[String]) -> Result<Mode, String> {
         let mut value = || {
             it.next()
                 .map(String::as_str)
-                .ok_or_else(|| format!("{flag} needs a value"))
+                .with_context(|| format!("{flag} needs a value"))
         };
         match flag.as_str() {
             "--listen" => listen = Some(socket_addr(value()?)?),
@@ -575,21 +562,21 @@ fn parse(argv: &[String]) -> Result<Mode, String> {
             "--stream-size" => stream_size = size(flag, value()?)?,
             "--tcp" => tcp = true,
             "--once" => once = true,
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
+            "-h" | "--help" => return Ok(None),
+            other => bail!("unknown argument {other:?}"),
         }
     }
     match (listen, connect) {
-        (Some(addr), None) => Ok(Mode::Listen { addr, tcp, once }),
-        (None, Some(addr)) if count == 0 => Err(format!("--count must be at least 1 ({addr})")),
-        (None, Some(addr)) => Ok(Mode::Connect(ClientArgs {
+        (Some(addr), None) => Ok(Some(Mode::Listen { addr, tcp, once })),
+        (None, Some(addr)) if count == 0 => bail!("--count must be at least 1 ({addr})"),
+        (None, Some(addr)) => Ok(Some(Mode::Connect(ClientArgs {
             addr,
             count,
             size: size_b,
             stream_size,
             tcp,
-        })),
-        _ => Err("one of --listen and --connect, please".into()),
+        }))),
+        _ => bail!("one of --listen and --connect, please"),
     }
 }
 
@@ -597,11 +584,13 @@ fn main() -> ExitCode {
     env_logger::init();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mode = match parse(&argv) {
-        Ok(m) => m,
+        Ok(Some(m)) => m,
+        Ok(None) => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
         Err(e) => {
-            if !e.is_empty() {
-                eprintln!("grpc_echo: {e}");
-            }
+            common::report("grpc_echo", &e);
             eprintln!("{USAGE}");
             return ExitCode::from(2);
         }
@@ -622,11 +611,5 @@ fn main() -> ExitCode {
             Mode::Connect(a) => client(&a).await,
         }
     });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("grpc_echo: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    common::exit("grpc_echo", result)
 }

@@ -11,22 +11,21 @@
 //! `librspreload.so` (`LD_PRELOAD=/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so`).
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr};
 use std::process::ExitCode;
 
+use anyhow::{bail, Context as _};
 use rdma_stream::{RdmaListener, RdmaStream};
+
+mod common;
 
 const USAGE: &str = "usage: rcat [-v] -l ADDR PORT | rcat ADDR PORT";
 
-fn addr(host: &str, port: &str) -> Result<SocketAddr, String> {
-    let port: u16 = port
-        .parse()
-        .map_err(|_| format!("bad port {port:?}\n{USAGE}"))?;
-    (host, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("{host}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{host} has no address"))
+fn addr(host: &str, port: &str) -> anyhow::Result<SocketAddr> {
+    let Ok(port) = port.parse() else {
+        bail!("bad port {port:?}\n{USAGE}");
+    };
+    common::resolve(host, port)
 }
 
 fn copy(from: &mut dyn Read, to: &mut dyn Write) -> io::Result<u64> {
@@ -44,44 +43,35 @@ fn copy(from: &mut dyn Read, to: &mut dyn Write) -> io::Result<u64> {
     }
 }
 
-fn run(mut args: &[String]) -> Result<(), String> {
+fn run(mut args: &[String]) -> anyhow::Result<()> {
     let verbose = args.first().is_some_and(|a| a == "-v");
     if verbose {
         args = &args[1..];
     }
     match args {
         [l, host, port] if l == "-l" => {
-            let listener =
-                RdmaListener::bind(addr(host, port)?).map_err(|e| format!("listen: {e}"))?;
+            let listener = RdmaListener::bind(addr(host, port)?).context("listen")?;
             if verbose {
                 eprintln!("rcat: listening on {host} port {port}");
             }
-            let (mut s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+            let (mut s, _) = listener.accept().context("accept")?;
             let mut out = io::stdout().lock();
-            copy(&mut s, &mut out).map_err(|e| format!("receiving: {e}"))?;
-            out.flush().map_err(|e| format!("stdout: {e}"))?;
+            copy(&mut s, &mut out).context("receiving")?;
+            out.flush().context("stdout")?;
             Ok(())
         }
         [host, port] => {
-            let mut s =
-                RdmaStream::connect(addr(host, port)?).map_err(|e| format!("connect: {e}"))?;
-            copy(&mut io::stdin().lock(), &mut s).map_err(|e| format!("sending: {e}"))?;
-            s.shutdown(Shutdown::Write)
-                .map_err(|e| format!("closing: {e}"))?;
+            let mut s = RdmaStream::connect(addr(host, port)?).context("connect")?;
+            copy(&mut io::stdin().lock(), &mut s).context("sending")?;
+            s.shutdown(Shutdown::Write).context("closing")?;
             Ok(())
         }
-        _ => Err(USAGE.into()),
+        _ => bail!(USAGE),
     }
 }
 
 fn main() -> ExitCode {
     env_logger::init();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("rcat: {e}");
-            ExitCode::from(1)
-        }
-    }
+    common::exit("rcat", run(&args))
 }

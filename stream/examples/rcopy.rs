@@ -55,13 +55,16 @@
 use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
-use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::process::ExitCode;
 use std::time::Instant;
 
+use anyhow::{anyhow, bail, Context as _};
 use rdma_stream::{Options, RdmaListener, RdmaStream};
+
+mod common;
 
 const USAGE: &str = "usage 1: rcopy [options]
 \t     starts the server application
@@ -167,18 +170,20 @@ fn errno_text(status: u32) -> String {
     }
 }
 
-/// How the client failed: the server's status (the exit status) or
-/// anything else.
-enum Failure {
-    Refused(String, u32),
-    Other(String),
+/// The server refused a step: its errno is the client's exit status.
+#[derive(Debug)]
+struct Refused {
+    why: String,
+    status: u32,
 }
 
-impl From<String> for Failure {
-    fn from(s: String) -> Self {
-        Failure::Other(s)
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
     }
 }
+
+impl std::error::Error for Refused {}
 
 struct Client {
     s: RdmaStream,
@@ -186,14 +191,14 @@ struct Client {
 }
 
 impl Client {
-    fn send(&mut self, command: u8, data: u32, extra: &[u8]) -> Result<Hdr, String> {
+    fn send(&mut self, command: u8, data: u32, extra: &[u8]) -> anyhow::Result<Hdr> {
         self.id += 1;
         let len = HDR_LEN + extra.len();
         let hdr = Hdr {
             version: 0,
             command,
             len: u16::try_from(len)
-                .map_err(|_| format!("{} message of {len} bytes", command_name(command)))?,
+                .with_context(|| format!("{} message of {len} bytes", command_name(command)))?,
             data,
             id: self.id,
         };
@@ -201,22 +206,22 @@ impl Client {
         msg.extend_from_slice(extra);
         self.s
             .write_all(&msg)
-            .map_err(|e| format!("sending {}: {e}", command_name(command)))?;
+            .with_context(|| format!("sending {}", command_name(command)))?;
         Ok(hdr)
     }
 
     /// Waits for the answer to `req`: its status.
-    fn answer(&mut self, req: &Hdr) -> Result<u32, String> {
+    fn answer(&mut self, req: &Hdr) -> anyhow::Result<u32> {
         let what = command_name(req.command);
         let r = read_hdr(&mut self.s)
-            .map_err(|e| format!("waiting for the answer to {what}: {e}"))?
-            .ok_or_else(|| format!("the server closed the connection before answering {what}"))?;
+            .with_context(|| format!("waiting for the answer to {what}"))?
+            .with_context(|| format!("the server closed the connection before answering {what}"))?;
         if r.version != 0
             || usize::from(r.len) != HDR_LEN
             || r.command != req.command | CMD_RESP
             || r.id != req.id
         {
-            return Err(format!(
+            bail!(
                 "the answer to {what} is not one: version {}, command {:#x} (expected {:#x}), \
                  length {} (expected {HDR_LEN}), id {} (expected {})",
                 r.version,
@@ -225,19 +230,20 @@ impl Client {
                 r.len,
                 r.id,
                 req.id
-            ));
+            );
         }
         Ok(r.data)
     }
 
-    fn step(&mut self, command: u8, data: u32, extra: &[u8], what: &str) -> Result<(), Failure> {
+    fn step(&mut self, command: u8, data: u32, extra: &[u8], what: &str) -> anyhow::Result<()> {
         let req = self.send(command, data, extra)?;
         match self.answer(&req)? {
             0 => Ok(()),
-            e => Err(Failure::Refused(
-                format!("the server could not {what}: {}", errno_text(e)),
-                e,
-            )),
+            e => Err(Refused {
+                why: format!("the server could not {what}: {}", errno_text(e)),
+                status: e,
+            }
+            .into()),
         }
     }
 }
@@ -247,36 +253,31 @@ fn progress(text: &str) {
     let _ = io::stdout().flush();
 }
 
-fn client(src: &str, host: &str, dst: &str, port: u16) -> Result<(), Failure> {
-    let mut file = File::open(src).map_err(|e| format!("opening {src}: {e}"))?;
+fn client(src: &str, host: &str, dst: &str, port: u16) -> anyhow::Result<()> {
+    let mut file = File::open(src).with_context(|| format!("opening {src}"))?;
     let meta = file
         .metadata()
-        .map_err(|e| format!("reading the attributes of {src}: {e}"))?;
+        .with_context(|| format!("reading the attributes of {src}"))?;
     if !meta.is_file() {
-        return Err(format!("{src} is not a regular file").into());
+        bail!("{src} is not a regular file");
     }
     let size = meta.len();
     // The path, NUL-terminated and padded with NULs to a multiple of 8.
     if dst.as_bytes().contains(&0) {
-        return Err(format!("the destination {dst:?} holds a NUL byte").into());
+        bail!("the destination {dst:?} holds a NUL byte");
     }
     let mut path = dst.as_bytes().to_vec();
     path.resize((dst.len() + 8) & !7, 0);
     if HDR_LEN + path.len() > usize::from(u16::MAX) {
-        return Err(format!(
+        bail!(
             "the destination name is {} bytes: an OPEN message holds at most {}",
             dst.len(),
             usize::from(u16::MAX) - HDR_LEN - 8
-        )
-        .into());
+        );
     }
-    let addr = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("resolving {host}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{host} has no address"))?;
+    let addr = common::resolve(host, port)?;
     let s = RdmaStream::connect_with(addr, &Options::default())
-        .map_err(|e| format!("connecting to {addr}: {e}"))?;
+        .with_context(|| format!("connecting to {addr}"))?;
     let mut c = Client { s, id: 0 };
 
     progress("opening...");
@@ -295,31 +296,30 @@ fn client(src: &str, host: &str, dst: &str, port: u16) -> Result<(), Failure> {
             let want = usize::try_from(left).map_or(CHUNK, |l| l.min(CHUNK));
             let n = match file.read(&mut buf[..want]) {
                 Ok(0) => {
-                    return Err(format!(
+                    bail!(
                         "{src} shrank while it was sent: it ended {} bytes short of {size}",
                         left
                     )
-                    .into())
                 }
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(format!("reading {src}: {e}").into()),
+                Err(e) => return Err(e).with_context(|| format!("reading {src}")),
             };
             c.s.write_all(&buf[..n])
-                .map_err(|e| format!("sending {src}, {} of {size} bytes sent: {e}", size - left))?;
+                .with_context(|| format!("sending {src}, {} of {size} bytes sent", size - left))?;
             left -= n as u64;
         }
         match c.answer(&req)? {
             0 => {}
             e => {
-                let failure = Failure::Refused(
-                    format!("the server could not write {dst}: {}", errno_text(e)),
-                    e,
-                );
+                let failure = Refused {
+                    why: format!("the server could not write {dst}: {}", errno_text(e)),
+                    status: e,
+                };
                 // rdma-core's client closes after a failed WRITE too; its
                 // server has ended the connection by then.
                 let _ = c.step(CMD_CLOSE, 0, &[], "close");
-                return Err(failure);
+                return Err(failure.into());
             }
         }
     } else {
@@ -350,7 +350,7 @@ fn client(src: &str, host: &str, dst: &str, port: u16) -> Result<(), Failure> {
 }
 
 /// Why a connection ended early.
-type Ended = String;
+type Ended = anyhow::Error;
 
 struct Conn {
     s: RdmaStream,
@@ -362,20 +362,20 @@ impl Conn {
     fn respond(&mut self, req: &Hdr, status: u32) -> Result<(), Ended> {
         self.s
             .write_all(&req.response(status).encode())
-            .map_err(|e| format!("answering {}: {e}", command_name(req.command)))
+            .with_context(|| format!("answering {}", command_name(req.command)))
     }
 
     /// Answers a failed step and ends the connection, as rdma-core's server.
     fn refuse(&mut self, req: &Hdr, status: u32, why: String) -> Result<(), Ended> {
         self.respond(req, status)?;
-        Err(why)
+        Err(anyhow!(why))
     }
 
     /// Reads exactly `buf.len()` bytes; what was missing as an error.
     fn read_exact(&mut self, len: usize, what: &str) -> Result<(), Ended> {
         self.s
             .read_exact(&mut self.buf[..len])
-            .map_err(|e| format!("receiving {what}: {e}"))
+            .with_context(|| format!("receiving {what}"))
     }
 
     fn open(&mut self, req: &Hdr) -> Result<(), Ended> {
@@ -438,7 +438,7 @@ impl Conn {
         let size = u64::from_ne_bytes(size);
         progress(&format!("...{size} bytes..."));
         let Some((file, shown)) = self.file.as_mut() else {
-            return Err("WRITE with no file open".into());
+            bail!("WRITE with no file open");
         };
         // Each WRITE carries the whole file, from its start.
         let mut failed: Option<io::Error> = file.set_len(0).and_then(|()| file.rewind()).err();
@@ -448,16 +448,16 @@ impl Conn {
             let n = match self.s.read(&mut self.buf[..want]) {
                 Ok(0) => {
                     println!("...error receiving data");
-                    return Err(format!(
+                    bail!(
                         "the client closed the connection {} bytes into {size} of {shown}",
                         size - left
-                    ));
+                    );
                 }
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     println!("...error receiving data");
-                    return Err(format!("receiving {shown}: {e}"));
+                    return Err(e).with_context(|| format!("receiving {shown}"));
                 }
             };
             // After a failed write the rest is read and dropped, so that
@@ -479,15 +479,16 @@ impl Conn {
 
     fn serve(&mut self) -> Result<(), Ended> {
         loop {
-            let Some(req) = read_hdr(&mut self.s).map_err(|e| format!("receiving: {e}"))? else {
+            let Some(req) = read_hdr(&mut self.s).context("receiving")? else {
                 return Ok(());
             };
             if req.version != 0 || usize::from(req.len) < HDR_LEN {
                 println!("invalid version {} or length {}", req.version, req.len);
-                return Err(format!(
+                bail!(
                     "a message of version {} and length {}",
-                    req.version, req.len
-                ));
+                    req.version,
+                    req.len
+                );
             }
             match req.command {
                 CMD_OPEN => self.open(&req)?,
@@ -502,9 +503,9 @@ impl Conn {
     }
 }
 
-fn server(port: u16) -> Result<(), String> {
+fn server(port: u16) -> anyhow::Result<()> {
     let listener = RdmaListener::bind(SocketAddr::from(([0, 0, 0, 0], port)))
-        .map_err(|e| format!("listening on port {port}: {e}"))?;
+        .with_context(|| format!("listening on port {port}"))?;
     let mut buf = vec![0; CHUNK];
     loop {
         progress("waiting for connection...");
@@ -527,7 +528,10 @@ fn server(port: u16) -> Result<(), String> {
         };
         if let Err(e) = conn.serve() {
             let from = peer.map_or_else(|| "an unknown address".into(), |p| p.to_string());
-            eprintln!("rcopy: the connection from {from} ended: {e}");
+            eprintln!(
+                "rcopy: the connection from {from} ended: {}",
+                common::chain(e.as_ref())
+            );
         }
         buf = std::mem::take(&mut conn.buf);
         // Dropping the stream closes it as rclose does.
@@ -546,7 +550,7 @@ enum Mode {
     },
 }
 
-fn parse(argv: &[String]) -> Result<Mode, String> {
+fn parse(argv: &[String]) -> anyhow::Result<Mode> {
     let mut port = 7427u16;
     let mut positional = Vec::new();
     let mut i = 0;
@@ -556,16 +560,17 @@ fn parse(argv: &[String]) -> Result<Mode, String> {
             let v = if glued.is_empty() {
                 i += 1;
                 argv.get(i)
-                    .ok_or_else(|| format!("-p needs a port number\n{USAGE}"))?
+                    .with_context(|| format!("-p needs a port number\n{USAGE}"))?
                     .as_str()
             } else {
                 glued
             };
-            port = v
-                .parse()
-                .map_err(|_| format!("-p takes a port number, not {v:?}\n{USAGE}"))?;
+            let Ok(p) = v.parse() else {
+                bail!("-p takes a port number, not {v:?}\n{USAGE}");
+            };
+            port = p;
         } else if a.starts_with('-') && a.len() > 1 {
-            return Err(format!("unknown option {a}\n{USAGE}"));
+            bail!("unknown option {a}\n{USAGE}");
         } else {
             positional.push(a.clone());
         }
@@ -578,12 +583,12 @@ fn parse(argv: &[String]) -> Result<Mode, String> {
     };
     if server {
         if !positional.is_empty() {
-            return Err(format!("the server takes no file: {positional:?}\n{USAGE}"));
+            bail!("the server takes no file: {positional:?}\n{USAGE}");
         }
         return Ok(Mode::Server { port });
     }
     let [src, target] = positional.as_slice() else {
-        return Err(USAGE.into());
+        bail!(USAGE);
     };
     // server[:destination]; [v6-address]:destination too.
     let (host, dst) = match target.strip_prefix('[').and_then(|t| t.split_once(']')) {
@@ -595,7 +600,7 @@ fn parse(argv: &[String]) -> Result<Mode, String> {
     };
     let dst = dst.unwrap_or(src).to_owned();
     if dst.is_empty() {
-        return Err(format!("{target}: the destination file name is empty"));
+        bail!("{target}: the destination file name is empty");
     }
     Ok(Mode::Client {
         src: src.clone(),
@@ -608,42 +613,25 @@ fn parse(argv: &[String]) -> Result<Mode, String> {
 fn main() -> ExitCode {
     env_logger::init();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let mode = match parse(&args) {
-        Ok(m) => m,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(1);
-        }
-    };
-    match mode {
-        Mode::Server { port } => match server(port) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("rcopy: {e}");
-                ExitCode::from(1)
-            }
-        },
+    let result = parse(&args).and_then(|mode| match mode {
+        Mode::Server { port } => server(port),
         Mode::Client {
             src,
             host,
             dst,
             port,
-        } => match client(&src, &host, &dst, port) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(Failure::Refused(e, status)) => {
-                println!();
-                eprintln!("rcopy: {e}");
-                // rdma-core's returns the errno from main: its low byte.
-                ExitCode::from(match (status & 0xff) as u8 {
-                    0 => 1,
-                    s => s,
-                })
-            }
-            Err(Failure::Other(e)) => {
-                println!();
-                eprintln!("rcopy: {e}");
-                ExitCode::from(1)
-            }
-        },
+        } => client(&src, &host, &dst, port).inspect_err(|_| println!()),
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            common::report("rcopy", &e);
+            // rdma-core's returns the errno from main: its low byte (and
+            // 1 where that is 0).
+            let status = e
+                .downcast_ref::<Refused>()
+                .map_or(1, |r| (r.status & 0xff) as u8);
+            ExitCode::from(status.max(1))
+        }
     }
 }

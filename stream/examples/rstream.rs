@@ -14,11 +14,14 @@
 //! in between; with them, one custom test.
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::time::Instant;
 
+use anyhow::{bail, Context as _};
 use rdma_stream::{Options, RdmaListener, RdmaStream};
+
+mod common;
 
 /// rstream's sizes: (size, shown only with `-S all`).
 const TEST_SIZES: &[(usize, bool)] = &[
@@ -95,12 +98,14 @@ const USAGE: &str = "usage: rstream
 \t    n|nonblocking - use nonblocking calls
 \t    v|verify - verify data";
 
-fn number(flag: char, v: &str) -> Result<usize, String> {
-    v.parse()
-        .map_err(|_| format!("-{flag} takes a number, not {v:?}\n{USAGE}"))
+fn number(flag: char, v: &str) -> anyhow::Result<usize> {
+    let Ok(n) = v.parse() else {
+        bail!("-{flag} takes a number, not {v:?}\n{USAGE}");
+    };
+    Ok(n)
 }
 
-fn parse(argv: &[String]) -> Result<Args, String> {
+fn parse(argv: &[String]) -> anyhow::Result<Args> {
     let mut a = Args {
         dst: None,
         src: None,
@@ -125,28 +130,26 @@ fn parse(argv: &[String]) -> Result<Args, String> {
             c.next().map(|first| (first, c.as_str().to_owned()))
         });
         let Some((f, glued)) = flag else {
-            return Err(format!("unexpected argument {:?}\n{USAGE}", argv[i]));
+            bail!("unexpected argument {:?}\n{USAGE}", argv[i]);
         };
         let value = if "sbfBiICSpkT".contains(f) {
             if glued.is_empty() {
                 i += 1;
                 argv.get(i)
                     .cloned()
-                    .ok_or_else(|| format!("-{f} needs a value\n{USAGE}"))?
+                    .with_context(|| format!("-{f} needs a value\n{USAGE}"))?
             } else {
                 glued
             }
         } else {
-            return Err(format!("unknown option -{f}\n{USAGE}"));
+            bail!("unknown option -{f}\n{USAGE}");
         };
         match f {
             's' => a.dst = Some(value),
             'b' => a.src = Some(value),
             'f' => {
                 if !value.to_ascii_lowercase().starts_with("ip") && value != "name" {
-                    return Err(format!(
-                        "-f {value}: this rstream takes ip or name addresses"
-                    ));
+                    bail!("-f {value}: this rstream takes ip or name addresses");
                 }
             }
             'B' => a.buffer_size = number(f, &value)?,
@@ -179,8 +182,8 @@ fn parse(argv: &[String]) -> Result<Args, String> {
                         Some('n') => a.nonblocking = true,
                         Some('v') => a.verify = true,
                         Some('r') => {}
-                        Some('f') => return Err("-T f (fork) is not supported".into()),
-                        _ => return Err(format!("unknown test option {opt:?}\n{USAGE}")),
+                        Some('f') => bail!("-T f (fork) is not supported"),
+                        _ => bail!("unknown test option {opt:?}\n{USAGE}"),
                     }
                 }
             }
@@ -189,7 +192,7 @@ fn parse(argv: &[String]) -> Result<Args, String> {
         i += 1;
     }
     if a.transfer_size == 0 || a.transfer_count == 0 || a.iterations == 0 {
-        return Err("sizes and counts must be at least 1".into());
+        bail!("sizes and counts must be at least 1");
     }
     Ok(a)
 }
@@ -263,12 +266,12 @@ impl Conn for AsyncConn {
 }
 
 #[cfg(feature = "tokio")]
-fn runtime() -> Result<std::rc::Rc<tokio::runtime::Runtime>, String> {
+fn runtime() -> anyhow::Result<std::rc::Rc<tokio::runtime::Runtime>> {
     tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
         .map(std::rc::Rc::new)
-        .map_err(|e| format!("tokio runtime: {e}"))
+        .context("tokio runtime")
 }
 
 /// The byte pattern of rstream's `-T v`: a counter that runs on across
@@ -288,10 +291,10 @@ impl Pattern {
         }
     }
 
-    fn check(&mut self, buf: &[u8]) -> Result<(), String> {
+    fn check(&mut self, buf: &[u8]) -> anyhow::Result<()> {
         for b in buf {
             if *b != self.next_seen {
-                return Err(format!("data verification failed byte {}", self.seen));
+                bail!("data verification failed byte {}", self.seen);
             }
             self.next_seen = self.next_seen.wrapping_add(1);
             self.seen += 1;
@@ -317,29 +320,28 @@ fn retry<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
 }
 
 impl Test<'_> {
-    fn send(&mut self, c: &mut dyn Conn, size: usize) -> Result<(), String> {
+    fn send(&mut self, c: &mut dyn Conn, size: usize) -> anyhow::Result<()> {
         if self.args.verify {
             let b = &mut self.buf[..size];
             self.pattern.fill(b);
         }
         let mut off = 0;
         while off < size {
-            let n = retry(|| c.write(&self.buf[off..size])).map_err(|e| format!("rsend: {e}"))?;
+            let n = retry(|| c.write(&self.buf[off..size])).context("rsend")?;
             if n == 0 {
-                return Err("rsend: the stream took no bytes".into());
+                bail!("rsend: the stream took no bytes");
             }
             off += n;
         }
         Ok(())
     }
 
-    fn recv(&mut self, c: &mut dyn Conn, size: usize) -> Result<(), String> {
+    fn recv(&mut self, c: &mut dyn Conn, size: usize) -> anyhow::Result<()> {
         let mut off = 0;
         while off < size {
-            let n =
-                retry(|| c.read(&mut self.buf[off..size])).map_err(|e| format!("rrecv: {e}"))?;
+            let n = retry(|| c.read(&mut self.buf[off..size])).context("rrecv")?;
             if n == 0 {
-                return Err("rrecv: the peer closed the stream".into());
+                bail!("rrecv: the peer closed the stream");
             }
             off += n;
         }
@@ -358,7 +360,7 @@ impl Test<'_> {
         size: usize,
         count: usize,
         iters: usize,
-    ) -> Result<(), String> {
+    ) -> anyhow::Result<()> {
         let client = self.args.dst.is_some();
         if client {
             self.send(c, 16)?;
@@ -462,25 +464,18 @@ fn options(a: &Args, latency: bool) -> Options {
     o
 }
 
-fn addr(host: &str, port: &str) -> Result<std::net::SocketAddr, String> {
-    (
-        host,
-        port.parse::<u16>()
-            .map_err(|_| format!("bad port {port:?}"))?,
-    )
-        .to_socket_addrs()
-        .map_err(|e| format!("getaddrinfo: {e}"))?
-        .next()
-        .ok_or_else(|| format!("getaddrinfo: {host} has no address"))
+fn addr(host: &str, port: &str) -> anyhow::Result<std::net::SocketAddr> {
+    let Ok(port) = port.parse() else {
+        bail!("bad port {port:?}");
+    };
+    common::resolve(host, port)
 }
 
-fn listen(a: &Args) -> Result<Listener, String> {
+fn listen(a: &Args) -> anyhow::Result<Listener> {
     let host = a.src.as_deref().unwrap_or("0.0.0.0");
     let at = addr(host, &a.port)?;
     if a.sockets {
-        TcpListener::bind(at)
-            .map(Listener::Tcp)
-            .map_err(|e| format!("bind: {e}"))
+        TcpListener::bind(at).map(Listener::Tcp).context("bind")
     } else if a.async_io {
         #[cfg(feature = "tokio")]
         {
@@ -493,45 +488,43 @@ fn listen(a: &Args) -> Result<Listener, String> {
                         options(a, true),
                     )
                 })
-                .map_err(|e| format!("rbind: {e}"))?;
+                .context("rbind")?;
             Ok(Listener::Async(rt, l))
         }
         #[cfg(not(feature = "tokio"))]
-        Err("-T a needs this example built with the `tokio` feature".into())
+        bail!("-T a needs this example built with the `tokio` feature")
     } else {
         RdmaListener::bind_with(at, options(a, true))
             .map(Listener::Rdma)
-            .map_err(|e| format!("rbind: {e}"))
+            .context("rbind")
     }
 }
 
-fn connect(a: &Args, l: Option<&mut Listener>, latency: bool) -> Result<Box<dyn Conn>, String> {
+fn connect(a: &Args, l: Option<&mut Listener>, latency: bool) -> anyhow::Result<Box<dyn Conn>> {
     match (l, &a.dst) {
         (Some(Listener::Tcp(l)), _) => {
-            let (s, _) = l.accept().map_err(|e| format!("accept: {e}"))?;
+            let (s, _) = l.accept().context("accept")?;
             let _ = s.set_nodelay(true);
             Ok(Box::new(s))
         }
         #[cfg(feature = "tokio")]
         (Some(Listener::Async(rt, l)), _) => {
-            let (s, _) = rt
-                .block_on(l.accept())
-                .map_err(|e| format!("raccept: {e}"))?;
+            let (s, _) = rt.block_on(l.accept()).context("raccept")?;
             Ok(Box::new(AsyncConn {
                 rt: std::rc::Rc::clone(rt),
                 s,
             }))
         }
         (Some(Listener::Rdma(l)), _) => {
-            let (s, _) = l.accept().map_err(|e| format!("raccept: {e}"))?;
+            let (s, _) = l.accept().context("raccept")?;
             s.set_nonblocking(a.nonblocking)
-                .map_err(|e| e.to_string())?;
+                .context("set_nonblocking")?;
             Ok(Box::new(s))
         }
         (None, Some(dst)) => {
             let to = addr(dst, &a.port)?;
             if a.sockets {
-                let s = TcpStream::connect(to).map_err(|e| format!("connect: {e}"))?;
+                let s = TcpStream::connect(to).context("connect")?;
                 let _ = s.set_nodelay(true);
                 Ok(Box::new(s))
             } else if a.async_io {
@@ -544,16 +537,15 @@ fn connect(a: &Args, l: Option<&mut Listener>, latency: bool) -> Result<Box<dyn 
                             to,
                             &options(a, latency),
                         ))
-                        .map_err(|e| format!("rconnect: {e}"))?;
+                        .context("rconnect")?;
                     Ok(Box::new(AsyncConn { rt, s }))
                 }
                 #[cfg(not(feature = "tokio"))]
-                Err("-T a needs this example built with the `tokio` feature".into())
+                bail!("-T a needs this example built with the `tokio` feature")
             } else {
-                let s = RdmaStream::connect_with(to, &options(a, latency))
-                    .map_err(|e| format!("rconnect: {e}"))?;
+                let s = RdmaStream::connect_with(to, &options(a, latency)).context("rconnect")?;
                 s.set_nonblocking(a.nonblocking)
-                    .map_err(|e| e.to_string())?;
+                    .context("set_nonblocking")?;
                 Ok(Box::new(s))
             }
         }
@@ -561,7 +553,7 @@ fn connect(a: &Args, l: Option<&mut Listener>, latency: bool) -> Result<Box<dyn 
     }
 }
 
-fn run(a: &Args) -> Result<(), String> {
+fn run(a: &Args) -> anyhow::Result<()> {
     let mut listener = if a.dst.is_none() {
         Some(listen(a)?)
     } else {
@@ -619,18 +611,5 @@ fn run(a: &Args) -> Result<(), String> {
 fn main() -> ExitCode {
     env_logger::init();
     let argv: Vec<String> = std::env::args().skip(1).collect();
-    let args = match parse(&argv) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(1);
-        }
-    };
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("rstream: {e}");
-            ExitCode::from(1)
-        }
-    }
+    common::exit("rstream", parse(&argv).and_then(|a| run(&a)))
 }
