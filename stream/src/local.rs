@@ -1,0 +1,132 @@
+//! What one side sets up before it connects: the sizes of its queues and
+//! buffers ([`Sizes`]), and [`Local`], the memory it registers (the receive
+//! buffer the peer writes into, the target SGL the peer writes new receive
+//! space into, on iWARP the slots message SENDs land in, the send ring) with
+//! every receive posted, whose keys its connection data carries. The engine
+//! takes a `Local` over once the connection is up.
+
+use std::io;
+
+use rdma::{AccessFlags, MemoryRegion, ProtectionDomain, QueuePair, WrBuffers};
+
+use crate::ring::SendRing;
+use crate::wire::{self, ConnData, Sge};
+
+/// `wr_id` bit of a receive (the low bits: its message slot on iWARP).
+pub(crate) const RECV: u64 = 1 << 63;
+
+/// Sizes of a connection's queues and buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    /// Send queue depth (data and control requests).
+    pub send_queue: u32,
+    /// Receive queue depth: the messages the peer may send unread.
+    pub recv_queue: u32,
+    /// Send buffer bytes (registered, copied into).
+    pub send_buffer: usize,
+    /// Receive buffer bytes (registered, the peer writes into it).
+    pub recv_buffer: usize,
+    /// Bytes sent inline (copied by the provider at post time).
+    pub inline: u32,
+}
+
+impl Default for Sizes {
+    /// rsocket's defaults (384-deep queues, 64 bytes inline), with 256 KiB
+    /// buffers each way.
+    fn default() -> Self {
+        Sizes {
+            send_queue: 384,
+            recv_queue: 384,
+            send_buffer: 256 * 1024,
+            recv_buffer: 256 * 1024,
+            inline: 64,
+        }
+    }
+}
+
+/// The memory one side registers before connecting, whose keys its
+/// connection data carries.
+#[derive(Debug)]
+pub(crate) struct Local {
+    /// The receive buffer: the peer writes data here.
+    pub(crate) rbuf: MemoryRegion,
+    /// The target SGL: the peer writes new receive space here.
+    pub(crate) target: MemoryRegion,
+    /// iWARP: one 4-byte slot per receive, where a message SEND lands.
+    pub(crate) slots: Option<Vec<Option<MemoryRegion>>>,
+    pub(crate) ring: SendRing,
+    pub(crate) sizes: Sizes,
+}
+
+impl Local {
+    /// Registers the buffers on `pd` and posts every receive on `qp` (in
+    /// INIT or later). `iwarp`: messages travel as SENDs.
+    pub(crate) fn new(
+        pd: &ProtectionDomain,
+        qp: &mut QueuePair,
+        sizes: Sizes,
+        iwarp: bool,
+    ) -> io::Result<Local> {
+        let remote = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let rbuf = pd
+            .alloc_mr(sizes.recv_buffer, remote)
+            .map_err(crate::io_error)?;
+        let target = pd
+            .alloc_mr(wire::SGL_ENTRIES * wire::SGE_LEN, remote)
+            .map_err(crate::io_error)?;
+        let chunk = wire::MAX_TRANSFER.min(sizes.send_buffer.max(wire::SEND_LOW_WATER));
+        let ring = SendRing::new(pd, sizes.send_buffer, chunk).map_err(crate::io_error)?;
+        let mut local = Local {
+            rbuf,
+            target,
+            slots: None,
+            ring,
+            sizes,
+        };
+        if iwarp {
+            let all = pd
+                .alloc_mr(
+                    wire::MSG_LEN * sizes.recv_queue as usize,
+                    AccessFlags::LOCAL_WRITE,
+                )
+                .map_err(crate::io_error)?;
+            let pieces = all.chunks(wire::MSG_LEN).map_err(crate::io_error)?;
+            for (i, piece) in pieces.into_iter().enumerate() {
+                qp.post_recv(RECV | i as u64, piece)
+                    .map_err(|e| crate::io_error(e.drop_buffers()))?;
+            }
+            local.slots = Some((0..sizes.recv_queue).map(|_| None).collect());
+        } else {
+            for _ in 0..sizes.recv_queue {
+                qp.post_recv(RECV, WrBuffers::None)
+                    .map_err(|e| crate::io_error(e.drop_buffers()))?;
+            }
+        }
+        Ok(local)
+    }
+
+    /// What this side sends in its private data.
+    pub(crate) fn conn_data(&self) -> ConnData {
+        let flags = wire::FLAG_IOMAP
+            | if cfg!(target_endian = "big") {
+                wire::FLAG_NET
+            } else {
+                0
+            };
+        ConnData {
+            flags,
+            credits: self.sizes.recv_queue as u16,
+            target_iomap_size: 0,
+            target_sgl: Sge {
+                addr: self.target.addr(),
+                key: self.target.rkey(),
+                length: wire::SGL_ENTRIES as u32,
+            },
+            data_buf: Sge {
+                addr: self.rbuf.addr(),
+                key: self.rbuf.rkey(),
+                length: (self.sizes.recv_buffer / 2) as u32,
+            },
+        }
+    }
+}
