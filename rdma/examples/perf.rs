@@ -53,6 +53,8 @@ mod opts;
 mod report;
 #[path = "perf/setup.rs"]
 mod setup;
+#[path = "perf/slot_lat.rs"]
+mod slot_lat;
 
 use std::process::ExitCode;
 
