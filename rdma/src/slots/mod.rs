@@ -392,20 +392,7 @@ impl SlotQueue {
         signaled: bool,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<()> {
-        if target.queue != self.id {
-            return Err(foreign_target());
-        }
-        let direct = target.direct.as_ref().map(|d| &d.0);
-        let remote = Some(&target.remote);
-        self.post::<true>(
-            ffi::IBV_WR_RDMA_WRITE,
-            remote,
-            direct,
-            slot,
-            len,
-            signaled,
-            fill,
-        )
+        self.post_to_target::<true>(target, slot, len, signaled, fill)
     }
 
     /// Posts an RDMA WRITE of the first `len` bytes of `slot` to `target`.
@@ -420,19 +407,32 @@ impl SlotQueue {
         len: u32,
         signaled: bool,
     ) -> Result<()> {
+        self.post_to_target::<false>(target, slot, len, signaled, |_| {})
+    }
+
+    /// An RDMA WRITE to `target`, a target of this queue; with `FILL`,
+    /// `fill` writes the slot first (see [`SlotQueue::post`]).
+    #[inline(always)]
+    fn post_to_target<const FILL: bool>(
+        &mut self,
+        target: &SlotTarget,
+        slot: u32,
+        len: u32,
+        signaled: bool,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<()> {
         if target.queue != self.id {
             return Err(foreign_target());
         }
         let direct = target.direct.as_ref().map(|d| &d.0);
-        let remote = Some(&target.remote);
-        self.post::<false>(
+        self.post::<FILL>(
             ffi::IBV_WR_RDMA_WRITE,
-            remote,
+            Some(&target.remote),
             direct,
             slot,
             len,
             signaled,
-            |_| {},
+            fill,
         )
     }
 
