@@ -33,12 +33,11 @@
 #[cfg(feature = "tokio")]
 #[path = "perf/aio.rs"]
 mod aio;
-#[path = "common/args.rs"]
-mod args;
 #[path = "perf/bw.rs"]
 mod bw;
 #[path = "perf/clock.rs"]
 mod clock;
+mod common;
 #[path = "perf/events.rs"]
 mod events;
 #[path = "perf/io.rs"]
@@ -72,8 +71,8 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(msg) => {
-            eprintln!("perf: {msg}");
+        Err(e) => {
+            eprintln!("perf: {}", common::Report(&e));
             ExitCode::FAILURE
         }
     }

@@ -22,10 +22,13 @@ use std::future::Future;
 
 use rdma::{InlineSend, WorkCompletion};
 
+use anyhow::Context as _;
+
 use crate::bw::{SafeClient, SafeServer};
 use crate::clock::Stamps;
+use crate::common::Res;
 use crate::io::{self, POLL_BATCH};
-use crate::opts::{Opts, OrFail, Res};
+use crate::opts::Opts;
 use crate::report::BwStamps;
 use crate::setup::Conn;
 
@@ -42,7 +45,7 @@ fn block_on<T>(run: impl Future<Output = Res<T>>) -> Res<T> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
-        .or_fail("Couldn't build a tokio runtime")?;
+        .context("Couldn't build a tokio runtime")?;
     runtime.block_on(run)
 }
 
@@ -58,7 +61,7 @@ fn block_on<T>(run: impl Future<Output = Res<T>>) -> Res<T> {
 pub fn bw_client(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) -> Res<usize> {
     block_on(async {
         let mut client = SafeClient::new(conn, opts, size, stamps)?;
-        let mut acq = rt::completions(&conn.send_cq).or_fail("Couldn't await the send CQ")?;
+        let mut acq = rt::completions(&conn.send_cq).context("Couldn't await the send CQ")?;
         let mut wcs = [WorkCompletion::default(); POLL_BATCH];
         let mut memory = Vec::new();
         conn.oob.barrier()?;
@@ -73,7 +76,7 @@ pub fn bw_client(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamp
             let n = acq
                 .batch_wc(&mut wcs, &mut memory)
                 .await
-                .or_fail("poll CQ failed")?;
+                .context("poll CQ failed")?;
             client.complete_wc(&wcs[..n], &mut memory, stamps)?;
         }
         stamps.loop_end(client.total);
@@ -99,7 +102,7 @@ fn run_ready(
 ) -> Res<()> {
     while !client.finished() {
         client.post(&mut conn.qps, stamps)?;
-        let n = acq.try_batch_wc(wcs, memory).or_fail("poll CQ failed")?;
+        let n = acq.try_batch_wc(wcs, memory).context("poll CQ failed")?;
         if n == 0 {
             break;
         }
@@ -117,7 +120,7 @@ fn run_ready(
 pub fn bw_server(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) -> Res<usize> {
     block_on(async {
         let mut server = SafeServer::new(conn, opts, size, stamps)?;
-        let mut acq = rt::completions(&conn.recv_cq).or_fail("Couldn't await the receive CQ")?;
+        let mut acq = rt::completions(&conn.recv_cq).context("Couldn't await the receive CQ")?;
         let mut wcs = [WorkCompletion::default(); POLL_BATCH];
         let mut memory = Vec::with_capacity(POLL_BATCH);
         conn.oob.barrier()?;
@@ -125,7 +128,7 @@ pub fn bw_server(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamp
             let n = acq
                 .batch_wc(&mut wcs, &mut memory)
                 .await
-                .or_fail("poll CQ failed")?;
+                .context("poll CQ failed")?;
             server.complete_wc(&mut conn.qps, &wcs[..n], &mut memory)?;
         }
         Ok(server.end(stamps))
@@ -152,8 +155,8 @@ async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut 
     // As the blocking loop.
     let (mut prepared, mut sbufs) = crate::lat::send_buffers(qp, opts, inline, size, cq_mod)?;
     let data = vec![0u8; size];
-    let mut recv_acq = rt::completions(recv_cq).or_fail("Couldn't await the receive CQ")?;
-    let mut send_acq = rt::completions(send_cq).or_fail("Couldn't await the send CQ")?;
+    let mut recv_acq = rt::completions(recv_cq).context("Couldn't await the receive CQ")?;
+    let mut send_acq = rt::completions(send_cq).context("Couldn't await the send CQ")?;
     let (mut rslot, mut sslot) = (None, None);
     oob.barrier()?;
     let mut rcnt = 0;
@@ -165,7 +168,7 @@ async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut 
             let c = recv_acq
                 .next_into(&mut rslot)
                 .await
-                .or_fail("poll CQ failed")?;
+                .context("poll CQ failed")?;
             io::check(c, "receive")?;
             rcnt += 1;
         }
@@ -173,15 +176,16 @@ async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut 
         let signaled = n % cq_mod == 0 || n == iters;
         if inline {
             qp.post_send_inline(InlineSend::send(u64::from(n), &data).signaled(signaled))
-                .or_fail("Couldn't post send")?;
+                .context("Couldn't post send")?;
         } else if let Some(p) = &mut prepared {
             p.set_signaled(signaled);
             qp.post_prepared(p, u64::from(n), 0, size)
-                .or_fail("Couldn't post send")?;
+                .context("Couldn't post send")?;
         } else {
-            let mr = sbufs.pop().ok_or("no free send buffer")?;
+            let mr = sbufs.pop().context("no free send buffer")?;
             qp.post_send(rdma::SendWr::send(u64::from(n), mr).signaled(signaled))
-                .map_err(|e| format!("Couldn't post send: {}", e.error))?;
+                .map_err(|e| e.error)
+                .context("Couldn't post send")?;
         }
         stamps.push();
         if let (true, Some(c)) = (arrived, rslot.as_mut()) {
@@ -194,7 +198,7 @@ async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut 
             let c = send_acq
                 .next_into(&mut sslot)
                 .await
-                .or_fail("poll CQ failed")?;
+                .context("poll CQ failed")?;
             io::check(c, "send")?;
             for (_, b) in c.unsignaled.drain(..) {
                 sbufs.extend(b.into_one());
@@ -206,7 +210,7 @@ async fn send_lat_async(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut 
         let c = recv_acq
             .next_into(&mut rslot)
             .await
-            .or_fail("poll CQ failed")?;
+            .context("poll CQ failed")?;
         io::check(c, "receive")?;
         rcnt += 1;
     }

@@ -9,9 +9,12 @@ use rdma::{
     ffi, MemoryRegion, PreparedSend, QueuePair, RemoteMemory, SendFlags, WorkCompletion, WrBuffers,
 };
 
+use anyhow::Context as _;
+
 use crate::clock;
+use crate::common::Res;
 use crate::io::{self, RawRecv, RawSend, POLL_BATCH};
-use crate::opts::{AtomicOp, Opts, Res, Verb};
+use crate::opts::{AtomicOp, Opts, Verb};
 use crate::report::{self, BwStamps};
 use crate::setup::{self, Conn};
 
@@ -171,7 +174,7 @@ impl SafeClient {
             let mr = conn
                 .pd
                 .alloc_mr(len, io::local_access(verb))
-                .map_err(|e| format!("Couldn't register the send buffer: {e}"))?;
+                .context("Couldn't register the send buffer")?;
             Some(Arc::new(mr))
         } else {
             None
@@ -188,12 +191,13 @@ impl SafeClient {
                         None => conn
                             .pd
                             .alloc_mr(len, io::local_access(verb))
-                            .map_err(|e| format!("Couldn't register the local buffers: {e}"))?
+                            .context("Couldn't register the local buffers")?
                             .into(),
                     };
                     let p = qp
                         .prepare_send(op, SendFlags::SIGNALED, region)
-                        .map_err(|e| format!("Couldn't prepare the request: {}", e.error))?;
+                        .map_err(|e| e.error)
+                        .context("Couldn't prepare the request")?;
                     (Vec::new(), Some(p))
                 } else if shared.is_some() {
                     (Vec::new(), None)
@@ -243,10 +247,11 @@ impl SafeClient {
     pub fn post(&mut self, qps: &mut [QueuePair], stamps: &mut BwStamps) -> Res<()> {
         let (iters, depth, cq_mod, len) = (self.iters, self.depth, self.cq_mod, self.len);
         let failed = |q: usize, n: u32, e: rdma::PostError| {
-            format!("Couldn't post send on QP {q} (request {n}): {}", e.error)
+            anyhow::Error::from(e.error)
+                .context(format!("Couldn't post send on QP {q} (request {n})"))
         };
         let failed_prepared = |q: usize, n: u32, e: rdma::Error| {
-            format!("Couldn't post send on QP {q} (request {n}): {e}")
+            anyhow::Error::from(e).context(format!("Couldn't post send on QP {q} (request {n})"))
         };
         for (q, (qp, side)) in qps.iter_mut().zip(&mut self.sides).enumerate() {
             let QpSide {
@@ -344,7 +349,7 @@ impl SafeClient {
         let side = self
             .sides
             .get_mut(q)
-            .ok_or("completion for an unknown QP")?;
+            .context("completion for an unknown QP")?;
         self.done += (n - side.ccnt) as usize;
         side.ccnt = n;
         stamps.complete(self.done, now);
@@ -376,7 +381,7 @@ fn client_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) 
         let mr = conn
             .pd
             .alloc_mr(len, io::local_access(verb))
-            .map_err(|e| format!("Couldn't register a buffer of {len} bytes: {e}"))?;
+            .with_context(|| format!("Couldn't register a buffer of {len} bytes"))?;
         bases.push(mr.addr());
         reqs.push(RawSend::new(
             &conn.qps[q],
@@ -419,7 +424,7 @@ fn client_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) 
                 // WRITE) or writes it (READ, atomics) for any number of
                 // requests at once, and nothing else touches it.
                 unsafe { req.post(qp, base, io::wr_id(q, n), signaled) }
-                    .map_err(|e| format!("QP {q}, request {n}: {e}"))?;
+                    .with_context(|| format!("QP {q}, request {n}"))?;
                 *scnt = n;
             }
         }
@@ -431,7 +436,7 @@ fn client_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwStamps) 
         let now = stamps.poll_time();
         for w in &wc[..got] {
             let (q, n) = io::split_id(w.wr_id);
-            let c = ccnt.get_mut(q).ok_or("completion for an unknown QP")?;
+            let c = ccnt.get_mut(q).context("completion for an unknown QP")?;
             done += (n - *c) as usize;
             *c = n;
             stamps.complete(done, now);
@@ -508,7 +513,8 @@ impl SafeServer {
                 bufs.into_iter()
                     .map(|m| (io::wr_id(q, 0), WrBuffers::One(m))),
             )
-            .map_err(|e| format!("Couldn't post receives on QP {q}: {}", e.error))?;
+            .map_err(|e| e.error)
+            .with_context(|| format!("Couldn't post receives on QP {q}"))?;
         }
         stamps.reset(1, true);
         Ok(SafeServer {
@@ -566,11 +572,12 @@ impl SafeServer {
         let p = self
             .posted
             .get_mut(q)
-            .ok_or("completion for an unknown QP")?;
+            .context("completion for an unknown QP")?;
         if *p < self.iters {
             qps[q]
                 .post_recv(id, b)
-                .map_err(|e| format!("Couldn't post a receive on QP {q}: {}", e.error))?;
+                .map_err(|e| e.error)
+                .with_context(|| format!("Couldn't post a receive on QP {q}"))?;
             *p += 1;
         }
         Ok(())
@@ -594,15 +601,15 @@ fn server_send_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwSta
         let mr = conn
             .pd
             .alloc_mr(size * slots as usize, rdma::AccessFlags::LOCAL_WRITE)
-            .map_err(|e| {
-                format!("Couldn't register {slots} receive buffers of {size} bytes: {e}")
+            .with_context(|| {
+                format!("Couldn't register {slots} receive buffers of {size} bytes")
             })?;
         let mut r = RawRecv::new(mr.addr(), mr.lkey(), size);
         conn.raw_keep.push(mr);
         for s in 0..slots {
             // SAFETY: slot `s` of the registration just kept in
             // `conn.raw_keep`, posted once, never referenced from Rust.
-            unsafe { r.post(qp, s, io::wr_id(q, s)) }.map_err(|e| format!("QP {q}: {e}"))?;
+            unsafe { r.post(qp, s, io::wr_id(q, s)) }.with_context(|| format!("QP {q}"))?;
         }
         recvs.push(r);
     }
@@ -627,12 +634,12 @@ fn server_send_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut BwSta
         for w in &wc[..n] {
             let (q, slot) = io::split_id(w.wr_id);
             got += 1;
-            let p = posted.get_mut(q).ok_or("completion for an unknown QP")?;
+            let p = posted.get_mut(q).context("completion for an unknown QP")?;
             if *p < iters {
                 // SAFETY: the slot's previous receive just completed, so it
                 // is free; the registration is kept in `conn.raw_keep`.
                 unsafe { recvs[q].post(&mut conn.qps[q], slot, w.wr_id) }
-                    .map_err(|e| format!("QP {q}: {e}"))?;
+                    .with_context(|| format!("QP {q}"))?;
                 *p += 1;
             }
         }

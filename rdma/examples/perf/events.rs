@@ -14,7 +14,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rdma::CompletionQueue;
 
-use crate::opts::{ArgError, Res};
+use anyhow::Context as _;
+
+use crate::common::Res;
+use crate::opts::ArgError;
 
 /// How `-e` sleeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,12 +58,15 @@ pub fn through_cq() -> bool {
     THROUGH_CQ.load(Ordering::Relaxed)
 }
 
-/// A failure of the loop's poll, or of the wait.
-struct Failed(String);
+/// A failure of the wait itself, or of the loop's poll.
+enum Failed {
+    Wait(rdma::Error),
+    Poll(anyhow::Error),
+}
 
 impl From<rdma::Error> for Failed {
     fn from(e: rdma::Error) -> Failed {
-        Failed(format!("Couldn't wait for a completion: {e}"))
+        Failed::Wait(e)
     }
 }
 
@@ -73,10 +79,11 @@ pub fn sleep(cq: &CompletionQueue, mut poll: impl FnMut() -> Res<usize>) -> Res<
     let got = cq.wait_until(None, || match poll() {
         Ok(0) => Ok(None),
         Ok(n) => Ok(Some(n)),
-        Err(e) => Err(Failed(e)),
+        Err(e) => Err(Failed::Poll(e)),
     });
     match got {
         Ok(n) => Ok(n.unwrap_or(0)),
-        Err(Failed(e)) => Err(e),
+        Err(Failed::Wait(e)) => Err(e).context("Couldn't wait for a completion"),
+        Err(Failed::Poll(e)) => Err(e),
     }
 }

@@ -16,8 +16,11 @@ use rdma::{
     SendOp, SendWr, WcStatus, WorkCompletion, WrBuffers,
 };
 
+use anyhow::{anyhow, Context as _};
+
+use crate::common::Res;
 use crate::oob::Watch;
-use crate::opts::{AtomicOp, OrFail, Res, Verb};
+use crate::opts::{AtomicOp, Verb};
 
 /// Completions fetched per poll (perftest's `CTX_POLL_BATCH`).
 pub const POLL_BATCH: usize = 16;
@@ -33,7 +36,7 @@ pub fn split_id(id: u64) -> (usize, u32) {
 }
 
 #[cold]
-fn failed(what: &str, status: WcStatus, vendor_err: u32, id: u64) -> String {
+fn failed(what: &str, status: WcStatus, vendor_err: u32, id: u64) -> anyhow::Error {
     let (q, n) = split_id(id);
     let hint = if status == WcStatus::LocQpOpErr {
         " (with --post extended and -I: rdma-core's rxe provider before release 51 builds \
@@ -41,7 +44,7 @@ fn failed(what: &str, status: WcStatus, vendor_err: u32, id: u64) -> String {
     } else {
         ""
     };
-    format!(
+    anyhow!(
         "{what} completion with error on QP {q}, request {n}: {status} (status {}, vendor error \
          {vendor_err:#x}){hint}",
         status.to_raw()
@@ -80,13 +83,13 @@ fn sleep_on(
         return crate::events::sleep(cq, poll);
     }
     cq.req_notify(false)
-        .or_fail("Couldn't request CQ notification")?;
+        .context("Couldn't request CQ notification")?;
     let n = poll()?;
     if n > 0 {
         return Ok(n);
     }
     // Acknowledged when dropped.
-    drop(ch.get_event().or_fail("Couldn't get a CQ event")?);
+    drop(ch.get_event().context("Couldn't get a CQ event")?);
     poll()
 }
 
@@ -104,10 +107,10 @@ pub fn poll_safe(
     wcs: &mut [WorkCompletion],
     memory: &mut Vec<(u64, WrBuffers)>,
 ) -> Res<usize> {
-    let n = cq.poll_wc(wcs, memory).or_fail("poll CQ failed")?;
+    let n = cq.poll_wc(wcs, memory).context("poll CQ failed")?;
     match ch {
         Some(ch) if n == 0 => {
-            sleep_on(cq, ch, || cq.poll_wc(wcs, memory).or_fail("poll CQ failed"))
+            sleep_on(cq, ch, || cq.poll_wc(wcs, memory).context("poll CQ failed"))
         }
         _ => Ok(n),
     }
@@ -152,7 +155,7 @@ pub fn poll_raw(
         // SAFETY: the CQ is live (borrowed) and `wc` has room for `max`
         // entries.
         let n = unsafe { ffi::ibv_poll_cq(cq.as_raw(), max, wc.as_mut_ptr()) };
-        let n = usize::try_from(n).map_err(|_| format!("poll CQ failed: {n}"))?;
+        let n = usize::try_from(n).map_err(|_| anyhow!("poll CQ failed: {n}"))?;
         for w in &wc[..n] {
             if w.status != ffi::IBV_WC_SUCCESS {
                 return Err(failed(
@@ -364,7 +367,7 @@ impl RawSend {
                 ffi::ibv_wr_complete(q)
             };
             if rc != 0 {
-                return Err(format!(
+                return Err(anyhow!(
                     "Couldn't post send (ibv_wr_complete): {}",
                     std::io::Error::from_raw_os_error(rc)
                 ));
@@ -377,7 +380,7 @@ impl RawSend {
         self.wr.next = std::ptr::null_mut();
         // SAFETY: a single well-formed request whose SGE points into memory
         // the caller guarantees (see above); `wr_id` has bit 63 clear.
-        unsafe { qp.post_send_raw(&mut self.wr) }.or_fail("Couldn't post send")
+        unsafe { qp.post_send_raw(&mut self.wr) }.context("Couldn't post send")
     }
 }
 
@@ -443,6 +446,6 @@ impl RawRecv {
         self.wr.next = std::ptr::null_mut();
         // SAFETY: one well-formed request over memory the caller guarantees;
         // bit 63 of the id is clear.
-        unsafe { qp.post_recv_raw(&mut self.wr) }.or_fail("Couldn't post receive")
+        unsafe { qp.post_recv_raw(&mut self.wr) }.context("Couldn't post receive")
     }
 }

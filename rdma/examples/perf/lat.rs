@@ -22,10 +22,13 @@ use rdma::{
     WorkCompletion, WrBuffers,
 };
 
+use anyhow::Context as _;
+
 use crate::clock::Stamps;
+use crate::common::Res;
 use crate::io::{self, RawRecv, RawSend};
 use crate::oob::Watch;
-use crate::opts::{Opts, OrFail, Res, Verb};
+use crate::opts::{Opts, Verb};
 use crate::report;
 use crate::setup::{self, Conn};
 use crate::slot_lat;
@@ -136,9 +139,10 @@ pub fn prepare(
     let pd = qp.pd();
     let mr = pd
         .alloc_mr(len, access)
-        .or_fail("Couldn't register the request's buffer")?;
+        .context("Couldn't register the request's buffer")?;
     qp.prepare_send(op, flags, mr)
-        .map_err(|e| format!("Couldn't prepare the request: {}", e.error))
+        .map_err(|e| e.error)
+        .context("Couldn't prepare the request")
         .map(Some)
 }
 
@@ -162,19 +166,21 @@ impl Receives {
             let mr = qp
                 .pd()
                 .alloc_mr(size * slots as usize, AccessFlags::LOCAL_WRITE)
-                .or_fail("Couldn't register the receive buffers")?;
+                .context("Couldn't register the receive buffers")?;
             let mut r = qp
                 .prepare_recv(mr, size)
-                .map_err(|e| format!("Couldn't prepare the receives: {}", e.error))?;
+                .map_err(|e| e.error)
+                .context("Couldn't prepare the receives")?;
             for slot in 0..slots {
                 qp.post_prepared_recv(&mut r, u64::from(slot), slot as usize)
-                    .or_fail("Couldn't post receives")?;
+                    .context("Couldn't post receives")?;
             }
             return Ok((Receives::Prepared(r), slots));
         }
         let bufs = setup::pool(qp.pd(), slots, size, AccessFlags::LOCAL_WRITE)?;
         qp.post_recv_batch(bufs.into_iter().map(|m| (0, WrBuffers::One(m))))
-            .map_err(|e| format!("Couldn't post receives: {}", e.error))?;
+            .map_err(|e| e.error)
+            .context("Couldn't post receives")?;
         Ok((Receives::Moved, slots))
     }
 
@@ -194,11 +200,12 @@ impl Receives {
         match self {
             Receives::Prepared(r) => qp
                 .post_prepared_recv(r, wr_id, wr_id as usize)
-                .or_fail("Couldn't post a receive"),
+                .context("Couldn't post a receive"),
             Receives::Moved => {
-                let b = memory().ok_or("a receive completion without its memory")?;
+                let b = memory().context("a receive completion without its memory")?;
                 qp.post_recv(wr_id, b)
-                    .map_err(|e| format!("Couldn't post a receive: {}", e.error))
+                    .map_err(|e| e.error)
+                    .context("Couldn't post a receive")
             }
         }
     }
@@ -248,15 +255,16 @@ fn send_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
         }
         if inline {
             qp.post_send_inline(InlineSend::send(u64::from(n), &data).signaled(signaled))
-                .or_fail("Couldn't post send")?;
+                .context("Couldn't post send")?;
         } else if let Some(p) = &mut prepared {
             p.set_signaled(signaled);
             qp.post_prepared(p, u64::from(n), 0, size)
-                .or_fail("Couldn't post send")?;
+                .context("Couldn't post send")?;
         } else {
-            let mr = sbufs.pop().ok_or("no free send buffer")?;
+            let mr = sbufs.pop().context("no free send buffer")?;
             qp.post_send(rdma::SendWr::send(u64::from(n), mr).signaled(signaled))
-                .map_err(|e| format!("Couldn't post send: {}", e.error))?;
+                .map_err(|e| e.error)
+                .context("Couldn't post send")?;
         }
         stamps.push();
         if arrived && rposted < iters {
@@ -287,14 +295,14 @@ fn send_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> R
     let rmr = conn
         .pd
         .alloc_mr(size * slots as usize, AccessFlags::LOCAL_WRITE)
-        .or_fail("Couldn't register the receive buffers")?;
+        .context("Couldn't register the receive buffers")?;
     let mut recvs = RawRecv::new(rmr.addr(), rmr.lkey(), size);
     conn.raw_keep.push(rmr);
     let inline = size <= conn.inline as usize;
     let smr = conn
         .pd
         .alloc_mr(size, AccessFlags::empty())
-        .or_fail("Couldn't register the send buffer")?;
+        .context("Couldn't register the send buffer")?;
     let saddr = smr.addr();
     let mut send = RawSend::new(
         &conn.qps[0],
@@ -433,7 +441,7 @@ fn write_loop(
         Some(
             conn.pd
                 .alloc_mr(size, AccessFlags::empty())
-                .or_fail("Couldn't register the send buffer")?,
+                .context("Couldn't register the send buffer")?,
         )
     };
     let (addr, lkey) = smr
@@ -451,7 +459,7 @@ fn write_loop(
     );
     conn.target
         .write_at(size - 1, &[0])
-        .or_fail("Couldn't clear the target buffer")?;
+        .context("Couldn't clear the target buffer")?;
     // The safe path's WRITE, with a buffer of its own (the raw path's is
     // `smr`); none when inline.
     let mut prepared = if inline {
@@ -494,8 +502,8 @@ fn write_loop(
             // SAFETY: inline data is copied during the post; `data` outlives it.
             unsafe { send.post(qp, data.as_ptr() as u64, u64::from(n), true) }?;
         } else if raw {
-            let mr = smr.as_mut().ok_or("the send buffer is still in flight")?;
-            mr.as_mut_slice().or_fail("send buffer")?[size - 1] = n as u8;
+            let mr = smr.as_mut().context("the send buffer is still in flight")?;
+            mr.as_mut_slice().context("send buffer")?[size - 1] = n as u8;
             // SAFETY: the registration is held in `smr` (not in flight: the
             // safe path's completions gave it back) until after the
             // completion polled right after, and nothing writes it meanwhile.
@@ -503,18 +511,19 @@ fn write_loop(
         } else if inline {
             data[size - 1] = n as u8;
             qp.post_send_inline(InlineSend::write(u64::from(n), &data, remote))
-                .or_fail("Couldn't post send")?;
+                .context("Couldn't post send")?;
         } else if let Some(write) = &mut prepared {
             write
                 .write_at(size - 1, &[n as u8])
-                .or_fail("send buffer")?;
+                .context("send buffer")?;
             qp.post_prepared(write, u64::from(n), 0, size)
-                .or_fail("Couldn't post send")?;
+                .context("Couldn't post send")?;
         } else {
-            let mut mr = smr.take().ok_or("the send buffer is still in flight")?;
-            mr.as_mut_slice().or_fail("send buffer")?[size - 1] = n as u8;
+            let mut mr = smr.take().context("the send buffer is still in flight")?;
+            mr.as_mut_slice().context("send buffer")?[size - 1] = n as u8;
             qp.post_send(rdma::SendWr::write(u64::from(n), mr, remote))
-                .map_err(|e| format!("Couldn't post send: {}", e.error))?;
+                .map_err(|e| e.error)
+                .context("Couldn't post send")?;
         }
         stamps.push();
         // One wait per path: the raw poll, or the safe one, whose completion
@@ -549,9 +558,9 @@ fn write_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
     let mut smr = conn
         .pd
         .alloc_mr(size, AccessFlags::empty())
-        .or_fail("Couldn't register the send buffer")?;
+        .context("Couldn't register the send buffer")?;
     let saddr = smr.addr();
-    let last = smr.as_mut_slice().or_fail("send buffer")?[size - 1..].as_mut_ptr();
+    let last = smr.as_mut_slice().context("send buffer")?[size - 1..].as_mut_ptr();
     let mut send = RawSend::new(
         &conn.qps[0],
         Verb::Write,
@@ -564,7 +573,7 @@ fn write_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
     conn.raw_keep.push(smr);
     conn.target
         .write_at(size - 1, &[0])
-        .or_fail("Couldn't clear the target buffer")?;
+        .context("Couldn't clear the target buffer")?;
     let mut wc = [ffi::ibv_wc::default(); 1];
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
@@ -614,7 +623,7 @@ fn one_sided_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps
         None => Some(
             conn.pd
                 .alloc_mr(len, access)
-                .or_fail("Couldn't register the local buffer")?,
+                .context("Couldn't register the local buffer")?,
         ),
     };
     conn.oob.barrier()?;
@@ -623,11 +632,12 @@ fn one_sided_safe(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps
         match &mut prepared {
             Some(request) => qp
                 .post_prepared(request, u64::from(i), 0, len)
-                .or_fail("Couldn't post send")?,
+                .context("Couldn't post send")?,
             None => {
-                let m = mr.take().ok_or("the local buffer is still in flight")?;
+                let m = mr.take().context("the local buffer is still in flight")?;
                 qp.post_send(io::safe_wr(verb, opts.atomic, u64::from(i), m, remote))
-                    .map_err(|e| format!("Couldn't post send: {}", e.error))?;
+                    .map_err(|e| e.error)
+                    .context("Couldn't post send")?;
             }
         }
         stamps.push();
@@ -650,7 +660,7 @@ fn one_sided_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps)
     let mr = conn
         .pd
         .alloc_mr(len, io::local_access(verb))
-        .or_fail("Couldn't register the local buffer")?;
+        .context("Couldn't register the local buffer")?;
     let addr = mr.addr();
     let mut req = RawSend::new(
         &conn.qps[0],

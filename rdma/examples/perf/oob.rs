@@ -17,7 +17,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use rdma::Gid;
 
-use crate::opts::{OrFail, Res};
+use anyhow::{anyhow, bail, Context as _};
+
+use crate::common::Res;
 
 /// One QP's address and the memory a peer may target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +50,7 @@ impl Dest {
     }
 
     fn from_line(line: &str) -> Res<Dest> {
-        let bad = || format!("malformed QP address from the peer: {line:?}");
+        let bad = || anyhow!("malformed QP address from the peer: {line:?}");
         let f: Vec<&str> = line.split_whitespace().collect();
         let ["qp", lid, qpn, psn, gid, rkey, addr, len] = f[..] else {
             return Err(bad());
@@ -98,8 +100,8 @@ pub struct Oob {
 impl Oob {
     fn new(sock: TcpStream) -> Res<Oob> {
         // Barriers are tiny messages: do not let Nagle delay them.
-        sock.set_nodelay(true).or_fail("setsockopt(TCP_NODELAY)")?;
-        let input = BufReader::new(sock.try_clone().or_fail("Couldn't clone the socket")?);
+        sock.set_nodelay(true).context("setsockopt(TCP_NODELAY)")?;
+        let input = BufReader::new(sock.try_clone().context("Couldn't clone the socket")?);
         Ok(Oob {
             out: sock,
             input,
@@ -115,8 +117,8 @@ impl Oob {
     pub fn server(port: u16) -> Res<Oob> {
         let listener = TcpListener::bind((Ipv6Addr::UNSPECIFIED, port))
             .or_else(|_| TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)))
-            .or_fail(&format!("Couldn't listen on TCP port {port}"))?;
-        let (sock, _) = listener.accept().or_fail("accept() failed")?;
+            .with_context(|| format!("Couldn't listen on TCP port {port}"))?;
+        let (sock, _) = listener.accept().context("accept() failed")?;
         Oob::new(sock)
     }
 
@@ -127,7 +129,7 @@ impl Oob {
     pub fn client(host: &str, port: u16) -> Res<Oob> {
         let addrs = (host, port)
             .to_socket_addrs()
-            .or_fail(&format!("Couldn't resolve {host}:{port}"))?;
+            .with_context(|| format!("Couldn't resolve {host}:{port}"))?;
         let mut last = None;
         for addr in addrs {
             match TcpStream::connect(addr) {
@@ -136,8 +138,8 @@ impl Oob {
             }
         }
         Err(match last {
-            Some(e) => format!("Couldn't connect to {host}:{port}: {e} (is the server running?)"),
-            None => format!("Couldn't connect to {host}:{port}: no address"),
+            Some(e) => anyhow!("Couldn't connect to {host}:{port}: {e} (is the server running?)"),
+            None => anyhow!("Couldn't connect to {host}:{port}: no address"),
         })
     }
 
@@ -151,7 +153,7 @@ impl Oob {
         buf.push(b'\n');
         self.out
             .write_all(&buf)
-            .or_fail("Couldn't send to the peer over TCP")
+            .context("Couldn't send to the peer over TCP")
     }
 
     /// Receives one line (without the newline).
@@ -163,9 +165,11 @@ impl Oob {
         let n = self
             .input
             .read_line(&mut self.line)
-            .or_fail("Couldn't read from the peer over TCP")?;
+            .context("Couldn't read from the peer over TCP")?;
         if n == 0 {
-            return Err("the peer closed the connection (see its error message)".into());
+            return Err(anyhow!(
+                "the peer closed the connection (see its error message)"
+            ));
         }
         Ok(self.line.trim_end())
     }
@@ -186,7 +190,7 @@ impl Oob {
         self.send("sync")?;
         match self.recv()? {
             "sync" => Ok(()),
-            other => Err(format!(
+            other => Err(anyhow!(
                 "out of step with the peer: expected sync, got {other:?}"
             )),
         }
@@ -206,14 +210,14 @@ impl Oob {
             }
             let why = format!("the client runs `{theirs}`, this server `{hello}`");
             let _ = self.send(&format!("mismatch {why}"));
-            Err(format!("Options differ from the client's: {why}"))
+            Err(anyhow!("Options differ from the client's: {why}"))
         } else {
             self.send(&hello)?;
             match self.recv()? {
                 "ok" => Ok(()),
                 r => match r.strip_prefix("mismatch ") {
-                    Some(why) => Err(format!("Options differ from the server's: {why}")),
-                    None => Err(format!("unexpected answer from the server: {r:?}")),
+                    Some(why) => Err(anyhow!("Options differ from the server's: {why}")),
+                    None => Err(anyhow!("unexpected answer from the server: {r:?}")),
                 },
             }
         }
@@ -276,9 +280,10 @@ impl Watch<'_> {
             )
         };
         if r == 0 {
-            return Err("the peer closed the connection in the middle of the test \
-                        (see its error message)"
-                .into());
+            bail!(
+                "the peer closed the connection in the middle of the test \
+                 (see its error message)"
+            );
         }
         Ok(())
     }

@@ -3,22 +3,7 @@
 
 use rdma::{Mtu, PostPath};
 
-use crate::args::{Cli, Flag, Found, Parsed};
-
-/// Failures are messages; `main` prints `perf: message` and exits 1.
-pub type Res<T> = Result<T, String>;
-
-/// Adds what was being done to an error.
-pub trait OrFail<T> {
-    /// `Err(e)` becomes `Err("{what}: {e}")`.
-    fn or_fail(self, what: &str) -> Res<T>;
-}
-
-impl<T, E: std::fmt::Display> OrFail<T> for Result<T, E> {
-    fn or_fail(self, what: &str) -> Res<T> {
-        self.map_err(|e| format!("{what}: {e}"))
-    }
-}
+use crate::common::args::{Cli, Flag, Found, Parsed};
 
 /// The operation a test measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,7 +190,7 @@ impl Opts {
     }
 }
 
-pub use crate::args::ArgError;
+pub use crate::common::args::ArgError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Key {

@@ -9,7 +9,10 @@ use rdma::{
 };
 
 use crate::oob::{Dest, Oob};
-use crate::opts::{AtomicOp, Kind, Opts, OrFail, Res, Verb};
+use anyhow::{anyhow, Context as _};
+
+use crate::common::Res;
+use crate::opts::{AtomicOp, Kind, Opts, Verb};
 
 /// Memory one pool of buffers may take (per side, per kind of buffer): a
 /// request the device writes (receive, READ, atomic) needs a region of its
@@ -82,7 +85,7 @@ fn slot_queue(pd: &ProtectionDomain, opts: &Opts) -> Res<SlotQueue> {
     };
     config.max_inline_data = opts.inline;
     config.post_path = opts.post;
-    SlotQueue::new(pd, &config).or_fail("Couldn't create the slot queue")
+    SlotQueue::new(pd, &config).context("Couldn't create the slot queue")
 }
 
 /// A random 24-bit PSN.
@@ -96,22 +99,20 @@ fn random_psn(salt: u32) -> u32 {
 /// Opens `-d` (or the first device) and checks `-i`.
 fn open(opts: &Opts) -> Res<(Context, PortAttr)> {
     let ctx = match &opts.ib_dev {
-        Some(name) => Context::open(name).map_err(|e| e.to_string())?,
+        Some(name) => Context::open(name)?,
         None => {
-            let devices = rdma::devices().or_fail("Couldn't get the RDMA device list")?;
-            let first = devices.first().ok_or("No RDMA devices found")?;
+            let devices = rdma::devices().context("Couldn't get the RDMA device list")?;
+            let first = devices.first().context("No RDMA devices found")?;
             first
                 .open()
-                .or_fail(&format!("Couldn't open {}", first.name()))?
+                .with_context(|| format!("Couldn't open {}", first.name()))?
         }
     };
-    let port = ctx.query_port(u32::from(opts.ib_port)).or_fail(&format!(
-        "Couldn't query port {} of {}",
-        opts.ib_port,
-        ctx.name()
-    ))?;
+    let port = ctx
+        .query_port(u32::from(opts.ib_port))
+        .with_context(|| format!("Couldn't query port {} of {}", opts.ib_port, ctx.name()))?;
     if port.state != rdma::PortState::Active {
-        return Err(format!(
+        return Err(anyhow!(
             "port {} of {} is {}, not ACTIVE",
             opts.ib_port,
             ctx.name(),
@@ -154,7 +155,7 @@ pub fn params(opts: &Opts) -> String {
 /// Any failed verb or socket operation, said plainly.
 pub fn connect(opts: &Opts) -> Res<Conn> {
     let (ctx, port) = open(opts)?;
-    let dev = ctx.query_device().or_fail("Couldn't query the device")?;
+    let dev = ctx.query_device().context("Couldn't query the device")?;
     let gid_index = match (opts.gid_index, port.link_layer) {
         (Some(i), _) => Some(i),
         (None, LinkLayer::Ethernet) => Some(0),
@@ -163,14 +164,14 @@ pub fn connect(opts: &Opts) -> Res<Conn> {
     let gid = match gid_index {
         Some(i) => ctx
             .query_gid(u32::from(opts.ib_port), i)
-            .or_fail(&format!("Couldn't read GID index {i}"))?,
+            .with_context(|| format!("Couldn't read GID index {i}"))?,
         None => rdma::Gid::default(),
     };
     let sgid_index = gid_index
-        .map(|i| u8::try_from(i).map_err(|_| format!("GID index {i} does not fit an address")))
+        .map(|i| u8::try_from(i).map_err(|_| anyhow!("GID index {i} does not fit an address")))
         .transpose()?;
     if port.link_layer == LinkLayer::Ethernet && gid.is_zero() {
-        return Err(format!(
+        return Err(anyhow!(
             "GID index {} of {} port {} is empty: RoCE needs a GID (pass -x)",
             gid_index.unwrap_or(0),
             ctx.name(),
@@ -188,7 +189,7 @@ pub fn connect(opts: &Opts) -> Res<Conn> {
     let cqe = |per_qp: u32| -> Res<u32> {
         let n = per_qp.saturating_mul(opts.qps).saturating_add(1);
         if n > max_cqe {
-            return Err(format!(
+            return Err(anyhow!(
                 "{n} completion queue entries needed (depth × QPs), but {} allows {max_cqe}",
                 ctx.name()
             ));
@@ -199,11 +200,11 @@ pub fn connect(opts: &Opts) -> Res<Conn> {
         (
             Some(
                 ctx.create_comp_channel()
-                    .or_fail("Couldn't create a completion channel")?,
+                    .context("Couldn't create a completion channel")?,
             ),
             Some(
                 ctx.create_comp_channel()
-                    .or_fail("Couldn't create a completion channel")?,
+                    .context("Couldn't create a completion channel")?,
             ),
         )
     } else {
@@ -212,20 +213,20 @@ pub fn connect(opts: &Opts) -> Res<Conn> {
     let rx_depth = if send_tests { opts.rx_depth } else { 1 };
     let send_cq = ctx
         .create_cq(cqe(opts.tx_depth)?, send_ch.as_ref(), 0)
-        .or_fail("Couldn't create the send CQ")?;
+        .context("Couldn't create the send CQ")?;
     let recv_cq = ctx
         .create_cq(cqe(rx_depth)?, recv_ch.as_ref(), 0)
-        .or_fail("Couldn't create the receive CQ")?;
-    let pd = ctx.alloc_pd().or_fail("Couldn't allocate a PD")?;
+        .context("Couldn't create the receive CQ")?;
+    let pd = ctx.alloc_pd().context("Couldn't allocate a PD")?;
 
     let access = remote_access(opts.test.verb);
     let target_len = match opts.test.verb {
         Verb::Atomic => 8 * nq,
         _ => opts.sizes().into_iter().max().unwrap_or(opts.size),
     };
-    let target = pd.alloc_mr(target_len, access).or_fail(&format!(
-        "Couldn't register the {target_len}-byte target buffer"
-    ))?;
+    let target = pd
+        .alloc_mr(target_len, access)
+        .with_context(|| format!("Couldn't register the {target_len}-byte target buffer"))?;
 
     let slots = if uses_slot_queue(opts) {
         Some(slot_queue(&pd, opts)?)
@@ -241,14 +242,14 @@ pub fn connect(opts: &Opts) -> Res<Conn> {
             .max_inline_data(opts.inline)
             .post_path(opts.post)
             .build()
-            .or_fail(&format!("Couldn't create QP {i}"))?;
+            .with_context(|| format!("Couldn't create QP {i}"))?;
         qps.push(qp);
     }
     // The QPs to connect, the slot queue's or `qps`.
     let all: Vec<&QueuePair> = slots.iter().map(SlotQueue::qp).chain(&qps).collect();
     for (i, qp) in all.iter().enumerate() {
         if qp.caps().max_inline_data < opts.inline {
-            return Err(format!(
+            return Err(anyhow!(
                 "-I {}: the device gives only {} bytes of inline data",
                 opts.inline,
                 qp.caps().max_inline_data
@@ -257,7 +258,7 @@ pub fn connect(opts: &Opts) -> Res<Conn> {
         let mut init = InitAttr::new(opts.ib_port);
         init.access = access & !AccessFlags::LOCAL_WRITE;
         qp.to_init(&init)
-            .or_fail(&format!("Couldn't move QP {i} to INIT"))?;
+            .with_context(|| format!("Couldn't move QP {i} to INIT"))?;
     }
     let path = all.first().map_or(opts.post, |qp| qp.post_path());
 
@@ -288,7 +289,7 @@ pub fn connect(opts: &Opts) -> Res<Conn> {
 
     let mtu = opts.mtu.unwrap_or(port.active_mtu);
     if mtu.bytes() > port.active_mtu.bytes() {
-        return Err(format!(
+        return Err(anyhow!(
             "-m {}: larger than the active MTU of port {} ({} bytes)",
             mtu.bytes().unwrap_or(0),
             opts.ib_port,
@@ -327,12 +328,12 @@ pub fn connect(opts: &Opts) -> Res<Conn> {
         let mut rtr = RtrAttr::new(ah, mtu, p.qpn, p.psn);
         rtr.max_dest_rd_atomic = out_reads;
         qp.to_rtr(Some(&rtr))
-            .or_fail(&format!("Couldn't move QP {i} to RTR"))?;
+            .with_context(|| format!("Couldn't move QP {i} to RTR"))?;
         let mut rts = RtsAttr::new(m.psn);
         rts.max_rd_atomic = out_reads;
         rts.timeout = opts.qp_timeout;
         qp.to_rts(&rts)
-            .or_fail(&format!("Couldn't move QP {i} to RTS"))?;
+            .with_context(|| format!("Couldn't move QP {i} to RTS"))?;
     }
     let remote = peer
         .iter()
@@ -463,9 +464,9 @@ pub fn pool(
 ) -> Res<Vec<MemoryRegion>> {
     let total = size
         .checked_mul(n as usize)
-        .ok_or("the buffers do not fit in memory")?;
+        .context("the buffers do not fit in memory")?;
     let mr = pd
         .alloc_mr(total, access)
-        .or_fail(&format!("Couldn't register {n} buffers of {size} bytes"))?;
-    mr.chunks(size).or_fail("Couldn't cut the buffers")
+        .with_context(|| format!("Couldn't register {n} buffers of {size} bytes"))?;
+    mr.chunks(size).context("Couldn't cut the buffers")
 }

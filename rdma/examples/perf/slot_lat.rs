@@ -9,13 +9,16 @@ use rdma::{SlotCompletion, SlotQueue, WcStatus};
 use crate::clock::Stamps;
 use crate::lat::await_write;
 use crate::oob::Watch;
-use crate::opts::{Opts, OrFail, Res};
+use anyhow::{anyhow, Context as _};
+
+use crate::common::Res;
+use crate::opts::Opts;
 use crate::setup::Conn;
 
 /// A failed slot queue completion as an error.
 #[cold]
-fn slot_failed(what: &str, c: &SlotCompletion) -> String {
-    format!(
+fn slot_failed(what: &str, c: &SlotCompletion) -> anyhow::Error {
+    anyhow!(
         "{what} completion with error, slot {}: {} (status {}, vendor error {:#x})",
         c.slot(),
         c.status(),
@@ -25,8 +28,8 @@ fn slot_failed(what: &str, c: &SlotCompletion) -> String {
 }
 
 #[cold]
-fn slot_poll_failed(e: rdma::Error) -> String {
-    format!("poll CQ failed: {e}")
+fn slot_poll_failed(e: rdma::Error) -> anyhow::Error {
+    anyhow::Error::from(e).context("poll CQ failed")
 }
 
 /// The next completion of `q`, checked; spins (with the peer watched)
@@ -50,11 +53,11 @@ fn next_slot(q: &mut SlotQueue, watch: &Watch<'_>, what: &str) -> Res<SlotComple
 pub fn send(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
     let server = opts.is_server();
     let iters = opts.iters;
-    let q = conn.slots.as_mut().ok_or("no slot queue")?;
+    let q = conn.slots.as_mut().context("no slot queue")?;
     let last = q.slots() - 1;
     let posted = last.min(iters);
     for s in 0..posted {
-        q.post_recv(s).or_fail("Couldn't post receives")?;
+        q.post_recv(s).context("Couldn't post receives")?;
     }
     let mut rposted = posted;
     let cq_mod = opts.cq_mod_for(size);
@@ -81,10 +84,10 @@ pub fn send(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> R
             unsignaled = cq_mod;
         }
         q.post_send(last, len, signaled)
-            .or_fail("Couldn't post send")?;
+            .context("Couldn't post send")?;
         stamps.push();
         if arrived && rposted < iters {
-            q.post_recv(slot).or_fail("Couldn't post a receive")?;
+            q.post_recv(slot).context("Couldn't post a receive")?;
             rposted += 1;
         }
         if signaled {
@@ -94,7 +97,7 @@ pub fn send(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> R
                     break;
                 }
                 if early.replace(c.slot()).is_some() {
-                    return Err("two receives completed before the send".into());
+                    return Err(anyhow!("two receives completed before the send"));
                 }
             }
         }
@@ -130,8 +133,8 @@ pub fn write(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
     let iters = opts.iters;
     conn.target
         .write_at(size - 1, &[0])
-        .or_fail("Couldn't clear the target buffer")?;
-    let q = conn.slots.as_mut().ok_or("no slot queue")?;
+        .context("Couldn't clear the target buffer")?;
+    let q = conn.slots.as_mut().context("no slot queue")?;
     let target = q.write_target(conn.remote[0]);
     let len = size as u32;
     conn.oob.barrier()?;
@@ -168,7 +171,7 @@ fn write_one(
 ) -> Res<()> {
     let last = len as usize - 1;
     if let Err(e) = q.post_write_with(target, 0, len, true, |b| b[last] = n as u8) {
-        return Err(format!("Couldn't post send: {e}"));
+        return Err(anyhow!("Couldn't post send: {e}"));
     }
     stamps.push();
     loop {
