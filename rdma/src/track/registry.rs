@@ -42,15 +42,18 @@ pub(crate) struct Registry {
 
 /// A registry's queues: a map by serial, so that a CQ shared by thousands of
 /// QPs resolves a completion, registers and unregisters a QP in constant
-/// time, and in front of it the queue resolved last, so that a CQ serving
-/// one queue (or a burst of one queue's completions) never hashes.
+/// time, and in front of it the QP or SRQ resolved last, so that a CQ
+/// serving one QP (both its queues: a ping-pong alternates a send's
+/// completion and a receive's) or a burst of one queue's completions never
+/// hashes.
 #[derive(Debug, Default)]
 struct Queues {
-    /// The queue resolved last, by the upper half of its `wr_id`s (our tag,
-    /// the receive bit and the serial): a completion of the same queue is
-    /// resolved with one comparison. Its tracker is also in `map`, so
-    /// dropping this reference never frees one (unregistering clears both,
-    /// outside the lock).
+    /// The QP or SRQ resolved last, by the upper half of its `wr_id`s
+    /// without the receive bit (our tag and the serial): a completion of
+    /// either queue of the same QP is resolved with one comparison and a
+    /// test of that bit. Its tracker is also in `map`, so dropping this
+    /// reference never frees one (unregistering clears both, outside the
+    /// lock).
     last: Option<(u32, Last)>,
     map: std::collections::HashMap<u32, Tracked, SerialHash>,
     /// Unregistered queues, kept (with their serials) until the CQ is next
@@ -59,16 +62,16 @@ struct Queues {
     retired: Vec<Tracked>,
 }
 
-/// What resolving a completion of the queue resolved last needs, decided
-/// once when it became the last rather than for every completion.
+/// What resolving a completion of the QP or SRQ resolved last needs,
+/// decided once when it became the last rather than for every completion.
 #[derive(Debug)]
 enum Last {
-    /// A QP's send (`false`) or receive queue, consumed by this registry's
-    /// polls.
-    Queue(Arc<QpTracker>, bool),
-    /// A QP's queue that completes on another CQ: no provider reports its
-    /// completions here; left bare rather than consumed by a second poller.
-    Foreign,
+    /// A QP, and whether this registry's polls consume its send queue
+    /// (index 0) and its receive queue (1). A queue that completes on
+    /// another CQ is never reported here by a provider; its completions,
+    /// should one come, are left bare rather than consumed by a second
+    /// poller.
+    Qp(Arc<QpTracker>, [bool; 2]),
     Srq(Arc<SrqTracker>),
 }
 
@@ -77,28 +80,28 @@ fn key_of(wr_id: u64) -> u32 {
     (wr_id >> 32) as u32
 }
 
+/// [`RECV`] in a key.
+const RECV_KEY: u32 = (RECV >> 32) as u32;
+
 impl Queues {
-    /// Makes the queue of `key` the last resolved, for the registry at
+    /// Makes the QP or SRQ of `key` the last resolved, for the registry at
     /// `registry`; `false` when no registered queue has its serial.
     #[cold]
     #[inline(never)]
     fn load(&mut self, key: u32, registry: usize) -> bool {
         let serial = key & super::serial::MASK;
-        let recv = key & key_of(RECV) != 0;
         let last = match self.map.get(&serial) {
             None => return false,
-            Some(Tracked::Qp(t)) if !t.consumed_by(recv, registry) => Last::Foreign,
-            Some(Tracked::Qp(t)) => match self.last.take() {
-                // The other queue of the same QP (a CQ that both complete
-                // on): no reference count to change.
-                Some((k, Last::Queue(same, _))) if k & super::serial::MASK == serial => {
-                    Last::Queue(same, recv)
-                }
-                _ => Last::Queue(Arc::clone(t), recv),
-            },
+            Some(Tracked::Qp(t)) => Last::Qp(
+                Arc::clone(t),
+                [
+                    t.consumed_by(false, registry),
+                    t.consumed_by(true, registry),
+                ],
+            ),
             Some(Tracked::Srq(t)) => Last::Srq(Arc::clone(t)),
         };
-        self.last = Some((key, last));
+        self.last = Some((key & !RECV_KEY, last));
         true
     }
 }
@@ -262,9 +265,11 @@ impl Resolver<'_> {
                 i += 1;
                 continue;
             }
-            if let Some((k, Last::Queue(t, recv))) = &self.queues.last {
-                if *k == key_of(id) {
-                    let done = t.complete_run(*recv, b, i, &mut self.later);
+            if let Some((k, Last::Qp(t, consumed))) = &self.queues.last {
+                let key = key_of(id);
+                let recv = key & RECV_KEY != 0;
+                if *k == key & !RECV_KEY && consumed[usize::from(recv)] {
+                    let done = t.complete_run(recv, b, i, &mut self.later);
                     if done != 0 {
                         i += done;
                         continue;
@@ -292,39 +297,48 @@ impl Resolver<'_> {
     fn fill(&mut self, c: &mut impl Sink) {
         let id = c.id();
         let key = key_of(id);
+        let recv = key & RECV_KEY != 0;
         // A QP's queue first, as one test of the variant and one of the key
         // (a `match` compiles to a jump table over every variant, dearer
-        // per completion: callgrind); then an SRQ.
+        // per completion: callgrind); then an SRQ, whose ids are receives'.
         if let Some((k, last)) = &self.queues.last {
-            if *k == key {
-                if let Last::Queue(t, recv) = last {
-                    return t.complete(*recv, id as u32, c, &mut self.later);
-                }
-                if let Last::Srq(t) = last {
-                    return t.complete(id as u32, c, &mut self.later);
+            if *k == key & !RECV_KEY {
+                if let Last::Qp(t, consumed) = last {
+                    if consumed[usize::from(recv)] {
+                        return t.complete(recv, id as u32, c, &mut self.later);
+                    }
+                } else if let Last::Srq(t) = last {
+                    if recv {
+                        return t.complete(id as u32, c, &mut self.later);
+                    }
                 }
             }
         }
         self.fill_other(c, id, key);
     }
 
-    /// [`Resolver::fill`] for a completion of another queue than the last
-    /// resolved (a CQ shared by several QPs switches here), or of a queue
-    /// this CQ does not consume.
+    /// [`Resolver::fill`] for a completion of another QP or SRQ than the
+    /// last resolved (a CQ shared by several QPs switches here), or of a
+    /// queue this CQ does not consume.
     #[inline(never)]
     fn fill_other(&mut self, c: &mut impl Sink, id: u64, key: u32) {
         let q: &mut Queues = &mut self.queues;
-        if !matches!(&q.last, Some((k, _)) if *k == key) && !q.load(key, self.registry) {
+        let recv = key & RECV_KEY != 0;
+        if !matches!(&q.last, Some((k, _)) if *k == key & !RECV_KEY) && !q.load(key, self.registry)
+        {
             // The queue is gone: its memory was released after it was
             // destroyed.
             c.set_id(id & !(TAG | RECV));
             return;
         }
-        let Some((_, last)) = &q.last else { return };
-        match last {
-            Last::Queue(t, recv) => t.complete(*recv, id as u32, c, &mut self.later),
-            Last::Srq(t) => t.complete(id as u32, c, &mut self.later),
-            Last::Foreign => c.set_id(id & !(TAG | RECV)),
+        match &q.last {
+            Some((_, Last::Qp(t, consumed))) if consumed[usize::from(recv)] => {
+                t.complete(recv, id as u32, c, &mut self.later)
+            }
+            Some((_, Last::Srq(t))) if recv => t.complete(id as u32, c, &mut self.later),
+            // A queue that completes on another CQ, or a send's id with an
+            // SRQ's serial: nothing of ours.
+            _ => c.set_id(id & !(TAG | RECV)),
         }
     }
 }
