@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use rdma::aio::{AsyncCmId, AsyncCq, ConnectOptions, Connection, ConnectionParts, Reactor};
 use rdma::cm::CmEventType;
-use rdma::{Completion, ProtectionDomain};
+use rdma::ProtectionDomain;
 
-use crate::engine::Engine;
+use crate::engine::{Engine, Polled};
 use crate::local::Local;
 use crate::setup::{self, Options};
 use crate::wire::ConnData;
@@ -67,9 +67,8 @@ struct Shared {
     cq: AsyncCq,
     _pd: ProtectionDomain,
     id: AsyncCmId,
-    /// Completions of one poll that does not arm (kept to reuse its
-    /// allocation).
-    batch: Vec<Completion>,
+    /// What a poll that does not arm polls into.
+    polled: Polled,
 }
 
 struct Inner {
@@ -151,17 +150,15 @@ fn try_drain(s: &mut Shared) -> io::Result<bool> {
         }
         any = true;
     }
-    s.batch.clear();
-    if s.cq.cq().poll(&mut s.batch, 16).map_err(io::Error::from)? > 0 {
-        for c in s.batch.drain(..) {
-            s.engine.complete(c);
-        }
-        any = true;
-    }
-    if any {
+    // The compact poll, which grants what the completions allow.
+    let polled = s
+        .engine
+        .poll(s.cq.cq(), &mut s.polled)
+        .map_err(io::Error::from)?;
+    if any && !polled {
         s.engine.update_credits();
     }
-    Ok(any)
+    Ok(any || polled)
 }
 
 /// Takes every completion and connection event ready; whether any came.
@@ -280,7 +277,7 @@ impl RdmaStream {
         let ctx = c.id().context().map_err(io::Error::from)?;
         let iwarp = setup::is_iwarp(&ctx)?;
         let pd = c.pd().clone();
-        let local = Local::new(&pd, c.qp(), opts.sizes, iwarp)?;
+        let local = Local::new(&pd, c.qp(), opts.sizes)?;
         let ours = local.conn_data().encode().to_vec();
         let conn = c
             .connect(&setup::param(ours, iwarp))
@@ -320,7 +317,7 @@ impl RdmaStream {
                     cq,
                     _pd: pd,
                     id,
-                    batch: Vec::with_capacity(16),
+                    polled: Polled::default(),
                 }),
                 fanout: Waker::from(Arc::clone(&wakers)),
                 wakers,
@@ -573,7 +570,7 @@ impl RdmaListener {
             let ctx = pending.id().context().map_err(io::Error::from)?;
             let iwarp = setup::is_iwarp(&ctx)?;
             let pd = pending.pd().clone();
-            let local = Local::new(&pd, pending.qp(), self.opts.sizes, iwarp)?;
+            let local = Local::new(&pd, pending.qp(), self.opts.sizes)?;
             let ours = local.conn_data().encode().to_vec();
             let conn = pending
                 .accept(&setup::param(ours, iwarp))

@@ -300,24 +300,7 @@ fn ack_cq_events(p: &Parts) -> io::Result<()> {
 
 /// Polls every completion there is into the engine; whether any came.
 fn poll_cq(p: &mut Parts) -> io::Result<bool> {
-    let mut any = false;
-    let mut batch = std::mem::take(&mut p.batch);
-    loop {
-        batch.clear();
-        let n = p.cq.poll(&mut batch, 32).map_err(io::Error::from)?;
-        for c in batch.drain(..) {
-            p.engine.complete(c);
-        }
-        any |= n > 0;
-        if n < 32 {
-            break;
-        }
-    }
-    p.batch = batch;
-    if any {
-        p.engine.update_credits();
-    }
-    Ok(any)
+    p.engine.poll(&p.cq, &mut p.polled).map_err(io::Error::from)
 }
 
 /// Takes the connection's CM events; whether the peer went away.

@@ -15,8 +15,8 @@ use std::collections::VecDeque;
 use std::io;
 
 use rdma::{
-    Completion, InlineSend, MemoryRegion, PostError, QueuePair, RemoteMemory, SendOp, SendWr,
-    WcStatus, WrBuffers,
+    Completion, CompletionQueue, InlineSend, PostError, QueuePair, RemoteMemory, SendOp, SendWr,
+    WcOpcode, WcStatus, WorkCompletion, WrBuffers,
 };
 
 use crate::local::{Local, RECV};
@@ -28,6 +28,79 @@ const MSG_SEND: u64 = 1 << 62;
 /// flight, and the bytes held stay under it: rsocket's first transfer of a
 /// large write, this protocol's nearest thing to TCP's segment size.
 pub(crate) const COALESCE_LIMIT: usize = wire::FIRST_TRANSFER;
+
+/// Completions taken by one `ibv_poll_cq` of [`Engine::poll`].
+const POLL_BATCH: usize = 32;
+
+/// What [`Engine::poll`] polls into, kept from poll to poll (nothing in it
+/// outlives a poll).
+pub(crate) struct Polled {
+    wcs: [WorkCompletion; POLL_BATCH],
+    /// The memory the completions gave back: the send ring's pieces.
+    memory: Vec<(u64, WrBuffers)>,
+}
+
+impl Default for Polled {
+    fn default() -> Self {
+        Polled {
+            wcs: [WorkCompletion::default(); POLL_BATCH],
+            memory: Vec::with_capacity(POLL_BATCH),
+        }
+    }
+}
+
+/// A completion as the engine reads it: whole ([`Completion`]) or compact
+/// ([`WorkCompletion`]), its memory taken out before.
+trait Done {
+    fn wr_id(&self) -> u64;
+    fn ok(&self) -> bool;
+    fn status(&self) -> WcStatus;
+    fn imm(&self) -> Option<u32>;
+    fn byte_len(&self) -> u32;
+    fn opcode(&self) -> WcOpcode;
+}
+
+impl Done for Completion {
+    fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+    fn ok(&self) -> bool {
+        self.status == WcStatus::Success
+    }
+    fn status(&self) -> WcStatus {
+        self.status
+    }
+    fn imm(&self) -> Option<u32> {
+        Completion::imm(self)
+    }
+    fn byte_len(&self) -> u32 {
+        self.byte_len
+    }
+    fn opcode(&self) -> WcOpcode {
+        self.opcode
+    }
+}
+
+impl Done for WorkCompletion {
+    fn wr_id(&self) -> u64 {
+        WorkCompletion::wr_id(self)
+    }
+    fn ok(&self) -> bool {
+        self.is_success()
+    }
+    fn status(&self) -> WcStatus {
+        WorkCompletion::status(self)
+    }
+    fn imm(&self) -> Option<u32> {
+        WorkCompletion::imm(self)
+    }
+    fn byte_len(&self) -> u32 {
+        WorkCompletion::byte_len(self)
+    }
+    fn opcode(&self) -> WcOpcode {
+        WorkCompletion::opcode(self)
+    }
+}
 
 /// One connection's protocol state.
 #[derive(Debug)]
@@ -184,46 +257,91 @@ impl Engine {
         );
     }
 
-    /// Takes one completion of the connection's CQ.
+    /// Takes one completion of the connection's CQ (the async stream's
+    /// wake-ups deliver whole ones), with the memory it gave back.
     pub(crate) fn complete(&mut self, mut c: Completion) {
-        if c.wr_id & RECV != 0 {
-            let slot = (c.wr_id & !RECV) as usize;
-            let piece = c.take_buffers().into_one();
-            if c.status != WcStatus::Success {
+        if let Some(piece) = c.take_buffers().into_one() {
+            self.local.ring.give_back(piece);
+        }
+        self.complete_one(&c);
+    }
+
+    /// Polls every completion `cq` (the connection's) holds into the
+    /// engine, with the compact poll: the completions stay in `p`, and only
+    /// the send ring's pieces move; whether any came. Then grants what the
+    /// completions allow.
+    ///
+    /// # Errors
+    /// The poll's (a CQ overrun).
+    pub(crate) fn poll(&mut self, cq: &CompletionQueue, p: &mut Polled) -> rdma::Result<bool> {
+        let mut any = false;
+        loop {
+            let n = cq.poll_wc(&mut p.wcs, &mut p.memory)?;
+            // The pieces first: a write that waited for room may go as the
+            // completions are taken.
+            if !p.memory.is_empty() {
+                for (_, b) in p.memory.drain(..) {
+                    if let Some(piece) = b.into_one() {
+                        self.local.ring.give_back(piece);
+                    }
+                }
+            }
+            for wc in &p.wcs[..n] {
+                self.complete_one(wc);
+            }
+            any |= n > 0;
+            if n < p.wcs.len() {
+                break;
+            }
+        }
+        if any {
+            self.update_credits();
+        }
+        Ok(any)
+    }
+
+    /// Takes one completion whose memory was given back already.
+    fn complete_one(&mut self, c: &impl Done) {
+        let wr_id = c.wr_id();
+        if wr_id & RECV != 0 {
+            let slot = (wr_id & !RECV) as usize;
+            if !c.ok() {
                 // Flushed: the QP left RTS (a disconnect); nothing to repost.
-                if c.status != WcStatus::WrFlushErr {
+                let status = c.status();
+                if status != WcStatus::WrFlushErr {
                     self.fail(
                         io::ErrorKind::ConnectionReset,
-                        format!("a receive completed with {}", c.status),
+                        format!("a receive completed with {status}"),
                     );
                 }
                 self.lost("the connection was flushed (the peer went away)");
                 return;
             }
             self.may_send = true;
-            let msg = match (&piece, c.imm()) {
-                (_, Some(imm)) => imm,
-                (Some(p), None)
-                    if p.len() == wire::MSG_LEN && c.byte_len as usize == wire::MSG_LEN =>
-                {
+            let msg = match c.imm() {
+                Some(imm) => imm,
+                None if self.iwarp && c.byte_len() as usize == wire::MSG_LEN => {
                     let mut b = [0; wire::MSG_LEN];
-                    // Our own 4-byte slot; the peer's SEND completed.
-                    if p.read_at(0, &mut b).is_err() {
-                        return self.protocol_error("an unreadable message slot".into());
+                    // The receive's own 4-byte slot, which the peer's SEND
+                    // filled (local write access only: no peer writes it
+                    // but through a receive, and this one is done).
+                    if self.local.recvs.read_at(slot, 0, &mut b).is_err() {
+                        return self.protocol_error(format!("a receive of slot {slot}, not ours"));
                     }
                     u32::from_ne_bytes(b)
                 }
-                _ => {
+                None => {
                     return self.protocol_error(format!(
                         "a receive without a message ({} bytes, {:?})",
-                        c.byte_len, c.opcode
+                        c.byte_len(),
+                        c.opcode()
                     ))
                 }
             };
             self.message(msg);
-            self.repost(slot, piece);
+            self.repost(slot);
         } else {
-            self.send_done(&mut c);
+            self.send_done(c);
         }
         // Nagle's rule: what waited goes once nothing is in flight (or
         // coalescing was turned off while it waited).
@@ -233,19 +351,15 @@ impl Engine {
         }
     }
 
-    fn repost(&mut self, slot: usize, piece: Option<MemoryRegion>) {
+    /// Lends `slot` to a receive again (its message was taken).
+    fn repost(&mut self, slot: usize) {
         if !self.connected {
             return;
         }
-        let r = match (self.iwarp, piece) {
-            (true, Some(p)) => self.qp.post_recv(RECV | slot as u64, p),
-            (false, _) => self.qp.post_recv(RECV, WrBuffers::None),
-            (true, None) => {
-                return self.protocol_error("a message slot came back without its memory".into())
-            }
-        };
+        let r = self
+            .qp
+            .post_prepared_recv(&mut self.local.recvs, RECV | slot as u64, slot);
         if let Err(e) = r {
-            let e = e.drop_buffers();
             self.fail(
                 io::ErrorKind::ConnectionAborted,
                 format!("reposting a receive: {e}"),
@@ -304,8 +418,8 @@ impl Engine {
         }
     }
 
-    fn send_done(&mut self, c: &mut Completion) {
-        let msg = c.wr_id as u32;
+    fn send_done(&mut self, c: &impl Done) {
+        let msg = c.wr_id() as u32;
         match wire::msg_op(msg) {
             Op::SGL => self.ctrl_done += 1,
             Op::CTRL => {
@@ -316,13 +430,10 @@ impl Engine {
             }
             _ => self.sqe_avail += 1,
         }
-        if let Some(piece) = c.take_buffers().into_one() {
-            self.local.ring.give_back(piece);
-        }
-        if c.status != WcStatus::Success && self.connected {
+        if !c.ok() && self.connected {
             self.fail(
                 io::ErrorKind::ConnectionReset,
-                format!("a send completed with {}", c.status),
+                format!("a send completed with {}", c.status()),
             );
         }
     }

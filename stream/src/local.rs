@@ -7,7 +7,7 @@
 
 use std::io;
 
-use rdma::{AccessFlags, MemoryRegion, ProtectionDomain, QueuePair, WrBuffers};
+use rdma::{AccessFlags, MemoryRegion, PreparedRecv, ProtectionDomain, QueuePair};
 
 use crate::ring::SendRing;
 use crate::wire::{self, ConnData, Sge};
@@ -52,20 +52,22 @@ pub(crate) struct Local {
     pub(crate) rbuf: MemoryRegion,
     /// The target SGL: the peer writes new receive space here.
     pub(crate) target: MemoryRegion,
-    /// iWARP: one 4-byte slot per receive, where a message SEND lands.
-    pub(crate) slots: Option<Vec<Option<MemoryRegion>>>,
+    /// One 4-byte slot per receive, lent to it for the connection's life:
+    /// where a message SEND lands on iWARP (on RoCE the messages are
+    /// immediate data, and the slots stay unwritten). A receive's
+    /// `wr_id` is [`RECV`] and its slot.
+    pub(crate) recvs: PreparedRecv,
     pub(crate) ring: SendRing,
     pub(crate) sizes: Sizes,
 }
 
 impl Local {
     /// Registers the buffers on `pd` and posts every receive on `qp` (in
-    /// INIT or later). `iwarp`: messages travel as SENDs.
+    /// INIT or later).
     pub(crate) fn new(
         pd: &ProtectionDomain,
         qp: &mut QueuePair,
         sizes: Sizes,
-        iwarp: bool,
     ) -> io::Result<Local> {
         let remote = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
         let rbuf = pd
@@ -76,33 +78,29 @@ impl Local {
             .map_err(crate::io_error)?;
         let chunk = wire::MAX_TRANSFER.min(sizes.send_buffer.max(wire::SEND_LOW_WATER));
         let ring = SendRing::new(pd, sizes.send_buffer, chunk).map_err(crate::io_error)?;
-        let mut local = Local {
+        // Prepared once: a receive posted again is a range check and the
+        // provider's call, its completion an index (no memory moves in and
+        // out of the tracker per message).
+        let slots = pd
+            .alloc_mr(
+                wire::MSG_LEN * sizes.recv_queue as usize,
+                AccessFlags::LOCAL_WRITE,
+            )
+            .map_err(crate::io_error)?;
+        let mut recvs = qp
+            .prepare_recv(slots, wire::MSG_LEN)
+            .map_err(|e| crate::io_error(e.drop_buffers()))?;
+        for slot in 0..recvs.slots() {
+            qp.post_prepared_recv(&mut recvs, RECV | slot as u64, slot)
+                .map_err(crate::io_error)?;
+        }
+        Ok(Local {
             rbuf,
             target,
-            slots: None,
+            recvs,
             ring,
             sizes,
-        };
-        if iwarp {
-            let all = pd
-                .alloc_mr(
-                    wire::MSG_LEN * sizes.recv_queue as usize,
-                    AccessFlags::LOCAL_WRITE,
-                )
-                .map_err(crate::io_error)?;
-            let pieces = all.chunks(wire::MSG_LEN).map_err(crate::io_error)?;
-            for (i, piece) in pieces.into_iter().enumerate() {
-                qp.post_recv(RECV | i as u64, piece)
-                    .map_err(|e| crate::io_error(e.drop_buffers()))?;
-            }
-            local.slots = Some((0..sizes.recv_queue).map(|_| None).collect());
-        } else {
-            for _ in 0..sizes.recv_queue {
-                qp.post_recv(RECV, WrBuffers::None)
-                    .map_err(|e| crate::io_error(e.drop_buffers()))?;
-            }
-        }
-        Ok(local)
+        })
     }
 
     /// What this side sends in its private data.

@@ -15,7 +15,7 @@ use rdma::{
     CompletionChannel, CompletionQueue, ProtectionDomain, QpState, QpType, QueuePair, TransportType,
 };
 
-use crate::engine::Engine;
+use crate::engine::{Engine, Polled};
 use crate::local::{Local, Sizes};
 use crate::wire::{self, ConnData};
 
@@ -53,8 +53,8 @@ pub(crate) struct Parts {
     pub(crate) _pd: ProtectionDomain,
     pub(crate) id: CmId,
     pub(crate) events: EventChannel,
-    /// Completions polled at once (kept to reuse its allocation).
-    pub(crate) batch: Vec<rdma::Completion>,
+    /// What the blocking stream polls completions into.
+    pub(crate) polled: Polled,
 }
 
 /// An error of a connection step, with what it was doing.
@@ -119,7 +119,7 @@ fn make(id: &CmId, sizes: Sizes) -> io::Result<Made> {
     }
     id.modify_qp(&qp, QpState::Init)
         .map_err(err("moving the QP to INIT"))?;
-    let local = Local::new(&pd, &mut qp, sizes, iwarp)?;
+    let local = Local::new(&pd, &mut qp, sizes)?;
     Ok(Made {
         pd,
         comp,
@@ -197,7 +197,7 @@ pub(crate) fn connect(dst: SocketAddr, opts: &Options) -> io::Result<Parts> {
         _pd: m.pd,
         id,
         events,
-        batch: Vec::with_capacity(32),
+        polled: Polled::default(),
     })
 }
 
@@ -298,6 +298,6 @@ fn accept_one(id: CmId, peer: &ConnData, opts: &Options) -> io::Result<Parts> {
         _pd: m.pd,
         id,
         events,
-        batch: Vec::with_capacity(32),
+        polled: Polled::default(),
     })
 }
