@@ -11,7 +11,10 @@ use rdma_stream::Options;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 
-use super::killed::{Killed, BEFORE_KILL};
+use super::killed::{
+    assert_reader_ended, assert_writer_failed, kill_after_a_megabyte, rcat_listening, rcat_sending,
+    Tally,
+};
 use super::*;
 
 pub(super) fn runtime() -> tokio::runtime::Runtime {
@@ -46,20 +49,16 @@ pub(super) fn pair<T: Send + 'static, F: Future<Output = T>>(
             .expect("the async listener's address");
         return (Peer::connect(dst, false, credits), rx, h);
     }
-    let events = EventChannel::new().expect("rdma_create_event_channel");
-    let lid = events.create_id(PortSpace::Tcp).expect("rdma_create_id");
-    lid.bind_addr(addr(dev, 0)).expect("rdma_bind_addr");
-    lid.listen(4).expect("rdma_listen");
-    let dst = addr(dev, lid.src_port());
-    let h = thread::spawn(move || {
-        runtime().block_on(async move {
-            let s = AioStream::connect(&Tokio, dst, &Options::default())
-                .await
-                .expect("connect to the test peer");
-            let _ = tx.send(job(s).await);
+    let (peer, h) = peer_accepting(dev, credits, |dst| {
+        thread::spawn(move || {
+            runtime().block_on(async move {
+                let s = AioStream::connect(&Tokio, dst, &Options::default())
+                    .await
+                    .expect("connect to the test peer");
+                let _ = tx.send(job(s).await);
+            })
         })
     });
-    let peer = Peer::accept(&events, true, credits);
     (peer, rx, h)
 }
 
@@ -67,17 +66,12 @@ async fn read_to_end(s: &mut AioStream) -> Seen {
     let mut bytes = Vec::new();
     let mut buf = vec![0; 64 * 1024];
     let end = loop {
-        match s.read(&mut buf).await {
-            Ok(0) => break End::Eof,
+        match End::of(s.read(&mut buf).await) {
             Ok(n) => bytes.extend_from_slice(&buf[..n]),
-            Err(e) => break End::Err(e.kind(), e.to_string()),
+            Err(end) => break end,
         }
     };
-    Seen {
-        bytes,
-        end,
-        at: Instant::now(),
-    }
+    Seen::now(bytes, end)
 }
 
 /// As [`super::violation`], on the async stream; `act` also gets the
@@ -165,14 +159,7 @@ fn async_stream_messages_past_the_credits_are_invalid_data_rxe() {
         let t = Instant::now();
         (first, blocked, t, read_to_end(&mut s).await)
     });
-    let credits = peer.theirs.credits as usize;
-    peer.first_grant();
-    for i in 0..credits {
-        peer.data(&[pattern(i)]);
-    }
-    peer.wait_sends().expect("the credited messages");
-    let t0 = Instant::now();
-    peer.data(&[pattern(credits)]);
+    let (credits, t0) = past_the_credits(&mut peer);
     let (first, blocked, t, seen) = outcome(&rx, h, "async: messages past the credits");
     println!(
         "rxe async message {} with {credits} credits: write {first:?}, blocked write \
@@ -182,19 +169,7 @@ fn async_stream_messages_past_the_credits_are_invalid_data_rxe() {
         seen.bytes.len(),
         seen.end
     );
-    assert_eq!(first.expect("the credited write"), 1);
-    let e = blocked.expect_err("the write waiting for credits ends with the violation");
-    assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
-    assert!(
-        seen.bytes == patterned(0, credits),
-        "{} bytes",
-        seen.bytes.len()
-    );
-    assert!(
-        matches!(&seen.end, End::Err(io::ErrorKind::InvalidData, _)),
-        "{:?}",
-        seen.end
-    );
+    assert_past_the_credits(first, blocked, &seen, credits);
 }
 
 /// `rcat` sends to an async listener's stream and is SIGKILLed once a
@@ -210,51 +185,24 @@ fn killed_sender(dev: &str, port: u16) {
             let _ = ready_tx.send(());
             let (mut s, _) = l.accept().await.expect("accept rcat");
             let mut buf = vec![0; 64 * 1024];
-            let (mut n, mut wrong, mut told) = (0usize, None, false);
+            let mut tally = Tally::new(mid_tx);
             let end = loop {
-                match s.read(&mut buf).await {
-                    Ok(0) => break End::Eof,
-                    Ok(k) => {
-                        if wrong.is_none() {
-                            wrong = (0..k).find(|&i| buf[i] != pattern(n + i)).map(|i| n + i);
-                        }
-                        n += k;
-                        if n >= BEFORE_KILL && !told {
-                            told = true;
-                            let _ = mid_tx.send(());
-                        }
-                    }
-                    Err(e) => break End::Err(e.kind(), e.to_string()),
+                match End::of(s.read(&mut buf).await) {
+                    Ok(k) => tally.read(&buf[..k]),
+                    Err(end) => break end,
                 }
             };
-            let _ = tx.send((n, wrong, end, Instant::now()));
+            let _ = tx.send((tally.n, tally.wrong, end, Instant::now()));
         })
     });
     ready_rx.recv_timeout(STEP).expect("the async listener");
-    let mut child = Command::new(example("rcat"))
-        .args([&ip(dev), &port.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn rcat");
-    let mut stdin = child.stdin.take().unwrap();
-    let mut child = Killed(child);
-    let feeder = thread::spawn(move || {
-        let mut at = 0usize;
-        loop {
-            let chunk = patterned(at, 64 * 1024);
-            if stdin.write_all(&chunk).is_err() {
-                break;
-            }
-            at += chunk.len();
-        }
-    });
-    mid_rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the async stream read a megabyte from rcat");
-    child.0.kill().expect("SIGKILL rcat");
-    let t0 = Instant::now();
+    let (mut child, feeder) = rcat_sending(dev, port);
+    let t0 = kill_after_a_megabyte(
+        &mut child,
+        &mid_rx,
+        "the async stream read a megabyte from rcat",
+        "SIGKILL rcat",
+    );
     let (n, wrong, end, at) = outcome(&rx, h, "async: rcat SIGKILLed while sending");
     let took = at.saturating_duration_since(t0);
     println!(
@@ -265,17 +213,7 @@ fn killed_sender(dev: &str, port: u16) {
     let _ = feeder.join();
     assert_eq!(wrong, None, "byte {wrong:?} is not what rcat sent");
     assert!(took < BOUND);
-    assert!(
-        matches!(
-            &end,
-            End::Eof
-                | End::Err(
-                    io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted,
-                    _
-                )
-        ),
-        "{end:?}"
-    );
+    assert_reader_ended(&end);
 }
 
 #[test]
@@ -293,17 +231,7 @@ fn async_reader_ends_when_the_sender_is_sigkilled_iwarp() {
 /// An async stream writes to `rcat -l`, which is SIGKILLed once a
 /// megabyte went; the writing task fails within `BOUND`.
 fn killed_receiver(dev: &str, port: u16) {
-    let mut child = Command::new(example("rcat"))
-        .args(["-v", "-l", &ip(dev), &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rcat -l");
-    let mut line = String::new();
-    let got = BufReader::new(child.stderr.as_mut().unwrap()).read_line(&mut line);
-    let mut child = Killed(child);
-    assert!(matches!(got, Ok(n) if n > 0), "rcat -l did not listen");
-    let dst = addr(dev, port);
+    let (mut child, dst) = rcat_listening(dev, port);
     let (mid_tx, mid_rx) = mpsc::channel();
     let (tx, rx) = mpsc::channel();
     let h = thread::spawn(move || {
@@ -311,26 +239,23 @@ fn killed_receiver(dev: &str, port: u16) {
             let mut s = AioStream::connect(&Tokio, dst, &Options::default())
                 .await
                 .expect("connect to rcat -l");
-            let (mut n, mut told) = (0usize, false);
+            let mut tally = Tally::new(mid_tx);
             let err = loop {
-                let chunk = patterned(n, 64 * 1024);
+                let chunk = patterned(tally.n, 64 * 1024);
                 match s.write(&chunk).await {
-                    Ok(k) => n += k,
+                    Ok(k) => tally.wrote(k),
                     Err(e) => break e,
                 }
-                if n >= BEFORE_KILL && !told {
-                    told = true;
-                    let _ = mid_tx.send(());
-                }
             };
-            let _ = tx.send((n, err.kind(), err.to_string(), Instant::now()));
+            let _ = tx.send((tally.n, err.kind(), err.to_string(), Instant::now()));
         })
     });
-    mid_rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the async stream wrote a megabyte to rcat -l");
-    child.0.kill().expect("SIGKILL rcat -l");
-    let t0 = Instant::now();
+    let t0 = kill_after_a_megabyte(
+        &mut child,
+        &mid_rx,
+        "the async stream wrote a megabyte to rcat -l",
+        "SIGKILL rcat -l",
+    );
     let (n, kind, msg, at) = outcome(&rx, h, "async: rcat -l SIGKILLed while receiving");
     let took = at.saturating_duration_since(t0);
     println!(
@@ -338,15 +263,7 @@ fn killed_receiver(dev: &str, port: u16) {
          ({msg}) {took:?} after the kill"
     );
     assert!(took < BOUND);
-    assert!(
-        matches!(
-            kind,
-            io::ErrorKind::ConnectionReset
-                | io::ErrorKind::BrokenPipe
-                | io::ErrorKind::ConnectionAborted
-        ),
-        "{kind:?}: {msg}"
-    );
+    assert_writer_failed(kind, &msg);
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! A peer process (our `rcat`) SIGKILLed mid-transfer: the blocking
-//! stream's reader and writer end within the bound.
+//! stream's reader and writer end within the bound. Also the setup of that
+//! peer process and the checks of its end, which the async stream's tests
+//! (`aio`) share.
 
 use super::*;
 
@@ -17,38 +19,9 @@ impl Drop for Killed {
 /// Bytes before the kill the stream side waits for.
 pub(super) const BEFORE_KILL: usize = 1 << 20;
 
-/// `rcat ADDR PORT` sends the test pattern to our listener; once the
-/// stream read a megabyte it is SIGKILLed; the reader must see an error or
-/// the end within `BOUND`, having read a prefix of the pattern.
-fn killed_sender(dev: &str, port: u16) {
-    let a = addr(dev, port);
-    let l = RdmaListener::bind(a).expect("bind");
-    let (mid_tx, mid_rx) = mpsc::channel();
-    let (tx, rx) = mpsc::channel();
-    let h = thread::spawn(move || {
-        let (s, _) = l.accept().expect("accept rcat");
-        let mut buf = vec![0; 64 * 1024];
-        let mut n = 0usize;
-        let mut wrong = None;
-        let mut told = false;
-        let end = loop {
-            match (&s).read(&mut buf) {
-                Ok(0) => break End::Eof,
-                Ok(k) => {
-                    if wrong.is_none() {
-                        wrong = (0..k).find(|&i| buf[i] != pattern(n + i)).map(|i| n + i);
-                    }
-                    n += k;
-                    if n >= BEFORE_KILL && !told {
-                        told = true;
-                        let _ = mid_tx.send(());
-                    }
-                }
-                Err(e) => break End::Err(e.kind(), e.to_string()),
-            }
-        };
-        let _ = tx.send((n, wrong, end, Instant::now()));
-    });
+/// `rcat ADDR PORT` on `dev`, sending to a listener there: the child, and
+/// the thread that feeds it the test pattern until it is gone.
+pub(super) fn rcat_sending(dev: &str, port: u16) -> (Killed, thread::JoinHandle<()>) {
     let mut child = Command::new(example("rcat"))
         .args([&ip(dev), &port.to_string()])
         .stdin(Stdio::piped())
@@ -68,12 +41,135 @@ fn killed_sender(dev: &str, port: u16) {
             at += chunk.len();
         }
     });
-    mid_rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the stream read a megabyte from rcat");
-    let mut child = child;
-    child.0.kill().expect("SIGKILL rcat");
-    let t0 = Instant::now();
+    (child, feeder)
+}
+
+/// `rcat -v -l ADDR PORT` on `dev`, once it listens (it says so on its
+/// standard error), and the address it listens on.
+pub(super) fn rcat_listening(dev: &str, port: u16) -> (Killed, SocketAddr) {
+    let mut child = Command::new(example("rcat"))
+        .args(["-v", "-l", &ip(dev), &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rcat -l");
+    let mut line = String::new();
+    let got = BufReader::new(child.stderr.as_mut().unwrap()).read_line(&mut line);
+    let child = Killed(child);
+    assert!(matches!(got, Ok(n) if n > 0), "rcat -l did not listen");
+    (child, addr(dev, port))
+}
+
+/// The stream side's count of the bytes it moved: it says once, through
+/// `mid`, that `BEFORE_KILL` went, and a reader also notes the first byte
+/// that is not the pattern's.
+pub(super) struct Tally {
+    pub(super) n: usize,
+    pub(super) wrong: Option<usize>,
+    told: bool,
+    mid: mpsc::Sender<()>,
+}
+
+impl Tally {
+    pub(super) fn new(mid: mpsc::Sender<()>) -> Tally {
+        Tally {
+            n: 0,
+            wrong: None,
+            told: false,
+            mid,
+        }
+    }
+
+    /// Counts `got`, the next bytes read, checked against the pattern.
+    pub(super) fn read(&mut self, got: &[u8]) {
+        if self.wrong.is_none() {
+            let n = self.n;
+            self.wrong = (0..got.len())
+                .find(|&i| got[i] != pattern(n + i))
+                .map(|i| n + i);
+        }
+        self.wrote(got.len());
+    }
+
+    /// Counts `k` more bytes moved.
+    pub(super) fn wrote(&mut self, k: usize) {
+        self.n += k;
+        if self.n >= BEFORE_KILL && !self.told {
+            self.told = true;
+            let _ = self.mid.send(());
+        }
+    }
+}
+
+/// Waits until the stream side moved a megabyte (`moved` says which, if it
+/// never does), SIGKILLs `child` (`kill` says which, if that fails) and
+/// returns when.
+pub(super) fn kill_after_a_megabyte(
+    child: &mut Killed,
+    mid: &mpsc::Receiver<()>,
+    moved: &str,
+    kill: &str,
+) -> Instant {
+    mid.recv_timeout(Duration::from_secs(60)).expect(moved);
+    child.0.kill().expect(kill);
+    Instant::now()
+}
+
+/// A reader whose sender was killed sees the end of the stream or a reset.
+pub(super) fn assert_reader_ended(end: &End) {
+    assert!(
+        matches!(
+            end,
+            End::Eof
+                | End::Err(
+                    io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted,
+                    _
+                )
+        ),
+        "{end:?}"
+    );
+}
+
+/// A writer whose receiver was killed fails with a reset or a broken pipe.
+pub(super) fn assert_writer_failed(kind: io::ErrorKind, msg: &str) {
+    assert!(
+        matches!(
+            kind,
+            io::ErrorKind::ConnectionReset
+                | io::ErrorKind::BrokenPipe
+                | io::ErrorKind::ConnectionAborted
+        ),
+        "{kind:?}: {msg}"
+    );
+}
+
+/// `rcat ADDR PORT` sends the test pattern to our listener; once the
+/// stream read a megabyte it is SIGKILLed; the reader must see an error or
+/// the end within `BOUND`, having read a prefix of the pattern.
+fn killed_sender(dev: &str, port: u16) {
+    let a = addr(dev, port);
+    let l = RdmaListener::bind(a).expect("bind");
+    let (mid_tx, mid_rx) = mpsc::channel();
+    let (tx, rx) = mpsc::channel();
+    let h = thread::spawn(move || {
+        let (s, _) = l.accept().expect("accept rcat");
+        let mut buf = vec![0; 64 * 1024];
+        let mut tally = Tally::new(mid_tx);
+        let end = loop {
+            match End::of((&s).read(&mut buf)) {
+                Ok(k) => tally.read(&buf[..k]),
+                Err(end) => break end,
+            }
+        };
+        let _ = tx.send((tally.n, tally.wrong, end, Instant::now()));
+    });
+    let (mut child, feeder) = rcat_sending(dev, port);
+    let t0 = kill_after_a_megabyte(
+        &mut child,
+        &mid_rx,
+        "the stream read a megabyte from rcat",
+        "SIGKILL rcat",
+    );
     let (n, wrong, end, at) = outcome(&rx, h, "rcat SIGKILLed while sending");
     let took = at.saturating_duration_since(t0);
     println!(
@@ -84,17 +180,7 @@ fn killed_sender(dev: &str, port: u16) {
     assert_eq!(wrong, None, "byte {wrong:?} is not what rcat sent");
     assert!(n >= BEFORE_KILL);
     assert!(took < BOUND);
-    assert!(
-        matches!(
-            &end,
-            End::Eof
-                | End::Err(
-                    io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted,
-                    _
-                )
-        ),
-        "{end:?}"
-    );
+    assert_reader_ended(&end);
 }
 
 #[test]
@@ -112,42 +198,28 @@ fn the_reader_ends_when_the_sender_is_sigkilled_iwarp() {
 /// `rcat -l` takes what our stream writes; once a megabyte went it is
 /// SIGKILLed; the writer must fail within `BOUND`.
 fn killed_receiver(dev: &str, port: u16) {
-    let mut child = Command::new(example("rcat"))
-        .args(["-v", "-l", &ip(dev), &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rcat -l");
-    let mut line = String::new();
-    let got = BufReader::new(child.stderr.as_mut().unwrap()).read_line(&mut line);
-    let mut child = Killed(child);
-    assert!(matches!(got, Ok(n) if n > 0), "rcat -l did not listen");
-    let dst = addr(dev, port);
+    let (mut child, dst) = rcat_listening(dev, port);
     let (mid_tx, mid_rx) = mpsc::channel();
     let (tx, rx) = mpsc::channel();
     let h = thread::spawn(move || {
         let s = RdmaStream::connect(dst).expect("connect to rcat -l");
-        let mut n = 0usize;
-        let mut told = false;
+        let mut tally = Tally::new(mid_tx);
         let err = loop {
-            let chunk = patterned(n, 64 * 1024);
+            let chunk = patterned(tally.n, 64 * 1024);
             match (&s).write(&chunk) {
-                Ok(k) => n += k,
+                Ok(k) => tally.wrote(k),
                 Err(e) => break e,
             }
-            if n >= BEFORE_KILL && !told {
-                told = true;
-                let _ = mid_tx.send(());
-            }
         };
-        let _ = tx.send((n, err.kind(), err.to_string(), Instant::now()));
+        let _ = tx.send((tally.n, err.kind(), err.to_string(), Instant::now()));
         drop(s);
     });
-    mid_rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the stream wrote a megabyte to rcat -l");
-    child.0.kill().expect("SIGKILL rcat -l");
-    let t0 = Instant::now();
+    let t0 = kill_after_a_megabyte(
+        &mut child,
+        &mid_rx,
+        "the stream wrote a megabyte to rcat -l",
+        "SIGKILL rcat -l",
+    );
     let (n, kind, msg, at) = outcome(&rx, h, "rcat -l SIGKILLed while receiving");
     let took = at.saturating_duration_since(t0);
     println!(
@@ -155,15 +227,7 @@ fn killed_receiver(dev: &str, port: u16) {
          {took:?} after the kill"
     );
     assert!(took < BOUND);
-    assert!(
-        matches!(
-            kind,
-            io::ErrorKind::ConnectionReset
-                | io::ErrorKind::BrokenPipe
-                | io::ErrorKind::ConnectionAborted
-        ),
-        "{kind:?}: {msg}"
-    );
+    assert_writer_failed(kind, &msg);
 }
 
 #[test]

@@ -91,6 +91,17 @@ enum End {
     Err(io::ErrorKind, String),
 }
 
+impl End {
+    /// A read's result: the bytes it read, or how the stream ended.
+    fn of(read: io::Result<usize>) -> Result<usize, End> {
+        match read {
+            Ok(0) => Err(End::Eof),
+            Ok(n) => Ok(n),
+            Err(e) => Err(End::Err(e.kind(), e.to_string())),
+        }
+    }
+}
+
 /// What the stream side saw, and when it ended.
 #[derive(Debug)]
 struct Seen {
@@ -99,21 +110,27 @@ struct Seen {
     at: Instant,
 }
 
+impl Seen {
+    /// `bytes` read, then `end`, now.
+    fn now(bytes: Vec<u8>, end: End) -> Seen {
+        Seen {
+            bytes,
+            end,
+            at: Instant::now(),
+        }
+    }
+}
+
 /// Reads until an error or the end of the stream.
 fn read_to_end(s: &RdmaStream, mut bytes: Vec<u8>) -> Seen {
     let mut buf = vec![0; 64 * 1024];
     let end = loop {
-        match (&*s).read(&mut buf) {
-            Ok(0) => break End::Eof,
+        match End::of((&*s).read(&mut buf)) {
             Ok(n) => bytes.extend_from_slice(&buf[..n]),
-            Err(e) => break End::Err(e.kind(), e.to_string()),
+            Err(end) => break end,
         }
     };
-    Seen {
-        bytes,
-        end,
-        at: Instant::now(),
-    }
+    Seen::now(bytes, end)
 }
 
 /// Runs `job` on the next stream `listener` accepts, in a thread; its
@@ -153,18 +170,91 @@ fn pair<T: Send + 'static>(
         let peer = Peer::connect(l.local_addr().expect("bound"), false, credits);
         return (peer, rx, h);
     }
+    let (tx, rx) = mpsc::channel();
+    let (peer, h) = peer_accepting(dev, credits, |dst| {
+        thread::spawn(move || {
+            let s = RdmaStream::connect(dst).expect("connect to the test peer");
+            let _ = tx.send(job(s));
+        })
+    });
+    (peer, rx, h)
+}
+
+/// The test peer's listening id on `dev` and `port` (0: any): its event
+/// channel, the id (listening while it lives) and the address to connect to.
+fn peer_listening(dev: &str, port: u16) -> (EventChannel, CmId, SocketAddr) {
     let events = EventChannel::new().expect("rdma_create_event_channel");
     let lid = events.create_id(PortSpace::Tcp).expect("rdma_create_id");
-    lid.bind_addr(addr(dev, 0)).expect("rdma_bind_addr");
+    lid.bind_addr(addr(dev, port)).expect("rdma_bind_addr");
     lid.listen(4).expect("rdma_listen");
     let dst = addr(dev, lid.src_port());
-    let (tx, rx) = mpsc::channel();
-    let h = thread::spawn(move || {
-        let s = RdmaStream::connect(dst).expect("connect to the test peer");
-        let _ = tx.send(job(s));
-    });
-    let peer = Peer::accept(&events, true, credits);
-    (peer, rx, h)
+    (events, lid, dst)
+}
+
+/// The siw way of [`pair`] (and of `aio::pair`): the test peer listens,
+/// `connect` starts the stream side connecting to the address it is given
+/// (in a thread of its own), and the peer accepts it granting `credits`.
+fn peer_accepting(
+    dev: &str,
+    credits: u16,
+    connect: impl FnOnce(SocketAddr) -> thread::JoinHandle<()>,
+) -> (Peer, thread::JoinHandle<()>) {
+    let (events, _listening, dst) = peer_listening(dev, 0);
+    let h = connect(dst);
+    (Peer::accept(&events, true, credits), h)
+}
+
+/// The peer's part of a message past the credits: it grants the stream its
+/// first space, sends the stream's credits' worth of one-byte DATA (and
+/// waits for their completions), then one message more. The stream's
+/// credits, and when the message past them went.
+fn past_the_credits(peer: &mut Peer) -> (usize, Instant) {
+    let credits = peer.theirs.credits as usize;
+    peer.first_grant();
+    for i in 0..credits {
+        peer.data(&[pattern(i)]);
+    }
+    peer.wait_sends().expect("the credited messages");
+    let t0 = Instant::now();
+    peer.data(&[pattern(credits)]);
+    (credits, t0)
+}
+
+/// What the stream side must have seen of [`past_the_credits`], granted one
+/// message: its `first` write went, then [`assert_blocked_write_failed`],
+/// and its reads ended with `InvalidData`. The write's error.
+fn assert_past_the_credits(
+    first: io::Result<usize>,
+    blocked: io::Result<usize>,
+    seen: &Seen,
+    credits: usize,
+) -> io::Error {
+    assert_eq!(first.expect("the credited write"), 1);
+    let e = assert_blocked_write_failed(blocked, seen, credits);
+    assert!(
+        matches!(&seen.end, End::Err(io::ErrorKind::InvalidData, _)),
+        "{:?}",
+        seen.end
+    );
+    e
+}
+
+/// A message past the `credits` granted, while the stream side waited in a
+/// write for credits: that write failed with `InvalidData` (returned), and
+/// the stream read the credited messages' bytes, no more.
+fn assert_blocked_write_failed(
+    blocked: io::Result<usize>,
+    seen: &Seen,
+    credits: usize,
+) -> io::Error {
+    let e = blocked.expect_err("the write waiting for credits ends with the violation");
+    assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+    assert!(
+        seen.bytes == patterned(0, credits),
+        "{} bytes",
+        seen.bytes.len()
+    );
+    e
 }
 
 /// The stream side's result within `BOUND`, or a failure that says whether

@@ -5,34 +5,81 @@
 
 use super::*;
 
+/// A stream that reads only once let go ([`Reading::release`]), and a test
+/// peer granting `PEER_RQ` credits that took its first grant (`granted`) and
+/// sent `before`, the pattern's first 1000 bytes, legitimately: where a
+/// violation starts.
+struct Held<T> {
+    peer: Peer,
+    granted: u64,
+    before: Vec<u8>,
+    reading: Reading<T>,
+}
+
+/// The stream side of [`Held`], waiting for its go.
+struct Reading<T> {
+    go: mpsc::Sender<()>,
+    rx: mpsc::Receiver<T>,
+    h: thread::JoinHandle<()>,
+}
+
+/// [`Held`], whose stream side runs `read` once let go.
+fn held<T: Send + 'static>(
+    dev: &str,
+    read: impl FnOnce(&RdmaStream) -> T + Send + 'static,
+) -> Held<T> {
+    let (go, go_rx) = mpsc::channel::<()>();
+    let (mut peer, rx, h) = pair(dev, PEER_RQ as u16, move |s| {
+        go_rx.recv().expect("the peer's go");
+        read(&s)
+    });
+    let granted = peer.first_grant();
+    let before = patterned(0, 1000);
+    peer.data(&before);
+    Held {
+        peer,
+        granted,
+        before,
+        reading: Reading { go, rx, h },
+    }
+}
+
+impl<T> Reading<T> {
+    /// Lets the stream side read: what it returned (within `BOUND`, else
+    /// a failure naming `what`), and when it was let go.
+    fn release(self, what: &str) -> (T, Instant) {
+        let t0 = Instant::now();
+        self.go.send(()).expect("the stream thread waits");
+        (outcome(&self.rx, self.h, what), t0)
+    }
+}
+
 /// A violation by `act` after `before` was sent legitimately: the stream
 /// reads exactly `before`, then fails with `InvalidData` naming `reason`.
 /// The stream starts reading only once the peer's sends completed, so on
 /// RoCE everything is in its completion queue when it looks.
 fn violation(dev: &str, what: &str, reason: &str, act: impl FnOnce(&mut Peer)) {
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let (mut peer, rx, h) = pair(dev, PEER_RQ as u16, move |s| {
-        go_rx.recv().expect("the peer's go");
+    let Held {
+        mut peer,
+        before,
+        reading,
+        ..
+    } = held(dev, |s| {
         // An end of stream may come first (a SHUTDOWN whose data after it
         // is still on its way, over iWARP): read on (spinning on the end)
         // for a while, to see whether the violation is reported.
-        let mut seen = read_to_end(&s, Vec::new());
+        let mut seen = read_to_end(s, Vec::new());
         let mut eofs = 0;
         let until = Instant::now() + Duration::from_secs(2);
         while seen.end == End::Eof && Instant::now() < until {
             eofs += 1;
-            seen = read_to_end(&s, seen.bytes);
+            seen = read_to_end(s, seen.bytes);
         }
         (seen, eofs)
     });
-    peer.first_grant();
-    let before = patterned(0, 1000);
-    peer.data(&before);
     act(&mut peer);
     let sent = peer.wait_sends();
-    let t0 = Instant::now();
-    go_tx.send(()).expect("the stream thread waits");
-    let (seen, eofs) = outcome(&rx, h, what);
+    let ((seen, eofs), t0) = reading.release(what);
     let took = seen.at.saturating_duration_since(t0);
     println!(
         "{dev} {what}: read {} bytes, then {:?} after {took:?} ({eofs} ends of stream first; \
@@ -61,20 +108,12 @@ fn violation(dev: &str, what: &str, reason: &str, act: impl FnOnce(&mut Peer)) {
 /// DATA claiming one byte more than the receive space the stream granted
 /// (the first segment and the one its first credits wrote).
 fn data_past_the_grant(dev: &str) {
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let (mut peer, rx, h) = pair(dev, PEER_RQ as u16, move |s| {
-        go_rx.recv().expect("the peer's go");
-        read_to_end(&s, Vec::new())
-    });
-    let granted = peer.first_grant();
-    let before = patterned(0, 1000);
-    peer.data(&before);
+    let mut held = held(dev, |s| read_to_end(s, Vec::new()));
+    let (granted, before) = (held.granted, &held.before);
     let claim = granted - before.len() as u64 + 1;
-    peer.data_claiming(&[], claim as u32);
-    peer.wait_sends().expect("the peer's sends");
-    let t0 = Instant::now();
-    go_tx.send(()).unwrap();
-    let seen = outcome(&rx, h, "data past the grant");
+    held.peer.data_claiming(&[], claim as u32);
+    held.peer.wait_sends().expect("the peer's sends");
+    let (seen, t0) = held.reading.release("data past the grant");
     println!(
         "{dev} DATA of {claim} bytes with {} granted left: read {} bytes, then {:?} after {:?}",
         granted - before.len() as u64,
@@ -82,7 +121,7 @@ fn data_past_the_grant(dev: &str) {
         seen.end,
         seen.at.saturating_duration_since(t0)
     );
-    assert!(seen.bytes == before, "read {} bytes", seen.bytes.len());
+    assert!(seen.bytes == *before, "read {} bytes", seen.bytes.len());
     assert!(
         matches!(&seen.end, End::Err(io::ErrorKind::InvalidData, m) if m.contains("receive space")),
         "{:?}",
@@ -183,14 +222,7 @@ fn messages_past_the_credits_granted_are_invalid_data_rxe() {
         let t = Instant::now();
         (first, blocked, t, read_to_end(&s, Vec::new()))
     });
-    let credits = peer.theirs.credits as usize;
-    peer.first_grant();
-    for i in 0..credits {
-        peer.data(&[pattern(i)]);
-    }
-    peer.wait_sends().expect("the credited messages");
-    let t0 = Instant::now();
-    peer.data(&[pattern(credits)]);
+    let (credits, t0) = past_the_credits(&mut peer);
     let (first, blocked, t, seen) = outcome(&rx, h, "messages past the credits");
     println!(
         "rxe message {} with {credits} credits: write {first:?}, blocked write {blocked:?} \
@@ -200,39 +232,21 @@ fn messages_past_the_credits_granted_are_invalid_data_rxe() {
         seen.bytes.len(),
         seen.end
     );
-    assert_eq!(first.expect("the credited write"), 1);
-    let e = blocked.expect_err("the write waiting for credits ends with the violation");
-    assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+    let e = assert_past_the_credits(first, blocked, &seen, credits);
     assert!(e.to_string().contains("messages it was granted"), "{e}");
-    assert!(
-        seen.bytes == patterned(0, credits),
-        "{} bytes",
-        seen.bytes.len()
-    );
-    assert!(
-        matches!(&seen.end, End::Err(io::ErrorKind::InvalidData, _)),
-        "{:?}",
-        seen.end
-    );
 }
 
 /// An RDMA WRITE that runs 8 bytes past the end of the stream's receive
 /// buffer: the device refuses it (the rkey covers the buffer only); the
 /// stream ends with an error, the legitimate bytes read and nothing else.
 fn write_past_the_buffer(dev: &str) {
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let (mut peer, rx, h) = pair(dev, PEER_RQ as u16, move |s| {
-        go_rx.recv().expect("the peer's go");
-        read_to_end(&s, Vec::new())
-    });
-    let granted = peer.first_grant();
-    let before = patterned(0, 1000);
-    peer.data(&before);
+    let mut held = held(dev, |s| read_to_end(s, Vec::new()));
+    let peer = &mut held.peer;
     peer.wait_sends().expect("the legitimate data");
     // The whole buffer is granted (two halves), so it ends at data_buf.addr
     // + granted.
     let to = RemoteMemory {
-        addr: peer.theirs.data_buf.addr + granted - 8,
+        addr: peer.theirs.data_buf.addr + held.granted - 8,
         len: 16,
         rkey: peer.theirs.data_buf.key,
     };
@@ -245,9 +259,7 @@ fn write_past_the_buffer(dev: &str) {
     } else {
         Ok(())
     };
-    let t0 = Instant::now();
-    go_tx.send(()).unwrap();
-    let seen = outcome(&rx, h, "a write past the buffer");
+    let (seen, t0) = held.reading.release("a write past the buffer");
     println!(
         "{dev} WRITE 8 bytes past the receive buffer: peer's completion {sent:?}; the stream \
          read {} bytes, then {:?} after {:?}",
@@ -263,7 +275,7 @@ fn write_past_the_buffer(dev: &str) {
             "the write past the buffer"
         );
     }
-    assert!(seen.bytes == before, "{} bytes", seen.bytes.len());
+    assert!(seen.bytes == held.before, "{} bytes", seen.bytes.len());
     assert!(
         matches!(
             &seen.end,
@@ -351,11 +363,7 @@ fn foreign_private_data_is_rejected_and_the_listener_serves_on_iwarp() {
 /// stream fails with `InvalidData`, in bounded time.
 fn foreign_accept(dev: &str, port: u16) {
     let iwarp = dev == "siw";
-    let events = EventChannel::new().expect("event channel");
-    let lid = events.create_id(PortSpace::Tcp).expect("listen id");
-    lid.bind_addr(addr(dev, port)).expect("rdma_bind_addr");
-    lid.listen(4).expect("rdma_listen");
-    let dst = addr(dev, port);
+    let (events, _listening, dst) = peer_listening(dev, port);
     let (tx, rx) = mpsc::channel();
     let h = thread::spawn(move || {
         let t = Instant::now();
@@ -461,13 +469,7 @@ fn messages_past_the_credits_after_some_reads_are_invalid_data_rxe() {
         seen.bytes.len(),
         seen.end
     );
-    let e = blocked.expect_err("the write waiting for credits ends with the violation");
-    assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
-    assert!(
-        seen.bytes == patterned(0, credits),
-        "{} bytes",
-        seen.bytes.len()
-    );
+    assert_blocked_write_failed(blocked, &seen, credits);
 }
 
 /// iWARP: a message SEND of 2 bytes instead of 4. The stream's slot keeps
