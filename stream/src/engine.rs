@@ -445,12 +445,24 @@ impl Engine {
     /// Grants the peer more messages (and a new half of the receive buffer
     /// once one is free again), as rsocket does: when half the receive
     /// queue's messages were read or half the buffer is free.
+    ///
+    /// Called after every read, write and poll; in line only the test of
+    /// whether a grant is due (rarely: once per half a queue of messages).
+    #[inline]
     pub(crate) fn update_credits(&mut self) {
         let half = self.local.sizes.recv_buffer / 2;
-        let want =
-            self.rbuf_avail >= half || (self.rseq_no.wrapping_sub(self.rseq_comp) as i16) >= 0;
+        if self.rbuf_avail >= half || (self.rseq_no.wrapping_sub(self.rseq_comp) as i16) >= 0 {
+            self.grant();
+        }
+    }
+
+    /// [`Engine::update_credits`] once a grant is due: posts it if a
+    /// control slot is free and the connection may send.
+    #[inline(never)]
+    fn grant(&mut self) {
+        let half = self.local.sizes.recv_buffer / 2;
         let needed = if self.iwarp { 2 } else { 1 };
-        if !(want && self.ctrl_room(needed) && self.connected && self.may_send) {
+        if !(self.ctrl_room(needed) && self.connected && self.may_send) {
             return;
         }
         let rq = self.local.sizes.recv_queue as u16;
