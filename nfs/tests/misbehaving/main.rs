@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use rdma::WcStatus;
-use rdma_nfs::transport::{EndAccess, Options};
+use rdma_nfs::transport::EndAccess;
 
 use harness::*;
 use server::{ended_call_delivered, Fault};
@@ -33,12 +33,9 @@ use server::{ended_call_delivered, Fault};
 /// second call completes with the right data.
 fn late_access(iwarp: bool) {
     let port = if iwarp { 20180 } else { 20080 };
-    let opts = Options {
-        credits: 8,
-        call_timeout: Duration::from_secs(5),
-        ..Options::default()
-    };
-    let seen = with_server(iwarp, port, Fault::LateWrite, opts, |t| async move {
+    let server =
+        TestServer::new(iwarp, port, Fault::LateWrite).call_timeout(Duration::from_secs(5));
+    let seen = server.run(|t| async move {
         for _ in 0..2 {
             let mut c = null_call();
             c.write_chunk = 4096;
@@ -92,16 +89,15 @@ fn late_access_to_an_ended_calls_chunk_fails_over_iwarp() {
 #[test]
 #[ignore = "needs an RDMA device (rxe0): run in ci/vm"]
 fn lost_invalidation_is_bounded_over_rxe() {
-    let opts = Options {
-        credits: 8,
-        call_timeout: Duration::from_secs(30),
-        invalidate_timeout: Duration::from_secs(1),
-        lose_invalidations: 1,
-        // The path under test; on rxe the default deallocates instead.
-        end_access: EndAccess::LocalInvalidate,
-        ..Options::default()
-    };
-    with_server(false, 20082, Fault::None, opts, |t| async move {
+    let server = TestServer::new(false, 20082, Fault::None)
+        .call_timeout(Duration::from_secs(30))
+        .options(|o| {
+            o.invalidate_timeout = Duration::from_secs(1);
+            o.lose_invalidations = 1;
+            // The path under test; on rxe the default deallocates instead.
+            o.end_access = EndAccess::LocalInvalidate;
+        });
+    server.run(|t| async move {
         let mut c = null_call();
         c.write_chunk = 4096;
         let start = tokio::time::Instant::now();
@@ -123,7 +119,7 @@ fn lost_invalidation_is_bounded_over_rxe() {
         assert!(took < Duration::from_secs(30), "{took:?}: bounded");
         assert_eq!(s.lost_invalidations.load(Ordering::Relaxed), 1);
         assert_eq!(s.chunks_registered.load(Ordering::Relaxed), 0);
-        // The next call reconnects (with_server checks it answers).
+        // The next call reconnects (`TestServer::run` checks it answers).
         let r = t.call(null_call()).await.unwrap();
         check_reply(&r);
         assert_eq!(s.connects.load(Ordering::Relaxed), 2, "a new connection");
@@ -136,27 +132,16 @@ fn lost_invalidation_is_bounded_over_rxe() {
 /// siw (no memory windows) each chunk is registered for its call.
 fn reuse(iwarp: bool) {
     let port = if iwarp { 20181 } else { 20081 };
-    let opts = Options {
-        credits: 8,
-        chunk_regions: 6,
-        call_timeout: Duration::from_secs(10),
-        ..Options::default()
-    };
     const CALLS: u64 = 200;
-    with_server(iwarp, port, Fault::None, opts, |t| async move {
-        let tasks: Vec<_> = (0..CALLS)
-            .map(|_| {
-                let t = t.clone();
-                tokio::spawn(async move {
-                    let mut c = null_call();
-                    c.write_chunk = 65536;
-                    c.max_reply = 16384;
-                    t.call(c).await
-                })
-            })
-            .collect();
-        for h in tasks {
-            let r = h.await.unwrap().unwrap();
+    let server = TestServer::new(iwarp, port, Fault::None).options(|o| o.chunk_regions = 6);
+    server.run(|t| async move {
+        let call = || {
+            let mut c = null_call();
+            c.write_chunk = 65536;
+            c.max_reply = 16384;
+            c
+        };
+        for r in calls_at_once(&t, CALLS, call).await {
             check_reply(&r);
             let data = r.data.expect("the write chunk's data");
             assert_eq!(data.len(), 65536);
@@ -199,14 +184,9 @@ fn reuse(iwarp: bool) {
 #[test]
 #[ignore = "needs an RDMA device (rxe0): run in ci/vm"]
 fn remote_invalidation_skips_local_inv_over_rxe() {
-    let opts = Options {
-        credits: 8,
-        chunk_regions: 3,
-        call_timeout: Duration::from_secs(10),
-        ..Options::default()
-    };
     const CALLS: u64 = 20;
-    with_server(false, 20090, Fault::Invalidate, opts, |t| async move {
+    let server = TestServer::new(false, 20090, Fault::Invalidate).options(|o| o.chunk_regions = 3);
+    server.run(|t| async move {
         for _ in 0..CALLS {
             check_write_chunk(&t.call(write_chunk_call()).await.unwrap());
         }
@@ -243,25 +223,8 @@ fn remote_invalidation_skips_local_inv_over_rxe() {
 #[test]
 #[ignore = "needs an RDMA device (rxe0): run in ci/vm"]
 fn stray_invalidation_falls_back_over_rxe() {
-    let opts = Options {
-        credits: 8,
-        call_timeout: Duration::from_secs(10),
-        ..Options::default()
-    };
-    with_server(false, 20091, Fault::StrayInvalidate, opts, |t| async move {
-        // A first call gets the server's grant of 8, so the next two go
-        // out together.
-        check_reply(&t.call(null_call()).await.unwrap());
-        let a = {
-            let t = t.clone();
-            tokio::spawn(async move { t.call(write_chunk_call()).await })
-        };
-        let b = {
-            let t = t.clone();
-            tokio::spawn(async move { t.call(write_chunk_call()).await })
-        };
-        check_write_chunk(&a.await.unwrap().unwrap());
-        check_write_chunk(&b.await.unwrap().unwrap());
+    TestServer::new(false, 20091, Fault::StrayInvalidate).run(|t| async move {
+        two_write_chunk_calls_together(&t).await;
         let [local, remote, stray, plain] = inv_counts(&t);
         println!("local {local}, remote {remote}, stray {stray}, plain {plain}");
         let s = t.stats();
@@ -293,28 +256,10 @@ fn stray_invalidation_falls_back_over_rxe() {
 #[test]
 #[ignore = "needs an RDMA device (rxe0): run in ci/vm"]
 fn invalidation_of_an_ended_calls_window_over_rxe() {
-    let opts = Options {
-        credits: 8,
-        call_timeout: Duration::from_secs(10),
-        ..Options::default()
-    };
-    with_server(false, 20092, Fault::InvalidateEnded, opts, |t| async move {
-        check_reply(&t.call(null_call()).await.unwrap());
-        let a = {
-            let t = t.clone();
-            tokio::spawn(async move { t.call(write_chunk_call()).await })
-        };
-        let b = {
-            let t = t.clone();
-            tokio::spawn(async move { t.call(write_chunk_call()).await })
-        };
-        check_write_chunk(&a.await.unwrap().unwrap());
-        check_write_chunk(&b.await.unwrap().unwrap());
+    TestServer::new(false, 20092, Fault::InvalidateEnded).run(|t| async move {
+        two_write_chunk_calls_together(&t).await;
         let [local, remote, stray, plain] = inv_counts(&t);
-        let s = t.stats();
-        let fenced = s.fenced_windows.load(Ordering::Relaxed);
-        let late = s.late_invalidations.load(Ordering::Relaxed);
-        let connects = s.connects.load(Ordering::Relaxed);
+        let [fenced, late, connects] = fenced_late_connects(&t);
         println!(
             "local {local}, remote {remote}, stray {stray}, late {late}, fenced {fenced}, \
              plain {plain}, connects {connects}"
@@ -342,55 +287,35 @@ fn invalidation_of_an_ended_calls_window_over_rxe() {
 #[test]
 #[ignore = "needs an RDMA device (rxe0): run in ci/vm"]
 fn invalidation_after_an_ended_calls_window_went_over_rxe() {
-    let opts = Options {
-        credits: 8,
-        call_timeout: Duration::from_secs(10),
-        ..Options::default()
-    };
-    with_server(
-        false,
-        20093,
-        Fault::InvalidateEndedAfter,
-        opts,
-        |t| async move {
-            check_reply(&t.call(null_call()).await.unwrap());
-            let mut a = {
-                let t = t.clone();
-                tokio::spawn(async move { t.call(write_chunk_call()).await })
-            };
-            let mut b = {
-                let t = t.clone();
-                tokio::spawn(async move { t.call(write_chunk_call()).await })
-            };
-            // The held call is answered first (the other's reply waits for
-            // this): tell the server, then wait for the other.
-            let (first, other) = tokio::select! {
-                r = &mut a => (r, b),
-                r = &mut b => (r, a),
-            };
-            check_write_chunk(&first.unwrap().unwrap());
-            ended_call_delivered().notify_one();
-            check_write_chunk(&other.await.unwrap().unwrap());
-            let [local, remote, stray, plain] = inv_counts(&t);
-            let s = t.stats();
-            let fenced = s.fenced_windows.load(Ordering::Relaxed);
-            let late = s.late_invalidations.load(Ordering::Relaxed);
-            let connects = s.connects.load(Ordering::Relaxed);
-            println!(
-                "local {local}, remote {remote}, stray {stray}, late {late}, fenced {fenced}, \
+    TestServer::new(false, 20093, Fault::InvalidateEndedAfter).run(|t| async move {
+        check_reply(&t.call(null_call()).await.unwrap());
+        let mut a = spawn_call(&t, write_chunk_call());
+        let mut b = spawn_call(&t, write_chunk_call());
+        // The held call is answered first (the other's reply waits for
+        // this): tell the server, then wait for the other.
+        let (first, other) = tokio::select! {
+            r = &mut a => (r, b),
+            r = &mut b => (r, a),
+        };
+        check_write_chunk(&first.unwrap().unwrap());
+        ended_call_delivered().notify_one();
+        check_write_chunk(&other.await.unwrap().unwrap());
+        let [local, remote, stray, plain] = inv_counts(&t);
+        let [fenced, late, connects] = fenced_late_connects(&t);
+        println!(
+            "local {local}, remote {remote}, stray {stray}, late {late}, fenced {fenced}, \
              plain {plain}, connects {connects}, retransmits {}",
-                s.retransmits.load(Ordering::Relaxed)
-            );
-            assert_eq!(local, 0, "no LOCAL_INV on rxe");
-            assert_eq!(
-                (remote, stray, late),
-                (0, 0, 0),
-                "no invalidation succeeded"
-            );
-            assert_eq!(connects, 2, "rxe failed the receive and the connection");
-            assert!(fenced >= 1, "the held call's window deallocated");
-        },
-    );
+            t.stats().retransmits.load(Ordering::Relaxed)
+        );
+        assert_eq!(local, 0, "no LOCAL_INV on rxe");
+        assert_eq!(
+            (remote, stray, late),
+            (0, 0, 0),
+            "no invalidation succeeded"
+        );
+        assert_eq!(connects, 2, "rxe failed the receive and the connection");
+        assert!(fenced >= 1, "the held call's window deallocated");
+    });
 }
 
 #[test]

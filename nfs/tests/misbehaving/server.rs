@@ -5,9 +5,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdma::aio::tokio_rt as rt;
+use rdma::aio::{tokio_rt as rt, AsyncCq};
 use rdma::cm::ConnParam;
-use rdma::{AccessFlags, QpState, QpType, RemoteMemory, SendWr, WcOpcode, WcStatus};
+use rdma::{
+    AccessFlags, ProtectionDomain, QpState, QpType, QueuePair, RemoteMemory, SendWr, WcOpcode,
+    WcStatus,
+};
 use rdma_nfs::rpcrdma::{
     Body, Chunks, ConnectPrivate, Header, RdmaError, Segment, RDMA_MSG, VERSION,
 };
@@ -412,20 +415,14 @@ pub(crate) async fn serve_one(
             out.buf.extend_from_slice(&rpc_reply(xid));
             out.buf
         };
-        let ended = if matches!(fault, Fault::InvalidateEnded | Fault::InvalidateEndedAfter) {
-            held.take()
-        } else {
-            None
+        let (ended, stray) = match (fault, held.take()) {
+            (Fault::InvalidateEnded | Fault::InvalidateEndedAfter, h) => (h, None),
+            (Fault::StrayInvalidate, h) => (None, h),
+            _ => (None, None),
         };
         if let Some((xid, write)) = ended {
             stray_done = true;
-            let mr = pd
-                .reg_mr(held_reply(xid, write), AccessFlags::empty())
-                .map_err(e("mr"))?;
-            wr += 1;
-            acq.post_send(&mut qp, SendWr::send(wr, mr))
-                .await
-                .map_err(|err| format!("SEND (held call): {err}"))?;
+            send_held(&mut acq, &mut qp, &pd, &mut wr, held_reply(xid, write)).await?;
             if fault == Fault::InvalidateEndedAfter {
                 tokio::time::timeout(Duration::from_secs(20), ended_call_delivered().notified())
                     .await
@@ -441,17 +438,28 @@ pub(crate) async fn serve_one(
         acq.post_send(&mut qp, send)
             .await
             .map_err(|err| format!("SEND: {err}"))?;
-        if let (Fault::StrayInvalidate, Some((xid, write))) = (fault, held.take()) {
+        if let Some((xid, write)) = stray {
             stray_done = true;
-            let mr = pd
-                .reg_mr(held_reply(xid, write), AccessFlags::empty())
-                .map_err(e("mr"))?;
-            wr += 1;
-            acq.post_send(&mut qp, SendWr::send(wr, mr))
-                .await
-                .map_err(|err| format!("SEND (held call): {err}"))?;
+            send_held(&mut acq, &mut qp, &pd, &mut wr, held_reply(xid, write)).await?;
         }
     }
+}
+
+/// Sends `reply`, the held call's, as the next SEND (`wr`).
+async fn send_held(
+    acq: &mut AsyncCq,
+    qp: &mut QueuePair,
+    pd: &ProtectionDomain,
+    wr: &mut u64,
+    reply: Vec<u8>,
+) -> Result<(), String> {
+    let mr = pd
+        .reg_mr(reply, AccessFlags::empty())
+        .map_err(|err| format!("mr: {err}"))?;
+    *wr += 1;
+    acq.post_send(qp, SendWr::send(*wr, mr))
+        .await
+        .map_err(|err| format!("SEND (held call): {err}"))
 }
 
 /// Accepts connections on `addr` until the test ends.
