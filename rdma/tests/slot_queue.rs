@@ -3,13 +3,19 @@
 //! ways a queue ends with requests in flight (drop, error-state flush,
 //! reset, a queue the caller forgets).
 //!
-//! Soft-iWARP has no test here: its QPs are connected only through the
-//! connection manager, and a slot queue builds its QP itself.
+//! Each pair is connected one of two ways: by hand (`bring_up`: INIT, RTR,
+//! RTS with the peer's QP number; the `_rxe` tests), or through the
+//! connection manager (`two_cm`: the queue's QP handed to
+//! `CmId::connect_qp` and `accept_qp`), the only way soft-iWARP connects a
+//! QP (the `_iwarp` tests, on siw0), and one test on rxe0 too.
 
 mod common;
 
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use common::iwarp::{iwarp_ip, next_event};
+use rdma::cm::{CmEventType, ConnParam, EventChannel, PortSpace};
 use rdma::{AccessFlags, Error, QpState, SlotCompletion, SlotConfig, SlotQueue, WcStatus};
 
 /// Two slot queues on one PD, connected to each other.
@@ -17,6 +23,16 @@ struct Two {
     pd: rdma::ProtectionDomain,
     a: SlotQueue,
     b: SlotQueue,
+    /// The connection manager's side of a pair `two_cm` connected.
+    cm: Option<Cm>,
+}
+
+/// What keeps a connection made through the CM: the ids (active, passive),
+/// the listener and their channel.
+struct Cm {
+    _ids: [rdma::cm::CmId; 2],
+    _listener: rdma::cm::CmId,
+    _ch: EventChannel,
 }
 
 fn two(slots: u32, slot_len: usize) -> Two {
@@ -30,7 +46,7 @@ fn two_with(config: SlotConfig) -> Two {
     let b = SlotQueue::new(&pd, &config).expect("slot queue b");
     let gid = u8::try_from(common::gid_index()).unwrap();
     bring_up(&ctx, &a, &b, gid);
-    Two { pd, a, b }
+    Two { pd, a, b, cm: None }
 }
 
 /// Connects `a` and `b` (INIT → RTR → RTS) with remote write allowed.
@@ -47,6 +63,68 @@ fn bring_up(ctx: &rdma::Context, a: &SlotQueue, b: &SlotQueue, gid_index: u8) {
             .unwrap();
         qp.to_rts(&rdma::RtsAttr::new(0)).unwrap();
     }
+}
+
+/// Two slot queues connected through the connection manager on the device
+/// whose address is `ip`, each made on its id's context (librdmacm's, which
+/// the listener's requests share) and its QP handed to the CM
+/// (`CmId::connect_qp`, `accept_qp`, `establish_qp`).
+fn two_cm(ip: IpAddr, config: &SlotConfig) -> Two {
+    let ch = EventChannel::new().expect("event channel");
+    let listener = ch.create_id(PortSpace::Tcp).unwrap();
+    listener.bind_addr(SocketAddr::new(ip, 0)).unwrap();
+    listener.listen(4).unwrap();
+    let id = ch.create_id(PortSpace::Tcp).unwrap();
+    let dst = SocketAddr::new(ip, listener.src_port());
+    id.resolve_addr(None, dst, Duration::from_secs(5)).unwrap();
+    drop(next_event(&ch, CmEventType::AddrResolved));
+    id.resolve_route(Duration::from_secs(5)).unwrap();
+    drop(next_event(&ch, CmEventType::RouteResolved));
+    let pd = id
+        .context()
+        .expect("the id has a device")
+        .alloc_pd()
+        .unwrap();
+    let a = SlotQueue::new(&pd, config).expect("slot queue a");
+    id.connect_qp(a.qp(), &ConnParam::default()).unwrap();
+    let req = next_event(&ch, CmEventType::ConnectRequest);
+    let server = req.id().clone();
+    drop(req);
+    let b = SlotQueue::new(&pd, config).expect("slot queue b");
+    server.accept_qp(b.qp(), &ConnParam::default()).unwrap();
+    let mut established = 0;
+    while established < 2 {
+        let e = ch
+            .get_event_timeout(Duration::from_secs(10))
+            .unwrap()
+            .expect("the connection established within 10 s");
+        match (e.event_type(), e.status()) {
+            // RoCE: the active side's QP goes to RTR and RTS now.
+            (CmEventType::ConnectResponse, 0) => {
+                drop(e);
+                id.establish_qp(a.qp()).unwrap();
+                established += 1;
+            }
+            (CmEventType::Established, 0) => established += 1,
+            _ => panic!("connecting: {e:?}"),
+        }
+    }
+    // (No state check: siw's ibv_query_qp reports none, RESET; the tests'
+    // traffic shows the connection.)
+    Two {
+        pd,
+        a,
+        b,
+        cm: Some(Cm {
+            _ids: [id, server],
+            _listener: listener,
+            _ch: ch,
+        }),
+    }
+}
+
+fn two_iwarp(slots: u32, slot_len: usize) -> Two {
+    two_cm(iwarp_ip(), &SlotConfig::new(slots, slot_len))
 }
 
 /// Polls `q` until a completion comes; fails after 10 s.
@@ -73,8 +151,24 @@ fn is_invalid(r: rdma::Result<impl std::fmt::Debug>, says: &str) {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn send_lands_in_the_posted_slot_readable_after_its_completion_rxe() {
+    send_lands(two(4, 64));
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn send_lands_in_the_posted_slot_readable_after_its_completion_iwarp() {
+    send_lands(two_iwarp(4, 64));
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn send_lands_in_the_posted_slot_over_the_cm_rxe() {
+    send_lands(two_cm(common::roce_ip(), &SlotConfig::new(4, 64)));
+}
+
+fn send_lands(t: Two) {
     let failures = rdma::teardown_failures();
-    let Two { mut a, mut b, .. } = two(4, 64);
+    let Two { mut a, mut b, .. } = t;
     b.post_recv(2).unwrap();
     // The device may write slot 2 now: no reading, writing or sending it.
     is_invalid(b.slot(2), "receive posted");
@@ -165,7 +259,17 @@ fn unsignaled_sends_finish_with_the_next_signaled_one_rxe() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn a_write_reaches_its_target_and_foreign_targets_are_refused_rxe() {
-    let Two { pd, mut a, b } = two(2, 4096);
+    write_reaches_its_target(two(2, 4096));
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_write_reaches_its_target_and_foreign_targets_are_refused_iwarp() {
+    write_reaches_its_target(two_iwarp(2, 4096));
+}
+
+fn write_reaches_its_target(t: Two) {
+    let Two { pd, mut a, b, .. } = t;
     let target = pd
         .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
@@ -201,8 +305,20 @@ fn a_write_reaches_its_target_and_foreign_targets_are_refused_rxe() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn dropping_a_queue_with_requests_in_flight_is_clean_rxe() {
+    drop_with_requests_in_flight(two(8, 256));
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn dropping_a_queue_with_requests_in_flight_is_clean_iwarp() {
+    drop_with_requests_in_flight(two_iwarp(8, 256));
+}
+
+fn drop_with_requests_in_flight(t: Two) {
     let failures = rdma::teardown_failures();
-    let Two { mut a, mut b, .. } = two(8, 256);
+    let Two {
+        mut a, mut b, cm, ..
+    } = t;
     for s in 0..8 {
         a.post_recv(s).unwrap();
         b.post_recv(s).unwrap();
@@ -214,7 +330,9 @@ fn dropping_a_queue_with_requests_in_flight_is_clean_rxe() {
     c.qp().to_init(&rdma::InitAttr::new(1)).unwrap();
     c.post_recv(0).unwrap();
     assert_eq!(a.in_flight(), (0, 8));
-    // The peer first, then the queue: either order.
+    // The ids first (on iWARP that moves the QPs to the error state), the
+    // peer, then the queue: any order.
+    drop(cm);
     drop(b);
     drop(a);
     drop(c);
@@ -224,10 +342,21 @@ fn dropping_a_queue_with_requests_in_flight_is_clean_rxe() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn dropping_a_queue_with_sends_in_flight_is_clean_rxe() {
+    drop_with_sends_in_flight(two(4, 1 << 16));
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn dropping_a_queue_with_sends_in_flight_is_clean_iwarp() {
+    drop_with_sends_in_flight(two_iwarp(4, 1 << 16));
+}
+
+fn drop_with_sends_in_flight(t: Two) {
     let failures = rdma::teardown_failures();
-    let Two { mut a, b, .. } = two(4, 1 << 16);
+    let Two { mut a, b, .. } = t;
     // No receive is posted at b: the SENDs wait for receiver-not-ready
-    // retries while the queue is dropped.
+    // retries (RoCE) or break the connection (iWARP has no RNR) while the
+    // queue is dropped.
     for s in 0..4 {
         a.post_send(s, 1 << 16, s == 3).unwrap();
     }
@@ -240,12 +369,25 @@ fn dropping_a_queue_with_sends_in_flight_is_clean_rxe() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn the_error_state_flushes_every_slot_back_rxe() {
-    let Two { mut a, b, .. } = two(6, 128);
+    error_state_flushes(two(6, 128), true);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn the_error_state_flushes_every_slot_back_iwarp() {
+    // siw's ibv_query_qp reports no state: the flush shows it.
+    error_state_flushes(two_iwarp(6, 128), false);
+}
+
+fn error_state_flushes(t: Two, query_state: bool) {
+    let Two { mut a, b, .. } = t;
     for s in 0..6 {
         a.post_recv(s).unwrap();
     }
     a.qp().to_error().unwrap();
-    assert_eq!(a.qp().state().unwrap(), QpState::Err);
+    if query_state {
+        assert_eq!(a.qp().state().unwrap(), QpState::Err);
+    }
     let mut slots = Vec::new();
     for _ in 0..6 {
         let c = next(&mut a);
@@ -303,8 +445,18 @@ fn a_reset_gives_every_slot_back_and_the_queue_works_again_rxe() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn a_forgotten_queue_leaks_and_frees_nothing_rxe() {
+    forgotten_queue(two(2, 64));
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_forgotten_queue_leaks_and_frees_nothing_iwarp() {
+    forgotten_queue(two_iwarp(2, 64));
+}
+
+fn forgotten_queue(t: Two) {
     let failures = rdma::teardown_failures();
-    let Two { mut a, b, .. } = two(2, 64);
+    let Two { mut a, b, .. } = t;
     a.post_recv(0).unwrap();
     a.post_recv(1).unwrap();
     // Never destroyed, never freed: the device may still write the slots.
