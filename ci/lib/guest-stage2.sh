@@ -228,6 +228,9 @@ run_command() {
         for name in $(compgen -e); do unset "$name"; done
         export HOME=/root USER=root LOGNAME=root SHELL=/bin/bash TERM=dumb LANG=C.UTF-8 PATH="$path"
         for kv in "${VM_ENV[@]}"; do export "${kv?}"; done
+        # The host's root, read-only and cached (guest-init.sh): a binary built
+        # on the host runs from there without being read again over 9p.
+        [[ -d /run/rdma-vm/host/usr ]] && export RDMA_VM_HOST_ROOT=/run/rdma-vm/host
         export RDMA_VM=1 RDMA_TEST_DEVICE=rxe0 RDMA_TEST_GID_INDEX="$GID_INDEX" \
             RDMA_TEST_IP="$IP" RDMA_TEST_PEER_IP="$PEER_IP" RDMA_TEST_NETDEV="$NETDEV"
         if [[ $SIW == up ]]; then
