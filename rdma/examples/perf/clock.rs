@@ -103,6 +103,16 @@ impl Stamps {
         self.ticks.push(ticks());
     }
 
+    /// Room for the next `n` stamps, written in place by a loop that takes
+    /// exactly one per iteration (as perftest's `tposted[scnt]`): the
+    /// stamps are then `n` long, whatever the loop wrote (a loop that fails
+    /// half-way prints no statistics).
+    pub fn slots(&mut self, n: usize) -> std::slice::IterMut<'_, u64> {
+        self.ticks.clear();
+        self.ticks.resize(n, 0);
+        self.ticks.iter_mut()
+    }
+
     /// Closes the series (reads CLOCK_MONOTONIC once more for the rate).
     pub fn finish(&mut self) {
         self.rate.finish();

@@ -1,14 +1,12 @@
 //! Latency tests, timed as perftest times them: one timestamp per post, and
 //! the statistics over the gaps between consecutive posts.
 //!
-//! The timestamp is taken right after the post returns (perftest: right
-//! before it): the gaps, iteration to iteration, are the same, but the clock
-//! read then runs while the message is in flight instead of lengthening
-//! every round trip. That matters where `clock_gettime` is slow: in the TCG
-//! guest of `ci/bench` the clocksource is HPET (the TSC is marked unstable)
-//! and a read costs 1.3-1.6 us, while perftest reads the TSC. For the same
-//! reason a receive buffer is posted again after the reply is sent, not
-//! before.
+//! The stamps are TSC reads where there is a TSC (`clock.rs`), as
+//! perftest's. The slot queue's loops (`slot_lat.rs`, the default for
+//! `send_lat` and `write_lat`) stamp right before the post, as perftest
+//! does; the other loops right after it: the gaps, iteration to iteration,
+//! are the same either way. Every loop posts a receive again after the
+//! reply is sent, not before, so that the post is not in the round trip.
 //!
 //! - `send_lat`, `write_lat`: ping-pong. The client sends first; each side
 //!   sends its next message once the peer's has arrived (a receive
@@ -22,7 +20,9 @@ use rdma::{
     WorkCompletion, WrBuffers,
 };
 
-use anyhow::Context as _;
+use std::marker::PhantomData;
+
+use anyhow::{bail, Context as _};
 
 use crate::clock::Stamps;
 use crate::common::Res;
@@ -374,26 +374,49 @@ fn send_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> R
     Ok(())
 }
 
-/// The last byte of this side's target region, where the peer's RDMA WRITE
-/// lands, read without creating a reference to device-written memory.
-fn arrived(target: &MemoryRegion, size: usize) -> u8 {
-    let p = (target.addr() + size as u64 - 1) as usize as *const u8;
-    // SAFETY: `target` is a live registration of at least `size` bytes
-    // (sized for the largest message of the run) owned by the connection;
-    // its address was exposed by `addr()`. The peer writes it by DMA: a
-    // volatile byte read is how C observes an RDMA WRITE too, and no Rust
-    // reference to the region exists.
-    unsafe { std::ptr::read_volatile(p) }
+/// Where the peer's RDMA WRITEs land: the last byte of the message in this
+/// side's target region, found once and read in place on every spin (as
+/// perftest's `poll_buf`), without a reference to device-written memory.
+pub struct Arrivals<'a> {
+    at: *const u8,
+    /// The region the byte lies in, which lives while this is used.
+    _target: PhantomData<&'a MemoryRegion>,
 }
 
-/// Spins until the peer's `n`-th RDMA WRITE has landed (its last byte reads
-/// `n`, modulo 256).
-#[inline]
-pub fn await_write(target: &MemoryRegion, size: usize, n: u32, watch: &Watch<'_>) -> Res<()> {
-    while arrived(target, size) != n as u8 {
-        watch.idle()?;
+impl<'a> Arrivals<'a> {
+    /// The last byte of a `size`-byte message at the start of `target`.
+    ///
+    /// # Errors
+    /// `size` is 0 or larger than the region.
+    pub fn new(target: &'a MemoryRegion, size: usize) -> Res<Arrivals<'a>> {
+        if size == 0 || size > target.len() {
+            bail!(
+                "{size}-byte messages do not fit the {}-byte target buffer",
+                target.len()
+            );
+        }
+        Ok(Arrivals {
+            at: (target.addr() + size as u64 - 1) as usize as *const u8,
+            _target: PhantomData,
+        })
     }
-    Ok(())
+
+    /// Spins until the peer's `n`-th RDMA WRITE has landed (its last byte
+    /// reads `n`, modulo 256).
+    ///
+    /// # Errors
+    /// The peer is gone ([`Watch::idle`]).
+    #[inline(always)]
+    pub fn wait(&self, n: u32, watch: &Watch<'_>) -> Res<()> {
+        // SAFETY: `at` lies in the registration `_target` borrows (checked
+        // in `new`), whose address was exposed by `addr()`. The peer writes
+        // it by DMA: a volatile byte read is how C observes an RDMA WRITE
+        // too, and no Rust reference to the region's bytes exists.
+        while unsafe { std::ptr::read_volatile(self.at) } != n as u8 {
+            watch.idle()?;
+        }
+        Ok(())
+    }
 }
 
 /// The safe `write_lat` loop alone (a function of its own, which the
@@ -460,6 +483,7 @@ fn write_loop(
     conn.target
         .write_at(size - 1, &[0])
         .context("Couldn't clear the target buffer")?;
+    let arrivals = Arrivals::new(&conn.target, size)?;
     // The safe path's WRITE, with a buffer of its own (the raw path's is
     // `smr`); none when inline.
     let mut prepared = if inline {
@@ -486,7 +510,7 @@ fn write_loop(
     for scnt in 0..iters {
         if server || scnt > 0 {
             rcnt += 1;
-            await_write(&conn.target, size, rcnt, &watch)?;
+            arrivals.wait(rcnt, &watch)?;
         }
         let n = scnt + 1;
         let raw = match interleave.as_mut() {
@@ -546,7 +570,7 @@ fn write_loop(
     }
     while rcnt < iters {
         rcnt += 1;
-        await_write(&conn.target, size, rcnt, &watch)?;
+        arrivals.wait(rcnt, &watch)?;
     }
     Ok(())
 }
@@ -574,6 +598,7 @@ fn write_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
     conn.target
         .write_at(size - 1, &[0])
         .context("Couldn't clear the target buffer")?;
+    let arrivals = Arrivals::new(&conn.target, size)?;
     let mut wc = [ffi::ibv_wc::default(); 1];
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
@@ -582,7 +607,7 @@ fn write_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
     for scnt in 0..iters {
         if server || scnt > 0 {
             rcnt += 1;
-            await_write(&conn.target, size, rcnt, &watch)?;
+            arrivals.wait(rcnt, &watch)?;
         }
         let n = scnt + 1;
         // SAFETY: `last` points at the last byte of the send buffer, kept
@@ -597,7 +622,7 @@ fn write_raw(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
     }
     while rcnt < iters {
         rcnt += 1;
-        await_write(&conn.target, size, rcnt, &watch)?;
+        arrivals.wait(rcnt, &watch)?;
     }
     Ok(())
 }

@@ -131,7 +131,8 @@ pub struct Opts {
     pub out_reads: Option<u32>,
     /// `-u`: the ACK timeout exponent of the RC QPs (4.096 us * 2^u).
     pub qp_timeout: u8,
-    /// `--post`: the send path of the QPs.
+    /// `--post`: the send path of the QPs (when not given: `Auto` on the
+    /// slot queue, [`Opts::slot_queue`], else `Legacy`).
     pub post: PostPath,
     /// `--raw`: post prebuilt C work requests through the `unsafe` raw API.
     pub raw: bool,
@@ -187,6 +188,19 @@ impl Opts {
     /// Whether this side is the server.
     pub fn is_server(&self) -> bool {
         self.host.is_none()
+    }
+
+    /// Whether the test runs on an [`rdma::SlotQueue`]: `send_lat` and
+    /// `write_lat` busy polling on the safe path with requests checked once
+    /// (no `--raw`, `-e`, `--post-send` or `--interleave`), one QP.
+    pub fn slot_queue(&self) -> bool {
+        self.test.kind == Kind::Lat
+            && matches!(self.test.verb, Verb::Send | Verb::Write)
+            && !self.raw
+            && !self.events
+            && self.prepared
+            && self.interleave.is_none()
+            && self.qps == 1
     }
 }
 
@@ -245,7 +259,7 @@ const FLAGS: &[Flag<'static, Key>] = &[
     Flag { key: Key::Atomic, short: Some('A'), long: "atomic_type", value: Some("type"), help: "FETCH_AND_ADD (default) or CMP_AND_SWAP" },
     Flag { key: Key::OutReads, short: Some('o'), long: "outs", value: Some("n"), help: "outstanding READs/atomics (default: the device maximum)" },
     Flag { key: Key::QpTimeout, short: Some('u'), long: "qp-timeout", value: Some("timeout"), help: "ACK timeout exponent: 4.096 us * 2^timeout, 0 for none (default 14, 67 ms)" },
-    Flag { key: Key::Post, short: None, long: "post", value: Some("path"), help: "send path: legacy (ibv_post_send, default, as perftest on rxe), extended (ibv_wr_*) or auto" },
+    Flag { key: Key::Post, short: None, long: "post", value: Some("path"), help: "send path: legacy (ibv_post_send, as perftest on rxe), extended (ibv_wr_*) or auto (extended where the provider has it); default: auto for send_lat and write_lat on the slot queue (busy polling, no --raw, --post-send or --interleave), legacy otherwise" },
     Flag { key: Key::Raw, short: None, long: "raw", value: None, help: "post prebuilt C work requests (unsafe post_send_raw/post_recv_raw, ibv_wr_* for --post extended) and poll with ibv_poll_cq, instead of the safe API" },
     Flag { key: Key::PostSend, short: None, long: "post-send", value: None, help: "the safe path builds every request and posts it with post_send, instead of posting requests prepared once (prepare_send/post_prepared, the default; perftest also builds its requests once)" },
     Flag { key: Key::Interleave, short: None, long: "interleave", value: Some("iterations"), help: "write_lat: alternate blocks of this many iterations between the safe and the raw path in one run; prints each path's latency and safe/raw, which slow periods of the host hit alike" },
@@ -285,6 +299,7 @@ struct Given {
     tx_depth: Option<u32>,
     rx_depth: Option<u32>,
     inline: Option<u32>,
+    post: Option<PostPath>,
     post_send: bool,
 }
 
@@ -329,7 +344,7 @@ fn apply(o: &mut Opts, g: &mut Given, f: &Found<Key>) -> Result<(), ArgError> {
         Key::OutReads => o.out_reads = Some(f.in_range(number(f, "a count")?, 1, 255)?),
         Key::QpTimeout => o.qp_timeout = f.in_range(number(f, "an exponent")?, 0, 31)?,
         Key::Post => {
-            o.post = match v {
+            g.post = Some(match v {
                 "legacy" => PostPath::Legacy,
                 "extended" => PostPath::Extended,
                 "auto" => PostPath::Auto,
@@ -338,7 +353,7 @@ fn apply(o: &mut Opts, g: &mut Given, f: &Found<Key>) -> Result<(), ArgError> {
                         "invalid value {v:?} for {flag}: legacy, extended or auto"
                     )))
                 }
-            }
+            })
         }
         Key::Raw => o.raw = true,
         Key::PostSend => g.post_send = true,
@@ -480,6 +495,13 @@ fn finish(mut o: Opts, g: Given) -> Result<Opts, ArgError> {
         return bad("--post-send chooses how the safe path posts: leave out --raw");
     }
     o.prepared = !o.raw && !g.post_send;
+    // The slot queue's default is the crate's (the extended path where the
+    // provider has it); the other paths keep perftest's on rxe.
+    o.post = g.post.unwrap_or(if o.slot_queue() {
+        PostPath::Auto
+    } else {
+        PostPath::Legacy
+    });
     if o.raw && o.post == PostPath::Auto {
         return bad("--raw needs an explicit path: --post legacy or --post extended");
     }
@@ -604,6 +626,28 @@ mod tests {
         assert!(!p("write_bw --post-send").unwrap().prepared);
         assert!(!p("write_lat --raw --post legacy").unwrap().prepared);
         assert!(!p("write_bw --raw --post legacy").unwrap().prepared);
+    }
+
+    #[test]
+    fn the_slot_queue_posts_on_the_crates_default_path_unless_told() {
+        for s in ["write_lat", "send_lat -s 64 host"] {
+            let o = p(s).unwrap();
+            assert!(o.slot_queue(), "{s:?}");
+            assert_eq!(o.post, PostPath::Auto, "{s:?}");
+        }
+        assert_eq!(p("write_lat --post legacy").unwrap().post, PostPath::Legacy);
+        for s in [
+            "write_bw",
+            "read_lat",
+            "send_lat -e",
+            "send_lat --post-send",
+            "write_lat --raw",
+            "write_lat --interleave 50",
+        ] {
+            let o = p(s).unwrap();
+            assert!(!o.slot_queue(), "{s:?}");
+            assert_eq!(o.post, PostPath::Legacy, "{s:?}");
+        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub const POOL_BUDGET: usize = 128 << 20;
 /// destroyed before any memory their work could still reach.
 #[derive(Debug)]
 pub struct Conn {
-    /// `send_lat` and `write_lat` by default ([`uses_slot_queue`]): the QP
+    /// `send_lat` and `write_lat` by default ([`Opts::slot_queue`]): the QP
     /// with its memory and CQ; `qps` is then empty.
     pub slots: Option<SlotQueue>,
     /// One RC QP per `-q` (none with `slots`).
@@ -51,19 +51,6 @@ pub struct Conn {
     pub oob: Oob,
     /// Largest inline message the QPs accept (what `-I` asked for).
     pub inline: u32,
-}
-
-/// Whether the test runs on a [`SlotQueue`]: `send_lat` and `write_lat`
-/// busy polling on the safe path with requests checked once (no `--raw`,
-/// `-e`, `--post-send` or `--interleave`), one QP.
-pub fn uses_slot_queue(opts: &Opts) -> bool {
-    opts.test.kind == Kind::Lat
-        && matches!(opts.test.verb, Verb::Send | Verb::Write)
-        && !opts.raw
-        && !opts.events
-        && opts.prepared
-        && opts.interleave.is_none()
-        && opts.qps == 1
 }
 
 /// The slot queue of a latency test: for `write_lat` one slot, the
@@ -228,7 +215,7 @@ pub fn connect(opts: &Opts) -> Res<Conn> {
         .alloc_mr(target_len, access)
         .with_context(|| format!("Couldn't register the {target_len}-byte target buffer"))?;
 
-    let slots = if uses_slot_queue(opts) {
+    let slots = if opts.slot_queue() {
         Some(slot_queue(&pd, opts)?)
     } else {
         None

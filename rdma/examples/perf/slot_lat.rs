@@ -4,10 +4,11 @@
 //! a completion is an index (CONVENTIONS, "Data path"). The statistics and
 //! the loops of the other paths are in `lat.rs`.
 
-use rdma::{SlotCompletion, SlotQueue, WcStatus};
+use rdma::{SlotCompletion, SlotQueue, SlotTarget, WcStatus};
 
+use crate::clock;
 use crate::clock::Stamps;
-use crate::lat::await_write;
+use crate::lat::Arrivals;
 use crate::oob::Watch;
 use anyhow::{anyhow, Context as _};
 
@@ -32,26 +33,30 @@ fn slot_poll_failed(e: rdma::Error) -> anyhow::Error {
     anyhow::Error::from(e).context("poll CQ failed")
 }
 
-/// The next completion of `q`, checked; spins (with the peer watched)
-/// while the CQ is empty.
+/// The next completion of `q`, checked (a failed one is an error naming
+/// `what` it finished); spins, with the peer watched, while the CQ is
+/// empty.
 #[inline(always)]
-fn next_slot(q: &mut SlotQueue, watch: &Watch<'_>, what: &str) -> Res<SlotCompletion> {
+fn next_slot(q: &mut SlotQueue, watch: &Watch<'_>) -> Res<SlotCompletion> {
     loop {
         match q.poll() {
             Ok(Some(c)) if c.is_success() => return Ok(c),
-            Ok(Some(c)) => return Err(slot_failed(what, &c)),
+            Ok(Some(c)) if c.is_recv() => return Err(slot_failed("receive", &c)),
+            Ok(Some(c)) => return Err(slot_failed("send", &c)),
             Ok(None) => watch.idle()?,
             Err(e) => return Err(slot_poll_failed(e)),
         }
     }
 }
 
-/// `send_lat` on the slot queue (the default): receives in slots
-/// `0..last`, every send from slot `last`. Sends and receives complete on
-/// one CQ; in a ping-pong at most one receive completes early (while this
-/// side waits for its signaled send), and it is kept for the next wait.
+/// `send_lat` on the slot queue (the default), in perftest's shape:
+/// receives in slots `0..last`, every send from slot `last`. Each
+/// iteration stamps, posts its SEND, posts again the receive whose message
+/// came last (after the send, so that the post is not in the round trip),
+/// and waits for its completions: the send's (when signaled) and the peer's
+/// next message, in whichever order the one CQ gives them. The server
+/// waits for the client's first message before its first send.
 pub fn send(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
-    let server = opts.is_server();
     let iters = opts.iters;
     let q = conn.slots.as_mut().context("no slot queue")?;
     let last = q.slots() - 1;
@@ -59,127 +64,181 @@ pub fn send(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> R
     for s in 0..posted {
         q.post_recv(s).context("Couldn't post receives")?;
     }
-    let mut rposted = posted;
-    let cq_mod = opts.cq_mod_for(size);
-    let len = size as u32;
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
-    let mut rcnt = 0;
-    let mut early: Option<u32> = None;
-    let mut unsignaled = cq_mod;
-    for scnt in 0..iters {
-        let arrived = server || scnt > 0;
-        let mut slot = 0;
-        if arrived {
-            slot = match early.take() {
-                Some(s) => s,
-                None => recv_slot(q, &watch)?,
-            };
-            rcnt += 1;
+    let sends = Sends {
+        q,
+        watch: &watch,
+        from: last,
+        len: size as u32,
+        cq_mod: opts.cq_mod_for(size),
+        // Receives still to post again: one per message beyond those
+        // posted (perftest's `rcnt + rx_depth <= iters`).
+        reposts: iters - posted,
+    };
+    if opts.is_server() {
+        sends.run::<true>(iters, stamps)
+    } else {
+        sends.run::<false>(iters, stamps)
+    }
+}
+
+/// What `send_lat`'s loop works on.
+struct Sends<'a, 'w> {
+    q: &'a mut SlotQueue,
+    watch: &'a Watch<'w>,
+    /// The slot every SEND goes from.
+    from: u32,
+    /// Bytes per message.
+    len: u32,
+    /// One send in `cq_mod` is signaled, and the last.
+    cq_mod: u32,
+    reposts: u32,
+}
+
+impl Sends<'_, '_> {
+    /// `iters` iterations; `SERVER` first waits for the client's message,
+    /// and its last iteration waits for no message.
+    #[inline(always)]
+    fn run<const SERVER: bool>(self, iters: u32, stamps: &mut Stamps) -> Res<()> {
+        let Sends {
+            q,
+            watch,
+            from,
+            len,
+            cq_mod,
+            mut reposts,
+        } = self;
+        // The slot of the message that came last, to post again.
+        let mut arrived = None;
+        if SERVER && iters > 0 {
+            arrived = wait(q, watch, false, true)?;
         }
-        let n = scnt + 1;
-        unsignaled -= 1;
-        let signaled = unsignaled == 0 || n == iters;
-        if unsignaled == 0 {
-            unsignaled = cq_mod;
-        }
-        q.post_send(last, len, signaled)
-            .context("Couldn't post send")?;
-        stamps.push();
-        if arrived && rposted < iters {
-            q.post_recv(slot).context("Couldn't post a receive")?;
-            rposted += 1;
-        }
-        if signaled {
-            loop {
-                let c = next_slot(q, &watch, "send")?;
-                if !c.is_recv() {
-                    break;
-                }
-                if early.replace(c.slot()).is_some() {
-                    return Err(anyhow!("two receives completed before the send"));
+        let mut stamp = stamps.slots(iters as usize);
+        let mut to_signal = cq_mod;
+        for n in 1..=iters {
+            if let Some(t) = stamp.next() {
+                *t = clock::now();
+            }
+            to_signal -= 1;
+            let signaled = to_signal == 0 || n == iters;
+            if to_signal == 0 {
+                to_signal = cq_mod;
+            }
+            q.post_send(from, len, signaled)
+                .context("Couldn't post send")?;
+            if let Some(slot) = arrived {
+                if reposts > 0 {
+                    reposts -= 1;
+                    q.post_recv(slot).context("Couldn't post a receive")?;
                 }
             }
+            arrived = wait(q, watch, signaled, !SERVER || n < iters)?;
         }
+        Ok(())
     }
-    while rcnt < iters {
-        if early.take().is_none() {
-            recv_slot(q, &watch)?;
-        }
-        rcnt += 1;
-    }
-    Ok(())
 }
 
-/// Waits for a receive's completion on `q`: its slot. A send's completion
-/// met meanwhile (none in a ping-pong: each signaled one is waited for
-/// right after its post) is only checked.
+/// Waits for the completion of a signaled send (`send`) and a receive
+/// (`recv`), in either order: the receive's slot.
 #[inline(always)]
-fn recv_slot(q: &mut SlotQueue, watch: &Watch<'_>) -> Res<u32> {
-    loop {
-        let c = next_slot(q, watch, "receive")?;
-        if c.is_recv() {
-            return Ok(c.slot());
+fn wait(q: &mut SlotQueue, watch: &Watch<'_>, mut send: bool, mut recv: bool) -> Res<Option<u32>> {
+    let mut slot = None;
+    while send || recv {
+        let c = next_slot(q, watch)?;
+        if !c.is_recv() {
+            send = false;
+        } else if recv {
+            recv = false;
+            slot = Some(c.slot());
+        } else {
+            // One message each way is in flight at a time.
+            return Err(anyhow!(
+                "a message came before this side's reply (slot {})",
+                c.slot()
+            ));
         }
     }
+    Ok(slot)
 }
 
-/// `write_lat` on the slot queue (the default), in perftest's shape: the
-/// client posts first; then each side waits for the peer's write, writes
-/// the iteration's number into its message's last byte as it posts, and
-/// waits for the completion.
+/// `write_lat` on the slot queue (the default), in perftest's shape: every
+/// iteration stamps, writes its number into the message's last byte as it
+/// posts the RDMA WRITE from slot 0, waits for the completion, and waits
+/// for the peer's write of the same number; the server waits for the
+/// peer's first.
 #[inline(never)]
 pub fn write(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
-    let iters = opts.iters;
     conn.target
         .write_at(size - 1, &[0])
         .context("Couldn't clear the target buffer")?;
+    let arrivals = Arrivals::new(&conn.target, size)?;
     let q = conn.slots.as_mut().context("no slot queue")?;
     let target = q.write_target(conn.remote[0]);
-    let len = size as u32;
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
-    let mut posted: u32 = 0;
-    let mut rcnt: u32 = 0;
-    if !opts.is_server() && iters > 0 {
-        posted = 1;
-        write_one(q, &target, len, posted, stamps, &watch)?;
+    let w = Writes {
+        q,
+        target: &target,
+        arrivals: &arrivals,
+        watch: &watch,
+        len: size as u32,
+    };
+    // One loop per side, so that the order of the two waits is not a
+    // branch in every iteration.
+    if opts.is_server() {
+        w.run::<true>(opts.iters, stamps)
+    } else {
+        w.run::<false>(opts.iters, stamps)
     }
-    while posted < iters {
-        rcnt += 1;
-        await_write(&conn.target, size, rcnt, &watch)?;
-        posted += 1;
-        write_one(q, &target, len, posted, stamps, &watch)?;
-    }
-    while rcnt < iters {
-        rcnt += 1;
-        await_write(&conn.target, size, rcnt, &watch)?;
-    }
-    Ok(())
 }
 
-/// One `write_lat` message from slot 0, its last byte `n`: post, stamp,
-/// wait for the completion.
-#[inline(always)]
-fn write_one(
-    q: &mut SlotQueue,
-    target: &rdma::SlotTarget,
+/// What `write_lat`'s loop works on.
+struct Writes<'a, 'w> {
+    q: &'a mut SlotQueue,
+    target: &'a SlotTarget,
+    arrivals: &'a Arrivals<'a>,
+    watch: &'a Watch<'w>,
+    /// Bytes per message.
     len: u32,
-    n: u32,
-    stamps: &mut Stamps,
-    watch: &Watch<'_>,
-) -> Res<()> {
-    let last = len as usize - 1;
-    if let Err(e) = q.post_write_with(target, 0, len, true, |b| b[last] = n as u8) {
-        return Err(anyhow!("Couldn't post send: {e}"));
-    }
-    stamps.push();
-    loop {
-        match q.poll() {
-            Ok(Some(c)) if c.is_success() => return Ok(()),
-            Ok(Some(c)) => return Err(slot_failed("RDMA write", &c)),
-            Ok(None) => watch.idle()?,
-            Err(e) => return Err(slot_poll_failed(e)),
+}
+
+impl Writes<'_, '_> {
+    /// `iters` iterations; `SERVER` waits for the peer's write before its
+    /// own, the client after.
+    #[inline(always)]
+    fn run<const SERVER: bool>(self, iters: u32, stamps: &mut Stamps) -> Res<()> {
+        let Writes {
+            q,
+            target,
+            arrivals,
+            watch,
+            len,
+        } = self;
+        let last = len as usize - 1;
+        let mut stamp = stamps.slots(iters as usize);
+        for n in 1..=iters {
+            if SERVER {
+                arrivals.wait(n, watch)?;
+            }
+            if let Some(t) = stamp.next() {
+                *t = clock::now();
+            }
+            if let Err(e) = q.post_write_with(target, 0, len, true, |b| b[last] = n as u8) {
+                return Err(e).context("Couldn't post send");
+            }
+            loop {
+                match q.poll() {
+                    Ok(Some(c)) if c.is_success() => break,
+                    Ok(Some(c)) => return Err(slot_failed("RDMA write", &c)),
+                    Ok(None) => watch.idle()?,
+                    Err(e) => return Err(slot_poll_failed(e)),
+                }
+            }
+            if !SERVER {
+                arrivals.wait(n, watch)?;
+            }
         }
+        Ok(())
     }
 }
