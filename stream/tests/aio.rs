@@ -1,17 +1,19 @@
-//! The async stream on tokio: 64 clients at once on one listener whose
-//! connections echo through split halves on rxe0, 16 on siw0.
+//! The async stream on tokio: 64 clients connected at once to one
+//! listener whose connections echo through split halves, on rxe0 and siw0.
 //!
 //! Device tests: `#[ignore]`d in a plain `cargo test`; the VM harness runs
 //! them with `--ignored` and sets `RDMA_TEST_IP`/`RDMA_TEST_IWARP_IP`.
 #![cfg(feature = "tokio")]
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdma::aio::tokio_rt::Tokio;
 use rdma_stream::aio::{RdmaListener, RdmaStream};
 use rdma_stream::{Options, Sizes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Semaphore;
 
 fn ip(var: &str) -> std::net::IpAddr {
     std::env::var(var)
@@ -41,7 +43,15 @@ fn message(i: usize) -> Vec<u8> {
     (0..40_000 + i).map(|k| (k * 7 + i * 13) as u8).collect()
 }
 
-async fn many_clients_echo(ip: std::net::IpAddr, clients: usize) {
+/// How long each phase (connecting all, echoing all) may take in a TCG
+/// guest: a failure ends the test instead of hanging it.
+const PHASE: Duration = Duration::from_secs(300);
+
+/// `clients` clients connect, at most `at_once` of them at a time, to one
+/// listener that accepts each and echoes it through split halves; once all
+/// are connected (so the listener holds them all at once), each sends its
+/// message and reads it back while the others do.
+async fn many_clients_echo(ip: std::net::IpAddr, clients: usize, at_once: usize) {
     let mut listener = RdmaListener::bind(&Tokio, SocketAddr::new(ip, 0), small()).unwrap();
     let addr = listener.local_addr();
     let server = tokio::spawn(async move {
@@ -62,35 +72,57 @@ async fn many_clients_echo(ip: std::net::IpAddr, clients: usize) {
         }
         total
     });
-    let mut tasks = Vec::new();
-    for i in 0..clients {
-        tasks.push(tokio::spawn(async move {
-            let mut s = RdmaStream::connect(&Tokio, addr, &small())
-                .await
-                .expect("connect");
-            let data = message(i);
-            let (mut r, mut w) = s_split(&mut s);
-            let send = async {
-                w.write_all(&data).await?;
-                w.shutdown().await
-            };
-            let mut back = Vec::new();
-            let recv = r.read_to_end(&mut back);
-            let (sent, got) = tokio::join!(send, recv);
-            sent.expect("send");
-            got.expect("receive");
-            assert_eq!(back, data, "client {i} got its bytes back");
-            data.len() as u64
-        }));
-    }
-    let mut sent = 0;
-    for t in tasks {
-        sent += t.await.unwrap();
-    }
-    let echoed = tokio::time::timeout(Duration::from_secs(60), server)
-        .await
-        .expect("the server ends")
-        .unwrap();
+    let gate = Arc::new(Semaphore::new(at_once));
+    let connects: Vec<_> = (0..clients)
+        .map(|i| {
+            let gate = Arc::clone(&gate);
+            tokio::spawn(async move {
+                let _turn = gate.acquire_owned().await.unwrap();
+                RdmaStream::connect(&Tokio, addr, &small())
+                    .await
+                    .unwrap_or_else(|e| panic!("client {i} connects: {e}"))
+            })
+        })
+        .collect();
+    let streams = tokio::time::timeout(PHASE, async {
+        let mut streams = Vec::new();
+        for c in connects {
+            streams.push(c.await.unwrap());
+        }
+        streams
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{clients} clients not connected within {PHASE:?}"));
+    let tasks: Vec<_> = streams
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut s)| {
+            tokio::spawn(async move {
+                let data = message(i);
+                let (mut r, mut w) = s_split(&mut s);
+                let send = async {
+                    w.write_all(&data).await?;
+                    w.shutdown().await
+                };
+                let mut back = Vec::new();
+                let recv = r.read_to_end(&mut back);
+                let (sent, got) = tokio::join!(send, recv);
+                sent.expect("send");
+                got.expect("receive");
+                assert_eq!(back, data, "client {i} got its bytes back");
+                data.len() as u64
+            })
+        })
+        .collect();
+    let (sent, echoed) = tokio::time::timeout(PHASE, async {
+        let mut sent = 0;
+        for t in tasks {
+            sent += t.await.unwrap();
+        }
+        (sent, server.await.unwrap())
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{clients} echoes not done within {PHASE:?}"));
     assert_eq!(echoed, sent);
 }
 
@@ -104,28 +136,31 @@ fn s_split(
     tokio::io::split(s)
 }
 
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 #[test]
 #[ignore = "needs an RDMA device"]
 fn sixty_four_clients_echo_through_split_halves_rxe() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(many_clients_echo(ip("RDMA_TEST_IP"), 64));
+    runtime().block_on(many_clients_echo(ip("RDMA_TEST_IP"), 64, 64));
 }
 
-// siw0 with 64: clients and server in one guest hold 128 connections on
-// one soft-iWARP device, and ibv_create_cq failed without an errno for some
-// (a device limit) while others' MPA exchanges timed out behind the
-// one-at-a-time accept (2 of 2 runs; issue 41's note). 16 pass.
+// 128 connections on one siw device in one process (the clients' and the
+// server's): past the 48 a process's siw context holds without the
+// listener's key plug (`setup::KeyPlug`: ibv_create_cq failed "without
+// setting errno" for the 49th). The clients connect 8 at a time: siw's
+// initiator gives up when the MPA reply is not there 10 s after its request
+// (Linux 6.1), and the listener answers one request at a time: with all 64
+// at once under TCG on a loaded host (load average 15), the first accept
+// came 14 s after the start and the next ones 0.06-2.2 s apart, and the
+// clients behind them failed (RDMA_CM_EVENT_UNREACHABLE, status -110).
 #[test]
 #[ignore = "needs an RDMA device"]
-fn sixteen_clients_echo_through_split_halves_iwarp() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(many_clients_echo(ip("RDMA_TEST_IWARP_IP"), 16));
+fn sixty_four_clients_echo_through_split_halves_iwarp() {
+    runtime().block_on(many_clients_echo(ip("RDMA_TEST_IWARP_IP"), 64, 8));
 }
