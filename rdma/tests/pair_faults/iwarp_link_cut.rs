@@ -416,14 +416,6 @@ fn iw_accept(ch: &EventChannel) -> End {
     e
 }
 
-/// Listens on `ip` (an iWARP address).
-fn listen_on(ch: &EventChannel, ip: IpAddr) -> CmId {
-    let l = ch.create_id(PortSpace::Tcp).unwrap();
-    l.bind_addr(SocketAddr::new(ip, 0)).unwrap();
-    l.listen(8).unwrap();
-    l
-}
-
 #[test]
 #[ignore = "needs two guests (ci/vm pair) with siw"]
 fn cm_rc_link_down_shorter_and_longer_than_the_retry_timeout_iwarp() {
@@ -438,10 +430,8 @@ fn cm_rc_link_down_shorter_and_longer_than_the_retry_timeout_iwarp() {
         ip_var("RDMA_TEST_IWARP_PEER_IP"),
     );
     // PAIR_SYNC_TAG keeps the keys of repeated runs in one boot apart.
-    let dir = PathBuf::from(var("RDMA_VM_SYNC_DIR"))
-        .join(std::env::var("PAIR_SYNC_TAG").unwrap_or_default());
-    std::fs::create_dir_all(&dir).expect("the sync folder");
-    let sync = Sync { dir, test: TEST };
+    let sync = Sync::new(TEST);
+    std::fs::create_dir_all(&sync.dir).expect("the sync folder");
     // librdmacm opens siw0's context on first use: before the baseline.
     {
         let ch = EventChannel::new().unwrap();
@@ -456,37 +446,19 @@ fn cm_rc_link_down_shorter_and_longer_than_the_retry_timeout_iwarp() {
     // cut held until the connection failed. Phase 3: the link back, a new
     // connection carries N messages.
     let phases = [(1u32, Some(true)), (2, Some(false)), (3, None)];
-    if role() == "b" {
-        let ch = EventChannel::new().unwrap();
-        let listener = listen_on(&ch, local);
-        sync.put("port", &listener.src_port().to_string());
-        for (gen, _) in phases {
-            let mut e = iw_accept(&ch);
-            let got = iw_receive(&sync, &ch, &mut e, gen);
-            eprintln!("[b] phase {gen}: received {got}");
-            sync.put(&format!("received{gen}"), &got.to_string());
-            drop(e);
-        }
-        drop(listener);
-        drop(ch);
-        sync.barrier("end");
-        assert_back_to(before);
-        return;
-    }
-    let port: u16 = sync.get("port", BOUND).trim().parse().unwrap();
-    let dst = SocketAddr::new(peer, port);
-    let ch = EventChannel::new().unwrap();
-    for (gen, cut) in phases {
+    let receive = |ch: &EventChannel, gen| {
+        let mut e = iw_accept(ch);
+        let got = iw_receive(&sync, ch, &mut e, gen);
+        eprintln!("[b] phase {gen}: received {got}");
+        (e, got)
+    };
+    let send = |ch: &EventChannel, dst, gen, cut: Option<bool>| {
         let retries = (cut == Some(false)).then(|| TcpRetries2::set(iw_retries2()));
-        let mut e = iw_connect(&ch, dst);
-        let seen = iw_send(&ch, &mut e, gen, cut, local, peer, N);
+        let mut e = iw_connect(ch, dst);
+        let seen = iw_send(ch, &mut e, gen, cut, local, peer, N);
         drop(retries);
         let posted = (seen.statuses.len() + seen.reclaimed) as u32;
-        let ok = seen
-            .statuses
-            .iter()
-            .filter(|s| **s == WcStatus::Success)
-            .count() as u32;
+        let ok = succeeded(&seen.statuses);
         eprintln!(
             "phase {gen}: link down for {:?}, failed after {:?}, TCP unacked once down {:?} bytes (waiting for a count: {}); {ok} of {posted} sent, {} taken back; credits {}, receiver's count {:?}; failures {:?}",
             seen.down_for,
@@ -520,16 +492,9 @@ fn cm_rc_link_down_shorter_and_longer_than_the_retry_timeout_iwarp() {
         } else {
             assert_eq!(ok, posted, "nothing failed: {seen:?}");
             assert_eq!(seen.peer_consumed, Some(posted), "{seen:?}");
-            e.id.disconnect().unwrap();
-            let ev = next_event(&ch, BOUND);
-            assert_eq!(ev.event_type(), CmEventType::Disconnected, "{ev:?}");
-            drop(ev);
+            disconnect(ch, &e);
         }
-        let got: u32 = sync
-            .get(&format!("received{gen}"), BOUND)
-            .trim()
-            .parse()
-            .unwrap();
+        let got = received(&sync, gen);
         // In order and none twice (checked by the receiver); none lost when
         // the connection survived. When it failed, a send's success says
         // only that TCP took it: the receiver has at least what its count
@@ -559,8 +524,7 @@ fn cm_rc_link_down_shorter_and_longer_than_the_retry_timeout_iwarp() {
             );
         }
         drop(e);
-    }
-    drop(ch);
-    sync.barrier("end");
-    assert_back_to(before);
+    };
+    let listen = |ch: &EventChannel| listen_on(ch, local);
+    link_cut(&sync, before, &phases, peer, listen, receive, send);
 }

@@ -19,7 +19,7 @@ fn signal(child: &Child, signal: &str) {
 /// every completion and disconnects. Fails after `BOUND` without progress.
 fn victim(sync: &Sync, gen: u32) {
     const CLEAN_COUNT: u32 = 300;
-    let port: u16 = sync.get("port", BOUND).trim().parse().unwrap();
+    let port = peer_port(sync);
     let ch = EventChannel::new().unwrap();
     let mut e = connect(
         &ch,
@@ -89,9 +89,7 @@ fn victim(sync: &Sync, gen: u32) {
             "victim {gen}: no progress for {BOUND:?} ({done} sent, {received} received, {flow:?})"
         );
     }
-    e.id.disconnect().unwrap();
-    let ev = next_event(&ch, BOUND);
-    assert_eq!(ev.event_type(), CmEventType::Disconnected, "{ev:?}");
+    disconnect(&ch, &e);
 }
 
 /// What the survivor saw of one connection.

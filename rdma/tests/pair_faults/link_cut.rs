@@ -147,32 +147,18 @@ fn cm_rc_link_down_shorter_and_longer_than_the_retry_timeout() {
     // transport retry count of 7 as "retry forever" (as the RNR count's 7
     // is), so a cut would never end in an error (measured on 6.1: the
     // sends stayed pending for the whole 60 s bound).
-    let phases = [(1u32, true, 19u8), (2, false, 12), (3, true, 14)];
-    if role() == "b" {
-        let ch = EventChannel::new().unwrap();
-        let listener = listen(&ch);
-        sync.put("port", &listener.src_port().to_string());
-        for (gen, _, _) in phases {
-            let mut e = accept(&ch, false);
-            let got = receive_until_disconnected(&ch, &mut e, gen);
-            sync.put(&format!("received{gen}"), &got.to_string());
-            drop(e);
-        }
-        drop(listener);
-        drop(ch);
-        sync.barrier("end");
-        assert_back_to(before);
-        return;
-    }
-    let port: u16 = sync.get("port", BOUND).trim().parse().unwrap();
-    let dst = SocketAddr::new(peer_ip(), port);
-    let ch = EventChannel::new().unwrap();
-    for (gen, short, timeout) in phases {
+    let phases = [(1u32, (true, 19u8)), (2, (false, 12)), (3, (true, 14))];
+    let receive = |ch: &EventChannel, gen| {
+        let mut e = accept(ch, false);
+        let got = receive_until_disconnected(ch, &mut e, gen);
+        (e, got)
+    };
+    let send = |ch: &EventChannel, dst, gen, (short, timeout)| {
         let param = ConnParam {
             retry_count: 6,
             ..ConnParam::default()
         };
-        let mut e = connect(&ch, dst, false, Some(timeout), &param);
+        let mut e = connect(ch, dst, false, Some(timeout), &param);
         let cut = if gen == 3 {
             // No cut: the link is back and works.
             let bufs = e.pd.alloc_mr(N * MSG, LW).unwrap().chunks(MSG).unwrap();
@@ -191,11 +177,7 @@ fn cm_rc_link_down_shorter_and_longer_than_the_retry_timeout() {
             send_across_a_cut(&mut e, gen, short)
         };
         let posted = cut.statuses.len() as u32;
-        let ok = cut
-            .statuses
-            .iter()
-            .filter(|s| **s == WcStatus::Success)
-            .count() as u32;
+        let ok = succeeded(&cut.statuses);
         eprintln!(
             "phase {gen}: link down for {:?}, {} pending then; {ok} of {posted} sent; failures {:?}",
             cut.down_for,
@@ -229,15 +211,8 @@ fn cm_rc_link_down_shorter_and_longer_than_the_retry_timeout() {
                 "{cut:?}"
             );
         }
-        e.id.disconnect().unwrap();
-        let ev = next_event(&ch, BOUND);
-        assert_eq!(ev.event_type(), CmEventType::Disconnected, "{ev:?}");
-        drop(ev);
-        let got: u32 = sync
-            .get(&format!("received{gen}"), BOUND)
-            .trim()
-            .parse()
-            .unwrap();
+        disconnect(ch, &e);
+        let got = received(&sync, gen);
         // Delivered but unacknowledged messages are possible, lost ones are not.
         assert!(
             got >= ok && got <= posted,
@@ -247,10 +222,8 @@ fn cm_rc_link_down_shorter_and_longer_than_the_retry_timeout() {
             assert_eq!(got, posted);
         }
         drop(e);
-    }
-    drop(ch);
-    sync.barrier("end");
-    assert_back_to(before);
+    };
+    link_cut(&sync, before, &phases, peer_ip(), listen, receive, send);
 }
 
 fn common_wait(cq: &CompletionQueue, n: usize) -> Vec<WcStatus> {

@@ -312,11 +312,80 @@ fn accept(ch: &EventChannel, with_srq: bool) -> End {
 }
 
 fn listen(ch: &EventChannel) -> CmId {
+    listen_on(ch, IpAddr::V4(common::ip()))
+}
+
+/// Listens on `ip`, on a port of the system's choice.
+fn listen_on(ch: &EventChannel, ip: IpAddr) -> CmId {
     let l = ch.create_id(PortSpace::Tcp).unwrap();
-    l.bind_addr(SocketAddr::new(IpAddr::V4(common::ip()), 0))
-        .unwrap();
+    l.bind_addr(SocketAddr::new(ip, 0)).unwrap();
     l.listen(8).unwrap();
     l
+}
+
+/// The port guest b listens on (it puts it as `port`).
+fn peer_port(sync: &Sync) -> u16 {
+    sync.get("port", BOUND).trim().parse().unwrap()
+}
+
+/// Disconnects `e` and takes its `DISCONNECTED`.
+fn disconnect(ch: &EventChannel, e: &End) {
+    e.id.disconnect().unwrap();
+    let ev = next_event(ch, BOUND);
+    assert_eq!(ev.event_type(), CmEventType::Disconnected, "{ev:?}");
+}
+
+// ---------------------------------------------------------------------------
+// The link cut (RoCE in `link_cut`, iWARP in `iwarp_link_cut`).
+
+/// The two guests' parts of a link-cut test, a connection per phase (its
+/// generation `gen` and what the test makes of it, `P`). Guest b listens
+/// (`listen`), takes each phase's connection (`receive`: the connection,
+/// and how many messages came) and puts that count as `received{gen}`;
+/// guest a runs each phase (`send`, given the address to connect to; it
+/// reads b's count with [`received`]). Both then meet, and each checks that
+/// nothing is left over against `before`.
+fn link_cut<P: Copy>(
+    sync: &Sync,
+    before: common::Baseline,
+    phases: &[(u32, P)],
+    peer: IpAddr,
+    listen: impl FnOnce(&EventChannel) -> CmId,
+    mut receive: impl FnMut(&EventChannel, u32) -> (End, u32),
+    mut send: impl FnMut(&EventChannel, SocketAddr, u32, P),
+) {
+    let ch = EventChannel::new().unwrap();
+    if role() == "b" {
+        let listener = listen(&ch);
+        sync.put("port", &listener.src_port().to_string());
+        for &(gen, _) in phases {
+            let (e, got) = receive(&ch, gen);
+            sync.put(&format!("received{gen}"), &got.to_string());
+            drop(e);
+        }
+        drop(listener);
+    } else {
+        let dst = SocketAddr::new(peer, peer_port(sync));
+        for &(gen, phase) in phases {
+            send(&ch, dst, gen, phase);
+        }
+    }
+    drop(ch);
+    sync.barrier("end");
+    assert_back_to(before);
+}
+
+/// How many of a phase's sends succeeded.
+fn succeeded(statuses: &[WcStatus]) -> u32 {
+    statuses.iter().filter(|s| **s == WcStatus::Success).count() as u32
+}
+
+/// How many messages of phase `gen` of a link-cut test guest b received.
+fn received(sync: &Sync, gen: u32) -> u32 {
+    sync.get(&format!("received{gen}"), BOUND)
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// The name the test harness knows test `test` of the module at `module`
