@@ -393,6 +393,25 @@ fn srq_receives_complete_in_any_order_in_constant_time() {
     assert_eq!(t.in_flight(), 0);
 }
 
+/// The registry keeps the last QP or SRQ by its serial without the receive
+/// bit: an id with an SRQ's serial and no receive bit (no request of ours
+/// has one) is left bare, cached SRQ or not, and takes no receive.
+#[test]
+fn a_send_id_with_an_srq_s_serial_resolves_nothing() {
+    let reg = Registry::default();
+    let t = SrqTracker::new(serial());
+    reg.register(Tracked::Srq(Arc::clone(&t)));
+    let ids = srq_post(&t, 0..2);
+    let forged = ids[1] & !RECV;
+    // Before the SRQ is the last resolved, and after.
+    assert_eq!(decode(reg.completion(&wc(forged)).wr_id), None);
+    assert_eq!(reg.completion(&wc(ids[0])).wr_id, 0);
+    assert_eq!(decode(reg.completion(&wc(forged)).wr_id), None);
+    assert_eq!(t.in_flight(), 1);
+    assert_eq!(reg.completion(&wc(ids[1])).wr_id, 1);
+    assert_eq!(t.in_flight(), 0);
+}
+
 #[test]
 fn srq_takes_back_what_the_verb_did_not_post() {
     let t = SrqTracker::new(serial());
