@@ -209,6 +209,37 @@ fn wait_listening(server: Running, port: u16) -> Running {
     }
 }
 
+/// Starts `server` (a name and its command), waits until it listens on
+/// `tcp_port`, starts `client`, given 127.0.0.1 as the server, and waits
+/// for both; checks that both succeeded without a panic, each receiving
+/// only the pattern the other sent. Both outputs, and the two together
+/// (for messages).
+fn run_both(
+    tcp_port: u16,
+    server: (String, &mut Command),
+    client: (String, &mut Command),
+) -> (Finished, Finished, String) {
+    assert!(
+        !listening(tcp_port),
+        "TCP port {tcp_port} is already in use"
+    );
+    let server = Running::spawn(server.0, server.1);
+    let server = wait_listening(server, tcp_port);
+    let client = Running::spawn(client.0, client.1.arg("127.0.0.1"));
+    let (server, client) = wait_both(server, client);
+    let both = format!("{server}{client}");
+    for side in [&server, &client] {
+        assert!(side.success(), "{} failed:\n{both}", side.name);
+        assert!(!side.stderr.contains("panicked"), "{both}");
+        assert!(
+            !side.stdout.contains("invalid data"),
+            "{} received data other than the pattern sent:\n{both}",
+            side.name
+        );
+    }
+    (server, client, both)
+}
+
 /// Waits for both processes, killing both when [`RUN_DEADLINE`] passes.
 fn wait_both(mut a: Running, mut b: Running) -> (Finished, Finished) {
     let deadline = Instant::now() + RUN_DEADLINE;
@@ -296,6 +327,35 @@ fn figures(out: &Finished) -> Figures {
     }
 }
 
+/// The same traffic on both sides, as their result lines say: `ITERS`
+/// messages of `size` each way. Prints the rates of `example` run with
+/// `flags`, each side with its output and the tool it was.
+fn check_traffic(
+    (server, server_tool): (&Finished, &str),
+    (client, client_tool): (&Finished, &str),
+    size: u64,
+    both: &str,
+    example: &str,
+    flags: &[&str],
+) {
+    let (fs, fc) = (figures(server), figures(client));
+    for f in [&fs, &fc] {
+        assert_eq!(f.iters, ITERS, "{both}");
+        assert_eq!(f.bytes, size * u64::from(ITERS) * 2, "{both}");
+        assert!(f.mbit_per_sec > 0.0 && f.usec_per_iter > 0.0, "{both}");
+    }
+    eprintln!(
+        "{example} {flags:?}: server {}: {:.2} Mbit/s, {:.2} usec/iter; client {}: {:.2} \
+         Mbit/s, {:.2} usec/iter",
+        server_tool,
+        fs.mbit_per_sec,
+        fs.usec_per_iter,
+        client_tool,
+        fc.mbit_per_sec,
+        fc.usec_per_iter
+    );
+}
+
 /// One `local address:` / `remote address:` line.
 #[derive(Debug, PartialEq, Eq)]
 struct Address {
@@ -377,32 +437,17 @@ impl Run {
     /// Runs both sides and checks everything the C tools let us check.
     fn check(self) {
         let t = self.transport;
-        assert!(
-            !listening(self.tcp_port),
-            "TCP port {} is already in use",
-            self.tcp_port
+        let (server, client, both) = run_both(
+            self.tcp_port,
+            (
+                format!("server {}", label(t, self.server)),
+                command(t, self.server).args(self.args()),
+            ),
+            (
+                format!("client {}", label(t, self.client)),
+                command(t, self.client).args(self.args()),
+            ),
         );
-        let server = Running::spawn(
-            format!("server {}", label(t, self.server)),
-            command(t, self.server).args(self.args()),
-        );
-        let server = wait_listening(server, self.tcp_port);
-        let client = Running::spawn(
-            format!("client {}", label(t, self.client)),
-            command(t, self.client).args(self.args()).arg("127.0.0.1"),
-        );
-        let (server, client) = wait_both(server, client);
-        let both = format!("{server}{client}");
-
-        for side in [&server, &client] {
-            assert!(side.success(), "{} failed:\n{both}", side.name);
-            assert!(!side.stderr.contains("panicked"), "{both}");
-            assert!(
-                !side.stdout.contains("invalid data"),
-                "{} received data other than the pattern sent:\n{both}",
-                side.name
-            );
-        }
 
         // The handshake: what each side decoded is what the other encoded.
         let (server_local, server_remote) = (
@@ -421,24 +466,13 @@ impl Run {
         assert_eq!(client_local.gid, gid, "{both}");
         assert_ne!(server_local.qpn, client_local.qpn, "{both}");
 
-        // The same traffic on both sides: ITERS messages of `size` each way.
-        let (fs, fc) = (figures(&server), figures(&client));
-        for f in [&fs, &fc] {
-            assert_eq!(f.iters, ITERS, "{both}");
-            assert_eq!(f.bytes, self.size * u64::from(ITERS) * 2, "{both}");
-            assert!(f.mbit_per_sec > 0.0 && f.usec_per_iter > 0.0, "{both}");
-        }
-        eprintln!(
-            "{} {:?}: server {}: {:.2} Mbit/s, {:.2} usec/iter; client {}: {:.2} Mbit/s, \
-             {:.2} usec/iter",
+        check_traffic(
+            (&server, &label(t, self.server)),
+            (&client, &label(t, self.client)),
+            self.size,
+            &both,
             t.example(),
             self.flags,
-            label(t, self.server),
-            fs.mbit_per_sec,
-            fs.usec_per_iter,
-            label(t, self.client),
-            fc.mbit_per_sec,
-            fc.usec_per_iter
         );
     }
 }

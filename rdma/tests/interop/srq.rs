@@ -72,32 +72,17 @@ impl SrqRun {
     }
 
     fn check(self) {
-        assert!(
-            !listening(self.tcp_port),
-            "TCP port {} is already in use",
-            self.tcp_port
+        let (server, client, both) = run_both(
+            self.tcp_port,
+            (
+                format!("server {}", srq_label(self.server)),
+                srq_command(self.server).args(self.args()),
+            ),
+            (
+                format!("client {}", srq_label(self.client)),
+                srq_command(self.client).args(self.args()),
+            ),
         );
-        let server = Running::spawn(
-            format!("server {}", srq_label(self.server)),
-            srq_command(self.server).args(self.args()),
-        );
-        let server = wait_listening(server, self.tcp_port);
-        let client = Running::spawn(
-            format!("client {}", srq_label(self.client)),
-            srq_command(self.client).args(self.args()).arg("127.0.0.1"),
-        );
-        let (server, client) = wait_both(server, client);
-        let both = format!("{server}{client}");
-
-        for side in [&server, &client] {
-            assert!(side.success(), "{} failed:\n{both}", side.name);
-            assert!(!side.stderr.contains("panicked"), "{both}");
-            assert!(
-                !side.stdout.contains("invalid data"),
-                "{} received data other than the pattern sent:\n{both}",
-                side.name
-            );
-        }
 
         // The handshake: one address per QP each way, in order, and what
         // each side decoded is what the other encoded.
@@ -125,22 +110,13 @@ impl SrqRun {
         assert_eq!(qpns.len(), 2 * self.qps, "every QP is its own:\n{both}");
 
         // ITERS messages of `size` each way, over all QPs together.
-        let (fs, fc) = (figures(&server), figures(&client));
-        for f in [&fs, &fc] {
-            assert_eq!(f.iters, ITERS, "{both}");
-            assert_eq!(f.bytes, self.size * u64::from(ITERS) * 2, "{both}");
-            assert!(f.mbit_per_sec > 0.0 && f.usec_per_iter > 0.0, "{both}");
-        }
-        eprintln!(
-            "srq_pingpong {:?}: server {}: {:.2} Mbit/s, {:.2} usec/iter; client {}: {:.2} \
-             Mbit/s, {:.2} usec/iter",
+        check_traffic(
+            (&server, srq_label(self.server)),
+            (&client, srq_label(self.client)),
+            self.size,
+            &both,
+            SRQ_EXAMPLE,
             self.flags,
-            srq_label(self.server),
-            fs.mbit_per_sec,
-            fs.usec_per_iter,
-            srq_label(self.client),
-            fc.mbit_per_sec,
-            fc.usec_per_iter
         );
     }
 }
@@ -251,36 +227,20 @@ fn srq_bad_flags_fail_cleanly_like_the_c_tool() {
 fn srq_num_qp_mismatch_is_refused_clearly() {
     let dev = common::device_name();
     let gid = common::gid_index().to_string();
+    // A side with `-q qps` on TCP port `port`.
+    let side = |mut cmd: Command, qps: &str, port: u16| {
+        cmd.args(["-d", &dev, "-g", &gid, "-q", qps, "-p", &port.to_string()]);
+        cmd
+    };
+    let rust = |qps, port| side(Command::new(example(SRQ_EXAMPLE)), qps, port);
     // Rust server -q 2, Rust client -q 3: the server refuses the client's
     // addresses and hangs up; the client says the peer closed the connection.
     let port = 18738;
-    let server = Running::spawn(
-        "server srq_pingpong".into(),
-        Command::new(example(SRQ_EXAMPLE)).args([
-            "-d",
-            &dev,
-            "-g",
-            &gid,
-            "-q",
-            "2",
-            "-p",
-            &port.to_string(),
-        ]),
-    );
+    let server = Running::spawn("server srq_pingpong".into(), &mut rust("2", port));
     let server = wait_listening(server, port);
     let client = Running::spawn(
         "client srq_pingpong".into(),
-        Command::new(example(SRQ_EXAMPLE)).args([
-            "-d",
-            &dev,
-            "-g",
-            &gid,
-            "-q",
-            "3",
-            "-p",
-            &port.to_string(),
-            "127.0.0.1",
-        ]),
+        rust("3", port).arg("127.0.0.1"),
     );
     let (server, client) = wait_both(server, client);
     assert_eq!(server.status.and_then(|s| s.code()), Some(1), "{server}");
@@ -305,23 +265,10 @@ fn srq_num_qp_mismatch_is_refused_clearly() {
     let port = 18739;
     let server = Running::spawn(
         "server ibv_srq_pingpong".into(),
-        Command::new(SRQ_TOOL).args(["-d", &dev, "-g", &gid, "-q", "2", "-p", &port.to_string()]),
+        &mut side(Command::new(SRQ_TOOL), "2", port),
     );
     let server = wait_listening(server, port);
-    let client = fails(
-        "client srq_pingpong",
-        Command::new(example(SRQ_EXAMPLE)).args([
-            "-d",
-            &dev,
-            "-g",
-            &gid,
-            "-q",
-            "3",
-            "-p",
-            &port.to_string(),
-            "127.0.0.1",
-        ]),
-    );
+    let client = fails("client srq_pingpong", rust("3", port).arg("127.0.0.1"));
     drop(server.finish());
     assert!(
         client.contains("the peer has 2 QPs and this side 3: give both sides the same -q"),
