@@ -1,9 +1,9 @@
 //! What one side sets up before it connects: the sizes of its queues and
 //! buffers ([`Sizes`]), and [`Local`], the memory it registers (the receive
 //! buffer the peer writes into, the target SGL the peer writes new receive
-//! space into, on iWARP the slots message SENDs land in, the send ring) with
-//! every receive posted, whose keys its connection data carries. The engine
-//! takes a `Local` over once the connection is up.
+//! space into, the receives' slots (where message SENDs land on iWARP), the
+//! send ring) with every receive posted, whose keys its connection data
+//! carries. The engine takes a `Local` over once the connection is up.
 
 use std::io;
 
