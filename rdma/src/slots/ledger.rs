@@ -16,6 +16,12 @@
 //! A `wr_id` is `slot | number << 32 | RECV` (bit 62 for receives; bit 63,
 //! the tracked path's tag, always clear): a completion is an index and a
 //! comparison, never a search.
+//!
+//! A slot's state is one word for the posts' checks: the number of its last
+//! send, or [`RECEIVING`] while a receive is posted in it, which is above
+//! every send number. A slot is free (no request in flight uses it) when
+//! the word is at or below the last send completed, so a post that writes
+//! the slot first, and a receive, check one comparison.
 
 /// Bit of a receive's `wr_id`.
 pub(crate) const RECV: u64 = 1 << 62;
@@ -27,8 +33,8 @@ const NUM_MASK: u64 = (1 << NUM_BITS) - 1;
 /// (a provider's send queue is far shorter; this only matters when someone
 /// else polls the queue's CQ and the ledger never sees completions).
 const MAX_UNSEEN: u64 = 1 << (NUM_BITS - 1);
-/// Bit 0 of a slot's receive word: a receive is posted in it.
-const POSTED: u32 = 1;
+/// A slot's [`Slot::last_send`] while a receive is posted in it.
+const RECEIVING: u64 = u64::MAX;
 
 /// Why the ledger refused a post or an access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,9 +52,10 @@ pub(crate) enum Refusal {
 /// One slot's state.
 #[derive(Debug, Clone, Copy, Default)]
 struct Slot {
-    /// The number of the last send from this slot (0: none yet).
+    /// The number of the last send from this slot (0: none yet), or
+    /// [`RECEIVING`].
     last_send: u64,
-    /// The receive generation (bits 1..) and [`POSTED`].
+    /// The generation of the slot's last receive (wraps).
     recv: u32,
 }
 
@@ -89,17 +96,18 @@ impl Ledger {
     pub(crate) fn send<const FREE: bool>(&mut self, slot: u32) -> Result<(u64, u64), Refusal> {
         let done = self.done;
         let s = self.slots.get_mut(slot as usize).ok_or(Refusal::NoSlot)?;
-        if s.recv & POSTED != 0 {
-            return Err(Refusal::Receiving);
+        let prev = s.last_send;
+        // With FREE one comparison covers both: RECEIVING is above `done`
+        // (which is at most `sent`, a count of posts that never reaches
+        // `u64::MAX`).
+        let busy_slot = if FREE { prev > done } else { prev == RECEIVING };
+        if busy_slot {
+            return Err(busy(prev));
         }
-        if FREE && s.last_send > done {
-            return Err(Refusal::Sending);
-        }
-        if self.sent - self.done >= MAX_UNSEEN {
+        if self.sent - done >= MAX_UNSEEN {
             return Err(Refusal::TooManyUnseen);
         }
         self.sent += 1;
-        let prev = s.last_send;
         s.last_send = self.sent;
         Ok((((self.sent & NUM_MASK) << 32) | u64::from(slot), prev))
     }
@@ -125,27 +133,27 @@ impl Ledger {
 
     /// Records a receive into `slot`: its `wr_id` and the word
     /// [`Ledger::unrecv`] restores.
-    pub(crate) fn recv(&mut self, slot: u32) -> Result<(u64, u32), Refusal> {
+    #[inline(always)]
+    pub(crate) fn recv(&mut self, slot: u32) -> Result<(u64, u64), Refusal> {
         let done = self.done;
         let s = self.slots.get_mut(slot as usize).ok_or(Refusal::NoSlot)?;
-        if s.recv & POSTED != 0 {
-            return Err(Refusal::Receiving);
+        let prev = s.last_send;
+        if prev > done {
+            return Err(busy(prev));
         }
-        if s.last_send > done {
-            return Err(Refusal::Sending);
-        }
-        let prev = s.recv;
-        // The generation is 31 bits and wraps; the id carries its low 30.
-        s.recv = (prev & !POSTED).wrapping_add(2) | POSTED;
-        let id = RECV | ((u64::from(s.recv >> 1) & NUM_MASK) << 32) | u64::from(slot);
+        s.last_send = RECEIVING;
+        // The generation is 32 bits and wraps; the id carries its low 30.
+        s.recv = s.recv.wrapping_add(1);
+        let id = RECV | ((u64::from(s.recv) & NUM_MASK) << 32) | u64::from(slot);
         Ok((id, prev))
     }
 
-    /// Undoes the last [`Ledger::recv`] of `slot`.
+    /// Undoes the last [`Ledger::recv`] of `slot`, which returned `prev`
+    /// (its generation stays spent: no id of it was handed out).
     #[cold]
-    pub(crate) fn unrecv(&mut self, slot: u32, prev: u32) {
+    pub(crate) fn unrecv(&mut self, slot: u32, prev: u64) {
         if let Some(s) = self.slots.get_mut(slot as usize) {
-            s.recv = prev;
+            s.last_send = prev;
         }
     }
 
@@ -154,31 +162,47 @@ impl Ledger {
     /// or not of this queue), which changes nothing.
     #[inline(always)]
     pub(crate) fn complete(&mut self, wr_id: u64) -> Option<Finished> {
+        // Bits 62 and 63 clear: a send's id (one shift, tested first: the
+        // latency loops wait on sends).
+        if wr_id >> 62 != 0 {
+            return self.complete_recv(wr_id);
+        }
         let slot = wr_id as u32;
         let num = (wr_id >> 32) & NUM_MASK;
-        if wr_id & RECV != 0 {
-            let s = self.slots.get_mut(slot as usize)?;
-            if s.recv & POSTED == 0 || u64::from(s.recv >> 1) & NUM_MASK != num {
-                return None;
-            }
-            s.recv &= !POSTED;
-            return Some(Finished { slot, recv: true });
-        }
-        // The send's full number: the first after `done` whose low bits
-        // are `num`; it must have been posted.
+        // The send's full number: the first after `done` whose low bits are
+        // `num` (`ahead` of 1 or more); it must have been posted. One
+        // comparison: `ahead - 1` wraps above any count when `ahead` is 0.
         let ahead = num.wrapping_sub(self.done) & NUM_MASK;
-        if ahead == 0 || ahead > self.sent - self.done || wr_id >> 62 != 0 {
+        if ahead.wrapping_sub(1) >= self.sent - self.done {
             return None;
         }
         self.done += ahead;
         Some(Finished { slot, recv: false })
     }
 
+    /// [`Ledger::complete`] of an id with bit 62 or 63 set: a receive's
+    /// (62 alone), or none of this queue's (63, the tracked path's tag).
+    #[inline(always)]
+    fn complete_recv(&mut self, wr_id: u64) -> Option<Finished> {
+        if wr_id >> 62 != 1 {
+            return None;
+        }
+        let slot = wr_id as u32;
+        let num = (wr_id >> 32) & NUM_MASK;
+        let s = self.slots.get_mut(slot as usize)?;
+        if s.last_send != RECEIVING || u64::from(s.recv) & NUM_MASK != num {
+            return None;
+        }
+        // No send was in flight from the slot when its receive was posted.
+        s.last_send = 0;
+        Some(Finished { slot, recv: true })
+    }
+
     /// Whether the caller may read `slot` (no receive posted in it).
     #[inline(always)]
     pub(crate) fn readable(&self, slot: u32) -> Result<(), Refusal> {
         let s = self.slots.get(slot as usize).ok_or(Refusal::NoSlot)?;
-        if s.recv & POSTED != 0 {
+        if s.last_send == RECEIVING {
             return Err(Refusal::Receiving);
         }
         Ok(())
@@ -189,11 +213,8 @@ impl Ledger {
     #[inline(always)]
     pub(crate) fn writable(&self, slot: u32) -> Result<(), Refusal> {
         let s = self.slots.get(slot as usize).ok_or(Refusal::NoSlot)?;
-        if s.recv & POSTED != 0 {
-            return Err(Refusal::Receiving);
-        }
         if s.last_send > self.done {
-            return Err(Refusal::Sending);
+            return Err(busy(s.last_send));
         }
         Ok(())
     }
@@ -204,14 +225,30 @@ impl Ledger {
     pub(crate) fn reset(&mut self) {
         self.done = self.sent;
         for s in self.slots.iter_mut() {
-            s.recv &= !POSTED;
+            if s.last_send == RECEIVING {
+                s.last_send = 0;
+            }
         }
     }
 
     /// Requests posted and not seen complete: (sends, receives).
     pub(crate) fn in_flight(&self) -> (u64, usize) {
-        let recvs = self.slots.iter().filter(|s| s.recv & POSTED != 0).count();
+        let recvs = self
+            .slots
+            .iter()
+            .filter(|s| s.last_send == RECEIVING)
+            .count();
         (self.sent - self.done, recvs)
+    }
+}
+
+/// Why a slot whose state word is `last_send` is not free.
+#[cold]
+fn busy(last_send: u64) -> Refusal {
+    if last_send == RECEIVING {
+        Refusal::Receiving
+    } else {
+        Refusal::Sending
     }
 }
 
@@ -385,11 +422,34 @@ mod tests {
         assert_eq!(l.writable(0), Ok(()));
         // Receive generations wrap too.
         let s = &mut l.slots[0];
-        s.recv = (u32::MAX >> 1) << 1;
+        s.recv = u32::MAX;
         let (r, _) = l.recv(0).unwrap();
         assert!(l.complete(r).is_some());
         let (r, _) = l.recv(0).unwrap();
         assert!(l.complete(r).is_some());
+    }
+
+    #[test]
+    fn one_word_tells_a_receiving_slot_from_a_sending_one() {
+        let mut l = Ledger::new(2);
+        let (r, _) = l.recv(0).unwrap();
+        let (s, _) = l.send::<false>(1).unwrap();
+        // Every check names the right holder, whichever check refused.
+        assert_eq!(l.send::<true>(0), Err(Refusal::Receiving));
+        assert_eq!(l.send::<false>(0), Err(Refusal::Receiving));
+        assert_eq!(l.writable(0), Err(Refusal::Receiving));
+        assert_eq!(l.send::<true>(1), Err(Refusal::Sending));
+        assert_eq!(l.recv(1), Err(Refusal::Sending));
+        assert_eq!(l.readable(1), Ok(()));
+        // A receive's completion leaves its slot free for a send that
+        // writes first, while the send numbers go on.
+        assert!(l.complete(r).is_some());
+        assert!(l.complete(s).is_some());
+        let (w, _) = l.send::<true>(0).unwrap();
+        assert_eq!(l.in_flight(), (1, 0));
+        assert_eq!(l.complete(r), None);
+        assert!(l.complete(w).is_some());
+        assert_eq!(l.writable(0), Ok(()));
     }
 
     #[test]

@@ -69,6 +69,14 @@ impl SlotConfig {
 /// `ibv_wr_*`'s members, `qp/wr_ops.rs`).
 type PollFn = unsafe extern "C" fn(*mut ffi::ibv_cq, c_int, *mut ffi::ibv_wc) -> c_int;
 
+/// The provider's `post_recv` (`ibv_post_recv(3)`, likewise a `static
+/// inline` call through the context's ops).
+type PostRecvFn = unsafe extern "C" fn(
+    *mut ffi::ibv_qp,
+    *mut ffi::ibv_recv_wr,
+    *mut *mut ffi::ibv_recv_wr,
+) -> c_int;
+
 /// Identities of slot queues, so that a [`SlotTarget`] is posted only on the
 /// queue that made it.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -93,6 +101,18 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// sees, and their slots stay lent (never unsafe, but lost). Dropping the
 /// queue destroys the QP before the memory is released, whatever is in
 /// flight; [`SlotQueue::reset`] takes every slot back.
+///
+/// Through the connection manager (the only way an iWARP QP connects):
+/// make the queue on a PD of the id's context
+/// ([`CmId::context`](crate::cm::CmId::context)) and hand its QP to
+/// [`CmId::connect_qp`](crate::cm::CmId::connect_qp) (then
+/// [`CmId::establish_qp`](crate::cm::CmId::establish_qp) at
+/// `CONNECT_RESPONSE` on InfiniBand and RoCE) or
+/// [`CmId::accept_qp`](crate::cm::CmId::accept_qp). The QP stays the
+/// queue's own (`ibv_create_qp`, never `rdma_create_qp`): the CM only moves
+/// it through its states (on iWARP the kernel's, which also moves it to the
+/// error state when the connection ends), so the id may be dropped before
+/// or after the queue, and nothing above depends on it.
 ///
 /// ```no_run
 /// use rdma::{SlotConfig, SlotQueue};
@@ -128,12 +148,17 @@ pub struct SlotQueue {
     memory: Option<MemoryRegion>,
     /// `memory`'s first byte, taken once from its unique borrow.
     base: NonNull<u8>,
+    /// `qp`'s and `cq`'s C objects, read once: a post or poll loads one
+    /// pointer, not a handle's `Arc` and then its field.
+    qp_raw: NonNull<ffi::ibv_qp>,
+    cq_raw: NonNull<ffi::ibv_cq>,
     lkey: u32,
     slot_len: u32,
     max_inline: u32,
     /// SEND's direct calls on the extended path (`None`: `ibv_post_send`).
     send: Option<Direct>,
     poll_cq: PollFn,
+    post_recv: PostRecvFn,
     ledger: Ledger,
     id: u64,
 }
@@ -167,16 +192,39 @@ impl std::fmt::Debug for DirectCall {
 }
 
 /// A completion polled from a [`SlotQueue`]: the slot it gives back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct SlotCompletion {
     slot: u32,
     recv: bool,
     status: u32,
-    vendor_err: u32,
-    byte_len: u32,
+    /// `vendor_err` (low half) and `byte_len` (high half), which lie side
+    /// by side in `struct ibv_wc`: one load where two fields were two.
+    err_len: u64,
+}
+
+impl std::fmt::Debug for SlotCompletion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotCompletion")
+            .field("slot", &self.slot)
+            .field("recv", &self.recv)
+            .field("status", &self.status())
+            .field("vendor_err", &self.vendor_err())
+            .field("byte_len", &self.byte_len())
+            .finish()
+    }
 }
 
 impl SlotCompletion {
+    #[inline(always)]
+    fn new(f: Finished, wc: &ffi::ibv_wc) -> SlotCompletion {
+        SlotCompletion {
+            slot: f.slot,
+            recv: f.recv,
+            status: wc.status,
+            err_len: u64::from(wc.vendor_err) | u64::from(wc.byte_len) << 32,
+        }
+    }
+
     /// The slot of the request (for a send, the signaled one; the sends
     /// before it are complete too).
     pub fn slot(&self) -> u32 {
@@ -200,12 +248,12 @@ impl SlotCompletion {
 
     /// The provider's error code of a failed request.
     pub fn vendor_err(&self) -> u32 {
-        self.vendor_err
+        self.err_len as u32
     }
 
     /// Bytes received (receives).
     pub fn byte_len(&self) -> u32 {
-        self.byte_len
+        (self.err_len >> 32) as u32
     }
 }
 
@@ -260,16 +308,27 @@ impl SlotQueue {
         let mut memory = pd.alloc_mr(total, AccessFlags::LOCAL_WRITE)?;
         let base = NonNull::new(memory.as_mut_slice()?.as_mut_ptr())
             .ok_or_else(|| invalid("the region has no memory".into()))?;
-        // SAFETY: a live CQ whose context is live; `ops` is libibverbs' ABI.
-        let provider = unsafe { (*(*cq.as_raw()).context).ops.poll_cq };
+        let qp_raw = NonNull::new(qp.as_raw()).ok_or_else(|| invalid("no QP".into()))?;
+        let cq_raw = NonNull::new(cq.as_raw()).ok_or_else(|| invalid("no CQ".into()))?;
+        // SAFETY: a live CQ and QP whose context is live; `ops` is
+        // libibverbs' ABI.
+        let (poll, recv) = unsafe {
+            (
+                (*(*cq_raw.as_ptr()).context).ops.poll_cq,
+                (*(*qp_raw.as_ptr()).context).ops.post_recv,
+            )
+        };
         Ok(SlotQueue {
+            qp_raw,
+            cq_raw,
             lkey: memory.lkey(),
             slot_len,
             // What was asked for: a provider may give more, and a message
             // the caller did not want inline is not sent inline.
             max_inline: config.max_inline_data.min(qp.caps().max_inline_data),
             send: qp.direct(&SendOp::Send),
-            poll_cq: provider.unwrap_or(ffi::ibv_poll_cq),
+            poll_cq: poll.unwrap_or(ffi::ibv_poll_cq),
+            post_recv: recv.unwrap_or(ffi::ibv_post_recv),
             ledger: Ledger::new(config.slots),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             base,
@@ -526,7 +585,7 @@ impl SlotQueue {
         // SAFETY: one well-formed request on this queue's live QP over the
         // slot the ledger holds lent (inline data is copied during the
         // call); `&mut self` keeps other posts out.
-        unsafe { ffi::ibv_post_send(self.qp().as_raw(), &mut wr, &mut bad) }
+        unsafe { ffi::ibv_post_send(self.qp_raw.as_ptr(), &mut wr, &mut bad) }
     }
 
     /// Posts a receive into `slot` (all of it).
@@ -554,7 +613,7 @@ impl SlotQueue {
         let mut bad = std::ptr::null_mut();
         // SAFETY: one well-formed receive on the live QP into the slot the
         // ledger now holds lent to the device until its completion.
-        let rc = unsafe { ffi::ibv_post_recv(self.qp().as_raw(), &mut wr, &mut bad) };
+        let rc = unsafe { (self.post_recv)(self.qp_raw.as_ptr(), &mut wr, &mut bad) };
         if rc != 0 {
             self.ledger.unrecv(slot, prev);
             return check_errno_ret("ibv_post_recv", || self.describe(slot), rc);
@@ -570,10 +629,35 @@ impl SlotQueue {
     /// [`Error::Verb`] naming `ibv_poll_cq` (a CQ overrun).
     #[inline(always)]
     pub fn poll(&mut self) -> Result<Option<SlotCompletion>> {
+        let mut wc = MaybeUninit::<ffi::ibv_wc>::uninit();
+        // SAFETY: the queue's live CQ, room for one entry.
+        let n = unsafe { (self.poll_cq)(self.cq_raw.as_ptr(), 1, wc.as_mut_ptr()) };
+        if n <= 0 {
+            return if n == 0 {
+                Ok(None)
+            } else {
+                Err(self.poll_failed(n))
+            };
+        }
+        // SAFETY: the provider wrote the entry it counted.
+        let wc = unsafe { wc.assume_init_ref() };
+        match self.ledger.complete(wc.wr_id) {
+            Some(f) => Ok(Some(SlotCompletion::new(f, wc))),
+            // Out of line: a loop here would have the ledger's fields loaded
+            // before every poll, whichever kind of completion comes.
+            None => self.poll_past_stale(),
+        }
+    }
+
+    /// [`SlotQueue::poll`] after a completion that finished nothing: polls
+    /// on until one does or the CQ is empty.
+    #[cold]
+    #[inline(never)]
+    fn poll_past_stale(&mut self) -> Result<Option<SlotCompletion>> {
         loop {
             let mut wc = MaybeUninit::<ffi::ibv_wc>::uninit();
-            // SAFETY: the queue's live CQ, room for one entry.
-            let n = unsafe { (self.poll_cq)(self.cq.as_raw(), 1, wc.as_mut_ptr()) };
+            // SAFETY: as in `poll`.
+            let n = unsafe { (self.poll_cq)(self.cq_raw.as_ptr(), 1, wc.as_mut_ptr()) };
             if n <= 0 {
                 return if n == 0 {
                     Ok(None)
@@ -581,16 +665,10 @@ impl SlotQueue {
                     Err(self.poll_failed(n))
                 };
             }
-            // SAFETY: the provider wrote the entry it counted.
+            // SAFETY: as in `poll`.
             let wc = unsafe { wc.assume_init_ref() };
-            if let Some(Finished { slot, recv }) = self.ledger.complete(wc.wr_id) {
-                return Ok(Some(SlotCompletion {
-                    slot,
-                    recv,
-                    status: wc.status,
-                    vendor_err: wc.vendor_err,
-                    byte_len: wc.byte_len,
-                }));
+            if let Some(f) = self.ledger.complete(wc.wr_id) {
+                return Ok(Some(SlotCompletion::new(f, wc)));
             }
         }
     }
