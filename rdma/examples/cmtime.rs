@@ -36,8 +36,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::args::{ArgError, Cli, Flag, Parsed};
-use common::cm::{get_rdma_addr, Res};
-use rdma::cm::{AddrInfoFlags, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
+use common::cm::Res;
+use common::cmatose::{Lookup, BIND, PORT, SERVER};
+use rdma::cm::{CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use rdma::{CompletionQueue, QpType, QueuePair};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -79,16 +80,10 @@ const CLI: Cli<'static, char> = Cli {
     usage: "  cmtime [-b bind_address] [options]                    # server\n  \
             cmtime -s server_address [-b bind_address] [options]  # client",
     flags: &[
-        Flag::value(
-            's',
-            's',
-            "",
-            "server_address",
-            "the server (default: be the server)",
-        ),
-        Flag::value('b', 'b', "", "bind_address", "the local address"),
+        SERVER,
+        BIND,
         Flag::value('c', 'c', "", "connections", "connections (default 100)"),
-        Flag::value('p', 'p', "", "port_number", "the port (default 7471)"),
+        PORT,
         Flag::value(
             'r',
             'r',
@@ -343,16 +338,9 @@ fn run_client(o: &Opts, dst: &str) -> Res<()> {
     }
     times.end_all(Step::CreateId);
 
-    let addr = get_rdma_addr(
-        o.src.as_deref(),
-        Some(dst),
-        &o.port,
-        false,
-        PortSpace::Tcp,
-        AddrInfoFlags::empty(),
-        0,
-    )
-    .context("getaddrinfo error")?;
+    let addr = Lookup::tcp(o.src.as_deref(), &o.port)
+        .rdma_addr(Some(dst))
+        .context("getaddrinfo error")?;
     let dst_addr = addr
         .dst
         .context("getaddrinfo error: no destination address")?;
@@ -541,16 +529,9 @@ fn run_server(o: &Opts) -> Res<()> {
     let listener = channel
         .create_id(PortSpace::Tcp)
         .context("listen request failed")?;
-    let addr = get_rdma_addr(
-        o.src.as_deref(),
-        None,
-        &o.port,
-        true,
-        PortSpace::Tcp,
-        AddrInfoFlags::empty(),
-        0,
-    )
-    .context("getrdmaaddr error")?;
+    let addr = Lookup::tcp(o.src.as_deref(), &o.port)
+        .rdma_addr(None)
+        .context("getrdmaaddr error")?;
     listener
         .bind_addr(addr.src.context("bind address failed: no address")?)
         .context("bind address failed")?;

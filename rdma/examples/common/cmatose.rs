@@ -82,15 +82,24 @@ pub struct Opts {
     pub family: i32,
 }
 
+/// `-s`: the server; without it, be the server (also `cmtime`'s).
+pub const SERVER: Flag<'static, char> = Flag::value(
+    's',
+    's',
+    "",
+    "server_address",
+    "the server (default: be the server)",
+);
+/// `-b`: the local address (also `cmtime`'s).
+pub const BIND: Flag<'static, char> =
+    Flag::value('b', 'b', "", "bind_address", "the local address");
+/// `-p` of the tools on the TCP port space (`ucmatose`, `cmtime`).
+pub const PORT: Flag<'static, char> =
+    Flag::value('p', 'p', "", "port_number", "the port (default 7471)");
+
 const SHARED: [Flag<'static, char>; 8] = [
-    Flag::value(
-        's',
-        's',
-        "",
-        "server_address",
-        "the server (default: be the server)",
-    ),
-    Flag::value('b', 'b', "", "bind_address", "the local address"),
+    SERVER,
+    BIND,
     Flag::value(
         'f',
         'f',
@@ -112,6 +121,45 @@ const SHARED: [Flag<'static, char>; 8] = [
 ];
 
 impl Opts {
+    /// [`Lookup::rdma_addr`] with these options' `-b`, port, port space
+    /// and `-f`.
+    ///
+    /// # Errors
+    /// The lookup's.
+    pub fn rdma_addr(&self, dst: Option<&str>) -> Res<RdmaAddr> {
+        Lookup {
+            src: self.src.as_deref(),
+            port: &self.port,
+            ps: self.ps,
+            flags: self.flags,
+            family: self.family,
+        }
+        .rdma_addr(dst)
+    }
+}
+
+/// What a tool's address lookup takes from its command line: `-b`, the
+/// port, the port space and `-f`'s flags and family.
+pub struct Lookup<'a> {
+    pub src: Option<&'a str>,
+    pub port: &'a str,
+    pub ps: PortSpace,
+    pub flags: AddrInfoFlags,
+    pub family: i32,
+}
+
+impl<'a> Lookup<'a> {
+    /// The TCP port space, names or addresses of any family (no `-f`).
+    pub fn tcp(src: Option<&'a str>, port: &'a str) -> Lookup<'a> {
+        Lookup {
+            src,
+            port,
+            ps: PortSpace::Tcp,
+            flags: AddrInfoFlags::empty(),
+            family: 0,
+        }
+    }
+
     /// The addresses of `rdma_getaddrinfo` for `-b` and the port: a passive
     /// lookup for a server (`dst` is `None`), else of `dst`
     /// ([`get_rdma_addr`]).
@@ -120,9 +168,9 @@ impl Opts {
     /// The lookup's.
     pub fn rdma_addr(&self, dst: Option<&str>) -> Res<RdmaAddr> {
         get_rdma_addr(
-            self.src.as_deref(),
+            self.src,
             dst,
-            &self.port,
+            self.port,
             dst.is_none(),
             self.ps,
             self.flags,
@@ -138,7 +186,7 @@ pub fn flags(tool: Tool) -> Vec<Flag<'static, char>> {
         Tool::Ucmatose => {
             v[3].help = "tcp (default) or ib";
             v.extend([
-                Flag::value('p', 'p', "", "port_number", "the port (default 7471)"),
+                PORT,
                 Flag::switch('m', 'm', "", "migrate the connections (rdma_migrate_id)"),
                 Flag::value('a', 'a', "", "ack_timeout", "the ACK timeout exponent"),
             ]);
