@@ -162,7 +162,7 @@ impl RdmaStream {
         Ok(self.lock().engine.nodelay())
     }
 
-    fn lock(&self) -> MutexGuard<'_, Parts> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Parts> {
         // A panic while holding the lock leaves the protocol state as
         // consistent as any error does: keep going.
         self.parts.lock().unwrap_or_else(|p| p.into_inner())
@@ -173,7 +173,7 @@ impl RdmaStream {
     ///
     /// Before sleeping it polls for `busy_poll` (as rsocket's
     /// `polling_time`): a reply that comes within it costs no system call.
-    fn wait<T>(
+    pub(crate) fn wait<T>(
         &self,
         deadline: Option<Instant>,
         mut attempt: impl FnMut(&mut Engine) -> io::Result<Option<T>>,

@@ -15,11 +15,11 @@ use std::collections::VecDeque;
 use std::io;
 
 use rdma::{
-    Completion, CompletionQueue, InlineSend, PostError, QueuePair, RemoteMemory, SendOp, SendWr,
-    WcOpcode, WcStatus, WorkCompletion, WrBuffers,
+    Completion, CompletionQueue, InlineSend, MemoryRegion, PostError, QueuePair, RemoteMemory,
+    SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, WrBuffers,
 };
 
-use crate::local::{Local, RECV};
+use crate::local::{Local, IOMAP_ENTRIES, RECV};
 use crate::wire::{self, ConnData, Ctrl, Op, Sge};
 
 /// `wr_id` bit of the 4-byte SEND that carries a message on iWARP.
@@ -107,7 +107,7 @@ impl Done for WorkCompletion {
 pub(crate) struct Engine {
     local: Local,
     iwarp: bool,
-    peer_big_endian: bool,
+    pub(crate) peer_big_endian: bool,
     max_inline: usize,
     // --- sending ---
     /// Send queue entries free for data.
@@ -166,6 +166,12 @@ pub(crate) struct Engine {
     connected: bool,
     /// Why the connection failed, for every later call.
     failed: Option<(io::ErrorKind, String)>,
+    // --- direct placement (`iomap.rs` drives it) ---
+    /// The peer's direct-placement table (`length`: its entries, 0 if none).
+    pub(crate) peer_iomap: Sge,
+    /// Our regions the peer may write, by their index in our table: kept
+    /// here so they live as long as the queue pair, or until unmapped.
+    pub(crate) mapped: Vec<Option<MemoryRegion>>,
     qp: QueuePair,
 }
 
@@ -213,6 +219,16 @@ impl Engine {
             writable: true,
             connected: true,
             failed: None,
+            peer_iomap: Sge {
+                addr: peer.target_sgl.addr + (wire::SGL_ENTRIES * wire::SGE_LEN) as u64,
+                key: peer.target_sgl.key,
+                length: if peer.flags & wire::FLAG_IOMAP != 0 {
+                    wire::scale_to_value(peer.target_iomap_size)
+                } else {
+                    0
+                },
+            },
+            mapped: Vec::new(),
             local,
             qp,
         }
@@ -394,9 +410,19 @@ impl Engine {
                 self.unread.push_back(data);
             }
             Op::SGL => self.sseq_comp = data as u16,
-            Op::IOMAP_SGL => self.protocol_error(
-                "a direct-placement (riomap) update, which this side never offered".into(),
-            ),
+            Op::IOMAP_SGL => {
+                // The peer wrote entry `data` of our table (read and checked
+                // by `iomap.rs` when a write looks for it); it took a credit.
+                if data as usize >= IOMAP_ENTRIES {
+                    return self.protocol_error(format!(
+                        "the peer announced mapping {data}; this side's table has {IOMAP_ENTRIES}"
+                    ));
+                }
+                if self.recv_seq.wrapping_sub(self.recv_limit) as i16 >= 0 {
+                    return self.protocol_error("a mapping announced past the credits".into());
+                }
+                self.recv_seq = self.recv_seq.wrapping_add(1);
+            }
             Op::CTRL => match Ctrl(data) {
                 Ctrl::DISCONNECT => {
                     self.readable = false;
@@ -593,15 +619,7 @@ impl Engine {
     /// allow (with coalescing on, holds a short `buf` while data is in
     /// flight): `Ok(None)` when nothing could go (wait for completions).
     pub(crate) fn try_write(&mut self, buf: &[u8]) -> io::Result<Option<usize>> {
-        if let Some(e) = self.error() {
-            return Err(e);
-        }
-        if !self.writable || !self.connected {
-            return Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "the stream is shut down for writing (or the peer closed it)",
-            ));
-        }
+        self.check_writable()?;
         if buf.is_empty() {
             return Ok(Some(0));
         }
@@ -621,6 +639,19 @@ impl Engine {
         }
         let sent = self.send_now(buf)?;
         Ok((sent > 0).then_some(sent))
+    }
+
+    fn check_writable(&self) -> io::Result<()> {
+        if let Some(e) = self.error() {
+            return Err(e);
+        }
+        if !self.writable || !self.connected {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the stream is shut down for writing (or the peer closed it)",
+            ));
+        }
+        Ok(())
     }
 
     /// Data writes posted and not completed.
@@ -709,18 +740,12 @@ impl Engine {
         Ok(sent)
     }
 
-    /// Copies `data` into a piece of the send buffer and posts it.
-    fn post_data(&mut self, data: &[u8], to: RemoteMemory, msg: u32) -> Result<(), String> {
+    /// Copies `data` into a piece of the send buffer and posts it as `op`.
+    fn post_piece(&mut self, data: &[u8], wr_id: u64, op: SendOp) -> Result<(), String> {
         let Some(piece) = self.local.ring.cut(data) else {
             return Err("no send buffer (checked before)".into());
         };
         debug_assert_eq!(piece.len(), data.len());
-        let wr_id = u64::from(msg);
-        let op = if self.iwarp {
-            SendOp::Write(to)
-        } else {
-            SendOp::WriteWithImm(to, msg)
-        };
         if let Err(e) = self.qp.post_send(SendWr::new(wr_id, op, piece)) {
             for (_, b) in e.returned {
                 if let Some(p) = b.into_one() {
@@ -729,6 +754,18 @@ impl Engine {
             }
             return Err(format!("posting an RDMA WRITE: {}", e.error));
         }
+        Ok(())
+    }
+
+    /// Copies `data` into a piece of the send buffer and posts it (on
+    /// iWARP with the message's SEND).
+    fn post_data(&mut self, data: &[u8], to: RemoteMemory, msg: u32) -> Result<(), String> {
+        let op = if self.iwarp {
+            SendOp::Write(to)
+        } else {
+            SendOp::WriteWithImm(to, msg)
+        };
+        self.post_piece(data, u64::from(msg), op)?;
         if self.iwarp {
             let m = wire::msg(Op::DATA, 0);
             self.qp
@@ -824,5 +861,62 @@ impl Engine {
     /// Whether the connection is still up.
     pub(crate) fn connected(&self) -> bool {
         self.connected
+    }
+    /// Our target registration: the SGL, then our direct-placement table.
+    pub(crate) fn target(&self) -> &MemoryRegion {
+        &self.local.target
+    }
+
+    /// Posts `data` to `to` beside the stream (`iomap.rs`): with `msg`
+    /// (rsocket's IOMAP_SGL), as a message, which takes a credit; without,
+    /// as a plain RDMA WRITE (`riowrite`), which takes none. How many bytes
+    /// went (a message goes whole), `Ok(None)` when nothing could (wait
+    /// for completions).
+    pub(crate) fn try_post_direct(
+        &mut self,
+        data: &[u8],
+        to: RemoteMemory,
+        msg: Option<u32>,
+    ) -> io::Result<Option<usize>> {
+        self.check_writable()?;
+        let sqes = if self.iwarp && msg.is_some() { 2 } else { 1 };
+        let credit = msg.is_none() || self.sseq_no != self.sseq_comp;
+        if !(self.may_send && credit && self.sqe_avail >= sqes) {
+            return Ok(None);
+        }
+        let mut len = data.len().min(wire::MAX_TRANSFER);
+        if len > self.max_inline {
+            len = len.min(self.local.ring.largest());
+        }
+        if len == 0 || (msg.is_some() && len < data.len()) {
+            return Ok(None);
+        }
+        let to = RemoteMemory {
+            len: len as u64,
+            ..to
+        };
+        let posted = match msg {
+            Some(m) if len <= self.max_inline => self.post_write_msg(data, to, m, false),
+            Some(m) => self.post_data(data, to, m),
+            None => {
+                let wr_id = u64::from(wire::msg(Op::WRITE, len as u32));
+                if len <= self.max_inline {
+                    self.qp
+                        .post_send_inline(InlineSend::write(wr_id, &data[..len], to))
+                        .map_err(|e| format!("posting an RDMA WRITE: {e}"))
+                } else {
+                    self.post_piece(&data[..len], wr_id, SendOp::Write(to))
+                }
+            }
+        };
+        if let Err(why) = posted {
+            self.fail(io::ErrorKind::ConnectionAborted, why);
+            return Err(self.error().unwrap_or_else(|| io::ErrorKind::Other.into()));
+        }
+        if msg.is_some() {
+            self.sseq_no = self.sseq_no.wrapping_add(1);
+        }
+        self.sqe_avail -= sqes;
+        Ok(Some(len))
     }
 }

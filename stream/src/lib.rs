@@ -34,12 +34,14 @@
 pub mod aio;
 mod blocking;
 mod engine;
+mod iomap;
 mod local;
 mod ring;
 mod setup;
 pub mod wire;
 
 pub use blocking::{RdmaListener, RdmaStream};
+pub use iomap::IoMap;
 pub use local::Sizes;
 pub use setup::Options;
 

@@ -14,6 +14,9 @@ use crate::wire::{self, ConnData, Sge};
 
 /// `wr_id` bit of a receive (the low bits: its message slot on iWARP).
 pub(crate) const RECV: u64 = 1 << 63;
+/// Entries of the direct-placement table this side offers (`riomap`, see
+/// `iomap.rs`): it follows the target SGL in the same registration.
+pub(crate) const IOMAP_ENTRIES: usize = 8;
 
 /// Sizes of a connection's queues and buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +53,8 @@ impl Default for Sizes {
 pub(crate) struct Local {
     /// The receive buffer: the peer writes data here.
     pub(crate) rbuf: MemoryRegion,
-    /// The target SGL: the peer writes new receive space here.
+    /// The target SGL: the peer writes new receive space here; then the
+    /// direct-placement table, where the peer writes its mappings.
     pub(crate) target: MemoryRegion,
     /// One 4-byte slot per receive, lent to it for the connection's life:
     /// where a message SEND lands on iWARP (on RoCE the messages are
@@ -74,7 +78,10 @@ impl Local {
             .alloc_mr(sizes.recv_buffer, remote)
             .map_err(crate::io_error)?;
         let target = pd
-            .alloc_mr(wire::SGL_ENTRIES * wire::SGE_LEN, remote)
+            .alloc_mr(
+                wire::SGL_ENTRIES * wire::SGE_LEN + IOMAP_ENTRIES * wire::IOMAP_ENTRY_LEN,
+                remote,
+            )
             .map_err(crate::io_error)?;
         let chunk = wire::MAX_TRANSFER.min(sizes.send_buffer.max(wire::SEND_LOW_WATER));
         let ring = SendRing::new(pd, sizes.send_buffer, chunk).map_err(crate::io_error)?;
@@ -114,7 +121,7 @@ impl Local {
         ConnData {
             flags,
             credits: self.sizes.recv_queue as u16,
-            target_iomap_size: 0,
+            target_iomap_size: wire::value_to_scale(IOMAP_ENTRIES as u32),
             target_sgl: Sge {
                 addr: self.target.addr(),
                 key: self.target.rkey(),

@@ -145,6 +145,91 @@ impl Sge {
     }
 }
 
+/// Bytes of one entry of a direct-placement table (`struct rs_iomap`): the
+/// offset the mapping answers to, then its [`Sge`].
+pub const IOMAP_ENTRY_LEN: usize = 8 + SGE_LEN;
+
+/// One entry of a direct-placement table (`riomap`): the mapping's owner
+/// takes writes to its offsets `offset..offset + sge.length` at `sge.addr`
+/// under `sge.key`. Each side's table follows its two target SGL entries,
+/// in the same registration, and the peer writes entries into it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IoMapEntry {
+    /// The first offset the mapping answers to.
+    pub offset: u64,
+    /// Where those offsets are, and how many.
+    pub sge: Sge,
+}
+
+impl IoMapEntry {
+    /// The entry as the peer's memory holds it (its byte order, as
+    /// [`Sge::to_memory`]).
+    pub fn to_memory(self, big_endian: bool) -> [u8; IOMAP_ENTRY_LEN] {
+        let mut out = [0; IOMAP_ENTRY_LEN];
+        let offset = if big_endian {
+            self.offset.to_be_bytes()
+        } else {
+            self.offset.to_le_bytes()
+        };
+        out[..8].copy_from_slice(&offset);
+        out[8..].copy_from_slice(&self.sge.to_memory(big_endian));
+        out
+    }
+
+    /// An entry from our own memory (written by the peer in our order),
+    /// checked: `Ok(None)` for an empty slot (length 0), an error for one
+    /// whose offsets or addresses would wrap around.
+    ///
+    /// # Errors
+    /// `offset + length` or `addr + length` past `u64::MAX`.
+    pub fn from_memory(b: &[u8; IOMAP_ENTRY_LEN]) -> Result<Option<IoMapEntry>, WireError> {
+        let mut o = [0; 8];
+        o.copy_from_slice(&b[..8]);
+        let mut sge = [0; SGE_LEN];
+        sge.copy_from_slice(&b[8..]);
+        let e = IoMapEntry {
+            offset: u64::from_ne_bytes(o),
+            sge: Sge::from_memory(&sge),
+        };
+        if e.sge.length == 0 {
+            return Ok(None);
+        }
+        let len = u64::from(e.sge.length);
+        if e.offset.checked_add(len).is_none() || e.sge.addr.checked_add(len).is_none() {
+            return Err(WireError(format!(
+                "the peer announced a mapping of {len} bytes at offset {:#x}, address {:#x}: \
+                 it wraps around",
+                e.offset, e.sge.addr
+            )));
+        }
+        Ok(Some(e))
+    }
+
+    /// Whether the mapping answers to `offset`.
+    pub fn holds(&self, offset: u64) -> bool {
+        offset >= self.offset && offset - self.offset < u64::from(self.sge.length)
+    }
+}
+
+/// A table size as the connection data carries it (rsocket's
+/// `rs_value_to_scale(n, 8)`: up to 128 as is, larger ones in units of 256).
+pub fn value_to_scale(n: u32) -> u8 {
+    if n <= 128 {
+        n as u8
+    } else {
+        (128 | (n >> 8)).min(255) as u8
+    }
+}
+
+/// A table size from the connection data (rsocket's `rs_scale_to_value`).
+pub fn scale_to_value(v: u8) -> u32 {
+    if v <= 128 {
+        u32::from(v)
+    } else {
+        u32::from(v & 0x7F) << 8
+    }
+}
+
 /// What each side sends in the private data of its connect request or
 /// accept (`struct rs_conn_data`, all fields big-endian).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -312,6 +397,36 @@ mod tests {
         none[2] = 0;
         none[3] = 0;
         assert!(ConnData::decode(&none).is_err());
+    }
+
+    #[test]
+    fn iomap_entries_are_checked_and_sizes_scaled_as_rsocket() {
+        let e = IoMapEntry {
+            offset: 4096,
+            sge: Sge {
+                addr: 0x7f00_0000_0000,
+                key: 7,
+                length: 100,
+            },
+        };
+        let mem = e.to_memory(cfg!(target_endian = "big"));
+        assert_eq!(IoMapEntry::from_memory(&mem), Ok(Some(e)));
+        assert!(e.holds(4096) && e.holds(4195) && !e.holds(4196) && !e.holds(4095));
+        let empty = IoMapEntry::default().to_memory(false);
+        assert_eq!(IoMapEntry::from_memory(&empty), Ok(None));
+        let wraps = IoMapEntry {
+            offset: u64::MAX - 10,
+            ..e
+        }
+        .to_memory(cfg!(target_endian = "big"));
+        assert!(IoMapEntry::from_memory(&wraps)
+            .unwrap_err()
+            .0
+            .contains("wraps"));
+        for n in [0, 1, 8, 128] {
+            assert_eq!(scale_to_value(value_to_scale(n)), n);
+        }
+        assert_eq!(scale_to_value(value_to_scale(512)), 512);
     }
 
     #[test]

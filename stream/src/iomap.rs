@@ -1,0 +1,318 @@
+//! Direct placement, as rsocket's `riomap`, `riowrite` and `riounmap` (and
+//! rdma-core's `riostream`) use it: one side maps memory of its own at an
+//! offset of its choosing, the other writes to that offset with a plain
+//! RDMA WRITE, which lands in the memory directly, with no message and no
+//! copy on the receiving side.
+//!
+//! # The protocol
+//! Each side's target registration (`local.rs`) holds, after its two SGL
+//! entries, a table of `IOMAP_ENTRIES` mappings the peer may write
+//! (`wire::IoMapEntry`: offset, address, rkey, length, in the reader's byte
+//! order); the connection data carries its size. [`RdmaStream::iomap`]
+//! registers the memory, writes its entry into a free slot of the *peer's*
+//! table and says which with an IOMAP_SGL message (an RDMA WRITE WITH
+//! IMMEDIATE, on iWARP a WRITE and a SEND), which takes a credit as data
+//! does. [`RdmaStream::iowrite`] looks up the offset in the table the peer
+//! filled in ours and posts plain RDMA WRITEs (rsocket's `RS_OP_WRITE`,
+//! which never reaches the wire as a message: it takes a send queue entry
+//! and send buffer, no credit). Nothing tells the mapping side that data
+//! arrived: as with `riostream`, the two sides agree on that themselves
+//! (`riostream` writes a marker into the last byte and spins on it; RDMA
+//! WRITEs of one queue pair land in order). There is no unmap message:
+//! [`RdmaStream::iounmap`] deregisters, and a peer that writes after that
+//! breaks the connection (its WRITE fails on the stale rkey), as in C.
+//!
+//! # Soundness
+//! - Memory the peer may write is moved into the stream, registered there,
+//!   and kept by the engine (beside the queue pair) until it is unmapped or
+//!   the stream is gone. It is never lent out as `&[u8]`:
+//!   [`RdmaStream::iomap_read`] copies it out with the rdma crate's atomic
+//!   copy (a write racing the copy gives torn bytes, never undefined
+//!   behaviour), and [`RdmaStream::iounmap`] hands it back as a plain
+//!   [`rdma::Buffer`] only once `ibv_dereg_mr` succeeded, when no rkey
+//!   reaches it any more.
+//! - Every table entry the peer wrote is checked before use: an index past
+//!   our table is a protocol error (the engine), an entry whose offsets or
+//!   addresses wrap around is `InvalidData`, and a write never goes past the
+//!   end of the entry that holds its offset (the next part looks up its own
+//!   entry). What the peer's entries name is the peer's own memory under its
+//!   own rkey; our memory is reachable by the peer only through the rkeys of
+//!   the regions mapped here, which the device bounds.
+
+use std::io;
+
+use rdma::{AccessFlags, Buffer, RemoteMemory};
+
+use crate::blocking::RdmaStream;
+use crate::engine::Engine;
+use crate::local::IOMAP_ENTRIES;
+use crate::wire::{self, IoMapEntry, Op};
+
+/// A mapping made with [`RdmaStream::iomap`]: the peer writes to its
+/// offsets with [`RdmaStream::iowrite`] (or C's `riowrite`). It names memory
+/// the stream holds; read it with [`RdmaStream::iomap_read`] and take the
+/// memory back with [`RdmaStream::iounmap`].
+#[derive(Debug)]
+pub struct IoMap {
+    /// Its slot in the peer's table (and in the engine's `mapped`).
+    index: usize,
+    /// Where the registration starts: tells this stream's mapping from
+    /// another stream's at the same index.
+    addr: u64,
+    offset: u64,
+    len: usize,
+}
+
+impl IoMap {
+    /// The first offset the peer writes to.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Bytes mapped.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is mapped (never: an empty mapping is refused).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+fn invalid(why: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, why)
+}
+
+/// The entry of our table (the peer's mappings) that holds `offset`.
+fn find(e: &Engine, offset: u64) -> io::Result<Option<IoMapEntry>> {
+    let base = wire::SGL_ENTRIES * wire::SGE_LEN;
+    for i in 0..IOMAP_ENTRIES {
+        let mut b = [0; wire::IOMAP_ENTRY_LEN];
+        // Remotely writable: the crate's atomic copy.
+        e.target()
+            .read_at(base + i * wire::IOMAP_ENTRY_LEN, &mut b)
+            .map_err(crate::io_error)?;
+        let entry = IoMapEntry::from_memory(&b).map_err(|w| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("rsocket protocol error: mapping {i}: {w}"),
+            )
+        })?;
+        if let Some(entry) = entry.filter(|m| m.holds(offset)) {
+            return Ok(Some(entry));
+        }
+    }
+    Ok(None)
+}
+
+/// Posts what it can of `data` to the peer's offset `offset`: bytes
+/// posted, `None` when the queue is full.
+fn post_some(e: &mut Engine, data: &[u8], offset: u64) -> io::Result<Option<usize>> {
+    let mut done = 0;
+    while done < data.len() {
+        let at = offset + done as u64;
+        let Some(m) = find(e, at)? else {
+            if done == 0 {
+                return Err(invalid(format!(
+                    "riowrite: offset {at} lies in no mapping the peer announced"
+                )));
+            }
+            break;
+        };
+        // In the entry (checked by `holds`, which also bounds the sum).
+        let into = at - m.offset;
+        let room = u64::from(m.sge.length) - into;
+        let n = (data.len() - done).min(usize::try_from(room).unwrap_or(usize::MAX));
+        let to = RemoteMemory {
+            addr: m.sge.addr + into,
+            len: n as u64,
+            rkey: m.sge.key,
+        };
+        match e.try_post_direct(&data[done..done + n], to, None)? {
+            Some(sent) => done += sent,
+            None => break,
+        }
+    }
+    Ok((done > 0).then_some(done))
+}
+
+impl RdmaStream {
+    /// Maps `buf` for the peer to write at offsets `offset..offset + len`
+    /// (rsocket's `riomap` with `PROT_WRITE`, `offset` given): registers
+    /// it, which the stream then owns, and announces it in the peer's table
+    /// (waiting for a credit if none is free). The peer's writes land in it
+    /// without a message: agree with the peer on when they are complete
+    /// (`riostream` spins on a marker in the last byte), then read with
+    /// [`RdmaStream::iomap_read`].
+    ///
+    /// Only memory the peer may write is mapped: rsocket's local mappings
+    /// (`PROT_NONE`) register memory its `riowrite` never uses.
+    ///
+    /// # Errors
+    /// `Unsupported` when the peer offers no table (a C peer must set
+    /// `RDMA_IOMAPSIZE` before connecting, as `riostream` does);
+    /// `OutOfMemory` when every slot of it is taken (C's `ENOMEM`);
+    /// `InvalidInput` for an empty buffer, one of 4 GiB or more, or offsets
+    /// that wrap around; the registration's error; the stream's errors.
+    pub fn iomap(&self, buf: impl Into<Box<[u8]>>, offset: u64) -> io::Result<IoMap> {
+        let buf = buf.into();
+        let len = buf.len();
+        let length = u32::try_from(len)
+            .ok()
+            .filter(|&l| l > 0 && offset.checked_add(u64::from(l)).is_some())
+            .ok_or_else(|| {
+                invalid(format!(
+                    "riomap: {len} bytes at offset {offset} (a mapping has 1 byte to 4 GiB, \
+                     and its offsets must not wrap around)"
+                ))
+            })?;
+        let (index, entry, to, addr) = {
+            let mut p = self.lock();
+            let table = p.engine.peer_iomap;
+            if table.length == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "riomap: the peer offers no direct-placement table (a C rsocket sets \
+                     RDMA_IOMAPSIZE before connecting)",
+                ));
+            }
+            let slots = table.length as usize;
+            let mapped = &mut p.engine.mapped;
+            mapped.resize_with(slots.max(mapped.len()), || None);
+            let Some(index) = mapped.iter().take(slots).position(Option::is_none) else {
+                return Err(io::Error::new(
+                    io::ErrorKind::OutOfMemory,
+                    format!("riomap: the peer's table has {slots} slots, all mapped"),
+                ));
+            };
+            let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+            let mr = p
+                ._pd
+                .reg_mr(buf, access)
+                .map_err(|e| crate::setup::step_error("riomap", e))?;
+            let entry = IoMapEntry {
+                offset,
+                sge: wire::Sge {
+                    addr: mr.addr(),
+                    key: mr.rkey(),
+                    length,
+                },
+            };
+            // Ours before the peer hears of it.
+            p.engine.mapped[index] = Some(mr);
+            let to = RemoteMemory {
+                addr: table.addr + (index * wire::IOMAP_ENTRY_LEN) as u64,
+                len: wire::IOMAP_ENTRY_LEN as u64,
+                rkey: table.key,
+            };
+            let bytes = entry.to_memory(p.engine.peer_big_endian);
+            (index, bytes, to, entry.sge.addr)
+        };
+        let msg = wire::msg(Op::IOMAP_SGL, index as u32);
+        let announced = self.wait(None, |e| {
+            Ok(e.try_post_direct(&entry, to, Some(msg))?.map(drop))
+        });
+        if let Err(e) = announced {
+            // Never announced (or the connection failed): deregistered
+            // and freed by its drop.
+            drop(self.lock().engine.mapped[index].take());
+            return Err(e);
+        }
+        Ok(IoMap {
+            index,
+            addr,
+            offset,
+            len,
+        })
+    }
+
+    /// Copies bytes `at..at + out.len()` of `map` into `out`, with the rdma
+    /// crate's atomic copy: a peer writing meanwhile gives torn bytes, never
+    /// undefined behaviour.
+    ///
+    /// # Errors
+    /// `InvalidInput` for a range past the mapping, or a mapping of another
+    /// stream.
+    pub fn iomap_read(&self, map: &IoMap, at: usize, out: &mut [u8]) -> io::Result<()> {
+        let p = self.lock();
+        let mr = p
+            .engine
+            .mapped
+            .get(map.index)
+            .and_then(Option::as_ref)
+            .filter(|mr| mr.addr() == map.addr)
+            .ok_or_else(|| invalid("iomap_read: the mapping is not this stream's".into()))?;
+        mr.read_at(at, out).map_err(crate::io_error)
+    }
+
+    /// Writes `buf` to the peer's offset `offset` (rsocket's `riowrite`):
+    /// plain RDMA WRITEs into the memory the peer mapped there, copied
+    /// through the send buffer (or inline); a write that spans two of the
+    /// peer's mappings goes into each. Returns when every byte is posted
+    /// (in non-blocking mode: what could be, or `WouldBlock`); the peer
+    /// sees the bytes in order with the stream's other writes.
+    ///
+    /// # Errors
+    /// `InvalidInput` when `offset` lies in no mapping the peer announced
+    /// (a later part that lies in none ends the write short instead);
+    /// `InvalidData` for a table entry that cannot be right; the stream's
+    /// errors.
+    pub fn iowrite(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            let at = offset.checked_add(done as u64).ok_or_else(|| {
+                invalid(format!(
+                    "riowrite: {} bytes at offset {offset} wrap around",
+                    buf.len()
+                ))
+            })?;
+            match self.wait(None, |e| post_some(e, &buf[done..], at)) {
+                Ok(n) => done += n,
+                Err(e)
+                    if done > 0
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::InvalidInput
+                        ) =>
+                {
+                    break
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+
+    /// Unmaps `map` (rsocket's `riounmap`): deregisters it and gives its
+    /// memory back, with what the peer wrote. The peer is not told (rsocket
+    /// has no message for it): a peer that writes to it afterwards fails
+    /// its WRITE and the connection breaks, as with C.
+    ///
+    /// # Errors
+    /// `InvalidInput` for a mapping of another stream; `ibv_dereg_mr`'s
+    /// error (the memory is then leaked, never handed back: the device
+    /// might still reach it).
+    pub fn iounmap(&self, map: IoMap) -> io::Result<Buffer> {
+        let mut p = self.lock();
+        let slot = p
+            .engine
+            .mapped
+            .get_mut(map.index)
+            .filter(|s| s.as_ref().is_some_and(|mr| mr.addr() == map.addr))
+            .ok_or_else(|| invalid("riounmap: the mapping is not this stream's".into()))?;
+        let mr = slot
+            .take()
+            .ok_or_else(|| invalid("riounmap: not mapped".into()))?;
+        match mr.deregister() {
+            Ok(buf) => Ok(buf),
+            Err((back, e)) => {
+                // Still registered (in use): it stays mapped.
+                if let Some(mr) = back {
+                    p.engine.mapped[map.index] = Some(mr);
+                }
+                Err(crate::setup::step_error("riounmap", e))
+            }
+        }
+    }
+}
