@@ -2,10 +2,10 @@
 //! the statistics over the gaps between consecutive posts.
 //!
 //! The stamps are TSC reads where there is a TSC (`clock.rs`), as
-//! perftest's. The slot queue's loops (`slot_lat.rs`, the default for
-//! `send_lat` and `write_lat`) stamp right before the post, as perftest
-//! does; the other loops right after it: the gaps, iteration to iteration,
-//! are the same either way. Every loop posts a receive again after the
+//! perftest's. The slot queue's `send_lat` loop (`slot_lat.rs`, the
+//! default) stamps right before the post, as perftest does; the other loops
+//! right after it: the gaps, iteration to iteration, are the same either
+//! way. Every loop posts a receive again after the
 //! reply is sent, not before, so that the post is not in the round trip.
 //!
 //! - `send_lat`, `write_lat`: ping-pong. The client sends first; each side
@@ -417,6 +417,28 @@ impl<'a> Arrivals<'a> {
         }
         Ok(())
     }
+}
+
+/// The last byte of this side's target region, where the peer's RDMA WRITE
+/// lands, read without creating a reference to device-written memory.
+fn arrived(target: &MemoryRegion, size: usize) -> u8 {
+    let p = (target.addr() + size as u64 - 1) as usize as *const u8;
+    // SAFETY: `target` is a live registration of at least `size` bytes
+    // (sized for the largest message of the run) owned by the connection;
+    // its address was exposed by `addr()`. The peer writes it by DMA: a
+    // volatile byte read is how C observes an RDMA WRITE too, and no Rust
+    // reference to the region exists.
+    unsafe { std::ptr::read_volatile(p) }
+}
+
+/// Spins until the peer's `n`-th RDMA WRITE has landed (its last byte reads
+/// `n`, modulo 256).
+#[inline]
+pub fn await_write(target: &MemoryRegion, size: usize, n: u32, watch: &Watch<'_>) -> Res<()> {
+    while arrived(target, size) != n as u8 {
+        watch.idle()?;
+    }
+    Ok(())
 }
 
 /// The safe `write_lat` loop alone (a function of its own, which the

@@ -4,11 +4,11 @@
 //! a completion is an index (CONVENTIONS, "Data path"). The statistics and
 //! the loops of the other paths are in `lat.rs`.
 
-use rdma::{SlotCompletion, SlotQueue, SlotTarget, WcStatus};
+use rdma::{SlotCompletion, SlotQueue, WcStatus};
 
 use crate::clock;
 use crate::clock::Stamps;
-use crate::lat::Arrivals;
+use crate::lat::await_write;
 use crate::oob::Watch;
 use anyhow::{anyhow, Context as _};
 
@@ -162,83 +162,62 @@ fn wait(q: &mut SlotQueue, watch: &Watch<'_>, mut send: bool, mut recv: bool) ->
     Ok(slot)
 }
 
-/// `write_lat` on the slot queue (the default), in perftest's shape: every
-/// iteration stamps, writes its number into the message's last byte as it
-/// posts the RDMA WRITE from slot 0, waits for the completion, and waits
-/// for the peer's write of the same number; the server waits for the
-/// peer's first.
+/// `write_lat` on the slot queue (the default), in perftest's shape: the
+/// client posts first; then each side waits for the peer's write, writes
+/// the iteration's number into its message's last byte as it posts, and
+/// waits for the completion.
 #[inline(never)]
 pub fn write(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
+    let iters = opts.iters;
     conn.target
         .write_at(size - 1, &[0])
         .context("Couldn't clear the target buffer")?;
-    let arrivals = Arrivals::new(&conn.target, size)?;
     let q = conn.slots.as_mut().context("no slot queue")?;
     let target = q.write_target(conn.remote[0]);
+    let len = size as u32;
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
-    let w = Writes {
-        q,
-        target: &target,
-        arrivals: &arrivals,
-        watch: &watch,
-        len: size as u32,
-    };
-    // One loop per side, so that the order of the two waits is not a
-    // branch in every iteration.
-    if opts.is_server() {
-        w.run::<true>(opts.iters, stamps)
-    } else {
-        w.run::<false>(opts.iters, stamps)
+    let mut posted: u32 = 0;
+    let mut rcnt: u32 = 0;
+    if !opts.is_server() && iters > 0 {
+        posted = 1;
+        write_one(q, &target, len, posted, stamps, &watch)?;
     }
+    while posted < iters {
+        rcnt += 1;
+        await_write(&conn.target, size, rcnt, &watch)?;
+        posted += 1;
+        write_one(q, &target, len, posted, stamps, &watch)?;
+    }
+    while rcnt < iters {
+        rcnt += 1;
+        await_write(&conn.target, size, rcnt, &watch)?;
+    }
+    Ok(())
 }
 
-/// What `write_lat`'s loop works on.
-struct Writes<'a, 'w> {
-    q: &'a mut SlotQueue,
-    target: &'a SlotTarget,
-    arrivals: &'a Arrivals<'a>,
-    watch: &'a Watch<'w>,
-    /// Bytes per message.
+/// One `write_lat` message from slot 0, its last byte `n`: post, stamp,
+/// wait for the completion.
+#[inline(always)]
+fn write_one(
+    q: &mut SlotQueue,
+    target: &rdma::SlotTarget,
     len: u32,
-}
-
-impl Writes<'_, '_> {
-    /// `iters` iterations; `SERVER` waits for the peer's write before its
-    /// own, the client after.
-    #[inline(always)]
-    fn run<const SERVER: bool>(self, iters: u32, stamps: &mut Stamps) -> Res<()> {
-        let Writes {
-            q,
-            target,
-            arrivals,
-            watch,
-            len,
-        } = self;
-        let last = len as usize - 1;
-        let mut stamp = stamps.slots(iters as usize);
-        for n in 1..=iters {
-            if SERVER {
-                arrivals.wait(n, watch)?;
-            }
-            if let Some(t) = stamp.next() {
-                *t = clock::now();
-            }
-            if let Err(e) = q.post_write_with(target, 0, len, true, |b| b[last] = n as u8) {
-                return Err(e).context("Couldn't post send");
-            }
-            loop {
-                match q.poll() {
-                    Ok(Some(c)) if c.is_success() => break,
-                    Ok(Some(c)) => return Err(slot_failed("RDMA write", &c)),
-                    Ok(None) => watch.idle()?,
-                    Err(e) => return Err(slot_poll_failed(e)),
-                }
-            }
-            if !SERVER {
-                arrivals.wait(n, watch)?;
-            }
+    n: u32,
+    stamps: &mut Stamps,
+    watch: &Watch<'_>,
+) -> Res<()> {
+    let last = len as usize - 1;
+    if let Err(e) = q.post_write_with(target, 0, len, true, |b| b[last] = n as u8) {
+        return Err(anyhow!("Couldn't post send: {e}"));
+    }
+    stamps.push();
+    loop {
+        match q.poll() {
+            Ok(Some(c)) if c.is_success() => return Ok(()),
+            Ok(Some(c)) => return Err(slot_failed("RDMA write", &c)),
+            Ok(None) => watch.idle()?,
+            Err(e) => return Err(slot_poll_failed(e)),
         }
-        Ok(())
     }
 }
