@@ -48,13 +48,12 @@ pub(crate) struct Registry {
 /// hashes.
 #[derive(Debug, Default)]
 struct Queues {
-    /// The QP or SRQ resolved last, by the upper half of its `wr_id`s
-    /// without the receive bit (our tag and the serial): a completion of
-    /// either queue of the same QP is resolved with one comparison and a
-    /// test of that bit. Its tracker is also in `map`, so dropping this
+    /// The QP or SRQ resolved last: a completion of either queue of the
+    /// same QP is resolved by comparing its key with the two in
+    /// [`Last::keys`]. Its tracker is also in `map`, so dropping this
     /// reference never frees one (unregistering clears both, outside the
     /// lock).
-    last: Option<(u32, Last)>,
+    last: Option<Last>,
     map: std::collections::HashMap<u32, Tracked, SerialHash>,
     /// Unregistered queues, kept (with their serials) until the CQ is next
     /// seen empty: until then it may hold completions of theirs, which must
@@ -65,13 +64,22 @@ struct Queues {
 /// What resolving a completion of the QP or SRQ resolved last needs,
 /// decided once when it became the last rather than for every completion.
 #[derive(Debug)]
-enum Last {
-    /// A QP, and whether this registry's polls consume its send queue
-    /// (index 0) and its receive queue (1). A queue that completes on
-    /// another CQ is never reported here by a provider; its completions,
-    /// should one come, are left bare rather than consumed by a second
-    /// poller.
-    Qp(Arc<QpTracker>, [bool; 2]),
+struct Last {
+    serial: u32,
+    /// The keys ([`key_of`]) of the send queue's and the receive queue's
+    /// `wr_id`s that this registry's polls consume, 0 (no key of ours: it
+    /// lacks the tag) for a queue they do not: an SRQ's sends, or a QP's
+    /// queue that completes on another CQ (no provider reports its
+    /// completions here; should one come, it is left bare rather than
+    /// consumed by a second poller). A run of one queue's completions
+    /// costs one comparison each, a ping-pong's alternation two.
+    keys: [u32; 2],
+    queue: LastQueue,
+}
+
+#[derive(Debug)]
+enum LastQueue {
+    Qp(Arc<QpTracker>),
     Srq(Arc<SrqTracker>),
 }
 
@@ -90,18 +98,31 @@ impl Queues {
     #[inline(never)]
     fn load(&mut self, key: u32, registry: usize) -> bool {
         let serial = key & super::serial::MASK;
-        let last = match self.map.get(&serial) {
+        let (send, recv) = (key & !RECV_KEY, key | RECV_KEY);
+        let (keys, queue) = match self.map.get(&serial) {
             None => return false,
-            Some(Tracked::Qp(t)) => Last::Qp(
-                Arc::clone(t),
+            Some(Tracked::Qp(t)) => (
                 [
-                    t.consumed_by(false, registry),
-                    t.consumed_by(true, registry),
+                    if t.consumed_by(false, registry) {
+                        send
+                    } else {
+                        0
+                    },
+                    if t.consumed_by(true, registry) {
+                        recv
+                    } else {
+                        0
+                    },
                 ],
+                LastQueue::Qp(Arc::clone(t)),
             ),
-            Some(Tracked::Srq(t)) => Last::Srq(Arc::clone(t)),
+            Some(Tracked::Srq(t)) => ([0, recv], LastQueue::Srq(Arc::clone(t))),
         };
-        self.last = Some((key & !RECV_KEY, last));
+        self.last = Some(Last {
+            serial,
+            keys,
+            queue,
+        });
         true
     }
 }
@@ -153,7 +174,7 @@ impl Registry {
     pub fn unregister(&self, serial: u32) {
         let last = {
             let mut q = self.queues.lock();
-            let last = q.last.take_if(|(k, _)| *k & super::serial::MASK == serial);
+            let last = q.last.take_if(|last| last.serial == serial);
             if let Some(t) = q.map.remove(&serial) {
                 q.retired.push(t);
             }
@@ -265,10 +286,15 @@ impl Resolver<'_> {
                 i += 1;
                 continue;
             }
-            if let Some((k, Last::Qp(t, consumed))) = &self.queues.last {
+            if let Some(Last {
+                keys,
+                queue: LastQueue::Qp(t),
+                ..
+            }) = &self.queues.last
+            {
                 let key = key_of(id);
-                let recv = key & RECV_KEY != 0;
-                if *k == key & !RECV_KEY && consumed[usize::from(recv)] {
+                let recv = key == keys[1];
+                if key == keys[0] || recv {
                     let done = t.complete_run(recv, b, i, &mut self.later);
                     if done != 0 {
                         i += done;
@@ -297,21 +323,20 @@ impl Resolver<'_> {
     fn fill(&mut self, c: &mut impl Sink) {
         let id = c.id();
         let key = key_of(id);
-        let recv = key & RECV_KEY != 0;
-        // A QP's queue first, as one test of the variant and one of the key
-        // (a `match` compiles to a jump table over every variant, dearer
-        // per completion: callgrind); then an SRQ, whose ids are receives'.
-        if let Some((k, last)) = &self.queues.last {
-            if *k == key & !RECV_KEY {
-                if let Last::Qp(t, consumed) = last {
-                    if consumed[usize::from(recv)] {
-                        return t.complete(recv, id as u32, c, &mut self.later);
-                    }
-                } else if let Last::Srq(t) = last {
-                    if recv {
-                        return t.complete(id as u32, c, &mut self.later);
-                    }
+        // A QP's send queue first, as one comparison of the key and one
+        // test of the variant (a `match` compiles to a jump table over every
+        // variant, dearer per completion: callgrind); then its receive
+        // queue or an SRQ.
+        if let Some(Last { keys, queue, .. }) = &self.queues.last {
+            if key == keys[0] {
+                if let LastQueue::Qp(t) = queue {
+                    return t.complete(false, id as u32, c, &mut self.later);
                 }
+            } else if key == keys[1] {
+                return match queue {
+                    LastQueue::Qp(t) => t.complete(true, id as u32, c, &mut self.later),
+                    LastQueue::Srq(t) => t.complete(id as u32, c, &mut self.later),
+                };
             }
         }
         self.fill_other(c, id, key);
@@ -323,19 +348,26 @@ impl Resolver<'_> {
     #[inline(never)]
     fn fill_other(&mut self, c: &mut impl Sink, id: u64, key: u32) {
         let q: &mut Queues = &mut self.queues;
-        let recv = key & RECV_KEY != 0;
-        if !matches!(&q.last, Some((k, _)) if *k == key & !RECV_KEY) && !q.load(key, self.registry)
-        {
+        let serial = key & super::serial::MASK;
+        if !matches!(&q.last, Some(last) if last.serial == serial) && !q.load(key, self.registry) {
             // The queue is gone: its memory was released after it was
             // destroyed.
             c.set_id(id & !(TAG | RECV));
             return;
         }
         match &q.last {
-            Some((_, Last::Qp(t, consumed))) if consumed[usize::from(recv)] => {
-                t.complete(recv, id as u32, c, &mut self.later)
+            Some(Last {
+                keys,
+                queue: LastQueue::Qp(t),
+                ..
+            }) if key == keys[0] || key == keys[1] => {
+                t.complete(key == keys[1], id as u32, c, &mut self.later)
             }
-            Some((_, Last::Srq(t))) if recv => t.complete(id as u32, c, &mut self.later),
+            Some(Last {
+                keys,
+                queue: LastQueue::Srq(t),
+                ..
+            }) if key == keys[1] => t.complete(id as u32, c, &mut self.later),
             // A queue that completes on another CQ, or a send's id with an
             // SRQ's serial: nothing of ours.
             _ => c.set_id(id & !(TAG | RECV)),
