@@ -1,6 +1,5 @@
 //! Code the examples share: the error helpers here, the command-line parser
-//! in [`args`] (which `perf`, the one example that does not include this
-//! module, includes by itself), the connection manager tools' helpers in
+//! in [`args`], the connection manager tools' helpers in
 //! [`cm`], both sides of the synchronous endpoint tools in [`endpoint`],
 //! the `*_pingpong` tools' flags, device setup, handshake and traffic in
 //! [`pingpong`], rping's command line and protocol in [`rping`].
