@@ -14,7 +14,7 @@ mod common;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use common::iwarp::{iwarp_ip, next_event};
+use common::iwarp::{await_established, iwarp_ip, next_event};
 use rdma::cm::{CmEventType, ConnParam, EventChannel, PortSpace};
 use rdma::{AccessFlags, Error, QpState, SlotCompletion, SlotConfig, SlotQueue, WcStatus};
 
@@ -92,23 +92,7 @@ fn two_cm(ip: IpAddr, config: &SlotConfig) -> Two {
     drop(req);
     let b = SlotQueue::new(&pd, config).expect("slot queue b");
     server.accept_qp(b.qp(), &ConnParam::default()).unwrap();
-    let mut established = 0;
-    while established < 2 {
-        let e = ch
-            .get_event_timeout(Duration::from_secs(10))
-            .unwrap()
-            .expect("the connection established within 10 s");
-        match (e.event_type(), e.status()) {
-            // RoCE: the active side's QP goes to RTR and RTS now.
-            (CmEventType::ConnectResponse, 0) => {
-                drop(e);
-                id.establish_qp(a.qp()).unwrap();
-                established += 1;
-            }
-            (CmEventType::Established, 0) => established += 1,
-            _ => panic!("connecting: {e:?}"),
-        }
-    }
+    await_established(&ch, &id, a.qp());
     // (No state check: siw's ibv_query_qp reports none, RESET; the tests'
     // traffic shows the connection.)
     Two {

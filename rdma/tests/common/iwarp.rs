@@ -101,6 +101,18 @@ pub fn iwarp_connection_with(
         .id
         .accept_qp(&server.qp, &rdma::cm::ConnParam::default())
         .unwrap();
+    await_established(ch, &id, &client.qp);
+    // One SEND each way, then a receive posted again on each end.
+    send_one(&mut client, &mut server, 1);
+    send_one(&mut server, &mut client, 2);
+    (client, server)
+}
+
+/// Waits, on a channel that serves both ends of a connection to itself,
+/// until both are established: the passive side's ESTABLISHED and the
+/// active side's CONNECT_RESPONSE, on which the active `id` moves its `qp`
+/// to RTR and RTS (`establish_qp`). Fails after 10 s without an event.
+pub fn await_established(ch: &EventChannel, id: &rdma::cm::CmId, qp: &rdma::QueuePair) {
     let mut established = 0;
     while established < 2 {
         let e = ch
@@ -110,17 +122,13 @@ pub fn iwarp_connection_with(
         match (e.event_type(), e.status()) {
             (CmEventType::ConnectResponse, 0) => {
                 drop(e);
-                id.establish_qp(&client.qp).unwrap();
+                id.establish_qp(qp).unwrap();
                 established += 1;
             }
             (CmEventType::Established, 0) => established += 1,
             _ => panic!("connecting: {e:?}"),
         }
     }
-    // One SEND each way, then a receive posted again on each end.
-    send_one(&mut client, &mut server, 1);
-    send_one(&mut server, &mut client, 2);
-    (client, server)
 }
 
 /// A SEND of 64 bytes of `byte` from `from` to `to`, checked; `to` posts
