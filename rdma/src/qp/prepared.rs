@@ -9,16 +9,23 @@
 //! is in flight hands its region (and a UD request's address handle) to the
 //! QP's tracker, which releases it once the send queue has passed that send
 //! (a completion polled, the QP reset or destroyed).
+//!
+//! An inline prepared request ([`QueuePair::prepare_inline`]) owns no
+//! region: each post hands the provider the caller's bytes, which it copies
+//! during the post, so nothing is lent at all; its target address and
+//! immediate data may change between posts ([`PreparedSend::set_remote`],
+//! [`PreparedSend::set_imm`]), a remote range the peer may refuse but never
+//! local memory.
 
 use std::sync::Arc;
 
-use super::outgoing::{fill_request, Outgoing};
+use super::outgoing::{fill_request, Op, Outgoing};
 use super::wr_ops::Direct;
 use super::{QpType, QueuePair};
 use crate::error::{Error, Result};
 use crate::track::{Orphan, QpTracker};
 use crate::wr::{SendFlags, SendOp, UdDest, WrBuffers, SHARED_IS_READ_ONLY};
-use crate::{ffi, MemoryRegion};
+use crate::{ffi, RemoteMemory};
 
 /// A send request checked once, which owns its region and is posted again
 /// and again with a range of it ([`QueuePair::prepare_send`],
@@ -61,14 +68,18 @@ pub struct PreparedSend {
     /// A UD request's destination; its address handle is kept alive here
     /// for every post in flight.
     ud: Option<UdDest>,
-    /// The region (`One` or `Shared`), and its address, lkey and length.
+    /// The region (`One` or `Shared`), and its address, lkey and length;
+    /// `None` for an inline request.
     region: WrBuffers,
     base: u64,
     lkey: u32,
     region_len: usize,
     /// Bytes a post may lend: `min_len` to `max_len` (8 and 8 for atomics;
     /// up to the remote range for RDMA, and to the region's length), whose
-    /// difference `span` a post compares with once.
+    /// difference `span` a post compares with once. An inline request:
+    /// `min_len` `usize::MAX` and `span` 0, which no range passes (so
+    /// [`QueuePair::post_prepared`] refuses it without a test of its own),
+    /// and `max_len` the most bytes a post may carry.
     min_len: usize,
     max_len: usize,
     span: usize,
@@ -78,8 +89,13 @@ pub struct PreparedSend {
     /// The tracker of the QP it was checked for: its identity, and where
     /// the region goes if dropped while in flight.
     tracker: Arc<QpTracker>,
-    /// Sequence number of the last send posted (`None`: never posted).
+    /// Sequence number of the last send posted that lent the region
+    /// (`None`: never posted, or inline).
     last: Option<u32>,
+    /// An inline request ([`QueuePair::prepare_inline`]), and the most
+    /// bytes the QP takes inline (0 for a request with a region).
+    inline: bool,
+    inline_limit: usize,
 }
 
 // SAFETY: of the pointers in `raw`, `next` is null, the UD address handle is
@@ -103,6 +119,7 @@ impl std::fmt::Debug for PreparedSend {
             .field("region_len", &self.region_len)
             .field("len", &(self.min_len..=self.max_len))
             .field("in_flight", &self.in_flight())
+            .field("inline", &self.inline)
             .finish_non_exhaustive()
     }
 }
@@ -130,6 +147,75 @@ impl PreparedSend {
         self.raw.send_flags = flags.bits();
     }
 
+    /// Whether the request is inline ([`QueuePair::prepare_inline`]): it
+    /// owns no region, and each post carries its own bytes.
+    pub fn is_inline(&self) -> bool {
+        self.inline
+    }
+
+    /// Points the next posts of an inline RDMA WRITE (with or without
+    /// immediate data) at `remote`: a post carries at most `remote.len`
+    /// bytes. Only the peer's memory is named (its key and the device check
+    /// it); a request with a region keeps the target it was prepared with.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a request that is not an inline RDMA
+    /// WRITE.
+    #[inline]
+    pub fn set_remote(&mut self, remote: RemoteMemory) -> Result<()> {
+        match &mut self.op {
+            SendOp::Write(r) | SendOp::WriteWithImm(r, _) if self.inline => {
+                *r = remote;
+                self.raw.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                    remote_addr: remote.addr,
+                    rkey: remote.rkey,
+                };
+                self.max_len = self
+                    .inline_limit
+                    .min(usize::try_from(remote.len).unwrap_or(usize::MAX));
+                Ok(())
+            }
+            _ => Err(self.not_inline("PreparedSend::set_remote", "an inline RDMA WRITE")),
+        }
+    }
+
+    /// Sets the immediate data of the next posts of an inline request with
+    /// immediate data (SEND or RDMA WRITE).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a request that is not inline or has
+    /// no immediate data.
+    #[inline]
+    pub fn set_imm(&mut self, imm: u32) -> Result<()> {
+        match &mut self.op {
+            SendOp::SendWithImm(i) | SendOp::WriteWithImm(_, i) if self.inline => {
+                *i = imm;
+                self.raw.__bindgen_anon_1.imm_data = imm.to_be();
+                Ok(())
+            }
+            _ => Err(self.not_inline(
+                "PreparedSend::set_imm",
+                "an inline request with immediate data",
+            )),
+        }
+    }
+
+    #[cold]
+    fn not_inline(&self, verb: &'static str, what: &str) -> Error {
+        Error::InvalidArgument {
+            verb,
+            reason: format!(
+                "the request is {} {:?}, not {what}",
+                if self.inline {
+                    "an inline"
+                } else {
+                    "a region's"
+                },
+                self.op
+            ),
+        }
+    }
+
     /// The length of the region.
     pub fn len(&self) -> usize {
         self.region_len
@@ -154,7 +240,13 @@ impl PreparedSend {
     /// # Errors
     /// [`Error::InvalidArgument`] when the range does not fit.
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.mr().read_racy("PreparedSend::read_at", offset, out)
+        match self.region.single() {
+            Some(m) => m.read_racy("PreparedSend::read_at", offset, out),
+            None => Err(Error::InvalidArgument {
+                verb: "PreparedSend::read_at",
+                reason: "an inline request has no region".into(),
+            }),
+        }
     }
 
     /// Copies `data` into the region at `offset`, whatever is in flight:
@@ -170,6 +262,10 @@ impl PreparedSend {
     pub fn write_at(&mut self, offset: usize, data: &[u8]) -> Result<()> {
         match &mut self.region {
             WrBuffers::One(m) => m.write_racy(offset, data),
+            WrBuffers::None => Err(Error::InvalidArgument {
+                verb: "PreparedSend::write_at",
+                reason: "an inline request has no region: each post carries its bytes".into(),
+            }),
             _ => Err(Error::InvalidArgument {
                 verb: "PreparedSend::write_at",
                 reason: "the region is shared with other holders, who may read it as a slice: \
@@ -179,8 +275,9 @@ impl PreparedSend {
         }
     }
 
-    /// Gives the region back (`One` or `Shared`, as prepared), when no send
-    /// that lent it is in flight; else the request itself comes back.
+    /// Gives the region back (`One` or `Shared`, as prepared; `None` for an
+    /// inline request), when no send that lent it is in flight; else the
+    /// request itself comes back.
     ///
     /// # Errors
     /// The request, unchanged (boxed: it is large), while a send is in
@@ -190,17 +287,6 @@ impl PreparedSend {
             return Err(Box::new(self));
         }
         Ok(std::mem::take(&mut self.region))
-    }
-
-    /// The region as a registration (always one: checked when prepared).
-    fn mr(&self) -> &MemoryRegion {
-        match &self.region {
-            WrBuffers::One(m) => m,
-            WrBuffers::Shared(m) => m,
-            // Never: `prepare` takes only `One` and `Shared`, and only
-            // `into_region` (which consumes the request) takes it out.
-            _ => unreachable!("a prepared request always holds its region"),
-        }
     }
 }
 
@@ -227,7 +313,7 @@ impl QueuePair {
     /// For RC and UC QPs (UD: [`QueuePair::prepare_send_ud`]; a request to
     /// an XRC SRQ goes through [`QueuePair::post_send`]); any operation that
     /// takes memory, with `flags` (`SIGNALED`, `FENCE`, `SOLICITED`; not
-    /// `INLINE`). `region` is a [`MemoryRegion`] (`One`) or, for SENDs and
+    /// `INLINE`). `region` is a [`MemoryRegion`](crate::MemoryRegion) (`One`) or, for SENDs and
     /// RDMA WRITEs, which the device only reads, an `Arc` of one shared with
     /// other holders (`Shared`). A remote range bounds the ranges a post may
     /// lend; an atomic lends 8 bytes.
@@ -401,6 +487,8 @@ impl QueuePair {
             direct,
             tracker: Arc::clone(&self.owned.tracker),
             last: None,
+            inline: false,
+            inline_limit: 0,
         })
     }
 
@@ -476,6 +564,190 @@ impl QueuePair {
         Ok(())
     }
 
+    /// Checks an inline send request once (`SEND` or RDMA WRITE, with or
+    /// without immediate data; `flags` as for
+    /// [`QueuePair::prepare_send`], `INLINE` implied), for
+    /// [`QueuePair::post_prepared_inline`] to post again and again with the
+    /// caller's bytes: what [`QueuePair::post_send_inline`] does for the
+    /// same request, without building and checking it, nor recording more
+    /// than its `wr_id`, on every post. It owns no region; the provider
+    /// copies each post's bytes during the post. An RDMA WRITE's target and
+    /// the immediate data may change between posts
+    /// ([`PreparedSend::set_remote`], [`PreparedSend::set_imm`]).
+    ///
+    /// For RC and UC QPs.
+    ///
+    /// ```no_run
+    /// # fn f(qp: &mut rdma::QueuePair, peer: rdma::RemoteMemory) -> rdma::Result<()> {
+    /// use rdma::{SendFlags, SendOp};
+    /// let mut write = qp.prepare_inline(SendOp::WriteWithImm(peer, 0), SendFlags::SIGNALED)?;
+    /// for i in 0..4u32 {
+    ///     let at = u64::from(i) * 8;
+    ///     write.set_remote(rdma::RemoteMemory { addr: peer.addr + at, len: 8, ..peer })?;
+    ///     write.set_imm(i)?;
+    ///     qp.post_prepared_inline(&mut write, u64::from(i), &[i as u8; 8])?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `ibv_post_send` for another QP type
+    /// or operation, or a request [`QueuePair::post_send_inline`] would
+    /// refuse with no data.
+    pub fn prepare_inline(&self, op: SendOp, flags: SendFlags) -> Result<PreparedSend> {
+        if !matches!(self.qp_type, QpType::Rc | QpType::Uc) {
+            return Err(self.invalid(format!(
+                "a prepared inline send needs an RC or UC QP; QP {} is {:?} (use post_send_inline)",
+                self.qp_num(),
+                self.qp_type
+            )));
+        }
+        if !matches!(
+            op,
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::Write(_) | SendOp::WriteWithImm(..)
+        ) {
+            return Err(self.invalid(format!(
+                "only SEND and RDMA WRITE can be inline, not {op:?}"
+            )));
+        }
+        self.check_send(&op, (0, 0), &None, None)?;
+        let limit = self.caps.max_inline_data as usize;
+        let flags = flags | SendFlags::INLINE;
+        let mut raw = ffi::ibv_send_wr {
+            send_flags: flags.bits(),
+            ..Default::default()
+        };
+        fill_request(&mut raw, &Outgoing::prepared(&op, flags, None));
+        let max_len = match op.remote() {
+            Some(r) => limit.min(usize::try_from(r.len).unwrap_or(usize::MAX)),
+            None => limit,
+        };
+        Ok(PreparedSend {
+            raw,
+            sge: ffi::ibv_sge::default(),
+            op,
+            ud: None,
+            region: WrBuffers::None,
+            base: 0,
+            lkey: 0,
+            region_len: 0,
+            min_len: usize::MAX,
+            max_len,
+            span: 0,
+            direct: None,
+            tracker: Arc::clone(&self.owned.tracker),
+            last: None,
+            inline: true,
+            inline_limit: limit,
+        })
+    }
+
+    /// Posts the inline request `p` ([`QueuePair::prepare_inline`]) with
+    /// `data` under the caller's `wr_id`: the provider copies `data` during
+    /// the call (nothing is lent), and the send queue's entry holds the
+    /// `wr_id` alone.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `ibv_post_send` for more bytes than
+    /// the QP takes inline or the RDMA WRITE's remote range holds, a request
+    /// with a region, or one another QP prepared; [`Error::Verb`] as for
+    /// [`QueuePair::post_send_inline`] (e.g. `ENOMEM` when the send queue is
+    /// full).
+    #[inline(always)]
+    pub fn post_prepared_inline(
+        &mut self,
+        p: &mut PreparedSend,
+        wr_id: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        let max = self.max_msg.load(std::sync::atomic::Ordering::Relaxed) as usize;
+        // `max_len` bounds an inline request's post (0 for one with a
+        // region, whose posts lend it).
+        if !Arc::ptr_eq(&p.tracker, &self.owned.tracker)
+            || !p.inline
+            || data.len() > p.max_len
+            || data.len() > max
+        {
+            return Err(self.inline_refused(p, data.len()));
+        }
+        let sge = ffi::ibv_sge {
+            addr: data.as_ptr() as u64,
+            // At most the QP's inline limit, a u32.
+            length: data.len() as u32,
+            lkey: 0,
+        };
+        let n = usize::from(!data.is_empty());
+        // SAFETY: `&mut self`: the only poster to this QP's send queue, which
+        // pushes at most the count given; the QP holds its CQs.
+        let mut ring = unsafe { self.owned.tracker.producer(false, 1) };
+        let ours = ring.wr_id(0);
+        let rc = if let Some(x) = self.path.extended(n, true) {
+            let req = Outgoing {
+                op: Op::Send(&p.op),
+                flags: p.flags(),
+                ud: None,
+                xrc_srqn: None,
+                sges: &std::slice::from_ref(&sge)[..n],
+                inline: true,
+            };
+            // SAFETY: `&mut self`: the only poster; the inline data is
+            // copied by the provider during the call.
+            unsafe { x.post(std::slice::from_ref(&req), |_| ours) }
+        } else {
+            p.sge = sge;
+            p.raw.wr_id = ours;
+            p.raw.sg_list = &mut p.sge;
+            p.raw.num_sge = n as std::ffi::c_int;
+            let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+            // SAFETY: a well-formed inline request (checked when prepared,
+            // the length just now) whose one SGE points at `data`, which the
+            // provider copies during the call (`sge` is read only inside a
+            // post); the entry is published when `ring` is dropped.
+            unsafe { ffi::ibv_post_send(self.as_raw(), &mut p.raw, &mut bad) }
+        };
+        if rc != 0 {
+            drop(ring);
+            return Err(self
+                .not_posted("ibv_post_send", rc, (wr_id, WrBuffers::None))
+                .error);
+        }
+        // Nothing to keep: the bytes were copied.
+        ring.push_quiet(wr_id);
+        Ok(())
+    }
+
+    /// Why [`QueuePair::post_prepared_inline`] refused a post.
+    #[cold]
+    fn inline_refused(&self, p: &PreparedSend, len: usize) -> Error {
+        if !Arc::ptr_eq(&p.tracker, &self.owned.tracker) {
+            return self.invalid(format!(
+                "the request was prepared by another QP than QP {}",
+                self.qp_num()
+            ));
+        }
+        if !p.inline {
+            return self.invalid(
+                "the request lends a region: post it with post_prepared (prepare_inline makes \
+                 an inline one)"
+                    .into(),
+            );
+        }
+        if len > p.inline_limit {
+            return self.invalid(format!(
+                "{len} bytes of inline data, but QP {} allows {}",
+                self.qp_num(),
+                p.inline_limit
+            ));
+        }
+        match self.check_send(&p.op, (1, len as u64), &None, None) {
+            Err(e) => e,
+            Ok(()) => self.invalid(format!(
+                "{len} bytes, but the prepared {:?} takes at most {}",
+                p.op, p.max_len
+            )),
+        }
+    }
+
     /// Why [`QueuePair::post_prepared`] refused a range.
     #[cold]
     fn prepared_refused(&self, p: &PreparedSend, offset: usize, len: usize) -> Error {
@@ -484,6 +756,11 @@ impl QueuePair {
                 "the request was prepared by another QP than QP {}",
                 self.qp_num()
             ));
+        }
+        if p.inline {
+            return self.invalid(
+                "an inline request carries its bytes: post it with post_prepared_inline".into(),
+            );
         }
         if offset.checked_add(len).is_none_or(|end| end > p.region_len) {
             return self.invalid(format!(
