@@ -71,7 +71,7 @@ struct Shared {
     cq: AsyncCq,
     _pd: ProtectionDomain,
     id: AsyncCmId,
-    /// What a poll that does not arm polls into.
+    /// What every poll of the CQ polls into (compact completions).
     polled: Polled,
 }
 
@@ -147,22 +147,12 @@ impl Inner {
 /// registering a waker (those buffered in the `AsyncCq` first); whether any
 /// came.
 fn try_drain(s: &mut Shared) -> io::Result<bool> {
-    let mut any = false;
-    if s.cq.buffered() > 0 {
-        for c in s.cq.take_buffered() {
-            s.engine.complete(c);
-        }
-        any = true;
-    }
-    // The compact poll, which grants what the completions allow.
-    let polled = s
-        .engine
-        .poll(s.cq.cq(), &mut s.polled)
-        .map_err(io::Error::from)?;
-    if any && !polled {
-        s.engine.update_credits();
-    }
-    Ok(any || polled)
+    // The compact poll (the buffered ones first), which grants what the
+    // completions allow.
+    let cq = &mut s.cq;
+    s.engine
+        .poll_with(&mut s.polled, |wcs, memory| cq.try_batch_wc(wcs, memory))
+        .map_err(io::Error::from)
 }
 
 /// Takes every completion and connection event ready; whether any came.
@@ -189,13 +179,18 @@ fn progress(s: &mut Shared, cx: &mut Context<'_>) -> io::Result<bool> {
     Ok(any)
 }
 
+/// Takes completions with the compact poll until the CQ is empty and armed
+/// (`cx` registered for its event); whether any came.
 fn drain_cq(s: &mut Shared, cx: &mut Context<'_>) -> io::Result<bool> {
     let mut any = false;
-    while let Poll::Ready(c) = s.cq.poll_next(cx) {
-        s.engine.complete(c.map_err(io::Error::from)?);
+    loop {
+        let (wcs, memory) = s.polled.batch();
+        let Poll::Ready(n) = s.cq.poll_batch_wc(cx, wcs, memory) else {
+            return Ok(any);
+        };
+        s.engine.take(&mut s.polled, n.map_err(io::Error::from)?);
         any = true;
     }
-    Ok(any)
 }
 
 impl Drop for Inner {
@@ -204,21 +199,16 @@ impl Drop for Inner {
         // (bounded) until what was sent is delivered.
         let s = self.shared.get_mut().unwrap_or_else(|p| p.into_inner());
         if s.engine.connected() && s.engine.try_shutdown(true).unwrap_or(true) {
-            for c in s.cq.take_buffered() {
-                s.engine.complete(c);
-            }
             let deadline = Instant::now() + DROP_LINGER;
-            let mut batch = Vec::with_capacity(32);
+            let cq = &mut s.cq;
             while !s.engine.sends_done() && Instant::now() < deadline {
-                batch.clear();
-                if s.cq.cq().poll(&mut batch, 32).is_err() {
-                    break;
-                }
-                if batch.is_empty() {
-                    std::thread::yield_now();
-                }
-                for c in batch.drain(..) {
-                    s.engine.complete(c);
+                match s
+                    .engine
+                    .poll_with(&mut s.polled, |wcs, memory| cq.try_batch_wc(wcs, memory))
+                {
+                    Ok(true) => {}
+                    Ok(false) => std::thread::yield_now(),
+                    Err(_) => break,
                 }
             }
         }

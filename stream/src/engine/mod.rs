@@ -15,8 +15,7 @@ use std::collections::VecDeque;
 use std::io;
 
 use rdma::{
-    Completion, CompletionQueue, MemoryRegion, QueuePair, RemoteMemory, WcOpcode, WcStatus,
-    WorkCompletion, WrBuffers,
+    CompletionQueue, MemoryRegion, QueuePair, RemoteMemory, WcStatus, WorkCompletion, WrBuffers,
 };
 
 use crate::local::{Local, IOMAP_ENTRIES, RECV};
@@ -34,12 +33,21 @@ pub(crate) const COALESCE_LIMIT: usize = wire::FIRST_TRANSFER;
 /// Completions taken by one `ibv_poll_cq` of [`Engine::poll`].
 const POLL_BATCH: usize = 32;
 
-/// What [`Engine::poll`] polls into, kept from poll to poll (nothing in it
-/// outlives a poll).
+/// What [`Engine::poll`] and [`Engine::poll_with`] poll into, kept from
+/// poll to poll (nothing in it outlives a poll): every completion the
+/// engine takes comes through it, in the compact form.
 pub(crate) struct Polled {
     wcs: [WorkCompletion; POLL_BATCH],
     /// The memory the completions gave back: the send ring's pieces.
     memory: Vec<(u64, WrBuffers)>,
+}
+
+impl Polled {
+    /// Room for one compact poll: the completions, and the memory they
+    /// give back (see [`Engine::take`]).
+    pub(crate) fn batch(&mut self) -> (&mut [WorkCompletion], &mut Vec<(u64, WrBuffers)>) {
+        (&mut self.wcs, &mut self.memory)
+    }
 }
 
 impl Default for Polled {
@@ -48,59 +56,6 @@ impl Default for Polled {
             wcs: [WorkCompletion::default(); POLL_BATCH],
             memory: Vec::with_capacity(POLL_BATCH),
         }
-    }
-}
-
-/// A completion as the engine reads it: whole ([`Completion`]) or compact
-/// ([`WorkCompletion`]), its memory taken out before.
-trait Done {
-    fn wr_id(&self) -> u64;
-    fn ok(&self) -> bool;
-    fn status(&self) -> WcStatus;
-    fn imm(&self) -> Option<u32>;
-    fn byte_len(&self) -> u32;
-    fn opcode(&self) -> WcOpcode;
-}
-
-impl Done for Completion {
-    fn wr_id(&self) -> u64 {
-        self.wr_id
-    }
-    fn ok(&self) -> bool {
-        self.status == WcStatus::Success
-    }
-    fn status(&self) -> WcStatus {
-        self.status
-    }
-    fn imm(&self) -> Option<u32> {
-        Completion::imm(self)
-    }
-    fn byte_len(&self) -> u32 {
-        self.byte_len
-    }
-    fn opcode(&self) -> WcOpcode {
-        self.opcode
-    }
-}
-
-impl Done for WorkCompletion {
-    fn wr_id(&self) -> u64 {
-        WorkCompletion::wr_id(self)
-    }
-    fn ok(&self) -> bool {
-        self.is_success()
-    }
-    fn status(&self) -> WcStatus {
-        WorkCompletion::status(self)
-    }
-    fn imm(&self) -> Option<u32> {
-        WorkCompletion::imm(self)
-    }
-    fn byte_len(&self) -> u32 {
-        WorkCompletion::byte_len(self)
-    }
-    fn opcode(&self) -> WcOpcode {
-        WorkCompletion::opcode(self)
     }
 }
 
@@ -174,6 +129,9 @@ pub(crate) struct Engine {
     /// Our regions the peer may write, by their index in our table: kept
     /// here so they live as long as the queue pair, or until unmapped.
     pub(crate) mapped: Vec<Option<MemoryRegion>>,
+    /// The inline requests (prepared with the QP; `None` only if that
+    /// failed, and then the connection failed with it).
+    inline: Option<send::Inline>,
     qp: QueuePair,
 }
 
@@ -190,7 +148,8 @@ impl Engine {
         let sizes = local.sizes;
         let half = sizes.recv_buffer / 2;
         let max_inline = qp.caps().max_inline_data as usize;
-        Engine {
+        let inline = send::Inline::new(&qp);
+        let mut e = Engine {
             iwarp,
             peer_big_endian: peer.big_endian(),
             max_inline,
@@ -231,9 +190,18 @@ impl Engine {
                 },
             },
             mapped: Vec::new(),
+            inline: None,
             local,
             qp,
+        };
+        match inline {
+            Ok(i) => e.inline = Some(i),
+            Err(err) => e.fail(
+                io::ErrorKind::ConnectionAborted,
+                format!("preparing the connection's inline sends: {err}"),
+            ),
         }
+        e
     }
 
     fn fail(&mut self, kind: io::ErrorKind, why: String) {
@@ -275,38 +243,35 @@ impl Engine {
         );
     }
 
-    /// Takes one completion of the connection's CQ (the async stream's
-    /// wake-ups deliver whole ones), with the memory it gave back.
-    pub(crate) fn complete(&mut self, mut c: Completion) {
-        if let Some(piece) = c.take_buffers().into_one() {
-            self.local.ring.give_back(piece);
-        }
-        self.complete_one(&c);
-    }
-
     /// Polls every completion `cq` (the connection's) holds into the
-    /// engine, with the compact poll: the completions stay in `p`, and only
-    /// the send ring's pieces move; whether any came. Then grants what the
-    /// completions allow.
+    /// engine, with the compact poll (`CompletionQueue::poll_wc`): the
+    /// completions stay in `p`, and only the send ring's pieces move;
+    /// whether any came. Then grants what the completions allow.
     ///
     /// # Errors
     /// The poll's (a CQ overrun).
+    #[inline]
     pub(crate) fn poll(&mut self, cq: &CompletionQueue, p: &mut Polled) -> rdma::Result<bool> {
+        self.poll_with(p, |wcs, memory| cq.poll_wc(wcs, memory))
+    }
+
+    /// [`Engine::poll`] with another compact poll of the connection's CQ
+    /// (the async stream's, which takes what its `AsyncCq` buffered
+    /// first): `poll` fills the completions and appends their memory, and
+    /// says how many; it is called until it returns fewer than a batch.
+    ///
+    /// # Errors
+    /// The poll's.
+    #[inline]
+    pub(crate) fn poll_with(
+        &mut self,
+        p: &mut Polled,
+        mut poll: impl FnMut(&mut [WorkCompletion], &mut Vec<(u64, WrBuffers)>) -> rdma::Result<usize>,
+    ) -> rdma::Result<bool> {
         let mut any = false;
         loop {
-            let n = cq.poll_wc(&mut p.wcs, &mut p.memory)?;
-            // The pieces first: a write that waited for room may go as the
-            // completions are taken.
-            if !p.memory.is_empty() {
-                for (_, b) in p.memory.drain(..) {
-                    if let Some(piece) = b.into_one() {
-                        self.local.ring.give_back(piece);
-                    }
-                }
-            }
-            for wc in &p.wcs[..n] {
-                self.complete_one(wc);
-            }
+            let n = poll(&mut p.wcs, &mut p.memory)?;
+            self.take(p, n);
             any |= n > 0;
             if n < p.wcs.len() {
                 break;
@@ -318,12 +283,33 @@ impl Engine {
         Ok(any)
     }
 
+    /// Takes the first `n` completions of `p` and the memory they gave
+    /// back (no grant: the caller's poll makes it once). The async stream's
+    /// wake-up path calls it after each `AsyncCq::poll_batch_wc` into
+    /// [`Polled::batch`].
+    #[inline]
+    pub(crate) fn take(&mut self, p: &mut Polled, n: usize) {
+        // The pieces first: a write that waited for room may go as the
+        // completions are taken.
+        if !p.memory.is_empty() {
+            for (_, b) in p.memory.drain(..) {
+                if let Some(piece) = b.into_one() {
+                    self.local.ring.give_back(piece);
+                }
+            }
+        }
+        for wc in &p.wcs[..n] {
+            self.complete_one(wc);
+        }
+    }
+
     /// Takes one completion whose memory was given back already.
-    fn complete_one(&mut self, c: &impl Done) {
+    #[inline]
+    fn complete_one(&mut self, c: &WorkCompletion) {
         let wr_id = c.wr_id();
         if wr_id & RECV != 0 {
             let slot = (wr_id & !RECV) as usize;
-            if !c.ok() {
+            if !c.is_success() {
                 // Flushed: the QP left RTS (a disconnect); nothing to repost.
                 let status = c.status();
                 if status != WcStatus::WrFlushErr {
@@ -446,7 +432,7 @@ impl Engine {
         }
     }
 
-    fn send_done(&mut self, c: &impl Done) {
+    fn send_done(&mut self, c: &WorkCompletion) {
         let msg = c.wr_id() as u32;
         match wire::msg_op(msg) {
             Op::SGL => self.ctrl_done += 1,
@@ -458,7 +444,7 @@ impl Engine {
             }
             _ => self.sqe_avail += 1,
         }
-        if !c.ok() && self.connected {
+        if !c.is_success() && self.connected {
             self.fail(
                 io::ErrorKind::ConnectionReset,
                 format!("a send completed with {}", c.status()),
@@ -529,12 +515,28 @@ impl Engine {
 
     /// Copies received bytes into `out`: `Ok(Some(0))` at the end of the
     /// stream, `Ok(None)` when nothing is there yet.
+    ///
+    /// In line only the test for nothing unread on a live connection: a
+    /// blocking read tries before and after it polls, and the first try
+    /// mostly finds nothing.
+    #[inline]
     pub(crate) fn try_read(&mut self, out: &mut [u8]) -> io::Result<Option<usize>> {
+        if self.unread.is_empty() && self.readable {
+            // A failed connection is not readable.
+            return Ok(None);
+        }
+        self.read_unread(out)
+    }
+
+    /// [`Engine::try_read`] with something to say: data, the end of the
+    /// stream or an error.
+    #[inline(never)]
+    fn read_unread(&mut self, out: &mut [u8]) -> io::Result<Option<usize>> {
         if self.unread.is_empty() {
             if let Some(e) = self.error() {
                 return Err(e);
             }
-            return Ok(if self.readable { None } else { Some(0) });
+            return Ok(Some(0));
         }
         let size = self.local.sizes.recv_buffer;
         let mut done = 0;
@@ -555,7 +557,11 @@ impl Engine {
                     .read_at(self.read_offset, dst)
                     .map_err(crate::io_error)?;
                 copied += run;
-                self.read_offset = (self.read_offset + run) % size;
+                // `run` ends at the buffer's end at the furthest.
+                self.read_offset += run;
+                if self.read_offset == size {
+                    self.read_offset = 0;
+                }
             }
             *head -= n as u32;
             if *head == 0 {

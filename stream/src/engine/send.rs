@@ -5,31 +5,63 @@
 
 use std::io;
 
-use rdma::{InlineSend, PostError, RemoteMemory, SendOp, SendWr, WrBuffers};
+use rdma::{PreparedSend, QueuePair, RemoteMemory, SendFlags, SendOp, SendWr};
 
 use super::{Engine, COALESCE_LIMIT, MSG_SEND};
 use crate::wire::{self, Op, Sge};
+
+/// The inline requests every message and small write goes out as, checked
+/// once when the connection starts (`QueuePair::prepare_inline`): a post
+/// sets the target and the message and hands the provider the bytes, which
+/// it copies, so nothing is lent and the send queue keeps the `wr_id` alone.
+#[derive(Debug)]
+pub(super) struct Inline {
+    /// RDMA WRITE WITH IMMEDIATE: data and its message (InfiniBand, RoCE).
+    write_imm: PreparedSend,
+    /// RDMA WRITE: data on iWARP, and direct placement's plain writes.
+    write: PreparedSend,
+    /// SEND: a message on iWARP (4 bytes).
+    send: PreparedSend,
+}
+
+/// A post on a connection whose inline requests could not be prepared
+/// (`Engine::new` failed the connection already; this is what a post says).
+#[cold]
+fn unprepared() -> rdma::Error {
+    rdma::Error::InvalidArgument {
+        verb: "ibv_post_send",
+        reason: "the connection's inline requests could not be prepared".into(),
+    }
+}
+
+impl Inline {
+    pub(super) fn new(qp: &QueuePair) -> rdma::Result<Inline> {
+        let nowhere = RemoteMemory {
+            addr: 0,
+            len: 0,
+            rkey: 0,
+        };
+        Ok(Inline {
+            write_imm: qp.prepare_inline(SendOp::WriteWithImm(nowhere, 0), SendFlags::SIGNALED)?,
+            write: qp.prepare_inline(SendOp::Write(nowhere), SendFlags::SIGNALED)?,
+            send: qp.prepare_inline(SendOp::Send, SendFlags::SIGNALED)?,
+        })
+    }
+}
 
 impl Engine {
     /// Posts a message alone: a zero-length WRITE WITH IMMEDIATE, or a
     /// 4-byte SEND on iWARP. `ctrl`: it takes a control slot.
     pub(super) fn post_msg(&mut self, msg: u32, ctrl: bool) -> Result<(), String> {
         let r = if self.iwarp {
-            self.qp
-                .post_send_inline(InlineSend::send(u64::from(msg), &msg.to_ne_bytes()))
+            self.post_send(u64::from(msg), msg)
         } else {
             let to = RemoteMemory {
                 addr: self.remote_sgl.addr,
                 len: 0,
                 rkey: self.remote_sgl.key,
             };
-            self.qp
-                .post_send(SendWr::new(
-                    u64::from(msg),
-                    SendOp::WriteWithImm(to, msg),
-                    WrBuffers::None,
-                ))
-                .map_err(PostError::drop_buffers)
+            self.post_write_imm(&[], to, msg)
         };
         r.map_err(|e| format!("posting a message: {e}"))?;
         if ctrl {
@@ -48,22 +80,16 @@ impl Engine {
         ctrl: bool,
     ) -> Result<(), String> {
         if self.iwarp {
-            self.qp
-                .post_send_inline(InlineSend::write(u64::from(msg), data, to))
+            self.post_write(u64::from(msg), data, to)
                 .map_err(|e| format!("posting an RDMA WRITE: {e}"))?;
             if ctrl {
                 self.ctrl_posted += 1;
             }
             let m = wire::msg(wire::msg_op(msg), 0);
-            self.qp
-                .post_send_inline(InlineSend::send(
-                    MSG_SEND | u64::from(m),
-                    &msg.to_ne_bytes(),
-                ))
+            self.post_send(MSG_SEND | u64::from(m), msg)
                 .map_err(|e| format!("posting a message: {e}"))?;
         } else {
-            self.qp
-                .post_send_inline(InlineSend::write(u64::from(msg), data, to).with_imm(msg))
+            self.post_write_imm(data, to, msg)
                 .map_err(|e| format!("posting an RDMA WRITE WITH IMMEDIATE: {e}"))?;
         }
         if ctrl {
@@ -72,24 +98,65 @@ impl Engine {
         Ok(())
     }
 
+    /// Posts `data` inline to `to` with `msg` as the immediate data (and
+    /// the `wr_id`).
+    #[inline]
+    fn post_write_imm(&mut self, data: &[u8], to: RemoteMemory, msg: u32) -> rdma::Result<()> {
+        let Some(inline) = &mut self.inline else {
+            return Err(unprepared());
+        };
+        let p = &mut inline.write_imm;
+        p.set_remote(to)?;
+        p.set_imm(msg)?;
+        self.qp.post_prepared_inline(p, u64::from(msg), data)
+    }
+
+    /// Posts `data` inline to `to` (an RDMA WRITE).
+    #[inline]
+    fn post_write(&mut self, wr_id: u64, data: &[u8], to: RemoteMemory) -> rdma::Result<()> {
+        let Some(inline) = &mut self.inline else {
+            return Err(unprepared());
+        };
+        let p = &mut inline.write;
+        p.set_remote(to)?;
+        self.qp.post_prepared_inline(p, wr_id, data)
+    }
+
+    /// Posts `msg` as a 4-byte SEND (iWARP's message).
+    #[inline]
+    fn post_send(&mut self, wr_id: u64, msg: u32) -> rdma::Result<()> {
+        let Some(inline) = &mut self.inline else {
+            return Err(unprepared());
+        };
+        self.qp
+            .post_prepared_inline(&mut inline.send, wr_id, &msg.to_ne_bytes())
+    }
+
     /// The current target segment, refreshed from the target SGL when the
     /// last one is used up: a non-zero length there is a new one (we zero
     /// each slot as we take it).
+    #[inline]
     pub(super) fn segment(&mut self) -> u32 {
         if self.seg.length == 0 {
-            let mut b = [0; wire::SGE_LEN];
-            let at = self.target_slot * wire::SGE_LEN;
-            if self.local.target.read_at(at, &mut b).is_ok() {
-                let s = Sge::from_memory(&b);
-                if s.length != 0 {
-                    self.seg = s;
-                    // Taken: the peer writes this slot again only after we
-                    // filled this space and it was read.
-                    let _ = self.local.target.write_at(at + 12, &[0; 4]);
-                }
-            }
+            self.next_segment();
         }
         self.seg.length
+    }
+
+    /// [`Engine::segment`] once the last one is used up.
+    #[inline(never)]
+    fn next_segment(&mut self) {
+        let mut b = [0; wire::SGE_LEN];
+        let at = self.target_slot * wire::SGE_LEN;
+        if self.local.target.read_at(at, &mut b).is_ok() {
+            let s = Sge::from_memory(&b);
+            if s.length != 0 {
+                self.seg = s;
+                // Taken: the peer writes this slot again only after we
+                // filled this space and it was read.
+                let _ = self.local.target.write_at(at + 12, &[0; 4]);
+            }
+        }
     }
 
     pub(super) fn can_send(&mut self) -> bool {
@@ -104,7 +171,80 @@ impl Engine {
     /// Sends as much of `buf` as credits, the peer's space and our queue
     /// allow (with coalescing on, holds a short `buf` while data is in
     /// flight): `Ok(None)` when nothing could go (wait for completions).
+    #[inline]
     pub(crate) fn try_write(&mut self, buf: &[u8]) -> io::Result<Option<usize>> {
+        if let Some(sent) = self.write_small(buf) {
+            return sent;
+        }
+        self.write_any(buf)
+    }
+
+    /// The common small write, whole as one inline message when nothing
+    /// waits before it (coalescing off or nothing held) and it fits the
+    /// credits and the peer's space; `None` leaves it to
+    /// [`Engine::write_any`] (which also says why a write cannot go).
+    #[inline]
+    fn write_small(&mut self, buf: &[u8]) -> Option<io::Result<Option<usize>>> {
+        let sqes = if self.iwarp { 2 } else { 1 };
+        let len = buf.len();
+        if !(len != 0
+            && len <= self.max_inline
+            && self.nodelay
+            && self.pending.is_empty()
+            && self.writable
+            && self.connected
+            && self.may_send
+            && self.sqe_avail >= sqes
+            && self.sseq_no != self.sseq_comp
+            && self.segment() as usize >= len)
+        {
+            return None;
+        }
+        // A failed connection is not connected: nothing to check there.
+        let to = RemoteMemory {
+            addr: self.seg.addr,
+            len: len as u64,
+            rkey: self.seg.key,
+        };
+        let msg = wire::msg(Op::DATA, len as u32);
+        let posted = if self.iwarp {
+            self.post_write_msg(buf, to, msg, false)
+        } else {
+            self.post_write_imm(buf, to, msg)
+                .map_err(|e| format!("posting an RDMA WRITE WITH IMMEDIATE: {e}"))
+        };
+        if let Err(why) = posted {
+            return Some(Err(self.post_failed(why)));
+        }
+        self.sent(len, sqes);
+        self.next_transfer = wire::FIRST_TRANSFER;
+        Some(Ok(Some(len)))
+    }
+
+    /// A transfer of `xfer` bytes (`sqes` requests) went: the credit, the
+    /// queue entries and the peer's space it took.
+    #[inline]
+    fn sent(&mut self, xfer: usize, sqes: u32) {
+        self.sseq_no = self.sseq_no.wrapping_add(1);
+        self.sqe_avail -= sqes;
+        self.seg.addr += xfer as u64;
+        self.seg.length -= xfer as u32;
+        if self.seg.length == 0 {
+            self.target_slot = (self.target_slot + 1) % wire::SGL_ENTRIES;
+        }
+    }
+
+    /// A post failed (`why`): the connection fails, and the error says so.
+    #[cold]
+    fn post_failed(&mut self, why: String) -> io::Error {
+        self.fail(io::ErrorKind::ConnectionAborted, why);
+        self.error().unwrap_or_else(|| io::ErrorKind::Other.into())
+    }
+
+    /// [`Engine::try_write`] of any write: coalescing, large writes in
+    /// transfers, and why a write cannot go.
+    #[inline(never)]
+    fn write_any(&mut self, buf: &[u8]) -> io::Result<Option<usize>> {
         self.check_writable()?;
         if buf.is_empty() {
             return Ok(Some(0));
@@ -208,16 +348,9 @@ impl Engine {
                 self.post_data(data, to, msg)
             };
             if let Err(why) = posted {
-                self.fail(io::ErrorKind::ConnectionAborted, why);
-                return Err(self.error().unwrap_or_else(|| io::ErrorKind::Other.into()));
+                return Err(self.post_failed(why));
             }
-            self.sseq_no = self.sseq_no.wrapping_add(1);
-            self.sqe_avail -= if self.iwarp { 2 } else { 1 };
-            self.seg.addr += xfer as u64;
-            self.seg.length -= xfer as u32;
-            if self.seg.length == 0 {
-                self.target_slot = (self.target_slot + 1) % wire::SGL_ENTRIES;
-            }
+            self.sent(xfer, if self.iwarp { 2 } else { 1 });
             sent += xfer;
         }
         if sent == buf.len() {
@@ -259,11 +392,7 @@ impl Engine {
         self.post_piece(data, u64::from(msg), op)?;
         if self.iwarp {
             let m = wire::msg(Op::DATA, 0);
-            self.qp
-                .post_send_inline(InlineSend::send(
-                    MSG_SEND | u64::from(m),
-                    &msg.to_ne_bytes(),
-                ))
+            self.post_send(MSG_SEND | u64::from(m), msg)
                 .map_err(|e| format!("posting a message: {e}"))?;
         }
         Ok(())
@@ -303,8 +432,7 @@ impl Engine {
             None => {
                 let wr_id = u64::from(wire::msg(Op::WRITE, len as u32));
                 if len <= self.max_inline {
-                    self.qp
-                        .post_send_inline(InlineSend::write(wr_id, &data[..len], to))
+                    self.post_write(wr_id, &data[..len], to)
                         .map_err(|e| format!("posting an RDMA WRITE: {e}"))
                 } else {
                     self.post_piece(&data[..len], wr_id, SendOp::Write(to))
