@@ -13,70 +13,26 @@
 //! it runs rstream's latency series then its bandwidth series, reconnecting
 //! in between; with them, one custom test.
 
-use std::io::{self, Read, Write};
+#[cfg(feature = "tokio")]
+use std::io;
+use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context as _};
-use rdma_stream::{Options, RdmaListener, RdmaStream};
+use rdma_stream::{RdmaListener, RdmaStream};
 
 mod common;
 
-/// rstream's sizes: (size, shown only with `-S all`).
-const TEST_SIZES: &[(usize, bool)] = &[
-    (1 << 6, false),
-    (1 << 7, true),
-    ((1 << 7) + (1 << 6), true),
-    (1 << 8, true),
-    ((1 << 8) + (1 << 7), true),
-    (1 << 9, true),
-    ((1 << 9) + (1 << 8), true),
-    (1 << 10, true),
-    ((1 << 10) + (1 << 9), true),
-    (1 << 11, true),
-    ((1 << 11) + (1 << 10), true),
-    (1 << 12, false),
-    ((1 << 12) + (1 << 11), true),
-    (1 << 13, true),
-    ((1 << 13) + (1 << 12), true),
-    (1 << 14, true),
-    ((1 << 14) + (1 << 13), true),
-    (1 << 15, true),
-    ((1 << 15) + (1 << 14), true),
-    (1 << 16, false),
-    ((1 << 16) + (1 << 15), true),
-    (1 << 17, true),
-    ((1 << 17) + (1 << 16), true),
-    (1 << 18, true),
-    ((1 << 18) + (1 << 17), true),
-    (1 << 19, true),
-    ((1 << 19) + (1 << 18), true),
-    (1 << 20, false),
-    ((1 << 20) + (1 << 19), true),
-    (1 << 21, true),
-    ((1 << 21) + (1 << 20), true),
-    (1 << 22, true),
-    ((1 << 22) + (1 << 21), true),
-];
+use common::perf::{self, addr, retry, size_to_count, Extra, Pattern, PerfArgs, TEST_SIZES};
 
+/// rstream's flags: the common ones (`common::perf`) and `-T s`.
 #[derive(Debug, Clone)]
 struct Args {
-    dst: Option<String>,
-    src: Option<String>,
-    port: String,
-    buffer_size: usize,
-    inline_size: u32,
-    iterations: usize,
-    transfer_count: usize,
-    transfer_size: usize,
-    custom: bool,
-    all_sizes: bool,
+    perf: PerfArgs,
+    /// `-T s`: TCP sockets.
     sockets: bool,
-    nonblocking: bool,
-    /// `-T a`: the async stream, on a tokio runtime.
-    async_io: bool,
-    verify: bool,
 }
 
 const USAGE: &str = "usage: rstream
@@ -98,103 +54,24 @@ const USAGE: &str = "usage: rstream
 \t    n|nonblocking - use nonblocking calls
 \t    v|verify - verify data";
 
-fn number(flag: char, v: &str) -> anyhow::Result<usize> {
-    let Ok(n) = v.parse() else {
-        bail!("-{flag} takes a number, not {v:?}\n{USAGE}");
-    };
-    Ok(n)
-}
-
 fn parse(argv: &[String]) -> anyhow::Result<Args> {
-    let mut a = Args {
-        dst: None,
-        src: None,
-        port: "7471".into(),
-        buffer_size: 0,
-        inline_size: 64,
-        iterations: 1,
-        transfer_count: 1000,
-        transfer_size: 1000,
-        custom: false,
-        all_sizes: false,
-        sockets: false,
-        async_io: false,
-        // rstream's default is MSG_DONTWAIT with a spin; `-T b` blocks.
-        nonblocking: true,
-        verify: false,
-    };
-    let mut i = 0;
-    while i < argv.len() {
-        let flag = argv[i].strip_prefix('-').and_then(|f| {
-            let mut c = f.chars();
-            c.next().map(|first| (first, c.as_str().to_owned()))
-        });
-        let Some((f, glued)) = flag else {
-            bail!("unexpected argument {:?}\n{USAGE}", argv[i]);
-        };
-        let value = if "sbfBiICSpkT".contains(f) {
-            if glued.is_empty() {
-                i += 1;
-                argv.get(i)
-                    .cloned()
-                    .with_context(|| format!("-{f} needs a value\n{USAGE}"))?
-            } else {
-                glued
+    let mut sockets = false;
+    let perf = perf::parse("rstream", argv, USAGE, "sbfBiICSpkT", |extra| {
+        Ok(match extra {
+            Extra::Flag('k', _) => {
+                eprintln!("rstream: -k (keepalive) is accepted and not used");
+                true
             }
-        } else {
-            bail!("unknown option -{f}\n{USAGE}");
-        };
-        match f {
-            's' => a.dst = Some(value),
-            'b' => a.src = Some(value),
-            'f' => {
-                if !value.to_ascii_lowercase().starts_with("ip") && value != "name" {
-                    bail!("-f {value}: this rstream takes ip or name addresses");
-                }
+            Extra::Test(o) if o.starts_with('s') => {
+                sockets = true;
+                true
             }
-            'B' => a.buffer_size = number(f, &value)?,
-            'i' => a.inline_size = number(f, &value)? as u32,
-            'I' => {
-                a.custom = true;
-                a.iterations = number(f, &value)?;
-            }
-            'C' => {
-                a.custom = true;
-                a.transfer_count = number(f, &value)?;
-            }
-            'S' => {
-                if value.to_ascii_lowercase().starts_with("all") {
-                    a.all_sizes = true;
-                } else {
-                    a.custom = true;
-                    a.transfer_size = number(f, &value)?;
-                }
-            }
-            'p' => a.port = value,
-            'k' => eprintln!("rstream: -k (keepalive) is accepted and not used"),
-            'T' => {
-                for opt in value.split(',') {
-                    let o = opt.to_ascii_lowercase();
-                    match o.chars().next() {
-                        Some('s') => a.sockets = true,
-                        Some('a') => a.async_io = true,
-                        Some('b') => a.nonblocking = false,
-                        Some('n') => a.nonblocking = true,
-                        Some('v') => a.verify = true,
-                        Some('r') => {}
-                        Some('f') => bail!("-T f (fork) is not supported"),
-                        _ => bail!("unknown test option {opt:?}\n{USAGE}"),
-                    }
-                }
-            }
-            _ => unreachable!("checked above"),
-        }
-        i += 1;
-    }
-    if a.transfer_size == 0 || a.transfer_count == 0 || a.iterations == 0 {
-        bail!("sizes and counts must be at least 1");
-    }
-    Ok(a)
+            Extra::Test(o) if o.starts_with('r') => true,
+            Extra::Test(o) if o.starts_with('f') => bail!("-T f (fork) is not supported"),
+            _ => false,
+        })
+    })?;
+    Ok(Args { perf, sockets })
 }
 
 /// A connected stream of either kind.
@@ -274,54 +151,15 @@ fn runtime() -> anyhow::Result<std::rc::Rc<tokio::runtime::Runtime>> {
         .context("tokio runtime")
 }
 
-/// The byte pattern of rstream's `-T v`: a counter that runs on across
-/// transfers, one for what is sent and one for what is checked.
-#[derive(Default)]
-struct Pattern {
-    next_sent: u8,
-    next_seen: u8,
-    seen: u64,
-}
-
-impl Pattern {
-    fn fill(&mut self, buf: &mut [u8]) {
-        for b in buf {
-            *b = self.next_sent;
-            self.next_sent = self.next_sent.wrapping_add(1);
-        }
-    }
-
-    fn check(&mut self, buf: &[u8]) -> anyhow::Result<()> {
-        for b in buf {
-            if *b != self.next_seen {
-                bail!("data verification failed byte {}", self.seen);
-            }
-            self.next_seen = self.next_seen.wrapping_add(1);
-            self.seen += 1;
-        }
-        Ok(())
-    }
-}
-
 struct Test<'a> {
     args: &'a Args,
     buf: Vec<u8>,
     pattern: Pattern,
 }
 
-fn retry<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
-    loop {
-        match f() {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::hint::spin_loop(),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            r => return r,
-        }
-    }
-}
-
 impl Test<'_> {
     fn send(&mut self, c: &mut dyn Conn, size: usize) -> anyhow::Result<()> {
-        if self.args.verify {
+        if self.args.perf.verify {
             let b = &mut self.buf[..size];
             self.pattern.fill(b);
         }
@@ -345,7 +183,7 @@ impl Test<'_> {
             }
             off += n;
         }
-        if self.args.verify {
+        if self.args.perf.verify {
             self.pattern.check(&self.buf[..size])?;
         }
         Ok(())
@@ -361,7 +199,7 @@ impl Test<'_> {
         count: usize,
         iters: usize,
     ) -> anyhow::Result<()> {
-        let client = self.args.dst.is_some();
+        let client = self.args.perf.dst.is_some();
         if client {
             self.send(c, 16)?;
             self.recv(c, 16)?;
@@ -386,97 +224,17 @@ impl Test<'_> {
                 }
             }
         }
-        let usec = start.elapsed().as_secs_f64() * 1e6;
-        let bytes = (iters * count * size * 2) as f64;
-        println!(
-            "{:<10}{:<8}{:<8}{:<8}{:<8}{:>8.2}s{:>10.2}{:>11.2}",
-            name,
-            size_str(size as u64),
-            cnt_str(count as u64),
-            cnt_str(iters as u64),
-            size_str(bytes as u64),
-            usec / 1e6,
-            bytes * 8.0 / (1000.0 * usec),
-            (usec / iters as f64) / (count * 2) as f64
-        );
+        perf::result(name, size, count, iters, start.elapsed());
         Ok(())
     }
 }
 
-fn size_str(size: u64) -> String {
-    let (base, mag) = if size >= 1 << 30 {
-        (1u64 << 30, "g")
-    } else if size >= 1 << 20 {
-        (1 << 20, "m")
-    } else if size >= 1 << 10 {
-        (1 << 10, "k")
-    } else {
-        (1, "")
-    };
-    let whole = size / base;
-    let fraction = if whole < 10 {
-        (size % base) * 10 / base
-    } else {
-        0
-    };
-    if fraction > 0 {
-        format!("{whole}.{fraction}{mag}")
-    } else {
-        format!("{whole}{mag}")
-    }
-}
-
-fn cnt_str(cnt: u64) -> String {
-    if cnt >= 1_000_000_000 {
-        format!("{}b", cnt / 1_000_000_000)
-    } else if cnt >= 1_000_000 {
-        format!("{}m", cnt / 1_000_000)
-    } else if cnt >= 1000 {
-        format!("{}k", cnt / 1000)
-    } else {
-        cnt.to_string()
-    }
-}
-
-fn size_to_count(size: usize) -> usize {
-    if size >= 1 << 20 {
-        100
-    } else if size >= 1 << 16 {
-        1000
-    } else if size >= 1 << 10 {
-        10000
-    } else {
-        100000
-    }
-}
-
-fn options(a: &Args, latency: bool) -> Options {
-    let mut o = Options::default();
-    // rstream's buffers: -B, or 512 KiB.
-    let buffer = if a.buffer_size > 0 {
-        a.buffer_size
-    } else {
-        1 << 19
-    };
-    o.sizes.send_buffer = buffer;
-    o.sizes.recv_buffer = buffer;
-    o.sizes.inline = if latency { a.inline_size } else { 16 };
-    o
-}
-
-fn addr(host: &str, port: &str) -> anyhow::Result<std::net::SocketAddr> {
-    let Ok(port) = port.parse() else {
-        bail!("bad port {port:?}");
-    };
-    common::resolve(host, port)
-}
-
 fn listen(a: &Args) -> anyhow::Result<Listener> {
-    let host = a.src.as_deref().unwrap_or("0.0.0.0");
-    let at = addr(host, &a.port)?;
+    let host = a.perf.src.as_deref().unwrap_or("0.0.0.0");
+    let at = addr(host, &a.perf.port)?;
     if a.sockets {
         TcpListener::bind(at).map(Listener::Tcp).context("bind")
-    } else if a.async_io {
+    } else if a.perf.async_io {
         #[cfg(feature = "tokio")]
         {
             let rt = runtime()?;
@@ -485,7 +243,7 @@ fn listen(a: &Args) -> anyhow::Result<Listener> {
                     rdma_stream::aio::RdmaListener::bind(
                         &rdma::aio::tokio_rt::Tokio,
                         at,
-                        options(a, true),
+                        perf::options(&a.perf, true),
                     )
                 })
                 .context("rbind")?;
@@ -494,14 +252,14 @@ fn listen(a: &Args) -> anyhow::Result<Listener> {
         #[cfg(not(feature = "tokio"))]
         bail!("-T a needs this example built with the `tokio` feature")
     } else {
-        RdmaListener::bind_with(at, options(a, true))
+        RdmaListener::bind_with(at, perf::options(&a.perf, true))
             .map(Listener::Rdma)
             .context("rbind")
     }
 }
 
 fn connect(a: &Args, l: Option<&mut Listener>, latency: bool) -> anyhow::Result<Box<dyn Conn>> {
-    match (l, &a.dst) {
+    match (l, &a.perf.dst) {
         (Some(Listener::Tcp(l)), _) => {
             let (s, _) = l.accept().context("accept")?;
             let _ = s.set_nodelay(true);
@@ -517,17 +275,17 @@ fn connect(a: &Args, l: Option<&mut Listener>, latency: bool) -> anyhow::Result<
         }
         (Some(Listener::Rdma(l)), _) => {
             let (s, _) = l.accept().context("raccept")?;
-            s.set_nonblocking(a.nonblocking)
+            s.set_nonblocking(a.perf.nonblocking)
                 .context("set_nonblocking")?;
             Ok(Box::new(s))
         }
         (None, Some(dst)) => {
-            let to = addr(dst, &a.port)?;
+            let to = addr(dst, &a.perf.port)?;
             if a.sockets {
                 let s = TcpStream::connect(to).context("connect")?;
                 let _ = s.set_nodelay(true);
                 Ok(Box::new(s))
-            } else if a.async_io {
+            } else if a.perf.async_io {
                 #[cfg(feature = "tokio")]
                 {
                     let rt = runtime()?;
@@ -535,7 +293,7 @@ fn connect(a: &Args, l: Option<&mut Listener>, latency: bool) -> anyhow::Result<
                         .block_on(rdma_stream::aio::RdmaStream::connect(
                             &rdma::aio::tokio_rt::Tokio,
                             to,
-                            &options(a, latency),
+                            &perf::options(&a.perf, latency),
                         ))
                         .context("rconnect")?;
                     Ok(Box::new(AsyncConn { rt, s }))
@@ -543,8 +301,9 @@ fn connect(a: &Args, l: Option<&mut Listener>, latency: bool) -> anyhow::Result<
                 #[cfg(not(feature = "tokio"))]
                 bail!("-T a needs this example built with the `tokio` feature")
             } else {
-                let s = RdmaStream::connect_with(to, &options(a, latency)).context("rconnect")?;
-                s.set_nonblocking(a.nonblocking)
+                let s = RdmaStream::connect_with(to, &perf::options(&a.perf, latency))
+                    .context("rconnect")?;
+                s.set_nonblocking(a.perf.nonblocking)
                     .context("set_nonblocking")?;
                 Ok(Box::new(s))
             }
@@ -554,13 +313,13 @@ fn connect(a: &Args, l: Option<&mut Listener>, latency: bool) -> anyhow::Result<
 }
 
 fn run(a: &Args) -> anyhow::Result<()> {
-    let mut listener = if a.dst.is_none() {
+    let mut listener = if a.perf.dst.is_none() {
         Some(listen(a)?)
     } else {
         None
     };
-    let largest = if a.custom {
-        a.transfer_size
+    let largest = if a.perf.custom {
+        a.perf.transfer_size
     } else {
         TEST_SIZES[TEST_SIZES.len() - 1].0
     };
@@ -569,18 +328,15 @@ fn run(a: &Args) -> anyhow::Result<()> {
         buf: vec![0; largest.max(16)],
         pattern: Pattern::default(),
     };
-    println!(
-        "{:<10}{:<8}{:<8}{:<8}{:<8}{:>8} {:>10}{:>13}",
-        "name", "bytes", "xfers", "iters", "total", "time", "Gb/sec", "usec/xfer"
-    );
-    if a.custom {
+    perf::header();
+    if a.perf.custom {
         let mut c = connect(a, listener.as_mut(), true)?;
         t.run(
             &mut *c,
             "custom",
-            a.transfer_size,
-            a.transfer_count,
-            a.iterations,
+            a.perf.transfer_size,
+            a.perf.transfer_count,
+            a.perf.iterations,
         )?;
         c.close();
         return Ok(());
@@ -588,14 +344,10 @@ fn run(a: &Args) -> anyhow::Result<()> {
     for latency in [true, false] {
         let mut c = connect(a, listener.as_mut(), latency)?;
         for &(size, extra) in TEST_SIZES {
-            if extra && !a.all_sizes {
+            if extra && !a.perf.all_sizes {
                 continue;
             }
-            let name = format!(
-                "{}_{}",
-                size_str(size as u64),
-                if latency { "lat" } else { "bw" }
-            );
+            let name = perf::series_name(size, latency);
             let (count, iters) = if latency {
                 (1, size_to_count(size))
             } else {

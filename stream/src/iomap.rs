@@ -40,12 +40,12 @@
 //!   the regions mapped here, which the device bounds.
 
 use std::io;
+use std::time::{Duration, Instant};
 
 use rdma::{AccessFlags, Buffer, RemoteMemory};
 
 use crate::blocking::RdmaStream;
 use crate::engine::Engine;
-use crate::local::IOMAP_ENTRIES;
 use crate::wire::{self, IoMapEntry, Op};
 
 /// A mapping made with [`RdmaStream::iomap`]: the peer writes to its
@@ -80,14 +80,27 @@ impl IoMap {
     }
 }
 
+/// How often [`RdmaStream::iomap_wait`] looks at the connection while it
+/// spins (each look costs system calls in blocking mode).
+const LOOK_EVERY: Duration = Duration::from_millis(1);
+
 fn invalid(why: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, why)
 }
 
+/// Where our table starts in our target registration (after the SGL).
+const TABLE_START: usize = wire::SGL_ENTRIES * wire::SGE_LEN;
+
+/// Entries of our table: what the target registration holds after the
+/// SGL (its size is this side's choice, made before connecting).
+fn our_entries(e: &Engine) -> usize {
+    e.target().len().saturating_sub(TABLE_START) / wire::IOMAP_ENTRY_LEN
+}
+
 /// The entry of our table (the peer's mappings) that holds `offset`.
 fn find(e: &Engine, offset: u64) -> io::Result<Option<IoMapEntry>> {
-    let base = wire::SGL_ENTRIES * wire::SGE_LEN;
-    for i in 0..IOMAP_ENTRIES {
+    let base = TABLE_START;
+    for i in 0..our_entries(e) {
         let mut b = [0; wire::IOMAP_ENTRY_LEN];
         // Remotely writable: the crate's atomic copy.
         e.target()
@@ -104,6 +117,17 @@ fn find(e: &Engine, offset: u64) -> io::Result<Option<IoMapEntry>> {
         }
     }
     Ok(None)
+}
+
+/// Copies bytes `at..` of `map`, one of `e`'s mappings, into `out`.
+fn read_mapped(e: &Engine, map: &IoMap, at: usize, out: &mut [u8]) -> io::Result<()> {
+    let mr = e
+        .mapped
+        .get(map.index)
+        .and_then(Option::as_ref)
+        .filter(|mr| mr.addr() == map.addr)
+        .ok_or_else(|| invalid("iomap_read: the mapping is not this stream's".into()))?;
+    mr.read_at(at, out).map_err(crate::io_error)
 }
 
 /// Posts what it can of `data` to the peer's offset `offset`: bytes
@@ -235,15 +259,81 @@ impl RdmaStream {
     /// `InvalidInput` for a range past the mapping, or a mapping of another
     /// stream.
     pub fn iomap_read(&self, map: &IoMap, at: usize, out: &mut [u8]) -> io::Result<()> {
-        let p = self.lock();
-        let mr = p
-            .engine
-            .mapped
-            .get(map.index)
-            .and_then(Option::as_ref)
-            .filter(|mr| mr.addr() == map.addr)
-            .ok_or_else(|| invalid("iomap_read: the mapping is not this stream's".into()))?;
-        mr.read_at(at, out).map_err(crate::io_error)
+        read_mapped(&self.lock().engine, map, at, out)
+    }
+
+    /// Spins until byte `at` of `map` is `value`: how `riostream` learns
+    /// that the peer's writes are complete (the peer writes the marker
+    /// last; RDMA WRITEs of one queue pair land in order, so every byte
+    /// before it is there). As C's loop, it spins on the memory; unlike
+    /// it, every millisecond it also looks at the connection, so a peer
+    /// that closes or fails ends the wait with an error, never a hang (in
+    /// non-blocking mode it sees only what completions say: a peer that
+    /// vanishes without a word is seen in blocking mode or at `timeout`).
+    ///
+    /// # Errors
+    /// `TimedOut` when `timeout` passes first; `UnexpectedEof` when the
+    /// peer closed the stream; the connection's error when it failed;
+    /// `InvalidInput` as [`RdmaStream::iomap_read`].
+    pub fn iomap_wait(
+        &self,
+        map: &IoMap,
+        at: usize,
+        value: u8,
+        timeout: Option<Duration>,
+    ) -> io::Result<()> {
+        let start = Instant::now();
+        let mut look_at = start + LOOK_EVERY;
+        let mut b = [0];
+        loop {
+            self.iomap_read(map, at, &mut b)?;
+            if b[0] == value {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= look_at {
+                if timeout.is_some_and(|t| now - start >= t) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("riomap: byte {at} of the mapping did not become {value}"),
+                    ));
+                }
+                self.look_at_connection(at, value)?;
+                look_at = now + LOOK_EVERY;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Takes the completions and connection events there are (without
+    /// sleeping): an error when the connection is no longer up.
+    fn look_at_connection(&self, at: usize, value: u8) -> io::Result<()> {
+        let up = self.wait(Some(Instant::now()), |e| {
+            if e.connected() {
+                return Ok(None);
+            }
+            // The failure, if the connection failed (a read of nothing
+            // says it when no data is left unread).
+            e.try_read(&mut [])?;
+            Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "riomap: the peer closed the stream before byte {at} of the mapping \
+                     became {value}"
+                ),
+            ))
+        });
+        match up {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+                ) =>
+            {
+                Ok(())
+            }
+            r => r,
+        }
     }
 
     /// Writes `buf` to the peer's offset `offset` (rsocket's `riowrite`):

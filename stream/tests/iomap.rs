@@ -26,11 +26,12 @@ mod peer;
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{finish, ip, start, timed};
+use common::{example, finish, ip, start, timed};
 use rdma::cm::{CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use rdma::{
     AccessFlags, Completion, CompletionChannel, CompletionQueue, InlineSend, MemoryRegion,
@@ -38,14 +39,12 @@ use rdma::{
     WcStatus, WrBuffers,
 };
 use rdma_stream::wire::{self, ConnData, IoMapEntry, Op, Sge};
-use rdma_stream::{IoMap, RdmaListener, RdmaStream};
+use rdma_stream::{RdmaListener, RdmaStream};
 
 use peer::*;
 
 /// Bound of each step of the test peer (`hostile/peer.rs` reads it).
 const STEP: Duration = Duration::from_secs(10);
-/// How long a side spins for the peer's marker.
-const MARKER_WAIT: Duration = Duration::from_secs(60);
 
 fn addr(dev: &str, port: u16) -> SocketAddr {
     format!("{}:{port}", ip(dev))
@@ -53,232 +52,205 @@ fn addr(dev: &str, port: u16) -> SocketAddr {
         .expect("an IPv4 address")
 }
 
-/// C's `format_buf` and `verify_buf`: each keeps its own running byte.
-#[derive(Default)]
-struct Pattern {
-    fill: u8,
-    check: u8,
-    checked: u64,
+/// Which `riostream` takes a role: rdma-core's or the example.
+#[derive(Clone, Copy, Debug)]
+enum Tool {
+    C,
+    Ours,
 }
 
-impl Pattern {
-    fn fill(&mut self, buf: &mut [u8]) {
-        for b in buf {
-            *b = self.fill;
-            self.fill = self.fill.wrapping_add(1);
+/// Runs `riostream` as the server (`server`) and the client (`client`),
+/// a custom test of `count` transfers of `size` bytes each way, `iters`
+/// times, with `-T v` (the bytes of each last transfer checked on
+/// arrival) and, for ours, the `-T` options `ours_t` too; both must
+/// succeed and print their result line.
+fn riostream_pair(
+    dev: &str,
+    port: u16,
+    (server, client): (Tool, Tool),
+    (size, count, iters): (usize, usize, usize),
+    ours_t: &str,
+) {
+    let ip = ip(dev);
+    let prog = |t: Tool| -> PathBuf {
+        match t {
+            Tool::C => "riostream".into(),
+            Tool::Ours => example("riostream"),
         }
-    }
-
-    fn check(&mut self, buf: &[u8]) {
-        for &b in buf {
-            assert_eq!(
-                b, self.check,
-                "data verification failed byte {}",
-                self.checked
-            );
-            self.check = self.check.wrapping_add(1);
-            self.checked += 1;
-        }
-    }
-}
-
-/// Spins until the last byte of `map` is `marker` (RDMA WRITEs land in
-/// order: every byte before it is there), then checks the rest.
-fn wait_marker(s: &RdmaStream, map: &IoMap, marker: u8, verify: Option<&mut Pattern>) {
-    let last = map.len() - 1;
-    let deadline = Instant::now() + MARKER_WAIT;
-    let mut b = [0];
-    loop {
-        s.iomap_read(map, last, &mut b).expect("iomap_read");
-        if b[0] == marker {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "marker {marker} not written within {MARKER_WAIT:?}"
-        );
-        std::hint::spin_loop();
-    }
-    if let Some(p) = verify {
-        let mut got = vec![0; last];
-        s.iomap_read(map, 0, &mut got).expect("iomap_read");
-        p.check(&got);
-    }
-}
-
-fn write_all_at(s: &RdmaStream, buf: &[u8], offset: u64) {
-    let mut done = 0;
-    while done < buf.len() {
-        let n = s
-            .iowrite(&buf[done..], offset + done as u64)
-            .expect("iowrite");
-        assert!(n > 0, "iowrite wrote nothing");
-        done += n;
-    }
-}
-
-/// One side of `riostream`'s custom test on `s`: `size` bytes, `count`
-/// transfers each way per iteration.
-fn riostream_side(s: &RdmaStream, client: bool, size: usize, count: usize, iterations: usize) {
-    let map = s.iomap(vec![0xFF; size], 0).expect("iomap");
-    assert_eq!((map.offset(), map.len()), (0, size));
-    let mut sync = [0; 16];
-    if client {
-        (&*s).write_all(&sync).expect("sync write");
-        (&*s).read_exact(&mut sync).expect("sync read");
-    } else {
-        (&*s).read_exact(&mut sync).expect("sync read");
-        (&*s).write_all(&sync).expect("sync write");
-    }
-    let mut out = vec![0xFF; size];
-    let mut pattern = Pattern::default();
-    let mut marker = 0u8;
-    let send = |out: &mut Vec<u8>, marker: &mut u8, pattern: &mut Pattern| {
-        for _ in 0..count - 1 {
-            write_all_at(s, out, 0);
-        }
-        out[size - 1] = *marker;
-        *marker = marker.wrapping_add(1);
-        pattern.fill(&mut out[..size - 1]);
-        write_all_at(s, out, 0);
     };
-    for _ in 0..iterations {
-        if client {
-            send(&mut out, &mut marker, &mut pattern);
-            wait_marker(s, &map, marker, Some(&mut pattern));
-            marker = marker.wrapping_add(1);
-        } else {
-            wait_marker(s, &map, marker, Some(&mut pattern));
-            marker = marker.wrapping_add(1);
-            send(&mut out, &mut marker, &mut pattern);
-        }
-    }
-    let back = s.iounmap(map).expect("iounmap");
-    assert_eq!(back.len(), size);
-    assert_eq!(
-        back[size - 1],
-        marker.wrapping_sub(if client { 1 } else { 2 })
+    let args = |role: [&str; 2], t: Tool| -> Vec<String> {
+        let mut v: Vec<String> = role.iter().map(|s| s.to_string()).collect();
+        let test = match t {
+            // C's riostream takes one option per -T.
+            Tool::C => "v".to_string(),
+            Tool::Ours if ours_t.is_empty() => "v".to_string(),
+            Tool::Ours => format!("{ours_t},v"),
+        };
+        let (size, count, iters, port) = (
+            size.to_string(),
+            count.to_string(),
+            iters.to_string(),
+            port.to_string(),
+        );
+        v.extend(
+            [
+                "-p", &port, "-S", &size, "-C", &count, "-I", &iters, "-T", &test,
+            ]
+            .map(String::from),
+        );
+        v
+    };
+    let mut s = timed(prog(server));
+    s.args(args(["-b", &ip], server));
+    let server_child = start(s, false);
+    let out = timed(prog(client))
+        .args(args(["-s", &ip], client))
+        .output()
+        .expect("run the riostream client");
+    assert!(
+        out.status.success(),
+        "{client:?} riostream client failed ({}): {} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
+    let server_out = finish(server_child, &format!("the {server:?} riostream server"));
+    for o in [&out.stdout, &server_out.stdout] {
+        let text = String::from_utf8_lossy(o);
+        assert!(text.contains("custom"), "no result line: {text}");
+    }
 }
 
-fn rust_pair(dev: &str, port: u16, size: usize, count: usize, iterations: usize) {
-    let at = addr(dev, port);
-    let listener = RdmaListener::bind(at).expect("bind");
-    let server = thread::spawn(move || {
-        let (s, _) = listener.accept().expect("accept");
-        riostream_side(&s, false, size, count, iterations);
-        s
-    });
-    let c = RdmaStream::connect(at).expect("connect");
-    riostream_side(&c, true, size, count, iterations);
-    let s = server.join().expect("the server side");
-    drop(c);
-    drop(s);
+/// Both roles, a small and a large transfer.
+fn both_sizes(dev: &str, port: u16, roles: (Tool, Tool), ours_t: &str) {
+    riostream_pair(dev, port, roles, (64, 100, 3), ours_t);
+    riostream_pair(dev, port + 1, roles, (100_000, 10, 2), ours_t);
 }
 
 #[test]
 #[ignore = "needs an RDMA device"]
 fn rust_riostream_pair_rxe() {
-    rust_pair("rxe", 7701, 64, 100, 3);
-    rust_pair("rxe", 7702, 100_000, 10, 2);
+    both_sizes("rxe", 7701, (Tool::Ours, Tool::Ours), "");
+    riostream_pair("rxe", 7703, (Tool::Ours, Tool::Ours), (1, 50, 300), "b");
 }
 
 #[test]
 #[ignore = "needs an RDMA device"]
 fn rust_riostream_pair_iwarp() {
-    rust_pair("siw", 7703, 64, 100, 3);
-    rust_pair("siw", 7704, 100_000, 10, 2);
-}
-
-/// The C `riostream` arguments of a custom test with verified data.
-fn c_args(size: usize, count: usize, iterations: usize, port: u16) -> Vec<String> {
-    [
-        "-p",
-        &port.to_string(),
-        "-S",
-        &size.to_string(),
-        "-C",
-        &count.to_string(),
-        "-I",
-        &iterations.to_string(),
-        "-T",
-        "v",
-    ]
-    .map(String::from)
-    .to_vec()
-}
-
-/// Rust serves, C's `riostream` connects.
-fn c_client(dev: &str, port: u16, size: usize, count: usize, iterations: usize) {
-    let at = addr(dev, port);
-    let listener = RdmaListener::bind(at).expect("bind");
-    let (tx, rx) = mpsc::channel();
-    let server = thread::spawn(move || {
-        let (s, _) = listener.accept().expect("accept the C riostream");
-        riostream_side(&s, false, size, count, iterations);
-        let _ = tx.send(());
-        // C closes first (rshutdown, rclose): read to its end.
-        let mut rest = Vec::new();
-        let _ = (&s).read_to_end(&mut rest);
-    });
-    let out = timed("riostream")
-        .args(["-s", &ip(dev)])
-        .args(c_args(size, count, iterations, port))
-        .output()
-        .expect("run riostream");
-    assert!(
-        out.status.success(),
-        "C riostream client failed: {} {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("custom"), "no result line: {text}");
-    rx.recv_timeout(STEP).expect("the Rust side finished");
-    server.join().expect("the Rust server");
-}
-
-/// C's `riostream` serves, Rust connects.
-fn c_server(dev: &str, port: u16, size: usize, count: usize, iterations: usize) {
-    let ip = ip(dev);
-    let mut cmd = timed("riostream");
-    cmd.args(["-b", &ip])
-        .args(c_args(size, count, iterations, port));
-    let server = start(cmd, false);
-    let s = RdmaStream::connect(addr(dev, port)).expect("connect to the C riostream");
-    riostream_side(&s, true, size, count, iterations);
-    drop(s);
-    let out = finish(server, "the C riostream server");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("custom"), "no result line: {text}");
+    both_sizes("siw", 7704, (Tool::Ours, Tool::Ours), "");
+    riostream_pair("siw", 7706, (Tool::Ours, Tool::Ours), (1, 50, 300), "b");
 }
 
 #[test]
 #[ignore = "needs an RDMA device"]
 fn c_riostream_client_to_rust_rxe() {
-    c_client("rxe", 7711, 64, 100, 3);
-    c_client("rxe", 7712, 100_000, 10, 2);
+    both_sizes("rxe", 7711, (Tool::Ours, Tool::C), "");
+    riostream_pair("rxe", 7713, (Tool::Ours, Tool::C), (4096, 20, 5), "b");
 }
 
 #[test]
 #[ignore = "needs an RDMA device"]
 fn rust_to_c_riostream_server_rxe() {
-    c_server("rxe", 7713, 64, 100, 3);
-    c_server("rxe", 7714, 100_000, 10, 2);
+    both_sizes("rxe", 7714, (Tool::C, Tool::Ours), "");
+    riostream_pair("rxe", 7716, (Tool::C, Tool::Ours), (4096, 20, 5), "b");
 }
 
 #[test]
 #[ignore = "needs an RDMA device"]
 fn c_riostream_client_to_rust_iwarp() {
-    c_client("siw", 7715, 64, 100, 3);
-    c_client("siw", 7716, 100_000, 10, 2);
+    both_sizes("siw", 7717, (Tool::Ours, Tool::C), "");
 }
 
 #[test]
 #[ignore = "needs an RDMA device"]
 fn rust_to_c_riostream_server_iwarp() {
-    c_server("siw", 7717, 64, 100, 3);
-    c_server("siw", 7718, 100_000, 10, 2);
+    both_sizes("siw", 7719, (Tool::C, Tool::Ours), "");
+}
+
+/// A connected pair of Rust streams on `dev`.
+fn rust_pair(dev: &str, port: u16) -> (RdmaStream, RdmaStream) {
+    let at = addr(dev, port);
+    let listener = RdmaListener::bind(at).expect("bind");
+    let server = thread::spawn(move || listener.accept().expect("accept").0);
+    let c = RdmaStream::connect(at).expect("connect");
+    (server.join().expect("the accepting side"), c)
+}
+
+/// The library's calls without the tool: the client writes a pattern in
+/// three parts into the server's mapping, the last byte last; the server
+/// waits for it and gets back exactly what was written.
+fn write_wait_unmap(dev: &str, port: u16) {
+    let (s, c) = rust_pair(dev, port);
+    let size = 100_000;
+    let map = s.iomap(vec![0xFF; size], 7000).expect("iomap");
+    assert_eq!((map.offset(), map.len()), (7000, size));
+    // The announcement goes before these bytes on the stream.
+    (&s).write_all(b"go").expect("write");
+    let mut go = [0; 2];
+    (&c).read_exact(&mut go).expect("read");
+    let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+    let mut done = 0;
+    for part in [1000, size - 1001, 1] {
+        let mut n = 0;
+        while n < part {
+            n += c
+                .iowrite(&data[done + n..done + part], 7000 + (done + n) as u64)
+                .expect("iowrite");
+        }
+        done += part;
+    }
+    let last = data[size - 1];
+    s.iomap_wait(&map, size - 1, last, Some(STEP))
+        .expect("the last byte");
+    let back = s.iounmap(map).expect("iounmap");
+    assert!(back[..] == data[..], "the mapping holds what was written");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn iomap_write_wait_unmap_rxe() {
+    write_wait_unmap("rxe", 7731);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn iomap_write_wait_unmap_iwarp() {
+    write_wait_unmap("siw", 7732);
+}
+
+/// A wait for a marker that never comes ends: at its timeout, and when
+/// the peer closes the stream (an error within a bound, never a hang).
+fn wait_ends(dev: &str, port: u16) {
+    let (s, c) = rust_pair(dev, port);
+    let map = s.iomap(vec![0; 64], 0).expect("iomap");
+    let t = Instant::now();
+    let timed_out = s.iomap_wait(&map, 63, 1, Some(Duration::from_millis(50)));
+    assert_eq!(
+        timed_out.map_err(|e| e.kind()),
+        Err(io::ErrorKind::TimedOut)
+    );
+    assert!(t.elapsed() < STEP, "the timeout bounds the wait");
+    // Closed while the wait spins or before it starts: either way the
+    // wait ends with the end of the stream.
+    let closer = thread::spawn(move || drop(c));
+    let t = Instant::now();
+    let closed = s.iomap_wait(&map, 63, 1, None);
+    let e = closed.expect_err("the peer closed");
+    assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
+    assert!(t.elapsed() < STEP, "the close ends the wait");
+    closer.join().expect("the closing side");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn iomap_wait_ends_rxe() {
+    wait_ends("rxe", 7733);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn iomap_wait_ends_iwarp() {
+    wait_ends("siw", 7734);
 }
 
 /// A stream accepted from `listener` in a thread, running `job`, and the

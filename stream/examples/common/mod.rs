@@ -1,5 +1,6 @@
 //! What the examples share: how a failure is printed ([`chain`], [`exit`])
-//! and how a host and port become an address ([`resolve`]).
+//! and how a host and port become an address ([`resolve`]); in [`perf`],
+//! what `rstream` and `riostream` share (their flags, sizes and table).
 //!
 //! Each example includes the whole module (`mod common;`) and uses its part.
 #![allow(dead_code)] // not every example uses every part
@@ -9,6 +10,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
+
+pub mod perf;
 
 /// An error and its sources, `: `-separated, leaving out a source whose
 /// text the one before it already ends with (tonic's transport errors say
