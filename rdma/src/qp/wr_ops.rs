@@ -297,6 +297,39 @@ impl Direct {
     }
 }
 
+impl Direct {
+    /// Posts as [`Direct::post`], to the remote `rkey`/`raddr` given here
+    /// instead of the one the request was made with (a SEND has none): one
+    /// `Direct` serves every RDMA WRITE of the slot queue, whose targets
+    /// are data of each post.
+    ///
+    /// # Safety
+    /// As for [`Direct::post`].
+    #[inline(always)]
+    pub(crate) unsafe fn post_to(
+        &self,
+        flags: u32,
+        sge: &ffi::ibv_sge,
+        wr_id: u64,
+        rkey: u32,
+        raddr: u64,
+    ) -> c_int {
+        let q = self.qp.as_ptr();
+        // SAFETY: as in `post`.
+        unsafe {
+            (self.start)(q);
+            (*q).wr_id = wr_id;
+            (*q).wr_flags = flags;
+            match self.op {
+                DirectOp::Send(f) => f(q),
+                DirectOp::Remote(f, _, _) => f(q, rkey, raddr),
+            }
+            (self.set_sge)(q, sge.lkey, sge.addr, sge.length);
+            (self.complete)(q)
+        }
+    }
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use std::cell::RefCell;
@@ -449,6 +482,40 @@ pub(super) mod tests {
         assert!(x.direct(&SendOp::Read(REMOTE)).is_none());
         assert!(x.direct(&SendOp::Send).is_none());
         assert!(x.direct(&SendOp::SendWithImm(1)).is_none());
+    }
+
+    #[test]
+    fn a_direct_post_can_take_its_remote_per_post() {
+        let provider = FakeProvider::new();
+        let x = provider.extended();
+        let write = SendOp::Write(REMOTE);
+        let sge = ffi::ibv_sge {
+            addr: 0x2000,
+            length: 16,
+            lkey: 5,
+        };
+        let flags = SendFlags::SIGNALED.bits();
+        let direct = x.direct(&write).expect("the fake has RDMA WRITE");
+        // SAFETY: the fake provider reads nothing the SGE points at.
+        assert_eq!(unsafe { direct.post(flags, &sge, 9) }, 0);
+        let bound = calls();
+        // SAFETY: as above.
+        let rc = unsafe { direct.post_to(flags, &sge, 9, REMOTE.rkey, REMOTE.addr) };
+        assert_eq!(rc, 0);
+        assert_eq!(calls(), bound);
+        // Another remote, the same calls.
+        let short = ffi::ibv_sge { length: 1, ..sge };
+        // SAFETY: as above.
+        assert_eq!(unsafe { direct.post_to(0, &short, 10, 8, 0x3000) }, 0);
+        assert_eq!(
+            calls(),
+            [
+                "start",
+                "write 10 8 0x3000",
+                "sge 5 0x2000 1",
+                "complete 10 0x0"
+            ]
+        );
     }
 
     #[test]

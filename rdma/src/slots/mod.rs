@@ -13,12 +13,12 @@
 //! reach is freed.
 
 mod ledger;
+mod requests;
 
 use std::borrow::Cow;
 use std::ffi::c_int;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{check_errno_ret, Error, Result};
 use crate::qp::Direct;
@@ -27,6 +27,7 @@ use crate::{
     RemoteMemory, SendOp, WcStatus,
 };
 use ledger::{Finished, Ledger, Refusal};
+use requests::Requests;
 
 /// How a [`SlotQueue`] is built: its slots, and the queue pair's sizes.
 #[derive(Debug, Clone)]
@@ -68,18 +69,6 @@ impl SlotConfig {
 /// it through the context's ops; called directly, as the send path calls
 /// `ibv_wr_*`'s members, `qp/wr_ops.rs`).
 type PollFn = unsafe extern "C" fn(*mut ffi::ibv_cq, c_int, *mut ffi::ibv_wc) -> c_int;
-
-/// The provider's `post_recv` (`ibv_post_recv(3)`, likewise a `static
-/// inline` call through the context's ops).
-type PostRecvFn = unsafe extern "C" fn(
-    *mut ffi::ibv_qp,
-    *mut ffi::ibv_recv_wr,
-    *mut *mut ffi::ibv_recv_wr,
-) -> c_int;
-
-/// Identities of slot queues, so that a [`SlotTarget`] is posted only on the
-/// queue that made it.
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// A queue pair whose requests use the slots of one registered region, and
 /// the CQ its completions come to.
@@ -148,19 +137,21 @@ pub struct SlotQueue {
     memory: Option<MemoryRegion>,
     /// `memory`'s first byte, taken once from its unique borrow.
     base: NonNull<u8>,
-    /// `qp`'s and `cq`'s C objects, read once: a post or poll loads one
-    /// pointer, not a handle's `Arc` and then its field.
-    qp_raw: NonNull<ffi::ibv_qp>,
+    /// `cq`'s C object, read once: a poll loads one pointer, not a
+    /// handle's `Arc` and then its field.
     cq_raw: NonNull<ffi::ibv_cq>,
     lkey: u32,
     slot_len: u32,
     max_inline: u32,
-    /// SEND's direct calls on the extended path (`None`: `ibv_post_send`).
+    /// SEND's and RDMA WRITE's direct calls on the extended path (`None`:
+    /// the prebuilt request of `requests` and `ibv_post_send`). The write's
+    /// remote is given per post.
     send: Option<Direct>,
+    write: Option<Direct>,
     poll_cq: PollFn,
-    post_recv: PostRecvFn,
+    /// The prebuilt requests and the provider's legacy posts.
+    requests: Requests,
     ledger: Ledger,
-    id: u64,
 }
 
 // SAFETY: the queue owns the QP, the CQ and the region (each `Send`); the
@@ -171,24 +162,13 @@ unsafe impl Send for SlotQueue {}
 // request writes, or call thread-safe verbs (the QP's `&self` methods).
 unsafe impl Sync for SlotQueue {}
 
-/// A remote buffer that RDMA WRITEs of one [`SlotQueue`] go to, with the
-/// provider's call for it chosen once ([`SlotQueue::write_target`]).
+/// A remote buffer that RDMA WRITEs of a [`SlotQueue`] go to
+/// ([`SlotQueue::write_target`]). Only data: any queue may write to it (what
+/// a write reaches is the peer's to allow; the slot it reads is what the
+/// queue checks).
 #[derive(Debug, Clone, Copy)]
 pub struct SlotTarget {
-    queue: u64,
     remote: RemoteMemory,
-    direct: Option<DirectCall>,
-}
-
-/// A [`Direct`] with a `Debug` that says nothing of the provider's
-/// addresses.
-#[derive(Clone, Copy)]
-struct DirectCall(Direct);
-
-impl std::fmt::Debug for DirectCall {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ibv_wr_rdma_write")
-    }
 }
 
 /// A completion polled from a [`SlotQueue`]: the slot it gives back.
@@ -310,27 +290,30 @@ impl SlotQueue {
             .ok_or_else(|| invalid("the region has no memory".into()))?;
         let qp_raw = NonNull::new(qp.as_raw()).ok_or_else(|| invalid("no QP".into()))?;
         let cq_raw = NonNull::new(cq.as_raw()).ok_or_else(|| invalid("no CQ".into()))?;
-        // SAFETY: a live CQ and QP whose context is live; `ops` is
-        // libibverbs' ABI.
-        let (poll, recv) = unsafe {
-            (
-                (*(*cq_raw.as_ptr()).context).ops.poll_cq,
-                (*(*qp_raw.as_ptr()).context).ops.post_recv,
-            )
+        // SAFETY: a live CQ whose context is live; `ops` is libibverbs' ABI.
+        let poll = unsafe { (*(*cq_raw.as_ptr()).context).ops.poll_cq };
+        let lkey = memory.lkey();
+        // SAFETY: the queue's live QP, which outlives every post (the
+        // queue's methods post; the drop destroys it).
+        let requests = unsafe { Requests::new(qp_raw, lkey, slot_len) };
+        // Any remote: `post_to` gives each write's.
+        let any = RemoteMemory {
+            addr: 0,
+            len: 0,
+            rkey: 0,
         };
         Ok(SlotQueue {
-            qp_raw,
             cq_raw,
-            lkey: memory.lkey(),
+            lkey,
             slot_len,
             // What was asked for: a provider may give more, and a message
             // the caller did not want inline is not sent inline.
             max_inline: config.max_inline_data.min(qp.caps().max_inline_data),
             send: qp.direct(&SendOp::Send),
+            write: qp.direct(&SendOp::Write(any)),
             poll_cq: poll.unwrap_or(ffi::ibv_poll_cq),
-            post_recv: recv.unwrap_or(ffi::ibv_post_recv),
+            requests,
             ledger: Ledger::new(config.slots),
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             base,
             qp: Some(qp),
             cq,
@@ -413,11 +396,7 @@ impl SlotQueue {
 
     /// The target of RDMA WRITEs to `remote`, for [`SlotQueue::post_write`].
     pub fn write_target(&self, remote: RemoteMemory) -> SlotTarget {
-        SlotTarget {
-            queue: self.id,
-            remote,
-            direct: self.qp().direct(&SendOp::Write(remote)).map(DirectCall),
-        }
+        SlotTarget { remote }
     }
 
     /// Posts a SEND of the first `len` bytes of `slot`; `signaled` asks for
@@ -430,9 +409,7 @@ impl SlotQueue {
     /// then as before).
     #[inline(always)]
     pub fn post_send(&mut self, slot: u32, len: u32, signaled: bool) -> Result<()> {
-        let direct = self.send;
-        let direct = direct.as_ref();
-        self.post::<false>(ffi::IBV_WR_SEND, None, direct, slot, len, signaled, |_| {})
+        self.post::<false, false>(None, slot, len, signaled, |_| {})
     }
 
     /// Lets `fill` write `slot` (all of it), then posts an RDMA WRITE of its
@@ -451,13 +428,14 @@ impl SlotQueue {
         signaled: bool,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<()> {
-        self.post_to_target::<true>(target, slot, len, signaled, fill)
+        let r = &target.remote;
+        self.post::<true, true>(Some((r.rkey, r.addr)), slot, len, signaled, fill)
     }
 
     /// Posts an RDMA WRITE of the first `len` bytes of `slot` to `target`.
     ///
     /// # Errors
-    /// As [`SlotQueue::post_send`]; also a target of another queue.
+    /// As [`SlotQueue::post_send`].
     #[inline(always)]
     pub fn post_write(
         &mut self,
@@ -466,44 +444,17 @@ impl SlotQueue {
         len: u32,
         signaled: bool,
     ) -> Result<()> {
-        self.post_to_target::<false>(target, slot, len, signaled, |_| {})
+        let r = &target.remote;
+        self.post::<false, true>(Some((r.rkey, r.addr)), slot, len, signaled, |_| {})
     }
 
-    /// An RDMA WRITE to `target`, a target of this queue; with `FILL`,
-    /// `fill` writes the slot first (see [`SlotQueue::post`]).
+    /// A SEND (`WRITE` false, `remote` `None`) or an RDMA WRITE to
+    /// `remote` (rkey, address) of `len` bytes of `slot`; with `FILL`, the
+    /// slot must be free and `fill` writes it first.
     #[inline(always)]
-    fn post_to_target<const FILL: bool>(
+    fn post<const FILL: bool, const WRITE: bool>(
         &mut self,
-        target: &SlotTarget,
-        slot: u32,
-        len: u32,
-        signaled: bool,
-        fill: impl FnOnce(&mut [u8]),
-    ) -> Result<()> {
-        if target.queue != self.id {
-            return Err(foreign_target());
-        }
-        let direct = target.direct.as_ref().map(|d| &d.0);
-        self.post::<FILL>(
-            ffi::IBV_WR_RDMA_WRITE,
-            Some(&target.remote),
-            direct,
-            slot,
-            len,
-            signaled,
-            fill,
-        )
-    }
-
-    /// A send of `len` bytes of `slot`; with `FILL`, the slot must be free
-    /// and `fill` writes it first.
-    #[allow(clippy::too_many_arguments)] // one private body for three posts
-    #[inline(always)]
-    fn post<const FILL: bool>(
-        &mut self,
-        opcode: ffi::ibv_wr_opcode,
-        remote: Option<&RemoteMemory>,
-        direct: Option<&Direct>,
+        remote: Option<(u32, u64)>,
         slot: u32,
         len: u32,
         signaled: bool,
@@ -516,34 +467,31 @@ impl SlotQueue {
             .ledger
             .send::<FILL>(slot)
             .map_err(|r| refused("ibv_post_send", slot, r))?;
+        let at = self.at(slot);
         if FILL {
             // SAFETY: as in `slot_mut`: in range and used by no request in
             // flight (the ledger checked it); the request just recorded is
             // handed to the provider only after this borrow ends.
-            fill(unsafe { std::slice::from_raw_parts_mut(self.at(slot), self.slot_len as usize) });
+            fill(unsafe { std::slice::from_raw_parts_mut(at, self.slot_len as usize) });
         }
-        let sge = ffi::ibv_sge {
-            addr: self.at(slot) as u64,
-            length: len,
-            lkey: self.lkey,
-        };
         let flags = if signaled { ffi::IBV_SEND_SIGNALED } else { 0 };
+        let direct = if WRITE { &self.write } else { &self.send };
         let rc = match direct {
             Some(d) if len > self.max_inline => {
+                let sge = ffi::ibv_sge {
+                    addr: at as u64,
+                    length: len,
+                    lkey: self.lkey,
+                };
+                let (rkey, raddr) = remote.unwrap_or_default();
                 // SAFETY: `d` was made for this queue's QP, which lives and
                 // which `&mut self` keeps from any other post; the SGE is in
                 // the registered slot, which the ledger now holds lent until
                 // the completion (it is never freed before the QP is
                 // destroyed, see the drop).
-                unsafe { d.post(flags, &sge, wr_id) }
+                unsafe { d.post_to(flags, &sge, wr_id, rkey, raddr) }
             }
-            _ => {
-                let rc = self.post_legacy(opcode, remote, flags, sge, wr_id);
-                if rc == 0 && len <= self.max_inline {
-                    self.ledger.copied(slot, prev);
-                }
-                rc
-            }
+            _ => self.post_prebuilt(remote, flags, at as u64, len, wr_id, slot, prev),
         };
         if rc != 0 {
             self.ledger.unsend(slot, prev);
@@ -552,40 +500,34 @@ impl SlotQueue {
         Ok(())
     }
 
-    /// `ibv_post_send` of one request (the legacy path, and inline sends).
-    #[inline(never)]
-    fn post_legacy(
+    /// The send as the prebuilt request (the legacy path, and inline
+    /// sends); an inline send's slot is free again when the call returns.
+    #[allow(clippy::too_many_arguments)] // the request's fields, by register
+    #[inline(always)]
+    fn post_prebuilt(
         &mut self,
-        opcode: ffi::ibv_wr_opcode,
-        remote: Option<&RemoteMemory>,
+        remote: Option<(u32, u64)>,
         flags: u32,
-        mut sge: ffi::ibv_sge,
+        addr: u64,
+        len: u32,
         wr_id: u64,
+        slot: u32,
+        prev: u64,
     ) -> c_int {
-        let inline = if sge.length <= self.max_inline {
-            ffi::IBV_SEND_INLINE
+        let inline = len <= self.max_inline;
+        let flags = if inline {
+            flags | ffi::IBV_SEND_INLINE
         } else {
-            0
+            flags
         };
-        let mut wr = ffi::ibv_send_wr {
-            wr_id,
-            sg_list: &mut sge,
-            num_sge: 1,
-            opcode,
-            send_flags: flags | inline,
-            ..Default::default()
-        };
-        if let Some(r) = remote {
-            wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                remote_addr: r.addr,
-                rkey: r.rkey,
-            };
+        // SAFETY: this queue's live QP, which `&mut self` keeps from any
+        // other post, over the slot the ledger holds lent (inline data is
+        // copied during the call).
+        let rc = unsafe { self.requests.send(remote, flags, addr, len, wr_id) };
+        if rc == 0 && inline {
+            self.ledger.copied(slot, prev);
         }
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: one well-formed request on this queue's live QP over the
-        // slot the ledger holds lent (inline data is copied during the
-        // call); `&mut self` keeps other posts out.
-        unsafe { ffi::ibv_post_send(self.qp_raw.as_ptr(), &mut wr, &mut bad) }
+        rc
     }
 
     /// Posts a receive into `slot` (all of it).
@@ -599,21 +541,11 @@ impl SlotQueue {
             .ledger
             .recv(slot)
             .map_err(|r| refused("ibv_post_recv", slot, r))?;
-        let mut sge = ffi::ibv_sge {
-            addr: self.at(slot) as u64,
-            length: self.slot_len,
-            lkey: self.lkey,
-        };
-        let mut wr = ffi::ibv_recv_wr {
-            wr_id,
-            sg_list: &mut sge,
-            num_sge: 1,
-            next: std::ptr::null_mut(),
-        };
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: one well-formed receive on the live QP into the slot the
-        // ledger now holds lent to the device until its completion.
-        let rc = unsafe { (self.post_recv)(self.qp_raw.as_ptr(), &mut wr, &mut bad) };
+        let at = self.at(slot) as u64;
+        // SAFETY: the live QP, which `&mut self` keeps from any other post,
+        // into the slot the ledger now holds lent to the device until its
+        // completion.
+        let rc = unsafe { self.requests.recv(at, wr_id) };
         if rc != 0 {
             self.ledger.unrecv(slot, prev);
             return check_errno_ret("ibv_post_recv", || self.describe(slot), rc);
@@ -630,17 +562,10 @@ impl SlotQueue {
     #[inline(always)]
     pub fn poll(&mut self) -> Result<Option<SlotCompletion>> {
         let mut wc = MaybeUninit::<ffi::ibv_wc>::uninit();
-        // SAFETY: the queue's live CQ, room for one entry.
-        let n = unsafe { (self.poll_cq)(self.cq_raw.as_ptr(), 1, wc.as_mut_ptr()) };
-        if n <= 0 {
-            return if n == 0 {
-                Ok(None)
-            } else {
-                Err(self.poll_failed(n))
-            };
-        }
-        // SAFETY: the provider wrote the entry it counted.
-        let wc = unsafe { wc.assume_init_ref() };
+        let wc = match self.poll_one(&mut wc) {
+            Ok(wc) => wc,
+            Err(n) => return self.empty_or_failed(n),
+        };
         match self.ledger.complete(wc.wr_id) {
             Some(f) => Ok(Some(SlotCompletion::new(f, wc))),
             // Out of line: a loop here would have the ledger's fields loaded
@@ -656,20 +581,40 @@ impl SlotQueue {
     fn poll_past_stale(&mut self) -> Result<Option<SlotCompletion>> {
         loop {
             let mut wc = MaybeUninit::<ffi::ibv_wc>::uninit();
-            // SAFETY: as in `poll`.
-            let n = unsafe { (self.poll_cq)(self.cq_raw.as_ptr(), 1, wc.as_mut_ptr()) };
-            if n <= 0 {
-                return if n == 0 {
-                    Ok(None)
-                } else {
-                    Err(self.poll_failed(n))
-                };
-            }
-            // SAFETY: as in `poll`.
-            let wc = unsafe { wc.assume_init_ref() };
+            let wc = match self.poll_one(&mut wc) {
+                Ok(wc) => wc,
+                Err(n) => return self.empty_or_failed(n),
+            };
             if let Some(f) = self.ledger.complete(wc.wr_id) {
                 return Ok(Some(SlotCompletion::new(f, wc)));
             }
+        }
+    }
+
+    /// The provider's `poll_cq` for one entry: the entry, or what the call
+    /// returned when it gave none (0, or a negative error).
+    #[inline(always)]
+    fn poll_one<'w>(
+        &self,
+        wc: &'w mut MaybeUninit<ffi::ibv_wc>,
+    ) -> std::result::Result<&'w ffi::ibv_wc, c_int> {
+        // SAFETY: the queue's live CQ, room for one entry.
+        let n = unsafe { (self.poll_cq)(self.cq_raw.as_ptr(), 1, wc.as_mut_ptr()) };
+        if n <= 0 {
+            return Err(n);
+        }
+        // SAFETY: the provider wrote the entry it counted.
+        Ok(unsafe { wc.assume_init_ref() })
+    }
+
+    /// What a poll that gave no entry returns: `None` for an empty CQ, the
+    /// error of a failed call.
+    #[inline(always)]
+    fn empty_or_failed(&self, n: c_int) -> Result<Option<SlotCompletion>> {
+        if n == 0 {
+            Ok(None)
+        } else {
+            Err(self.poll_failed(n))
         }
     }
 
@@ -756,13 +701,5 @@ fn too_long(slot: u32, len: u32, slot_len: u32) -> Error {
     Error::InvalidArgument {
         verb: "ibv_post_send",
         reason: format!("{len} bytes from slot {slot}, whose slots are {slot_len} bytes"),
-    }
-}
-
-#[cold]
-fn foreign_target() -> Error {
-    Error::InvalidArgument {
-        verb: "ibv_post_send",
-        reason: "the write target was made by another slot queue".into(),
     }
 }
