@@ -64,7 +64,10 @@ unsafe impl Sync for ContextInner {}
 type LimitsCache = Vec<(usize, usize, ffi::ibv_device_attr)>;
 static BORROWED_LIMITS: std::sync::Mutex<LimitsCache> = std::sync::Mutex::new(Vec::new());
 
-fn borrowed_limits(ctx: NonNull<ffi::ibv_context>, name: &str) -> Result<ffi::ibv_device_attr> {
+pub(crate) fn borrowed_limits(
+    ctx: NonNull<ffi::ibv_context>,
+    name: &str,
+) -> Result<ffi::ibv_device_attr> {
     // SAFETY: an open context (the caller's contract); its device pointer is
     // set for its lifetime.
     let dev = unsafe { (*ctx.as_ptr()).device } as usize;
@@ -231,7 +234,7 @@ impl Context {
     ///
     /// # Safety
     /// `ctx` is an open context.
-    unsafe fn device_name_of(ctx: NonNull<ffi::ibv_context>) -> String {
+    pub(crate) unsafe fn device_name_of(ctx: NonNull<ffi::ibv_context>) -> String {
         // SAFETY: an open context (the caller's contract); its device and the
         // device's name live as long as it.
         unsafe { std::ffi::CStr::from_ptr(ffi::ibv_get_device_name((*ctx.as_ptr()).device)) }

@@ -201,68 +201,10 @@ pub(crate) fn connect(dst: SocketAddr, opts: &Options) -> io::Result<Parts> {
     })
 }
 
-/// siw's vendor id (`ibv_devinfo`: `0x626d74`, "bmt").
-const SIW_VENDOR_ID: u32 = 0x0062_6d74;
-
-/// Completion entries of the plug: 32 bytes each on siw, so its queue
-/// (1 MiB) is longer than the refused key's offset plus a page, whatever the
-/// page size.
-const PLUG_CQE: u32 = 32 * 1024;
-
-/// A completion queue that covers the mmap key siw refuses, held while a
-/// listener lives so that its process may keep more than 48 connections on
-/// one siw device (`KeyPlug::for_device`).
-pub(crate) struct KeyPlug {
-    _cq: CompletionQueue,
-}
-
-impl KeyPlug {
-    /// The plug for `ctx`'s device if it is siw, `None` for any other (or
-    /// when it cannot be made: then only the limit below stays).
-    ///
-    /// siw (rdma-core 44's provider, Linux 6.1) maps each CQ, send queue and
-    /// receive queue of a process's device context to user space under an
-    /// mmap key the kernel hands out first fit, in pages from 0, and the
-    /// provider refuses the object whose key is `0x90000` (page 144 with
-    /// 4 KiB pages), its "invalid key" sentinel, without setting errno
-    /// (`Error::NoReason`): with a CQ, an SQ and an RQ of a page each per
-    /// connection, the 49th connection of a process fails. Only an object's
-    /// first key is checked, so a queue that starts below that page and ends
-    /// past it takes it for good: every later object's key lies below or
-    /// beyond. Made while fewer than 145 pages are mapped (a listener's bind,
-    /// before its connections), this CQ of 1 MiB starts at or below page 144
-    /// (first fit) and so covers it. It costs that much of the kernel's
-    /// memory and nothing else: it has no channel and is never polled.
-    pub(crate) fn for_device(ctx: &rdma::Context) -> Option<KeyPlug> {
-        match ctx.query_device() {
-            Ok(attr) if attr.vendor_id() == SIW_VENDOR_ID => {}
-            Ok(_) => return None,
-            Err(e) => {
-                log::warn!("no siw key plug: ibv_query_device on {}: {e}", ctx.name());
-                return None;
-            }
-        }
-        match ctx.create_cq(PLUG_CQE, None, 0) {
-            Ok(cq) => Some(KeyPlug { _cq: cq }),
-            Err(e) => {
-                // Made too late (the key already reached), or memory: the
-                // connections still work up to siw's limit.
-                log::warn!(
-                    "no siw key plug on {}: {e}; this process's 49th connection on it will fail",
-                    ctx.name()
-                );
-                None
-            }
-        }
-    }
-}
-
 /// A listening id with its own event channel.
 pub(crate) struct Listening {
     pub(crate) id: CmId,
     pub(crate) events: EventChannel,
-    /// On siw, held while the listener lives (`KeyPlug`).
-    _plug: Option<KeyPlug>,
 }
 
 pub(crate) fn listen(addr: SocketAddr, backlog: i32) -> io::Result<Listening> {
@@ -273,14 +215,7 @@ pub(crate) fn listen(addr: SocketAddr, backlog: i32) -> io::Result<Listening> {
         .map_err(err("rdma_create_id"))?;
     id.bind_addr(addr).map_err(err("rdma_bind_addr"))?;
     id.listen(backlog).map_err(err("rdma_listen"))?;
-    // Bound to an address of one device: plug its key now, before the
-    // connections. A wildcard listener has no device yet.
-    let plug = id.context().ok().and_then(|ctx| KeyPlug::for_device(&ctx));
-    Ok(Listening {
-        id,
-        events,
-        _plug: plug,
-    })
+    Ok(Listening { id, events })
 }
 
 /// Waits (without bound when `timeout` is `None`) for a connection request

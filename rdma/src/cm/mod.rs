@@ -23,7 +23,9 @@
 //!   event is gone.
 //! - The device context behind an id (`cm_id->verbs`) belongs to librdmacm:
 //!   [`CmId::context`] returns a borrowed [`Context`] that is never closed by
-//!   this crate and keeps the id alive. Build the PD, CQs and a crate
+//!   this crate and keeps the id alive (on siw, with a CQ that covers the
+//!   mmap key siw's provider refuses: see [`CmId::context`]). Build the PD,
+//!   CQs and a crate
 //!   [`crate::QueuePair`] on it, and drive the QP with
 //!   [`CmId::connect_qp`] / [`CmId::accept_qp`] / [`CmId::establish_qp`]
 //!   (`rdma_init_qp_attr`-driven transitions). The safe post path then works on
@@ -90,6 +92,7 @@ mod channel;
 mod device;
 mod event;
 mod id;
+pub(crate) mod key_plug;
 mod param;
 mod verbs;
 

@@ -34,8 +34,6 @@ use crate::wire::ConnData;
 pub struct RdmaListener {
     listener: rdma::aio::Listener,
     opts: Options,
-    /// On siw, held while the listener lives (`setup::KeyPlug`).
-    plug: Option<setup::KeyPlug>,
 }
 
 impl std::fmt::Debug for RdmaListener {
@@ -59,18 +57,7 @@ impl RdmaListener {
     ) -> io::Result<RdmaListener> {
         let listener = rdma::aio::Listener::bind(reactor, addr, 128)
             .map_err(|e| setup::step_error("listening", e))?;
-        // Bound to an address of one device: plug its key now, before the
-        // connections (a wildcard listener plugs at its first iWARP accept).
-        let plug = listener
-            .id()
-            .context()
-            .ok()
-            .and_then(|ctx| setup::KeyPlug::for_device(&ctx));
-        Ok(RdmaListener {
-            listener,
-            opts,
-            plug,
-        })
+        Ok(RdmaListener { listener, opts })
     }
 
     /// The bound address, with the port that was picked.
@@ -105,9 +92,6 @@ impl RdmaListener {
             };
             let ctx = pending.id().context().map_err(io::Error::from)?;
             let iwarp = setup::is_iwarp(&ctx)?;
-            if iwarp && self.plug.is_none() {
-                self.plug = setup::KeyPlug::for_device(&ctx);
-            }
             let pd = pending.pd().clone();
             let local = Local::new(&pd, pending.qp(), self.opts.sizes)?;
             let ours = local.conn_data().encode().to_vec();

@@ -445,6 +445,11 @@ impl CmId {
     /// The device the id is bound to, as a borrowed [`Context`]: librdmacm
     /// owns it, this crate never closes it, and it keeps the id alive.
     ///
+    /// On siw, the context also holds a 1 MiB CQ while any context of that
+    /// device from this call lives (made when none does): rdma-core's siw
+    /// provider refuses the object mapped at key `0x90000`, which would stop
+    /// a process at about 48 connections, and the CQ covers that key.
+    ///
     /// # Errors
     /// `EINVAL` before the id is bound to a device; [`Error::Verb`] naming
     /// `ibv_query_device`.
@@ -452,7 +457,19 @@ impl CmId {
         let ctx = self.with(Access::Stable, |raw, _| {
             self.verbs(raw, "rdma_cm_id::verbs")
         })?;
-        let keep: Arc<dyn Send + Sync> = Arc::clone(&self.inner) as Arc<dyn Send + Sync>;
+        let id: Arc<dyn Send + Sync> = Arc::clone(&self.inner) as Arc<dyn Send + Sync>;
+        // On siw, the context's key plug (`cm::key_plug`), held with the id.
+        // SAFETY: the context stays open while the id holds its device; the
+        // plug is held next to the id (`Keep`).
+        let plug = unsafe {
+            let name = Context::device_name_of(ctx);
+            let attr = crate::context::borrowed_limits(ctx, &name)?;
+            crate::cm::key_plug::plugged(ctx, &attr, &name)
+        };
+        let keep: Arc<dyn Send + Sync> = Arc::new(crate::cm::key_plug::Keep {
+            _plug: plug,
+            _id: id,
+        });
         // SAFETY: the context stays open while the id holds its device,
         // i.e. while `keep` lives.
         unsafe { Context::borrowed(ctx, keep) }
