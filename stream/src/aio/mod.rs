@@ -24,7 +24,7 @@ use crate::setup::{self, Options};
 use crate::wire::ConnData;
 
 mod listener;
-pub use listener::RdmaListener;
+pub use listener::{RdmaListener, DEFAULT_MAX_ACCEPTING};
 
 /// How long dropping a stream waits for what was written to be delivered.
 const DROP_LINGER: Duration = Duration::from_secs(2);
