@@ -5,7 +5,8 @@
 //! riostream [-s server_address] [-b bind_address] [-f address_format]
 //!           [-B buffer_size] [-i inline_size] [-I iterations]
 //!           [-C transfer_count] [-S transfer_size or all] [-p port_number]
-//!           [-T test_option]   b (blocking), n (nonblocking), v (verify)
+//!           [-T test_option]   a (async), b (blocking), n (nonblocking),
+//!                              v (verify)
 //! ```
 //!
 //! Without `-s` it serves; with it, it connects. Without `-I`, `-C` or
@@ -23,15 +24,17 @@
 //! transfer carry the tools' pattern, checked on arrival. The stream
 //! itself carries nothing but the 16 bytes.
 //!
-//! `-T a` (C's `rpoll` loop) is refused: the async stream has no direct
-//! placement.
+//! `-T a` runs the async stream (`aio::RdmaStream`) on a current-thread
+//! tokio runtime, each call to completion (C's `rpoll` before each call);
+//! it needs the `tokio` feature.
 
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context as _};
+use rdma::Buffer;
 use rdma_stream::{IoMap, RdmaListener, RdmaStream};
 
 mod common;
@@ -56,13 +59,130 @@ const USAGE: &str = "usage: riostream
 \t    v|verify - verify data";
 
 fn parse(argv: &[String]) -> anyhow::Result<PerfArgs> {
-    let a = perf::parse("riostream", argv, USAGE, "sbfBiICSpT", |_: Extra<'_>| {
+    perf::parse("riostream", argv, USAGE, "sbfBiICSpT", |_: Extra<'_>| {
         Ok(false)
-    })?;
-    if a.async_io {
-        bail!("-T a (async) is not supported: the async stream has no direct placement");
+    })
+}
+
+/// What a test does with its connection: the stream's calls with the
+/// tool's waits (the blocking stream's, or the async one's run to
+/// completion).
+trait Conn {
+    /// `riomap` of `mem` at offset 0, waiting for a credit (C's `riomap`
+    /// queues an announcement that finds none and sends it later).
+    fn iomap(&self, mem: Vec<u8>) -> io::Result<IoMap>;
+    fn iowrite(&self, buf: &[u8], offset: u64) -> io::Result<usize>;
+    /// Until byte `at` of `map` is `value` (C's spin on `poll_byte`).
+    fn iomap_wait(&self, map: &IoMap, at: usize, value: u8) -> io::Result<()>;
+    fn iomap_read(&self, map: &IoMap, at: usize, out: &mut [u8]) -> io::Result<()>;
+    fn iounmap(&self, map: IoMap) -> io::Result<Buffer>;
+    fn send(&self, buf: &[u8]) -> io::Result<usize>;
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// `rshutdown(SHUT_RDWR)` and `rclose`.
+    fn close(&self);
+}
+
+/// The blocking stream in the mode of `-T b` or `-T n`.
+struct Blocking {
+    s: RdmaStream,
+    nonblocking: bool,
+}
+
+impl Blocking {
+    /// `f` in blocking mode, then back in the tool's.
+    fn blocking<T>(&self, f: impl FnOnce(&RdmaStream) -> io::Result<T>) -> io::Result<T> {
+        self.s.set_nonblocking(false)?;
+        let r = f(&self.s);
+        self.s.set_nonblocking(self.nonblocking)?;
+        r
     }
-    Ok(a)
+}
+
+impl Conn for Blocking {
+    fn iomap(&self, mem: Vec<u8>) -> io::Result<IoMap> {
+        self.blocking(|s| s.iomap(mem, 0))
+    }
+
+    fn iowrite(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+        self.s.iowrite(buf, offset)
+    }
+
+    fn iomap_wait(&self, map: &IoMap, at: usize, value: u8) -> io::Result<()> {
+        // In blocking mode the wait also sees the connection manager's
+        // events (a peer that went away).
+        self.blocking(|s| s.iomap_wait(map, at, value, None))
+    }
+
+    fn iomap_read(&self, map: &IoMap, at: usize, out: &mut [u8]) -> io::Result<()> {
+        self.s.iomap_read(map, at, out)
+    }
+
+    fn iounmap(&self, map: IoMap) -> io::Result<Buffer> {
+        self.s.iounmap(map)
+    }
+
+    fn send(&self, buf: &[u8]) -> io::Result<usize> {
+        (&self.s).write(buf)
+    }
+
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        (&self.s).read(buf)
+    }
+
+    fn close(&self) {
+        let _ = self.s.shutdown(Shutdown::Both);
+    }
+}
+
+/// `-T a`: the async stream, each call run to completion on a
+/// current-thread tokio runtime.
+#[cfg(feature = "tokio")]
+struct Async {
+    /// The runtime whose reactor the stream is registered with.
+    rt: std::rc::Rc<tokio::runtime::Runtime>,
+    s: rdma_stream::aio::RdmaStream,
+}
+
+#[cfg(feature = "tokio")]
+impl Conn for Async {
+    fn iomap(&self, mem: Vec<u8>) -> io::Result<IoMap> {
+        self.rt.block_on(self.s.iomap(mem, 0))
+    }
+
+    fn iowrite(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+        self.rt.block_on(self.s.iowrite(buf, offset))
+    }
+
+    fn iomap_wait(&self, map: &IoMap, at: usize, value: u8) -> io::Result<()> {
+        self.rt.block_on(self.s.iomap_wait(map, at, value, None))
+    }
+
+    fn iomap_read(&self, map: &IoMap, at: usize, out: &mut [u8]) -> io::Result<()> {
+        self.s.iomap_read(map, at, out)
+    }
+
+    fn iounmap(&self, map: IoMap) -> io::Result<Buffer> {
+        self.s.iounmap(map)
+    }
+
+    fn send(&self, buf: &[u8]) -> io::Result<usize> {
+        let s = &self.s;
+        self.rt
+            .block_on(std::future::poll_fn(|cx| s.poll_write_bytes(cx, buf)))
+    }
+
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let s = &self.s;
+        self.rt
+            .block_on(std::future::poll_fn(|cx| s.poll_read_bytes(cx, buf)))
+    }
+
+    fn close(&self) {
+        let s = &self.s;
+        let _ = self
+            .rt
+            .block_on(std::future::poll_fn(|cx| s.poll_shutdown_write(cx)));
+    }
 }
 
 /// The marker's value before any arrived (C's `*poll_byte = -1`): the
@@ -83,11 +203,11 @@ struct Test<'a> {
 
 impl Test<'_> {
     /// `size` bytes over the stream itself (`send_msg`).
-    fn send_msg(&self, s: &RdmaStream, size: usize) -> anyhow::Result<()> {
+    fn send_msg(&self, s: &dyn Conn, size: usize) -> anyhow::Result<()> {
         let msg = vec![0; size];
         let mut off = 0;
         while off < size {
-            let n = retry(|| (&*s).write(&msg[off..])).context("rsend")?;
+            let n = retry(|| s.send(&msg[off..])).context("rsend")?;
             if n == 0 {
                 bail!("rsend: the stream took no bytes");
             }
@@ -97,11 +217,11 @@ impl Test<'_> {
     }
 
     /// `size` bytes from the stream itself (`recv_msg`).
-    fn recv_msg(&self, s: &RdmaStream, size: usize) -> anyhow::Result<()> {
+    fn recv_msg(&self, s: &dyn Conn, size: usize) -> anyhow::Result<()> {
         let mut msg = vec![0; size];
         let mut off = 0;
         while off < size {
-            let n = retry(|| (&*s).read(&mut msg[off..])).context("rrecv")?;
+            let n = retry(|| s.recv(&mut msg[off..])).context("rrecv")?;
             if n == 0 {
                 bail!("rrecv: the peer closed the stream");
             }
@@ -111,7 +231,7 @@ impl Test<'_> {
     }
 
     /// `out[..size]` into the peer's mapping at offset 0 (`send_xfer`).
-    fn send_xfer(&self, s: &RdmaStream, size: usize) -> anyhow::Result<()> {
+    fn send_xfer(&self, s: &dyn Conn, size: usize) -> anyhow::Result<()> {
         let mut off = 0;
         while off < size {
             let n = retry(|| s.iowrite(&self.out[off..size], off as u64)).context("riowrite")?;
@@ -127,7 +247,7 @@ impl Test<'_> {
     /// in its last byte (and the pattern before it with `-T v`).
     fn send_xfers(
         &mut self,
-        s: &RdmaStream,
+        s: &dyn Conn,
         size: usize,
         count: usize,
         marker: u8,
@@ -144,16 +264,10 @@ impl Test<'_> {
 
     /// Spins until the peer's marker is in the last byte of `map`
     /// (`recv_xfer`), then checks the bytes before it with `-T v`.
-    fn recv_xfer(&mut self, s: &RdmaStream, map: &IoMap, marker: u8) -> anyhow::Result<()> {
+    fn recv_xfer(&mut self, s: &dyn Conn, map: &IoMap, marker: u8) -> anyhow::Result<()> {
         let last = map.len() - 1;
-        // Blocking mode for the wait: then it also sees the connection
-        // manager's events (a peer that went away); C spins on the byte
-        // whatever its flags.
-        s.set_nonblocking(false).context("set_nonblocking")?;
-        let waited = s.iomap_wait(map, last, marker, None);
-        s.set_nonblocking(self.args.nonblocking)
-            .context("set_nonblocking")?;
-        waited.with_context(|| format!("waiting for marker {marker}"))?;
+        s.iomap_wait(map, last, marker)
+            .with_context(|| format!("waiting for marker {marker}"))?;
         if self.args.verify {
             let mut got = vec![0; last];
             s.iomap_read(map, 0, &mut got)
@@ -167,7 +281,7 @@ impl Test<'_> {
     /// transfers each way, the line, unmap.
     fn run(
         &mut self,
-        s: &RdmaStream,
+        s: &dyn Conn,
         name: &str,
         size: usize,
         count: usize,
@@ -175,12 +289,7 @@ impl Test<'_> {
     ) -> anyhow::Result<()> {
         let mut mem = vec![0; size];
         mem[size - 1] = NO_MARKER;
-        // C's riomap queues an announcement that finds no credit and sends
-        // it later; ours waits for one, in blocking mode.
-        s.set_nonblocking(false).context("set_nonblocking")?;
-        let map = s.iomap(mem, 0).context("riomap")?;
-        s.set_nonblocking(self.args.nonblocking)
-            .context("set_nonblocking")?;
+        let map = s.iomap(mem).context("riomap")?;
         self.out[size - 1] = NO_MARKER;
         if self.client {
             self.send_msg(s, 16)?;
@@ -207,39 +316,104 @@ impl Test<'_> {
     }
 }
 
-/// The next connection: accepted on `listener`, or made to `-s`.
-fn connect(
-    a: &PerfArgs,
-    listener: Option<&RdmaListener>,
-    latency: bool,
-) -> anyhow::Result<RdmaStream> {
-    let s = match (listener, &a.dst) {
-        (Some(l), _) => l.accept().context("raccept")?.0,
-        (None, Some(dst)) => {
-            let to = addr(dst, &a.port)?;
-            RdmaStream::connect_with(to, &perf::options(a, latency)).context("rconnect")?
-        }
-        (None, None) => unreachable!("a server has a listener"),
-    };
-    s.set_nonblocking(a.nonblocking)
-        .context("set_nonblocking")?;
-    Ok(s)
+/// Where connections come from: a listener of either stream, or `-s`.
+enum Source {
+    Blocking(RdmaListener),
+    #[cfg(feature = "tokio")]
+    Async(
+        std::rc::Rc<tokio::runtime::Runtime>,
+        rdma_stream::aio::RdmaListener,
+    ),
+    Connect(std::net::SocketAddr),
 }
 
-/// `rshutdown(SHUT_RDWR)` and `rclose`.
-fn close(s: RdmaStream) {
-    let _ = s.shutdown(Shutdown::Both);
+#[cfg(feature = "tokio")]
+fn runtime() -> anyhow::Result<std::rc::Rc<tokio::runtime::Runtime>> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map(std::rc::Rc::new)
+        .context("tokio runtime")
+}
+
+fn source(a: &PerfArgs) -> anyhow::Result<Source> {
+    if let Some(dst) = &a.dst {
+        return Ok(Source::Connect(addr(dst, &a.port)?));
+    }
+    let host = a.src.as_deref().unwrap_or("0.0.0.0");
+    let at = addr(host, &a.port)?;
+    if a.async_io {
+        #[cfg(feature = "tokio")]
+        {
+            let rt = runtime()?;
+            let l = rt
+                .block_on(async {
+                    rdma_stream::aio::RdmaListener::bind(
+                        &rdma::aio::tokio_rt::Tokio,
+                        at,
+                        options(a, true),
+                    )
+                })
+                .context("rbind")?;
+            return Ok(Source::Async(rt, l));
+        }
+        #[cfg(not(feature = "tokio"))]
+        bail!("-T a needs this example built with the `tokio` feature")
+    }
+    Ok(Source::Blocking(
+        RdmaListener::bind_with(at, options(a, true)).context("rbind")?,
+    ))
+}
+
+/// The tools' options (`set_options`).
+fn options(a: &PerfArgs, latency: bool) -> rdma_stream::Options {
+    perf::options(a, latency)
+}
+
+/// The next connection.
+fn connect(a: &PerfArgs, from: &mut Source, latency: bool) -> anyhow::Result<Box<dyn Conn>> {
+    let blocking = |s: RdmaStream| -> anyhow::Result<Box<dyn Conn>> {
+        s.set_nonblocking(a.nonblocking)
+            .context("set_nonblocking")?;
+        Ok(Box::new(Blocking {
+            s,
+            nonblocking: a.nonblocking,
+        }))
+    };
+    match from {
+        Source::Blocking(l) => blocking(l.accept().context("raccept")?.0),
+        #[cfg(feature = "tokio")]
+        Source::Async(rt, l) => {
+            let (s, _) = rt.block_on(l.accept()).context("raccept")?;
+            Ok(Box::new(Async {
+                rt: std::rc::Rc::clone(rt),
+                s,
+            }))
+        }
+        Source::Connect(to) if a.async_io => {
+            #[cfg(feature = "tokio")]
+            {
+                let rt = runtime()?;
+                let s = rt
+                    .block_on(rdma_stream::aio::RdmaStream::connect(
+                        &rdma::aio::tokio_rt::Tokio,
+                        *to,
+                        &options(a, latency),
+                    ))
+                    .context("rconnect")?;
+                Ok(Box::new(Async { rt, s }))
+            }
+            #[cfg(not(feature = "tokio"))]
+            bail!("-T a needs this example built with the `tokio` feature")
+        }
+        Source::Connect(to) => {
+            blocking(RdmaStream::connect_with(*to, &options(a, latency)).context("rconnect")?)
+        }
+    }
 }
 
 fn run(a: &PerfArgs) -> anyhow::Result<()> {
-    let listener = match &a.dst {
-        Some(_) => None,
-        None => {
-            let host = a.src.as_deref().unwrap_or("0.0.0.0");
-            let at = addr(host, &a.port)?;
-            Some(RdmaListener::bind_with(at, perf::options(a, true)).context("rbind")?)
-        }
-    };
+    let mut from = source(a)?;
     let largest = if a.custom {
         a.transfer_size
     } else {
@@ -253,19 +427,19 @@ fn run(a: &PerfArgs) -> anyhow::Result<()> {
     };
     perf::header();
     if a.custom {
-        let s = connect(a, listener.as_ref(), true)?;
+        let s = connect(a, &mut from, true)?;
         t.run(
-            &s,
+            &*s,
             "custom",
             a.transfer_size,
             a.transfer_count,
             a.iterations,
         )?;
-        close(s);
+        s.close();
         return Ok(());
     }
     for latency in [true, false] {
-        let s = connect(a, listener.as_ref(), latency)?;
+        let s = connect(a, &mut from, latency)?;
         for &(size, extra) in TEST_SIZES {
             if extra && !a.all_sizes {
                 continue;
@@ -275,9 +449,9 @@ fn run(a: &PerfArgs) -> anyhow::Result<()> {
             } else {
                 (size_to_count(size), 1)
             };
-            t.run(&s, &perf::series_name(size, latency), size, count, iters)?;
+            t.run(&*s, &perf::series_name(size, latency), size, count, iters)?;
         }
-        close(s);
+        s.close();
     }
     Ok(())
 }

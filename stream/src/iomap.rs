@@ -42,7 +42,7 @@
 use std::io;
 use std::time::{Duration, Instant};
 
-use rdma::{AccessFlags, Buffer, RemoteMemory};
+use rdma::{AccessFlags, Buffer, ProtectionDomain, RemoteMemory};
 
 use crate::blocking::RdmaStream;
 use crate::engine::Engine;
@@ -120,7 +120,7 @@ fn find(e: &Engine, offset: u64) -> io::Result<Option<IoMapEntry>> {
 }
 
 /// Copies bytes `at..` of `map`, one of `e`'s mappings, into `out`.
-fn read_mapped(e: &Engine, map: &IoMap, at: usize, out: &mut [u8]) -> io::Result<()> {
+pub(crate) fn read_mapped(e: &Engine, map: &IoMap, at: usize, out: &mut [u8]) -> io::Result<()> {
     let mr = e
         .mapped
         .get(map.index)
@@ -132,7 +132,7 @@ fn read_mapped(e: &Engine, map: &IoMap, at: usize, out: &mut [u8]) -> io::Result
 
 /// Posts what it can of `data` to the peer's offset `offset`: bytes
 /// posted, `None` when the queue is full.
-fn post_some(e: &mut Engine, data: &[u8], offset: u64) -> io::Result<Option<usize>> {
+pub(crate) fn post_some(e: &mut Engine, data: &[u8], offset: u64) -> io::Result<Option<usize>> {
     let mut done = 0;
     while done < data.len() {
         let at = offset + done as u64;
@@ -180,75 +180,18 @@ impl RdmaStream {
     /// `InvalidInput` for an empty buffer, one of 4 GiB or more, or offsets
     /// that wrap around; the registration's error; the stream's errors.
     pub fn iomap(&self, buf: impl Into<Box<[u8]>>, offset: u64) -> io::Result<IoMap> {
-        let buf = buf.into();
-        let len = buf.len();
-        let length = u32::try_from(len)
-            .ok()
-            .filter(|&l| l > 0 && offset.checked_add(u64::from(l)).is_some())
-            .ok_or_else(|| {
-                invalid(format!(
-                    "riomap: {len} bytes at offset {offset} (a mapping has 1 byte to 4 GiB, \
-                     and its offsets must not wrap around)"
-                ))
-            })?;
-        let (index, entry, to, addr) = {
+        let pending = {
             let mut p = self.lock();
-            let table = p.engine.peer_iomap;
-            if table.length == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    "riomap: the peer offers no direct-placement table (a C rsocket sets \
-                     RDMA_IOMAPSIZE before connecting)",
-                ));
-            }
-            let slots = table.length as usize;
-            let mapped = &mut p.engine.mapped;
-            mapped.resize_with(slots.max(mapped.len()), || None);
-            let Some(index) = mapped.iter().take(slots).position(Option::is_none) else {
-                return Err(io::Error::new(
-                    io::ErrorKind::OutOfMemory,
-                    format!("riomap: the peer's table has {slots} slots, all mapped"),
-                ));
-            };
-            let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-            let mr = p
-                ._pd
-                .reg_mr(buf, access)
-                .map_err(|e| crate::setup::step_error("riomap", e))?;
-            let entry = IoMapEntry {
-                offset,
-                sge: wire::Sge {
-                    addr: mr.addr(),
-                    key: mr.rkey(),
-                    length,
-                },
-            };
-            // Ours before the peer hears of it.
-            p.engine.mapped[index] = Some(mr);
-            let to = RemoteMemory {
-                addr: table.addr + (index * wire::IOMAP_ENTRY_LEN) as u64,
-                len: wire::IOMAP_ENTRY_LEN as u64,
-                rkey: table.key,
-            };
-            let bytes = entry.to_memory(p.engine.peer_big_endian);
-            (index, bytes, to, entry.sge.addr)
+            let p = &mut *p;
+            Announcement::prepare(&mut p.engine, &p._pd, buf.into(), offset)?
         };
-        let msg = wire::msg(Op::IOMAP_SGL, index as u32);
-        let announced = self.wait(None, |e| {
-            Ok(e.try_post_direct(&entry, to, Some(msg))?.map(drop))
-        });
-        if let Err(e) = announced {
-            // Never announced (or the connection failed): deregistered
-            // and freed by its drop.
-            drop(self.lock().engine.mapped[index].take());
-            return Err(e);
+        match self.wait(None, |e| pending.try_post(e)) {
+            Ok(()) => Ok(pending.done()),
+            Err(e) => {
+                pending.abandon(&mut self.lock().engine);
+                Err(e)
+            }
         }
-        Ok(IoMap {
-            index,
-            addr,
-            offset,
-            len,
-        })
     }
 
     /// Copies bytes `at..at + out.len()` of `map` into `out`, with the rdma
@@ -351,23 +294,10 @@ impl RdmaStream {
     pub fn iowrite(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
         let mut done = 0;
         while done < buf.len() {
-            let at = offset.checked_add(done as u64).ok_or_else(|| {
-                invalid(format!(
-                    "riowrite: {} bytes at offset {offset} wrap around",
-                    buf.len()
-                ))
-            })?;
+            let at = write_offset(buf.len(), offset, done)?;
             match self.wait(None, |e| post_some(e, &buf[done..], at)) {
                 Ok(n) => done += n,
-                Err(e)
-                    if done > 0
-                        && matches!(
-                            e.kind(),
-                            io::ErrorKind::WouldBlock | io::ErrorKind::InvalidInput
-                        ) =>
-                {
-                    break
-                }
+                Err(e) if ends_short(&e, done) => break,
                 Err(e) => return Err(e),
             }
         }
@@ -384,25 +314,145 @@ impl RdmaStream {
     /// error (the memory is then leaked, never handed back: the device
     /// might still reach it).
     pub fn iounmap(&self, map: IoMap) -> io::Result<Buffer> {
-        let mut p = self.lock();
-        let slot = p
-            .engine
-            .mapped
-            .get_mut(map.index)
-            .filter(|s| s.as_ref().is_some_and(|mr| mr.addr() == map.addr))
-            .ok_or_else(|| invalid("riounmap: the mapping is not this stream's".into()))?;
-        let mr = slot
-            .take()
-            .ok_or_else(|| invalid("riounmap: not mapped".into()))?;
-        match mr.deregister() {
-            Ok(buf) => Ok(buf),
-            Err((back, e)) => {
-                // Still registered (in use): it stays mapped.
-                if let Some(mr) = back {
-                    p.engine.mapped[map.index] = Some(mr);
-                }
-                Err(crate::setup::step_error("riounmap", e))
+        unmap(&mut self.lock().engine, map)
+    }
+}
+
+/// A mapping registered into a free slot, not yet announced to the peer:
+/// what `iomap` does under the lock, then posts when it can (the blocking
+/// and the async stream's).
+pub(crate) struct Announcement {
+    entry: [u8; wire::IOMAP_ENTRY_LEN],
+    to: RemoteMemory,
+    map: IoMap,
+}
+
+impl Announcement {
+    /// Registers `buf` on `pd` into a free slot of the peer's table (the
+    /// region kept in `e.mapped` from now on).
+    pub(crate) fn prepare(
+        e: &mut Engine,
+        pd: &ProtectionDomain,
+        buf: Box<[u8]>,
+        offset: u64,
+    ) -> io::Result<Announcement> {
+        let len = buf.len();
+        let length = u32::try_from(len)
+            .ok()
+            .filter(|&l| l > 0 && offset.checked_add(u64::from(l)).is_some())
+            .ok_or_else(|| {
+                invalid(format!(
+                    "riomap: {len} bytes at offset {offset} (a mapping has 1 byte to 4 GiB, \
+                     and its offsets must not wrap around)"
+                ))
+            })?;
+        let table = e.peer_iomap;
+        if table.length == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "riomap: the peer offers no direct-placement table (a C rsocket sets \
+                 RDMA_IOMAPSIZE before connecting)",
+            ));
+        }
+        let slots = table.length as usize;
+        let mapped = &mut e.mapped;
+        mapped.resize_with(slots.max(mapped.len()), || None);
+        let Some(index) = mapped.iter().take(slots).position(Option::is_none) else {
+            return Err(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                format!("riomap: the peer's table has {slots} slots, all mapped"),
+            ));
+        };
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let mr = pd
+            .reg_mr(buf, access)
+            .map_err(|e| crate::setup::step_error("riomap", e))?;
+        let entry = IoMapEntry {
+            offset,
+            sge: wire::Sge {
+                addr: mr.addr(),
+                key: mr.rkey(),
+                length,
+            },
+        };
+        // Ours before the peer hears of it.
+        e.mapped[index] = Some(mr);
+        Ok(Announcement {
+            entry: entry.to_memory(e.peer_big_endian),
+            to: RemoteMemory {
+                addr: table.addr + (index * wire::IOMAP_ENTRY_LEN) as u64,
+                len: wire::IOMAP_ENTRY_LEN as u64,
+                rkey: table.key,
+            },
+            map: IoMap {
+                index,
+                addr: entry.sge.addr,
+                offset,
+                len,
+            },
+        })
+    }
+
+    /// Writes the entry into the peer's table with IOMAP_SGL: `None` while
+    /// no credit or send queue entry is free.
+    pub(crate) fn try_post(&self, e: &mut Engine) -> io::Result<Option<()>> {
+        let msg = wire::msg(Op::IOMAP_SGL, self.map.index as u32);
+        Ok(e.try_post_direct(&self.entry, self.to, Some(msg))?
+            .map(drop))
+    }
+
+    /// Announced: the mapping.
+    pub(crate) fn done(self) -> IoMap {
+        self.map
+    }
+
+    /// Never announced (or the connection failed): the region deregistered
+    /// and freed, its slot free again.
+    pub(crate) fn abandon(&self, e: &mut Engine) {
+        if let Some(slot) = e.mapped.get_mut(self.map.index) {
+            drop(slot.take());
+        }
+    }
+}
+
+/// Where part `done` of a write of `len` bytes at `offset` goes.
+pub(crate) fn write_offset(len: usize, offset: u64, done: usize) -> io::Result<u64> {
+    offset.checked_add(done as u64).ok_or_else(|| {
+        invalid(format!(
+            "riowrite: {len} bytes at offset {offset} wrap around"
+        ))
+    })
+}
+
+/// Whether `e`, after `done` bytes, ends a write short rather than failing
+/// it: the queue is full in non-blocking mode, or the rest lies in no
+/// mapping.
+pub(crate) fn ends_short(e: &io::Error, done: usize) -> bool {
+    done > 0
+        && matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::InvalidInput
+        )
+}
+
+/// Deregisters `map`, one of `e`'s mappings, and gives its memory back.
+pub(crate) fn unmap(e: &mut Engine, map: IoMap) -> io::Result<Buffer> {
+    let slot = e
+        .mapped
+        .get_mut(map.index)
+        .filter(|s| s.as_ref().is_some_and(|mr| mr.addr() == map.addr))
+        .ok_or_else(|| invalid("riounmap: the mapping is not this stream's".into()))?;
+    let mr = slot
+        .take()
+        .ok_or_else(|| invalid("riounmap: not mapped".into()))?;
+    match mr.deregister() {
+        Ok(buf) => Ok(buf),
+        Err((back, err)) => {
+            // Still registered (in use): it stays mapped.
+            if let Some(mr) = back {
+                e.mapped[map.index] = Some(mr);
             }
+            Err(crate::setup::step_error("riounmap", err))
         }
     }
 }

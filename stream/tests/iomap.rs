@@ -167,6 +167,27 @@ fn rust_to_c_riostream_server_iwarp() {
     both_sizes("siw", 7719, (Tool::C, Tool::Ours), "");
 }
 
+/// `-T a`: ours on the async stream (`aio::RdmaStream`, tokio).
+#[cfg(feature = "tokio")]
+fn async_both_ways(dev: &str, port: u16) {
+    both_sizes(dev, port, (Tool::Ours, Tool::C), "a");
+    both_sizes(dev, port + 2, (Tool::C, Tool::Ours), "a");
+}
+
+#[test]
+#[cfg(feature = "tokio")]
+#[ignore = "needs an RDMA device"]
+fn async_riostream_with_c_both_ways_rxe() {
+    async_both_ways("rxe", 7751);
+}
+
+#[test]
+#[cfg(feature = "tokio")]
+#[ignore = "needs an RDMA device"]
+fn async_riostream_with_c_both_ways_iwarp() {
+    async_both_ways("siw", 7755);
+}
+
 /// A connected pair of Rust streams on `dev`.
 fn rust_pair(dev: &str, port: u16) -> (RdmaStream, RdmaStream) {
     let at = addr(dev, port);

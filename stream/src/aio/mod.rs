@@ -23,6 +23,7 @@ use crate::local::Local;
 use crate::setup::{self, Options};
 use crate::wire::ConnData;
 
+mod iomap;
 mod listener;
 pub use listener::{RdmaListener, DEFAULT_MAX_ACCEPTING};
 
