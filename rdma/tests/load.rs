@@ -333,6 +333,99 @@ fn sequential_cycles(ip: IpAddr) {
     assert_eq!(rdma::teardown_failures(), 0);
 }
 
+/// What the siw key plug (`CmId::context`) costs a connection cycle: the
+/// plug lives while a context of the device does, so cycles with nothing
+/// else held make and destroy it each time (a 1 MiB CQ), and cycles beside a
+/// held context do not. Blocks of `RDMA_TEST_CYCLES` / 10 cycles (at least
+/// 5), alternated, 5 of each; prints ms per cycle of each block. The plug
+/// shows in `rdma resource show` (one CQ more) while the context is held.
+#[test]
+#[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
+fn iwarp_key_plug_cost_per_cycle() {
+    let ip = common::iwarp::iwarp_ip();
+    let per_block = (env_num("RDMA_TEST_CYCLES", 100) / 10).max(5);
+    cycle(ip);
+    let (res0, fds0, _) = counts();
+    let (mut made, mut kept) = (Vec::new(), Vec::new());
+    for round in 0..10 {
+        let hold = round % 2 == 1;
+        let held = hold.then(|| {
+            let ch = EventChannel::new().unwrap();
+            let id = ch.create_id(PortSpace::Tcp).unwrap();
+            id.bind_addr(SocketAddr::new(ip, 0)).unwrap();
+            let ctx = id.context().unwrap();
+            let (res, _, _) = counts();
+            assert_eq!(
+                res[1],
+                res0[1] + 1,
+                "the plug is one CQ: {res0:?} then {res:?}"
+            );
+            (ctx, id, ch)
+        });
+        let start = Instant::now();
+        for _ in 0..per_block {
+            cycle(ip);
+        }
+        let ms = start.elapsed().as_secs_f64() * 1000.0 / per_block as f64;
+        if hold { &mut kept } else { &mut made }.push(ms);
+        drop(held);
+    }
+    let show = |v: &[f64]| {
+        v.iter()
+            .map(|m| format!("{m:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "ms per cycle, {per_block} cycles a block: plug made each cycle {}; plug kept {}",
+        show(&made),
+        show(&kept)
+    );
+    let (res, fds, _) = counts();
+    assert_eq!(res, res0, "(pd, cq, qp, cm_id, mr) back to the baseline");
+    assert_eq!(fds, fds0, "open fds back to the baseline");
+}
+
+/// Why the key plug is 32,768 entries: on a context of its own (opened,
+/// so without a plug; siw's keys first fit from 0), a first CQ of 16,384
+/// entries (siw rounds to a power of two, 32 bytes each, plus a control
+/// word: 129 pages, keys 0-128) leaves page 144 to the 16th one-page CQ
+/// after it, which siw's provider refuses without an errno; one of 32,768
+/// (257 pages) covers it, and 300 one-page CQs follow.
+#[test]
+#[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
+fn iwarp_the_smallest_cq_that_covers_siws_refused_key() {
+    let ctx = common::open(&common::iwarp_device_name());
+    let after = |cqe: u32| -> Option<(usize, rdma::Error)> {
+        let _first = ctx.create_cq(cqe, None, 0).unwrap();
+        let mut cqs = Vec::new();
+        while cqs.len() < 300 {
+            match ctx.create_cq(16, None, 0) {
+                Ok(cq) => cqs.push(cq),
+                Err(e) => return Some((cqs.len() + 1, e)),
+            }
+        }
+        None
+    };
+    let (nth, err) = after(16 * 1024).expect("16,384 entries leave page 144 uncovered");
+    assert!(matches!(err, rdma::Error::NoReason { .. }), "{err:?}");
+    assert_eq!(
+        nth, 16,
+        "the one-page CQ refused after 16,384 entries: {err}"
+    );
+    assert!(after(32 * 1024).is_none(), "32,768 entries cover page 144");
+    // What making and destroying the plug costs, beside a one-page CQ.
+    let time = |cqe: u32| {
+        let start = Instant::now();
+        for _ in 0..20 {
+            drop(ctx.create_cq(cqe, None, 0).unwrap());
+        }
+        start.elapsed().as_secs_f64() * 1000.0 / 20.0
+    };
+    let (small, plug) = (time(16), time(32 * 1024));
+    println!("create and destroy: {small:.2} ms (16 entries), {plug:.2} ms (32,768 entries)");
+}
+
 /// N connections at once, twice: the second round must end where the
 /// first did (memory the allocator keeps after the first round is not a
 /// leak; growth from round to round would be).
