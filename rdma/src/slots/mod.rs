@@ -143,6 +143,11 @@ pub struct SlotQueue {
     lkey: u32,
     slot_len: u32,
     max_inline: u32,
+    /// The shortest SEND and RDMA WRITE posted by their direct calls, less
+    /// one: `max_inline`, or `u32::MAX` on the legacy path, so that a post
+    /// picks its path with one comparison.
+    send_above: u32,
+    write_above: u32,
     /// SEND's and RDMA WRITE's direct calls on the extended path (`None`:
     /// the prebuilt request of `requests` and `ibv_post_send`). The write's
     /// remote is given per post.
@@ -302,15 +307,21 @@ impl SlotQueue {
             len: 0,
             rkey: 0,
         };
+        // What was asked for: a provider may give more, and a message the
+        // caller did not want inline is not sent inline.
+        let max_inline = config.max_inline_data.min(qp.caps().max_inline_data);
+        let send = qp.direct(&SendOp::Send);
+        let write = qp.direct(&SendOp::Write(any));
+        let above = |d: &Option<Direct>| if d.is_some() { max_inline } else { u32::MAX };
         Ok(SlotQueue {
             cq_raw,
             lkey,
             slot_len,
-            // What was asked for: a provider may give more, and a message
-            // the caller did not want inline is not sent inline.
-            max_inline: config.max_inline_data.min(qp.caps().max_inline_data),
-            send: qp.direct(&SendOp::Send),
-            write: qp.direct(&SendOp::Write(any)),
+            max_inline,
+            send_above: above(&send),
+            write_above: above(&write),
+            send,
+            write,
             poll_cq: poll.unwrap_or(ffi::ibv_poll_cq),
             requests,
             ledger: Ledger::new(config.slots),
@@ -475,9 +486,15 @@ impl SlotQueue {
             fill(unsafe { std::slice::from_raw_parts_mut(at, self.slot_len as usize) });
         }
         let flags = if signaled { ffi::IBV_SEND_SIGNALED } else { 0 };
-        let direct = if WRITE { &self.write } else { &self.send };
+        let (direct, above) = if WRITE {
+            (&self.write, self.write_above)
+        } else {
+            (&self.send, self.send_above)
+        };
+        // `above` is `u32::MAX` without direct calls: one comparison
+        // decides, the `Option` is only unwrapped.
         let rc = match direct {
-            Some(d) if len > self.max_inline => {
+            Some(d) if len > above => {
                 let sge = ffi::ibv_sge {
                     addr: at as u64,
                     length: len,
@@ -562,31 +579,43 @@ impl SlotQueue {
     #[inline(always)]
     pub fn poll(&mut self) -> Result<Option<SlotCompletion>> {
         let mut wc = MaybeUninit::<ffi::ibv_wc>::uninit();
-        let wc = match self.poll_one(&mut wc) {
-            Ok(wc) => wc,
-            Err(n) => return self.empty_or_failed(n),
+        let found = match self.poll_one(&mut wc) {
+            Ok(w) => match self.ledger.complete(w.wr_id) {
+                Some(f) => Ok(f),
+                // Out of line: a loop here would have the ledger's fields
+                // loaded before every poll, whichever kind of completion
+                // comes.
+                None => self.poll_past_stale(&mut wc),
+            },
+            Err(n) => Err(n),
         };
-        match self.ledger.complete(wc.wr_id) {
-            Some(f) => Ok(Some(SlotCompletion::new(f, wc))),
-            // Out of line: a loop here would have the ledger's fields loaded
-            // before every poll, whichever kind of completion comes.
-            None => self.poll_past_stale(),
+        // The completion is built here, after both ways have joined, from
+        // the entry in `wc`: what the cold path returns fits a register,
+        // so the hot path's completion need not go through memory.
+        match found {
+            Ok(f) => {
+                // SAFETY: the provider wrote the entry that finished `f`
+                // (`poll_one` returned it, here or in `poll_past_stale`).
+                let wc = unsafe { wc.assume_init_ref() };
+                Ok(Some(SlotCompletion::new(f, wc)))
+            }
+            Err(n) => self.empty_or_failed(n),
         }
     }
 
     /// [`SlotQueue::poll`] after a completion that finished nothing: polls
-    /// on until one does or the CQ is empty.
+    /// on into `wc` until one does (its entry is then in `wc`), or returns
+    /// what the last `poll_cq` returned (0: the CQ is empty).
     #[cold]
     #[inline(never)]
-    fn poll_past_stale(&mut self) -> Result<Option<SlotCompletion>> {
+    fn poll_past_stale(
+        &mut self,
+        wc: &mut MaybeUninit<ffi::ibv_wc>,
+    ) -> std::result::Result<Finished, c_int> {
         loop {
-            let mut wc = MaybeUninit::<ffi::ibv_wc>::uninit();
-            let wc = match self.poll_one(&mut wc) {
-                Ok(wc) => wc,
-                Err(n) => return self.empty_or_failed(n),
-            };
-            if let Some(f) = self.ledger.complete(wc.wr_id) {
-                return Ok(Some(SlotCompletion::new(f, wc)));
+            let w = self.poll_one(wc)?;
+            if let Some(f) = self.ledger.complete(w.wr_id) {
+                return Ok(f);
             }
         }
     }

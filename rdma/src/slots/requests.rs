@@ -170,3 +170,102 @@ impl Drop for Requests {
         drop(unsafe { Box::from_raw(self.block.as_ptr()) });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+
+    thread_local! {
+        /// What the fake provider's posts were handed, in order.
+        static POSTED: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    }
+
+    fn posted() -> Vec<String> {
+        POSTED.with(|p| std::mem::take(&mut *p.borrow_mut()))
+    }
+
+    unsafe extern "C" fn post_send(
+        _: *mut ffi::ibv_qp,
+        wr: *mut ffi::ibv_send_wr,
+        bad: *mut *mut ffi::ibv_send_wr,
+    ) -> c_int {
+        // SAFETY: the request and its one scatter entry, live during the
+        // call, as a provider reads them.
+        let (w, s) = unsafe { (&*wr, &*(*wr).sg_list) };
+        assert!(w.next.is_null() && w.num_sge == 1);
+        // SAFETY: the union's member for an RDMA WRITE; read for a SEND
+        // too, where it holds the last write's (or zeros).
+        let r = unsafe { w.wr.rdma };
+        POSTED.with(|p| {
+            p.borrow_mut().push(format!(
+                "send {} op {} flags {:#x} sge {:#x} {} {} remote {:#x} {}",
+                w.wr_id, w.opcode, w.send_flags, s.addr, s.length, s.lkey, r.remote_addr, r.rkey
+            ))
+        });
+        // SAFETY: the caller's slot for the refused request.
+        unsafe { *bad = std::ptr::null_mut() };
+        0
+    }
+
+    unsafe extern "C" fn post_recv(
+        _: *mut ffi::ibv_qp,
+        wr: *mut ffi::ibv_recv_wr,
+        _: *mut *mut ffi::ibv_recv_wr,
+    ) -> c_int {
+        // SAFETY: as in `post_send`.
+        let (w, s) = unsafe { (&*wr, &*(*wr).sg_list) };
+        assert!(w.next.is_null() && w.num_sge == 1);
+        POSTED.with(|p| {
+            p.borrow_mut().push(format!(
+                "recv {} sge {:#x} {} {}",
+                w.wr_id, s.addr, s.length, s.lkey
+            ))
+        });
+        1
+    }
+
+    #[test]
+    fn each_post_rewrites_only_its_own_fields_of_the_prebuilt_requests() {
+        // SAFETY: C structs of integers, pointers and nullable function
+        // pointers: all zeros is a valid value.
+        let mut ctx: Box<ffi::ibv_context> = Box::new(unsafe { std::mem::zeroed() });
+        ctx.ops.post_send = Some(post_send);
+        ctx.ops.post_recv = Some(post_recv);
+        // SAFETY: as above.
+        let mut qp: Box<ffi::ibv_qp> = Box::new(unsafe { std::mem::zeroed() });
+        qp.context = &mut *ctx;
+        // SAFETY: the fake QP and context outlive `r`.
+        let mut r = unsafe { Requests::new(NonNull::from(&mut *qp), 7, 64) };
+        // SAFETY: the fake provider reads the requests only.
+        let rcs = unsafe {
+            [
+                r.send(Some((9, 0x5000)), 2, 0x1000, 3, 41),
+                r.send(None, 0, 0x1040, 1, 42),
+                r.recv(0x1080, 43),
+                r.send(Some((8, 0x6000)), 8, 0x1000, 64, 44),
+            ]
+        };
+        assert_eq!(rcs, [0, 0, 1, 0]);
+        let (write, send) = (ffi::IBV_WR_RDMA_WRITE, ffi::IBV_WR_SEND);
+        assert_eq!(
+            posted(),
+            [
+                format!("send 41 op {write} flags 0x2 sge 0x1000 3 7 remote 0x5000 9"),
+                // A SEND's opcode; the remote left is not read by a SEND.
+                format!("send 42 op {send} flags 0x0 sge 0x1040 1 7 remote 0x5000 9"),
+                "recv 43 sge 0x1080 64 7".to_string(),
+                format!("send 44 op {write} flags 0x8 sge 0x1000 64 7 remote 0x6000 8"),
+            ]
+        );
+        // Moved, the requests still point at their own scatter entries.
+        let mut moved = r;
+        // SAFETY: as above.
+        assert_eq!(unsafe { moved.recv(0x10c0, 45) }, 1);
+        assert_eq!(posted(), ["recv 45 sge 0x10c0 64 7"]);
+        drop(moved);
+        drop(qp);
+        drop(ctx);
+    }
+}
