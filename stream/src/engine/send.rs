@@ -99,9 +99,8 @@ impl Engine {
     }
 
     /// Posts `data` inline to `to` with `msg` as the immediate data (and
-    /// the `wr_id`). In line: it is most of a small write, and a call
-    /// costs one a measurable part of it (callgrind).
-    #[inline(always)]
+    /// the `wr_id`).
+    #[inline]
     fn post_write_imm(&mut self, data: &[u8], to: RemoteMemory, msg: u32) -> rdma::Result<()> {
         let Some(inline) = &mut self.inline else {
             return Err(unprepared());
