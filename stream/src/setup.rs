@@ -203,6 +203,11 @@ pub(crate) fn connect(dst: SocketAddr, opts: &Options) -> io::Result<Parts> {
 
 /// A listening id with its own event channel.
 pub(crate) struct Listening {
+    /// The bound device's context, held while the listener lives: on siw it
+    /// holds rdma-verbs' key plug (`CmId::context`), which would otherwise
+    /// be made and destroyed again (a 1 MiB CQ) whenever the server's
+    /// connections all came and went.
+    _device: Option<rdma::Context>,
     pub(crate) id: CmId,
     pub(crate) events: EventChannel,
 }
@@ -215,7 +220,13 @@ pub(crate) fn listen(addr: SocketAddr, backlog: i32) -> io::Result<Listening> {
         .map_err(err("rdma_create_id"))?;
     id.bind_addr(addr).map_err(err("rdma_bind_addr"))?;
     id.listen(backlog).map_err(err("rdma_listen"))?;
-    Ok(Listening { id, events })
+    // A wildcard listener has no device yet.
+    let device = id.context().ok();
+    Ok(Listening {
+        _device: device,
+        id,
+        events,
+    })
 }
 
 /// Waits (without bound when `timeout` is `None`) for a connection request

@@ -17,19 +17,24 @@
 //! below page 144 and ends past it takes the page for good: every later
 //! object's key lies below or beyond it.
 //!
-//! The plug is made the first time the crate meets the context (no object
-//! of the crate on it yet: every one holds a [`crate::Context`], and with it
+//! The plug is made the first time the crate meets the context (no object of
+//! the crate on it yet: every one holds a [`crate::Context`], and with it
 //! the plug), so its queue starts at key 0 (or just past what librdmacm made
 //! itself) and must be longer than 144 pages. siw rounds a CQ's entries up
-//! to a power of two, 32 bytes each, plus a control page: 16,384 entries
-//! (512 KiB, 129 pages) end short of page 144, so 32,768 (1 MiB, 257 pages)
-//! is the smallest single CQ that covers it, whatever the page size up to
-//! 448 KiB. Its cost: that much vmalloc'd kernel memory, mapped into the
+//! to a power of two, 32 bytes each, plus a control word (a page more):
+//! 16,384 entries (512 KiB, 129 pages) end short of page 144, so 32,768
+//! (1 MiB, 257 pages) is the smallest single CQ that covers it, whatever the
+//! page size up to 448 KiB
+//! (`load::iwarp_the_smallest_cq_that_covers_siws_refused_key` measures
+//! both). Its cost: that much vmalloc'd kernel memory, mapped into the
 //! process, for as long as the context is in use, and a `create_cq` and
-//! `destroy_cq` each time the crate's use of the context starts again. It
-//! has no channel, is never polled, and is not a crate [`crate::CompletionQueue`]
-//! (it holds no id alive; the ids of the contexts that hold it keep
-//! librdmacm's context open).
+//! `destroy_cq` (zeroing and mapping 1 MiB, far more than a one-page CQ
+//! costs) each time the crate's use of the context starts again. A program
+//! whose connections come and go one at a time pays that per connection
+//! unless it holds a context of the device (a server: its bound listening
+//! id's, as rdma-stream's listeners do). It has no channel, is never polled,
+//! and is not a crate [`crate::CompletionQueue`] (it holds no id alive; the
+//! ids of the contexts that hold it keep librdmacm's context open).
 
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, Weak};

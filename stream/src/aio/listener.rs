@@ -57,6 +57,11 @@ type Accepting = Pin<Box<dyn Future<Output = io::Result<(RdmaStream, SocketAddr)
 /// # }
 /// ```
 pub struct RdmaListener {
+    /// The device's context, held while the listener lives (from bind, or
+    /// a wildcard listener's first request): on siw it holds rdma-verbs' key
+    /// plug (`CmId::context`), which would otherwise be made and destroyed
+    /// again (a 1 MiB CQ) whenever the server's connections all came and went.
+    device: Option<rdma::Context>,
     listener: rdma::aio::Listener,
     opts: Options,
     /// Requests whose reply is sent, waiting for `ESTABLISHED`.
@@ -89,6 +94,7 @@ impl RdmaListener {
         let listener = rdma::aio::Listener::bind(reactor, addr, 128)
             .map_err(|e| setup::step_error("listening", e))?;
         Ok(RdmaListener {
+            device: listener.id().context().ok(),
             listener,
             opts,
             accepting: Vec::new(),
@@ -153,11 +159,16 @@ impl RdmaListener {
                         .push_back(Err(setup::step_error("taking a connection request", e)));
                     break;
                 }
-                Poll::Ready(Ok(pending)) => match answer(pending, &self.opts) {
-                    Ok(Some(f)) => self.accepting.push(f),
-                    Ok(None) => {}
-                    Err(e) => self.done.push_back(Err(e)),
-                },
+                Poll::Ready(Ok(pending)) => {
+                    if self.device.is_none() {
+                        self.device = pending.id().context().ok();
+                    }
+                    match answer(pending, &self.opts) {
+                        Ok(Some(f)) => self.accepting.push(f),
+                        Ok(None) => {}
+                        Err(e) => self.done.push_back(Err(e)),
+                    }
+                }
             }
         }
         // Every request in progress polled (a new one sends its reply now),
