@@ -145,7 +145,8 @@ pub struct SlotQueue {
     max_inline: u32,
     /// The shortest SEND and RDMA WRITE posted by their direct calls, less
     /// one: `max_inline`, or `u32::MAX` on the legacy path, so that a post
-    /// picks its path with one comparison.
+    /// compares its length once (the `Option`'s test stays: no unchecked
+    /// unwrap).
     send_above: u32,
     write_above: u32,
     /// SEND's and RDMA WRITE's direct calls on the extended path (`None`:
@@ -491,8 +492,8 @@ impl SlotQueue {
         } else {
             (&self.send, self.send_above)
         };
-        // `above` is `u32::MAX` without direct calls: one comparison
-        // decides, the `Option` is only unwrapped.
+        // `above` is `u32::MAX` without direct calls, where the length
+        // test then always takes the prebuilt request.
         let rc = match direct {
             Some(d) if len > above => {
                 let sge = ffi::ibv_sge {
@@ -579,43 +580,31 @@ impl SlotQueue {
     #[inline(always)]
     pub fn poll(&mut self) -> Result<Option<SlotCompletion>> {
         let mut wc = MaybeUninit::<ffi::ibv_wc>::uninit();
-        let found = match self.poll_one(&mut wc) {
-            Ok(w) => match self.ledger.complete(w.wr_id) {
-                Some(f) => Ok(f),
-                // Out of line: a loop here would have the ledger's fields
-                // loaded before every poll, whichever kind of completion
-                // comes.
-                None => self.poll_past_stale(&mut wc),
-            },
-            Err(n) => Err(n),
+        let wc = match self.poll_one(&mut wc) {
+            Ok(wc) => wc,
+            Err(n) => return self.empty_or_failed(n),
         };
-        // The completion is built here, after both ways have joined, from
-        // the entry in `wc`: what the cold path returns fits a register,
-        // so the hot path's completion need not go through memory.
-        match found {
-            Ok(f) => {
-                // SAFETY: the provider wrote the entry that finished `f`
-                // (`poll_one` returned it, here or in `poll_past_stale`).
-                let wc = unsafe { wc.assume_init_ref() };
-                Ok(Some(SlotCompletion::new(f, wc)))
-            }
-            Err(n) => self.empty_or_failed(n),
+        match self.ledger.complete(wc.wr_id) {
+            Some(f) => Ok(Some(SlotCompletion::new(f, wc))),
+            // Out of line: a loop here would have the ledger's fields loaded
+            // before every poll, whichever kind of completion comes.
+            None => self.poll_past_stale(),
         }
     }
 
     /// [`SlotQueue::poll`] after a completion that finished nothing: polls
-    /// on into `wc` until one does (its entry is then in `wc`), or returns
-    /// what the last `poll_cq` returned (0: the CQ is empty).
+    /// on until one does or the CQ is empty.
     #[cold]
     #[inline(never)]
-    fn poll_past_stale(
-        &mut self,
-        wc: &mut MaybeUninit<ffi::ibv_wc>,
-    ) -> std::result::Result<Finished, c_int> {
+    fn poll_past_stale(&mut self) -> Result<Option<SlotCompletion>> {
         loop {
-            let w = self.poll_one(wc)?;
-            if let Some(f) = self.ledger.complete(w.wr_id) {
-                return Ok(f);
+            let mut wc = MaybeUninit::<ffi::ibv_wc>::uninit();
+            let wc = match self.poll_one(&mut wc) {
+                Ok(wc) => wc,
+                Err(n) => return self.empty_or_failed(n),
+            };
+            if let Some(f) = self.ledger.complete(wc.wr_id) {
+                return Ok(Some(SlotCompletion::new(f, wc)));
             }
         }
     }
