@@ -388,11 +388,17 @@ fn drop_with_sends_in_flight(t: Two) {
     let Two { mut a, b, .. } = t;
     // No receive is posted at b: the SENDs wait for receiver-not-ready
     // retries (RoCE) or break the connection (iWARP has no RNR) while the
-    // queue is dropped.
+    // queue is dropped. On iWARP the break may come before the last posts,
+    // which siw then refuses (ENOTCONN): the first is always in flight.
+    let mut posted = 0;
     for s in 0..4 {
-        a.post_send(s, 1 << 16, s == 3).unwrap();
+        match a.post_send(s, 1 << 16, s == 3) {
+            Ok(()) => posted += 1,
+            Err(e) if s > 0 && e.errno() == Some(libc::ENOTCONN) => break,
+            Err(e) => panic!("post {s}: {e:?}"),
+        }
     }
-    assert_eq!(a.in_flight().0, 4);
+    assert_eq!(a.in_flight().0, posted);
     drop(a);
     drop(b);
     assert_eq!(rdma::teardown_failures(), failures);
