@@ -365,9 +365,13 @@ fn source(a: &PerfArgs) -> anyhow::Result<Source> {
     ))
 }
 
-/// The tools' options (`set_options`).
+/// The tools' options (`set_options`), and a direct-placement table of
+/// one entry, as riostream sets `RDMA_IOMAPSIZE` (it maps one buffer at a
+/// time).
 fn options(a: &PerfArgs, latency: bool) -> rdma_stream::Options {
-    perf::options(a, latency)
+    let mut o = perf::options(a, latency);
+    o.sizes.iomap_entries = 1;
+    o
 }
 
 /// The next connection.

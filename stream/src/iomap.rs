@@ -6,7 +6,7 @@
 //!
 //! # The protocol
 //! Each side's target registration (`local.rs`) holds, after its two SGL
-//! entries, a table of `IOMAP_ENTRIES` mappings the peer may write
+//! entries, a table of `Sizes::iomap_entries` mappings the peer may write
 //! (`wire::IoMapEntry`: offset, address, rkey, length, in the reader's byte
 //! order); the connection data carries its size. [`RdmaStream::iomap`]
 //! registers the memory, writes its entry into a free slot of the *peer's*

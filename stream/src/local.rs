@@ -14,9 +14,10 @@ use crate::wire::{self, ConnData, Sge};
 
 /// `wr_id` bit of a receive (the low bits: its message slot on iWARP).
 pub(crate) const RECV: u64 = 1 << 63;
-/// Entries of the direct-placement table this side offers (`riomap`, see
-/// `iomap.rs`): it follows the target SGL in the same registration.
-pub(crate) const IOMAP_ENTRIES: usize = 8;
+
+/// The largest direct-placement table the connection data can announce
+/// (127 units of 256).
+const MAX_IOMAP_ENTRIES: u32 = 127 << 8;
 
 /// Sizes of a connection's queues and buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,11 +32,29 @@ pub struct Sizes {
     pub recv_buffer: usize,
     /// Bytes sent inline (copied by the provider at post time).
     pub inline: u32,
+    /// Entries of the direct-placement table this side offers the peer
+    /// (rsocket's `RDMA_IOMAPSIZE`): how many mappings the peer may
+    /// announce at once (`riomap`, see `iomap.rs`). Rounded as rsocket
+    /// rounds it, to what the connection data can say: up to 128 as is,
+    /// larger ones down to a multiple of 256, at most 32512. 0 offers none.
+    pub iomap_entries: u32,
+}
+
+impl Sizes {
+    /// The direct-placement table's entries as offered: `iomap_entries`
+    /// rounded as the connection data carries it.
+    pub fn iomap_table(&self) -> usize {
+        // Capped first: past 32767 rsocket's scaling wraps around.
+        let n = self.iomap_entries.min(MAX_IOMAP_ENTRIES);
+        wire::scale_to_value(wire::value_to_scale(n)) as usize
+    }
 }
 
 impl Default for Sizes {
     /// rsocket's defaults (384-deep queues, 64 bytes inline), with 256 KiB
-    /// buffers each way.
+    /// buffers each way and a direct-placement table of 8 entries (rsocket
+    /// offers none unless told: this side's table lets C's `riostream`
+    /// map into it).
     fn default() -> Self {
         Sizes {
             send_queue: 384,
@@ -43,6 +62,7 @@ impl Default for Sizes {
             send_buffer: 256 * 1024,
             recv_buffer: 256 * 1024,
             inline: 64,
+            iomap_entries: 8,
         }
     }
 }
@@ -79,7 +99,7 @@ impl Local {
             .map_err(crate::io_error)?;
         let target = pd
             .alloc_mr(
-                wire::SGL_ENTRIES * wire::SGE_LEN + IOMAP_ENTRIES * wire::IOMAP_ENTRY_LEN,
+                wire::SGL_ENTRIES * wire::SGE_LEN + sizes.iomap_table() * wire::IOMAP_ENTRY_LEN,
                 remote,
             )
             .map_err(crate::io_error)?;
@@ -121,7 +141,7 @@ impl Local {
         ConnData {
             flags,
             credits: self.sizes.recv_queue as u16,
-            target_iomap_size: wire::value_to_scale(IOMAP_ENTRIES as u32),
+            target_iomap_size: wire::value_to_scale(self.sizes.iomap_table() as u32),
             target_sgl: Sge {
                 addr: self.target.addr(),
                 key: self.target.rkey(),

@@ -32,6 +32,7 @@ fn small() -> Options {
             send_buffer: 64 * 1024,
             recv_buffer: 64 * 1024,
             inline: 64,
+            ..Sizes::default()
         },
         timeout: Duration::from_secs(30),
         ..Options::default()

@@ -39,7 +39,7 @@ use rdma::{
     WcStatus, WrBuffers,
 };
 use rdma_stream::wire::{self, ConnData, IoMapEntry, Op, Sge};
-use rdma_stream::{RdmaListener, RdmaStream};
+use rdma_stream::{Options, RdmaListener, RdmaStream, Sizes};
 
 use peer::*;
 
@@ -190,8 +190,13 @@ fn async_riostream_with_c_both_ways_iwarp() {
 
 /// A connected pair of Rust streams on `dev`.
 fn rust_pair(dev: &str, port: u16) -> (RdmaStream, RdmaStream) {
+    rust_pair_with(dev, port, Options::default())
+}
+
+/// A connected pair whose accepting side has `opts`.
+fn rust_pair_with(dev: &str, port: u16, opts: Options) -> (RdmaStream, RdmaStream) {
     let at = addr(dev, port);
-    let listener = RdmaListener::bind(at).expect("bind");
+    let listener = RdmaListener::bind_with(at, opts).expect("bind");
     let server = thread::spawn(move || listener.accept().expect("accept").0);
     let c = RdmaStream::connect(at).expect("connect");
     (server.join().expect("the accepting side"), c)
@@ -283,8 +288,18 @@ fn hostile<T: Send + 'static>(
     port: u16,
     job: impl FnOnce(RdmaStream) -> T + Send + 'static,
 ) -> (Peer, mpsc::Receiver<T>) {
+    hostile_with(dev, port, Options::default(), job)
+}
+
+/// As [`hostile`], the stream with `opts`.
+fn hostile_with<T: Send + 'static>(
+    dev: &str,
+    port: u16,
+    opts: Options,
+    job: impl FnOnce(RdmaStream) -> T + Send + 'static,
+) -> (Peer, mpsc::Receiver<T>) {
     let at = addr(dev, port);
-    let listener = RdmaListener::bind(at).expect("bind");
+    let listener = RdmaListener::bind_with(at, opts).expect("bind");
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
         let (s, _) = listener.accept().expect("accept the test peer");
@@ -410,4 +425,144 @@ fn iomap_refused_by_a_peer_without_a_table_rxe() {
         Err(io::ErrorKind::Unsupported)
     );
     p.wait_sends().expect("the test peer's sends");
+}
+
+/// Options whose direct-placement table has `entries` entries.
+fn table_of(entries: u32) -> Options {
+    let mut o = Options::default();
+    o.sizes.iomap_entries = entries;
+    o
+}
+
+#[test]
+fn iomap_table_sizes_round_as_rsocket() {
+    let offered = |n| {
+        Sizes {
+            iomap_entries: n,
+            ..Sizes::default()
+        }
+        .iomap_table()
+    };
+    assert_eq!(Sizes::default().iomap_table(), 8);
+    for n in [0, 1, 3, 20, 128] {
+        assert_eq!(offered(n), n as usize);
+    }
+    assert_eq!(offered(129), 128);
+    assert_eq!(offered(255), 128);
+    assert_eq!(offered(300), 256);
+    assert_eq!(offered(32_512), 32_512);
+    assert_eq!(offered(40_000), 32_512, "the most the connection data says");
+}
+
+/// The connecting side maps into a table of `entries` (not 8): every slot
+/// can be taken, one more is `OutOfMemory`, an unmapped slot is taken
+/// again, and the last slot is written into.
+fn table_size(dev: &str, port: u16, entries: usize) {
+    let (s, c) = rust_pair_with(dev, port, table_of(entries as u32));
+    let mut maps: Vec<_> = (0..entries)
+        .map(|i| c.iomap(vec![0; 16], 16 * i as u64).expect("iomap"))
+        .collect();
+    let full = c
+        .iomap(vec![0; 16], 1 << 20)
+        .map(drop)
+        .map_err(|e| e.kind());
+    assert_eq!(
+        full,
+        Err(io::ErrorKind::OutOfMemory),
+        "{entries} slots, all taken"
+    );
+    c.iounmap(maps.remove(0)).expect("iounmap");
+    maps.push(
+        c.iomap(vec![0; 16], 1 << 20)
+            .expect("a freed slot taken again"),
+    );
+    // The announcements before these bytes: the accepting side has the
+    // whole table when it reads them.
+    (&c).write_all(b"go").expect("write");
+    let mut go = [0; 2];
+    (&s).read_exact(&mut go).expect("read");
+    if entries > 1 {
+        // The last slot of the first round.
+        let at = 16 * (entries as u64 - 1);
+        assert_eq!(s.iowrite(&[9; 16], at).expect("iowrite"), 16);
+        let last = maps.iter().find(|m| m.offset() == at).expect("the last");
+        c.iomap_wait(last, 15, 9, Some(STEP)).expect("the write");
+    }
+    assert_eq!(s.iowrite(&[5; 16], 1 << 20).expect("iowrite"), 16);
+    let again = maps.last().expect("the slot taken again");
+    c.iomap_wait(again, 15, 5, Some(STEP)).expect("the write");
+    for m in maps {
+        c.iounmap(m).expect("iounmap");
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn iomap_table_sizes_rxe() {
+    table_size("rxe", 7741, 1);
+    table_size("rxe", 7742, 20);
+    // A table of none: the peer's iomap is refused.
+    let (_s, c) = rust_pair_with("rxe", 7743, table_of(0));
+    let none = c.iomap(vec![0; 16], 0).map(drop).map_err(|e| e.kind());
+    assert_eq!(none, Err(io::ErrorKind::Unsupported));
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn iomap_table_sizes_iwarp() {
+    table_size("siw", 7744, 1);
+    table_size("siw", 7745, 20);
+}
+
+/// A table of 4: an announcement of entry 4 is refused as one of 200 is
+/// from a table of 8.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn hostile_iomap_index_past_a_small_table_rxe() {
+    let (mut p, rx) = hostile_with("rxe", 7746, table_of(4), |s| {
+        let mut buf = [0; 16];
+        (&s).read(&mut buf).map_err(|e| (e.kind(), e.to_string()))
+    });
+    p.msg(wire::msg(Op::IOMAP_SGL, 4));
+    let end = rx.recv_timeout(STEP).expect("the stream side");
+    let (kind, why) = end.expect_err("the stream refuses the announcement");
+    assert_eq!(kind, io::ErrorKind::InvalidData, "{why}");
+    assert!(why.contains("mapping 4; this side's table has 4"), "{why}");
+}
+
+/// A table of 20: entry 19, past the default 8, is taken and written to.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn hostile_iomap_entry_in_a_large_table_rxe() {
+    let (mut p, rx) = hostile_with("rxe", 7747, table_of(20), |s| {
+        read_go(&s);
+        let n = s.iowrite(&[3; 50], 2000).map_err(|e| e.kind());
+        (&s).write_all(b"done").expect("write after the iowrite");
+        n
+    });
+    let region =
+        p.pd.alloc_mr(100, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .expect("the peer's mapped region");
+    let entry = IoMapEntry {
+        offset: 2000,
+        sge: Sge {
+            addr: region.addr(),
+            key: region.rkey(),
+            length: 100,
+        },
+    };
+    announce(&mut p, 19, entry);
+    assert_eq!(rx.recv_timeout(STEP).expect("the stream side"), Ok(50));
+    let deadline = Instant::now() + STEP;
+    while !p
+        .messages
+        .iter()
+        .any(|&m| wire::msg_op(m) == Op::DATA && wire::msg_data(m) == 4)
+    {
+        assert!(p.poll(deadline), "the stream's data did not come");
+    }
+    let mut got = vec![0; 100];
+    region.read_at(0, &mut got).expect("read the peer's region");
+    assert_eq!(&got[..50], &[3; 50][..]);
+    assert_eq!(&got[50..], &[0; 50][..]);
 }

@@ -18,7 +18,7 @@ use rdma::{
     CompletionQueue, MemoryRegion, QueuePair, RemoteMemory, WcStatus, WorkCompletion, WrBuffers,
 };
 
-use crate::local::{Local, IOMAP_ENTRIES, RECV};
+use crate::local::{Local, RECV};
 use crate::wire::{self, ConnData, Ctrl, Op, Sge};
 
 mod send;
@@ -401,9 +401,10 @@ impl Engine {
             Op::IOMAP_SGL => {
                 // The peer wrote entry `data` of our table (read and checked
                 // by `iomap.rs` when a write looks for it); it took a credit.
-                if data as usize >= IOMAP_ENTRIES {
+                let entries = self.local.sizes.iomap_table();
+                if data as usize >= entries {
                     return self.protocol_error(format!(
-                        "the peer announced mapping {data}; this side's table has {IOMAP_ENTRIES}"
+                        "the peer announced mapping {data}; this side's table has {entries}"
                     ));
                 }
                 if self.recv_seq.wrapping_sub(self.recv_limit) as i16 >= 0 {
