@@ -1,5 +1,6 @@
 //! Prepared send requests (`PreparedSend`): ranges lent from the region they own,
-//! a request dropped in flight, UD sends that keep their address handle, and the
+//! a request dropped in flight, UD sends that keep their address handle, inline
+//! requests that carry each post's bytes (retargeted between posts), and the
 //! same over iWARP.
 
 use super::*;
@@ -491,3 +492,258 @@ both_paths!(
     prepared_request_dropped_in_flight_keeps_its_region,
     prepared_ud_sends_keep_their_address_handle
 );
+
+/// Asserts that `err` is an `InvalidArgument` whose text holds `says`, and
+/// that `qp` posted nothing for it.
+fn refused(qp: &rdma::QueuePair, before: (usize, usize), err: Error, says: &str) {
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+    assert!(err.to_string().contains(says), "{err}");
+    assert_eq!(qp.in_flight(), before, "nothing posted: {err}");
+}
+
+/// Inline prepared requests (`prepare_inline`, `post_prepared_inline`): one
+/// RDMA WRITE WITH IMMEDIATE pointed at a new range with a new immediate
+/// before each post, whose bytes and immediates the peer sees; an inline
+/// SEND of bytes the caller reuses at once; and the posts and changes they
+/// refuse, each with an error that says why.
+fn prepared_inline_requests_carry_their_bytes(path: PostPath) {
+    let access = LW | AccessFlags::REMOTE_WRITE;
+    let mut p = common::pair_with(QpType::Rc, access, |b| {
+        b.post_path(path).max_inline_data(64);
+    });
+    let limit = p.a.caps().max_inline_data as usize;
+    assert!(limit >= 64, "the QP takes {limit} bytes inline");
+    let target = p.pd.alloc_mr(4096, access).unwrap();
+    let remote = target.remote();
+
+    let mut write =
+        p.a.prepare_inline(
+            SendOp::WriteWithImm(remote.slice(0, 64).unwrap(), 0),
+            SendFlags::SIGNALED,
+        )
+        .unwrap();
+    assert!(write.is_inline());
+    assert!(write.flags().contains(SendFlags::INLINE), "INLINE implied");
+    for i in 0..4u8 {
+        let at = u64::from(i) * 100;
+        let len = 8 + 8 * usize::from(i);
+        p.b.post_recv(50 + u64::from(i), Vec::new()).unwrap();
+        write
+            .set_remote(remote.slice(at, len as u64).unwrap())
+            .unwrap();
+        write.set_imm(0x1000 + u32::from(i)).unwrap();
+        let mut data = pattern(len, i);
+        p.a.post_prepared_inline(&mut write, 60 + u64::from(i), &data)
+            .unwrap();
+        data.fill(0xee); // the provider copied it during the post
+        let mut done = wait(&p.cq, 2);
+        let sent = take(&mut done, 60 + u64::from(i)).ok().unwrap();
+        assert_eq!(sent.opcode, WcOpcode::RdmaWrite);
+        let r = take(&mut done, 50 + u64::from(i)).ok().unwrap();
+        assert_eq!(
+            (r.opcode, r.imm(), r.byte_len as usize),
+            (WcOpcode::RecvRdmaWithImm, Some(0x1000 + u32::from(i)), len)
+        );
+        let mut now = vec![0; 100];
+        target.read_at(at as usize, &mut now).unwrap();
+        assert_eq!(now[..len], pattern(len, i)[..], "post {i} landed at {at}");
+        assert_eq!(now[len..], vec![0; 100 - len][..], "and no further");
+    }
+    assert_eq!(p.a.in_flight(), (0, 0), "nothing kept for inline posts");
+
+    // SEND: the receives see each post's bytes.
+    three_receives(&mut p, 64);
+    let mut send =
+        p.a.prepare_inline(SendOp::Send, SendFlags::SIGNALED)
+            .unwrap();
+    assert!(send.is_inline());
+    let mut data = [0u8; 64];
+    for i in 0..3u8 {
+        data.fill(i + 1);
+        let len = 16 * (usize::from(i) + 1);
+        p.a.post_prepared_inline(&mut send, 70 + u64::from(i), &data[..len])
+            .unwrap();
+    }
+    let mut done = wait(&p.cq, 6);
+    for i in 0..3u8 {
+        let s = take(&mut done, 70 + u64::from(i)).ok().unwrap();
+        assert_eq!(s.opcode, WcOpcode::Send);
+        let mut r = take(&mut done, 10 + u64::from(i)).ok().unwrap();
+        let len = 16 * (usize::from(i) + 1);
+        assert_eq!((r.opcode, r.byte_len as usize), (WcOpcode::Recv, len));
+        assert_eq!(
+            r.take_buffers().into_one().unwrap().to_vec()[..len],
+            vec![i + 1; len][..]
+        );
+    }
+
+    // Refusals: nothing is posted, and the error says why.
+    let before = p.a.in_flight();
+    let err = p.a.post_prepared(&mut write, 90, 0, 8).unwrap_err();
+    refused(&p.a, before, err, "post it with post_prepared_inline");
+    let err =
+        p.a.post_prepared_inline(&mut send, 91, &vec![7; limit + 1])
+            .unwrap_err();
+    refused(
+        &p.a,
+        before,
+        err,
+        &format!("{} bytes of inline data", limit + 1),
+    );
+    // Longer than the WRITE's remote range (16 bytes), within the limit.
+    write.set_remote(remote.slice(0, 16).unwrap()).unwrap();
+    let err =
+        p.a.post_prepared_inline(&mut write, 92, &[7; 17])
+            .unwrap_err();
+    refused(&p.a, before, err, "do not fit the remote range of 16 bytes");
+    let err = send.set_remote(remote.slice(0, 16).unwrap()).unwrap_err();
+    refused(&p.a, before, err, "not an inline RDMA WRITE");
+    let err = send.set_imm(5).unwrap_err();
+    refused(
+        &p.a,
+        before,
+        err,
+        "not an inline request with immediate data",
+    );
+    let mut lends =
+        p.a.prepare_send(
+            SendOp::Write(remote.slice(0, 64).unwrap()),
+            SendFlags::SIGNALED,
+            p.pd.alloc_mr(64, AccessFlags::empty()).unwrap(),
+        )
+        .unwrap();
+    assert!(!lends.is_inline());
+    let err =
+        p.a.post_prepared_inline(&mut lends, 93, &[7; 8])
+            .unwrap_err();
+    refused(&p.a, before, err, "lends a region");
+    let err = lends.set_remote(remote.slice(0, 8).unwrap()).unwrap_err();
+    refused(&p.a, before, err, "a region's");
+    // A READ cannot be inline.
+    let err =
+        p.a.prepare_inline(
+            SendOp::Read(remote.slice(0, 8).unwrap()),
+            SendFlags::SIGNALED,
+        )
+        .map(drop)
+        .unwrap_err();
+    refused(&p.a, before, err, "only SEND and RDMA WRITE can be inline");
+    // The target was not touched by any refused post.
+    let mut now = vec![0; 17];
+    target.read_at(0, &mut now).unwrap();
+    assert_eq!(now[..8], pattern(8, 0)[..]);
+    assert_eq!(now[8..], [0; 9][..]);
+}
+
+/// An end of an iWARP connection on `id`'s context whose QP takes 64 bytes
+/// inline (`common::iwarp`'s ends take none).
+fn inline_end(id: &rdma::cm::CmId) -> common::iwarp::End {
+    let ctx = id.context().expect("the id has a device");
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None, 0).unwrap();
+    let qp = pd
+        .qp_builder(QpType::Rc, &cq, &cq)
+        .max_inline_data(64)
+        .build()
+        .unwrap();
+    common::iwarp::End {
+        qp,
+        cq,
+        pd,
+        id: id.clone(),
+    }
+}
+
+/// Inline prepared requests over iWARP (siw has no WRITE WITH IMMEDIATE):
+/// a WRITE pointed at a new range before each post, and SENDs.
+#[test]
+#[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
+fn iwarp_prepared_inline_writes_and_sends() {
+    use common::iwarp::{await_established, iwarp_ip, listener, next_event};
+    use rdma::cm::{CmEventType, ConnParam, PortSpace};
+    use std::time::Duration;
+    let ch = rdma::cm::EventChannel::new().unwrap();
+    let listener = listener(&ch);
+    let id = ch.create_id(PortSpace::Tcp).unwrap();
+    let dst = std::net::SocketAddr::new(iwarp_ip(), listener.src_port());
+    id.resolve_addr(None, dst, Duration::from_secs(5)).unwrap();
+    drop(next_event(&ch, CmEventType::AddrResolved));
+    id.resolve_route(Duration::from_secs(5)).unwrap();
+    drop(next_event(&ch, CmEventType::RouteResolved));
+    let mut a = inline_end(&id);
+    id.connect_qp(&a.qp, &ConnParam::default()).unwrap();
+    let req = next_event(&ch, CmEventType::ConnectRequest);
+    let mut b = inline_end(req.id());
+    drop(req);
+    // iWARP has no RNR: the receives of the SENDs below before accepting.
+    for id in [1, 21, 22] {
+        b.qp.post_recv(id, b.pd.alloc_mr(64, LW).unwrap()).unwrap();
+    }
+    b.id.accept_qp(&b.qp, &ConnParam::default()).unwrap();
+    await_established(&ch, &id, &a.qp);
+
+    let limit = a.qp.caps().max_inline_data as usize;
+    assert!(limit >= 32, "the QP takes {limit} bytes inline");
+    let access = LW | AccessFlags::REMOTE_WRITE;
+    let target = b.pd.alloc_mr(4096, access).unwrap();
+    let remote = target.remote();
+    let mut write =
+        a.qp.prepare_inline(
+            SendOp::Write(remote.slice(0, 8).unwrap()),
+            SendFlags::SIGNALED,
+        )
+        .unwrap();
+    for i in 0..4u8 {
+        let at = u64::from(i) * 100;
+        let len = 8 * (usize::from(i) + 1);
+        write
+            .set_remote(remote.slice(at, len as u64).unwrap())
+            .unwrap();
+        a.qp.post_prepared_inline(&mut write, 60 + u64::from(i), &pattern(len, i))
+            .unwrap();
+        let c = wait(&a.cq, 1).pop().unwrap().ok().unwrap();
+        assert_eq!(
+            (c.wr_id, c.opcode),
+            (60 + u64::from(i), WcOpcode::RdmaWrite)
+        );
+    }
+    // The WRITEs' completions mean TCP took them; a SEND after them on the
+    // same connection arrives after their bytes.
+    let mut send =
+        a.qp.prepare_inline(SendOp::Send, SendFlags::SIGNALED)
+            .unwrap();
+    for (i, recv) in [(0u8, 1u64), (1, 21), (2, 22)] {
+        let data = vec![i + 1; 8 + usize::from(i)];
+        a.qp.post_prepared_inline(&mut send, 70 + u64::from(i), &data)
+            .unwrap();
+        let s = wait(&a.cq, 1).pop().unwrap().ok().unwrap();
+        assert_eq!((s.wr_id, s.opcode), (70 + u64::from(i), WcOpcode::Send));
+        let mut r = wait(&b.cq, 1).pop().unwrap().ok().unwrap();
+        assert_eq!((r.wr_id, r.byte_len as usize), (recv, data.len()));
+        assert_eq!(
+            r.take_buffers().into_one().unwrap().to_vec()[..data.len()],
+            data[..]
+        );
+    }
+    for i in 0..4u8 {
+        let len = 8 * (usize::from(i) + 1);
+        let mut now = vec![0; 100];
+        target.read_at(usize::from(i) * 100, &mut now).unwrap();
+        assert_eq!(now[..len], pattern(len, i)[..], "write {i} landed");
+        assert_eq!(now[len..], vec![0; 100 - len][..], "and no further");
+    }
+    let before = a.qp.in_flight();
+    let err =
+        a.qp.post_prepared_inline(&mut send, 91, &vec![7; limit + 1])
+            .unwrap_err();
+    refused(
+        &a.qp,
+        before,
+        err,
+        &format!("{} bytes of inline data", limit + 1),
+    );
+    let err = send.set_remote(remote.slice(0, 8).unwrap()).unwrap_err();
+    refused(&a.qp, before, err, "not an inline RDMA WRITE");
+}
+
+legacy_and_auto!(prepared_inline_requests_carry_their_bytes);
