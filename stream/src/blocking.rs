@@ -179,14 +179,17 @@ impl RdmaStream {
         mut attempt: impl FnMut(&mut Engine) -> io::Result<Option<T>>,
     ) -> io::Result<T> {
         let mut spin_until: Option<Instant> = None;
-        let mut woken = false;
+        // Which channels the last sleep found readable.
+        let (mut comp_ready, mut events_ready) = (false, false);
         loop {
             {
                 let mut p = self.lock();
-                if woken {
-                    // The channels said something: take their events.
-                    woken = false;
-                    ack_cq_events(&p)?;
+                // Only a channel that said something is read: each read is a
+                // system call, and a sleep costs enough of them already.
+                if std::mem::take(&mut comp_ready) {
+                    ack_cq_event(&p)?;
+                }
+                if std::mem::take(&mut events_ready) {
                     connection_events(&mut p)?;
                 }
                 // What the engine knows may do (a write with room needs no
@@ -211,9 +214,11 @@ impl RdmaStream {
                 }
                 // Arm, then poll again: a completion between the poll and
                 // the arm raises no event. A disconnection is looked for
-                // only now (a live connection makes progress without it).
+                // only now (a live connection makes progress without it):
+                // a CM event already queued makes the sleep below return at
+                // once, since its channel stays readable until it is read.
                 p.cq.req_notify(false).map_err(io::Error::from)?;
-                if poll_cq(&mut p)? || connection_events(&mut p)? {
+                if poll_cq(&mut p)? {
                     continue;
                 }
             }
@@ -234,7 +239,12 @@ impl RdmaStream {
                 PollFd::new(self.events.as_fd(), PollFlags::POLLIN),
             ];
             match nix::poll::poll(&mut fds, timeout) {
-                Ok(_) | Err(nix::errno::Errno::EINTR) => woken = true,
+                Ok(_) => {
+                    let said = |fd: &PollFd| fd.revents().is_some_and(|r| !r.is_empty());
+                    comp_ready = said(&fds[0]);
+                    events_ready = said(&fds[1]);
+                }
+                Err(nix::errno::Errno::EINTR) => {}
                 Err(e) => return Err(e.into()),
             }
         }
@@ -287,14 +297,19 @@ impl RdmaStream {
     }
 }
 
-/// Acknowledges the completion channel's events (they only say "look").
-fn ack_cq_events(p: &Parts) -> io::Result<()> {
-    loop {
-        match p.comp.get_event() {
-            Ok(ev) => drop(ev),
-            Err(e) if e.errno() == Some(nix::errno::Errno::EAGAIN as i32) => return Ok(()),
-            Err(e) => return Err(e.into()),
+/// Acknowledges one event of the completion channel (it only says "look").
+/// The CQ is armed once per sleep, so a wake-up finds one; another (left by a
+/// sleep that a CM event ended first) keeps the channel readable and is
+/// taken after the next sleep, which it ends at once. Events never read
+/// cost nothing at teardown: `ibv_destroy_cq` waits only for those read.
+fn ack_cq_event(p: &Parts) -> io::Result<()> {
+    match p.comp.get_event() {
+        Ok(ev) => {
+            drop(ev);
+            Ok(())
         }
+        Err(e) if e.errno() == Some(nix::errno::Errno::EAGAIN as i32) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 
