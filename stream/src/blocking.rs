@@ -18,6 +18,10 @@ use crate::setup::{self, Options, Parts};
 /// How long closing waits for the peer to take what was sent.
 const CLOSE_LINGER: Duration = Duration::from_secs(5);
 
+/// A non-blocking stream looks at its CM events once in this many calls
+/// that would block (each look is a system call).
+const LOOK_EVERY: u32 = 32;
+
 /// A byte stream over an RDMA connection that speaks rsocket's protocol:
 /// its peer can be rdma-core's `rstream`, `rcopy`, any program under
 /// `librspreload.so`, or another `RdmaStream`.
@@ -46,6 +50,8 @@ pub struct RdmaStream {
     events: rdma::cm::EventChannel,
     busy_poll: Duration,
     nonblocking: std::sync::atomic::AtomicBool,
+    /// `WouldBlock`s returned: every `LOOK_EVERY`-th looks at the CM events.
+    would_blocks: std::sync::atomic::AtomicU32,
     local: Option<SocketAddr>,
     peer: Option<SocketAddr>,
 }
@@ -104,6 +110,7 @@ impl RdmaStream {
             busy_poll: opts.busy_poll,
             parts: Mutex::new(parts),
             nonblocking: std::sync::atomic::AtomicBool::new(false),
+            would_blocks: std::sync::atomic::AtomicU32::new(0),
             local,
             peer,
         };
@@ -124,7 +131,9 @@ impl RdmaStream {
 
     /// Moves reads and writes into non-blocking mode: where they would
     /// wait they fail with `WouldBlock` (as `O_NONBLOCK`; closing still
-    /// waits, bounded).
+    /// waits, bounded). A peer that went away without a word (killed, its
+    /// link down) is seen within 32 calls that would block: they look at
+    /// the connection's events then (a system call, so not every time).
     ///
     /// # Errors
     /// None today; kept for the shape of `TcpStream::set_nonblocking`.
@@ -205,6 +214,16 @@ impl RdmaStream {
                     return Ok(v);
                 }
                 if self.nonblocking.load(std::sync::atomic::Ordering::Relaxed) {
+                    // A caller that never sleeps here never reads the event
+                    // channel in the sleep below: look at it now and then,
+                    // or a peer killed mid-stream would read as "no data
+                    // yet" for ever.
+                    let n = self
+                        .would_blocks
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if n % LOOK_EVERY == LOOK_EVERY - 1 && connection_events(&mut p)? {
+                        continue;
+                    }
                     return Err(io::ErrorKind::WouldBlock.into());
                 }
                 let now = Instant::now();

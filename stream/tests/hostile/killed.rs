@@ -146,19 +146,25 @@ pub(super) fn assert_writer_failed(kind: io::ErrorKind, msg: &str) {
 /// `rcat ADDR PORT` sends the test pattern to our listener; once the
 /// stream read a megabyte it is SIGKILLed; the reader must see an error or
 /// the end within `BOUND`, having read a prefix of the pattern.
-fn killed_sender(dev: &str, port: u16) {
+/// With `nonblocking`, the reader spins on `WouldBlock` as a non-blocking
+/// caller does (it never sleeps in the stream).
+fn killed_sender(dev: &str, port: u16, nonblocking: bool) {
     let a = addr(dev, port);
     let l = RdmaListener::bind(a).expect("bind");
     let (mid_tx, mid_rx) = mpsc::channel();
     let (tx, rx) = mpsc::channel();
     let h = thread::spawn(move || {
         let (s, _) = l.accept().expect("accept rcat");
+        s.set_nonblocking(nonblocking).expect("set_nonblocking");
         let mut buf = vec![0; 64 * 1024];
         let mut tally = Tally::new(mid_tx);
         let end = loop {
-            match End::of((&s).read(&mut buf)) {
-                Ok(k) => tally.read(&buf[..k]),
-                Err(end) => break end,
+            match (&s).read(&mut buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                r => match End::of(r) {
+                    Ok(k) => tally.read(&buf[..k]),
+                    Err(end) => break end,
+                },
             }
         };
         let _ = tx.send((tally.n, tally.wrong, end, Instant::now()));
@@ -186,13 +192,25 @@ fn killed_sender(dev: &str, port: u16) {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn the_reader_ends_when_the_sender_is_sigkilled_rxe() {
-    killed_sender("rxe", 7633);
+    killed_sender("rxe", 7633, false);
 }
 
 #[test]
 #[ignore = "needs an RDMA device"]
 fn the_reader_ends_when_the_sender_is_sigkilled_iwarp() {
-    killed_sender("siw", 7634);
+    killed_sender("siw", 7634, false);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_nonblocking_reader_ends_when_the_sender_is_sigkilled_rxe() {
+    killed_sender("rxe", 7690, true);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_nonblocking_reader_ends_when_the_sender_is_sigkilled_iwarp() {
+    killed_sender("siw", 7691, true);
 }
 
 /// `rcat -l` takes what our stream writes; once a megabyte went it is
