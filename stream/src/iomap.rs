@@ -259,21 +259,7 @@ impl RdmaStream {
     /// Takes the completions and connection events there are (without
     /// sleeping): an error when the connection is no longer up.
     fn look_at_connection(&self, at: usize, value: u8) -> io::Result<()> {
-        let up = self.wait(Some(Instant::now()), |e| {
-            if e.connected() {
-                return Ok(None);
-            }
-            // The failure, if the connection failed (a read of nothing
-            // says it when no data is left unread).
-            e.try_read(&mut [])?;
-            Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!(
-                    "riomap: the peer closed the stream before byte {at} of the mapping \
-                     became {value}"
-                ),
-            ))
-        });
+        let up = self.wait(Some(Instant::now()), |e| still_up(e, at, value));
         match up {
             Err(e)
                 if matches!(
@@ -463,4 +449,21 @@ pub(crate) fn unmap(e: &mut Engine, map: IoMap) -> io::Result<Buffer> {
             Err(crate::setup::step_error("riounmap", err))
         }
     }
+}
+
+/// For a wait on byte `at` of a mapping becoming `value`: `None` while the
+/// connection is up; else its failure (a read of nothing says it when no
+/// data is left unread) or the end of the stream. The blocking and async
+/// `look_at_connection` both ask it.
+pub(crate) fn still_up(e: &mut Engine, at: usize, value: u8) -> io::Result<Option<()>> {
+    if e.connected() {
+        return Ok(None);
+    }
+    e.try_read(&mut [])?;
+    Err(io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        format!(
+            "riomap: the peer closed the stream before byte {at} of the mapping became {value}"
+        ),
+    ))
 }

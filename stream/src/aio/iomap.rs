@@ -174,19 +174,9 @@ impl RdmaStream {
     /// sleep): an error when the connection is no longer up.
     async fn look_at_connection(&self, at: usize, value: u8) -> io::Result<()> {
         poll_fn(|cx| {
-            let up = self.inner.poll_op(cx, Direction::Read, |e| {
-                if e.connected() {
-                    return Ok(None);
-                }
-                e.try_read(&mut [])?;
-                Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "riomap: the peer closed the stream before byte {at} of the mapping \
-                         became {value}"
-                    ),
-                ))
-            });
+            let up = self
+                .inner
+                .poll_op(cx, Direction::Read, |e| iomap::still_up(e, at, value));
             match up {
                 Poll::Ready(r) => Poll::Ready(r),
                 // Nothing more to take: up, as far as it says.
