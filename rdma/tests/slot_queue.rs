@@ -292,6 +292,66 @@ fn write_reaches_its_target(t: Two) {
 
 #[test]
 #[ignore = "needs an RDMA device"]
+fn a_write_past_its_remote_range_is_refused_and_the_qp_stays_up_rxe() {
+    write_past_remote_range(two(2, 4096));
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_write_past_its_remote_range_is_refused_and_the_qp_stays_up_iwarp() {
+    write_past_remote_range(two_iwarp(2, 4096));
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_write_past_its_remote_range_is_refused_on_the_legacy_path_rxe() {
+    // The prebuilt request's path: the check comes before the path choice.
+    let mut config = SlotConfig::new(2, 4096);
+    config.post_path = rdma::PostPath::Legacy;
+    write_past_remote_range(two_with(config));
+}
+
+/// Writes longer than their target's remote range (a region's last 64
+/// bytes) are refused before the provider sees them, by both write posts;
+/// the QP stays up (the peer would have refused them with a remote access
+/// error and moved the QP to the error state), so a write that fits lands.
+fn write_past_remote_range(t: Two) {
+    let Two { pd, mut a, b, .. } = t;
+    let region = pd
+        .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let tail = region.remote().slice(4032, 64).unwrap();
+    let t = a.write_target(tail);
+    a.slot_mut(0).unwrap()[..65].fill(0x3c);
+    let range = format!("remote range of 64 bytes at {:#x}", tail.addr);
+    is_invalid(a.post_write(&t, 0, 65, true), &range);
+    is_invalid(a.post_write(&t, 0, 4096, false), "RDMA WRITE of 4096 bytes");
+    let mut called = false;
+    is_invalid(
+        a.post_write_with(&t, 0, 65, true, |_| called = true),
+        "RDMA WRITE of 65 bytes from slot 0",
+    );
+    assert!(!called, "fill ran for a refused write");
+    assert_eq!(a.in_flight(), (0, 0));
+    assert!(a.poll().unwrap().is_none(), "a refused write completed");
+    // The whole range, to its last byte: posted, and it lands.
+    a.post_write(&t, 0, 64, true).unwrap();
+    let c = next(&mut a);
+    assert!(c.is_success(), "{c:?}");
+    let bytes = region.to_vec();
+    assert!(bytes[4032..].iter().all(|&x| x == 0x3c));
+    assert!(bytes[..4032].iter().all(|&x| x == 0));
+    // An empty range takes an empty write only.
+    let none = a.write_target(region.remote().slice(4096, 0).unwrap());
+    is_invalid(a.post_write(&none, 0, 1, true), "remote range of 0 bytes");
+    a.post_write_with(&none, 1, 0, true, |s| s[0] = 1).unwrap();
+    assert!(next(&mut a).is_success());
+    assert_eq!(a.in_flight(), (0, 0));
+    drop(b);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
 fn the_legacy_path_reuses_its_prebuilt_requests_rxe() {
     // `ibv_post_send` over the queue's one prebuilt send request and one
     // receive request, rewritten per post: each post's fields (opcode,

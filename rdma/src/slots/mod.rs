@@ -406,7 +406,9 @@ impl SlotQueue {
         }
     }
 
-    /// The target of RDMA WRITEs to `remote`, for [`SlotQueue::post_write`].
+    /// The target of RDMA WRITEs to `remote`, for [`SlotQueue::post_write`]:
+    /// each write lands at `remote.addr` and may carry at most `remote.len`
+    /// bytes (a part of a peer's region is a [`RemoteMemory::slice`]).
     pub fn write_target(&self, remote: RemoteMemory) -> SlotTarget {
         SlotTarget { remote }
     }
@@ -440,14 +442,16 @@ impl SlotQueue {
         signaled: bool,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<()> {
-        let r = &target.remote;
-        self.post::<true, true>(Some((r.rkey, r.addr)), slot, len, signaled, fill)
+        self.post::<true, true>(Some(&target.remote), slot, len, signaled, fill)
     }
 
-    /// Posts an RDMA WRITE of the first `len` bytes of `slot` to `target`.
+    /// Posts an RDMA WRITE of the first `len` bytes of `slot` to the start
+    /// of `target`.
     ///
     /// # Errors
-    /// As [`SlotQueue::post_send`].
+    /// As [`SlotQueue::post_send`], and [`Error::InvalidArgument`] for more
+    /// bytes than `target`'s remote range holds (which the peer would
+    /// refuse, moving the QP to the error state).
     #[inline(always)]
     pub fn post_write(
         &mut self,
@@ -456,17 +460,16 @@ impl SlotQueue {
         len: u32,
         signaled: bool,
     ) -> Result<()> {
-        let r = &target.remote;
-        self.post::<false, true>(Some((r.rkey, r.addr)), slot, len, signaled, |_| {})
+        self.post::<false, true>(Some(&target.remote), slot, len, signaled, |_| {})
     }
 
-    /// A SEND (`WRITE` false, `remote` `None`) or an RDMA WRITE to
-    /// `remote` (rkey, address) of `len` bytes of `slot`; with `FILL`, the
-    /// slot must be free and `fill` writes it first.
+    /// A SEND (`WRITE` false, `remote` `None`) or an RDMA WRITE to the
+    /// start of `remote` of `len` bytes of `slot`; with `FILL`, the slot
+    /// must be free and `fill` writes it first.
     #[inline(always)]
     fn post<const FILL: bool, const WRITE: bool>(
         &mut self,
-        remote: Option<(u32, u64)>,
+        remote: Option<&RemoteMemory>,
         slot: u32,
         len: u32,
         signaled: bool,
@@ -474,6 +477,13 @@ impl SlotQueue {
     ) -> Result<()> {
         if len > self.slot_len {
             return Err(too_long(slot, len, self.slot_len));
+        }
+        // The peer refuses a write past the range it gave (a remote access
+        // error, and the QP goes to the error state): refused here instead.
+        if let Some(r) = remote {
+            if !fits_remote(len, r) {
+                return Err(self.beyond_remote(slot, len, r));
+            }
         }
         let (wr_id, prev) = self
             .ledger
@@ -501,7 +511,7 @@ impl SlotQueue {
                     length: len,
                     lkey: self.lkey,
                 };
-                let (rkey, raddr) = remote.unwrap_or_default();
+                let (rkey, raddr) = remote.map_or((0, 0), |r| (r.rkey, r.addr));
                 // SAFETY: `d` was made for this queue's QP, which lives and
                 // which `&mut self` keeps from any other post; the SGE is in
                 // the registered slot, which the ledger now holds lent until
@@ -509,7 +519,10 @@ impl SlotQueue {
                 // destroyed, see the drop).
                 unsafe { d.post_to(flags, &sge, wr_id, rkey, raddr) }
             }
-            _ => self.post_prebuilt(remote, flags, at as u64, len, wr_id, slot, prev),
+            _ => {
+                let remote = remote.map(|r| (r.rkey, r.addr));
+                self.post_prebuilt(remote, flags, at as u64, len, wr_id, slot, prev)
+            }
         };
         if rc != 0 {
             self.ledger.unsend(slot, prev);
@@ -663,6 +676,11 @@ impl SlotQueue {
     }
 
     #[cold]
+    fn beyond_remote(&self, slot: u32, len: u32, remote: &RemoteMemory) -> Error {
+        write_beyond_remote(self.qp().qp_num(), slot, len, remote)
+    }
+
+    #[cold]
     fn describe(&self, slot: u32) -> Cow<'static, str> {
         Cow::Owned(format!(
             "slot {slot} of the slot queue on QP {}",
@@ -714,6 +732,27 @@ fn refused(verb: &'static str, slot: u32, why: Refusal) -> Error {
     Error::InvalidArgument { verb, reason }
 }
 
+/// Whether an RDMA WRITE of `len` bytes fits `remote` from its start.
+#[inline(always)]
+fn fits_remote(len: u32, remote: &RemoteMemory) -> bool {
+    u64::from(len) <= remote.len
+}
+
+/// The refusal of an RDMA WRITE of `len` bytes from `slot` of the queue
+/// on QP `qp_num` to `remote`, which holds fewer.
+#[cold]
+fn write_beyond_remote(qp_num: u32, slot: u32, len: u32, remote: &RemoteMemory) -> Error {
+    Error::InvalidArgument {
+        verb: "ibv_post_send",
+        reason: format!(
+            "an RDMA WRITE of {len} bytes from slot {slot} of the slot queue on QP {qp_num} \
+             does not fit its target, the remote range of {} bytes at {:#x} (rkey {:#x}): \
+             the peer would refuse it and the QP would go to the error state",
+            remote.len, remote.addr, remote.rkey
+        ),
+    }
+}
+
 #[cold]
 fn too_long(slot: u32, len: u32, slot_len: u32) -> Error {
     Error::InvalidArgument {
@@ -721,3 +760,6 @@ fn too_long(slot: u32, len: u32, slot_len: u32) -> Error {
         reason: format!("{len} bytes from slot {slot}, whose slots are {slot_len} bytes"),
     }
 }
+
+#[cfg(test)]
+mod tests;
