@@ -10,7 +10,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use rdma::cm::{CmEventType, CmId, ConnParam, EventChannel, PortSpace};
+use rdma::cm::{CmEvent, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use rdma::{
     CompletionChannel, CompletionQueue, ProtectionDomain, QpState, QpType, QueuePair, TransportType,
 };
@@ -207,7 +207,7 @@ pub(crate) struct Listening {
     /// holds rdma-verbs' key plug (`CmId::context`), which would otherwise
     /// be made and destroyed again (a 1 MiB CQ) whenever the server's
     /// connections all came and went.
-    _device: Option<rdma::Context>,
+    device: Option<rdma::Context>,
     pub(crate) id: CmId,
     pub(crate) events: EventChannel,
 }
@@ -222,93 +222,168 @@ pub(crate) fn listen(addr: SocketAddr, backlog: i32) -> io::Result<Listening> {
     id.listen(backlog).map_err(err("rdma_listen"))?;
     // A wildcard listener has no device yet.
     let device = id.context().ok();
-    Ok(Listening {
-        _device: device,
-        id,
-        events,
-    })
+    Ok(Listening { device, id, events })
 }
 
-/// Waits (without bound when `timeout` is `None`) for a connection request
-/// and accepts it; a request that is not rsocket's is rejected and the wait
-/// goes on.
-pub(crate) fn accept(
-    l: &Listening,
-    opts: &Options,
-    timeout: Option<Duration>,
-) -> io::Result<Parts> {
-    let err = |what: &'static str| move |e| step_error(what, e);
-    let deadline = timeout.map(|t| Instant::now() + t);
-    loop {
-        let event = match deadline {
-            None => l.events.get_event().map_err(err("rdma_get_cm_event"))?,
-            Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
-                match l
-                    .events
-                    .get_event_timeout(left)
-                    .map_err(err("rdma_get_cm_event"))?
-                {
-                    Some(e) => e,
-                    None => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "no connection request in time",
-                        ))
-                    }
-                }
-            }
-        };
-        if event.event_type() != CmEventType::ConnectRequest {
-            continue;
+impl Listening {
+    /// Whether it was bound to a wildcard address, so holds no device.
+    pub(crate) fn has_no_device(&self) -> bool {
+        self.device.is_none()
+    }
+}
+
+/// Requests the blocking listener answers at once unless told otherwise
+/// (`RdmaListener::set_max_accepting`): the async listener's default too.
+pub(crate) const DEFAULT_MAX_ACCEPTING: usize = 16;
+
+/// One connection request answered: the connection's objects made and
+/// registered, the accept sent, `ESTABLISHED` awaited on the connection's
+/// own event channel (the id was migrated off the listener's). Dropping it
+/// abandons the connection (RoCE: the CM rejects it; iWARP: the TCP
+/// connection is closed). Fields in teardown order, as [`Parts`].
+pub(crate) struct Handshake {
+    qp: QueuePair,
+    local: Local,
+    cq: CompletionQueue,
+    comp: CompletionChannel,
+    pd: ProtectionDomain,
+    iwarp: bool,
+    peer: ConnData,
+    id: CmId,
+    events: EventChannel,
+    deadline: Instant,
+}
+
+/// Where a [`Handshake`] is.
+pub(crate) enum Progress {
+    /// Nothing yet: the handshake, to look at again.
+    Waiting(Handshake),
+    /// `ESTABLISHED`: the connection, ready for a stream
+    /// ([`Handshake::into_parts`]).
+    Established(Handshake),
+    /// Another event of the id (the peer rejected, went away, or the
+    /// device did), or its channel failed: the connection is abandoned.
+    Failed(io::Error),
+}
+
+/// Who is at the other end of `id`, for messages.
+pub(crate) fn peer_of(id: &CmId) -> String {
+    match id.peer_addr() {
+        Some(mut a) => {
+            a.set_port(id.dst_port());
+            a.to_string()
         }
-        let id = event.id().clone();
-        let peer = ConnData::decode(event.private_data());
-        drop(event);
-        let peer = match peer {
-            Ok(p) => p,
-            Err(e) => {
-                log::warn!("rejected a connection request: {e}");
-                let _ = id.reject(&[]);
-                continue;
-            }
-        };
-        match accept_one(id.clone(), &peer, opts) {
-            Ok(parts) => return Ok(parts),
-            Err(e) => {
-                let _ = id.reject(&[]);
-                return Err(e);
-            }
+        None => "an unknown peer".into(),
+    }
+}
+
+/// Answers the connection request `event` (a `CONNECT_REQUEST` of a
+/// listener): `None` when its private data is not rsocket's (it is
+/// rejected); otherwise the handshake, its accept sent, which must be
+/// established by `Instant::now() + opts.timeout`.
+///
+/// # Errors
+/// Making the connection's objects or sending the accept (the request is
+/// then rejected): the failure is this server's, not the peer's.
+pub(crate) fn answer(event: CmEvent, opts: &Options) -> io::Result<Option<Handshake>> {
+    let id = event.id().clone();
+    let peer = ConnData::decode(event.private_data());
+    // Acknowledged before the migration, which waits for every event of
+    // the id to be.
+    drop(event);
+    let peer = match peer {
+        Ok(p) => p,
+        Err(e) => {
+            log::warn!("rejected a connection request from {}: {e}", peer_of(&id));
+            let _ = id.reject(&[]);
+            return Ok(None);
+        }
+    };
+    match start(&id, opts) {
+        Ok((m, events)) => Ok(Some(Handshake {
+            qp: m.qp,
+            local: m.local,
+            cq: m.cq,
+            comp: m.comp,
+            pd: m.pd,
+            iwarp: m.iwarp,
+            peer,
+            id,
+            events,
+            deadline: Instant::now() + opts.timeout,
+        })),
+        Err(e) => {
+            let _ = id.reject(&[]);
+            Err(io::Error::new(
+                e.kind(),
+                format!("answering a connection request from {}: {e}", peer_of(&id)),
+            ))
         }
     }
 }
 
-fn accept_one(id: CmId, peer: &ConnData, opts: &Options) -> io::Result<Parts> {
+/// The connection's own event channel, its objects, and the accept sent.
+fn start(id: &CmId, opts: &Options) -> io::Result<(Made, EventChannel)> {
     let err = |what: &'static str| move |e| step_error(what, e);
     let events = EventChannel::new().map_err(err("rdma_create_event_channel"))?;
     id.migrate_id(Some(&events))
         .map_err(err("rdma_migrate_id"))?;
-    let m = make(&id, opts.sizes)?;
+    let m = make(id, opts.sizes)?;
     let ours = m.local.conn_data().encode().to_vec();
     id.accept_qp(&m.qp, &param(ours, m.iwarp))
         .map_err(err("rdma_accept"))?;
-    drop(
-        events
-            .wait_for(
-                &id,
-                &[CmEventType::Established],
-                "rdma_accept",
-                opts.timeout,
-            )
-            .map_err(err("accepting"))?,
-    );
-    Ok(Parts {
-        engine: Engine::new(m.qp, m.local, peer, m.iwarp, true),
-        cq: m.cq,
-        comp: m.comp,
-        _pd: m.pd,
-        id,
-        events,
-        polled: Polled::default(),
-    })
+    Ok((m, events))
+}
+
+impl Handshake {
+    /// The channel its events come on (to sleep on).
+    pub(crate) fn events(&self) -> &EventChannel {
+        &self.events
+    }
+
+    /// By when it must be established.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// The peer's address, for messages.
+    pub(crate) fn peer(&self) -> String {
+        peer_of(&self.id)
+    }
+
+    /// Reads its events (without waiting): whether it is established or
+    /// failed. Events after `ESTABLISHED` stay on the channel, which the
+    /// connection keeps: its stream reads them.
+    pub(crate) fn progress(self) -> Progress {
+        loop {
+            let event = match self.events.try_get_event() {
+                Ok(Some(e)) => e,
+                Ok(None) => return Progress::Waiting(self),
+                Err(e) => {
+                    return Progress::Failed(step_error("reading the connection's events", e))
+                }
+            };
+            if !event.id().same_id(&self.id) {
+                continue;
+            }
+            if event.event_type() == CmEventType::Established && event.status() == 0 {
+                drop(event);
+                return Progress::Established(self);
+            }
+            return Progress::Failed(step_error("accepting", event.into_error("rdma_accept")));
+        }
+    }
+
+    /// The established connection's parts.
+    pub(crate) fn into_parts(self) -> Parts {
+        Parts {
+            engine: Engine::new(self.qp, self.local, &self.peer, self.iwarp, true),
+            cq: self.cq,
+            comp: self.comp,
+            _pd: self.pd,
+            id: self.id,
+            events: self.events,
+            polled: Polled::default(),
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! The blocking stream and listener: `std::io::Read` and `Write` over the
 //! [`Engine`](crate::engine), sleeping on the connection's completion
 //! channel and event channel at once (so a peer that disconnects wakes a
-//! reader as data does).
+//! reader as data does). The listener, which answers several connection
+//! requests at once, is in `listener`.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
@@ -14,6 +15,9 @@ use rdma::cm::CmEventType;
 
 use crate::engine::Engine;
 use crate::setup::{self, Options, Parts};
+
+mod listener;
+pub use listener::RdmaListener;
 
 /// How long closing waits for the peer to take what was sent.
 const CLOSE_LINGER: Duration = Duration::from_secs(5);
@@ -399,78 +403,5 @@ impl Drop for RdmaStream {
         }
         let p = self.lock();
         let _ = p.id.disconnect();
-    }
-}
-
-/// A listener for rsocket streams.
-///
-/// ```no_run
-/// use std::io::{Read, Write};
-/// # fn main() -> std::io::Result<()> {
-/// let listener = rdma_stream::RdmaListener::bind("10.8.0.1:7471")?;
-/// loop {
-///     let (mut s, peer) = listener.accept()?;
-///     std::thread::spawn(move || {
-///         let mut buf = [0; 4096];
-///         while let Ok(n) = s.read(&mut buf) {
-///             if n == 0 || s.write_all(&buf[..n]).is_err() {
-///                 break;
-///             }
-///         }
-///         let _ = peer;
-///     });
-/// }
-/// # }
-/// ```
-pub struct RdmaListener {
-    listening: setup::Listening,
-    opts: Options,
-}
-
-impl std::fmt::Debug for RdmaListener {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RdmaListener")
-            .field("local", &self.local_addr())
-            .finish_non_exhaustive()
-    }
-}
-
-impl RdmaListener {
-    /// Listens on `addr` (port 0: any free port), with rsocket's sizes for
-    /// the connections it accepts.
-    ///
-    /// # Errors
-    /// As `rdma_bind_addr` and `rdma_listen` (an address no RDMA device
-    /// has: `AddrNotAvailable`).
-    pub fn bind(addr: impl ToSocketAddrs) -> io::Result<RdmaListener> {
-        Self::bind_with(addr, Options::default())
-    }
-
-    /// As [`RdmaListener::bind`], with `opts` for each connection.
-    ///
-    /// # Errors
-    /// As [`RdmaListener::bind`].
-    pub fn bind_with(addr: impl ToSocketAddrs, opts: Options) -> io::Result<RdmaListener> {
-        let listening = setup::listen(first_addr(addr)?, 128)?;
-        Ok(RdmaListener { listening, opts })
-    }
-
-    /// The bound address, with the port that was picked.
-    pub fn local_addr(&self) -> Option<SocketAddr> {
-        let mut a = self.listening.id.local_addr()?;
-        a.set_port(self.listening.id.src_port());
-        Some(a)
-    }
-
-    /// Waits for a connection and accepts it (requests that are not
-    /// rsocket's are rejected, and the wait goes on).
-    ///
-    /// # Errors
-    /// The errors of accepting one request.
-    pub fn accept(&self) -> io::Result<(RdmaStream, Option<SocketAddr>)> {
-        let parts = setup::accept(&self.listening, &self.opts, None)?;
-        let s = RdmaStream::from_parts(parts, &self.opts)?;
-        let peer = s.peer_addr();
-        Ok((s, peer))
     }
 }
