@@ -83,8 +83,12 @@ pub(crate) struct Engine {
     /// next slot of it.
     remote_sgl: Sge,
     remote_slot: usize,
-    /// The next transfer of a large write (doubles to `MAX_TRANSFER`).
+    /// The next transfer of a large write (doubles to `MAX_TRANSFER`;
+    /// back to the first size when a write finds nothing in flight).
     next_transfer: usize,
+    /// The last write could not all go (it waits for room): the next one
+    /// goes on with its transfer sizes.
+    write_waited: bool,
     /// Every write is sent at once (the default, as rsocket's `rsend`);
     /// off, small writes wait in `pending` while data is in flight.
     nodelay: bool,
@@ -163,6 +167,7 @@ impl Engine {
             remote_sgl: peer.target_sgl,
             remote_slot: 1,
             next_transfer: wire::FIRST_TRANSFER,
+            write_waited: false,
             nodelay: true,
             pending: Vec::new(),
             unread: VecDeque::with_capacity(sizes.recv_queue as usize),

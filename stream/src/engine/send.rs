@@ -217,7 +217,6 @@ impl Engine {
             return Some(Err(self.post_failed(why)));
         }
         self.sent(len, sqes);
-        self.next_transfer = wire::FIRST_TRANSFER;
         Some(Ok(Some(len)))
     }
 
@@ -323,7 +322,20 @@ impl Engine {
 
     /// Posts as much of `buf` as credits, the peer's space and our queue
     /// allow; how many bytes went (0: wait for completions).
+    ///
+    /// A write on an idle connection starts with a transfer of
+    /// [`wire::FIRST_TRANSFER`] bytes, each next one twice the last (up to
+    /// [`wire::MAX_TRANSFER`]), so the receiver has the first bytes early,
+    /// as rsocket's `rsend` starts every call. While earlier transfers are
+    /// still in flight (or the last write had to wait for room) the
+    /// receiver is busy with those anyway, and the sizes go on where they
+    /// were: a stream of 64 KiB writes goes as one WRITE each, not as
+    /// rsocket's six (2, 4, 8, 16, 32 and 2 KiB), each a post, a completion
+    /// on both sides and a message credit.
     pub(super) fn send_now(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if !self.write_waited && !self.data_in_flight() {
+            self.next_transfer = wire::FIRST_TRANSFER;
+        }
         let mut sent = 0;
         while sent < buf.len() && self.can_send() {
             let left = buf.len() - sent;
@@ -353,9 +365,7 @@ impl Engine {
             self.sent(xfer, if self.iwarp { 2 } else { 1 });
             sent += xfer;
         }
-        if sent == buf.len() {
-            self.next_transfer = wire::FIRST_TRANSFER;
-        }
+        self.write_waited = sent < buf.len();
         Ok(sent)
     }
 
