@@ -194,17 +194,22 @@ pub fn parse(
 }
 
 /// The stream options the tools set (`set_options`): `-B` or 512 KiB each
-/// way; inline `-i` when optimising for latency, else rsocket's least
-/// (16).
+/// way, as `SO_SNDBUF` and `SO_RCVBUF`, which rsocket doubles (as Linux does
+/// for TCP): rdma-core's tools run with twice the size given, 1 MiB each
+/// way by default, and ours take the same; inline `-i` when optimising
+/// for latency, else rsocket's least (16).
 pub fn options(a: &PerfArgs, latency: bool) -> Options {
     let mut o = Options::default();
-    let buffer = if a.buffer_size > 0 {
+    let asked = if a.buffer_size > 0 {
         a.buffer_size
     } else {
         1 << 19
     };
-    o.sizes.send_buffer = buffer;
-    o.sizes.recv_buffer = buffer;
+    // rsocket's floor for the send buffer: twice its low-water mark.
+    o.sizes.send_buffer = asked
+        .saturating_mul(2)
+        .max(2 * rdma_stream::wire::SEND_LOW_WATER);
+    o.sizes.recv_buffer = asked.saturating_mul(2);
     o.sizes.inline = if latency { a.inline_size } else { 16 };
     o
 }
