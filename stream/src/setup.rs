@@ -1,6 +1,9 @@
 //! Making a connection: resolving, the queue pair and buffers on the
 //! route's device, and the exchange of rsocket's connection data in the
-//! private data of the connect request and the accept.
+//! private data of the connect request and the accept. A request is
+//! answered in steps that never wait ([`answer`], then
+//! [`Handshake::progress`] until `ESTABLISHED`), so that the blocking
+//! listener can keep several in progress at once.
 //!
 //! Each connection has an event channel and a completion channel of its
 //! own, so that a stream can wait on both (data, and the peer's
@@ -233,7 +236,8 @@ impl Listening {
 }
 
 /// Requests the blocking listener answers at once unless told otherwise
-/// (`RdmaListener::set_max_accepting`): the async listener's default too.
+/// (`RdmaListener::set_max_accepting`); the async listener's default is
+/// the same number.
 pub(crate) const DEFAULT_MAX_ACCEPTING: usize = 16;
 
 /// One connection request answered: the connection's objects made and

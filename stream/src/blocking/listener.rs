@@ -164,8 +164,8 @@ impl RdmaListener {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock leaves at worst a handshake
-        // answered twice over or not at all: keep going.
+        // A panic while holding the lock leaves at worst handshakes
+        // dropped, which releases them as the timeout would: keep going.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
