@@ -10,10 +10,11 @@
 //! listener's event channel and on each answered connection's own, and
 //! returns the first to be established. So a peer that sends a request and
 //! never completes the handshake holds one place, not the listener, until
-//! the connection timeout (`Options::timeout`) releases it; and a burst of
-//! clients is answered in about the time of the slowest, not the sum (siw's
-//! initiator gives up 10 s after its MPA request, which a burst answered one
-//! after the other overran under TCG). The bound is what a flood of
+//! the connection timeout (`Options::timeout`) releases it; and the round
+//! trips of a burst of clients overlap (making each connection's objects is
+//! still one after the other, in the calling thread): siw's initiator gives
+//! up 10 s after its MPA request, which a burst of 64 answered wholly one
+//! after the other overran under TCG. The bound is what a flood of
 //! requests can make the server hold (each a PD, CQ, QP and the stream's
 //! registered buffers); past it, requests wait in the listener's backlog.
 //! The async listener (`aio::RdmaListener`) does the same with the same
