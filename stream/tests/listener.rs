@@ -2,7 +2,8 @@
 //! connection requests at once: 64 blocking clients connecting together
 //! (rxe0 and siw0), a client that sends its request and never completes the
 //! handshake while another connects and exchanges data, and the bound on
-//! the requests answered at once (rxe0).
+//! the requests answered at once (rxe0); the async listener goes on
+//! waiting past a handshake that times out (rxe0).
 //!
 //! The stalled client is built here on the `rdma` crate's CM: on RoCE the
 //! active side's QP is the process's own, so after `rdma_connect` its
@@ -428,5 +429,63 @@ fn the_blocking_listener_answers_at_most_max_accepting_at_once_rxe() {
         .recv_timeout(PHASE)
         .expect("the server within the bound")
         .expect("the server");
+    assert_eq!(echoed, data.len() as u64);
+}
+
+/// The async listener drops a request that is not established within the
+/// connection timeout (2 s here) and goes on waiting: the `accept` that was
+/// waiting when it timed out returns the next client's connection, not the
+/// stalled one's error (a server that loops on `accept().await?` would
+/// otherwise end on any peer that stalls its handshake).
+#[cfg(feature = "tokio")]
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_handshake_that_times_out_does_not_end_the_async_accept_loop_rxe() {
+    use rdma::aio::tokio_rt::Tokio;
+    use tokio::io::AsyncWriteExt;
+
+    let timeout = Duration::from_secs(2);
+    let (addr_tx, addr_rx) = mpsc::channel();
+    let (server_tx, server_rx) = mpsc::channel();
+    thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        let r = rt.block_on(async {
+            let mut l = rdma_stream::aio::RdmaListener::bind(&Tokio, addr("rxe"), small(timeout))
+                .map_err(|e| format!("bind: {e}"))?;
+            let _ = addr_tx.send(l.local_addr());
+            let (s, _) = l.accept().await.map_err(|e| format!("accept: {e}"))?;
+            let (mut r, mut w) = tokio::io::split(s);
+            let n = tokio::io::copy(&mut r, &mut w)
+                .await
+                .map_err(|e| format!("echo: {e}"))?;
+            w.shutdown().await.map_err(|e| format!("shutdown: {e}"))?;
+            Ok::<u64, String>(n)
+        });
+        let _ = server_tx.send(r);
+    });
+    let dst = addr_rx.recv_timeout(STEP).expect("the listener's address");
+    let events = EventChannel::new().expect("rdma_create_event_channel");
+    let stalled = resolved(&events, dst);
+    stalled.request();
+    let (_, kind, status) = next_event(&events, &[&stalled.id], STEP);
+    assert_eq!(
+        (kind, status),
+        (CmEventType::ConnectResponse, 0),
+        "the listener answers the stalled request"
+    );
+    // The server gives up on it after its timeout: the stalled side hears.
+    let (_, kind, status) = next_event(&events, &[&stalled.id], timeout + STEP);
+    println!("rxe: the stalled request, once released: {kind} (status {status})");
+    assert_ne!(kind, CmEventType::Established);
+    let data = message(3);
+    exchange(dst, &small(Duration::from_secs(10)), &data)
+        .unwrap_or_else(|e| panic!("a client after the stalled request was released: {e}"));
+    let echoed = server_rx
+        .recv_timeout(PHASE)
+        .expect("the server within the bound")
+        .expect("the server's accept returns the second client");
     assert_eq!(echoed, data.len() as u64);
 }

@@ -28,8 +28,9 @@ use crate::local::Local;
 use crate::setup::{self, Options};
 use crate::wire::ConnData;
 
-/// Requests answered at once by default ([`RdmaListener::set_max_accepting`]).
-pub const DEFAULT_MAX_ACCEPTING: usize = 16;
+/// Requests answered at once by default ([`RdmaListener::set_max_accepting`]),
+/// by the blocking listener too.
+pub const DEFAULT_MAX_ACCEPTING: usize = setup::DEFAULT_MAX_ACCEPTING;
 
 /// One request being answered: its reply sent, `ESTABLISHED` awaited.
 type Accepting = Pin<Box<dyn Future<Output = io::Result<(RdmaStream, SocketAddr)>> + Send>>;
@@ -125,7 +126,11 @@ impl RdmaListener {
     /// that are not rsocket's are rejected and the wait goes on. Up to
     /// [`RdmaListener::max_accepting`] requests are answered at once: the
     /// first to be established is returned, the others stay with the
-    /// listener for the next calls.
+    /// listener for the next calls. A request whose peer gives up, or that
+    /// is not established within the connection timeout
+    /// (`Options::timeout`), is abandoned (logged) and the wait goes on:
+    /// like a TCP listener's, this returns established connections only,
+    /// so a hostile or vanished peer cannot end a server's accept loop.
     ///
     /// Cancel safety: dropped while waiting, nothing is lost: requests not
     /// taken stay with the listener, and those being answered stay in it
@@ -133,8 +138,10 @@ impl RdmaListener {
     /// connection timeout, `Options::timeout`).
     ///
     /// # Errors
-    /// The errors of answering one request (its connection is then
-    /// abandoned; the others go on); of taking a request from the listener.
+    /// This server's failures: taking a request from the listener, or
+    /// making a connection's objects for a request (that request is
+    /// rejected; those in progress go on, and the listener can be used
+    /// again).
     pub async fn accept(&mut self) -> io::Result<(RdmaStream, SocketAddr)> {
         std::future::poll_fn(|cx| self.poll_accept(cx)).await
     }
@@ -179,7 +186,12 @@ impl RdmaListener {
                 Poll::Pending => i += 1,
                 Poll::Ready(r) => {
                     drop(self.accepting.swap_remove(i));
-                    self.done.push_back(r);
+                    match r {
+                        Ok(s) => self.done.push_back(Ok(s)),
+                        // The peer's doing (it rejected, vanished or was
+                        // too slow), not the server's.
+                        Err(e) => log::warn!("abandoned a connection request: {e}"),
+                    }
                 }
             }
         }
