@@ -419,28 +419,6 @@ impl<'a> Arrivals<'a> {
     }
 }
 
-/// The last byte of this side's target region, where the peer's RDMA WRITE
-/// lands, read without creating a reference to device-written memory.
-fn arrived(target: &MemoryRegion, size: usize) -> u8 {
-    let p = (target.addr() + size as u64 - 1) as usize as *const u8;
-    // SAFETY: `target` is a live registration of at least `size` bytes
-    // (sized for the largest message of the run) owned by the connection;
-    // its address was exposed by `addr()`. The peer writes it by DMA: a
-    // volatile byte read is how C observes an RDMA WRITE too, and no Rust
-    // reference to the region exists.
-    unsafe { std::ptr::read_volatile(p) }
-}
-
-/// Spins until the peer's `n`-th RDMA WRITE has landed (its last byte reads
-/// `n`, modulo 256).
-#[inline]
-pub fn await_write(target: &MemoryRegion, size: usize, n: u32, watch: &Watch<'_>) -> Res<()> {
-    while arrived(target, size) != n as u8 {
-        watch.idle()?;
-    }
-    Ok(())
-}
-
 /// The safe `write_lat` loop alone (a function of its own, which the
 /// instruction counts name): [`write_loop`] with no interleave, where the
 /// raw branches fold away.

@@ -8,7 +8,7 @@ use rdma::{SlotCompletion, SlotQueue, WcStatus};
 
 use crate::clock;
 use crate::clock::Stamps;
-use crate::lat::await_write;
+use crate::lat::Arrivals;
 use crate::oob::Watch;
 use anyhow::{anyhow, Context as _};
 
@@ -16,9 +16,10 @@ use crate::common::Res;
 use crate::opts::Opts;
 use crate::setup::Conn;
 
-/// A failed slot queue completion as an error.
+/// A failed slot queue completion as an error (`c` by value: a loop's
+/// completion then never needs an address).
 #[cold]
-fn slot_failed(what: &str, c: &SlotCompletion) -> anyhow::Error {
+fn slot_failed(what: &str, c: SlotCompletion) -> anyhow::Error {
     anyhow!(
         "{what} completion with error, slot {}: {} (status {}, vendor error {:#x})",
         c.slot(),
@@ -41,8 +42,8 @@ fn next_slot(q: &mut SlotQueue, watch: &Watch<'_>) -> Res<SlotCompletion> {
     loop {
         match q.poll() {
             Ok(Some(c)) if c.is_success() => return Ok(c),
-            Ok(Some(c)) if c.is_recv() => return Err(slot_failed("receive", &c)),
-            Ok(Some(c)) => return Err(slot_failed("send", &c)),
+            Ok(Some(c)) if c.is_recv() => return Err(slot_failed("receive", c)),
+            Ok(Some(c)) => return Err(slot_failed("send", c)),
             Ok(None) => watch.idle()?,
             Err(e) => return Err(slot_poll_failed(e)),
         }
@@ -55,7 +56,9 @@ fn next_slot(q: &mut SlotQueue, watch: &Watch<'_>) -> Res<SlotCompletion> {
 /// came last (after the send, so that the post is not in the round trip),
 /// and waits for its completions: the send's (when signaled) and the peer's
 /// next message, in whichever order the one CQ gives them. The server
-/// waits for the client's first message before its first send.
+/// waits for the client's first message before its first send. Out of
+/// line: the loop gets registers of its own, not the statistics' frame.
+#[inline(never)]
 pub fn send(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
     let iters = opts.iters;
     let q = conn.slots.as_mut().context("no slot queue")?;
@@ -116,7 +119,9 @@ impl Sends<'_, '_> {
         }
         let mut stamp = stamps.slots(iters as usize);
         let mut to_signal = cq_mod;
-        for n in 1..=iters {
+        let mut n = 0;
+        while n < iters {
+            n += 1;
             if let Some(t) = stamp.next() {
                 *t = clock::now();
             }
@@ -163,37 +168,71 @@ fn wait(q: &mut SlotQueue, watch: &Watch<'_>, mut send: bool, mut recv: bool) ->
 }
 
 /// `write_lat` on the slot queue (the default), in perftest's shape: the
-/// client posts first; then each side waits for the peer's write, writes
-/// the iteration's number into its message's last byte as it posts, and
-/// waits for the completion.
+/// client posts first; each side writes the iteration's number into its
+/// message's last byte as it posts, waits for the completion, and waits
+/// for the peer's write through a pointer found once ([`Arrivals`],
+/// perftest's `poll_buf`).
 #[inline(never)]
 pub fn write(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> Res<()> {
     let iters = opts.iters;
     conn.target
         .write_at(size - 1, &[0])
         .context("Couldn't clear the target buffer")?;
+    let arrivals = Arrivals::new(&conn.target, size)?;
     let q = conn.slots.as_mut().context("no slot queue")?;
     let target = q.write_target(conn.remote[0]);
     let len = size as u32;
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
-    let mut posted: u32 = 0;
-    let mut rcnt: u32 = 0;
-    if !opts.is_server() && iters > 0 {
-        posted = 1;
-        write_one(q, &target, len, posted, stamps, &watch)?;
+    let w = Writes {
+        q,
+        target: &target,
+        arrivals: &arrivals,
+        watch: &watch,
+        len,
+    };
+    if opts.is_server() {
+        w.run::<true>(iters, stamps)
+    } else {
+        w.run::<false>(iters, stamps)
     }
-    while posted < iters {
-        rcnt += 1;
-        await_write(&conn.target, size, rcnt, &watch)?;
-        posted += 1;
-        write_one(q, &target, len, posted, stamps, &watch)?;
+}
+
+/// What `write_lat`'s loop works on.
+struct Writes<'a, 'w> {
+    q: &'a mut SlotQueue,
+    target: &'a rdma::SlotTarget,
+    arrivals: &'a Arrivals<'a>,
+    watch: &'a Watch<'w>,
+    len: u32,
+}
+
+impl Writes<'_, '_> {
+    /// `iters` iterations, one counter: the `n`-th message is posted with
+    /// `n` in its last byte, and the peer's `n`-th awaited after it
+    /// (client) or before it (`SERVER`).
+    #[inline(always)]
+    fn run<const SERVER: bool>(self, iters: u32, stamps: &mut Stamps) -> Res<()> {
+        let Writes {
+            q,
+            target,
+            arrivals,
+            watch,
+            len,
+        } = self;
+        let mut n = 0;
+        while n < iters {
+            n += 1;
+            if SERVER {
+                arrivals.wait(n, watch)?;
+            }
+            write_one(q, target, len, n, stamps, watch)?;
+            if !SERVER {
+                arrivals.wait(n, watch)?;
+            }
+        }
+        Ok(())
     }
-    while rcnt < iters {
-        rcnt += 1;
-        await_write(&conn.target, size, rcnt, &watch)?;
-    }
-    Ok(())
 }
 
 /// One `write_lat` message from slot 0, its last byte `n`: post, stamp,
@@ -215,7 +254,7 @@ fn write_one(
     loop {
         match q.poll() {
             Ok(Some(c)) if c.is_success() => return Ok(()),
-            Ok(Some(c)) => return Err(slot_failed("RDMA write", &c)),
+            Ok(Some(c)) => return Err(slot_failed("RDMA write", c)),
             Ok(None) => watch.idle()?,
             Err(e) => return Err(slot_poll_failed(e)),
         }
