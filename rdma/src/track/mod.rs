@@ -494,6 +494,62 @@ impl QpTracker {
         done as usize
     }
 
+    /// [`QpTracker::complete_run`] over both queues at once, for a registry
+    /// whose polls consume the send and the receive queue (a CQ that
+    /// serves the QP's two queues: a ping-pong's poll returns a send's
+    /// completion and a receive's together). Resolves the completions of
+    /// `b` from `from` on while each is for the next published request of
+    /// either queue; returns how many (0: `from`'s is neither, see
+    /// [`QpTracker::complete`]). Each queue's tail is loaded and its `head`
+    /// stored once, and the orphans are looked at once, for the whole pass.
+    ///
+    /// The caller holds the registry's lock and checked
+    /// [`QpTracker::consumed_by`] for both queues (the two-queue form of
+    /// [`QpTracker::complete`]'s contract).
+    #[inline(always)]
+    fn complete_both<B: Batch + ?Sized>(&self, b: &mut B, from: usize, later: &mut Later) -> usize {
+        // SAFETY: the only consumer of both queues (the caller's contract,
+        // as in `complete`).
+        let (mut sq, mut rq) = unsafe { (self.sq.queue.run(), self.rq.queue.run()) };
+        // Read once, as in `complete_run`.
+        let (sp, rp) = (self.sq.prefix, self.rq.prefix);
+        let mut i = from;
+        while i < b.len() {
+            // Our id of either queue's next request, compared whole: a
+            // completion for anything else (a caller's own id, a request
+            // not at the head, one released already or reclaimed at a
+            // RESET, one not published yet) ends the pass.
+            let id = b.id(i);
+            if id == sp | u64::from(sq.next_seq()) && sq.published() != 0 {
+                // SAFETY: an entry published when the run began.
+                unsafe {
+                    sq.take(
+                        #[inline(always)]
+                        |e| e.finish(&mut b.item(i), later),
+                    )
+                };
+            } else if id == rp | u64::from(rq.next_seq()) && rq.published() != 0 {
+                // SAFETY: as above.
+                unsafe {
+                    rq.take(
+                        #[inline(always)]
+                        |e| e.finish(&mut b.item(i), later),
+                    )
+                };
+            } else {
+                break;
+            }
+            i += 1;
+        }
+        let done = i - from;
+        // Each run stores its queue's `head` once, if it moved.
+        drop((sq, rq));
+        if done != 0 {
+            self.release_orphans(later);
+        }
+        done
+    }
+
     /// [`QpTracker::complete`] when the completion is not for the oldest
     /// request in flight: the queue completes in order, so the `off`
     /// requests before it are done too (unsignaled sends; receives whose

@@ -74,6 +74,10 @@ struct Last {
     /// consumed by a second poller). A run of one queue's completions
     /// costs one comparison each, a ping-pong's alternation two.
     keys: [u32; 2],
+    /// A QP both of whose queues this registry's polls consume (neither
+    /// key 0): a poll's completions of either queue are resolved in one
+    /// pass ([`QpTracker::complete_both`]).
+    both: bool,
     queue: LastQueue,
 }
 
@@ -121,6 +125,7 @@ impl Queues {
         self.last = Some(Last {
             serial,
             keys,
+            both: matches!(queue, LastQueue::Qp(_)) && keys[0] != 0 && keys[1] != 0,
             queue,
         });
         true
@@ -268,8 +273,10 @@ impl Resolver<'_> {
     }
 
     /// Attaches the memory of safe posts to a poll's completions, as
-    /// [`Resolver::attach`] on each: a run of completions of the queue
-    /// resolved last, each for its next request, is resolved as one
+    /// [`Resolver::attach`] on each: a run of completions of the QP
+    /// resolved last, each for the next request of its queue, is resolved
+    /// as one, over both queues when this CQ serves both
+    /// ([`QpTracker::complete_both`], a CQ of one QP's), else over one
     /// ([`QpTracker::complete_run`]).
     #[inline(always)]
     pub fn attach_all(&mut self, b: &mut (impl Batch + ?Sized)) {
@@ -288,18 +295,25 @@ impl Resolver<'_> {
             }
             if let Some(Last {
                 keys,
+                both,
                 queue: LastQueue::Qp(t),
                 ..
             }) = &self.queues.last
             {
-                let key = key_of(id);
-                let recv = key == keys[1];
-                if key == keys[0] || recv {
-                    let done = t.complete_run(recv, b, i, &mut self.later);
-                    if done != 0 {
-                        i += done;
-                        continue;
+                let done = if *both {
+                    t.complete_both(b, i, &mut self.later)
+                } else {
+                    let key = key_of(id);
+                    let recv = key == keys[1];
+                    if key == keys[0] || recv {
+                        t.complete_run(recv, b, i, &mut self.later)
+                    } else {
+                        0
                     }
+                };
+                if done != 0 {
+                    i += done;
+                    continue;
                 }
             }
             self.fill(&mut b.item(i));
