@@ -61,12 +61,16 @@ pub(super) unsafe fn copy_from_shared(src: *const u8, dst: &mut [u8]) {
     let out = dst.as_mut_ptr();
     let (head, words) = split_aligned(src, len);
     let body_end = head + words * WORD;
-    for i in (0..head).chain(body_end..len) {
+    let byte = |i: usize| {
         // SAFETY: `i < len`: in bounds of `src` (caller) and `out`; an
         // `AtomicU8` has no alignment requirement; atomic against racing
         // writers (caller).
         unsafe { *out.add(i) = AtomicU8::from_ptr(src.add(i).cast_mut()).load(Ordering::Relaxed) };
-    }
+    };
+    // Two plain loops, not one over a chain of the two ranges: the
+    // chain's state cost more than a short copy's words (callgrind).
+    (0..head).for_each(byte);
+    (body_end..len).for_each(byte);
     let mut i = head;
     while i + UNROLL * WORD <= body_end {
         // SAFETY: `i..i + UNROLL * WORD` is in bounds of both; `src + i` is
@@ -125,10 +129,13 @@ unsafe fn copy_words_to_shared(src: &[u8], dst: *mut u8) {
     let from = src.as_ptr();
     let (head, words) = split_aligned(dst, len);
     let body_end = head + words * WORD;
-    for i in (0..head).chain(body_end..len) {
+    let byte = |i: usize| {
         // SAFETY: as in `copy_from_shared`, with the roles swapped.
         unsafe { AtomicU8::from_ptr(dst.add(i)).store(*from.add(i), Ordering::Relaxed) };
-    }
+    };
+    // As in `copy_from_shared`.
+    (0..head).for_each(byte);
+    (body_end..len).for_each(byte);
     let mut i = head;
     while i + UNROLL * WORD <= body_end {
         // SAFETY: as in `copy_from_shared`: `dst + i` is `WORD`-aligned,
