@@ -15,7 +15,8 @@ use std::collections::VecDeque;
 use std::io;
 
 use rdma::{
-    CompletionQueue, MemoryRegion, QueuePair, RemoteMemory, WcStatus, WorkCompletion, WrBuffers,
+    CompletionQueue, MemoryRegion, QpState, QueuePair, RemoteMemory, WcStatus, WorkCompletion,
+    WrBuffers,
 };
 
 use crate::local::{Local, RECV};
@@ -369,10 +370,26 @@ impl Engine {
             .qp
             .post_prepared_recv(&mut self.local.recvs, RECV | slot as u64, slot);
         if let Err(e) = r {
-            self.fail(
-                io::ErrorKind::ConnectionAborted,
-                format!("reposting a receive: {e}"),
-            );
+            self.post_refused(format!("reposting a receive: {e}"));
+        }
+    }
+
+    /// A post of the engine's own (a grant, a receive) that the provider
+    /// refused (`why`). When the QP has left RTS the connection is ending
+    /// under us (siw refuses with ENOTCONN once the peer's TCP connection
+    /// closed): nothing more is posted, and the flushed receives and the
+    /// CM's DISCONNECTED decide between the end of the stream (the peer
+    /// shut down first) and a reset; a read of data already received is
+    /// not failed by a grant the peer no longer needs. Otherwise the
+    /// failure is ours and ends the connection.
+    #[cold]
+    fn post_refused(&mut self, why: String) {
+        match self.qp.state() {
+            Ok(state) if state != QpState::Rts => {
+                log::debug!("{why}: the QP is {state:?}, the connection is ending");
+                self.may_send = false;
+            }
+            _ => self.fail(io::ErrorKind::ConnectionAborted, why),
         }
     }
 
@@ -515,7 +532,7 @@ impl Engine {
         };
         match r {
             Ok(()) => self.recv_limit = limit,
-            Err(e) => self.fail(io::ErrorKind::ConnectionAborted, e),
+            Err(e) => self.post_refused(e),
         }
     }
 
