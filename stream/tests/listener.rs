@@ -59,8 +59,9 @@ fn message(i: usize) -> Vec<u8> {
     (0..40_000 + i).map(|k| (k * 7 + i * 13) as u8).collect()
 }
 
-/// [`echo`], the stream kept: the caller closes it once the peer has read
-/// everything. A side that closes while its peer still reads can reset that
+/// Echoes what `s` reads until the peer's end, then half-closes: the
+/// bytes echoed, and the stream, which the caller closes once the peer has
+/// read everything. A side that closes while its peer still reads can reset that
 /// read on siw: the reader's credit grants, still coming, reach a QP that
 /// has left RTS, and the closing side's TCP then resets the connection
 /// (issue 41; RELIABILITY.md).
@@ -79,21 +80,9 @@ fn echo_and_hold(s: RdmaStream) -> std::io::Result<(u64, RdmaStream)> {
     Ok((total, s))
 }
 
-/// Echoes what `s` reads until the peer's end, then half-closes: the
-/// bytes echoed.
+/// [`echo_and_hold`], the stream closed at once.
 fn echo(s: RdmaStream) -> std::io::Result<u64> {
-    let mut buf = vec![0; 16 * 1024];
-    let mut total = 0;
-    loop {
-        let n = (&s).read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        (&s).write_all(&buf[..n])?;
-        total += n as u64;
-    }
-    s.shutdown(Shutdown::Write)?;
-    Ok(total)
+    echo_and_hold(s).map(|(n, _)| n)
 }
 
 /// Connects to `dst`, sends `data`, half-closes and reads it back.
