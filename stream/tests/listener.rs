@@ -321,6 +321,20 @@ fn next_event(events: &EventChannel, ids: &[&CmId], bound: Duration) -> (usize, 
     (which, e.event_type(), e.status())
 }
 
+/// A request to `dst` on `events` that the listener answered
+/// (`CONNECT_RESPONSE` seen) and that never sends its RTU.
+fn answered_and_stalled(events: &EventChannel, dst: SocketAddr) -> Stalled {
+    let stalled = resolved(events, dst);
+    stalled.request();
+    let (_, kind, status) = next_event(events, &[&stalled.id], STEP);
+    assert_eq!(
+        (kind, status),
+        (CmEventType::ConnectResponse, 0),
+        "the listener answers the stalled request"
+    );
+    stalled
+}
+
 /// A request that stalls after the server answered it does not hold the
 /// listener: another client connects and exchanges data while it is still
 /// in progress (its bound here is far longer than the other client's
@@ -342,14 +356,7 @@ fn a_stalled_handshake_does_not_hold_the_blocking_listener_rxe() {
         let _ = server_tx.send(r);
     });
     let events = EventChannel::new().expect("rdma_create_event_channel");
-    let stalled = resolved(&events, dst);
-    stalled.request();
-    let (_, kind, status) = next_event(&events, &[&stalled.id], STEP);
-    assert_eq!(
-        (kind, status),
-        (CmEventType::ConnectResponse, 0),
-        "the listener answers the stalled request"
-    );
+    let stalled = answered_and_stalled(&events, dst);
     // The server now waits for the stalled request's RTU, which never comes.
     let t0 = Instant::now();
     let data = message(7);
@@ -480,14 +487,7 @@ fn a_handshake_that_times_out_does_not_end_the_async_accept_loop_rxe() {
     });
     let dst = addr_rx.recv_timeout(STEP).expect("the listener's address");
     let events = EventChannel::new().expect("rdma_create_event_channel");
-    let stalled = resolved(&events, dst);
-    stalled.request();
-    let (_, kind, status) = next_event(&events, &[&stalled.id], STEP);
-    assert_eq!(
-        (kind, status),
-        (CmEventType::ConnectResponse, 0),
-        "the listener answers the stalled request"
-    );
+    let stalled = answered_and_stalled(&events, dst);
     // The server gives up on it after its timeout: the stalled side hears.
     let (_, kind, status) = next_event(&events, &[&stalled.id], timeout + STEP);
     println!("rxe: the stalled request, once released: {kind} (status {status})");
