@@ -58,13 +58,15 @@ fn run(mut args: &[String]) -> anyhow::Result<()> {
             let mut out = io::stdout().lock();
             copy(&mut s, &mut out).context("receiving")?;
             out.flush().context("stdout")?;
-            Ok(())
+            s.close().context("closing")
         }
         [host, port] => {
             let mut s = RdmaStream::connect(addr(host, port)?).context("connect")?;
             copy(&mut io::stdin().lock(), &mut s).context("sending")?;
             s.shutdown(Shutdown::Write).context("closing")?;
-            Ok(())
+            // Waits for the peer to close too: exiting at once would end
+            // the background close, and the peer still reads.
+            s.close().context("closing")
         }
         _ => bail!(USAGE),
     }

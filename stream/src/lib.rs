@@ -35,6 +35,7 @@ pub mod aio;
 mod blocking;
 mod engine;
 mod iomap;
+mod linger;
 mod local;
 mod ring;
 mod setup;

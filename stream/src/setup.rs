@@ -34,6 +34,13 @@ pub struct Options {
     /// come that soon cost no system call. The async stream spins as long
     /// before its task sleeps on the reactor, holding the executor's thread.
     pub busy_poll: Duration,
+    /// How long a dropped stream keeps taking its peer's messages, in the
+    /// background, waiting for the peer to close too (5 s by default; zero
+    /// disconnects at once, as rdma-core's `rclose`). A reader sends
+    /// credits for what it reads: over iWARP, credits that reach a queue
+    /// pair already gone reset the connection and can cost the reader the
+    /// end of the stream. TCP's closed sockets linger in the kernel so.
+    pub linger: Duration,
 }
 
 impl Default for Options {
@@ -43,6 +50,7 @@ impl Default for Options {
             sizes: Sizes::default(),
             timeout: Duration::from_secs(5),
             busy_poll: Duration::from_micros(10),
+            linger: Duration::from_secs(5),
         }
     }
 }

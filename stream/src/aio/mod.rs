@@ -77,10 +77,13 @@ struct Shared {
 }
 
 struct Inner {
-    shared: Mutex<Shared>,
+    /// Shared with the thread that closes the connection in the background
+    /// once the stream is dropped (`linger.rs`).
+    shared: Arc<Mutex<Shared>>,
     wakers: Arc<Wakers>,
     fanout: Waker,
     busy_poll: Duration,
+    linger: Duration,
     local: SocketAddr,
     peer: SocketAddr,
 }
@@ -93,7 +96,7 @@ enum Direction {
 
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, Shared> {
-        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.shared)
     }
 
     /// Runs `op` until it returns `Some`, taking completions and connection
@@ -206,13 +209,23 @@ fn drain_cq(s: &mut Shared, cx: &mut Context<'_>) -> io::Result<bool> {
     }
 }
 
+/// A connection's shared state, locked.
+fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    // A panic while holding the lock leaves the protocol state as
+    // consistent as any error does: keep going.
+    shared.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         // rclose without a runtime to wait on: DISCONNECT, then poll the CQ
-        // (bounded) until what was sent is delivered.
-        let s = self.shared.get_mut().unwrap_or_else(|p| p.into_inner());
+        // (bounded) until what was sent is delivered; then keep taking the
+        // peer's messages until it closes too, in the background
+        // (`linger.rs`).
+        let mut s = self.lock();
         if s.engine.connected() && s.engine.try_shutdown(true).unwrap_or(true) {
             let deadline = Instant::now() + DROP_LINGER;
+            let s = &mut *s;
             let cq = &mut s.cq;
             while !s.engine.sends_done() && Instant::now() < deadline {
                 match s
@@ -225,8 +238,55 @@ impl Drop for Inner {
                 }
             }
         }
-        let _ = s.id.id().disconnect();
+        let lingering = !self.linger.is_zero() && !s.engine.peer_closed();
+        drop(s);
+        if lingering {
+            let (shared, linger) = (Arc::clone(&self.shared), self.linger);
+            if crate::linger::spawn(move || linger_in_background(&shared, linger)) {
+                return;
+            }
+        }
+        let _ = self.lock().id.id().disconnect();
     }
+}
+
+/// Takes the peer's messages until it closes too or `linger` passes, then
+/// disconnects: on a thread of its own, woken through the reactor the
+/// stream was made on (a reactor that has shut down fails the poll and
+/// ends the wait).
+fn linger_in_background(shared: &Mutex<Shared>, linger: Duration) {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let deadline = Instant::now() + linger;
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        let mut s = lock(shared);
+        let any = match progress(&mut s, &mut cx) {
+            Ok(any) => any,
+            Err(e) => {
+                log::debug!("closing the stream in the background: {e}");
+                break;
+            }
+        };
+        if s.engine.peer_closed() {
+            break;
+        }
+        drop(s);
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            log::debug!("closing the stream: the peer did not close within {linger:?}");
+            break;
+        }
+        if !any {
+            std::thread::park_timeout(left);
+        }
+    }
+    let _ = lock(shared).id.id().disconnect();
 }
 
 /// An rsocket stream on an async runtime: the async mirror of
@@ -319,16 +379,17 @@ impl RdmaStream {
         let wakers = Arc::new(Wakers::default());
         RdmaStream {
             inner: Arc::new(Inner {
-                shared: Mutex::new(Shared {
+                shared: Arc::new(Mutex::new(Shared {
                     engine,
                     cq,
                     _pd: pd,
                     id,
                     polled: Polled::default(),
-                }),
+                })),
                 fanout: Waker::from(Arc::clone(&wakers)),
                 wakers,
                 busy_poll: opts.busy_poll,
+                linger: opts.linger,
                 local: local_addr,
                 peer: peer_addr,
             }),

@@ -7,7 +7,7 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
 use std::os::fd::AsFd;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout};
@@ -34,7 +34,10 @@ const LOOK_EVERY: u32 = 32;
 /// can read while another writes (share it in an `Arc`).
 /// [`RdmaStream::shutdown`] with [`Shutdown::Write`] is TCP's half-close: the
 /// peer reads to the end, and can still send. Dropping the stream closes it
-/// as `rclose` does (what was written is delivered first, within a bound).
+/// as `rclose` does (what was written is delivered first, within a bound),
+/// and then keeps taking the peer's messages in the background until the
+/// peer closes too ([`Options::linger`]); [`RdmaStream::close`] waits for
+/// that in the caller's thread.
 ///
 /// ```no_run
 /// use std::io::{Read, Write};
@@ -47,17 +50,24 @@ const LOOK_EVERY: u32 = 32;
 /// # Ok(()) }
 /// ```
 pub struct RdmaStream {
+    conn: Arc<Conn>,
+    local: Option<SocketAddr>,
+    peer: Option<SocketAddr>,
+}
+
+/// The connection a stream drives, shared with the thread that closes it
+/// in the background once the stream is dropped (`linger.rs`).
+struct Conn {
     parts: Mutex<Parts>,
     /// The channels again, outside the lock: a waiter sleeps on them while
     /// the other direction uses the connection.
     comp: rdma::CompletionChannel,
     events: rdma::cm::EventChannel,
     busy_poll: Duration,
+    linger: Duration,
     nonblocking: std::sync::atomic::AtomicBool,
     /// `WouldBlock`s returned: every `LOOK_EVERY`-th looks at the CM events.
     would_blocks: std::sync::atomic::AtomicU32,
-    local: Option<SocketAddr>,
-    peer: Option<SocketAddr>,
 }
 
 impl std::fmt::Debug for RdmaStream {
@@ -109,12 +119,15 @@ impl RdmaStream {
             a.set_port(parts.id.dst_port());
         }
         let s = RdmaStream {
-            comp: parts.comp.clone(),
-            events: parts.events.clone(),
-            busy_poll: opts.busy_poll,
-            parts: Mutex::new(parts),
-            nonblocking: std::sync::atomic::AtomicBool::new(false),
-            would_blocks: std::sync::atomic::AtomicU32::new(0),
+            conn: Arc::new(Conn {
+                comp: parts.comp.clone(),
+                events: parts.events.clone(),
+                busy_poll: opts.busy_poll,
+                linger: opts.linger,
+                parts: Mutex::new(parts),
+                nonblocking: std::sync::atomic::AtomicBool::new(false),
+                would_blocks: std::sync::atomic::AtomicU32::new(0),
+            }),
             local,
             peer,
         };
@@ -142,7 +155,8 @@ impl RdmaStream {
     /// # Errors
     /// None today; kept for the shape of `TcpStream::set_nonblocking`.
     pub fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
-        self.nonblocking
+        self.conn
+            .nonblocking
             .store(nonblocking, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
@@ -176,6 +190,98 @@ impl RdmaStream {
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Parts> {
+        self.conn.lock()
+    }
+
+    /// [`Conn::wait`] on this stream's connection.
+    pub(crate) fn wait<T>(
+        &self,
+        deadline: Option<Instant>,
+        attempt: impl FnMut(&mut Engine) -> io::Result<Option<T>>,
+    ) -> io::Result<T> {
+        self.conn.wait(deadline, attempt)
+    }
+
+    /// Shuts down one or both directions: `Write` sends rsocket's SHUTDOWN
+    /// (the peer reads to the end), `Both` its DISCONNECT; each waits until
+    /// what was written has been delivered.
+    ///
+    /// # Errors
+    /// A connection that failed; `TimedOut` when the peer does not take the
+    /// data within a bound.
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        let deadline = Some(Instant::now() + CLOSE_LINGER);
+        match how {
+            Shutdown::Read => {
+                // Nothing to tell the peer until both directions are shut,
+                // as rsocket.
+                Ok(())
+            }
+            Shutdown::Write | Shutdown::Both => {
+                let was = self
+                    .conn
+                    .nonblocking
+                    .swap(false, std::sync::atomic::Ordering::Relaxed);
+                let both = how == Shutdown::Both;
+                let r = self
+                    .wait(deadline, |e| Ok(e.try_shutdown(both)?.then_some(())))
+                    .and_then(|()| self.wait(deadline, |e| Ok(e.sends_done().then_some(()))));
+                self.conn
+                    .nonblocking
+                    .store(was, std::sync::atomic::Ordering::Relaxed);
+                r
+            }
+        }
+    }
+
+    /// Closes the stream as dropping it does, and waits here, up to
+    /// [`Options::linger`], for the peer to close too, where a drop leaves
+    /// that wait to a thread: for a program that exits once it has closed,
+    /// which would end that thread early (see `Options::linger` for why a
+    /// closed stream waits).
+    ///
+    /// # Errors
+    /// As [`RdmaStream::shutdown`] with [`Shutdown::Both`]: what was written
+    /// was not delivered. A peer that does not close within the linger is
+    /// not an error (the stream is closed all the same).
+    pub fn close(self) -> io::Result<()> {
+        let shut = if self.lock().engine.connected() {
+            self.shutdown(Shutdown::Both)
+        } else {
+            Ok(())
+        };
+        if !self.conn.linger.is_zero() {
+            self.conn
+                .nonblocking
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+            let deadline = Instant::now() + self.conn.linger;
+            if let Err(e) = self.wait(Some(deadline), |e| Ok(e.peer_closed().then_some(()))) {
+                log::debug!("closing the stream: {e}");
+                self.lock().engine.stop_waiting_for_peer();
+            }
+        }
+        shut
+    }
+
+    fn read_inner(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        // `wait` grants the peer what the read freed.
+        self.wait(None, |e| e.try_read(buf))
+    }
+
+    fn write_inner(&self, buf: &[u8]) -> io::Result<usize> {
+        self.wait(None, |e| e.try_write(buf))
+    }
+
+    fn flush_inner(&self) -> io::Result<()> {
+        self.wait(None, Engine::try_flush)
+    }
+}
+
+impl Conn {
+    fn lock(&self) -> MutexGuard<'_, Parts> {
         // A panic while holding the lock leaves the protocol state as
         // consistent as any error does: keep going.
         self.parts.lock().unwrap_or_else(|p| p.into_inner())
@@ -186,7 +292,7 @@ impl RdmaStream {
     ///
     /// Before sleeping it polls for `busy_poll` (as rsocket's
     /// `polling_time`): a reply that comes within it costs no system call.
-    pub(crate) fn wait<T>(
+    fn wait<T>(
         &self,
         deadline: Option<Instant>,
         mut attempt: impl FnMut(&mut Engine) -> io::Result<Option<T>>,
@@ -272,52 +378,6 @@ impl RdmaStream {
             }
         }
     }
-
-    /// Shuts down one or both directions: `Write` sends rsocket's SHUTDOWN
-    /// (the peer reads to the end), `Both` its DISCONNECT; each waits until
-    /// what was written has been delivered.
-    ///
-    /// # Errors
-    /// A connection that failed; `TimedOut` when the peer does not take the
-    /// data within a bound.
-    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        let deadline = Some(Instant::now() + CLOSE_LINGER);
-        match how {
-            Shutdown::Read => {
-                // Nothing to tell the peer until both directions are shut,
-                // as rsocket.
-                Ok(())
-            }
-            Shutdown::Write | Shutdown::Both => {
-                let was = self
-                    .nonblocking
-                    .swap(false, std::sync::atomic::Ordering::Relaxed);
-                let both = how == Shutdown::Both;
-                let r = self
-                    .wait(deadline, |e| Ok(e.try_shutdown(both)?.then_some(())))
-                    .and_then(|()| self.wait(deadline, |e| Ok(e.sends_done().then_some(()))));
-                self.nonblocking
-                    .store(was, std::sync::atomic::Ordering::Relaxed);
-                r
-            }
-        }
-    }
-
-    fn read_inner(&self, buf: &mut [u8]) -> io::Result<usize> {
-        if buf.is_empty() {
-            return Ok(0);
-        }
-        // `wait` grants the peer what the read freed.
-        self.wait(None, |e| e.try_read(buf))
-    }
-
-    fn write_inner(&self, buf: &[u8]) -> io::Result<usize> {
-        self.wait(None, |e| e.try_write(buf))
-    }
-
-    fn flush_inner(&self) -> io::Result<()> {
-        self.wait(None, Engine::try_flush)
-    }
 }
 
 /// Acknowledges one event of the completion channel (it only says "look").
@@ -394,14 +454,36 @@ impl Write for RdmaStream {
 
 impl Drop for RdmaStream {
     fn drop(&mut self) {
-        // rclose: DISCONNECT, wait (bounded) for what was sent, then
-        // disconnect at the connection manager and free everything.
+        // rclose: DISCONNECT, wait (bounded) for what was sent; then keep
+        // taking the peer's messages until it closes too, in the
+        // background (`linger.rs`), and disconnect at the connection
+        // manager and free everything.
         if self.lock().engine.connected() {
             if let Err(e) = self.shutdown(Shutdown::Both) {
                 log::debug!("closing the stream: {e}");
             }
         }
-        let p = self.lock();
-        let _ = p.id.disconnect();
+        let conn = Arc::clone(&self.conn);
+        if !conn.linger.is_zero() && !conn.lock().engine.peer_closed() {
+            conn.nonblocking
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+            if crate::linger::spawn(move || conn.linger()) {
+                return;
+            }
+        }
+        let _ = self.lock().id.disconnect();
+    }
+}
+
+impl Conn {
+    /// Takes the peer's messages until it closes too or `linger` passes,
+    /// then disconnects (what the connection holds goes with the last
+    /// reference).
+    fn linger(&self) {
+        let deadline = Instant::now() + self.linger;
+        if let Err(e) = self.wait(Some(deadline), |e| Ok(e.peer_closed().then_some(()))) {
+            log::debug!("closing the stream in the background: {e}");
+        }
+        let _ = self.lock().id.disconnect();
     }
 }

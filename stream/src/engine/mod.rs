@@ -126,6 +126,11 @@ pub(crate) struct Engine {
     writable: bool,
     /// The connection is up (not disconnected nor failed).
     connected: bool,
+    /// Nothing more is awaited from the peer: its DISCONNECT was taken,
+    /// the connection ended or failed, or a close stopped waiting. A closed
+    /// stream waits for this before it lets its queue pair go
+    /// (`linger.rs`).
+    peer_closed: bool,
     /// Why the connection failed, for every later call.
     failed: Option<(io::ErrorKind, String)>,
     // --- direct placement (`iomap.rs` drives it) ---
@@ -185,6 +190,7 @@ impl Engine {
             readable: true,
             writable: true,
             connected: true,
+            peer_closed: false,
             failed: None,
             peer_iomap: Sge {
                 addr: peer.target_sgl.addr + (wire::SGL_ENTRIES * wire::SGE_LEN) as u64,
@@ -217,6 +223,7 @@ impl Engine {
         }
         self.connected = false;
         self.readable = false;
+        self.peer_closed = true;
     }
 
     fn error(&self) -> Option<io::Error> {
@@ -240,6 +247,7 @@ impl Engine {
         }
         self.connected = false;
         self.writable = false;
+        self.peer_closed = true;
     }
 
     fn protocol_error(&mut self, why: String) {
@@ -439,6 +447,7 @@ impl Engine {
                     self.readable = false;
                     self.writable = false;
                     self.connected = false;
+                    self.peer_closed = true;
                 }
                 Ctrl::SHUTDOWN => {
                     if self.writable {
@@ -639,6 +648,18 @@ impl Engine {
     /// Whether the connection is still up.
     pub(crate) fn connected(&self) -> bool {
         self.connected
+    }
+
+    /// Whether the peer closed its side (its DISCONNECT was taken) or the
+    /// connection ended: nothing more will come from it.
+    pub(crate) fn peer_closed(&self) -> bool {
+        self.peer_closed
+    }
+
+    /// A close that waited for the peer as long as it may: nothing more is
+    /// awaited from it (the stream disconnects when dropped).
+    pub(crate) fn stop_waiting_for_peer(&mut self) {
+        self.peer_closed = true;
     }
     /// Our target registration: the SGL, then our direct-placement table.
     pub(crate) fn target(&self) -> &MemoryRegion {

@@ -32,13 +32,23 @@ pub(super) fn pair<T: Send + 'static, F: Future<Output = T>>(
     credits: u16,
     job: impl FnOnce(AioStream) -> F + Send + 'static,
 ) -> (Peer, mpsc::Receiver<T>, thread::JoinHandle<()>) {
+    pair_with(dev, credits, Options::default(), job)
+}
+
+/// [`pair`] with the stream made with `opts`.
+pub(super) fn pair_with<T: Send + 'static, F: Future<Output = T>>(
+    dev: &str,
+    credits: u16,
+    opts: Options,
+    job: impl FnOnce(AioStream) -> F + Send + 'static,
+) -> (Peer, mpsc::Receiver<T>, thread::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel();
     if dev == "rxe" {
         let at = addr(dev, 0);
         let (addr_tx, addr_rx) = mpsc::channel();
         let h = thread::spawn(move || {
             runtime().block_on(async move {
-                let mut l = AioListener::bind(&Tokio, at, Options::default()).expect("bind");
+                let mut l = AioListener::bind(&Tokio, at, opts).expect("bind");
                 let _ = addr_tx.send(l.local_addr());
                 let (s, _) = l.accept().await.expect("accept a valid rsocket peer");
                 let _ = tx.send(job(s).await);
@@ -52,7 +62,7 @@ pub(super) fn pair<T: Send + 'static, F: Future<Output = T>>(
     let (peer, h) = peer_accepting(dev, credits, |dst| {
         thread::spawn(move || {
             runtime().block_on(async move {
-                let s = AioStream::connect(&Tokio, dst, &Options::default())
+                let s = AioStream::connect(&Tokio, dst, &opts)
                     .await
                     .expect("connect to the test peer");
                 let _ = tx.send(job(s).await);

@@ -38,6 +38,7 @@ mod common;
 
 #[cfg(feature = "tokio")]
 mod aio;
+mod closing;
 #[cfg(feature = "tokio")]
 mod coalescing;
 mod killed;
@@ -60,7 +61,7 @@ use rdma::{
     WcStatus, WrBuffers,
 };
 use rdma_stream::wire::{self, ConnData, Ctrl, Op, Sge};
-use rdma_stream::{RdmaListener, RdmaStream};
+use rdma_stream::{Options, RdmaListener, RdmaStream};
 
 use peer::*;
 
@@ -164,8 +165,18 @@ fn pair<T: Send + 'static>(
     credits: u16,
     job: impl FnOnce(RdmaStream) -> T + Send + 'static,
 ) -> (Peer, mpsc::Receiver<T>, thread::JoinHandle<()>) {
+    pair_with(dev, credits, Options::default(), job)
+}
+
+/// [`pair`] with the stream made with `opts`.
+fn pair_with<T: Send + 'static>(
+    dev: &str,
+    credits: u16,
+    opts: Options,
+    job: impl FnOnce(RdmaStream) -> T + Send + 'static,
+) -> (Peer, mpsc::Receiver<T>, thread::JoinHandle<()>) {
     if dev == "rxe" {
-        let l = listener(dev);
+        let l = Arc::new(RdmaListener::bind_with(addr(dev, 0), opts).expect("RdmaListener::bind"));
         let (rx, h) = serve(&l, job);
         let peer = Peer::connect(l.local_addr().expect("bound"), false, credits);
         return (peer, rx, h);
@@ -173,7 +184,7 @@ fn pair<T: Send + 'static>(
     let (tx, rx) = mpsc::channel();
     let (peer, h) = peer_accepting(dev, credits, |dst| {
         thread::spawn(move || {
-            let s = RdmaStream::connect(dst).expect("connect to the test peer");
+            let s = RdmaStream::connect_with(dst, &opts).expect("connect to the test peer");
             let _ = tx.send(job(s));
         })
     });

@@ -24,8 +24,9 @@ pub(crate) struct Peer {
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) rbuf: MemoryRegion,
     pub(crate) pd: ProtectionDomain,
-    pub(crate) _id: CmId,
-    pub(crate) _events: EventChannel,
+    /// The connection's id and its event channel (the closing tests watch it).
+    pub(crate) cm_id: CmId,
+    pub(crate) cm_events: EventChannel,
     /// What the stream sent.
     pub(crate) theirs: ConnData,
     pub(crate) iwarp: bool,
@@ -239,8 +240,8 @@ impl Peer {
             target: m.target,
             rbuf: m.rbuf,
             pd: m.pd,
-            _id: id,
-            _events: events,
+            cm_id: id,
+            cm_events: events,
             theirs,
             iwarp,
             offset: 0,

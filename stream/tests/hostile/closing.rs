@@ -1,0 +1,180 @@
+//! A stream dropped while its peer still reads: a reader grants credits
+//! for what it read, so they follow the closing side's last data and its
+//! DISCONNECT. Over siw, credits that reach a queue pair already gone stay
+//! unread in its TCP socket, whose release then resets the connection and
+//! can throw away the end of the stream before the reader took it. So a
+//! dropped stream keeps taking its peer's messages until the peer
+//! disconnects too, and disconnects by itself only once
+//! `Options::linger` passed. Both the blocking and the async stream.
+
+#[cfg(feature = "tokio")]
+use tokio::io::AsyncWriteExt;
+
+use super::*;
+
+/// What the stream side writes before it is dropped.
+const BYE: &[u8] = b"bye";
+/// How long the peer watches for a disconnection that must not come while
+/// it is connected (the stream lingers 5 s by default; one that does not
+/// linger disconnects at once).
+const QUIET: Duration = Duration::from_secs(1);
+/// The linger of the tests whose peer never closes.
+const SHORT: Duration = Duration::from_millis(500);
+
+/// Takes the stream's messages up to its DISCONNECT; the data bytes they
+/// announced.
+fn until_disconnect(peer: &mut Peer) -> u32 {
+    let mut data = 0;
+    loop {
+        let m = peer.next_message();
+        match wire::msg_op(m) {
+            Op::DATA => data += wire::msg_data(m),
+            Op::SGL => {}
+            Op::CTRL if Ctrl(wire::msg_data(m)) == Ctrl::DISCONNECT => return data,
+            other => panic!("an unexpected message {m:#x} ({other:?}) before the DISCONNECT"),
+        }
+    }
+}
+
+/// The peer's part once the stream wrote [`BYE`] and was dropped: it takes
+/// everything up to the DISCONNECT, then grants credits for what it read
+/// (as a reader does, after the stream closed), which a queue pair still
+/// up takes, and sees no disconnection while it is connected; then it
+/// disconnects, and the closed stream with it.
+fn credits_after_the_close(peer: &mut Peer) {
+    assert_eq!(until_disconnect(peer), BYE.len() as u32);
+    peer.msg(wire::msg(Op::SGL, PEER_RQ));
+    assert_eq!(
+        peer.wait_sends(),
+        Ok(()),
+        "the dropped stream's queue pair took the peer's credits"
+    );
+    let event = peer
+        .cm_events
+        .get_event_timeout(QUIET)
+        .expect("rdma_get_cm_event");
+    assert!(
+        event.is_none(),
+        "the dropped stream disconnected while its peer was connected and sending: {:?}",
+        event.map(|e| e.event_type())
+    );
+    peer.cm_id.disconnect().expect("rdma_disconnect");
+    drop(
+        peer.cm_events
+            .wait_for(
+                &peer.cm_id,
+                &[CmEventType::Disconnected],
+                "rdma_disconnect",
+                STEP,
+            )
+            .expect("the peer's own disconnection"),
+    );
+}
+
+/// The peer's part when it never closes: the stream disconnects once its
+/// linger ([`SHORT`]) passed.
+fn disconnected_after_the_linger(peer: &mut Peer) {
+    assert_eq!(until_disconnect(peer), BYE.len() as u32);
+    drop(
+        peer.cm_events
+            .wait_for(
+                &peer.cm_id,
+                &[CmEventType::Disconnected],
+                "the dropped stream's disconnection",
+                SHORT + BOUND,
+            )
+            .expect("the dropped stream disconnects once its linger passed"),
+    );
+}
+
+/// A blocking stream with `opts` writes [`BYE`] and is dropped; then the
+/// peer plays `peer_part`.
+fn blocking(dev: &str, opts: Options, peer_part: fn(&mut Peer)) {
+    let (mut peer, rx, h) = pair_with(dev, PEER_RQ as u16, opts, |s| {
+        (&s).write_all(BYE)?;
+        drop(s);
+        Ok::<_, io::Error>(())
+    });
+    outcome(&rx, h, "write and drop").expect("the stream's write");
+    peer_part(&mut peer);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_dropped_stream_takes_its_readers_credits_until_the_reader_disconnects_rxe() {
+    blocking("rxe", Options::default(), credits_after_the_close);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_dropped_stream_takes_its_readers_credits_until_the_reader_disconnects_iwarp() {
+    blocking("siw", Options::default(), credits_after_the_close);
+}
+
+fn short_linger() -> Options {
+    Options {
+        linger: SHORT,
+        ..Options::default()
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_dropped_stream_disconnects_once_its_linger_passed_rxe() {
+    blocking("rxe", short_linger(), disconnected_after_the_linger);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_dropped_stream_disconnects_once_its_linger_passed_iwarp() {
+    blocking("siw", short_linger(), disconnected_after_the_linger);
+}
+
+/// [`blocking`] with the async stream (tokio). Its lingering is woken
+/// through the runtime, which stays up until the peer is done.
+#[cfg(feature = "tokio")]
+fn on_tokio(dev: &str, opts: Options, peer_part: fn(&mut Peer)) {
+    let (dropped_tx, dropped_rx) = mpsc::channel();
+    let (hold_tx, hold_rx) = tokio::sync::oneshot::channel::<()>();
+    let (mut peer, rx, h) = super::aio::pair_with(dev, PEER_RQ as u16, opts, |mut s| async move {
+        let wrote = s.write_all(BYE).await;
+        drop(s);
+        let _ = dropped_tx.send(wrote);
+        let _ = hold_rx.await;
+    });
+    dropped_rx
+        .recv_timeout(BOUND)
+        .expect("the async stream written and dropped within the bound")
+        .expect("the async stream's write");
+    peer_part(&mut peer);
+    let _ = hold_tx.send(());
+    outcome(&rx, h, "the runtime");
+}
+
+#[cfg(feature = "tokio")]
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_dropped_async_stream_takes_its_readers_credits_until_the_reader_disconnects_rxe() {
+    on_tokio("rxe", Options::default(), credits_after_the_close);
+}
+
+#[cfg(feature = "tokio")]
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_dropped_async_stream_takes_its_readers_credits_until_the_reader_disconnects_iwarp() {
+    on_tokio("siw", Options::default(), credits_after_the_close);
+}
+
+#[cfg(feature = "tokio")]
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_dropped_async_stream_disconnects_once_its_linger_passed_rxe() {
+    on_tokio("rxe", short_linger(), disconnected_after_the_linger);
+}
+
+#[cfg(feature = "tokio")]
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_dropped_async_stream_disconnects_once_its_linger_passed_iwarp() {
+    on_tokio("siw", short_linger(), disconnected_after_the_linger);
+}
