@@ -18,20 +18,18 @@
 //! `RDMA_TEST_IWARP_IP`. A test that runs without them fails. Those over
 //! siw0 have `iwarp` in their name (`ci/device-tests` routes them so).
 //!
-//! Over siw0 a connection to an `RdmaListener` (blocking or async) fails
-//! now and then (`CONNECT_ERROR`, status -22, at the client; about 1 in 20
-//! in our runs): the accepted stream sends its first credits as soon as the
-//! connection is established, before MPA's initiator sent its first frame
-//! (issue 41). The tests here that go through one over siw0 (the foreign
-//! private data and the SIGKILL cases) fail so when it happens, naming the
-//! event.
+//! Over siw0 the test peer is the passive side and the stream connects to
+//! it (MPA's initiator speaks first, so the peer sends nothing before the
+//! stream's first message); an accepted stream waits so for its client's
+//! first message, which `tests/listener.rs` covers over siw0.
 //!
 //! Here: what the tests share (the bounds, the test pattern, a stream and a
 //! test peer connected, the stream side's outcome). `peer` is the test
 //! peer, `violations` its breaches against the blocking stream, `killed`
 //! the SIGKILLed peer process, `aio` both against the async stream, and
 //! `coalescing` the test peer counting the messages a run of small writes
-//! arrives in (`set_nodelay`).
+//! arrives in (`set_nodelay`), `closing` a stream dropped while the peer
+//! still reads and sends credits.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -152,14 +150,8 @@ fn serve<T: Send + 'static>(
 /// A stream and a test peer granting `credits`, connected, with `job`
 /// running on the stream in a thread.
 ///
-/// On rxe the peer connects to an `RdmaListener`. On siw the stream
-/// connects to the peer: an accepted stream sends its first credits as soon
-/// as the connection is established, before the iWARP initiator's first
-/// frame, and siw's initiator then fails the connection now and then
-/// (`CONNECT_ERROR`, status -22: in 5 of about 85 connections to an
-/// `RdmaListener` over three runs, none of 20 to a test peer that waits;
-/// issue 41), which is not what these tests are about. As MPA wants, the peer there
-/// sends nothing before the stream's first message.
+/// On rxe the peer connects to an `RdmaListener`; on siw the stream
+/// connects to the peer (see the module's documentation).
 fn pair<T: Send + 'static>(
     dev: &str,
     credits: u16,
