@@ -288,7 +288,54 @@ fn linger_in_background(shared: &Mutex<Shared>, linger: Duration) {
             std::thread::park_timeout(left);
         }
     }
-    let _ = lock(shared).id.id().disconnect();
+    let mut s = lock(shared);
+    s.engine.stop_waiting_for_peer();
+    let _ = s.id.id().disconnect();
+}
+
+/// Whether a close in the background has finished, for
+/// [`RdmaStream::close`] to wait on.
+#[derive(Default)]
+struct Finished {
+    done: std::sync::atomic::AtomicBool,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl Finished {
+    fn poll(&self, cx: &mut Context<'_>) -> Poll<()> {
+        use std::sync::atomic::Ordering::Acquire;
+        if self.done.load(Acquire) {
+            return Poll::Ready(());
+        }
+        *self.waker.lock().unwrap_or_else(|p| p.into_inner()) = Some(cx.waker().clone());
+        // Set between the look and the registration: seen now.
+        if self.done.load(Acquire) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+/// Marks its [`Finished`] done when dropped: when the close returns, or
+/// unwinds.
+struct FinishOnDrop(Arc<Finished>);
+
+impl Drop for FinishOnDrop {
+    fn drop(&mut self) {
+        self.0
+            .done
+            .store(true, std::sync::atomic::Ordering::Release);
+        let w = self
+            .0
+            .waker
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
 }
 
 /// An rsocket stream on an async runtime: the async mirror of
@@ -455,6 +502,44 @@ impl RdmaStream {
     /// As [`RdmaStream::poll_read_bytes`].
     pub fn poll_flush_bytes(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         poll_flush(&self.inner, cx)
+    }
+
+    /// Closes the stream as dropping it does (rsocket's DISCONNECT once
+    /// what was written is delivered), then waits, up to
+    /// [`Options::linger`], for the peer to close too, where a drop leaves
+    /// that wait to a thread in the background: for a program that ends its
+    /// runtime or exits once it has closed, which would end that wait early
+    /// (see `Options::linger` for why a closed stream waits).
+    ///
+    /// # Errors
+    /// A connection that failed before what was written was delivered. A
+    /// peer that does not close within the linger is not an error.
+    pub async fn close(self) -> io::Result<()> {
+        let inner = &self.inner;
+        std::future::poll_fn(|cx| {
+            inner.poll_op(cx, Direction::Write, |e| {
+                Ok(e.try_shutdown(true)?.then_some(()))
+            })
+        })
+        .await?;
+        std::future::poll_fn(|cx| {
+            inner.poll_op(cx, Direction::Write, |e| Ok(e.sends_done().then_some(())))
+        })
+        .await?;
+        if inner.linger.is_zero() || inner.lock().engine.peer_closed() {
+            return Ok(());
+        }
+        let finished = Arc::new(Finished::default());
+        let on_drop = FinishOnDrop(Arc::clone(&finished));
+        let (shared, linger) = (Arc::clone(&inner.shared), inner.linger);
+        let spawned = crate::linger::spawn(move || {
+            let _on_drop = on_drop;
+            linger_in_background(&shared, linger);
+        });
+        if spawned {
+            std::future::poll_fn(|cx| finished.poll(cx)).await;
+        }
+        Ok(())
     }
 
     /// Polls the shutdown of the write side (rsocket's SHUTDOWN), done when

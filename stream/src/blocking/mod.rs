@@ -250,15 +250,11 @@ impl RdmaStream {
         } else {
             Ok(())
         };
-        if !self.conn.linger.is_zero() {
+        if !self.conn.linger.is_zero() && !self.lock().engine.peer_closed() {
             self.conn
                 .nonblocking
                 .store(false, std::sync::atomic::Ordering::Relaxed);
-            let deadline = Instant::now() + self.conn.linger;
-            if let Err(e) = self.wait(Some(deadline), |e| Ok(e.peer_closed().then_some(()))) {
-                log::debug!("closing the stream: {e}");
-                self.lock().engine.stop_waiting_for_peer();
-            }
+            self.conn.linger();
         }
         shut
     }
@@ -478,12 +474,14 @@ impl Drop for RdmaStream {
 impl Conn {
     /// Takes the peer's messages until it closes too or `linger` passes,
     /// then disconnects (what the connection holds goes with the last
-    /// reference).
+    /// reference) and awaits nothing more from the peer.
     fn linger(&self) {
         let deadline = Instant::now() + self.linger;
         if let Err(e) = self.wait(Some(deadline), |e| Ok(e.peer_closed().then_some(()))) {
-            log::debug!("closing the stream in the background: {e}");
+            log::debug!("closing the stream: {e}");
         }
-        let _ = self.lock().id.disconnect();
+        let mut p = self.lock();
+        p.engine.stop_waiting_for_peer();
+        let _ = p.id.disconnect();
     }
 }

@@ -5,7 +5,8 @@
 //! can throw away the end of the stream before the reader took it. So a
 //! dropped stream keeps taking its peer's messages until the peer
 //! disconnects too, and disconnects by itself only once
-//! `Options::linger` passed. Both the blocking and the async stream.
+//! `Options::linger` passed; `close` waits for that in the caller. Both
+//! the blocking and the async stream.
 
 #[cfg(feature = "tokio")]
 use tokio::io::AsyncWriteExt;
@@ -85,6 +86,66 @@ fn disconnected_after_the_linger(peer: &mut Peer) {
             )
             .expect("the dropped stream disconnects once its linger passed"),
     );
+}
+
+/// The peer's part while the stream side writes [`BYE`] and calls
+/// `close`, whose result comes through `closed`: the close has not
+/// returned while the peer, having taken everything, stays connected; it
+/// returns, `Ok`, once the peer disconnects.
+fn close_waits_for_the_peer(peer: &mut Peer, closed: &mpsc::Receiver<io::Result<()>>) {
+    assert_eq!(until_disconnect(peer), BYE.len() as u32);
+    match closed.recv_timeout(QUIET) {
+        Err(mpsc::RecvTimeoutError::Timeout) => {}
+        other => panic!("close returned while its peer was connected: {other:?}"),
+    }
+    peer.cm_id.disconnect().expect("rdma_disconnect");
+    closed
+        .recv_timeout(BOUND)
+        .expect("close returns once the peer disconnected")
+        .expect("close");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn close_waits_until_the_peer_disconnects_rxe() {
+    close_blocking("rxe");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn close_waits_until_the_peer_disconnects_iwarp() {
+    close_blocking("siw");
+}
+
+fn close_blocking(dev: &str) {
+    let (mut peer, rx, _h) = pair(dev, PEER_RQ as u16, |s| {
+        (&s).write_all(BYE)?;
+        s.close()
+    });
+    close_waits_for_the_peer(&mut peer, &rx);
+}
+
+#[cfg(feature = "tokio")]
+#[test]
+#[ignore = "needs an RDMA device"]
+fn async_close_waits_until_the_peer_disconnects_rxe() {
+    close_on_tokio("rxe");
+}
+
+#[cfg(feature = "tokio")]
+#[test]
+#[ignore = "needs an RDMA device"]
+fn async_close_waits_until_the_peer_disconnects_iwarp() {
+    close_on_tokio("siw");
+}
+
+#[cfg(feature = "tokio")]
+fn close_on_tokio(dev: &str) {
+    let (mut peer, rx, _h) = super::aio::pair(dev, PEER_RQ as u16, |mut s| async move {
+        s.write_all(BYE).await?;
+        s.close().await
+    });
+    close_waits_for_the_peer(&mut peer, &rx);
 }
 
 /// A blocking stream with `opts` writes [`BYE`] and is dropped; then the
