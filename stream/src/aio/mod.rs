@@ -27,7 +27,9 @@ mod iomap;
 mod listener;
 pub use listener::{RdmaListener, DEFAULT_MAX_ACCEPTING};
 
-/// How long dropping a stream waits for what was written to be delivered.
+/// How long dropping a stream that does not linger (`Options::linger` 0, or
+/// no thread to linger on) waits, spinning, for what was written to be
+/// delivered.
 const DROP_LINGER: Duration = Duration::from_secs(2);
 
 fn connect_options(opts: &Options) -> ConnectOptions {
@@ -220,10 +222,22 @@ fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // rclose without a runtime to wait on: DISCONNECT, then poll the CQ
-        // (bounded) until what was sent is delivered; then keep taking the
-        // peer's messages until it closes too, in the background
-        // (`linger.rs`).
+        // rclose. With a linger, all of it in the background (`linger.rs`):
+        // the DISCONNECT once what was written can go, then the peer's
+        // close, so the executor's thread is not held while the peer takes
+        // the data. Without one (or without a thread), here, bounded, with
+        // no runtime to wait on: poll the CQ until what was sent is
+        // delivered.
+        let closed = {
+            let s = self.lock();
+            !s.engine.connected() && s.engine.peer_closed()
+        };
+        if !closed && !self.linger.is_zero() {
+            let (shared, linger) = (Arc::clone(&self.shared), self.linger);
+            if crate::linger::spawn(move || close_in_background(&shared, linger)) {
+                return;
+            }
+        }
         let mut s = self.lock();
         if s.engine.connected() && s.engine.try_shutdown(true).unwrap_or(true) {
             let deadline = Instant::now() + DROP_LINGER;
@@ -240,23 +254,16 @@ impl Drop for Inner {
                 }
             }
         }
-        let lingering = !self.linger.is_zero() && !s.engine.peer_closed();
-        drop(s);
-        if lingering {
-            let (shared, linger) = (Arc::clone(&self.shared), self.linger);
-            if crate::linger::spawn(move || linger_in_background(&shared, linger)) {
-                return;
-            }
-        }
-        let _ = self.lock().id.id().disconnect();
+        let _ = s.id.id().disconnect();
     }
 }
 
-/// Takes the peer's messages until it closes too or `linger` passes, then
-/// disconnects: on a thread of its own, woken through the reactor the
-/// stream was made on (a reactor that has shut down fails the poll and
-/// ends the wait).
-fn linger_in_background(shared: &Mutex<Shared>, linger: Duration) {
+/// Closes the connection on a thread of its own: sends the DISCONNECT
+/// (once what was written can go, if it has not gone yet), then takes the
+/// peer's messages until it closes too or `linger` passes, and
+/// disconnects. Woken through the reactor the stream was made on (a
+/// reactor that has shut down fails the poll and ends the wait).
+fn close_in_background(shared: &Mutex<Shared>, linger: Duration) {
     struct Unpark(std::thread::Thread);
     impl Wake for Unpark {
         fn wake(self: Arc<Self>) {
@@ -266,8 +273,16 @@ fn linger_in_background(shared: &Mutex<Shared>, linger: Duration) {
     let deadline = Instant::now() + linger;
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
+    let mut shut = false;
     loop {
         let mut s = lock(shared);
+        if !shut {
+            shut = !s.engine.connected()
+                || s.engine.try_shutdown(true).unwrap_or_else(|e| {
+                    log::debug!("closing the stream in the background: {e}");
+                    true
+                });
+        }
         let any = match progress(&mut s, &mut cx) {
             Ok(any) => any,
             Err(e) => {
@@ -275,7 +290,7 @@ fn linger_in_background(shared: &Mutex<Shared>, linger: Duration) {
                 break;
             }
         };
-        if s.engine.peer_closed() {
+        if shut && s.engine.peer_closed() {
             break;
         }
         drop(s);
@@ -534,7 +549,7 @@ impl RdmaStream {
         let (shared, linger) = (Arc::clone(&inner.shared), inner.linger);
         let spawned = crate::linger::spawn(move || {
             let _on_drop = on_drop;
-            linger_in_background(&shared, linger);
+            close_in_background(&shared, linger);
         });
         if spawned {
             std::future::poll_fn(|cx| finished.poll(cx)).await;
