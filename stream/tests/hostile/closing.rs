@@ -239,3 +239,49 @@ fn a_dropped_async_stream_disconnects_once_its_linger_passed_rxe() {
 fn a_dropped_async_stream_disconnects_once_its_linger_passed_iwarp() {
     on_tokio("siw", short_linger(), disconnected_after_the_linger);
 }
+
+/// A dropped async stream holds nothing of its executor's thread while its
+/// DISCONNECT is not acknowledged: the test peer's QP is in the error
+/// state, so RoCE retries the DISCONNECT until its retries run out. The
+/// drop returns at once, and the stream disconnects once its linger
+/// passed.
+#[cfg(feature = "tokio")]
+#[test]
+#[ignore = "needs an RDMA device"]
+fn dropping_an_async_stream_whose_peer_is_unreachable_returns_at_once_rxe() {
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let (dropped_tx, dropped_rx) = mpsc::channel();
+    let (hold_tx, hold_rx) = tokio::sync::oneshot::channel::<()>();
+    let (mut peer, rx, h) =
+        super::aio::pair_with("rxe", PEER_RQ as u16, short_linger(), |s| async move {
+            let _ = go_rx.await;
+            let t0 = Instant::now();
+            drop(s);
+            let _ = dropped_tx.send(t0.elapsed());
+            let _ = hold_rx.await;
+        });
+    peer.first_grant();
+    peer.qp
+        .to_error()
+        .expect("the test peer's QP to the error state");
+    let _ = go_tx.send(());
+    let took = dropped_rx
+        .recv_timeout(BOUND)
+        .expect("the async stream dropped within the bound");
+    assert!(
+        took < Duration::from_millis(200),
+        "dropping the async stream took {took:?}"
+    );
+    drop(
+        peer.cm_events
+            .wait_for(
+                &peer.cm_id,
+                &[CmEventType::Disconnected],
+                "the dropped stream's disconnection",
+                SHORT + BOUND,
+            )
+            .expect("the dropped stream disconnects once its linger passed"),
+    );
+    let _ = hold_tx.send(());
+    outcome(&rx, h, "the runtime");
+}
