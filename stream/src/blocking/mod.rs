@@ -34,10 +34,11 @@ const LOOK_EVERY: u32 = 32;
 /// can read while another writes (share it in an `Arc`).
 /// [`RdmaStream::shutdown`] with [`Shutdown::Write`] is TCP's half-close: the
 /// peer reads to the end, and can still send. Dropping the stream closes it
-/// as `rclose` does (what was written is delivered first, within a bound),
-/// and then keeps taking the peer's messages in the background until the
-/// peer closes too ([`Options::linger`]); [`RdmaStream::close`] waits for
-/// that in the caller's thread.
+/// as `rclose` does, in the background as TCP's close: what was written is
+/// delivered, then the DISCONNECT, and the stream keeps taking the peer's
+/// messages until the peer closes too ([`Options::linger`]);
+/// [`RdmaStream::close`] does it in the caller's thread and says whether
+/// what was written was delivered.
 ///
 /// ```no_run
 /// use std::io::{Read, Write};
@@ -234,11 +235,13 @@ impl RdmaStream {
         }
     }
 
-    /// Closes the stream as dropping it does, and waits here, up to
-    /// [`Options::linger`], for the peer to close too, where a drop leaves
-    /// that wait to a thread: for a program that exits once it has closed,
-    /// which would end that thread early (see `Options::linger` for why a
-    /// closed stream waits).
+    /// Closes the stream as dropping it does, but in the caller's thread,
+    /// where a drop leaves it to a thread of its own: the DISCONNECT once
+    /// what was written is delivered, then a wait, up to
+    /// [`Options::linger`], for the peer to close too. For a program that
+    /// exits once it has closed, which would end that thread early (see
+    /// `Options::linger` for why a closed stream waits), or that wants to
+    /// know that what it wrote was delivered.
     ///
     /// # Errors
     /// As [`RdmaStream::shutdown`] with [`Shutdown::Both`]: what was written
@@ -254,7 +257,7 @@ impl RdmaStream {
             self.conn
                 .nonblocking
                 .store(false, std::sync::atomic::Ordering::Relaxed);
-            self.conn.linger();
+            self.conn.close(false);
         }
         shut
     }
@@ -450,21 +453,26 @@ impl Write for RdmaStream {
 
 impl Drop for RdmaStream {
     fn drop(&mut self) {
-        // rclose: DISCONNECT, wait (bounded) for what was sent; then keep
-        // taking the peer's messages until it closes too, in the
-        // background (`linger.rs`), and disconnect at the connection
-        // manager and free everything.
+        // rclose, as TCP's close: with a linger, all of it in the
+        // background (`linger.rs`): the DISCONNECT once what was written
+        // can go, then the peer's close, then the disconnection and the
+        // release of everything. Without one (or without a thread), here:
+        // DISCONNECT, a bounded wait for what was sent, the disconnection.
+        let closed = {
+            let p = self.lock();
+            !p.engine.connected() && p.engine.peer_closed()
+        };
+        if !closed && !self.conn.linger.is_zero() {
+            let conn = Arc::clone(&self.conn);
+            conn.nonblocking
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+            if crate::linger::spawn(move || conn.close(true)) {
+                return;
+            }
+        }
         if self.lock().engine.connected() {
             if let Err(e) = self.shutdown(Shutdown::Both) {
                 log::debug!("closing the stream: {e}");
-            }
-        }
-        let conn = Arc::clone(&self.conn);
-        if !conn.linger.is_zero() && !conn.lock().engine.peer_closed() {
-            conn.nonblocking
-                .store(false, std::sync::atomic::Ordering::Relaxed);
-            if crate::linger::spawn(move || conn.linger()) {
-                return;
             }
         }
         let _ = self.lock().id.disconnect();
@@ -472,12 +480,20 @@ impl Drop for RdmaStream {
 }
 
 impl Conn {
-    /// Takes the peer's messages until it closes too or `linger` passes,
-    /// then disconnects (what the connection holds goes with the last
-    /// reference) and awaits nothing more from the peer.
-    fn linger(&self) {
-        let deadline = Instant::now() + self.linger;
-        if let Err(e) = self.wait(Some(deadline), |e| Ok(e.peer_closed().then_some(()))) {
+    /// Sends the DISCONNECT if `disconnect` (once what was written can go),
+    /// then takes the peer's messages until it closes too; both within
+    /// `linger`. Then disconnects (what the connection holds goes with the
+    /// last reference) and awaits nothing more from the peer.
+    fn close(&self, disconnect: bool) {
+        let deadline = Some(Instant::now() + self.linger);
+        let sent = if disconnect {
+            self.wait(deadline, |e| Ok(e.try_shutdown(true)?.then_some(())))
+        } else {
+            Ok(())
+        };
+        if let Err(e) =
+            sent.and_then(|()| self.wait(deadline, |e| Ok(e.peer_closed().then_some(()))))
+        {
             log::debug!("closing the stream: {e}");
         }
         let mut p = self.lock();
