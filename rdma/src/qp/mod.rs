@@ -33,8 +33,8 @@ use crate::error::{check_errno_ret, Error, Result};
 use crate::macros::c_enum;
 use crate::track::QpTracker;
 use crate::{ffi, CompletionQueue, ProtectionDomain};
-pub(crate) use wr_ops::Direct;
 use wr_ops::ExtendedQp;
+pub(crate) use wr_ops::{DirectOne, SendFn, WriteFn};
 
 pub(crate) use crate::track::allocate_serial;
 pub use attr::{InitAttr, QpAttr, RtrAttr, RtsAttr};
@@ -253,11 +253,17 @@ impl QueuePair {
         }
     }
 
-    /// The extended path's direct calls of `op` (a SEND, RDMA WRITE or RDMA
-    /// READ without a UD destination), for the slot queue; `None` on the
-    /// legacy path or when the provider has no function for `op`.
-    pub(crate) fn direct(&self, op: &crate::SendOp) -> Option<Direct> {
-        self.path.extended(1, false)?.direct(op)
+    /// The extended path's calls of a SEND alone, for the slot queue;
+    /// `None` on the legacy path or when the provider has no `wr_send`.
+    pub(crate) fn direct_send(&self) -> Option<DirectOne<SendFn>> {
+        self.path.extended(1, false)?.direct_send()
+    }
+
+    /// The extended path's calls of an RDMA WRITE alone, its remote given
+    /// per post, for the slot queue; `None` on the legacy path or when the
+    /// provider has no `wr_rdma_write`.
+    pub(crate) fn direct_write(&self) -> Option<DirectOne<WriteFn>> {
+        self.path.extended(1, false)?.direct_write()
     }
 
     /// The QP type.

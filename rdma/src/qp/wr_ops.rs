@@ -297,36 +297,136 @@ impl Direct {
     }
 }
 
-impl Direct {
-    /// Posts as [`Direct::post`], to the remote `rkey`/`raddr` given here
-    /// instead of the one the request was made with (a SEND has none): one
-    /// `Direct` serves every RDMA WRITE of the slot queue, whose targets
-    /// are data of each post.
+/// The direct calls of one operation, fixed by the type: what the slot
+/// queue posts (a SEND, an RDMA WRITE), each post with its scatter entry
+/// and, for a write, its remote given as values. Against [`Direct`] a post
+/// has no dispatch on the operation, and nothing is built in memory for
+/// the calls (no `ibv_sge` or remote to load back): the arguments go from
+/// the caller's registers to the provider's.
+///
+/// Valid while its QP is, as [`Direct`].
+#[derive(Clone, Copy)]
+pub(crate) struct DirectOne<F> {
+    qp: NonNull<ffi::ibv_qp_ex>,
+    start: unsafe extern "C" fn(Qpx),
+    complete: unsafe extern "C" fn(Qpx) -> c_int,
+    set_sge: unsafe extern "C" fn(Qpx, u32, u64, u32),
+    op: F,
+}
+
+/// `wr_send`'s function.
+pub(crate) type SendFn = unsafe extern "C" fn(Qpx);
+/// `wr_rdma_write`'s function.
+pub(crate) type WriteFn = unsafe extern "C" fn(Qpx, u32, u64);
+
+impl ExtendedQp {
+    /// The direct calls of a SEND, when the provider has `wr_send`.
+    pub(super) fn direct_send(&self) -> Option<DirectOne<SendFn>> {
+        Some(self.one(self.send?))
+    }
+
+    /// The direct calls of an RDMA WRITE, when the provider has
+    /// `wr_rdma_write`.
+    pub(super) fn direct_write(&self) -> Option<DirectOne<WriteFn>> {
+        Some(self.one(self.rdma_write?))
+    }
+
+    fn one<F>(&self, op: F) -> DirectOne<F> {
+        DirectOne {
+            qp: self.qp,
+            start: self.start,
+            complete: self.complete,
+            set_sge: self.set_sge,
+            op,
+        }
+    }
+}
+
+impl<F: Copy> DirectOne<F> {
+    /// The calls around the operation's: `wr_start`, `wr_id` and the
+    /// `flags` (`enum ibv_send_flags`, not `INLINE`), `op` with the
+    /// operation's function, then the one scatter entry that `sge` gives
+    /// (lkey, address, length) and `wr_complete`. Returns the errno (0
+    /// when posted).
+    ///
+    /// `op` and `sge` run after `wr_start` returns: what they read (a
+    /// remote, the slot's address) is loaded where it is used, rather than
+    /// before the first call and kept across it, which costs a store and a
+    /// load more per value when the caller's loop has no register left.
     ///
     /// # Safety
-    /// As for [`Direct::post`].
+    /// As for [`Direct::post`]; `op` makes the operation's call on its QP
+    /// argument, and `sge` is memory registered with its lkey that stays
+    /// valid until the request's completion.
     #[inline(always)]
-    pub(crate) unsafe fn post_to(
+    unsafe fn post_with(
         &self,
         flags: u32,
-        sge: &ffi::ibv_sge,
         wr_id: u64,
-        rkey: u32,
-        raddr: u64,
+        op: impl FnOnce(F, Qpx),
+        sge: impl FnOnce() -> (u32, u64, u32),
     ) -> c_int {
         let q = self.qp.as_ptr();
-        // SAFETY: as in `post`.
+        // SAFETY: the caller's contract; the functions are the provider's
+        // for this QP, called between `start` and `complete` as
+        // `ibv_wr_start(3)` prescribes.
         unsafe {
             (self.start)(q);
             (*q).wr_id = wr_id;
             (*q).wr_flags = flags;
-            match self.op {
-                DirectOp::Send(f) => f(q),
-                DirectOp::Remote(f, _, _) => f(q, rkey, raddr),
-            }
-            (self.set_sge)(q, sge.lkey, sge.addr, sge.length);
+            op(self.op, q);
+            let (lkey, addr, len) = sge();
+            (self.set_sge)(q, lkey, addr, len);
             (self.complete)(q)
         }
+    }
+}
+
+impl DirectOne<SendFn> {
+    /// Posts a SEND with `flags` and `wr_id` of the bytes `sge` gives
+    /// (lkey, address, length; called after the first provider call).
+    /// Returns the errno (0 when posted).
+    ///
+    /// # Safety
+    /// As for [`Direct::post`]: the caller posts to this QP alone (holds
+    /// it mutably), the QP is the live one this was made for, and the
+    /// bytes are registered with the lkey and stay valid until the
+    /// request's completion.
+    #[inline(always)]
+    pub(crate) unsafe fn post(
+        &self,
+        flags: u32,
+        wr_id: u64,
+        sge: impl FnOnce() -> (u32, u64, u32),
+    ) -> c_int {
+        // SAFETY: the caller's contract; `send` is the QP's `wr_send`.
+        unsafe { self.post_with(flags, wr_id, |send, q| send(q), sge) }
+    }
+}
+
+impl DirectOne<WriteFn> {
+    /// Posts an RDMA WRITE with `flags` and `wr_id` of the bytes `sge`
+    /// gives to the remote `remote` gives (rkey, address); both are called
+    /// after the first provider call. Returns the errno (0 when posted).
+    ///
+    /// # Safety
+    /// As for [`DirectOne::<SendFn>::post`].
+    #[inline(always)]
+    pub(crate) unsafe fn post(
+        &self,
+        flags: u32,
+        wr_id: u64,
+        remote: impl FnOnce() -> (u32, u64),
+        sge: impl FnOnce() -> (u32, u64, u32),
+    ) -> c_int {
+        let op = |write: WriteFn, q| {
+            let (rkey, raddr) = remote();
+            // SAFETY: the caller's contract; `write` is the QP's
+            // `wr_rdma_write`, called after `wr_start`.
+            unsafe { write(q, rkey, raddr) }
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.post_with(flags, wr_id, op, sge) }
     }
 }
 
@@ -373,6 +473,11 @@ pub(super) mod tests {
     }
     unsafe extern "C" fn set_inline_data(_: Qpx, _: *mut std::ffi::c_void, len: usize) {
         log(format!("inline {len}"));
+    }
+    unsafe extern "C" fn send(q: Qpx) {
+        // SAFETY: the test's live fake QP.
+        let id = unsafe { (*q).wr_id };
+        log(format!("send {id}"));
     }
     unsafe extern "C" fn rdma_write(q: Qpx, rkey: u32, addr: u64) {
         // SAFETY: the test's live fake QP.
@@ -485,7 +590,7 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn a_direct_post_can_take_its_remote_per_post() {
+    fn a_one_operation_post_makes_the_calls_of_post_one_with_its_remote() {
         let provider = FakeProvider::new();
         let x = provider.extended();
         let write = SendOp::Write(REMOTE);
@@ -494,19 +599,27 @@ pub(super) mod tests {
             length: 16,
             lkey: 5,
         };
-        let flags = SendFlags::SIGNALED.bits();
-        let direct = x.direct(&write).expect("the fake has RDMA WRITE");
+        let flags = SendFlags::SIGNALED;
         // SAFETY: the fake provider reads nothing the SGE points at.
-        assert_eq!(unsafe { direct.post(flags, &sge, 9) }, 0);
-        let bound = calls();
-        // SAFETY: as above.
-        let rc = unsafe { direct.post_to(flags, &sge, 9, REMOTE.rkey, REMOTE.addr) };
+        let rc = unsafe { x.post_one(&Outgoing::prepared(&write, flags, None), &sge, 9) };
         assert_eq!(rc, 0);
-        assert_eq!(calls(), bound);
-        // Another remote, the same calls.
-        let short = ffi::ibv_sge { length: 1, ..sge };
+        let general = calls();
+        let one = x.direct_write().expect("the fake has RDMA WRITE");
         // SAFETY: as above.
-        assert_eq!(unsafe { direct.post_to(0, &short, 10, 8, 0x3000) }, 0);
+        let rc = unsafe {
+            one.post(
+                flags.bits(),
+                9,
+                || (REMOTE.rkey, REMOTE.addr),
+                || (5, 0x2000, 16),
+            )
+        };
+        assert_eq!(rc, 0);
+        assert_eq!(calls(), general);
+        // Another remote and length, the same calls.
+        // SAFETY: as above.
+        let rc = unsafe { one.post(0, 10, || (8, 0x3000), || (5, 0x2000, 1)) };
+        assert_eq!(rc, 0);
         assert_eq!(
             calls(),
             [
@@ -515,6 +628,23 @@ pub(super) mod tests {
                 "sge 5 0x2000 1",
                 "complete 10 0x0"
             ]
+        );
+        // The fake has no `wr_send`.
+        assert!(x.direct_send().is_none());
+    }
+
+    #[test]
+    fn a_one_operation_send_makes_the_send_call() {
+        let provider = FakeProvider::new();
+        // SAFETY: the fake's struct, which nothing else uses meanwhile.
+        unsafe { (*provider.0.as_ptr()).wr_send = Some(send) };
+        let x = provider.extended();
+        let one = x.direct_send().expect("the fake has SEND now");
+        // SAFETY: the fake provider reads nothing the SGE points at.
+        assert_eq!(unsafe { one.post(2, 11, || (6, 0x4000, 3)) }, 0);
+        assert_eq!(
+            calls(),
+            ["start", "send 11", "sge 6 0x4000 3", "complete 11 0x2"]
         );
     }
 

@@ -21,10 +21,10 @@ use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 
 use crate::error::{check_errno_ret, Error, Result};
-use crate::qp::Direct;
+use crate::qp::{DirectOne, SendFn, WriteFn};
 use crate::{
     ffi, AccessFlags, CompletionQueue, MemoryRegion, PostPath, ProtectionDomain, QpType, QueuePair,
-    RemoteMemory, SendOp, WcStatus,
+    RemoteMemory, WcStatus,
 };
 use ledger::{Finished, Ledger, Refusal};
 use requests::Requests;
@@ -150,10 +150,10 @@ pub struct SlotQueue {
     send_above: u32,
     write_above: u32,
     /// SEND's and RDMA WRITE's direct calls on the extended path (`None`:
-    /// the prebuilt request of `requests` and `ibv_post_send`). The write's
-    /// remote is given per post.
-    send: Option<Direct>,
-    write: Option<Direct>,
+    /// the prebuilt request of `requests` and `ibv_post_send`), each of
+    /// one operation; the write's remote is given per post.
+    send: Option<DirectOne<SendFn>>,
+    write: Option<DirectOne<WriteFn>>,
     poll_cq: PollFn,
     /// The prebuilt requests and the provider's legacy posts.
     requests: Requests,
@@ -302,25 +302,19 @@ impl SlotQueue {
         // SAFETY: the queue's live QP, which outlives every post (the
         // queue's methods post; the drop destroys it).
         let requests = unsafe { Requests::new(qp_raw, lkey, slot_len) };
-        // Any remote: `post_to` gives each write's.
-        let any = RemoteMemory {
-            addr: 0,
-            len: 0,
-            rkey: 0,
-        };
         // What was asked for: a provider may give more, and a message the
         // caller did not want inline is not sent inline.
         let max_inline = config.max_inline_data.min(qp.caps().max_inline_data);
-        let send = qp.direct(&SendOp::Send);
-        let write = qp.direct(&SendOp::Write(any));
-        let above = |d: &Option<Direct>| if d.is_some() { max_inline } else { u32::MAX };
+        let send = qp.direct_send();
+        let write = qp.direct_write();
+        let above = |direct: bool| if direct { max_inline } else { u32::MAX };
         Ok(SlotQueue {
             cq_raw,
             lkey,
             slot_len,
             max_inline,
-            send_above: above(&send),
-            write_above: above(&write),
+            send_above: above(send.is_some()),
+            write_above: above(write.is_some()),
             send,
             write,
             poll_cq: poll.unwrap_or(ffi::ibv_poll_cq),
@@ -404,6 +398,13 @@ impl SlotQueue {
                 .as_ptr()
                 .add(slot as usize * self.slot_len as usize)
         }
+    }
+
+    /// The scatter entry of `len` bytes of `slot` (in range): lkey,
+    /// address, length.
+    #[inline(always)]
+    fn sge(&self, slot: u32, len: u32) -> (u32, u64, u32) {
+        (self.lkey, self.at(slot) as u64, len)
     }
 
     /// The target of RDMA WRITEs to `remote`, for [`SlotQueue::post_write`]:
@@ -497,27 +498,20 @@ impl SlotQueue {
             fill(unsafe { std::slice::from_raw_parts_mut(at, self.slot_len as usize) });
         }
         let flags = if signaled { ffi::IBV_SEND_SIGNALED } else { 0 };
-        let (direct, above) = if WRITE {
-            (&self.write, self.write_above)
-        } else {
-            (&self.send, self.send_above)
-        };
-        // `above` is `u32::MAX` without direct calls, where the length
+        // `*_above` is `u32::MAX` without direct calls, where the length
         // test then always takes the prebuilt request.
-        let rc = match direct {
-            Some(d) if len > above => {
-                let sge = ffi::ibv_sge {
-                    addr: at as u64,
-                    length: len,
-                    lkey: self.lkey,
-                };
-                let (rkey, raddr) = remote.map_or((0, 0), |r| (r.rkey, r.addr));
+        let rc = match (remote, &self.write, &self.send) {
+            (Some(r), Some(d), _) if WRITE && len > self.write_above => {
                 // SAFETY: `d` was made for this queue's QP, which lives and
-                // which `&mut self` keeps from any other post; the SGE is in
-                // the registered slot, which the ledger now holds lent until
-                // the completion (it is never freed before the QP is
-                // destroyed, see the drop).
-                unsafe { d.post_to(flags, &sge, wr_id, rkey, raddr) }
+                // which `&mut self` keeps from any other post; the bytes
+                // are in the registered slot, which the ledger now holds
+                // lent until the completion (it is never freed before the
+                // QP is destroyed, see the drop).
+                unsafe { d.post(flags, wr_id, || (r.rkey, r.addr), || self.sge(slot, len)) }
+            }
+            (None, _, Some(d)) if !WRITE && len > self.send_above => {
+                // SAFETY: as for the write.
+                unsafe { d.post(flags, wr_id, || self.sge(slot, len)) }
             }
             _ => {
                 let remote = remote.map(|r| (r.rkey, r.addr));
