@@ -10,18 +10,21 @@
 //! is seen), so sends are numbered and one number, the last completed, says
 //! which are done: a slot is the caller's to write again once the last send
 //! from it is at or below that number. Receives complete one by one; each
-//! slot's receive carries a generation, so that a completion left in the CQ
-//! from before a reset cannot finish a later receive of the same slot.
+//! receive carries a generation (one count over the queue's receives), so
+//! that a completion left in the CQ from before a reset cannot finish a
+//! later receive of the same slot.
 //!
 //! A `wr_id` is `slot | number << 32 | RECV` (bit 62 for receives; bit 63,
 //! the tracked path's tag, always clear): a completion is an index and a
 //! comparison, never a search.
 //!
-//! A slot's state is one word for the posts' checks: the number of its last
-//! send, or [`RECEIVING`] while a receive is posted in it, which is above
-//! every send number. A slot is free (no request in flight uses it) when
-//! the word is at or below the last send completed, so a post that writes
-//! the slot first, and a receive, check one comparison.
+//! A slot's state is one word: the number of its last send, or, while a
+//! receive is posted in it, that receive's `wr_id`, which has bit 62 set
+//! and so is above every send number. A slot is free (no request in flight
+//! uses it) when the word is at or below the last send completed, so a post
+//! that writes the slot first, and a receive, check one comparison; a
+//! receive's completion is the comparison of its `wr_id` with its slot's
+//! word.
 
 /// Bit of a receive's `wr_id`.
 pub(crate) const RECV: u64 = 1 << 62;
@@ -33,8 +36,6 @@ const NUM_MASK: u64 = (1 << NUM_BITS) - 1;
 /// (a provider's send queue is far shorter; this only matters when someone
 /// else polls the queue's CQ and the ledger never sees completions).
 const MAX_UNSEEN: u64 = 1 << (NUM_BITS - 1);
-/// A slot's [`Slot::last_send`] while a receive is posted in it.
-const RECEIVING: u64 = u64::MAX;
 
 /// Why the ledger refused a post or an access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,16 +50,6 @@ pub(crate) enum Refusal {
     TooManyUnseen,
 }
 
-/// One slot's state.
-#[derive(Debug, Clone, Copy, Default)]
-struct Slot {
-    /// The number of the last send from this slot (0: none yet), or
-    /// [`RECEIVING`].
-    last_send: u64,
-    /// The generation of the slot's last receive (wraps).
-    recv: u32,
-}
-
 /// What a completion finished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Finished {
@@ -69,19 +60,24 @@ pub(crate) struct Finished {
 /// The state of every slot of one queue.
 #[derive(Debug)]
 pub(crate) struct Ledger {
-    slots: Box<[Slot]>,
+    /// Each slot's word: the number of its last send (0: none yet), or the
+    /// `wr_id` of the receive posted in it (at or above [`RECV`]).
+    slots: Box<[u64]>,
     /// The number of the last send posted.
     sent: u64,
     /// The number of the last send seen complete (`<= sent`).
     done: u64,
+    /// The generation of the last receive posted (wraps).
+    recvs: u32,
 }
 
 impl Ledger {
     pub(crate) fn new(slots: u32) -> Ledger {
         Ledger {
-            slots: vec![Slot::default(); slots as usize].into_boxed_slice(),
+            slots: vec![0; slots as usize].into_boxed_slice(),
             sent: 0,
             done: 0,
+            recvs: 0,
         }
     }
 
@@ -96,11 +92,11 @@ impl Ledger {
     pub(crate) fn send<const FREE: bool>(&mut self, slot: u32) -> Result<(u64, u64), Refusal> {
         let done = self.done;
         let s = self.slots.get_mut(slot as usize).ok_or(Refusal::NoSlot)?;
-        let prev = s.last_send;
-        // With FREE one comparison covers both: RECEIVING is above `done`
-        // (which is at most `sent`, a count of posts that never reaches
-        // `u64::MAX`).
-        let busy_slot = if FREE { prev > done } else { prev == RECEIVING };
+        let prev = *s;
+        // With FREE one comparison covers both: a receive's id is above
+        // `done` (which is at most `sent`, a count of posts that never
+        // reaches 2^62).
+        let busy_slot = if FREE { prev > done } else { prev >= RECV };
         if busy_slot {
             return Err(busy(prev));
         }
@@ -108,7 +104,7 @@ impl Ledger {
             return Err(Refusal::TooManyUnseen);
         }
         self.sent += 1;
-        s.last_send = self.sent;
+        *s = self.sent;
         Ok((((self.sent & NUM_MASK) << 32) | u64::from(slot), prev))
     }
 
@@ -117,7 +113,7 @@ impl Ledger {
     #[cold]
     pub(crate) fn unsend(&mut self, slot: u32, prev: u64) {
         if let Some(s) = self.slots.get_mut(slot as usize) {
-            s.last_send = prev;
+            *s = prev;
             self.sent -= 1;
         }
     }
@@ -127,33 +123,32 @@ impl Ledger {
     /// send keeps its number, whose completion is still to come.
     pub(crate) fn copied(&mut self, slot: u32, prev: u64) {
         if let Some(s) = self.slots.get_mut(slot as usize) {
-            s.last_send = prev;
+            *s = prev;
         }
     }
 
-    /// Records a receive into `slot`: its `wr_id` and the word
-    /// [`Ledger::unrecv`] restores.
+    /// Records a receive into `slot`: its `wr_id`.
     #[inline(always)]
-    pub(crate) fn recv(&mut self, slot: u32) -> Result<(u64, u64), Refusal> {
+    pub(crate) fn recv(&mut self, slot: u32) -> Result<u64, Refusal> {
         let done = self.done;
         let s = self.slots.get_mut(slot as usize).ok_or(Refusal::NoSlot)?;
-        let prev = s.last_send;
-        if prev > done {
-            return Err(busy(prev));
+        if *s > done {
+            return Err(busy(*s));
         }
-        s.last_send = RECEIVING;
         // The generation is 32 bits and wraps; the id carries its low 30.
-        s.recv = s.recv.wrapping_add(1);
-        let id = RECV | ((u64::from(s.recv) & NUM_MASK) << 32) | u64::from(slot);
-        Ok((id, prev))
+        self.recvs = self.recvs.wrapping_add(1);
+        let id = RECV | ((u64::from(self.recvs) & NUM_MASK) << 32) | u64::from(slot);
+        *s = id;
+        Ok(id)
     }
 
-    /// Undoes the last [`Ledger::recv`] of `slot`, which returned `prev`
-    /// (its generation stays spent: no id of it was handed out).
+    /// Undoes the last [`Ledger::recv`] of `slot` (its generation stays
+    /// spent: no id of it was handed out). The slot was free, and one free
+    /// word is as good as another (`done` never falls): 0.
     #[cold]
-    pub(crate) fn unrecv(&mut self, slot: u32, prev: u64) {
+    pub(crate) fn unrecv(&mut self, slot: u32) {
         if let Some(s) = self.slots.get_mut(slot as usize) {
-            s.last_send = prev;
+            *s = 0;
         }
     }
 
@@ -181,28 +176,25 @@ impl Ledger {
     }
 
     /// [`Ledger::complete`] of an id with bit 62 or 63 set: a receive's
-    /// (62 alone), or none of this queue's (63, the tracked path's tag).
+    /// when its slot's word is this very id (no word has bit 63 set, so the
+    /// tracked path's tag finishes nothing).
     #[inline(always)]
     fn complete_recv(&mut self, wr_id: u64) -> Option<Finished> {
-        if wr_id >> 62 != 1 {
-            return None;
-        }
         let slot = wr_id as u32;
-        let num = (wr_id >> 32) & NUM_MASK;
         let s = self.slots.get_mut(slot as usize)?;
-        if s.last_send != RECEIVING || u64::from(s.recv) & NUM_MASK != num {
+        if *s != wr_id {
             return None;
         }
         // No send was in flight from the slot when its receive was posted.
-        s.last_send = 0;
+        *s = 0;
         Some(Finished { slot, recv: true })
     }
 
     /// Whether the caller may read `slot` (no receive posted in it).
     #[inline(always)]
     pub(crate) fn readable(&self, slot: u32) -> Result<(), Refusal> {
-        let s = self.slots.get(slot as usize).ok_or(Refusal::NoSlot)?;
-        if s.last_send == RECEIVING {
+        let s = *self.slots.get(slot as usize).ok_or(Refusal::NoSlot)?;
+        if s >= RECV {
             return Err(Refusal::Receiving);
         }
         Ok(())
@@ -212,9 +204,9 @@ impl Ledger {
     /// writes it).
     #[inline(always)]
     pub(crate) fn writable(&self, slot: u32) -> Result<(), Refusal> {
-        let s = self.slots.get(slot as usize).ok_or(Refusal::NoSlot)?;
-        if s.last_send > self.done {
-            return Err(busy(s.last_send));
+        let s = *self.slots.get(slot as usize).ok_or(Refusal::NoSlot)?;
+        if s > self.done {
+            return Err(busy(s));
         }
         Ok(())
     }
@@ -225,27 +217,23 @@ impl Ledger {
     pub(crate) fn reset(&mut self) {
         self.done = self.sent;
         for s in self.slots.iter_mut() {
-            if s.last_send == RECEIVING {
-                s.last_send = 0;
+            if *s >= RECV {
+                *s = 0;
             }
         }
     }
 
     /// Requests posted and not seen complete: (sends, receives).
     pub(crate) fn in_flight(&self) -> (u64, usize) {
-        let recvs = self
-            .slots
-            .iter()
-            .filter(|s| s.last_send == RECEIVING)
-            .count();
+        let recvs = self.slots.iter().filter(|&&s| s >= RECV).count();
         (self.sent - self.done, recvs)
     }
 }
 
-/// Why a slot whose state word is `last_send` is not free.
+/// Why a slot whose state word is `word` is not free.
 #[cold]
-fn busy(last_send: u64) -> Refusal {
-    if last_send == RECEIVING {
+fn busy(word: u64) -> Refusal {
+    if word >= RECV {
         Refusal::Receiving
     } else {
         Refusal::Sending
@@ -307,7 +295,7 @@ mod tests {
     #[test]
     fn a_receive_holds_its_slot_alone() {
         let mut l = Ledger::new(2);
-        let (r, _) = l.recv(1).unwrap();
+        let r = l.recv(1).unwrap();
         assert_eq!(r & RECV, RECV);
         assert_eq!(l.readable(1), Err(Refusal::Receiving));
         assert_eq!(l.writable(1), Err(Refusal::Receiving));
@@ -326,11 +314,36 @@ mod tests {
         assert_eq!(l.complete(r), None);
         // The next receive of the slot has another generation: the first
         // one's id finishes nothing.
-        let (r2, _) = l.recv(1).unwrap();
+        let r2 = l.recv(1).unwrap();
         assert_ne!(r, r2);
         assert_eq!(l.complete(r), None);
         assert_eq!(l.readable(1), Err(Refusal::Receiving));
         assert!(l.complete(r2).is_some());
+    }
+
+    #[test]
+    fn a_receive_is_finished_by_its_own_id_alone() {
+        let mut l = Ledger::new(2);
+        let r0 = l.recv(0).unwrap();
+        let r1 = l.recv(1).unwrap();
+        // One count over the queue: the two generations differ.
+        assert_ne!(r0 >> 32, r1 >> 32);
+        // Slot 0's generation with slot 1, and slot 1's id with the tracked
+        // path's tag, finish nothing.
+        assert_eq!(l.complete((r0 & !0xffff_ffff) | 1), None);
+        assert_eq!(l.complete(r1 | (1 << 63)), None);
+        assert_eq!(l.readable(1), Err(Refusal::Receiving));
+        assert_eq!(l.in_flight(), (0, 2));
+        assert_eq!(
+            l.complete(r1),
+            Some(Finished {
+                slot: 1,
+                recv: true
+            })
+        );
+        assert_eq!(l.readable(0), Err(Refusal::Receiving));
+        assert!(l.complete(r0).is_some());
+        assert_eq!(l.in_flight(), (0, 0));
     }
 
     #[test]
@@ -366,10 +379,10 @@ mod tests {
         l.unsend(0, prev);
         assert_eq!(l.writable(0), Ok(()));
         assert_eq!(l.in_flight(), (0, 0));
-        let (_, prev) = l.recv(0).unwrap();
-        l.unrecv(0, prev);
+        l.recv(0).unwrap();
+        l.unrecv(0);
         assert_eq!(l.readable(0), Ok(()));
-        let (r, _) = l.recv(0).unwrap();
+        let r = l.recv(0).unwrap();
         assert!(l.complete(r).is_some());
     }
 
@@ -388,12 +401,12 @@ mod tests {
     fn after_a_reset_old_completions_finish_nothing() {
         let mut l = Ledger::new(2);
         let (s, _) = l.send::<false>(0).unwrap();
-        let (r, _) = l.recv(1).unwrap();
+        let r = l.recv(1).unwrap();
         l.reset();
         assert_eq!(l.writable(0), Ok(()));
         assert_eq!(l.writable(1), Ok(()));
         assert_eq!(l.in_flight(), (0, 0));
-        let (r2, _) = l.recv(1).unwrap();
+        let r2 = l.recv(1).unwrap();
         let (s2, _) = l.send::<false>(0).unwrap();
         // Completions left in the CQ from before the reset.
         assert_eq!(l.complete(r), None);
@@ -421,18 +434,17 @@ mod tests {
         assert!(l.complete(ids[5]).is_some());
         assert_eq!(l.writable(0), Ok(()));
         // Receive generations wrap too.
-        let s = &mut l.slots[0];
-        s.recv = u32::MAX;
-        let (r, _) = l.recv(0).unwrap();
+        l.recvs = u32::MAX;
+        let r = l.recv(0).unwrap();
         assert!(l.complete(r).is_some());
-        let (r, _) = l.recv(0).unwrap();
+        let r = l.recv(0).unwrap();
         assert!(l.complete(r).is_some());
     }
 
     #[test]
     fn one_word_tells_a_receiving_slot_from_a_sending_one() {
         let mut l = Ledger::new(2);
-        let (r, _) = l.recv(0).unwrap();
+        let r = l.recv(0).unwrap();
         let (s, _) = l.send::<false>(1).unwrap();
         // Every check names the right holder, whichever check refused.
         assert_eq!(l.send::<true>(0), Err(Refusal::Receiving));

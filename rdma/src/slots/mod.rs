@@ -562,7 +562,7 @@ impl SlotQueue {
     /// `ibv_post_recv`'s error (the slot is then as before).
     #[inline(always)]
     pub fn post_recv(&mut self, slot: u32) -> Result<()> {
-        let (wr_id, prev) = self
+        let wr_id = self
             .ledger
             .recv(slot)
             .map_err(|r| refused("ibv_post_recv", slot, r))?;
@@ -572,7 +572,7 @@ impl SlotQueue {
         // completion.
         let rc = unsafe { self.requests.recv(at, wr_id) };
         if rc != 0 {
-            self.ledger.unrecv(slot, prev);
+            self.ledger.unrecv(slot);
             return check_errno_ret("ibv_post_recv", || self.describe(slot), rc);
         }
         Ok(())
