@@ -330,7 +330,7 @@ pub use qp::{
     InitAttr, PostPath, PreparedRecv, PreparedSend, QpAttr, QpCaps, QpCreateFlags, QpState, QpType,
     QueuePair, QueuePairBuilder, RtrAttr, RtsAttr, END_PADDING_ALIGN,
 };
-pub use slots::{SlotCompletion, SlotConfig, SlotQueue, SlotTarget};
+pub use slots::{SlotCompletion, SlotConfig, SlotQueue, SlotSender, SlotTarget, SlotWriter};
 pub use srq::{SharedReceiveQueue, SrqAttr, SrqType};
 pub use td::{ParentDomain, ThreadDomain};
 pub use wc::{Completion, WcFlags, WcOpcode, WcStatus, WorkCompletion};

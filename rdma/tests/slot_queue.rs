@@ -352,6 +352,118 @@ fn write_past_remote_range(t: Two) {
 
 #[test]
 #[ignore = "needs an RDMA device"]
+fn prepared_writes_and_sends_are_checked_once_and_each_post_again_rxe() {
+    prepared_posts(two(4, 64), 64);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn prepared_writes_and_sends_are_checked_once_and_each_post_again_iwarp() {
+    prepared_posts(two_iwarp(4, 64), 64);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn prepared_writes_and_sends_on_the_legacy_path_rxe() {
+    let mut config = SlotConfig::new(4, 64);
+    config.post_path = rdma::PostPath::Legacy;
+    prepared_posts(two_with(config), 64);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn prepared_writes_and_sends_inline_rxe() {
+    // At or under the inline size a prepared post takes the prebuilt
+    // request, inline: the slot is the caller's again at once.
+    let mut config = SlotConfig::new(4, 64);
+    config.max_inline_data = 16;
+    prepared_posts(two_with(config), 16);
+}
+
+/// `SlotQueue::writer` and `sender`: what they check when made (the slot's
+/// range, the length, the remote range), and what each post through them
+/// still checks (the slot free for a write that fills it, no receive in a
+/// send's slot); their requests land like the queue's own. The writes are
+/// `len` bytes, to the end of a region.
+fn prepared_posts(t: Two, len: u32) {
+    let failures = rdma::teardown_failures();
+    let Two {
+        pd, mut a, mut b, ..
+    } = t;
+    let region = pd
+        .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let at = 4096 - len as usize;
+    let tail = region.remote().slice(at as u64, u64::from(len)).unwrap();
+    let t = a.write_target(tail);
+    let short = a.write_target(region.remote().slice(0, 8).unwrap());
+    // Checked once, when made.
+    is_invalid(a.writer(&t, 4, 1), "slot 4 is out of range");
+    is_invalid(a.writer(&t, 0, 65), "65 bytes from slot 0");
+    is_invalid(a.writer(&short, 0, 9), "remote range of 8 bytes");
+    is_invalid(a.sender(9, 1), "slot 9 is out of range");
+    is_invalid(a.sender(0, 65), "65 bytes from slot 0");
+    let inline = len <= a.qp().caps().max_inline_data.min(16);
+    {
+        let mut w = a.writer(&t, 1, len).unwrap();
+        w.post_with(true, |s| s.fill(0x42)).unwrap();
+        if inline {
+            // Copied during the post: the slot is the caller's at once.
+            w.queue().slot_mut(1).unwrap().fill(0);
+        } else {
+            // The slot is lent until the completion: not filled again.
+            let mut called = false;
+            is_invalid(w.post_with(true, |_| called = true), "not been polled");
+            assert!(!called, "fill ran for a refused write");
+        }
+        let c = next(w.queue());
+        assert!(c.is_success() && !c.is_recv(), "{c:?}");
+        assert_eq!(c.slot(), 1);
+        assert!(region.to_vec()[at..].iter().all(|&x| x == 0x42));
+        // Again, as many times as wanted: posts that do not write the slot
+        // need no completion between them (only the last one signaled).
+        w.queue().slot_mut(1).unwrap()[len as usize - 1] = 2;
+        for n in 0..3 {
+            w.post(n == 2).unwrap();
+        }
+        let c = next(w.queue());
+        assert!(c.is_success(), "{c:?}");
+        assert_eq!(region.to_vec()[4095], 2);
+        w.post_with(true, |s| s[len as usize - 1] = 3).unwrap();
+        assert!(next(w.queue()).is_success());
+        assert_eq!(region.to_vec()[4095], 3);
+        assert_eq!(w.queue().in_flight(), (0, 0));
+    }
+    // A send's slot with a receive posted is refused per post.
+    let mut s = a.sender(2, 5).unwrap();
+    s.queue().post_recv(2).unwrap();
+    is_invalid(s.post(true), "receive posted");
+    // Flushed back only by a reset: the receive stays posted meanwhile.
+    assert_eq!(s.queue().in_flight(), (0, 1));
+    let mut s = a.sender(3, 5).unwrap();
+    s.queue().slot_mut(3).unwrap()[..5].copy_from_slice(b"hello");
+    for slot in 0..2 {
+        b.post_recv(slot).unwrap();
+    }
+    s.post(false).unwrap();
+    s.post(true).unwrap();
+    let c = next(s.queue());
+    assert!(c.is_success() && !c.is_recv(), "{c:?}");
+    assert_eq!(c.slot(), 3);
+    for _ in 0..2 {
+        let c = next(&mut b);
+        assert!(c.is_success() && c.is_recv(), "{c:?}");
+        assert_eq!(c.byte_len(), 5);
+        assert_eq!(&b.slot(c.slot()).unwrap()[..5], b"hello");
+    }
+    assert_eq!(a.in_flight(), (0, 1));
+    assert_eq!(b.in_flight(), (0, 0));
+    drop((a, b));
+    assert_eq!(rdma::teardown_failures(), failures);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
 fn the_legacy_path_reuses_its_prebuilt_requests_rxe() {
     // `ibv_post_send` over the queue's one prebuilt send request and one
     // receive request, rewritten per post: each post's fields (opcode,

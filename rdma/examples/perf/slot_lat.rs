@@ -4,7 +4,7 @@
 //! a completion is an index (CONVENTIONS, "Data path"). The statistics and
 //! the loops of the other paths are in `lat.rs`.
 
-use rdma::{SlotCompletion, SlotQueue, WcStatus};
+use rdma::{SlotCompletion, SlotQueue, SlotSender, SlotWriter, WcStatus};
 
 use crate::clock;
 use crate::clock::Stamps;
@@ -67,13 +67,15 @@ pub fn send(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> R
     for s in 0..posted {
         q.post_recv(s).context("Couldn't post receives")?;
     }
+    // Every SEND is the same: checked once.
+    let sender = q
+        .sender(last, size as u32)
+        .context("Couldn't prepare the send")?;
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
     let sends = Sends {
-        q,
+        sender,
         watch: &watch,
-        from: last,
-        len: size as u32,
         cq_mod: opts.cq_mod_for(size),
         // Receives still to post again: one per message beyond those
         // posted (perftest's `rcnt + rx_depth <= iters`).
@@ -88,12 +90,9 @@ pub fn send(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> R
 
 /// What `send_lat`'s loop works on.
 struct Sends<'a, 'w> {
-    q: &'a mut SlotQueue,
+    /// Every SEND, from the last slot; the queue behind it.
+    sender: SlotSender<'a>,
     watch: &'a Watch<'w>,
-    /// The slot every SEND goes from.
-    from: u32,
-    /// Bytes per message.
-    len: u32,
     /// One send in `cq_mod` is signaled, and the last.
     cq_mod: u32,
     reposts: u32,
@@ -105,17 +104,15 @@ impl Sends<'_, '_> {
     #[inline(always)]
     fn run<const SERVER: bool>(self, iters: u32, stamps: &mut Stamps) -> Res<()> {
         let Sends {
-            q,
+            mut sender,
             watch,
-            from,
-            len,
             cq_mod,
             mut reposts,
         } = self;
         // The slot of the message that came last, to post again.
         let mut arrived = None;
         if SERVER && iters > 0 {
-            arrived = wait(q, watch, false, true)?;
+            arrived = wait(sender.queue(), watch, false, true)?;
         }
         let mut stamp = stamps.slots(iters as usize);
         let mut to_signal = cq_mod;
@@ -130,8 +127,8 @@ impl Sends<'_, '_> {
             if to_signal == 0 {
                 to_signal = cq_mod;
             }
-            q.post_send(from, len, signaled)
-                .context("Couldn't post send")?;
+            sender.post(signaled).context("Couldn't post send")?;
+            let q = sender.queue();
             if let Some(slot) = arrived {
                 if reposts > 0 {
                     reposts -= 1;
@@ -182,11 +179,15 @@ pub fn write(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
     let q = conn.slots.as_mut().context("no slot queue")?;
     let target = q.write_target(conn.remote[0]);
     let len = size as u32;
+    // Every write is the same (slot 0, `len` bytes, the peer's buffer):
+    // checked once.
+    let writer = q
+        .writer(&target, 0, len)
+        .context("Couldn't prepare the write")?;
     conn.oob.barrier()?;
     let watch = conn.oob.watch();
     let w = Writes {
-        q,
-        target: &target,
+        writer,
         arrivals: &arrivals,
         watch: &watch,
         len,
@@ -200,8 +201,8 @@ pub fn write(conn: &mut Conn, opts: &Opts, size: usize, stamps: &mut Stamps) -> 
 
 /// What `write_lat`'s loop works on.
 struct Writes<'a, 'w> {
-    q: &'a mut SlotQueue,
-    target: &'a rdma::SlotTarget,
+    /// Every write, from slot 0; the queue behind it.
+    writer: SlotWriter<'a>,
     arrivals: &'a Arrivals<'a>,
     watch: &'a Watch<'w>,
     len: u32,
@@ -214,8 +215,7 @@ impl Writes<'_, '_> {
     #[inline(always)]
     fn run<const SERVER: bool>(self, iters: u32, stamps: &mut Stamps) -> Res<()> {
         let Writes {
-            q,
-            target,
+            mut writer,
             arrivals,
             watch,
             len,
@@ -226,7 +226,7 @@ impl Writes<'_, '_> {
             if SERVER {
                 arrivals.wait(n, watch)?;
             }
-            write_one(q, target, len, n, stamps, watch)?;
+            write_one(&mut writer, len, n, stamps, watch)?;
             if !SERVER {
                 arrivals.wait(n, watch)?;
             }
@@ -239,20 +239,19 @@ impl Writes<'_, '_> {
 /// wait for the completion.
 #[inline(always)]
 fn write_one(
-    q: &mut SlotQueue,
-    target: &rdma::SlotTarget,
+    w: &mut SlotWriter<'_>,
     len: u32,
     n: u32,
     stamps: &mut Stamps,
     watch: &Watch<'_>,
 ) -> Res<()> {
     let last = len as usize - 1;
-    if let Err(e) = q.post_write_with(target, 0, len, true, |b| b[last] = n as u8) {
+    if let Err(e) = w.post_with(true, |b| b[last] = n as u8) {
         return Err(anyhow!("Couldn't post send: {e}"));
     }
     stamps.push();
     loop {
-        match q.poll() {
+        match w.queue().poll() {
             Ok(Some(c)) if c.is_success() => return Ok(()),
             Ok(Some(c)) => return Err(slot_failed("RDMA write", c)),
             Ok(None) => watch.idle()?,

@@ -13,6 +13,7 @@
 //! reach is freed.
 
 mod ledger;
+mod prepared;
 mod requests;
 
 use std::borrow::Cow;
@@ -27,6 +28,7 @@ use crate::{
     RemoteMemory, WcStatus,
 };
 use ledger::{Finished, Ledger, Refusal};
+pub use prepared::{SlotSender, SlotWriter};
 use requests::Requests;
 
 /// How a [`SlotQueue`] is built: its slots, and the queue pair's sizes.
@@ -82,6 +84,11 @@ type PollFn = unsafe extern "C" fn(*mut ffi::ibv_cq, c_int, *mut ffi::ibv_wc) ->
 /// or a later send's, has been. A request is in flight until its completion
 /// is polled from this queue (with [`SlotQueue::poll`]), including the
 /// flushed completions of a QP in the error state.
+///
+/// A loop that posts the same request again and again (a latency loop)
+/// prepares it once: [`SlotQueue::writer`] and [`SlotQueue::sender`] check
+/// the slot, the length and a write's remote range when they are made, and
+/// each post through them checks only what changes from post to post.
 ///
 /// The QP is reached through [`SlotQueue::qp`] for its state changes
 /// (`to_init`, `to_rtr`, `to_rts`, `to_error`); it cannot be posted to but
@@ -519,10 +526,17 @@ impl SlotQueue {
             }
         };
         if rc != 0 {
-            self.ledger.unsend(slot, prev);
-            return check_errno_ret("ibv_post_send", || self.describe(slot), rc);
+            return self.post_refused(slot, prev, rc);
         }
         Ok(())
+    }
+
+    /// A send from `slot` that the provider refused with `rc`: the ledger
+    /// as before it (the post's `prev`), and the error.
+    #[cold]
+    fn post_refused(&mut self, slot: u32, prev: u64, rc: c_int) -> Result<()> {
+        self.ledger.unsend(slot, prev);
+        check_errno_ret("ibv_post_send", || self.describe(slot), rc)
     }
 
     /// The send as the prebuilt request (the legacy path, and inline
