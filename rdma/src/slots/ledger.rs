@@ -9,10 +9,12 @@
 //! in order (an unsignaled send is complete once a later send's completion
 //! is seen), so sends are numbered and one number, the last completed, says
 //! which are done: a slot is the caller's to write again once the last send
-//! from it is at or below that number. Receives complete one by one; each
-//! receive carries a generation (one count over the queue's receives), so
-//! that a completion left in the CQ from before a reset cannot finish a
-//! later receive of the same slot.
+//! from it is at or below that number. Receives complete one by one, each
+//! once, and a slot holds one receive at a time, so until a reset a
+//! receive's completion can only be that of the receive its slot holds; a
+//! reset leaves completions in the CQ, so each receive's id carries the
+//! queue's epoch (its resets so far), and one left from before a reset
+//! cannot finish a later receive of the same slot.
 //!
 //! A `wr_id` is `slot | number << 32 | RECV` (bit 62 for receives; bit 63,
 //! the tracked path's tag, always clear): a completion is an index and a
@@ -28,7 +30,7 @@
 
 /// Bit of a receive's `wr_id`.
 pub(crate) const RECV: u64 = 1 << 62;
-/// Bits of the send number (receive generation) a `wr_id` carries.
+/// Bits of the send number (receive epoch) a `wr_id` carries.
 const NUM_BITS: u32 = 30;
 const NUM_MASK: u64 = (1 << NUM_BITS) - 1;
 /// Sends that may be posted and not yet seen complete: half the numbers a
@@ -67,8 +69,10 @@ pub(crate) struct Ledger {
     sent: u64,
     /// The number of the last send seen complete (`<= sent`).
     done: u64,
-    /// The generation of the last receive posted (wraps).
-    recvs: u32,
+    /// The resets so far (wraps).
+    epoch: u32,
+    /// `RECV` and the low bits of `epoch`: a receive's id without its slot.
+    recv_tag: u64,
 }
 
 impl Ledger {
@@ -77,7 +81,8 @@ impl Ledger {
             slots: vec![0; slots as usize].into_boxed_slice(),
             sent: 0,
             done: 0,
-            recvs: 0,
+            epoch: 0,
+            recv_tag: RECV,
         }
     }
 
@@ -135,15 +140,13 @@ impl Ledger {
         if *s > done {
             return Err(busy(*s));
         }
-        // The generation is 32 bits and wraps; the id carries its low 30.
-        self.recvs = self.recvs.wrapping_add(1);
-        let id = RECV | ((u64::from(self.recvs) & NUM_MASK) << 32) | u64::from(slot);
+        let id = self.recv_tag | u64::from(slot);
         *s = id;
         Ok(id)
     }
 
-    /// Undoes the last [`Ledger::recv`] of `slot` (its generation stays
-    /// spent: no id of it was handed out). The slot was free, and one free
+    /// Undoes the last [`Ledger::recv`] of `slot` (the provider refused it:
+    /// no completion of it comes). The slot was free, and one free
     /// word is as good as another (`done` never falls): 0.
     #[cold]
     pub(crate) fn unrecv(&mut self, slot: u32) {
@@ -213,9 +216,12 @@ impl Ledger {
 
     /// The QP was reset: the device holds no request any more, every slot
     /// is the caller's, and completions still in the CQ from before finish
-    /// nothing (their numbers and generations are past).
+    /// nothing (their send numbers are done, their receive epoch is past).
     pub(crate) fn reset(&mut self) {
         self.done = self.sent;
+        // The epoch is 32 bits and wraps; an id carries its low 30.
+        self.epoch = self.epoch.wrapping_add(1);
+        self.recv_tag = RECV | ((u64::from(self.epoch) & NUM_MASK) << 32);
         for s in self.slots.iter_mut() {
             if *s >= RECV {
                 *s = 0;
@@ -312,13 +318,14 @@ mod tests {
         assert_eq!(l.readable(1), Ok(()));
         // Twice is once.
         assert_eq!(l.complete(r), None);
-        // The next receive of the slot has another generation: the first
-        // one's id finishes nothing.
+        // Until a reset the slot's next receive has the same id: the device
+        // completes each receive once, so a completion with it is the new
+        // receive's.
         let r2 = l.recv(1).unwrap();
-        assert_ne!(r, r2);
-        assert_eq!(l.complete(r), None);
+        assert_eq!(r, r2);
         assert_eq!(l.readable(1), Err(Refusal::Receiving));
         assert!(l.complete(r2).is_some());
+        assert_eq!(l.in_flight(), (0, 0));
     }
 
     #[test]
@@ -326,11 +333,10 @@ mod tests {
         let mut l = Ledger::new(2);
         let r0 = l.recv(0).unwrap();
         let r1 = l.recv(1).unwrap();
-        // One count over the queue: the two generations differ.
-        assert_ne!(r0 >> 32, r1 >> 32);
-        // Slot 0's generation with slot 1, and slot 1's id with the tracked
-        // path's tag, finish nothing.
-        assert_eq!(l.complete((r0 & !0xffff_ffff) | 1), None);
+        // The same epoch: the ids differ by their slots.
+        assert_eq!(r0 >> 32, r1 >> 32);
+        assert_eq!((r0 as u32, r1 as u32), (0, 1));
+        // Slot 1's id with the tracked path's tag finishes nothing.
         assert_eq!(l.complete(r1 | (1 << 63)), None);
         assert_eq!(l.readable(1), Err(Refusal::Receiving));
         assert_eq!(l.in_flight(), (0, 2));
@@ -342,7 +348,14 @@ mod tests {
             })
         );
         assert_eq!(l.readable(0), Err(Refusal::Receiving));
-        assert!(l.complete(r0).is_some());
+        // After a reset, slot 0's next receive has another epoch: the old
+        // id (a completion left in the CQ) finishes nothing.
+        l.reset();
+        let r0b = l.recv(0).unwrap();
+        assert_ne!(r0, r0b);
+        assert_eq!(l.complete(r0), None);
+        assert_eq!(l.readable(0), Err(Refusal::Receiving));
+        assert!(l.complete(r0b).is_some());
         assert_eq!(l.in_flight(), (0, 0));
     }
 
@@ -433,12 +446,16 @@ mod tests {
         assert_eq!(l.complete(ids[1]), None);
         assert!(l.complete(ids[5]).is_some());
         assert_eq!(l.writable(0), Ok(()));
-        // Receive generations wrap too.
-        l.recvs = u32::MAX;
+        // Receive epochs wrap too: the id carries the low 30 bits.
+        l.epoch = u32::MAX - 1;
+        l.reset();
         let r = l.recv(0).unwrap();
-        assert!(l.complete(r).is_some());
-        let r = l.recv(0).unwrap();
-        assert!(l.complete(r).is_some());
+        assert_eq!((r >> 32) & NUM_MASK, NUM_MASK);
+        l.reset();
+        let r2 = l.recv(0).unwrap();
+        assert_eq!(r2, RECV);
+        assert_eq!(l.complete(r), None);
+        assert!(l.complete(r2).is_some());
     }
 
     #[test]

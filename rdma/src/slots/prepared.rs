@@ -37,6 +37,8 @@ pub struct SlotSender<'q> {
     q: &'q mut SlotQueue,
     /// As [`SlotWriter`]'s.
     direct: Option<DirectOne<SendFn>>,
+    addr: u64,
+    lkey: u32,
     slot: u32,
     len: u32,
 }
@@ -79,6 +81,8 @@ impl SlotQueue {
         let direct = self.send.filter(|_| len > self.send_above);
         Ok(SlotSender {
             direct,
+            addr: self.at(slot) as u64,
+            lkey: self.lkey,
             slot,
             len,
             q: self,
@@ -184,13 +188,11 @@ impl SlotSender<'_> {
             .send::<false>(slot)
             .map_err(|r| refused("ibv_post_send", slot, r))?;
         let flags = if signaled { ffi::IBV_SEND_SIGNALED } else { 0 };
+        let (lkey, addr) = (&self.lkey, &self.addr);
         let rc = match &self.direct {
             // SAFETY: as in `SlotWriter::post_inner`.
-            Some(d) => unsafe { d.post(flags, wr_id, || q.sge(slot, len)) },
-            None => {
-                let at = q.at(slot) as u64;
-                q.post_prebuilt(None, flags, at, len, wr_id, slot, prev)
-            }
+            Some(d) => unsafe { d.post(flags, wr_id, || (*lkey, *addr, len)) },
+            None => q.post_prebuilt(None, flags, *addr, len, wr_id, slot, prev),
         };
         if rc != 0 {
             return q.post_refused(slot, prev, rc);
