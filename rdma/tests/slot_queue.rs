@@ -380,6 +380,48 @@ fn prepared_writes_and_sends_inline_rxe() {
     prepared_posts(two_with(config), 16);
 }
 
+/// A queue swapped in under a prepared handle (through its `queue()`,
+/// which lends the queue mutably) is refused by the handle's posts: the
+/// handle's calls, slot address and key are those of the queue it was made
+/// for, which may be gone by then. Swapped back, the handle posts again.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_prepared_post_refuses_a_queue_swapped_in_under_it_rxe() {
+    let Two {
+        pd, mut a, mut b, ..
+    } = two(4, 64);
+    let mut other = SlotQueue::new(&pd, &SlotConfig::new(4, 64)).expect("a third queue");
+    let region = pd
+        .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let t = a.write_target(region.remote());
+    b.post_recv(0).unwrap();
+    {
+        let mut s = a.sender(1, 4).unwrap();
+        std::mem::swap(s.queue(), &mut other);
+        is_invalid(s.post(true), "the queue was replaced");
+        std::mem::swap(s.queue(), &mut other);
+        s.post(true).unwrap();
+        let c = next(s.queue());
+        assert!(c.is_success() && !c.is_recv(), "{c:?}");
+    }
+    let c = next(&mut b);
+    assert!(c.is_success() && c.is_recv(), "{c:?}");
+    let mut w = a.writer(&t, 2, 8).unwrap();
+    std::mem::swap(w.queue(), &mut other);
+    is_invalid(w.post(true), "the queue was replaced");
+    let mut called = false;
+    is_invalid(
+        w.post_with(true, |_| called = true),
+        "the queue was replaced",
+    );
+    assert!(!called, "fill ran for a refused write");
+    std::mem::swap(w.queue(), &mut other);
+    w.post_with(true, |s| s[..8].fill(7)).unwrap();
+    assert!(next(w.queue()).is_success());
+    assert_eq!(&region.to_vec()[..8], &[7; 8]);
+}
+
 /// `SlotQueue::writer` and `sender`: what they check when made (the slot's
 /// range, the length, the remote range), and what each post through them
 /// still checks (the slot free for a write that fills it, no receive in a

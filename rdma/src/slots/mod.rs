@@ -165,7 +165,15 @@ pub struct SlotQueue {
     /// The prebuilt requests and the provider's legacy posts.
     requests: Requests,
     ledger: Ledger,
+    /// This queue among all made in the process: a prepared post
+    /// (`prepared.rs`) checks that its handle still reaches the queue it
+    /// was made for, since [`SlotWriter::queue`] lends the queue mutably and
+    /// another queue can be swapped in there.
+    id: u64,
 }
+
+/// The next [`SlotQueue`]'s `id`.
+static NEXT_QUEUE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 // SAFETY: the queue owns the QP, the CQ and the region (each `Send`); the
 // raw pointers are into those objects (the slots' memory, the provider's
@@ -327,6 +335,7 @@ impl SlotQueue {
             poll_cq: poll.unwrap_or(ffi::ibv_poll_cq),
             requests,
             ledger: Ledger::new(config.slots),
+            id: NEXT_QUEUE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             base,
             qp: Some(qp),
             cq,

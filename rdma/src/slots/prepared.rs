@@ -11,7 +11,10 @@
 //! made, the target is the handle's own copy, and the handle's unique
 //! borrow keeps every other post off the queue (its polls, receives and
 //! state changes go through [`SlotWriter::queue`], which changes none of
-//! these).
+//! these). That borrow lends the queue mutably, so another queue can be
+//! swapped in (`std::mem::swap`): each post compares the queue's id with
+//! the one it was made for, and refuses the post when they differ (the
+//! handle's cached calls, address and key are the first queue's).
 
 use super::{refused, SlotQueue, SlotTarget};
 use crate::error::Result;
@@ -29,6 +32,7 @@ pub struct SlotWriter<'q> {
     raddr: u64,
     slot: u32,
     len: u32,
+    queue_id: u64,
 }
 
 /// A SEND of the first `len` bytes of one slot, checked once
@@ -41,6 +45,7 @@ pub struct SlotSender<'q> {
     lkey: u32,
     slot: u32,
     len: u32,
+    queue_id: u64,
 }
 
 impl SlotQueue {
@@ -65,6 +70,7 @@ impl SlotQueue {
             raddr: r.addr,
             slot,
             len,
+            queue_id: self.id,
             q: self,
         })
     }
@@ -85,6 +91,7 @@ impl SlotQueue {
             lkey: self.lkey,
             slot,
             len,
+            queue_id: self.id,
             q: self,
         })
     }
@@ -105,9 +112,9 @@ impl SlotWriter<'_> {
     /// Posts the write; `signaled` asks for its completion.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a slot with a receive posted or too
-    /// many sends not seen complete; `ibv_post_send`'s error (the slot is
-    /// then as before).
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a slot with a receive posted, too
+    /// many sends not seen complete, or another queue swapped in through
+    /// `queue()`; `ibv_post_send`'s error (the slot is then as before).
     #[inline(always)]
     pub fn post(&mut self, signaled: bool) -> Result<()> {
         self.post_inner::<false>(signaled, |_| {})
@@ -132,6 +139,9 @@ impl SlotWriter<'_> {
     ) -> Result<()> {
         let (slot, len) = (self.slot, self.len);
         let q = &mut *self.q;
+        if q.id != self.queue_id {
+            return Err(replaced("SlotWriter::post"));
+        }
         let (wr_id, prev) = q
             .ledger
             .send::<FILL>(slot)
@@ -176,13 +186,16 @@ impl SlotSender<'_> {
     /// Posts the SEND; `signaled` asks for its completion.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a slot with a receive posted or too
-    /// many sends not seen complete; `ibv_post_send`'s error (the slot is
-    /// then as before).
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a slot with a receive posted, too
+    /// many sends not seen complete, or another queue swapped in through
+    /// `queue()`; `ibv_post_send`'s error (the slot is then as before).
     #[inline(always)]
     pub fn post(&mut self, signaled: bool) -> Result<()> {
         let (slot, len) = (self.slot, self.len);
         let q = &mut *self.q;
+        if q.id != self.queue_id {
+            return Err(replaced("SlotSender::post"));
+        }
         let (wr_id, prev) = q
             .ledger
             .send::<false>(slot)
@@ -204,6 +217,18 @@ impl SlotSender<'_> {
     #[inline(always)]
     pub fn queue(&mut self) -> &mut SlotQueue {
         self.q
+    }
+}
+
+/// A prepared post whose queue was swapped for another through its
+/// `queue()`.
+#[cold]
+fn replaced(verb: &'static str) -> crate::Error {
+    crate::Error::InvalidArgument {
+        verb,
+        reason: "the queue was replaced (swapped through `queue()`) after the handle was made \
+                 for it: make a new one"
+            .into(),
     }
 }
 
