@@ -246,9 +246,22 @@ impl Tcpdump {
     }
 }
 
+/// rping's default port (`-p`), on which its server's rdma_cm id listens.
+const RPING_PORT: u16 = 7174;
+
+/// Where a test's server listens before its client may start.
+#[derive(Clone, Copy)]
+enum Listens {
+    /// A TCP port (the tools that exchange their QP numbers over a socket).
+    Tcp(u16),
+    /// An rdma_cm port: one of the server's own ids, not any id that
+    /// listens (the kernel's NFS server, say, may have one up in the guest).
+    Cm(u16),
+}
+
 /// Runs `server` in the background and `client` in the foreground, both under a timeout, the
-/// client once the server listens on TCP `port` (port 0: once an rdma_cm id listens).
-fn pair(server: &str, client: &str, port: u16) -> (String, String) {
+/// client once the server listens where `at` says.
+fn pair(server: &str, client: &str, at: Listens) -> (String, String) {
     let srv = Command::new("bash")
         .arg("-c")
         .arg(format!("timeout 90 {server}"))
@@ -256,16 +269,23 @@ fn pair(server: &str, client: &str, port: u16) -> (String, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("server starts");
-    if port != 0 {
-        wait_for(30, "the server to listen", || {
+    match at {
+        Listens::Tcp(port) => wait_for(30, "the server to listen", || {
             sh(&format!("ss -Hltn 'sport = :{port}'"))
                 .1
                 .contains("LISTEN")
-        });
-    } else {
-        wait_for(30, "the server's rdma_cm id to listen", || {
-            sh("rdma resource show cm_id").1.contains("LISTEN")
-        });
+        }),
+        Listens::Cm(port) => wait_for(30, "the server's rdma_cm id to listen", || {
+            let (_, ids) = sh("rdma resource show cm_id");
+            let at = format!(":{port}");
+            ids.lines().any(|l| {
+                l.contains("state LISTEN")
+                    && l.split_whitespace()
+                        .skip_while(|w| *w != "src-addr")
+                        .nth(1)
+                        .is_some_and(|a| a.ends_with(&at))
+            })
+        }),
     }
     let (ok, cout) = sh(&format!("timeout 90 {client}"));
     let out = srv.wait_with_output().unwrap();
@@ -291,7 +311,7 @@ fn capture_rc_pingpong_sends() {
     pair(
         &format!("ibv_rc_pingpong -d rxe1 -g {} {args}", path.gid1),
         &format!("ibv_rc_pingpong -d rxe0 -g {} {args} 127.0.0.1", path.gid0),
-        18515,
+        Listens::Tcp(18515),
     );
     let file = cap.stop();
     let (pkts, payloads) = compare_with_tshark(&file);
@@ -314,7 +334,7 @@ fn capture_ud_pingpong_datagrams() {
     pair(
         &format!("ibv_ud_pingpong -d rxe1 -g {} {args}", path.gid1),
         &format!("ibv_ud_pingpong -d rxe0 -g {} {args} 127.0.0.1", path.gid0),
-        18515,
+        Listens::Tcp(18515),
     );
     let file = cap.stop();
     let (pkts, payloads) = compare_with_tshark(&file);
@@ -336,7 +356,7 @@ fn perftest_messages(path: &WirePath, tool: &str, name: &str, args: &str) -> Vec
     pair(
         &format!("{tool} -d rxe1 -x {} {args}", path.gid1),
         &format!("{tool} -d rxe0 -x {} {args} 127.0.0.1", path.gid0),
-        18515,
+        Listens::Tcp(18515),
     );
     let file = cap.stop();
     let (pkts, payloads) = compare_with_tshark(&file);
@@ -428,7 +448,7 @@ fn capture_rping_cm_read_write() {
     let (sout, _) = pair(
         &format!("rping -s -a 0.0.0.0 -C {count} -S {size} -v"),
         &format!("rping -c -a {IP1} -I {IP0} -C {count} -S {size} -v"),
-        0,
+        Listens::Cm(RPING_PORT),
     );
     let file = cap.stop();
     let (pkts, payloads) = compare_with_tshark(&file);
@@ -665,7 +685,12 @@ fn iwarp_perftest(tool: &str, kind: &str) {
     let cap = LoCapture::start(tool, 18515);
     let (size, iters) = (5000u64, 8u64);
     let args = format!("-d {dev} -R -s {size} -n {iters} -F");
-    pair(&format!("{tool} {args}"), &format!("{tool} {args} {ip}"), 0);
+    // `-R`: perftest's rdma_cm listens on its default port.
+    pair(
+        &format!("{tool} {args}"),
+        &format!("{tool} {args} {ip}"),
+        Listens::Cm(18515),
+    );
     let file = cap.stop();
     let msgs = iwarp_messages(&file);
     let ms: Vec<&Value> = of_kind(&msgs, kind)
@@ -711,7 +736,7 @@ fn capture_iwarp_rping_read_write() {
     let (sout, _) = pair(
         &format!("rping -s -a {ip} -C {count} -S {size} -v"),
         &format!("rping -c -a {ip} -C {count} -S {size} -v"),
-        0,
+        Listens::Cm(RPING_PORT),
     );
     let file = cap.stop();
     let msgs = iwarp_messages(&file);
