@@ -34,12 +34,14 @@ pub struct Options {
     /// come that soon cost no system call. The async stream spins as long
     /// before its task sleeps on the reactor, holding the executor's thread.
     pub busy_poll: Duration,
-    /// How long a dropped stream keeps taking its peer's messages, in the
-    /// background, waiting for the peer to close too (5 s by default; zero
-    /// disconnects at once, as rdma-core's `rclose`). A reader sends
-    /// credits for what it reads: over iWARP, credits that reach a queue
-    /// pair already gone reset the connection and can cost the reader the
-    /// end of the stream. TCP's closed sockets linger in the kernel so.
+    /// How long a dropped stream may take, in the background, to deliver
+    /// what was written, send its DISCONNECT and take its peer's messages
+    /// until the peer closes too (5 s by default). Zero closes in the
+    /// dropping thread as rdma-core's `rclose` does: DISCONNECT, a bounded
+    /// wait for the sends, the disconnection. A reader sends credits for
+    /// what it reads: over iWARP, credits that reach a queue pair already
+    /// gone reset the connection and can cost the reader the end of the
+    /// stream. TCP's closed sockets linger in the kernel so.
     pub linger: Duration,
 }
 
