@@ -96,6 +96,26 @@ impl SlotQueue {
         })
     }
 
+    /// What every post of a prepared handle checks first: that the queue
+    /// is still the one the handle was made for (`queue_id`, see the
+    /// module's documentation), then the ledger's record of the send
+    /// (`FILL`: the caller writes the slot). The send's id and the slot's
+    /// word before it.
+    #[inline(always)]
+    fn prepared_send<const FILL: bool>(
+        &mut self,
+        verb: &'static str,
+        queue_id: u64,
+        slot: u32,
+    ) -> Result<(u64, u64)> {
+        if self.id != queue_id {
+            return Err(replaced(verb));
+        }
+        self.ledger
+            .send::<FILL>(slot)
+            .map_err(|r| refused("ibv_post_send", slot, r))
+    }
+
     /// What a prepared post checks once: `slot` in range, `len` within it.
     fn prepared_checks(&self, verb: &'static str, slot: u32, len: u32) -> Result<()> {
         if slot >= self.ledger.len() {
@@ -139,13 +159,7 @@ impl SlotWriter<'_> {
     ) -> Result<()> {
         let (slot, len) = (self.slot, self.len);
         let q = &mut *self.q;
-        if q.id != self.queue_id {
-            return Err(replaced("SlotWriter::post"));
-        }
-        let (wr_id, prev) = q
-            .ledger
-            .send::<FILL>(slot)
-            .map_err(|r| refused("ibv_post_send", slot, r))?;
+        let (wr_id, prev) = q.prepared_send::<FILL>("SlotWriter::post", self.queue_id, slot)?;
         let at = q.at(slot);
         if FILL {
             // SAFETY: as in `SlotQueue::post`: in range (checked when the
@@ -193,13 +207,7 @@ impl SlotSender<'_> {
     pub fn post(&mut self, signaled: bool) -> Result<()> {
         let (slot, len) = (self.slot, self.len);
         let q = &mut *self.q;
-        if q.id != self.queue_id {
-            return Err(replaced("SlotSender::post"));
-        }
-        let (wr_id, prev) = q
-            .ledger
-            .send::<false>(slot)
-            .map_err(|r| refused("ibv_post_send", slot, r))?;
+        let (wr_id, prev) = q.prepared_send::<false>("SlotSender::post", self.queue_id, slot)?;
         let flags = if signaled { ffi::IBV_SEND_SIGNALED } else { 0 };
         let (lkey, addr) = (&self.lkey, &self.addr);
         let rc = match &self.direct {
