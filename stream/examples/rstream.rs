@@ -103,28 +103,62 @@ enum Listener {
 
 /// `-T a`: the async stream, each call run to completion on a
 /// current-thread tokio runtime (the loop stays the same as the others').
+/// A call is polled once before it goes to the runtime, as an `.await` in
+/// a task is: one that is done at once (the stream's busy poll found what
+/// it waited for) costs no `block_on`, whose entry alone reads the clock
+/// (a system call in a TCG guest) and whose waker wakes the runtime
+/// through its eventfd.
 #[cfg(feature = "tokio")]
 struct AsyncConn {
     /// The runtime whose reactor the stream is registered with.
     rt: std::rc::Rc<tokio::runtime::Runtime>,
     s: rdma_stream::aio::RdmaStream,
+    /// For the first poll: a call that is not done then is polled again
+    /// in `block_on`, which registers its own waker.
+    first: std::task::Waker,
+}
+
+#[cfg(feature = "tokio")]
+impl AsyncConn {
+    fn new(rt: std::rc::Rc<tokio::runtime::Runtime>, s: rdma_stream::aio::RdmaStream) -> Self {
+        struct Nobody;
+        impl std::task::Wake for Nobody {
+            fn wake(self: std::sync::Arc<Self>) {}
+        }
+        AsyncConn {
+            rt,
+            s,
+            first: std::sync::Arc::new(Nobody).into(),
+        }
+    }
+
+    /// `op` polled once, then, if not done, run to completion on the runtime.
+    fn call<T>(
+        &self,
+        mut op: impl FnMut(
+            &rdma_stream::aio::RdmaStream,
+            &mut std::task::Context<'_>,
+        ) -> std::task::Poll<T>,
+    ) -> T {
+        let s = &self.s;
+        if let std::task::Poll::Ready(v) = op(s, &mut std::task::Context::from_waker(&self.first)) {
+            return v;
+        }
+        self.rt.block_on(std::future::poll_fn(|cx| op(s, cx)))
+    }
 }
 
 #[cfg(feature = "tokio")]
 impl Read for AsyncConn {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let s = &self.s;
-        self.rt
-            .block_on(std::future::poll_fn(|cx| s.poll_read_bytes(cx, buf)))
+        self.call(|s, cx| s.poll_read_bytes(cx, buf))
     }
 }
 
 #[cfg(feature = "tokio")]
 impl Write for AsyncConn {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let s = &self.s;
-        self.rt
-            .block_on(std::future::poll_fn(|cx| s.poll_write_bytes(cx, buf)))
+        self.call(|s, cx| s.poll_write_bytes(cx, buf))
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -268,10 +302,7 @@ fn connect(a: &Args, l: Option<&mut Listener>, latency: bool) -> anyhow::Result<
         #[cfg(feature = "tokio")]
         (Some(Listener::Async(rt, l)), _) => {
             let (s, _) = rt.block_on(l.accept()).context("raccept")?;
-            Ok(Box::new(AsyncConn {
-                rt: std::rc::Rc::clone(rt),
-                s,
-            }))
+            Ok(Box::new(AsyncConn::new(std::rc::Rc::clone(rt), s)))
         }
         (Some(Listener::Rdma(l)), _) => {
             let (s, _) = l.accept().context("raccept")?;
@@ -296,7 +327,7 @@ fn connect(a: &Args, l: Option<&mut Listener>, latency: bool) -> anyhow::Result<
                             &perf::options(&a.perf, latency),
                         ))
                         .context("rconnect")?;
-                    Ok(Box::new(AsyncConn { rt, s }))
+                    Ok(Box::new(AsyncConn::new(rt, s)))
                 }
                 #[cfg(not(feature = "tokio"))]
                 bail!("-T a needs this example built with the `tokio` feature")
