@@ -211,6 +211,13 @@
 //! place; any memory comes back in a list beside them), as `ibv_poll_cq`
 //! into an array of `struct ibv_wc` does.
 //!
+//! For latency-bound code the path is a [`SlotQueue`]: memory registered
+//! once and lent to the slots of one queue pair for the queue's life, with
+//! a CQ of its own, so that a post is a check of the slot and the
+//! provider's calls and a completion is an index; [`SlotQueue::writer`] and
+//! [`SlotQueue::sender`] check a repeated request once. The `perf` example's
+//! latency tests run on it (BENCHMARKS.md compares them with perftest).
+//!
 //! # Threads
 //! Handles are `Send + Sync` (libibverbs verbs are thread-safe); posting
 //! needs `&mut QueuePair`; an extended-CQ [`PollCursor`] is `!Send` and
