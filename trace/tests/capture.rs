@@ -262,9 +262,15 @@ enum Listens {
 /// Runs `server` in the background and `client` in the foreground, both under a timeout, the
 /// client once the server listens where `at` says.
 fn pair(server: &str, client: &str, at: Listens) -> (String, String) {
+    try_pair(server, client, at).unwrap_or_else(|why| panic!("{why}"))
+}
+
+/// [`pair`], with a failure as its report. A client that fails stops its server (SIGTERM,
+/// which `timeout` passes on) instead of leaving it to wait out its time.
+fn try_pair(server: &str, client: &str, at: Listens) -> Result<(String, String), String> {
     let srv = Command::new("bash")
         .arg("-c")
-        .arg(format!("timeout 90 {server}"))
+        .arg(format!("exec timeout 90 {server}"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -288,18 +294,26 @@ fn pair(server: &str, client: &str, at: Listens) -> (String, String) {
         }),
     }
     let (ok, cout) = sh(&format!("timeout 90 {client}"));
+    if !ok {
+        sh(&format!("kill -TERM {}", srv.id()));
+    }
     let out = srv.wait_with_output().unwrap();
     let sout = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(ok, "client `{client}` failed:\n{cout}\nserver:\n{sout}");
-    assert!(
-        out.status.success(),
-        "server `{server}` failed:\n{sout}\nclient:\n{cout}"
-    );
-    (sout, cout)
+    if !ok {
+        return Err(format!(
+            "client `{client}` failed:\n{cout}\nserver:\n{sout}"
+        ));
+    }
+    if !out.status.success() {
+        return Err(format!(
+            "server `{server}` failed:\n{sout}\nclient:\n{cout}"
+        ));
+    }
+    Ok((sout, cout))
 }
 
 #[test]
@@ -618,6 +632,13 @@ impl LoCapture {
         LoCapture { child, file, err }
     }
 
+    /// Stops the capture and throws it away (a run that failed before what the test checks).
+    fn discard(mut self) {
+        sh(&format!("kill -INT {}", self.child.id()));
+        let _ = self.child.wait();
+        let _ = fs::remove_file(&self.file);
+    }
+
     /// Stops the capture once the file holds every packet tcpdump's filter saw: on `lo` the
     /// filter sees each packet twice (leaving and arriving) and libpcap keeps one copy, so
     /// the capture is whole when it holds half of what the filter counted. tcpdump prints
@@ -680,18 +701,40 @@ fn iwarp_messages(file: &Path) -> Vec<Value> {
 // device tests after it in the same guest would meet. The host tests of the fixtures
 // (`tests/fixtures.rs`) check them against tshark and the written file.
 
+/// How many times an iWARP perftest pair runs when its setup fails (below).
+const IWARP_SETUP_TRIES: usize = 3;
+
 fn iwarp_perftest(tool: &str, kind: &str) {
     let (dev, ip) = iwarp_device();
-    let cap = LoCapture::start(tool, 18515);
     let (size, iters) = (5000u64, 8u64);
     let args = format!("-d {dev} -R -s {size} -n {iters} -F");
-    // `-R`: perftest's rdma_cm listens on its default port.
-    pair(
-        &format!("{tool} {args}"),
-        &format!("{tool} {args} {ip}"),
-        Listens::Cm(18515),
-    );
-    let file = cap.stop();
+    let mut attempt = 1;
+    let file = loop {
+        let cap = LoCapture::start(tool, 18515);
+        // `-R`: perftest's rdma_cm listens on its default port.
+        match try_pair(
+            &format!("{tool} {args}"),
+            &format!("{tool} {args} {ip}"),
+            Listens::Cm(18515),
+        ) {
+            Ok(_) => break cap.stop(),
+            // Over siw a connection between two C tools fails now and then before anything
+            // is measured: the client's first exchange over the new QP ends in a flush (a CI
+            // run: "Bad wc status 5 ... Failed to exchange data between server and clients",
+            // its server never heard from it), as the siw connection race of
+            // stream/tests/rcopy.rs does. Not what this test is about: the pair runs again,
+            // under a capture of its own, and says so.
+            Err(why)
+                if attempt < IWARP_SETUP_TRIES
+                    && why.contains("Failed to exchange data between server and clients") =>
+            {
+                eprintln!("perftest's setup over siw failed (attempt {attempt}), again: {why}");
+                cap.discard();
+                attempt += 1;
+            }
+            Err(why) => panic!("{why}"),
+        }
+    };
     let msgs = iwarp_messages(&file);
     let ms: Vec<&Value> = of_kind(&msgs, kind)
         .into_iter()
