@@ -338,7 +338,7 @@ fn iwarp_crcs_and_markers_agree_with_tshark() {
 
 /// NFSv3 over iWARP (siw, both ends on 10.8.0.2), the kernel's client and server, writing the
 /// same file and reading it back (made in ci/vm by `capture_iwarp_nfs3_write_and_read_a_file`,
-/// a device test since taken out: see `tests/capture.rs`): every FPDU
+/// a device test since taken out: see `tests/capture/iwarp.rs`): every FPDU
 /// equal to tshark's decoding, every message complete, every call paired with its reply, the
 /// WRITE calls' read chunks (moved by RDMA Read Requests and Responses) and the READ replies'
 /// write chunks (RDMA Writes) each tiling the file, RPC-over-RDMA headers equal to tshark's.
