@@ -31,22 +31,9 @@ struct LoCapture {
 
 impl LoCapture {
     fn start(name: &str, port: u16) -> LoCapture {
-        let dir = std::env::temp_dir().join(format!("rdma-trace-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        let file = dir.join(format!("iwarp_{name}.pcap"));
-        let err = dir.join(format!("iwarp_{name}.tcpdump.err"));
-        let _ = fs::remove_file(&file);
-        let child = Command::new("tcpdump")
-            .args(["-Z", "root", "-U", "-i", "lo", "-w"])
-            .arg(&file)
-            .args(["tcp", "port", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&err).unwrap())
-            .spawn()
-            .expect("tcpdump starts");
-        wait_for(20, "tcpdump to listen", || {
-            fs::read_to_string(&err).is_ok_and(|s| s.contains("listening on"))
-        });
+        let port = port.to_string();
+        let (child, file, err) =
+            start_tcpdump(&format!("iwarp_{name}"), "lo", &["tcp", "port", &port]);
         LoCapture { child, file, err }
     }
 
@@ -90,14 +77,7 @@ impl LoCapture {
         assert_eq!(dropped, 0, "tcpdump: {err}");
         assert_eq!(2 * captured, seen, "tcpdump missed packets: {err}");
         assert_eq!(count_frames(&self.file), captured, "{err}");
-        if let Ok(dir) = std::env::var("RDMA_TEST_TRACE_KEEP") {
-            fs::copy(
-                &self.file,
-                Path::new(&dir).join(self.file.file_name().unwrap()),
-            )
-            .unwrap();
-        }
-        self.file.clone()
+        kept(&self.file)
     }
 }
 
@@ -201,22 +181,5 @@ fn capture_iwarp_rping_read_write() {
     );
     let file = cap.stop();
     let msgs = iwarp_messages(&file);
-    let printed: Vec<String> = sout
-        .lines()
-        .filter_map(|l| l.strip_prefix("server ping data: "))
-        .map(|s| {
-            let mut b = s.as_bytes().to_vec();
-            b.resize(size, 0);
-            sha(&b)
-        })
-        .collect();
-    assert_eq!(printed.len(), count, "server output:\n{sout}");
-    for kind in ["READ", "WRITE"] {
-        let ms = of_kind(&msgs, kind);
-        let digests: Vec<String> = ms
-            .iter()
-            .map(|m| m["sha256"].as_str().unwrap().to_string())
-            .collect();
-        assert_eq!(digests, printed, "{kind} messages: {ms:?}");
-    }
+    check_rping_data(&sout, &msgs, count, size);
 }

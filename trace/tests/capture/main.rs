@@ -189,24 +189,32 @@ fn count_frames(file: &Path) -> u64 {
     n
 }
 
+/// Starts tcpdump on `iface` with `filter`, writing `NAME.pcap` (its messages to
+/// `NAME.tcpdump.err`) in this process's scratch directory, and waits until it listens: the
+/// child, the capture file and the message file.
+fn start_tcpdump(name: &str, iface: &str, filter: &[&str]) -> (Child, PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("rdma-trace-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("{name}.pcap"));
+    let err = dir.join(format!("{name}.tcpdump.err"));
+    let _ = fs::remove_file(&file);
+    let child = Command::new("tcpdump")
+        .args(["-Z", "root", "-U", "-i", iface, "-w"])
+        .arg(&file)
+        .args(filter)
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&err).unwrap())
+        .spawn()
+        .expect("tcpdump starts");
+    wait_for(20, "tcpdump to listen", || {
+        fs::read_to_string(&err).is_ok_and(|s| s.contains("listening on"))
+    });
+    (child, file, err)
+}
+
 impl Tcpdump {
     fn start(name: &str) -> Tcpdump {
-        let dir = std::env::temp_dir().join(format!("rdma-trace-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        let file = dir.join(format!("{name}.pcap"));
-        let err = dir.join(format!("{name}.tcpdump.err"));
-        let _ = fs::remove_file(&file);
-        let child = Command::new("tcpdump")
-            .args(["-Z", "root", "-U", "-i", "veth0", "-w"])
-            .arg(&file)
-            .args(["udp", "port", "4791"])
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&err).unwrap())
-            .spawn()
-            .expect("tcpdump starts");
-        wait_for(20, "tcpdump to listen", || {
-            fs::read_to_string(&err).is_ok_and(|s| s.contains("listening on"))
-        });
+        let (child, file, err) = start_tcpdump(name, "veth0", &["udp", "port", "4791"]);
         Tcpdump {
             child,
             file,
@@ -236,16 +244,17 @@ impl Tcpdump {
             "tcpdump captured {have} of the {want} packets rxe0 and rxe1 sent: {}",
             fs::read_to_string(&self.err).unwrap_or_default()
         );
-        // RDMA_TEST_TRACE_KEEP=DIR keeps the captures (how tests/data's fixtures were made).
-        if let Ok(dir) = std::env::var("RDMA_TEST_TRACE_KEEP") {
-            fs::copy(
-                &self.file,
-                Path::new(&dir).join(self.file.file_name().unwrap()),
-            )
-            .unwrap();
-        }
-        self.file.clone()
+        kept(&self.file)
     }
+}
+
+/// The capture `file`, also copied to `$RDMA_TEST_TRACE_KEEP` when that names a directory (how
+/// tests/data's fixtures were made).
+fn kept(file: &Path) -> PathBuf {
+    if let Ok(dir) = std::env::var("RDMA_TEST_TRACE_KEEP") {
+        fs::copy(file, Path::new(&dir).join(file.file_name().unwrap())).unwrap();
+    }
+    file.to_path_buf()
 }
 
 /// rping's default port (`-p`), on which its server's rdma_cm id listens.
@@ -318,49 +327,65 @@ fn try_pair(server: &str, client: &str, at: Listens) -> Result<(String, String),
     Ok((sout, cout))
 }
 
-#[test]
-#[ignore = "needs an RDMA device (rxe0 on veth0 in ci/vm), root, tcpdump and tshark"]
-fn capture_rc_pingpong_sends() {
+/// Runs rdma-core's `ibv_{kind}_pingpong` with `args` from rxe0 to rxe1 under a capture: its
+/// SEND messages (each side sends `-n` of `-s` bytes, its buffer filled with 0x7b), checked for
+/// that length and content.
+fn pingpong_sends(kind: &str, args: &str, size: usize) -> Vec<Value> {
     let path = WirePath::up();
-    let cap = Tcpdump::start("rc_pingpong");
-    let args = "-s 3000 -n 3 -m 1024";
+    let tool = format!("ibv_{kind}_pingpong");
+    let cap = Tcpdump::start(&format!("{kind}_pingpong"));
     pair(
-        &format!("ibv_rc_pingpong -d rxe1 -g {} {args}", path.gid1),
-        &format!("ibv_rc_pingpong -d rxe0 -g {} {args} 127.0.0.1", path.gid0),
+        &format!("{tool} -d rxe1 -g {} {args}", path.gid1),
+        &format!("{tool} -d rxe0 -g {} {args} 127.0.0.1", path.gid0),
         Listens::Tcp(18515),
     );
     let file = cap.stop();
     let (pkts, payloads) = compare_with_tshark(&file);
     let msgs = messages(&file, &payloads, &pkts);
-    // ibv_rc_pingpong fills its buffer with 0x7b; each side sends 3 messages of 3000 bytes.
-    let sends = of_kind(&msgs, "SEND");
+    let sends: Vec<Value> = of_kind(&msgs, "SEND").into_iter().cloned().collect();
     assert_eq!(sends.len(), 6, "{msgs:?}");
-    for m in sends {
-        assert_eq!(m["length"], 3000);
-        assert_eq!(m["sha256"].as_str().unwrap(), sha(&[0x7b; 3000]));
+    for m in &sends {
+        assert_eq!(m["length"], size as u64);
+        assert_eq!(m["sha256"].as_str().unwrap(), sha(&vec![0x7b; size]));
     }
+    sends
+}
+
+#[test]
+#[ignore = "needs an RDMA device (rxe0 on veth0 in ci/vm), root, tcpdump and tshark"]
+fn capture_rc_pingpong_sends() {
+    pingpong_sends("rc", "-s 3000 -n 3 -m 1024", 3000);
 }
 
 #[test]
 #[ignore = "needs an RDMA device (rxe0 on veth0 in ci/vm), root, tcpdump and tshark"]
 fn capture_ud_pingpong_datagrams() {
-    let path = WirePath::up();
-    let cap = Tcpdump::start("ud_pingpong");
-    let args = "-s 500 -n 3";
-    pair(
-        &format!("ibv_ud_pingpong -d rxe1 -g {} {args}", path.gid1),
-        &format!("ibv_ud_pingpong -d rxe0 -g {} {args} 127.0.0.1", path.gid0),
-        Listens::Tcp(18515),
-    );
-    let file = cap.stop();
-    let (pkts, payloads) = compare_with_tshark(&file);
-    let msgs = messages(&file, &payloads, &pkts);
-    let sends = of_kind(&msgs, "SEND");
-    assert_eq!(sends.len(), 6, "{msgs:?}");
-    for m in sends {
-        assert_eq!(m["length"], 500);
+    for m in pingpong_sends("ud", "-s 500 -n 3", 500) {
         assert!(m["src_qp"].is_u64(), "{m}");
-        assert_eq!(m["sha256"].as_str().unwrap(), sha(&[0x7b; 500]));
+    }
+}
+
+/// rping's server READs the client's ping buffer and WRITEs it back: `size` bytes, the text it
+/// prints (`-v`) and a NUL. Checks that each of the `count` READs and WRITEs carried what the
+/// server printed.
+fn check_rping_data(sout: &str, msgs: &[Value], count: usize, size: usize) {
+    let printed: Vec<String> = sout
+        .lines()
+        .filter_map(|l| l.strip_prefix("server ping data: "))
+        .map(|s| {
+            let mut b = s.as_bytes().to_vec();
+            b.resize(size, 0);
+            sha(&b)
+        })
+        .collect();
+    assert_eq!(printed.len(), count, "server output:\n{sout}");
+    for kind in ["READ", "WRITE"] {
+        let ms = of_kind(msgs, kind);
+        let digests: Vec<String> = ms
+            .iter()
+            .map(|m| m["sha256"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(digests, printed, "{kind} messages: {ms:?}");
     }
 }
 
@@ -390,18 +415,25 @@ fn perftest(tool: &str, kind: &str, extra: &str) {
         tool,
         &format!("-s {size} -n {iters} -F {extra}"),
     );
-    let ms = of_kind(&msgs, kind);
+    for m in messages_of(&msgs, kind, iters, size) {
+        if kind != "SEND" {
+            assert_eq!(m["dma_len"].as_u64(), Some(size), "{m}");
+        }
+    }
+}
+
+/// The `kind` messages of `msgs`, checked to be at least `iters` and each `len` bytes long.
+fn messages_of<'a>(msgs: &'a [Value], kind: &str, iters: u64, len: u64) -> Vec<&'a Value> {
+    let ms = of_kind(msgs, kind);
     assert!(
         ms.len() as u64 >= iters,
         "{} {kind} messages: {msgs:?}",
         ms.len()
     );
     for m in &ms {
-        assert_eq!(m["length"].as_u64(), Some(size), "{m}");
-        if kind != "SEND" {
-            assert_eq!(m["dma_len"].as_u64(), Some(size), "{m}");
-        }
+        assert_eq!(m["length"].as_u64(), Some(len), "{m}");
     }
+    ms
 }
 
 #[test]
@@ -437,14 +469,7 @@ fn capture_perftest_atomics() {
             &format!("ib_atomic_bw_{kind}"),
             &format!("-n {iters} -F -A {ty}"),
         );
-        let ms = of_kind(&msgs, kind);
-        assert!(
-            ms.len() as u64 >= iters,
-            "{} {kind} messages: {msgs:?}",
-            ms.len()
-        );
-        for m in &ms {
-            assert_eq!(m["length"].as_u64(), Some(8), "{m}");
+        for m in messages_of(&msgs, kind, iters, 8) {
             assert!(
                 m["atomic"]["original"].is_u64(),
                 "an atomic without its ACK: {m}"
@@ -469,26 +494,7 @@ fn capture_rping_cm_read_write() {
     let file = cap.stop();
     let (pkts, payloads) = compare_with_tshark(&file);
     let msgs = messages(&file, &payloads, &pkts);
-    // The server READs the client's ping buffer and WRITEs it back: `size` bytes, the text it
-    // prints and a NUL.
-    let printed: Vec<String> = sout
-        .lines()
-        .filter_map(|l| l.strip_prefix("server ping data: "))
-        .map(|s| {
-            let mut b = s.as_bytes().to_vec();
-            b.resize(size, 0);
-            sha(&b)
-        })
-        .collect();
-    assert_eq!(printed.len(), count, "server output:\n{sout}");
-    for kind in ["READ", "WRITE"] {
-        let ms = of_kind(&msgs, kind);
-        let digests: Vec<String> = ms
-            .iter()
-            .map(|m| m["sha256"].as_str().unwrap().to_string())
-            .collect();
-        assert_eq!(digests, printed, "{kind} messages: {ms:?}");
-    }
+    check_rping_data(&sout, &msgs, count, size);
     // The connection was set up and torn down through the CM on QP1.
     let cm: Vec<&str> = pkts
         .values()
