@@ -163,8 +163,38 @@ pub(crate) fn protocol(e: wire::WireError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
 }
 
+/// Connections tried in all when the source port turns out taken (see
+/// [`another_port`]).
+const PORT_TRIES: usize = 3;
+
+/// Whether a connection attempt that failed with `e` (the `tries`-th) is
+/// tried again with a new id. The connection manager picks the source port
+/// in its own port space, which on iWARP is not TCP's: the TCP connection
+/// that `rdma_connect` makes can find the port taken (`EADDRINUSE`, seen on
+/// siw while many connections came and went). A new id has a port of its
+/// own; TCP's `connect` never reports its ephemeral port taken, and neither
+/// does this stream's.
+pub(crate) fn another_port(e: &io::Error, tries: usize) -> bool {
+    let again = e.kind() == io::ErrorKind::AddrInUse && tries < PORT_TRIES;
+    if again {
+        log::debug!("{e}: connecting again from another port");
+    }
+    again
+}
+
 /// Connects to `dst` and exchanges the connection data.
 pub(crate) fn connect(dst: SocketAddr, opts: &Options) -> io::Result<Parts> {
+    let mut tries = 1;
+    loop {
+        match connect_once(dst, opts) {
+            Err(e) if another_port(&e, tries) => tries += 1,
+            r => return r,
+        }
+    }
+}
+
+/// One try of [`connect`], with an id (and source port) of its own.
+fn connect_once(dst: SocketAddr, opts: &Options) -> io::Result<Parts> {
     let err = |what: &'static str| move |e| step_error(what, e);
     let events = EventChannel::new().map_err(err("rdma_create_event_channel"))?;
     let id = events
@@ -399,5 +429,23 @@ impl Handshake {
             events: self.events,
             polled: Polled::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_taken_port_is_tried_again_and_only_so_often() {
+        let taken = io::Error::new(io::ErrorKind::AddrInUse, "rdma_connect: taken");
+        assert!(another_port(&taken, 1));
+        assert!(another_port(&taken, PORT_TRIES - 1));
+        assert!(!another_port(&taken, PORT_TRIES));
+        let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "rejected");
+        assert!(!another_port(&refused, 1));
+        // EADDRINUSE from the connect step (rdma's errors keep the errno's kind).
+        let raw = io::Error::from_raw_os_error(nix::errno::Errno::EADDRINUSE as i32);
+        assert!(another_port(&io::Error::new(raw.kind(), "rdma_connect"), 1));
     }
 }

@@ -401,6 +401,22 @@ impl RdmaStream {
         addr: SocketAddr,
         opts: &Options,
     ) -> io::Result<RdmaStream> {
+        let mut tries = 1;
+        loop {
+            match Self::connect_once(reactor, addr, opts).await {
+                Err(e) if setup::another_port(&e, tries) => tries += 1,
+                r => return r,
+            }
+        }
+    }
+
+    /// One try of [`RdmaStream::connect`], with an id (and source port) of
+    /// its own.
+    async fn connect_once(
+        reactor: &dyn Reactor,
+        addr: SocketAddr,
+        opts: &Options,
+    ) -> io::Result<RdmaStream> {
         let copts = connect_options(opts);
         let mut c = Connection::resolve(reactor, addr, &copts)
             .await
