@@ -444,8 +444,12 @@ mod tests {
         assert!(!another_port(&taken, PORT_TRIES));
         let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "rejected");
         assert!(!another_port(&refused, 1));
-        // EADDRINUSE from the connect step (rdma's errors keep the errno's kind).
-        let raw = io::Error::from_raw_os_error(nix::errno::Errno::EADDRINUSE as i32);
-        assert!(another_port(&io::Error::new(raw.kind(), "rdma_connect"), 1));
+        // What `rdma_connect` failing with EADDRINUSE becomes in `connect_once`.
+        let verb = rdma::Error::Verb {
+            verb: "rdma_connect",
+            context: "QP 39".into(),
+            source: io::Error::from_raw_os_error(nix::errno::Errno::EADDRINUSE as i32),
+        };
+        assert!(another_port(&step_error("rdma_connect", verb), 1));
     }
 }

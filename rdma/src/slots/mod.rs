@@ -534,6 +534,13 @@ impl SlotQueue {
                 self.post_prebuilt(remote, flags, at as u64, len, wr_id, slot, prev)
             }
         };
+        self.posted(slot, prev, rc)
+    }
+
+    /// The end of every send's post: `rc` is the provider's answer, `slot`
+    /// and `prev` what the ledger recorded (undone if the send was refused).
+    #[inline(always)]
+    fn posted(&mut self, slot: u32, prev: u64, rc: c_int) -> Result<()> {
         if rc != 0 {
             return self.post_refused(slot, prev, rc);
         }

@@ -183,10 +183,7 @@ impl SlotWriter<'_> {
                 q.post_prebuilt(remote, flags, at as u64, len, wr_id, slot, prev)
             }
         };
-        if rc != 0 {
-            return q.post_refused(slot, prev, rc);
-        }
-        Ok(())
+        q.posted(slot, prev, rc)
     }
 
     /// The queue, for its polls, receives and other calls meanwhile.
@@ -215,10 +212,7 @@ impl SlotSender<'_> {
             Some(d) => unsafe { d.post(flags, wr_id, || (*lkey, *addr, len)) },
             None => q.post_prebuilt(None, flags, *addr, len, wr_id, slot, prev),
         };
-        if rc != 0 {
-            return q.post_refused(slot, prev, rc);
-        }
-        Ok(())
+        q.posted(slot, prev, rc)
     }
 
     /// The queue, for its polls, receives and other calls meanwhile.
