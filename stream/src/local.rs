@@ -50,6 +50,43 @@ impl Sizes {
     }
 }
 
+impl Sizes {
+    /// Whether the protocol can run with these sizes: the send queue holds
+    /// the control slots and a data write (two requests on iWARP), the
+    /// receive queue's credits and the receive buffer's halves fit the
+    /// connection data's 16 and 32 bits, and both buffers hold a byte.
+    ///
+    /// # Errors
+    /// `InvalidInput`, saying which size is wrong and what it may be.
+    pub fn check(&self) -> io::Result<()> {
+        let bad = |what: String| Err(io::Error::new(io::ErrorKind::InvalidInput, what));
+        let min_sq = wire::CONTROL_SLOTS + 2;
+        if self.send_queue < min_sq {
+            return bad(format!(
+                "send_queue {} is below {min_sq} (rsocket's {} control slots and a data write)",
+                self.send_queue,
+                wire::CONTROL_SLOTS
+            ));
+        }
+        if !(2..=u32::from(u16::MAX)).contains(&self.recv_queue) {
+            return bad(format!(
+                "recv_queue {} is outside 2..=65535 (the credits are 16 bits)",
+                self.recv_queue
+            ));
+        }
+        if self.recv_buffer < 2 || self.recv_buffer / 2 > u32::MAX as usize {
+            return bad(format!(
+                "recv_buffer {} is outside 2 bytes..=8 GiB (granted in halves of 32-bit lengths)",
+                self.recv_buffer
+            ));
+        }
+        if self.send_buffer == 0 {
+            return bad("send_buffer is 0".into());
+        }
+        Ok(())
+    }
+}
+
 impl Default for Sizes {
     /// rsocket's defaults (384-deep queues, 64 bytes inline), with 256 KiB
     /// buffers each way and a direct-placement table of 8 entries (rsocket
@@ -153,5 +190,36 @@ impl Local {
                 length: (self.sizes.recv_buffer / 2) as u32,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_sizes_pass_and_each_impossible_one_is_named() {
+        assert!(Sizes::default().check().is_ok());
+        let cases: [(Sizes, &str); 6] = [
+            (Sizes { send_queue: 5, ..Sizes::default() }, "send_queue 5"),
+            (Sizes { recv_queue: 1, ..Sizes::default() }, "recv_queue 1"),
+            (Sizes { recv_queue: 65536, ..Sizes::default() }, "recv_queue 65536"),
+            (Sizes { recv_buffer: 1, ..Sizes::default() }, "recv_buffer 1"),
+            (Sizes { recv_buffer: 1 << 34, ..Sizes::default() }, "recv_buffer 17179869184"),
+            (Sizes { send_buffer: 0, ..Sizes::default() }, "send_buffer is 0"),
+        ];
+        for (sizes, says) in cases {
+            let e = sizes.check().expect_err(says);
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{says}");
+            assert!(e.to_string().starts_with(says), "{e} should name {says}");
+        }
+        let smallest = Sizes {
+            send_queue: 6,
+            recv_queue: 2,
+            recv_buffer: 2,
+            send_buffer: 1,
+            ..Sizes::default()
+        };
+        assert!(smallest.check().is_ok());
     }
 }

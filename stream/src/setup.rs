@@ -97,6 +97,7 @@ struct Made {
 /// The PD, CQ and QP on `id`'s device, the QP in INIT with every receive
 /// posted and the buffers registered.
 fn make(id: &CmId, sizes: Sizes) -> io::Result<Made> {
+    sizes.check()?;
     let ctx = id
         .context()
         .map_err(|e| step_error("the route's device", e))?;

@@ -86,12 +86,14 @@ impl RdmaListener {
     /// accepts made with `opts`.
     ///
     /// # Errors
-    /// As `rdma_bind_addr` and `rdma_listen`.
+    /// As `rdma_bind_addr` and `rdma_listen`, and `InvalidInput` for sizes
+    /// that [`Sizes::check`](crate::Sizes::check) refuses.
     pub fn bind<R: Reactor + Clone + 'static>(
         reactor: &R,
         addr: SocketAddr,
         opts: Options,
     ) -> io::Result<RdmaListener> {
+        opts.sizes.check()?;
         let listener = rdma::aio::Listener::bind(reactor, addr, 128)
             .map_err(|e| setup::step_error("listening", e))?;
         Ok(RdmaListener {

@@ -109,8 +109,10 @@ impl RdmaListener {
     /// request must be established within `opts.timeout` of its answer.
     ///
     /// # Errors
-    /// As [`RdmaListener::bind`].
+    /// As [`RdmaListener::bind`], and `InvalidInput` for sizes that
+    /// [`Sizes::check`](crate::Sizes::check) refuses.
     pub fn bind_with(addr: impl ToSocketAddrs, opts: Options) -> io::Result<RdmaListener> {
+        opts.sizes.check()?;
         let listening = setup::listen(first_addr(addr)?, 128)?;
         Ok(RdmaListener {
             listening,

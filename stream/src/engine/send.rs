@@ -16,12 +16,36 @@ use crate::wire::{self, Op, Sge};
 /// it copies, so nothing is lent and the send queue keeps the `wr_id` alone.
 #[derive(Debug)]
 pub(super) struct Inline {
+    /// Requests that ask for a completion.
+    signaled: Requests,
+    /// The same without one: small data writes (see [`Engine::write_small`]).
+    quiet: Requests,
+}
+
+/// One set of [`Inline`] requests, all signaled or all not.
+#[derive(Debug)]
+struct Requests {
     /// RDMA WRITE WITH IMMEDIATE: data and its message (InfiniBand, RoCE).
     write_imm: PreparedSend,
     /// RDMA WRITE: data on iWARP, and direct placement's plain writes.
     write: PreparedSend,
     /// SEND: a message on iWARP (4 bytes).
     send: PreparedSend,
+}
+
+impl Requests {
+    fn new(qp: &QueuePair, flags: SendFlags) -> rdma::Result<Requests> {
+        let nowhere = RemoteMemory {
+            addr: 0,
+            len: 0,
+            rkey: 0,
+        };
+        Ok(Requests {
+            write_imm: qp.prepare_inline(SendOp::WriteWithImm(nowhere, 0), flags)?,
+            write: qp.prepare_inline(SendOp::Write(nowhere), flags)?,
+            send: qp.prepare_inline(SendOp::Send, flags)?,
+        })
+    }
 }
 
 /// A post on a connection whose inline requests could not be prepared
@@ -36,17 +60,32 @@ fn unprepared() -> rdma::Error {
 
 impl Inline {
     pub(super) fn new(qp: &QueuePair) -> rdma::Result<Inline> {
-        let nowhere = RemoteMemory {
-            addr: 0,
-            len: 0,
-            rkey: 0,
-        };
         Ok(Inline {
-            write_imm: qp.prepare_inline(SendOp::WriteWithImm(nowhere, 0), SendFlags::SIGNALED)?,
-            write: qp.prepare_inline(SendOp::Write(nowhere), SendFlags::SIGNALED)?,
-            send: qp.prepare_inline(SendOp::Send, SendFlags::SIGNALED)?,
+            signaled: Requests::new(qp, SendFlags::SIGNALED)?,
+            quiet: Requests::new(qp, SendFlags::empty())?,
         })
     }
+}
+
+/// Where a signaled request's `wr_id` says how many unsignaled data
+/// requests posted before it its completion finishes too (16 bits: the
+/// count stays under [`Engine::quiet_limit`]'s cap).
+const RETIRES_SHIFT: u32 = 32;
+
+/// The `wr_id` bits of a signaled request that finishes `n` unsignaled ones.
+fn retires(n: u32) -> u64 {
+    u64::from(n) << RETIRES_SHIFT
+}
+
+/// How many unsignaled requests the completion of `wr_id` finishes too.
+pub(super) fn retired(wr_id: u64) -> u32 {
+    ((wr_id >> RETIRES_SHIFT) & 0xffff) as u32
+}
+
+/// The most unsignaled data requests in flight without a signaled one after
+/// them: half the send queue's data entries (and what [`retires`] holds).
+pub(super) fn quiet_limit(data_sqes: u32) -> u32 {
+    (data_sqes / 2).min(0xffff)
 }
 
 impl Engine {
@@ -54,14 +93,14 @@ impl Engine {
     /// 4-byte SEND on iWARP. `ctrl`: it takes a control slot.
     pub(super) fn post_msg(&mut self, msg: u32, ctrl: bool) -> Result<(), String> {
         let r = if self.iwarp {
-            self.post_send(u64::from(msg), msg)
+            self.post_send(u64::from(msg), msg, false)
         } else {
             let to = RemoteMemory {
                 addr: self.remote_sgl.addr,
                 len: 0,
                 rkey: self.remote_sgl.key,
             };
-            self.post_write_imm(&[], to, msg)
+            self.post_write_imm(&[], to, msg, false)
         };
         r.map_err(|e| format!("posting a message: {e}"))?;
         if ctrl {
@@ -80,16 +119,16 @@ impl Engine {
         ctrl: bool,
     ) -> Result<(), String> {
         if self.iwarp {
-            self.post_write(u64::from(msg), data, to)
+            self.post_write(u64::from(msg), data, to, false)
                 .map_err(|e| format!("posting an RDMA WRITE: {e}"))?;
             if ctrl {
                 self.ctrl_posted += 1;
             }
             let m = wire::msg(wire::msg_op(msg), 0);
-            self.post_send(MSG_SEND | u64::from(m), msg)
+            self.post_send(MSG_SEND | u64::from(m), msg, false)
                 .map_err(|e| format!("posting a message: {e}"))?;
         } else {
-            self.post_write_imm(data, to, msg)
+            self.post_write_imm(data, to, msg, false)
                 .map_err(|e| format!("posting an RDMA WRITE WITH IMMEDIATE: {e}"))?;
         }
         if ctrl {
@@ -99,37 +138,70 @@ impl Engine {
     }
 
     /// Posts `data` inline to `to` with `msg` as the immediate data (and
-    /// the `wr_id`).
+    /// the `wr_id`); `quiet`: unsignaled.
     #[inline]
-    fn post_write_imm(&mut self, data: &[u8], to: RemoteMemory, msg: u32) -> rdma::Result<()> {
-        let Some(inline) = &mut self.inline else {
-            return Err(unprepared());
-        };
-        let p = &mut inline.write_imm;
-        p.set_remote(to)?;
-        p.set_imm(msg)?;
-        self.qp.post_prepared_inline(p, u64::from(msg), data)
+    fn post_write_imm(
+        &mut self,
+        data: &[u8],
+        to: RemoteMemory,
+        msg: u32,
+        quiet: bool,
+    ) -> rdma::Result<()> {
+        self.post_inline(quiet, u64::from(msg), data, |r| {
+            r.write_imm.set_remote(to)?;
+            r.write_imm.set_imm(msg)?;
+            Ok(&mut r.write_imm)
+        })
     }
 
     /// Posts `data` inline to `to` (an RDMA WRITE).
     #[inline]
-    fn post_write(&mut self, wr_id: u64, data: &[u8], to: RemoteMemory) -> rdma::Result<()> {
-        let Some(inline) = &mut self.inline else {
-            return Err(unprepared());
-        };
-        let p = &mut inline.write;
-        p.set_remote(to)?;
-        self.qp.post_prepared_inline(p, wr_id, data)
+    fn post_write(
+        &mut self,
+        wr_id: u64,
+        data: &[u8],
+        to: RemoteMemory,
+        quiet: bool,
+    ) -> rdma::Result<()> {
+        self.post_inline(quiet, wr_id, data, |r| {
+            r.write.set_remote(to)?;
+            Ok(&mut r.write)
+        })
     }
 
     /// Posts `msg` as a 4-byte SEND (iWARP's message).
     #[inline]
-    fn post_send(&mut self, wr_id: u64, msg: u32) -> rdma::Result<()> {
+    fn post_send(&mut self, wr_id: u64, msg: u32, quiet: bool) -> rdma::Result<()> {
+        self.post_inline(quiet, wr_id, &msg.to_ne_bytes(), |r| Ok(&mut r.send))
+    }
+
+    /// Posts `data` with the inline request `pick` sets up: an unsignaled
+    /// one (`quiet`), counted in `unsignaled`, or a signaled one, whose
+    /// `wr_id` carries that count (its completion finishes them too).
+    #[inline]
+    fn post_inline(
+        &mut self,
+        quiet: bool,
+        wr_id: u64,
+        data: &[u8],
+        pick: impl FnOnce(&mut Requests) -> rdma::Result<&mut PreparedSend>,
+    ) -> rdma::Result<()> {
         let Some(inline) = &mut self.inline else {
             return Err(unprepared());
         };
-        self.qp
-            .post_prepared_inline(&mut inline.send, wr_id, &msg.to_ne_bytes())
+        let (requests, before) = if quiet {
+            (&mut inline.quiet, 0)
+        } else {
+            (&mut inline.signaled, self.unsignaled)
+        };
+        let p = pick(requests)?;
+        self.qp.post_prepared_inline(p, wr_id | retires(before), data)?;
+        if quiet {
+            self.unsignaled += 1;
+        } else {
+            self.unsignaled = 0;
+        }
+        Ok(())
     }
 
     /// The current target segment, refreshed from the target SGL when the
@@ -183,6 +255,13 @@ impl Engine {
     /// waits before it (coalescing off or nothing held) and it fits the
     /// credits and the peer's space; `None` leaves it to
     /// [`Engine::write_any`] (which also says why a write cannot go).
+    ///
+    /// Unlike rsocket's, such a write asks for no completion of its own
+    /// while fewer than [`quiet_limit`] entries are unsignaled: the next
+    /// signaled request (every message and ring write is one, and so is
+    /// this write once the limit is reached) finishes it. A ping-pong then
+    /// polls one completion per round instead of two, and the provider
+    /// makes one fewer. Nothing waits on it: its bytes went with the post.
     #[inline]
     fn write_small(&mut self, buf: &[u8]) -> Option<io::Result<Option<usize>>> {
         let sqes = if self.iwarp { 2 } else { 1 };
@@ -207,10 +286,17 @@ impl Engine {
             rkey: self.seg.key,
         };
         let msg = wire::msg(Op::DATA, len as u32);
+        let quiet = self.unsignaled + sqes <= self.quiet_limit;
         let posted = if self.iwarp {
-            self.post_write_msg(buf, to, msg, false)
+            let m = MSG_SEND | u64::from(wire::msg(Op::DATA, 0));
+            self.post_write(u64::from(msg), buf, to, quiet)
+                .map_err(|e| format!("posting an RDMA WRITE: {e}"))
+                .and_then(|()| {
+                    self.post_send(m, msg, quiet)
+                        .map_err(|e| format!("posting a message: {e}"))
+                })
         } else {
-            self.post_write_imm(buf, to, msg)
+            self.post_write_imm(buf, to, msg, quiet)
                 .map_err(|e| format!("posting an RDMA WRITE WITH IMMEDIATE: {e}"))
         };
         if let Err(why) = posted {
@@ -279,9 +365,11 @@ impl Engine {
         Ok(())
     }
 
-    /// Data writes posted and not completed.
+    /// Data writes posted whose completion is to come: unsignaled ones
+    /// with no signaled request after them never say they are done, so
+    /// coalescing does not wait for them.
     pub(super) fn data_in_flight(&self) -> bool {
-        self.sqe_avail < self.local.sizes.send_queue - wire::CONTROL_SLOTS
+        self.sqe_avail + self.unsignaled < self.local.sizes.send_queue - wire::CONTROL_SLOTS
     }
 
     /// Sends what coalescing held; whether all of it went.
@@ -375,6 +463,7 @@ impl Engine {
             return Err("no send buffer (checked before)".into());
         };
         debug_assert_eq!(piece.len(), data.len());
+        let wr_id = wr_id | retires(self.unsignaled);
         if let Err(e) = self.qp.post_send(SendWr::new(wr_id, op, piece)) {
             for (_, b) in e.returned {
                 if let Some(p) = b.into_one() {
@@ -383,6 +472,7 @@ impl Engine {
             }
             return Err(format!("posting an RDMA WRITE: {}", e.error));
         }
+        self.unsignaled = 0;
         Ok(())
     }
 
@@ -402,7 +492,7 @@ impl Engine {
         self.post_piece(data, u64::from(msg), op)?;
         if self.iwarp {
             let m = wire::msg(Op::DATA, 0);
-            self.post_send(MSG_SEND | u64::from(m), msg)
+            self.post_send(MSG_SEND | u64::from(m), msg, false)
                 .map_err(|e| format!("posting a message: {e}"))?;
         }
         Ok(())
@@ -442,7 +532,7 @@ impl Engine {
             None => {
                 let wr_id = u64::from(wire::msg(Op::WRITE, len as u32));
                 if len <= self.max_inline {
-                    self.post_write(wr_id, &data[..len], to)
+                    self.post_write(wr_id, &data[..len], to, false)
                         .map_err(|e| format!("posting an RDMA WRITE: {e}"))
                 } else {
                     self.post_piece(&data[..len], wr_id, SendOp::Write(to))
