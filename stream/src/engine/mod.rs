@@ -70,11 +70,6 @@ pub(crate) struct Engine {
     // --- sending ---
     /// Send queue entries free for data.
     sqe_avail: u32,
-    /// Data entries posted unsignaled since the last signaled request (whose
-    /// completion finishes them too), and how many may be
-    /// (`send::quiet_limit`).
-    unsignaled: u32,
-    quiet_limit: u32,
     /// Control messages posted and completed (at most `CONTROL_SLOTS` apart).
     ctrl_posted: u32,
     ctrl_done: u32,
@@ -169,8 +164,6 @@ impl Engine {
             peer_big_endian: peer.big_endian(),
             max_inline,
             sqe_avail: sizes.send_queue - wire::CONTROL_SLOTS,
-            unsignaled: 0,
-            quiet_limit: send::quiet_limit(sizes.send_queue - wire::CONTROL_SLOTS),
             ctrl_posted: 0,
             ctrl_done: 0,
             sseq_no: 0,
@@ -472,14 +465,7 @@ impl Engine {
     }
 
     fn send_done(&mut self, c: &WorkCompletion) {
-        let wr_id = c.wr_id();
-        if c.is_success() {
-            // The unsignaled data writes posted before it are done too.
-            // (After a failure the count no longer matters: nothing is
-            // posted, and a provider may flush them one by one.)
-            self.sqe_avail += send::retired(wr_id);
-        }
-        let msg = wr_id as u32;
+        let msg = c.wr_id() as u32;
         match wire::msg_op(msg) {
             Op::SGL => self.ctrl_done += 1,
             Op::CTRL => {

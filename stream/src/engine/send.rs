@@ -16,36 +16,12 @@ use crate::wire::{self, Op, Sge};
 /// it copies, so nothing is lent and the send queue keeps the `wr_id` alone.
 #[derive(Debug)]
 pub(super) struct Inline {
-    /// Requests that ask for a completion.
-    signaled: Requests,
-    /// The same without one: small data writes (see [`Engine::write_small`]).
-    quiet: Requests,
-}
-
-/// One set of [`Inline`] requests, all signaled or all not.
-#[derive(Debug)]
-struct Requests {
     /// RDMA WRITE WITH IMMEDIATE: data and its message (InfiniBand, RoCE).
     write_imm: PreparedSend,
     /// RDMA WRITE: data on iWARP, and direct placement's plain writes.
     write: PreparedSend,
     /// SEND: a message on iWARP (4 bytes).
     send: PreparedSend,
-}
-
-impl Requests {
-    fn new(qp: &QueuePair, flags: SendFlags) -> rdma::Result<Requests> {
-        let nowhere = RemoteMemory {
-            addr: 0,
-            len: 0,
-            rkey: 0,
-        };
-        Ok(Requests {
-            write_imm: qp.prepare_inline(SendOp::WriteWithImm(nowhere, 0), flags)?,
-            write: qp.prepare_inline(SendOp::Write(nowhere), flags)?,
-            send: qp.prepare_inline(SendOp::Send, flags)?,
-        })
-    }
 }
 
 /// A post on a connection whose inline requests could not be prepared
@@ -60,32 +36,17 @@ fn unprepared() -> rdma::Error {
 
 impl Inline {
     pub(super) fn new(qp: &QueuePair) -> rdma::Result<Inline> {
+        let nowhere = RemoteMemory {
+            addr: 0,
+            len: 0,
+            rkey: 0,
+        };
         Ok(Inline {
-            signaled: Requests::new(qp, SendFlags::SIGNALED)?,
-            quiet: Requests::new(qp, SendFlags::empty())?,
+            write_imm: qp.prepare_inline(SendOp::WriteWithImm(nowhere, 0), SendFlags::SIGNALED)?,
+            write: qp.prepare_inline(SendOp::Write(nowhere), SendFlags::SIGNALED)?,
+            send: qp.prepare_inline(SendOp::Send, SendFlags::SIGNALED)?,
         })
     }
-}
-
-/// Where a signaled request's `wr_id` says how many unsignaled data
-/// requests posted before it its completion finishes too (16 bits: the
-/// count stays under [`Engine::quiet_limit`]'s cap).
-const RETIRES_SHIFT: u32 = 32;
-
-/// The `wr_id` bits of a signaled request that finishes `n` unsignaled ones.
-fn retires(n: u32) -> u64 {
-    u64::from(n) << RETIRES_SHIFT
-}
-
-/// How many unsignaled requests the completion of `wr_id` finishes too.
-pub(super) fn retired(wr_id: u64) -> u32 {
-    ((wr_id >> RETIRES_SHIFT) & 0xffff) as u32
-}
-
-/// The most unsignaled data requests in flight without a signaled one after
-/// them: half the send queue's data entries (and what [`retires`] holds).
-pub(super) fn quiet_limit(data_sqes: u32) -> u32 {
-    (data_sqes / 2).min(0xffff)
 }
 
 impl Engine {
@@ -93,14 +54,14 @@ impl Engine {
     /// 4-byte SEND on iWARP. `ctrl`: it takes a control slot.
     pub(super) fn post_msg(&mut self, msg: u32, ctrl: bool) -> Result<(), String> {
         let r = if self.iwarp {
-            self.post_send(u64::from(msg), msg, false)
+            self.post_send(u64::from(msg), msg)
         } else {
             let to = RemoteMemory {
                 addr: self.remote_sgl.addr,
                 len: 0,
                 rkey: self.remote_sgl.key,
             };
-            self.post_write_imm(&[], to, msg, false)
+            self.post_write_imm(&[], to, msg)
         };
         r.map_err(|e| format!("posting a message: {e}"))?;
         if ctrl {
@@ -119,16 +80,16 @@ impl Engine {
         ctrl: bool,
     ) -> Result<(), String> {
         if self.iwarp {
-            self.post_write(u64::from(msg), data, to, false)
+            self.post_write(u64::from(msg), data, to)
                 .map_err(|e| format!("posting an RDMA WRITE: {e}"))?;
             if ctrl {
                 self.ctrl_posted += 1;
             }
             let m = wire::msg(wire::msg_op(msg), 0);
-            self.post_send(MSG_SEND | u64::from(m), msg, false)
+            self.post_send(MSG_SEND | u64::from(m), msg)
                 .map_err(|e| format!("posting a message: {e}"))?;
         } else {
-            self.post_write_imm(data, to, msg, false)
+            self.post_write_imm(data, to, msg)
                 .map_err(|e| format!("posting an RDMA WRITE WITH IMMEDIATE: {e}"))?;
         }
         if ctrl {
@@ -138,70 +99,37 @@ impl Engine {
     }
 
     /// Posts `data` inline to `to` with `msg` as the immediate data (and
-    /// the `wr_id`); `quiet`: unsignaled.
+    /// the `wr_id`).
     #[inline]
-    fn post_write_imm(
-        &mut self,
-        data: &[u8],
-        to: RemoteMemory,
-        msg: u32,
-        quiet: bool,
-    ) -> rdma::Result<()> {
-        self.post_inline(quiet, u64::from(msg), data, |r| {
-            r.write_imm.set_remote(to)?;
-            r.write_imm.set_imm(msg)?;
-            Ok(&mut r.write_imm)
-        })
+    fn post_write_imm(&mut self, data: &[u8], to: RemoteMemory, msg: u32) -> rdma::Result<()> {
+        let Some(inline) = &mut self.inline else {
+            return Err(unprepared());
+        };
+        let p = &mut inline.write_imm;
+        p.set_remote(to)?;
+        p.set_imm(msg)?;
+        self.qp.post_prepared_inline(p, u64::from(msg), data)
     }
 
     /// Posts `data` inline to `to` (an RDMA WRITE).
     #[inline]
-    fn post_write(
-        &mut self,
-        wr_id: u64,
-        data: &[u8],
-        to: RemoteMemory,
-        quiet: bool,
-    ) -> rdma::Result<()> {
-        self.post_inline(quiet, wr_id, data, |r| {
-            r.write.set_remote(to)?;
-            Ok(&mut r.write)
-        })
+    fn post_write(&mut self, wr_id: u64, data: &[u8], to: RemoteMemory) -> rdma::Result<()> {
+        let Some(inline) = &mut self.inline else {
+            return Err(unprepared());
+        };
+        let p = &mut inline.write;
+        p.set_remote(to)?;
+        self.qp.post_prepared_inline(p, wr_id, data)
     }
 
     /// Posts `msg` as a 4-byte SEND (iWARP's message).
     #[inline]
-    fn post_send(&mut self, wr_id: u64, msg: u32, quiet: bool) -> rdma::Result<()> {
-        self.post_inline(quiet, wr_id, &msg.to_ne_bytes(), |r| Ok(&mut r.send))
-    }
-
-    /// Posts `data` with the inline request `pick` sets up: an unsignaled
-    /// one (`quiet`), counted in `unsignaled`, or a signaled one, whose
-    /// `wr_id` carries that count (its completion finishes them too).
-    #[inline]
-    fn post_inline(
-        &mut self,
-        quiet: bool,
-        wr_id: u64,
-        data: &[u8],
-        pick: impl FnOnce(&mut Requests) -> rdma::Result<&mut PreparedSend>,
-    ) -> rdma::Result<()> {
+    fn post_send(&mut self, wr_id: u64, msg: u32) -> rdma::Result<()> {
         let Some(inline) = &mut self.inline else {
             return Err(unprepared());
         };
-        let (requests, before) = if quiet {
-            (&mut inline.quiet, 0)
-        } else {
-            (&mut inline.signaled, self.unsignaled)
-        };
-        let p = pick(requests)?;
-        self.qp.post_prepared_inline(p, wr_id | retires(before), data)?;
-        if quiet {
-            self.unsignaled += 1;
-        } else {
-            self.unsignaled = 0;
-        }
-        Ok(())
+        self.qp
+            .post_prepared_inline(&mut inline.send, wr_id, &msg.to_ne_bytes())
     }
 
     /// The current target segment, refreshed from the target SGL when the
@@ -255,13 +183,6 @@ impl Engine {
     /// waits before it (coalescing off or nothing held) and it fits the
     /// credits and the peer's space; `None` leaves it to
     /// [`Engine::write_any`] (which also says why a write cannot go).
-    ///
-    /// Unlike rsocket's, such a write asks for no completion of its own
-    /// while fewer than [`quiet_limit`] entries are unsignaled: the next
-    /// signaled request (every message and ring write is one, and so is
-    /// this write once the limit is reached) finishes it. A ping-pong then
-    /// polls one completion per round instead of two, and the provider
-    /// makes one fewer. Nothing waits on it: its bytes went with the post.
     #[inline]
     fn write_small(&mut self, buf: &[u8]) -> Option<io::Result<Option<usize>>> {
         let sqes = if self.iwarp { 2 } else { 1 };
@@ -286,17 +207,10 @@ impl Engine {
             rkey: self.seg.key,
         };
         let msg = wire::msg(Op::DATA, len as u32);
-        let quiet = self.unsignaled + sqes <= self.quiet_limit;
         let posted = if self.iwarp {
-            let m = MSG_SEND | u64::from(wire::msg(Op::DATA, 0));
-            self.post_write(u64::from(msg), buf, to, quiet)
-                .map_err(|e| format!("posting an RDMA WRITE: {e}"))
-                .and_then(|()| {
-                    self.post_send(m, msg, quiet)
-                        .map_err(|e| format!("posting a message: {e}"))
-                })
+            self.post_write_msg(buf, to, msg, false)
         } else {
-            self.post_write_imm(buf, to, msg, quiet)
+            self.post_write_imm(buf, to, msg)
                 .map_err(|e| format!("posting an RDMA WRITE WITH IMMEDIATE: {e}"))
         };
         if let Err(why) = posted {
@@ -365,11 +279,9 @@ impl Engine {
         Ok(())
     }
 
-    /// Data writes posted whose completion is to come: unsignaled ones
-    /// with no signaled request after them never say they are done, so
-    /// coalescing does not wait for them.
+    /// Data writes posted and not completed.
     pub(super) fn data_in_flight(&self) -> bool {
-        self.sqe_avail + self.unsignaled < self.local.sizes.send_queue - wire::CONTROL_SLOTS
+        self.sqe_avail < self.local.sizes.send_queue - wire::CONTROL_SLOTS
     }
 
     /// Sends what coalescing held; whether all of it went.
@@ -463,7 +375,6 @@ impl Engine {
             return Err("no send buffer (checked before)".into());
         };
         debug_assert_eq!(piece.len(), data.len());
-        let wr_id = wr_id | retires(self.unsignaled);
         if let Err(e) = self.qp.post_send(SendWr::new(wr_id, op, piece)) {
             for (_, b) in e.returned {
                 if let Some(p) = b.into_one() {
@@ -472,7 +383,6 @@ impl Engine {
             }
             return Err(format!("posting an RDMA WRITE: {}", e.error));
         }
-        self.unsignaled = 0;
         Ok(())
     }
 
@@ -492,7 +402,7 @@ impl Engine {
         self.post_piece(data, u64::from(msg), op)?;
         if self.iwarp {
             let m = wire::msg(Op::DATA, 0);
-            self.post_send(MSG_SEND | u64::from(m), msg, false)
+            self.post_send(MSG_SEND | u64::from(m), msg)
                 .map_err(|e| format!("posting a message: {e}"))?;
         }
         Ok(())
@@ -532,7 +442,7 @@ impl Engine {
             None => {
                 let wr_id = u64::from(wire::msg(Op::WRITE, len as u32));
                 if len <= self.max_inline {
-                    self.post_write(wr_id, &data[..len], to, false)
+                    self.post_write(wr_id, &data[..len], to)
                         .map_err(|e| format!("posting an RDMA WRITE: {e}"))
                 } else {
                     self.post_piece(&data[..len], wr_id, SendOp::Write(to))
