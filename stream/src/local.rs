@@ -201,12 +201,48 @@ mod tests {
     fn the_default_sizes_pass_and_each_impossible_one_is_named() {
         assert!(Sizes::default().check().is_ok());
         let cases: [(Sizes, &str); 6] = [
-            (Sizes { send_queue: 5, ..Sizes::default() }, "send_queue 5"),
-            (Sizes { recv_queue: 1, ..Sizes::default() }, "recv_queue 1"),
-            (Sizes { recv_queue: 65536, ..Sizes::default() }, "recv_queue 65536"),
-            (Sizes { recv_buffer: 1, ..Sizes::default() }, "recv_buffer 1"),
-            (Sizes { recv_buffer: 1 << 34, ..Sizes::default() }, "recv_buffer 17179869184"),
-            (Sizes { send_buffer: 0, ..Sizes::default() }, "send_buffer is 0"),
+            (
+                Sizes {
+                    send_queue: 5,
+                    ..Sizes::default()
+                },
+                "send_queue 5",
+            ),
+            (
+                Sizes {
+                    recv_queue: 1,
+                    ..Sizes::default()
+                },
+                "recv_queue 1",
+            ),
+            (
+                Sizes {
+                    recv_queue: 65536,
+                    ..Sizes::default()
+                },
+                "recv_queue 65536",
+            ),
+            (
+                Sizes {
+                    recv_buffer: 1,
+                    ..Sizes::default()
+                },
+                "recv_buffer 1",
+            ),
+            (
+                Sizes {
+                    recv_buffer: 1 << 34,
+                    ..Sizes::default()
+                },
+                "recv_buffer 17179869184",
+            ),
+            (
+                Sizes {
+                    send_buffer: 0,
+                    ..Sizes::default()
+                },
+                "send_buffer is 0",
+            ),
         ];
         for (sizes, says) in cases {
             let e = sizes.check().expect_err(says);
