@@ -48,9 +48,7 @@ impl Sizes {
         let n = self.iomap_entries.min(MAX_IOMAP_ENTRIES);
         wire::scale_to_value(wire::value_to_scale(n)) as usize
     }
-}
 
-impl Sizes {
     /// Whether the protocol can run with these sizes: the send queue holds
     /// the control slots and a data write (two requests on iWARP), the
     /// receive queue's credits and the receive buffer's halves fit the
