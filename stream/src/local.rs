@@ -74,7 +74,7 @@ impl Sizes {
         }
         if self.recv_buffer < 2 || self.recv_buffer / 2 > u32::MAX as usize {
             return bad(format!(
-                "recv_buffer {} is outside 2 bytes..=8 GiB (granted in halves of 32-bit lengths)",
+                "recv_buffer {} is outside 2 bytes to just under 8 GiB (granted in halves of 32-bit lengths)",
                 self.recv_buffer
             ));
         }
@@ -198,51 +198,18 @@ mod tests {
     #[test]
     fn the_default_sizes_pass_and_each_impossible_one_is_named() {
         assert!(Sizes::default().check().is_ok());
-        let cases: [(Sizes, &str); 6] = [
-            (
-                Sizes {
-                    send_queue: 5,
-                    ..Sizes::default()
-                },
-                "send_queue 5",
-            ),
-            (
-                Sizes {
-                    recv_queue: 1,
-                    ..Sizes::default()
-                },
-                "recv_queue 1",
-            ),
-            (
-                Sizes {
-                    recv_queue: 65536,
-                    ..Sizes::default()
-                },
-                "recv_queue 65536",
-            ),
-            (
-                Sizes {
-                    recv_buffer: 1,
-                    ..Sizes::default()
-                },
-                "recv_buffer 1",
-            ),
-            (
-                Sizes {
-                    recv_buffer: 1 << 34,
-                    ..Sizes::default()
-                },
-                "recv_buffer 17179869184",
-            ),
-            (
-                Sizes {
-                    send_buffer: 0,
-                    ..Sizes::default()
-                },
-                "send_buffer is 0",
-            ),
+        type Change = fn(&mut Sizes);
+        let cases: [(Change, &str); 6] = [
+            (|s| s.send_queue = 5, "send_queue 5"),
+            (|s| s.recv_queue = 1, "recv_queue 1"),
+            (|s| s.recv_queue = 65536, "recv_queue 65536"),
+            (|s| s.recv_buffer = 1, "recv_buffer 1"),
+            (|s| s.recv_buffer = 1 << 34, "recv_buffer 17179869184"),
+            (|s| s.send_buffer = 0, "send_buffer is 0"),
         ];
-        for (sizes, says) in cases {
+        for (change, says) in cases {
+            let mut sizes = Sizes::default();
+            change(&mut sizes);
             let e = sizes.check().expect_err(says);
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{says}");
             assert!(e.to_string().starts_with(says), "{e} should name {says}");
