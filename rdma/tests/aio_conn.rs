@@ -4,6 +4,7 @@
 //! in the setup closures (iWARP has no RNR retry: the side that sends first
 //! needs the other's receive posted before the connection is up), the
 //! addresses each end reports, a connection to a port nobody listens on,
+//! a connection from a given source port that TCP holds (iWARP),
 //! a disconnection from either side, an accept that the timeout ends, and
 //! 16 clients at once.
 //!
@@ -266,6 +267,31 @@ fn tokio_connect_to_a_port_nobody_listens_on_fails_without_waiting() {
 #[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
 fn iwarp_async_io_connect_to_a_port_nobody_listens_on_fails_without_waiting() {
     on_async_io("the refusal", refused(AsyncIo, iwarp_ip()));
+}
+
+/// A source port that a TCP socket holds, given in `ConnectOptions::src`:
+/// on iWARP the connection's TCP connection cannot take it, and the
+/// caller's port is kept, so the connect fails naming `rdma_connect` and
+/// `EADDRINUSE` at once (a port the connection manager chose would be
+/// replaced instead).
+async fn from_a_held_source_port<R: Reactor + Clone + 'static>(reactor: R, ip: IpAddr) {
+    let listener = Listener::bind(&reactor, SocketAddr::new(ip, 0), 1).unwrap();
+    let tcp = std::net::TcpListener::bind(SocketAddr::new(ip, 0)).unwrap();
+    let opts = ConnectOptions {
+        src: Some(tcp.local_addr().unwrap()),
+        ..opts()
+    };
+    let e = Connection::connect(&reactor, listener.local_addr(), &opts)
+        .await
+        .expect_err("the source port is TCP's");
+    assert_eq!(e.verb(), Some("rdma_connect"), "{e}");
+    assert_eq!(e.errno(), Some(libc::EADDRINUSE), "{e}");
+}
+
+#[test]
+#[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
+fn iwarp_tokio_connect_from_a_given_source_port_held_by_tcp_names_it() {
+    on_tokio("the held port", from_a_held_source_port(Tokio, iwarp_ip()));
 }
 
 /// `n` clients at once, each in a task of its own (spawned: the futures

@@ -2,7 +2,8 @@
 //! accept's private data carries the rkey of memory registered on the new
 //! connection's PD, in `RemoteMemory`'s wire encoding), waiting for a
 //! completion with a timeout instead of spinning, and a registered buffer
-//! pool used with safe posting.
+//! pool used with safe posting; and a connect from a given source port that
+//! a TCP socket holds.
 
 mod common;
 
@@ -147,4 +148,47 @@ fn buffer_pool_slots_go_through_safe_posting_and_come_back() {
     assert_eq!(pool.available(), 8);
     let e = BufferPool::new(&p.pd, 0, 8, LW).unwrap_err();
     assert!(e.to_string().contains("non-zero size"), "{e}");
+}
+
+/// A connect from a source port that a TCP socket holds
+/// (`ConnectOptions::src`): the caller's port is kept, so on iWARP, whose
+/// connection is a TCP connection from that port, the connect fails naming
+/// `rdma_connect` and `EADDRINUSE` (instead of moving to another port, as
+/// it does when the connection manager chose the port); RoCE makes no TCP
+/// connection and connects from it.
+fn source_port_held_by_tcp(ip: IpAddr, iwarp: bool) {
+    let listener = Listener::bind(SocketAddr::new(ip, 0), 4).unwrap();
+    let dst = listener.local_addr().unwrap();
+    let tcp = std::net::TcpListener::bind(SocketAddr::new(ip, 0)).unwrap();
+    let held = tcp.local_addr().unwrap();
+    let opts = ConnectOptions {
+        src: Some(held),
+        ..ConnectOptions::default()
+    };
+    if iwarp {
+        let err = Connection::connect(dst, &opts).unwrap_err();
+        assert_eq!(err.verb(), Some("rdma_connect"), "{err}");
+        assert_eq!(err.errno(), Some(libc::EADDRINUSE), "{err}");
+        return;
+    }
+    let server = std::thread::spawn(move || {
+        let conn = listener.accept(&ConnectOptions::default()).unwrap();
+        conn.wait_disconnected().unwrap();
+    });
+    let conn = Connection::connect(dst, &opts).unwrap();
+    assert_eq!(conn.id().src_port(), held.port());
+    conn.disconnect().unwrap();
+    server.join().unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RDMA_TEST_DEVICE)"]
+fn a_source_port_held_by_tcp_is_no_obstacle_to_roce() {
+    source_port_held_by_tcp(common::roce_ip(), false);
+}
+
+#[test]
+#[ignore = "needs an iWARP device (RDMA_TEST_IWARP_DEVICE)"]
+fn iwarp_a_given_source_port_held_by_tcp_fails_the_connect_naming_it() {
+    source_port_held_by_tcp(iwarp_ip(), true);
 }

@@ -174,8 +174,9 @@ const PORT_TRIES: usize = 3;
 /// that `rdma_connect` makes can find the port taken (`EADDRINUSE`, seen on
 /// siw while many connections came and went). A new id has a port of its
 /// own; TCP's `connect` never reports its ephemeral port taken, and neither
-/// does this stream's.
-pub(crate) fn another_port(e: &io::Error, tries: usize) -> bool {
+/// does this stream's. (The async stream connects through
+/// `rdma::aio::Connecting::connect`, which does the same with the same QP.)
+fn another_port(e: &io::Error, tries: usize) -> bool {
     let again = e.kind() == io::ErrorKind::AddrInUse && tries < PORT_TRIES;
     if again {
         log::debug!("{e}: connecting again from another port");

@@ -104,6 +104,7 @@ mod conn;
 mod cq;
 mod cq_channel;
 mod device;
+mod listener;
 mod timer;
 mod wake;
 
@@ -119,10 +120,11 @@ use std::os::fd::BorrowedFd;
 use std::task::{Context, Poll};
 
 pub use cm::{AsyncCmId, CmChannel, Incoming};
-pub use conn::{Connecting, Connection, ConnectionParts, Listener, PendingConnection};
+pub use conn::{Connecting, Connection, ConnectionParts};
 pub use cq::{AsyncCq, NextInto};
 pub use cq_channel::CqChannel;
 pub use device::DeviceEvents;
+pub use listener::{Listener, PendingConnection};
 
 /// The options of [`Connection::connect`] and [`Listener::accept`]: the
 /// blocking layer's own ([`crate::cm::blocking::ConnectOptions`]).

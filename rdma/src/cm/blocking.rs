@@ -139,9 +139,49 @@ fn resources(
     Ok((pd, cq, qp))
 }
 
+/// A new id on `channel`, its address and route to `dst` resolved.
+fn routed_id(channel: &EventChannel, dst: SocketAddr, opts: &ConnectOptions) -> Result<CmId> {
+    let id = channel.create_id(PortSpace::Tcp)?;
+    let t = opts.timeout;
+    id.resolve_addr(opts.src.map(super::CmAddr::from), dst, t)?;
+    drop(channel.wait_for(&id, &[CmEventType::AddrResolved], "rdma_resolve_addr", t)?);
+    id.resolve_route(t)?;
+    drop(channel.wait_for(&id, &[CmEventType::RouteResolved], "rdma_resolve_route", t)?);
+    Ok(id)
+}
+
+/// Connection requests sent in all when the source port the connection
+/// manager chose turns out taken ([`another_source_port`]).
+const PORT_TRIES: usize = 3;
+
+/// Whether a connect whose request failed with `e` (the `tries`-th) sends
+/// it again from an id of its own, so from another source port. On iWARP
+/// the connection manager picks the port in its own port space, not TCP's,
+/// and the TCP connection that `rdma_connect` makes can find it taken
+/// (`EADDRINUSE`, seen on siw while many connections come and go); TCP's
+/// `connect` never reports its ephemeral port taken, and neither does this
+/// one. A port the caller chose (`src` with a port) is never changed: that
+/// error is the caller's.
+pub(crate) fn another_source_port(e: &Error, src: Option<SocketAddr>, tries: usize) -> bool {
+    let again = tries < PORT_TRIES
+        && e.verb() == Some("rdma_connect")
+        && e.errno() == Some(libc::EADDRINUSE)
+        && src.is_none_or(|a| a.port() == 0);
+    if again {
+        log::debug!("{e}: connecting again from another source port");
+    }
+    again
+}
+
 impl Connection {
     /// Connects to `dst` (TCP port space): resolves the address and route,
     /// creates the PD, CQ and QP on the device the route uses, and connects.
+    ///
+    /// As TCP's `connect`, it never fails because the source port it chose
+    /// is taken: on iWARP, where the connection manager's ports are not
+    /// TCP's, `rdma_connect` can find it so (`EADDRINUSE`), and the request
+    /// goes again from a new id (up to 3 tries). A port given in
+    /// [`ConnectOptions::src`] is kept, and that error returned.
     ///
     /// # Errors
     /// [`Error::CmEvent`] when the peer rejects (with its private data) or is
@@ -165,17 +205,26 @@ impl Connection {
         prepare: impl FnOnce(&mut QueuePair, &ProtectionDomain) -> Result<()>,
     ) -> Result<Connection> {
         let channel = EventChannel::new()?;
-        let id = channel.create_id(PortSpace::Tcp)?;
+        let mut id = routed_id(&channel, dst, opts)?;
         let t = opts.timeout;
-        id.resolve_addr(opts.src.map(super::CmAddr::from), dst, t)?;
-        drop(channel.wait_for(&id, &[CmEventType::AddrResolved], "rdma_resolve_addr", t)?);
-        id.resolve_route(t)?;
-        drop(channel.wait_for(&id, &[CmEventType::RouteResolved], "rdma_resolve_route", t)?);
         let (pd, cq, mut qp) = resources(&id, opts)?;
         // INIT first: providers refuse receives on a QP in RESET.
         id.modify_qp(&qp, QpState::Init)?;
         prepare(&mut qp, &pd)?;
-        id.connect_qp(&qp, &opts.conn_param)?;
+        let mut tries = 1;
+        while let Err(e) = id.connect_qp(&qp, &opts.conn_param) {
+            if !another_source_port(&e, opts.src, tries) {
+                return Err(e);
+            }
+            // The failed connect left the QP as it was (in INIT, with what
+            // `prepare` posted): it goes with an id of its own port.
+            let again = routed_id(&channel, dst, opts)?;
+            if !again.on_device(pd.context()) {
+                return Err(e);
+            }
+            id = again;
+            tries += 1;
+        }
         let event = channel.wait_for(
             &id,
             &[CmEventType::ConnectResponse, CmEventType::Established],
@@ -553,5 +602,35 @@ impl fmt::Debug for Listener {
             .field("id", &self.id)
             .field("addr", &self.local_addr())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(verb: &'static str, errno: i32) -> Error {
+        Error::verb_errno(verb, "test", errno)
+    }
+
+    #[test]
+    fn only_a_port_the_connection_manager_chose_is_replaced_and_only_twice() {
+        let taken = failed("rdma_connect", libc::EADDRINUSE);
+        let any_port: Option<SocketAddr> = Some("10.8.0.2:0".parse().unwrap());
+        let given_port: Option<SocketAddr> = Some("10.8.0.2:7000".parse().unwrap());
+        assert!(another_source_port(&taken, None, 1));
+        assert!(another_source_port(&taken, any_port, 2));
+        assert!(
+            !another_source_port(&taken, None, PORT_TRIES),
+            "3 tries in all"
+        );
+        assert!(
+            !another_source_port(&taken, given_port, 1),
+            "the caller's port"
+        );
+        let refused = failed("rdma_connect", libc::ECONNREFUSED);
+        assert!(!another_source_port(&refused, None, 1));
+        let bind = failed("rdma_resolve_addr", libc::EADDRINUSE);
+        assert!(!another_source_port(&bind, None, 1), "only the request's");
     }
 }

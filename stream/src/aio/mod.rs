@@ -390,6 +390,9 @@ impl std::fmt::Debug for RdmaStream {
 
 impl RdmaStream {
     /// Connects to an rsocket listener at `addr`, its events on `reactor`.
+    /// (A source port found taken on iWARP is replaced by
+    /// `rdma::aio::Connecting::connect`, as by the blocking stream's
+    /// connect.)
     ///
     /// Cancel safety: dropped before it completes, the connection is
     /// abandoned and everything it made is freed.
@@ -397,22 +400,6 @@ impl RdmaStream {
     /// # Errors
     /// As [`crate::RdmaStream::connect`].
     pub async fn connect(
-        reactor: &dyn Reactor,
-        addr: SocketAddr,
-        opts: &Options,
-    ) -> io::Result<RdmaStream> {
-        let mut tries = 1;
-        loop {
-            match Self::connect_once(reactor, addr, opts).await {
-                Err(e) if setup::another_port(&e, tries) => tries += 1,
-                r => return r,
-            }
-        }
-    }
-
-    /// One try of [`RdmaStream::connect`], with an id (and source port) of
-    /// its own.
-    async fn connect_once(
         reactor: &dyn Reactor,
         addr: SocketAddr,
         opts: &Options,

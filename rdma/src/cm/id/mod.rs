@@ -411,6 +411,14 @@ impl CmId {
         Ok(())
     }
 
+    /// Whether the id is bound to `ctx`'s device (librdmacm opens each
+    /// device once, so the same device is the same verbs context).
+    pub(crate) fn on_device(&self, ctx: &Context) -> bool {
+        // SAFETY: the field is read under the id's locks.
+        let verbs = self.with(Access::Stable, |raw, _| unsafe { (*raw).verbs });
+        verbs == ctx.as_raw()
+    }
+
     /// The port of the device the id is bound to (0 before binding).
     pub fn port_num(&self) -> u8 {
         // SAFETY: the field is read under the id's locks.
