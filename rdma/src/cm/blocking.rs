@@ -56,7 +56,10 @@ pub struct ConnectOptions {
     /// Bytes a send may carry inline (`max_inline_data`; 0: the provider's
     /// default). The QP's [`caps`](QueuePair::caps) say what it got.
     pub max_inline_data: u32,
-    /// Source address for connecting (`None`: chosen by the route).
+    /// Source address for connecting (`None`: chosen by the route). A
+    /// port given here is kept even when TCP holds it on iWARP (the connect
+    /// then fails with `EADDRINUSE`); port 0 lets the connection manager
+    /// choose, and choose again when its choice turns out taken.
     pub src: Option<SocketAddr>,
 }
 
