@@ -210,7 +210,7 @@ impl Connection {
         prepare: impl FnOnce(&mut QueuePair, &ProtectionDomain) -> Result<()>,
     ) -> Result<Connection> {
         let mut connecting = Self::resolve(reactor, dst, opts).await?;
-        prepare(&mut connecting.qp, &connecting.pd)?;
+        prepare(&mut connecting.conn.qp, &connecting.conn.pd)?;
         connecting.connect(&opts.conn_param).await
     }
 
@@ -239,15 +239,18 @@ impl Connection {
         let (local, peer) = addresses(id.id())?;
         let (pd, cq, qp) = resources(id.id(), opts, reactor)?;
         Ok(Connecting {
-            qp,
-            cq,
-            pd,
+            conn: Connection {
+                qp,
+                cq,
+                pd,
+                private_data: Vec::new(),
+                local,
+                peer,
+                timeout: t,
+                timer,
+                id,
+            },
             src: opts.src,
-            local,
-            peer,
-            timeout: t,
-            timer,
-            id,
         })
     }
 
@@ -360,8 +363,6 @@ impl fmt::Debug for Connection {
 /// receives posted before [`Connecting::connect`] sends the request.
 /// Dropped, its id is destroyed and nothing was sent.
 ///
-/// Field order is teardown order, as in [`Connection`].
-///
 /// ```no_run
 /// # #[cfg(feature = "tokio")]
 /// # async fn f() -> rdma::Result<()> {
@@ -380,47 +381,42 @@ impl fmt::Debug for Connection {
 /// # drop((conn, target)); Ok(()) }
 /// ```
 pub struct Connecting {
-    qp: QueuePair,
-    cq: AsyncCq,
-    pd: ProtectionDomain,
+    /// What `connect` hands out once the connection is up (its teardown
+    /// order; the peer's private data comes with the answer).
+    conn: Connection,
     /// The caller's source address (`ConnectOptions::src`).
     src: Option<SocketAddr>,
-    local: SocketAddr,
-    peer: SocketAddr,
-    timeout: Duration,
-    timer: Timer,
-    id: AsyncCmId,
 }
 
 impl Connecting {
     /// The new QP, in INIT (post the first receives here).
     pub fn qp(&mut self) -> &mut QueuePair {
-        &mut self.qp
+        &mut self.conn.qp
     }
 
     /// The connection's protection domain.
     pub fn pd(&self) -> &ProtectionDomain {
-        &self.pd
+        &self.conn.pd
     }
 
     /// The completions of both queues, awaited.
     pub fn cq(&mut self) -> &mut AsyncCq {
-        &mut self.cq
+        &mut self.conn.cq
     }
 
     /// The connection manager id.
     pub fn id(&self) -> &CmId {
-        self.id.id()
+        self.conn.id.id()
     }
 
     /// The local address the route chose.
     pub fn local_addr(&self) -> SocketAddr {
-        self.local
+        self.conn.local
     }
 
     /// The peer's address.
     pub fn peer_addr(&self) -> SocketAddr {
-        self.peer
+        self.conn.peer
     }
 
     /// Sends the request with `param` (its private data goes to the peer)
@@ -435,50 +431,41 @@ impl Connecting {
     /// As [`Connection::connect`]'s last step.
     pub async fn connect(mut self, param: &ConnParam) -> Result<Connection> {
         let mut tries = 1;
+        let c = &mut self.conn;
         let answer = loop {
-            let step = self.id.connect(&self.qp, param);
+            let step = c.id.connect(&c.qp, param);
             let waiting_for = "CONNECT_RESPONSE or ESTABLISHED";
-            match self
+            match c
                 .timer
-                .within(self.timeout, "rdma_connect", waiting_for, step)
+                .within(c.timeout, "rdma_connect", waiting_for, step)
                 .await
             {
                 Err(e) if another_source_port(&e, self.src, tries) => {
                     // As the blocking connect: the QP, as the failed request
                     // left it, goes with an id of its own port.
-                    let channel = self.id.channel();
-                    let again =
-                        routed_id(&channel, &self.timer, self.src, self.peer, self.timeout).await?;
-                    if !again.id().on_device(self.pd.context()) {
+                    let channel = c.id.channel();
+                    let again = routed_id(&channel, &c.timer, self.src, c.peer, c.timeout).await?;
+                    if !again.id().on_device(c.pd.context()) {
                         return Err(e);
                     }
-                    self.local = addresses(again.id())?.0;
-                    self.id = again;
+                    c.local = addresses(again.id())?.0;
+                    c.id = again;
                     tries += 1;
                 }
                 answer => break answer?,
             }
         };
-        Ok(Connection {
-            qp: self.qp,
-            cq: self.cq,
-            pd: self.pd,
-            private_data: answer.private_data,
-            local: self.local,
-            peer: self.peer,
-            timeout: self.timeout,
-            timer: self.timer,
-            id: self.id,
-        })
+        c.private_data = answer.private_data;
+        Ok(self.conn)
     }
 }
 
 impl fmt::Debug for Connecting {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Connecting")
-            .field("qp", &self.qp)
-            .field("id", &self.id)
-            .field("peer", &self.peer)
+            .field("qp", &self.conn.qp)
+            .field("id", &self.conn.id)
+            .field("peer", &self.conn.peer)
             .finish_non_exhaustive()
     }
 }

@@ -5,7 +5,6 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::conn::{addresses, resources, Connection};
 use super::timer::Timer;
@@ -129,8 +128,8 @@ impl Listener {
         prepare: impl FnOnce(&mut QueuePair, &ProtectionDomain) -> Result<()>,
     ) -> Result<Connection> {
         let mut pending = self.incoming(opts).await?;
-        if let Err(e) = prepare(&mut pending.qp, &pending.pd) {
-            let _ = pending.id.id().reject(&[]);
+        if let Err(e) = prepare(&mut pending.conn.qp, &pending.conn.pd) {
+            let _ = pending.id().reject(&[]);
             return Err(e);
         }
         pending.accept(&opts.conn_param).await
@@ -196,15 +195,17 @@ impl Listener {
         let (local, peer) = addresses(id)?;
         let (pd, cq, qp) = resources(id, opts, reactor)?;
         Ok(PendingConnection {
-            qp,
-            cq,
-            pd,
-            private_data,
-            local,
-            peer,
-            timeout: opts.timeout,
-            timer,
-            id: async_id,
+            conn: Connection {
+                qp,
+                cq,
+                pd,
+                private_data,
+                local,
+                peer,
+                timeout: opts.timeout,
+                timer,
+                id: async_id,
+            },
         })
     }
 }
@@ -221,8 +222,6 @@ impl fmt::Debug for Listener {
 /// A connection request with its PD, CQ and QP made, not answered yet
 /// ([`Listener::incoming`]). Dropped unanswered, its id is destroyed, which
 /// rejects it.
-///
-/// Field order is teardown order, as in [`Connection`].
 ///
 /// ```no_run
 /// # #[cfg(feature = "async-io")]
@@ -242,53 +241,46 @@ impl fmt::Debug for Listener {
 /// # drop(conn); Ok(()) }
 /// ```
 pub struct PendingConnection {
-    qp: QueuePair,
-    cq: AsyncCq,
-    pd: ProtectionDomain,
-    private_data: Vec<u8>,
-    local: SocketAddr,
-    peer: SocketAddr,
-    timeout: Duration,
-    timer: Timer,
-    id: AsyncCmId,
+    /// What `accept` hands out once `ESTABLISHED` came (its teardown order).
+    conn: Connection,
 }
 
 impl PendingConnection {
     /// The new QP, in INIT (post the first receives here).
     pub fn qp(&mut self) -> &mut QueuePair {
-        &mut self.qp
+        &mut self.conn.qp
     }
 
     /// The connection's protection domain: memory registered here can be
     /// advertised in the accept's private data.
     pub fn pd(&self) -> &ProtectionDomain {
-        &self.pd
+        &self.conn.pd
     }
 
     /// The completions of both queues, awaited.
     pub fn cq(&mut self) -> &mut AsyncCq {
-        &mut self.cq
+        &mut self.conn.cq
     }
 
     /// The connection manager id of the request.
     pub fn id(&self) -> &CmId {
-        self.id.id()
+        self.conn.id.id()
     }
 
     /// The private data the peer sent with its request (on InfiniBand/RoCE
     /// padded with zeros to the REQ's fixed size).
     pub fn peer_private_data(&self) -> &[u8] {
-        &self.private_data
+        &self.conn.private_data
     }
 
     /// The local address and port the request came to.
     pub fn local_addr(&self) -> SocketAddr {
-        self.local
+        self.conn.local
     }
 
     /// The peer's address and port.
     pub fn peer_addr(&self) -> SocketAddr {
-        self.peer
+        self.conn.peer
     }
 
     /// Accepts with `param` (its private data goes to the peer) and waits,
@@ -302,27 +294,18 @@ impl PendingConnection {
     /// As [`CmId::accept_qp`] (the request is then rejected); `ETIMEDOUT`
     /// or [`Error::CmEvent`](crate::Error::CmEvent) when `ESTABLISHED` does not come.
     pub async fn accept(mut self, param: &ConnParam) -> Result<Connection> {
-        if let Err(e) = self.id.id().accept_qp(&self.qp, param) {
-            let _ = self.id.id().reject(&[]);
+        let c = &mut self.conn;
+        if let Err(e) = c.id.id().accept_qp(&c.qp, param) {
+            let _ = c.id.id().reject(&[]);
             return Err(e);
         }
-        let step = self.id.expect(&[CmEventType::Established], "rdma_accept");
+        let step = c.id.expect(&[CmEventType::Established], "rdma_accept");
         drop(
-            self.timer
-                .within(self.timeout, "rdma_accept", "ESTABLISHED", step)
+            c.timer
+                .within(c.timeout, "rdma_accept", "ESTABLISHED", step)
                 .await?,
         );
-        Ok(Connection {
-            qp: self.qp,
-            cq: self.cq,
-            pd: self.pd,
-            private_data: self.private_data,
-            local: self.local,
-            peer: self.peer,
-            timeout: self.timeout,
-            timer: self.timer,
-            id: self.id,
-        })
+        Ok(self.conn)
     }
 
     /// Rejects the request with `private_data` ([`CmId::reject`]).
@@ -330,16 +313,16 @@ impl PendingConnection {
     /// # Errors
     /// As [`CmId::reject`].
     pub fn reject(self, private_data: &[u8]) -> Result<()> {
-        self.id.id().reject(private_data)
+        self.conn.id.id().reject(private_data)
     }
 }
 
 impl fmt::Debug for PendingConnection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PendingConnection")
-            .field("qp", &self.qp)
-            .field("local", &self.local)
-            .field("peer", &self.peer)
+            .field("qp", &self.conn.qp)
+            .field("local", &self.conn.local)
+            .field("peer", &self.conn.peer)
             .finish_non_exhaustive()
     }
 }
